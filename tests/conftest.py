@@ -1,0 +1,3 @@
+"""Shared fixtures. Each fixture module has one owner; import new ones through ``pytest_plugins``."""
+
+pytest_plugins = ["tests.fixtures.cluster", "tests.fixtures.models"]
