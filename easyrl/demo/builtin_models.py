@@ -1,0 +1,20 @@
+"""Models that ship with easyrl, addressed as ``builtin://NAME`` in ``worker.actor.model.model_path``."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+from .smollm2 import ensure_smollm2
+
+
+BUILTIN_PREFIX = "builtin://"
+BUILTIN_MODELS: dict[str, Callable[[], Path]] = {"SmolLM2-135M-Instruct": ensure_smollm2}
+
+
+def resolve_model_path(path: str | None) -> str | None:
+    """A ``builtin://`` name becomes its local Hugging Face folder (built on first use); other paths pass through."""
+    if path is None or not path.startswith(BUILTIN_PREFIX):
+        return path
+    name = path[len(BUILTIN_PREFIX) :]
+    if name not in BUILTIN_MODELS:
+        raise ValueError(f"Unknown built-in model `{path}`; choose one of: {', '.join(BUILTIN_MODELS)}.")
+    return str(BUILTIN_MODELS[name]())

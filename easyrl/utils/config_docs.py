@@ -1,0 +1,81 @@
+"""Field documentation of the PPOConfig tree, read from the docstrings under each dataclass field."""
+
+import ast
+import inspect
+from dataclasses import MISSING, fields, is_dataclass
+
+from .. import config as config_module
+
+
+def field_docstrings(cls: type) -> dict[str, str]:
+    """{field name: the string literal written right under the field} for one dataclass."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _default(f) -> str:
+    if f.default is not MISSING:
+        value = f.default
+    elif f.default_factory is not MISSING:
+        value = f.default_factory()
+    else:
+        return ""
+    if is_dataclass(value):
+        return ""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _type(f) -> str:
+    args = getattr(f.type, "__args__", None)
+    if args and type(None) in args:
+        inner = next(a for a in args if a is not type(None))
+        return f"{getattr(inner, '__name__', str(inner))} or null"
+    return getattr(f.type, "__name__", str(f.type)).replace("typing.", "")
+
+
+def iter_sections(cls: type = config_module.PPOConfig, prefix: str = ""):
+    """Yield (dotted section name, dataclass) for every section of the tree, depth first."""
+    yield prefix, cls
+    for f in fields(cls):
+        if isinstance(f.type, type) and is_dataclass(f.type):
+            yield from iter_sections(f.type, f"{prefix}.{f.name}" if prefix else f.name)
+
+
+def render_config_docs() -> str:
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from the docstrings in `easyrl/config.py` by `python scripts/gen_config_docs.py`; do not edit.",
+        "",
+        "Values are resolved as defaults <- `config=FILE.yaml` <- `key=value` command-line overrides.",
+        "Keys marked *derived* are filled from other keys and need not be set.",
+        "",
+    ]
+    for section, cls in iter_sections():
+        if not section:
+            continue
+        leaves = [f for f in fields(cls) if not (isinstance(f.type, type) and is_dataclass(f.type))]
+        if not leaves:
+            continue
+        docs = field_docstrings(cls)
+        lines += [f"## `{section}`", "", "| key | type | default | description |", "|---|---|---|---|"]
+        for f in leaves:
+            doc = docs.get(f.name, "").replace("|", "\\|")
+            lines.append(f"| `{section}.{f.name}` | {_type(f)} | `{_default(f)}` | {doc} |")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,45 @@
+"""The `easyrl` command as a user types it (a real subprocess)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_easyrl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "easyrl", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+
+
+def test_help_lists_subcommands():
+    result = run_easyrl("--help")
+    assert result.returncode == 0
+    for command in ("train", "check", "merge"):
+        assert f"  {command} " in result.stdout
+
+
+def test_check_accepts_an_easyr1_config_and_prints_resolved_yaml():
+    result = run_easyrl("check", "config=tests/data/easyr1_config.yaml", "worker.rollout.n=8")
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["worker"]["rollout"]["n"] == 8
+    assert resolved["worker"]["rollout"]["response_length"] == 2048  # derived from data.max_response_length
+    assert resolved["worker"]["actor"]["model"]["model_path"] == "Qwen/Qwen2.5-7B-Instruct"
+
+
+def test_check_rejects_a_typo_with_exit_2_and_a_suggestion():
+    result = run_easyrl("check", "config=tests/data/easyr1_config.yaml", "worker.rollout.nn=3")
+    assert result.returncode == 2
+    assert "worker.rollout.nn" in result.stderr
+    assert "Did you mean `worker.rollout.n`?" in result.stderr
+
+
+def test_unknown_subcommand_exits_2():
+    result = run_easyrl("fly")
+    assert result.returncode == 2
+    assert "unknown command `fly`" in result.stderr

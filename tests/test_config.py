@@ -1,0 +1,188 @@
+"""Config loading, overrides and validation: every error names the key and the fix."""
+
+from pathlib import Path
+
+import pytest
+
+from easyrl.config import ConfigError, PPOConfig, load_config
+
+
+ROOT = Path(__file__).resolve().parent.parent
+EASYR1_CONFIG = ROOT / "tests" / "data" / "easyr1_config.yaml"
+
+
+@pytest.fixture
+def reward_file(tmp_path):
+    path = tmp_path / "my_reward.py"
+    path.write_text("REWARD_TYPE = 'batch'\n\ndef compute_score(reward_inputs):\n    return [{'overall': 1.0}]\n")
+    return path
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    path = tmp_path / "model"
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    return path
+
+
+@pytest.fixture
+def valid_args(reward_file, model_dir, tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "1+1", "answer": "2"}\n')
+    return [
+        f"data.train_files={data}",
+        f"worker.actor.model.model_path={model_dir}",
+        f"worker.reward.reward_function={reward_file}:compute_score",
+        "worker.rollout.n=4",
+        "data.rollout_batch_size=8",
+        "worker.actor.global_batch_size=4",
+        "worker.actor.micro_batch_size_per_device_for_update=2",
+        "trainer.n_gpus_per_node=2",
+        "worker.rollout.tensor_parallel_size=1",
+    ]
+
+
+def test_defaults_need_no_file():
+    config = load_config([], validate=False)
+    assert isinstance(config, PPOConfig)
+    assert config.worker.rollout.n == 1
+    assert config.algorithm.adv_estimator == "grpo"
+
+
+def test_yaml_file_then_overrides_take_precedence(tmp_path, valid_args):
+    file = tmp_path / "c.yaml"
+    file.write_text("worker:\n  rollout:\n    n: 4\n    temperature: 0.7\ntrainer:\n  total_epochs: 3\n")
+    config = load_config([f"config={file}", *valid_args, "trainer.total_epochs=5", "trainer.logger=[console,file]"])
+    assert config.worker.rollout.temperature == 0.7
+    assert config.trainer.total_epochs == 5
+    assert config.trainer.logger == ["console", "file"]
+
+
+def test_scientific_notation_without_dot_is_a_number(valid_args):
+    config = load_config([*valid_args, "worker.actor.optim.lr=1e-5"])
+    assert config.worker.actor.optim.lr == pytest.approx(1e-5)
+
+
+def test_derived_values_are_filled(valid_args):
+    config = load_config([*valid_args, "data.max_prompt_length=100", "data.max_response_length=50"])
+    rollout = config.worker.rollout
+    assert (rollout.prompt_length, rollout.response_length, rollout.max_model_len) == (100, 50, 150)
+    # 4 prompts x 4 samples over 2 workers
+    assert config.worker.actor.global_batch_size_per_device == 8
+    assert config.worker.actor.tokenizer_path == config.worker.actor.model.model_path
+    assert config.worker.critic.model.model_path == config.worker.actor.model.model_path
+    assert config.worker.ref.micro_batch_size_per_device_for_experience == 16
+    assert config.trainer.save_checkpoint_path.endswith("checkpoints/easy_r1/demo")
+
+
+def test_easyr1_config_loads_unchanged():
+    config = load_config([f"config={EASYR1_CONFIG}"])
+    assert config.worker.actor.loss_avg_mode == "token-mean"  # EasyR1 spelling `token` is an alias
+    assert config.worker.rollout.val_override_config == {"temperature": 0.6, "top_p": 0.95, "n": 1}
+    # ./examples/reward_function/math.py of EasyR1 maps to the module easyrl ships
+    assert config.worker.reward.reward_function == str(ROOT / "reward_function" / "math.py") + ":compute_score"
+
+
+def test_legacy_easyr1_keys_are_renamed(valid_args):
+    config = load_config([*valid_args, "worker.actor.ulysses_sequence_parallel_size=1", "trainer.total_episodes=2"])
+    assert config.trainer.total_epochs == 2
+
+
+def test_unknown_key_suggests_the_closest(valid_args):
+    with pytest.raises(ConfigError, match=r"`worker\.rollout\.nn`.*Did you mean `worker\.rollout\.n`\?"):
+        load_config([*valid_args, "worker.rollout.nn=3"])
+
+
+def test_unknown_key_in_yaml_names_the_file(tmp_path):
+    file = tmp_path / "c.yaml"
+    file.write_text("trainer:\n  totl_epochs: 3\n")
+    with pytest.raises(ConfigError, match=r"`trainer\.totl_epochs`.*c\.yaml.*`trainer\.total_epochs`"):
+        load_config([f"config={file}"])
+
+
+def test_wrong_type_names_key_and_type(valid_args):
+    with pytest.raises(ConfigError, match=r"`worker\.rollout\.n`.*abc.*Expected int"):
+        load_config([*valid_args, "worker.rollout.n=abc"])
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("algorithm.adv_estimator=grpoo", "algorithm.adv_estimator"),
+        ("worker.actor.loss_type=ppo2", "worker.actor.loss_type"),
+        ("worker.actor.loss_avg_mode=mean", "worker.actor.loss_avg_mode"),
+        ("algorithm.kl_penalty=klx", "algorithm.kl_penalty"),
+        ("trainer.logger=[console,wandbb]", "trainer.logger"),
+        ("worker.rollout.name=sglang", "worker.rollout.name"),
+        ("worker.actor.fsdp.mp_param_dtype=bf17", "worker.actor.fsdp.mp_param_dtype"),
+    ],
+)
+def test_invalid_choice_names_the_key(valid_args, override, key):
+    with pytest.raises(ConfigError, match=rf"`{key.replace('.', chr(92) + '.')}`.*not one of"):
+        load_config([*valid_args, override])
+
+
+def test_rollout_batch_must_be_multiple_of_global_batch(valid_args):
+    with pytest.raises(ConfigError, match=r"`data\.rollout_batch_size` \(6\).*`worker\.actor\.global_batch_size` \(4\)"):
+        load_config([*valid_args, "data.rollout_batch_size=6"])
+
+
+def test_global_batch_must_split_over_workers(valid_args):
+    with pytest.raises(ConfigError, match=r"cannot be split evenly over 3 workers"):
+        load_config([*valid_args, "trainer.n_gpus_per_node=3", "worker.rollout.n=3", "worker.actor.global_batch_size=1"])
+
+
+def test_per_device_batch_must_hold_whole_micro_batches(valid_args):
+    with pytest.raises(ConfigError, match=r"micro_batch_size_per_device_for_update` \(3\)"):
+        load_config([*valid_args, "worker.actor.micro_batch_size_per_device_for_update=3"])
+
+
+def test_tensor_parallel_must_divide_world(valid_args):
+    with pytest.raises(ConfigError, match=r"`worker\.rollout\.tensor_parallel_size` \(4\) must divide"):
+        load_config([*valid_args, "worker.rollout.tensor_parallel_size=4"])
+
+
+def test_grpo_needs_more_than_one_sample(valid_args):
+    with pytest.raises(ConfigError, match=r"needs `worker\.rollout\.n` > 1"):
+        load_config([*valid_args, "worker.rollout.n=1", "trainer.n_gpus_per_node=1"])
+
+
+def test_missing_reward_file(valid_args, tmp_path):
+    with pytest.raises(ConfigError, match=r"`worker\.reward\.reward_function`: file .*nope\.py` does not exist"):
+        load_config([*valid_args, f"worker.reward.reward_function={tmp_path}/nope.py:compute_score"])
+
+
+def test_missing_reward_function_lists_the_ones_found(valid_args, reward_file):
+    with pytest.raises(ConfigError, match=r"defines no function `score_it`\. Functions found: compute_score"):
+        load_config([*valid_args, f"worker.reward.reward_function={reward_file}:score_it"])
+
+
+def test_missing_format_prompt_file(valid_args, tmp_path):
+    with pytest.raises(ConfigError, match=r"`data\.format_prompt`: prompt template file .*missing\.jinja"):
+        load_config([*valid_args, f"data.format_prompt={tmp_path}/missing.jinja"])
+
+
+def test_missing_local_model_path(valid_args, tmp_path):
+    with pytest.raises(ConfigError, match=r"`worker\.actor\.model\.model_path`: local model path .* does not exist"):
+        load_config([*valid_args, f"worker.actor.model.model_path={tmp_path}/no_model"])
+
+
+def test_hub_model_id_is_accepted_without_download(valid_args):
+    config = load_config([*valid_args, "worker.actor.model.model_path=Qwen/Qwen2.5-0.5B-Instruct"])
+    assert config.worker.actor.model.model_path == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def test_unknown_builtin_model(valid_args):
+    with pytest.raises(ConfigError, match=r"unknown built-in model `builtin://GPT-5`"):
+        load_config([*valid_args, "worker.actor.model.model_path=builtin://GPT-5"])
+
+
+def test_override_without_equals_sign():
+    with pytest.raises(ConfigError, match=r"`worker\.rollout\.n` is not of the form key=value"):
+        load_config(["worker.rollout.n"])
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match=r"Config file `nope\.yaml`.*does not exist"):
+        load_config(["config=nope.yaml"])
