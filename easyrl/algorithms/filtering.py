@@ -1,0 +1,122 @@
+"""DAPO dynamic sampling (Yu et al. 2025, arXiv 2503.14476, section 3.2): drop groups that teach nothing.
+
+A group whose n samples all score the same (all wrong, all right) has zero group-relative advantage and only
+dilutes the batch. Online filtering keeps the groups whose mean `filter_key` score lies in [filter_low, filter_high]
+and generates more prompts until `data.rollout_batch_size` groups are collected (at most
+`trainer.max_try_make_batch` generation rounds). The trainer owns the generation loop:
+
+    collector = GroupCollector(target_groups=config.data.rollout_batch_size,
+                               max_tries=config.trainer.max_try_make_batch)
+    while not collector.is_full:
+        batch = ...generate and score...            # with non-tensor `uid` and the `filter_key` score per sample
+        kept, metrics = filter_groups(batch, algo.filter_key, algo.filter_low, algo.filter_high)
+        collector.add(kept)                         # raises a clear error once the tries are used up
+    batch = collector.take()                        # exactly target_groups groups
+"""
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+
+if TYPE_CHECKING:
+    from ..protocol import DataProto
+
+
+def _first_seen_groups(uids: np.ndarray) -> list:
+    """Group ids in the order they first appear."""
+    seen: dict = {}
+    for uid in uids.tolist():
+        seen.setdefault(uid, None)
+    return list(seen)
+
+
+def select_groups(
+    scores: np.ndarray, uids: np.ndarray, filter_low: float, filter_high: float
+) -> tuple[np.ndarray, dict[str, float]]:
+    """Indices of the samples whose group mean score is in [filter_low, filter_high], and metrics."""
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
+    uids = np.asarray(uids, dtype=object).reshape(-1)
+    if scores.shape[0] != uids.shape[0]:
+        raise ValueError(f"{scores.shape[0]} scores for {uids.shape[0]} samples.")
+    means = {uid: float(scores[uids == uid].mean()) for uid in _first_seen_groups(uids)}
+    kept = {uid for uid, mean in means.items() if filter_low <= mean <= filter_high}
+    keep_idx = np.array([i for i, uid in enumerate(uids.tolist()) if uid in kept], dtype=np.int64)
+    too_low = sum(mean < filter_low for mean in means.values())
+    metrics = {
+        "filter/kept_groups": float(len(kept)),
+        "filter/dropped_groups": float(len(means) - len(kept)),
+        "filter/dropped_low": float(too_low),
+        "filter/dropped_high": float(len(means) - len(kept) - too_low),
+    }
+    return keep_idx, metrics
+
+
+def _sample_scores(data: "DataProto", filter_key: str) -> np.ndarray:
+    """One score per sample: a non-tensor array, or a tensor (summed over the response if 2-D)."""
+    if filter_key in data.non_tensor_batch:
+        return np.asarray(data.non_tensor_batch[filter_key], dtype=np.float64)
+    if data.batch is not None and filter_key in data.batch.keys():
+        value: torch.Tensor = data.batch[filter_key]
+        return (value.sum(-1) if value.dim() > 1 else value).float().cpu().numpy()
+    available = sorted(data.non_tensor_batch) + (sorted(data.batch.keys()) if data.batch is not None else [])
+    raise KeyError(
+        f"`algorithm.filter_key` is `{filter_key}`, but the batch has no such score. The reward function's named "
+        f"scores are attached per sample; available keys: {', '.join(available)}."
+    )
+
+
+def filter_groups(
+    data: "DataProto", filter_key: str, filter_low: float, filter_high: float
+) -> tuple["DataProto", dict[str, float]]:
+    """Keep the groups (non-tensor `uid`) whose mean `filter_key` score lies in [filter_low, filter_high]."""
+    if "uid" not in data.non_tensor_batch:
+        raise KeyError("Online filtering groups samples by the non-tensor `uid`, which the batch does not have.")
+    keep_idx, metrics = select_groups(
+        _sample_scores(data, filter_key), data.non_tensor_batch["uid"], filter_low, filter_high
+    )
+    return data[keep_idx], metrics
+
+
+class GroupCollector:
+    """Accumulates filtered batches until `target_groups` groups are collected."""
+
+    def __init__(self, target_groups: int, max_tries: int):
+        self.target_groups = target_groups
+        self.max_tries = max_tries
+        self.tries = 0
+        self._parts: list[DataProto] = []
+        self._groups: list = []
+
+    @property
+    def num_groups(self) -> int:
+        return len(self._groups)
+
+    @property
+    def is_full(self) -> bool:
+        return self.num_groups >= self.target_groups
+
+    def add(self, kept: "DataProto") -> None:
+        """Count one generation round and keep its surviving groups; raise when the rounds are used up."""
+        self.tries += 1
+        if len(kept) > 0:
+            self._parts.append(kept)
+            known = set(self._groups)
+            self._groups.extend(g for g in _first_seen_groups(kept.non_tensor_batch["uid"]) if g not in known)
+        if not self.is_full and 0 < self.max_tries <= self.tries:
+            raise RuntimeError(
+                f"Online filtering collected {self.num_groups} of {self.target_groups} groups in {self.tries} "
+                "generation rounds (`trainer.max_try_make_batch`). Most groups score all-equal: widen "
+                "`algorithm.filter_low`/`algorithm.filter_high`, raise `trainer.max_try_make_batch` (-1: no limit), "
+                "or turn off `algorithm.online_filtering`."
+            )
+
+    def take(self, num_groups: int | None = None) -> "DataProto":
+        """The first `num_groups` (default target_groups) groups collected, all their samples, in order."""
+        from ..protocol import DataProto
+
+        wanted = set(self._groups[: num_groups or self.target_groups])
+        data = DataProto.concat(self._parts)
+        keep_idx = np.array([i for i, uid in enumerate(data.non_tensor_batch["uid"].tolist()) if uid in wanted])
+        return data[keep_idx]

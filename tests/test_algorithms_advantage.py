@@ -1,0 +1,148 @@
+"""Advantage estimators on small hand-worked examples (the arithmetic is in the comments)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from easyrl.algorithms.advantage import get_adv_estimator, list_adv_estimators
+
+
+def outcome_rewards(scores, lengths, width=3):
+    """Outcome score on the last valid token, as the reward scorer writes it: (batch, width) rewards and mask."""
+    rewards = torch.zeros(len(scores), width)
+    mask = torch.zeros(len(scores), width)
+    for i, (score, length) in enumerate(zip(scores, lengths)):
+        mask[i, :length] = 1.0
+        rewards[i, length - 1] = score
+    return rewards, mask
+
+
+def test_every_issue_estimator_is_registered():
+    expected = {"gae", "grpo", "grpo_passk", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"}
+    assert expected <= set(list_adv_estimators())
+
+
+def test_grpo_normalises_each_group_by_its_mean_and_std():
+    # group a: R = [1, 0, 0, 1]; mean 0.5; unbiased std = sqrt(4 * 0.25 / 3) = 0.57735 -> A = +-0.5 / 0.57735 = +-0.86603
+    rewards, mask = outcome_rewards([1, 0, 0, 1], [3, 1, 2, 3])
+    adv, returns = get_adv_estimator("grpo")(rewards, mask, np.array(["a"] * 4, dtype=object))
+    expected = torch.tensor([0.86603, -0.86603, -0.86603, 0.86603]).unsqueeze(-1) * mask
+    torch.testing.assert_close(adv, expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(returns, adv)
+
+
+def test_grpo_without_std_is_dr_grpo_mean_centring():
+    # R = [1, 0, 0, 1], mean 0.5 -> A = R - 0.5
+    rewards, mask = outcome_rewards([1, 0, 0, 1], [3, 3, 3, 3])
+    adv, _ = get_adv_estimator("grpo")(rewards, mask, np.array(["a"] * 4, dtype=object), norm_adv_by_std=False)
+    torch.testing.assert_close(adv[:, 0], torch.tensor([0.5, -0.5, -0.5, 0.5]))
+
+
+def test_grpo_group_of_equal_rewards_gets_zero_advantage():
+    rewards, mask = outcome_rewards([0.5, 0.5, 1.0, 0.0], [2, 3, 3, 3])
+    adv, _ = get_adv_estimator("grpo")(rewards, mask, np.array(["same", "same", "x", "x"], dtype=object))
+    assert torch.all(adv[:2] == 0)
+    assert torch.all(adv[2:, 0].abs() > 0.5)
+
+
+def test_grpo_group_of_one_gets_zero_advantage():
+    rewards, mask = outcome_rewards([1.0, 0.0], [3, 3])
+    adv, _ = get_adv_estimator("grpo")(rewards, mask, np.array(["p", "q"], dtype=object))
+    assert torch.all(adv == 0) and torch.isfinite(adv).all()
+
+
+def test_grpo_passk_credits_only_the_best_sample():
+    # R = [0.2, 0.9, 0.5]: best minus second best = 0.4; std = sqrt(((-1/3)^2 + (11/30)^2 + (-1/30)^2) / 2)
+    # = sqrt(0.24667 / 2) = 0.35119 -> A_best = 0.4 / 0.35119 = 1.13899, others 0
+    rewards, mask = outcome_rewards([0.2, 0.9, 0.5], [3, 3, 3])
+    index = np.array(["g"] * 3, dtype=object)
+    adv, _ = get_adv_estimator("grpo_passk")(rewards, mask, index)
+    torch.testing.assert_close(adv[:, 0], torch.tensor([0.0, 1.13899, 0.0]), atol=1e-4, rtol=0)
+    adv_plain, _ = get_adv_estimator("grpo_passk")(rewards, mask, index, norm_adv_by_std=False)
+    torch.testing.assert_close(adv_plain[:, 0], torch.tensor([0.0, 0.4, 0.0]))
+
+
+def test_grpo_passk_tie_at_the_top_gives_zero():
+    rewards, mask = outcome_rewards([1.0, 1.0, 0.0], [3, 3, 3])
+    adv, _ = get_adv_estimator("grpo_passk")(rewards, mask, np.array(["g"] * 3, dtype=object))
+    assert torch.all(adv == 0)
+
+
+def test_rloo_baseline_is_the_mean_of_the_other_samples():
+    # R = [1, 0, 0]: A_1 = 1 - (0 + 0)/2 = 1; A_2 = 0 - (1 + 0)/2 = -0.5; A_3 = -0.5; a lone sample gets 0
+    rewards, mask = outcome_rewards([1, 0, 0, 1], [3, 2, 1, 3])
+    adv, _ = get_adv_estimator("rloo")(rewards, mask, np.array(["g", "g", "g", "alone"], dtype=object))
+    torch.testing.assert_close(adv[:, 0], torch.tensor([1.0, -0.5, -0.5, 0.0]))
+    assert adv[2, 1] == 0  # padding stays zero
+
+
+def test_gae_matches_the_recursion_before_whitening():
+    # sample 1: r = [0, 0, 1], V = [0.5, 0.6, 0.7], gamma = 0.9, lam = 0.5
+    #   delta_2 = 1 - 0.7 = 0.3;  delta_1 = 0.9*0.7 - 0.6 = 0.03;  delta_0 = 0.9*0.6 - 0.5 = 0.04
+    #   A_2 = 0.3;  A_1 = 0.03 + 0.45*0.3 = 0.165;  A_0 = 0.04 + 0.45*0.165 = 0.11425
+    #   returns = A + V = [0.61425, 0.765, 1.0]
+    # sample 2 (length 2, the padded value 9.0 must not leak): r = [0, 1], V = [0.5, 0.5]
+    #   delta_1 = 1 - 0.5 = 0.5;  delta_0 = 0.9*0.5 - 0.5 = -0.05;  A = [-0.05 + 0.45*0.5, 0.5] = [0.175, 0.5]
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.6, 0.7], [0.5, 0.5, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv, returns = get_adv_estimator("gae")(rewards, values, mask, gamma=0.9, lam=0.5)
+    torch.testing.assert_close(returns, torch.tensor([[0.61425, 0.765, 1.0], [0.675, 1.0, 0.0]]))
+    raw = torch.tensor([0.11425, 0.165, 0.3, 0.175, 0.5])
+    whitened = (raw - raw.mean()) / raw.std()
+    torch.testing.assert_close(adv[mask.bool()], whitened, atol=1e-5, rtol=0)
+    assert adv[1, 2] == 0
+
+
+def test_gae_with_gamma_lam_one_is_reward_to_go_minus_value():
+    # r = [0, 0, 1], V = [0.5, 0.6, 0.7]: A_t = 1 - V_t = [0.5, 0.4, 0.3]; returns = 1 everywhere
+    rewards = torch.tensor([[0.0, 0.0, 1.0]])
+    values = torch.tensor([[0.5, 0.6, 0.7]])
+    adv, returns = get_adv_estimator("gae")(rewards, values, torch.ones(1, 3), gamma=1.0, lam=1.0)
+    torch.testing.assert_close(returns, torch.ones(1, 3))
+    raw = torch.tensor([0.5, 0.4, 0.3])
+    torch.testing.assert_close(adv[0], (raw - raw.mean()) / raw.std(), atol=1e-5, rtol=0)
+
+
+def test_reinforce_plus_plus_whitens_discounted_returns_over_the_batch():
+    # gamma = 0.5. sample 1: r = [0, 0, 1] -> G = [0.25, 0.5, 1]; sample 2 (length 2): r = [0, 1] -> G = [0.5, 1]
+    # tokens [0.25, 0.5, 1, 0.5, 1]: mean 0.65; unbiased var = 0.45 / 4 = 0.1125; std 0.33541
+    # A = [-1.19257, -0.44721, 1.04350, -0.44721, 1.04350]
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv, returns = get_adv_estimator("reinforce_plus_plus")(rewards, mask, gamma=0.5)
+    torch.testing.assert_close(returns, torch.tensor([[0.25, 0.5, 1.0], [0.5, 1.0, 0.0]]))
+    expected = torch.tensor([-1.19257, -0.44721, 1.04350, -0.44721, 1.04350])
+    torch.testing.assert_close(adv[mask.bool()], expected, atol=1e-4, rtol=0)
+
+
+def test_reinforce_plus_plus_baseline_subtracts_group_mean_then_whitens():
+    # group R = [1, 0] -> centred [0.5, -0.5]; lengths 2 and 1 -> tokens [0.5, 0.5, -0.5]
+    # mean 1/6; unbiased var = (2 * (1/3)^2 + (2/3)^2) / 2 = 1/3; std 0.57735 -> A = [0.57735, 0.57735, -1.15470]
+    rewards, mask = outcome_rewards([1, 0], [2, 1])
+    adv, _ = get_adv_estimator("reinforce_plus_plus_baseline")(rewards, mask, np.array(["g", "g"], dtype=object))
+    torch.testing.assert_close(adv[mask.bool()], torch.tensor([0.57735, 0.57735, -1.15470]), atol=1e-4, rtol=0)
+
+
+def test_remax_subtracts_the_greedy_reward():
+    # R = [1, 0], greedy baseline 0.5 for both -> A = [0.5, -0.5]; returns = reward-to-go = [1, 1] and [0, 0]
+    rewards, mask = outcome_rewards([1, 0], [2, 2], width=2)
+    adv, returns = get_adv_estimator("remax")(rewards, mask, reward_baselines=torch.tensor([0.5, 0.5]))
+    torch.testing.assert_close(adv, torch.tensor([[0.5, 0.5], [-0.5, -0.5]]))
+    torch.testing.assert_close(returns, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+
+
+def test_unknown_estimator_names_the_config_key():
+    with pytest.raises(ValueError, match="algorithm.adv_estimator.*grpo"):
+        get_adv_estimator("gpro")
+
+
+def test_advantages_carry_no_autograd_graph():
+    rewards, mask = outcome_rewards([1.0, 0.0], [3, 3])
+    rewards.requires_grad_(True)
+    adv, _ = get_adv_estimator("grpo")(rewards, mask, np.array(["g", "g"], dtype=object))
+    assert not adv.requires_grad
+    # R = [1, 0]: mean 0.5, unbiased std sqrt(0.5) -> A_1 = 0.5 / sqrt(0.5) = 0.70711
+    assert math.isclose(adv[0, 2].item(), 0.5 / math.sqrt(0.5), rel_tol=1e-4)
