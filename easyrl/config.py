@@ -78,6 +78,8 @@ class AlgorithmConfig:
     """GAE lambda."""
     adv_estimator: str = "grpo"
     """Advantage estimator: gae, grpo, grpo_passk, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax."""
+    norm_adv_by_std_in_grpo: bool = True
+    """grpo / grpo_passk: divide group-centred scores by the group std; false gives Dr. GRPO (arXiv 2503.20783)."""
     disable_kl: bool = False
     """Skip the reference model and every KL term."""
     use_kl_loss: bool = False
@@ -223,6 +225,10 @@ class ActorConfig:
     """SAPO temperature of the soft gate for positive advantages."""
     tau_negative: float = 1.05
     """SAPO temperature of the soft gate for negative advantages."""
+    tis_cap: Optional[float] = None
+    """Truncated importance sampling: weight each token by min(pi_old / pi_rollout, tis_cap); null disables it."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: the policy loss gets -entropy_coef * mean token entropy; 0 disables it."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     optim: OptimConfig = field(default_factory=OptimConfig)
