@@ -1,0 +1,98 @@
+"""Scoring through the pool of Ray reward actors: parallel chunks, and functions that raise, hang or misbehave."""
+
+import logging
+import time
+
+import pytest
+
+from easyrl.config import RewardConfig
+from easyrl.workers.reward.loader import RewardFunctionError
+from easyrl.workers.reward.scorer import RewardScorer, reduce_reward_metrics
+
+
+RAISES_ON_BOOM = """
+REWARD_TYPE = "sequential"
+
+def compute_score(item):
+    if item["ground_truth"] == "boom":
+        raise ZeroDivisionError("user code failed")
+    return {"overall": 1.0, "accuracy": 0.5}
+"""
+
+HANGS_ON_HANG = """
+import time
+
+def compute_score(reward_inputs):
+    if any(item["ground_truth"] == "hang" for item in reward_inputs):
+        time.sleep(3600)
+    return [{"overall": float(item["response_length"])} for item in reward_inputs]
+"""
+
+WRONG_LENGTH = """
+def compute_score(reward_inputs):
+    return [{"overall": 1.0}]
+"""
+
+
+def inputs(*truths):
+    return [{"response": "r", "response_length": i + 1, "ground_truth": t} for i, t in enumerate(truths)]
+
+
+@pytest.fixture
+def reward_file(tmp_path):
+    def write(text):
+        path = tmp_path / "reward.py"
+        path.write_text(text)
+        return str(path)
+
+    return write
+
+
+@pytest.mark.timeout(120)
+def test_a_raising_function_scores_zero_for_its_samples_and_training_continues(ray_cluster, reward_file, caplog):
+    config = RewardConfig(reward_function=reward_file(RAISES_ON_BOOM), num_cpus=2, timeout_s=30)
+    scorer = RewardScorer(config, tokenizer=None)
+    try:
+        with caplog.at_level(logging.WARNING, logger="easyrl.workers.reward.scorer"):
+            scores, errors = scorer.score_inputs(inputs("a", "boom", "b", "boom"))
+            scorer.score_inputs(inputs("boom"))  # a second failure is not logged again
+        assert [s["overall"] for s in scores] == [1.0, 0.0, 1.0, 0.0]
+        assert errors == [0.0, 1.0, 0.0, 1.0]
+        logged = [r for r in caplog.records if "raised" in r.getMessage()]
+        assert len(logged) == 1 and "ZeroDivisionError: user code failed" in logged[0].getMessage()
+    finally:
+        scorer.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_hanging_function_times_out_and_its_actor_is_replaced(ray_cluster, reward_file):
+    config = RewardConfig(reward_function=reward_file(HANGS_ON_HANG), num_cpus=1, timeout_s=2)
+    scorer = RewardScorer(config, tokenizer=None, chunks_per_actor=4)  # 4 inputs -> 4 chunks of one
+    try:
+        start = time.monotonic()
+        scores, errors = scorer.score_inputs(inputs("a", "hang", "b", "c"))
+        assert time.monotonic() - start < 60
+        assert [s["overall"] for s in scores] == [1.0, 0.0, 3.0, 4.0]
+        assert errors == [0.0, 1.0, 0.0, 0.0]
+        assert scorer.pool.num_replaced == 1
+        # the replacement actor serves the next batch
+        scores, errors = scorer.score_inputs(inputs("d"))
+        assert scores == [{"overall": 1.0}] and errors == [0.0]
+    finally:
+        scorer.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_wrong_return_shape_stops_with_the_function_and_file_named(ray_cluster, reward_file):
+    config = RewardConfig(reward_function=reward_file(WRONG_LENGTH), num_cpus=1, timeout_s=30)
+    scorer = RewardScorer(config, tokenizer=None, chunks_per_actor=1)
+    try:
+        with pytest.raises(RewardFunctionError, match=r"`compute_score` in .*reward.py.*list of 3 dicts"):
+            scorer.score_inputs(inputs("a", "b", "c"))
+    finally:
+        scorer.shutdown()
+
+
+def test_reduced_metrics_average_scores_and_count_errors():
+    reduced = reduce_reward_metrics({"overall": [1.0, 0.0, 0.5], "errors": [0.0, 1.0, 1.0]})
+    assert reduced == {"reward/overall": 0.5, "reward/errors": 2.0}
