@@ -1,0 +1,134 @@
+"""Worker groups on a local Ray cluster: rank environment, gloo process group, dispatch modes, shutdown."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import easyrl  # noqa: F401  (process environment before Ray starts)
+from easyrl.controller import Dispatch, RayWorkerGroup, ResourcePool, Worker, register
+
+
+class EchoWorker(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sum_of_ranks_plus_one(self) -> float:
+        value = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(value)
+        return value.item()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)
+    def rank_of_answer(self) -> int:
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def tag(self, item: str) -> str:
+        return f"{self.rank}:{item}"
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def mark_rows(self, data):
+        from easyrl.protocol import DataProto
+
+        rows = len(data)
+        return DataProto.from_dict(
+            tensors={"value": data.batch["value"] * 10, "rank": torch.full((rows,), self.rank)},
+        )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def declare_pairs(self) -> None:
+        # ranks (0, 1) form data-parallel group 0, answered by rank 0 (like a tensor-parallel pair)
+        self.register_dispatch_info("pairs", dp_rank=0, dp_size=1, is_collect=self.rank == 0)
+
+    @register(dispatch_mode=Dispatch.dp_compute_proto("pairs"))
+    def rows_seen(self, data):
+        from easyrl.protocol import DataProto
+
+        return DataProto.from_dict(tensors={"value": data.batch["value"], "rank": torch.full((len(data),), self.rank)})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def slow_rank(self) -> int:
+        return self.rank
+
+
+@pytest.fixture(scope="module")
+def group(ray_cluster):
+    pool = ResourcePool(process_on_nodes=[2])
+    worker_group = RayWorkerGroup(pool, EchoWorker, name_prefix="echo")
+    yield worker_group
+    worker_group.kill()
+    pool.release()
+
+
+@pytest.mark.timeout(120)
+def test_each_rank_gets_its_rank_environment(group):
+    answers = group.ping()
+    assert [(a["rank"], a["world_size"], a["local_rank"]) for a in answers] == [(0, 2, 0), (1, 2, 1)]
+    assert {a["backend"] for a in answers} == {"gloo"}
+    assert answers[0]["pid"] != answers[1]["pid"]
+
+
+@pytest.mark.timeout(120)
+def test_ranks_share_one_process_group(group):
+    assert group.sum_of_ranks_plus_one() == [3.0, 3.0]
+
+
+@pytest.mark.timeout(120)
+def test_rank_zero_collect_returns_only_rank_zero_answer(group):
+    assert group.rank_of_answer() == 0
+
+
+@pytest.mark.timeout(120)
+def test_all_to_all_sends_each_rank_its_own_entry(group):
+    assert group.tag(["a", "b"]) == ["0:a", "1:b"]
+
+
+@pytest.mark.timeout(120)
+def test_all_to_all_rejects_a_list_of_the_wrong_length(group):
+    with pytest.raises(ValueError, match="one entry per rank"):
+        group.tag(["only-one"])
+
+
+@pytest.mark.timeout(120)
+def test_non_blocking_call_returns_pending_result(group):
+    pending = group.slow_rank()
+    assert pending.get() == [0, 1]
+
+
+@pytest.mark.timeout(120)
+def test_dp_compute_proto_pads_splits_and_restores_rows(group):
+    from easyrl.protocol import DataProto
+
+    data = DataProto.from_dict(tensors={"value": torch.arange(5)})
+    out = group.mark_rows(data)
+    assert len(out) == 5  # the padding row added to split 5 over 2 ranks is gone
+    assert out.batch["value"].tolist() == [0, 10, 20, 30, 40]
+    assert out.batch["rank"].tolist() == [0, 0, 0, 1, 1]
+
+
+@pytest.mark.timeout(120)
+def test_mesh_dispatch_sends_group_chunk_to_every_member_and_collects_one(group):
+    from easyrl.protocol import DataProto
+
+    group.declare_pairs()
+    out = group.rows_seen(DataProto.from_dict(tensors={"value": torch.arange(3)}))
+    assert out.batch["value"].tolist() == [0, 1, 2]
+    assert out.batch["rank"].tolist() == [0, 0, 0]
+
+
+@pytest.mark.timeout(120)
+def test_kill_removes_every_actor(ray_cluster):
+    import ray
+
+    pool = ResourcePool(process_on_nodes=[1])
+    worker_group = RayWorkerGroup(pool, EchoWorker, name_prefix="short_lived")
+    actor = worker_group.workers[0]
+    worker_group.kill()
+    pool.release()
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(actor.ping.remote(), timeout=30)
+    assert worker_group.workers == []
+
+
+@pytest.mark.timeout(60)
+def test_resource_pool_explains_a_reservation_the_cluster_cannot_grant(ray_cluster):
+    pool = ResourcePool(process_on_nodes=[64], ready_timeout_s=2)
+    with pytest.raises(RuntimeError, match="trainer.n_gpus_per_node"):
+        pool.placement_groups()
