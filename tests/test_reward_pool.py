@@ -94,5 +94,5 @@ def test_a_wrong_return_shape_stops_with_the_function_and_file_named(ray_cluster
 
 
 def test_reduced_metrics_average_scores_and_count_errors():
-    reduced = reduce_reward_metrics({"overall": [1.0, 0.0, 0.5], "errors": [0.0, 1.0, 1.0]})
+    reduced = reduce_reward_metrics({"reward/overall": [1.0, 0.0, 0.5], "reward/errors": [0.0, 1.0, 1.0]})
     assert reduced == {"reward/overall": 0.5, "reward/errors": 2.0}

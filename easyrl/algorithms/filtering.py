@@ -5,13 +5,12 @@ dilutes the batch. Online filtering keeps the groups whose mean `filter_key` sco
 and generates more prompts until `data.rollout_batch_size` groups are collected (at most
 `trainer.max_try_make_batch` generation rounds). The trainer owns the generation loop:
 
-    collector = GroupCollector(target_groups=config.data.rollout_batch_size,
-                               max_tries=config.trainer.max_try_make_batch)
-    while not collector.is_full:
+    collector = GroupCollector(target_groups=config.data.rollout_batch_size, group_size=config.worker.rollout.n)
+    while not collector.full:                       # the trainer stops after trainer.max_try_make_batch rounds
         batch = ...generate and score...            # with non-tensor `uid` and the `filter_key` score per sample
-        kept, metrics = filter_groups(batch, algo.filter_key, algo.filter_low, algo.filter_high)
-        collector.add(kept)                         # raises a clear error once the tries are used up
+        collector.add(batch, filter_key=algo.filter_key, low=algo.filter_low, high=algo.filter_high)
     batch = collector.take()                        # exactly target_groups groups
+    metrics.update(collector.metrics())             # filter/kept_groups, filter/dropped_groups, ...
 """
 
 from typing import TYPE_CHECKING
@@ -80,43 +79,56 @@ def filter_groups(
 
 
 class GroupCollector:
-    """Accumulates filtered batches until `target_groups` groups are collected."""
+    """Accumulates the surviving groups of successive generation rounds until `target_groups` are collected."""
 
-    def __init__(self, target_groups: int, max_tries: int):
+    def __init__(self, target_groups: int, group_size: int | None = None):
         self.target_groups = target_groups
-        self.max_tries = max_tries
-        self.tries = 0
+        self.group_size = group_size
         self._parts: list[DataProto] = []
         self._groups: list = []
+        self._metrics: dict[str, float] = {}
 
     @property
     def num_groups(self) -> int:
         return len(self._groups)
 
     @property
-    def is_full(self) -> bool:
+    def full(self) -> bool:
         return self.num_groups >= self.target_groups
 
-    def add(self, kept: "DataProto") -> None:
-        """Count one generation round and keep its surviving groups; raise when the rounds are used up."""
-        self.tries += 1
-        if len(kept) > 0:
-            self._parts.append(kept)
-            known = set(self._groups)
-            self._groups.extend(g for g in _first_seen_groups(kept.non_tensor_batch["uid"]) if g not in known)
-        if not self.is_full and 0 < self.max_tries <= self.tries:
-            raise RuntimeError(
-                f"Online filtering collected {self.num_groups} of {self.target_groups} groups in {self.tries} "
-                "generation rounds (`trainer.max_try_make_batch`). Most groups score all-equal: widen "
-                "`algorithm.filter_low`/`algorithm.filter_high`, raise `trainer.max_try_make_batch` (-1: no limit), "
-                "or turn off `algorithm.online_filtering`."
-            )
+    def add(
+        self,
+        data: "DataProto",
+        filter_key: str | None = None,
+        low: float = float("-inf"),
+        high: float = float("inf"),
+    ) -> None:
+        """Keep `data`'s groups whose mean `filter_key` score is in [low, high] (all groups without a filter_key)."""
+        if filter_key is not None:
+            data, metrics = filter_groups(data, filter_key, low, high)
+            for key, value in metrics.items():
+                self._metrics[key] = self._metrics.get(key, 0.0) + value
+        if len(data) == 0:
+            return
+        self._parts.append(data)
+        known = set(self._groups)
+        self._groups.extend(g for g in _first_seen_groups(data.non_tensor_batch["uid"]) if g not in known)
 
-    def take(self, num_groups: int | None = None) -> "DataProto":
-        """The first `num_groups` (default target_groups) groups collected, all their samples, in order."""
+    def metrics(self) -> dict[str, float]:
+        """Kept / dropped group counts summed over the rounds so far."""
+        return dict(self._metrics)
+
+    def take(self) -> "DataProto":
+        """The first `target_groups` groups collected, all their samples, in the order they came."""
         from ..protocol import DataProto
 
-        wanted = set(self._groups[: num_groups or self.target_groups])
+        wanted = set(self._groups[: self.target_groups])
         data = DataProto.concat(self._parts)
-        keep_idx = np.array([i for i, uid in enumerate(data.non_tensor_batch["uid"].tolist()) if uid in wanted])
+        uids = data.non_tensor_batch["uid"].tolist()
+        keep_idx = np.array([i for i, uid in enumerate(uids) if uid in wanted], dtype=np.int64)
+        if self.group_size is not None and len(keep_idx) != len(wanted) * self.group_size:
+            raise ValueError(
+                f"Collected groups hold {len(keep_idx)} samples, not {len(wanted)} groups x {self.group_size}: "
+                "a group was split across generation rounds or lost samples."
+            )
         return data[keep_idx]

@@ -94,11 +94,16 @@ class FixedKLController:
     def __init__(self, kl_coef: float):
         self.kl_coef = kl_coef
 
+    @property
+    def value(self) -> float:
+        """The current beta."""
+        return self.kl_coef
+
     def update(self, current_kl: float, n_steps: int) -> None:
         pass
 
 
-class AdaptiveKLController:
+class AdaptiveKLController(FixedKLController):
     """Adaptive beta of Ziegler et al. 2019 (arXiv 1909.08593), steering the measured KL towards a target:
 
     e_t  = clip(KL_t / KL_target - 1, -0.2, 0.2)
@@ -108,7 +113,7 @@ class AdaptiveKLController:
     def __init__(self, init_kl_coef: float, target_kl: float, horizon: float):
         if horizon <= 0:
             raise ValueError(f"`algorithm.kl_horizon` must be > 0 for the adaptive KL controller, got {horizon}.")
-        self.kl_coef = init_kl_coef
+        super().__init__(init_kl_coef)
         self.target = target_kl
         self.horizon = horizon
 
@@ -123,7 +128,7 @@ _KL_CONTROLLERS = {
 }
 
 
-def get_kl_controller(config: "AlgorithmConfig") -> "FixedKLController | AdaptiveKLController":
+def get_kl_controller(config: "AlgorithmConfig") -> FixedKLController:
     if config.kl_type not in _KL_CONTROLLERS:
         raise ValueError(f"`algorithm.kl_type` is `{config.kl_type}`; use one of: {', '.join(_KL_CONTROLLERS)}.")
     return _KL_CONTROLLERS[config.kl_type](config)
@@ -133,7 +138,7 @@ def get_kl_controller(config: "AlgorithmConfig") -> "FixedKLController | Adaptiv
 # the two uses
 # ----------------------------------------------------------------------------------------------------------------------
 def apply_kl_penalty(
-    data: "DataProto", kl_ctrl: "FixedKLController | AdaptiveKLController", kl_penalty_kind: str
+    data: "DataProto", kl_ctrl: FixedKLController, kl_penalty_kind: str
 ) -> tuple["DataProto", dict[str, float]]:
     """KL in the reward (`algorithm.use_kl_loss=false`): r_t = score_t - beta KL_t on every response token.
 

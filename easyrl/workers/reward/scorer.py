@@ -1,8 +1,9 @@
 """Scoring a batch of rollouts with the user's reward function (`worker.reward`).
 
     scorer = RewardScorer(config.worker.reward, tokenizer)
-    token_level_scores, reward_metrics = scorer.score(batch)   # (batch, response_len), {name: [per-sample]}
+    token_level_scores, reward_metrics = scorer.score(batch)   # (batch, response_len), {"reward/<name>": [...]}
     batch.batch["token_level_scores"] = token_level_scores
+    batch.non_tensor_batch.update(scores_to_non_tensor(reward_metrics))   # `overall`, `accuracy`... per sample
     metrics.update(reduce_reward_metrics(reward_metrics))       # reward/overall, reward/accuracy, ..., reward/errors
 
 Responses are decoded here, split into chunks, and scored by `worker.reward.num_cpus` Ray actors in parallel (0
@@ -27,19 +28,25 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-ERRORS_KEY = "errors"  # per-sample 1.0 where scoring failed; reserved among the metric names
+PREFIX = "reward/"
+ERRORS_KEY = "reward/errors"  # per-sample 1.0 where scoring failed (raised or timed out)
 
 
-def reduce_reward_metrics(reward_metrics: dict[str, list[float]], prefix: str = "reward/") -> dict[str, float]:
-    """Mean of every named score, and the number of failed samples as `reward/errors`."""
-    reduced = {f"{prefix}{name}": float(np.mean(values)) for name, values in reward_metrics.items() if values}
-    reduced[f"{prefix}{ERRORS_KEY}"] = float(np.sum(reward_metrics.get(ERRORS_KEY, [0.0])))
+def reduce_reward_metrics(reward_metrics: dict[str, list[float]]) -> dict[str, float]:
+    """Mean of every named score; `reward/errors` is the number of failed samples (a mean would be their share)."""
+    reduced = {key: float(np.mean(values)) for key, values in reward_metrics.items() if values}
+    reduced[ERRORS_KEY] = float(np.sum(reward_metrics.get(ERRORS_KEY, [0.0])))
     return reduced
 
 
 def scores_to_non_tensor(reward_metrics: dict[str, list[float]]) -> dict[str, np.ndarray]:
-    """Per-sample named scores as non-tensor arrays (e.g. for online filtering by `algorithm.filter_key`)."""
-    return {name: np.asarray(values, dtype=np.float64) for name, values in reward_metrics.items()}
+    """Per-sample named scores as non-tensor arrays keyed by the bare name (`overall`, `accuracy`...), e.g. for
+    online filtering by `algorithm.filter_key`."""
+    return {
+        key[len(PREFIX) :]: np.asarray(values, dtype=np.float64)
+        for key, values in reward_metrics.items()
+        if key.startswith(PREFIX) and key != ERRORS_KEY
+    }
 
 
 class RewardScorer:
@@ -127,7 +134,7 @@ class RewardScorer:
 
     def score(self, data: "DataProto") -> tuple[torch.Tensor, dict[str, list[float]]]:
         """(token_level_scores (batch, response_len) with `overall` on each last response token, per-sample
-        metrics {score name: [value per sample], "errors": [1.0 where scoring failed]})."""
+        metrics {"reward/<score name>": [value per sample], "reward/errors": [1.0 where scoring failed]})."""
         inputs = self.build_inputs(data)
         scores, errors = self.score_inputs(inputs)
         responses = data.batch["responses"]
@@ -136,7 +143,7 @@ class RewardScorer:
         overall = torch.tensor([score["overall"] for score in scores], dtype=torch.float32)
         token_level_scores[torch.arange(len(scores)), last] = overall
         names = list(dict.fromkeys(name for score in scores for name in score))
-        reward_metrics = {name: [score.get(name, 0.0) for score in scores] for name in names}
+        reward_metrics = {PREFIX + name: [score.get(name, 0.0) for score in scores] for name in names}
         reward_metrics[ERRORS_KEY] = errors
         return token_level_scores.to(responses.device), reward_metrics
 
