@@ -362,7 +362,7 @@ class RewardConfig:
     skip_special_tokens: bool = True
     """Strip special tokens when decoding responses for the reward function."""
     num_cpus: int = 1
-    """Reward actors scoring in parallel (one CPU each)."""
+    """Reward actors scoring in parallel (one CPU each); 0 scores in the driver process, without the timeout."""
     timeout_s: float = 60.0
     """Seconds one scoring call may take before its samples score 0 and are reported."""
 
