@@ -89,3 +89,8 @@ def test_controller_is_chosen_by_kl_type():
     assert isinstance(get_kl_controller(AlgorithmConfig(kl_type="fixed")), FixedKLController)
     adaptive = get_kl_controller(AlgorithmConfig(kl_type="adaptive", kl_coef=0.2, kl_target=0.5, kl_horizon=50))
     assert isinstance(adaptive, AdaptiveKLController) and adaptive.kl_coef == 0.2 and adaptive.target == 0.5
+
+
+def test_full_kl_loss_refuses_per_token_log_probs():
+    with pytest.raises(ValueError, match="vocab"):
+        compute_kl_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), "full", "token-mean")

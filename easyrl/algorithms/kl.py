@@ -173,6 +173,11 @@ def compute_kl_loss(
 
     Shapes as in `kl_penalty`. Metric: `kl_loss`.
     """
+    if kl_penalty_kind in FULL_DISTRIBUTION_PENALTIES and log_probs.dim() != response_mask.dim() + 1:
+        raise ValueError(
+            f"`algorithm.kl_penalty={kl_penalty_kind}` needs (batch, response_len, vocab) log-distributions of both "
+            f"policies, but got log-probs of shape {tuple(log_probs.shape)}; use low_var_kl (k3) for the KL loss."
+        )
     kld = kl_penalty(log_probs, ref_log_probs, kl_penalty_kind)
     loss = aggregate_loss(kld, response_mask.to(kld.dtype), loss_avg_mode, loss_denominator)
     return loss, {"kl_loss": loss.detach().item()}
