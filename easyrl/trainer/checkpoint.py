@@ -1,0 +1,280 @@
+"""Checkpoint folders that are atomic, rotated and easy to find again.
+
+Layout under ``trainer.save_checkpoint_path``::
+
+    global_step_<N>/
+        actor/ critic/ ...        model + optimizer state (torch.distributed.checkpoint) and
+                                  rng_state_rank_<r>.pt, written by the workers
+        dataloader.pt             the driver's dataloader state
+        trainer_state.json        {"global_step": N, ...}
+        COMPLETE                  written last, just before the folder gets its final name
+    latest_checkpointed_iteration.txt   N of the newest complete checkpoint
+    .tmp_global_step_<N>/         a save in progress, or one a crash interrupted: never loaded
+
+A save goes into ``.tmp_global_step_<N>`` and is renamed to ``global_step_<N>`` only once every part is
+there, so a crash at any moment leaves either the previous checkpoints or the new complete one. Workers on
+every node write their shards into the same folder: ``save_checkpoint_path`` must be on a filesystem all
+nodes see at the same path (NFS, Lustre, a mounted bucket...). One run saves into a folder at a time.
+"""
+
+import json
+import os
+import random
+import re
+import shutil
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from easyrl.utils import device
+
+
+STEP_DIR_PREFIX = "global_step_"
+TMP_DIR_PREFIX = ".tmp_" + STEP_DIR_PREFIX
+# A checkpoint being replaced (same step saved again) or deleted, while the removal is underway.
+OLD_DIR_PREFIX = ".old_"
+COMPLETE_MARKER = "COMPLETE"
+TRAINER_STATE_FILE = "trainer_state.json"
+DATALOADER_FILE = "dataloader.pt"
+LATEST_POINTER_FILE = "latest_checkpointed_iteration.txt"
+_STEP_DIR_PATTERN = re.compile(rf"^{STEP_DIR_PREFIX}(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be saved or resumed; the message says which folder and what to do."""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# finding checkpoints
+# ----------------------------------------------------------------------------------------------------------------------
+def checkpoint_dir(root: str, step: int) -> str:
+    return os.path.join(root, f"{STEP_DIR_PREFIX}{step}")
+
+
+def is_complete_checkpoint(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, COMPLETE_MARKER))
+
+
+def list_checkpoints(root: str) -> list[tuple[int, str]]:
+    """``(step, path)`` of every complete checkpoint under root, oldest first."""
+    if not root or not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        match = _STEP_DIR_PATTERN.match(name)
+        path = os.path.join(root, name)
+        if match and is_complete_checkpoint(path):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def find_last_checkpoint(root: str | None) -> str | None:
+    """The complete checkpoint with the highest step under root; interrupted and temporary saves are skipped."""
+    checkpoints = list_checkpoints(root) if root else []
+    return checkpoints[-1][1] if checkpoints else None
+
+
+def read_latest_pointer(root: str) -> int | None:
+    """The step in ``latest_checkpointed_iteration.txt``, or None when there is none."""
+    try:
+        with open(os.path.join(root, LATEST_POINTER_FILE), encoding="utf-8") as handle:
+            return int(handle.read().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def load_trainer_state(path: str) -> dict:
+    with open(os.path.join(path, TRAINER_STATE_FILE), encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def checkpoint_step(path: str) -> int:
+    """The global step a checkpoint folder was saved at."""
+    return int(load_trainer_state(path)["global_step"])
+
+
+def load_dataloader_state(path: str) -> dict | None:
+    """The driver's dataloader state, or None for a checkpoint saved without one (save_model_only)."""
+    file = os.path.join(path, DATALOADER_FILE)
+    return torch.load(file, weights_only=False) if os.path.isfile(file) else None
+
+
+def resolve_resume_path(config: Any) -> str | None:
+    """The checkpoint a run resumes from (a PPOConfig or its TrainerConfig), or None to start fresh.
+
+    ``trainer.load_checkpoint_path`` wins; otherwise, with ``trainer.find_last_checkpoint``, the newest complete
+    checkpoint under ``trainer.save_checkpoint_path``.
+    """
+    trainer = getattr(config, "trainer", config)
+    if trainer.load_checkpoint_path:
+        path = os.path.abspath(trainer.load_checkpoint_path)
+        if not os.path.isdir(path):
+            raise CheckpointError(f"trainer.load_checkpoint_path={path} does not exist.")
+        if not is_complete_checkpoint(path):
+            last = find_last_checkpoint(path)
+            hint = f" It holds checkpoints: did you mean {last}?" if last else ""
+            raise CheckpointError(
+                f"trainer.load_checkpoint_path={path} is not a complete checkpoint (no {COMPLETE_MARKER} marker: "
+                f"the save was interrupted, or it is not a {STEP_DIR_PREFIX}N folder).{hint} Point it at a "
+                f"complete {STEP_DIR_PREFIX}N folder, or unset it to resume from the newest one."
+            )
+        return path
+    if trainer.find_last_checkpoint:
+        return find_last_checkpoint(trainer.save_checkpoint_path)
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# writing checkpoints
+# ----------------------------------------------------------------------------------------------------------------------
+def _fsync_dir(path: str) -> None:
+    """Make a rename or new entry in ``path`` durable; some network filesystems cannot, which is fine."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: str, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _remove_checkpoint(path: str, root: str) -> None:
+    """Rename out of sight first, so a crash halfway through a delete never leaves a half-deleted "checkpoint"."""
+    doomed = os.path.join(root, f"{OLD_DIR_PREFIX}{os.path.basename(path)}.{os.getpid()}")
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+class CheckpointManager:
+    """Hands out a temporary folder for a save and publishes it atomically once every part is written.
+
+    The driver calls, for each save::
+
+        tmp_dir = manager.begin(step)        # workers write actor/, critic/ ... into tmp_dir
+        ...                                  # wait until every worker has returned
+        manager.commit(step, trainer_state={...}, dataloader_state=loader.state_dict(), required=("actor",))
+    """
+
+    def __init__(self, save_checkpoint_path: str, save_limit: int = -1) -> None:
+        self.root = os.path.abspath(save_checkpoint_path)
+        self.save_limit = save_limit
+
+    def tmp_dir(self, step: int) -> str:
+        return os.path.join(self.root, f"{TMP_DIR_PREFIX}{step}")
+
+    def begin(self, step: int) -> str:
+        """A fresh, empty temporary folder for the checkpoint of ``step``; leftovers of crashed saves are removed."""
+        os.makedirs(self.root, exist_ok=True)
+        for name in os.listdir(self.root):
+            if name.startswith((TMP_DIR_PREFIX, OLD_DIR_PREFIX)):
+                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+        tmp_dir = self.tmp_dir(step)
+        os.makedirs(tmp_dir)
+        return tmp_dir
+
+    def commit(
+        self,
+        step: int,
+        trainer_state: dict | None = None,
+        dataloader_state: dict | None = None,
+        required: tuple[str, ...] | list[str] = (),
+    ) -> str:
+        """Write the driver's files, mark complete, rename into place, update the pointer, rotate old ones.
+
+        ``required`` names the entries the workers must have written (e.g. ``("actor", "critic")``); one that is
+        missing means they wrote somewhere the driver cannot see. Returns the final checkpoint folder.
+        """
+        tmp_dir = self.tmp_dir(step)
+        if not os.path.isdir(tmp_dir):
+            raise CheckpointError(f"commit({step}) without begin({step}): {tmp_dir} does not exist.")
+        missing = [name for name in required if not os.path.exists(os.path.join(tmp_dir, name))]
+        if missing:
+            raise CheckpointError(
+                f"checkpoint of step {step} is missing {missing} in {tmp_dir}: the workers saved where this process "
+                "cannot see it. trainer.save_checkpoint_path must be on a filesystem that every node mounts at the "
+                "same path (e.g. NFS); set it to such a folder."
+            )
+        if dataloader_state is not None:
+            with open(os.path.join(tmp_dir, DATALOADER_FILE), "wb") as handle:
+                torch.save(dataloader_state, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+        state = {"global_step": step, **(trainer_state or {})}
+        _write_durably(os.path.join(tmp_dir, TRAINER_STATE_FILE), json.dumps(state, indent=2).encode())
+        _write_durably(os.path.join(tmp_dir, COMPLETE_MARKER), f"{step} {time.time():.0f}\n".encode())
+        _fsync_dir(tmp_dir)
+
+        final_dir = checkpoint_dir(self.root, step)
+        if os.path.exists(final_dir):  # the same step saved again (e.g. a resumed run): replace it
+            _remove_checkpoint(final_dir, self.root)
+        os.rename(tmp_dir, final_dir)
+        _fsync_dir(self.root)
+        self._write_latest_pointer(step)
+        self._rotate(keep=final_dir)
+        return final_dir
+
+    def abort(self, step: int) -> None:
+        """Throw away an unfinished save of ``step``."""
+        shutil.rmtree(self.tmp_dir(step), ignore_errors=True)
+
+    def _write_latest_pointer(self, step: int) -> None:
+        pointer = os.path.join(self.root, LATEST_POINTER_FILE)
+        staging = f"{pointer}.tmp.{os.getpid()}"
+        _write_durably(staging, f"{step}\n".encode())
+        os.replace(staging, pointer)
+        _fsync_dir(self.root)
+
+    def _rotate(self, keep: str) -> None:
+        if self.save_limit is None or self.save_limit <= 0:
+            return
+        checkpoints = [path for _, path in list_checkpoints(self.root) if path != keep]
+        excess = len(checkpoints) + 1 - self.save_limit
+        for path in checkpoints[: max(excess, 0)]:
+            _remove_checkpoint(path, self.root)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# random number generator state (each process saves its own)
+# ----------------------------------------------------------------------------------------------------------------------
+def get_rng_state() -> dict:
+    """This process's Python, numpy, torch CPU and (where there is one) accelerator RNG states."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if device.is_cuda_available():
+        state["device"] = torch.get_device_module(device.get_device_name()).get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "device" in state and device.is_cuda_available():
+        torch.get_device_module(device.get_device_name()).set_rng_state(state["device"])
+
+
+def rng_state_file(folder: str, rank: int) -> str:
+    return os.path.join(folder, f"rng_state_rank_{rank}.pt")
+
+
+def save_rng_state(folder: str, rank: int) -> str:
+    os.makedirs(folder, exist_ok=True)
+    path = rng_state_file(folder, rank)
+    torch.save(get_rng_state(), path)
+    return path
+
+
+def load_rng_state(folder: str, rank: int) -> None:
+    # weights_only=False: the state holds Python tuples and numpy arrays; the file is one this code wrote.
+    set_rng_state(torch.load(rng_state_file(folder, rank), weights_only=False))

@@ -1,0 +1,89 @@
+"""What every logger backend receives and implements."""
+
+import importlib
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+
+class MissingLoggerPackage(ImportError):
+    """A logger named in ``trainer.logger`` needs a package that is not installed."""
+
+
+@dataclass
+class RunInfo:
+    """The run a tracker reports on; every backend is built from this."""
+
+    project_name: str
+    experiment_name: str
+    config: dict = field(default_factory=dict)
+    save_dir: str = "."
+    """Folder for local outputs (jsonl files, tensorboard events, offline runs): ``trainer.save_checkpoint_path``."""
+    total_steps: int | None = None
+    initial_step: int = 0
+    """Step the run starts from (non-zero when resuming), so progress and rates start there."""
+
+
+class Logger:
+    """One backend. ``log`` gets plain ``{name: float}`` metrics; ``log_generations`` gets sample dicts."""
+
+    def __init__(self, run: RunInfo) -> None:
+        self.run = run
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        raise NotImplementedError
+
+    def log_generations(self, samples: list[dict], step: int) -> None:
+        """Sample generations (e.g. ``{"input", "output", "ground_truth", "score"}``); ignored unless overridden."""
+
+    def finish(self) -> None:
+        """Flush and close; called once at the end of the run."""
+
+
+def import_backend(module: str, logger_name: str, package: str) -> ModuleType:
+    """Import a backend's library when the logger is built, with an error that says how to get it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise MissingLoggerPackage(
+            f"trainer.logger includes '{logger_name}', which needs the `{package}` package (import of `{module}` "
+            f"failed: {error}). Install it with `pip install 'easyrl[loggers]'` (or `pip install {package}`), "
+            f"or remove '{logger_name}' from trainer.logger."
+        ) from error
+
+
+def to_scalar(name: str, value: Any) -> float:
+    """A metric value as a Python float: accepts numbers, numpy scalars and one-element arrays or tensors."""
+    if isinstance(value, (bool, int, float)):
+        return float(value)
+    numel = value.numel() if hasattr(value, "numel") else getattr(value, "size", None)
+    if numel == 1 and hasattr(value, "item"):
+        return float(value.item())
+    raise TypeError(f"metric '{name}' must be a number or a one-element array/tensor, got {type(value).__name__}")
+
+
+def flatten_dict(nested: dict, prefix: str = "", sep: str = ".") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; backends whose parameters are flat (mlflow, tensorboard) need it."""
+    flat = {}
+    for key, value in nested.items():
+        name = f"{prefix}{sep}{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            flat.update(flatten_dict(value, name, sep))
+        else:
+            flat[name] = value
+    return flat
+
+
+def json_default(value: Any) -> Any:
+    """``json.dumps(default=...)``: numpy/torch values become Python values, anything else its ``str``."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def generation_columns(samples: list[dict]) -> list[str]:
+    """Union of the samples' keys, in order of first appearance: the columns of a generations table."""
+    columns: dict[str, None] = {}
+    for sample in samples:
+        columns.update(dict.fromkeys(sample))
+    return list(columns)

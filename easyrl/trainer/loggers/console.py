@@ -1,0 +1,62 @@
+"""One compact line per step on stdout, under a progress bar over all steps."""
+
+from .base import Logger, RunInfo
+from .registry import register_logger
+
+
+# (label, metric) pairs shown when present, in this order; every `val/` metric is shown too.
+CONSOLE_METRICS = (
+    ("score", "critic/score/mean"),
+    ("reward", "critic/rewards/mean"),
+    ("acc", "reward/accuracy"),
+    ("resp_len", "response_length/mean"),
+    ("clip", "response_length/clip_ratio"),
+    ("pg_loss", "actor/pg_loss"),
+    ("kl", "actor/kl_loss"),
+    ("entropy", "actor/entropy"),
+    ("grad_norm", "actor/grad_norm"),
+    ("vf_loss", "critic/vf_loss"),
+    ("mfu", "perf/mfu/actor"),
+    ("tok/s/dev", "perf/throughput"),
+    ("step_s", "timing/step"),
+)
+# Characters of each field shown when printing a sample generation.
+_SAMPLE_FIELD_CHARS = 240
+
+
+def format_console_line(metrics: dict[str, float], step: int, total_steps: int | None = None) -> str:
+    """``step 3/100 | score 0.25 | resp_len 45.2 | ... | val/accuracy 0.31``."""
+    parts = [f"step {step}/{total_steps}" if total_steps else f"step {step}"]
+    parts += [f"{label} {metrics[key]:.4g}" for label, key in CONSOLE_METRICS if key in metrics]
+    parts += [f"{key} {value:.4g}" for key, value in metrics.items() if key.startswith("val/")]
+    return " | ".join(parts)
+
+
+def _shorten(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= _SAMPLE_FIELD_CHARS else text[: _SAMPLE_FIELD_CHARS - 3] + "..."
+
+
+@register_logger("console")
+class ConsoleLogger(Logger):
+    def __init__(self, run: RunInfo) -> None:
+        super().__init__(run)
+        from tqdm import tqdm
+
+        self._tqdm = tqdm
+        self.bar = tqdm(
+            total=run.total_steps, initial=run.initial_step, desc=run.experiment_name, unit="step", dynamic_ncols=True
+        )
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self._tqdm.write(format_console_line(metrics, step, self.run.total_steps))
+        if step > self.bar.n:
+            self.bar.update(step - self.bar.n)
+
+    def log_generations(self, samples: list[dict], step: int) -> None:
+        # The first sample only: enough to watch the outputs change without flooding the terminal.
+        fields = " | ".join(f"{key}: {_shorten(value)}" for key, value in samples[0].items())
+        self._tqdm.write(f"[generation, step {step}] {fields}")
+
+    def finish(self) -> None:
+        self.bar.close()

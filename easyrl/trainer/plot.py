@@ -1,0 +1,79 @@
+"""Reward curves as a PNG, from the ``metrics.jsonl`` the file logger writes.
+
+python -m easyrl.trainer.plot checkpoints/<project>/<experiment>/metrics.jsonl [out.png]
+"""
+
+import json
+import os
+import sys
+
+
+TRAIN_REWARD_KEY = "critic/score/mean"
+RESPONSE_LENGTH_KEY = "response_length/mean"
+# Validation metrics whose names contain one of these are drawn in the validation panel.
+VAL_CURVE_WORDS = ("reward", "score", "acc")
+FIGURE_SIZE_INCHES = (15, 4)
+FIGURE_DPI = 100
+
+
+def read_metrics(metrics_path: str) -> dict[int, dict[str, float]]:
+    """``{step: metrics}`` merged over all rows of a step; a later row wins (a resumed run re-logs its steps)."""
+    by_step: dict[int, dict[str, float]] = {}
+    with open(metrics_path, encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                row = json.loads(line)
+                by_step.setdefault(int(row.pop("step")), {}).update(row)
+    return dict(sorted(by_step.items()))
+
+
+def _series(by_step: dict[int, dict[str, float]], key: str) -> tuple[list[int], list[float]]:
+    points = [(step, row[key]) for step, row in by_step.items() if isinstance(row.get(key), (int, float))]
+    return [step for step, _ in points], [value for _, value in points]
+
+
+def _val_keys(by_step: dict[int, dict[str, float]]) -> list[str]:
+    keys = {key for row in by_step.values() for key in row}
+    return sorted(key for key in keys if key.startswith("val/") and any(w in key for w in VAL_CURVE_WORDS))
+
+
+def plot_training_curves(metrics_path: str, output_path: str | None = None) -> str:
+    """Three panels: train reward, validation reward/accuracy, mean response length. Returns the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    by_step = read_metrics(metrics_path)
+    output_path = output_path or os.path.join(os.path.dirname(os.path.abspath(metrics_path)), "curves.png")
+    fig, (train_ax, val_ax, length_ax) = plt.subplots(1, 3, figsize=FIGURE_SIZE_INCHES, dpi=FIGURE_DPI)
+    panels = (
+        (train_ax, [TRAIN_REWARD_KEY], "train reward (mean score)"),
+        (val_ax, _val_keys(by_step), "validation"),
+        (length_ax, [RESPONSE_LENGTH_KEY], "mean response length (tokens)"),
+    )
+    for ax, keys, title in panels:
+        drawn = False
+        for key in keys:
+            steps, values = _series(by_step, key)
+            if steps:
+                ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=key)
+                drawn = True
+        if drawn:
+            ax.legend(fontsize="small")
+        else:
+            ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
+    fig.savefig(output_path)
+    plt.close(fig)
+    return output_path
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (2, 3):
+        sys.exit("usage: python -m easyrl.trainer.plot METRICS_JSONL [OUTPUT_PNG]")
+    print(plot_training_curves(*sys.argv[1:]))

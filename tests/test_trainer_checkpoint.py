@@ -1,0 +1,176 @@
+"""Checkpoints are published atomically, rotated, pointed to, and found again; RNG states round-trip."""
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from easyrl.config import TrainerConfig
+from easyrl.trainer.checkpoint import (
+    COMPLETE_MARKER,
+    CheckpointError,
+    CheckpointManager,
+    checkpoint_step,
+    find_last_checkpoint,
+    list_checkpoints,
+    load_dataloader_state,
+    load_rng_state,
+    load_trainer_state,
+    read_latest_pointer,
+    resolve_resume_path,
+    save_rng_state,
+)
+
+
+# Single-process torch.distributed.checkpoint saves warn that no process group exists: expected here.
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def _worker_save(tmp_dir: str, role: str = "actor", seed: int = 0) -> dict[str, torch.Tensor]:
+    """What a worker does: write its model state with torch.distributed.checkpoint into the handed-out folder."""
+    torch.manual_seed(seed)
+    state = torch.nn.Linear(4, 3).state_dict()
+    dcp.save(state, checkpoint_id=os.path.join(tmp_dir, role))
+    return state
+
+
+def _save(manager: CheckpointManager, step: int) -> str:
+    tmp_dir = manager.begin(step)
+    _worker_save(tmp_dir, seed=step)
+    return manager.commit(step, trainer_state={"epoch": 0}, dataloader_state={"batches_yielded": step})
+
+
+def _steps(root) -> list[int]:
+    return [step for step, _ in list_checkpoints(str(root))]
+
+
+def test_commit_publishes_model_state_driver_files_marker_and_pointer(tmp_path):
+    manager = CheckpointManager(str(tmp_path), save_limit=-1)
+    tmp_dir = manager.begin(5)
+    saved = _worker_save(tmp_dir, seed=5)
+    path = manager.commit(5, trainer_state={"epoch": 1}, dataloader_state={"batches_yielded": 7}, required=("actor",))
+
+    assert path == str(tmp_path / "global_step_5") and not os.path.exists(tmp_dir)
+    assert os.path.isfile(os.path.join(path, COMPLETE_MARKER))
+    assert load_trainer_state(path) == {"global_step": 5, "epoch": 1} and checkpoint_step(path) == 5
+    assert load_dataloader_state(path) == {"batches_yielded": 7}
+    assert read_latest_pointer(str(tmp_path)) == 5
+    loaded = {name: torch.zeros_like(value) for name, value in saved.items()}
+    dcp.load(loaded, checkpoint_id=os.path.join(path, "actor"))
+    assert all(torch.equal(loaded[name], saved[name]) for name in saved)
+
+
+def test_a_crash_between_begin_and_commit_leaves_the_previous_checkpoint_as_last(tmp_path):
+    manager = CheckpointManager(str(tmp_path))
+    first = _save(manager, 1)
+    _worker_save(manager.begin(2))  # the process dies here: commit never runs
+
+    assert find_last_checkpoint(str(tmp_path)) == first
+    assert read_latest_pointer(str(tmp_path)) == 1
+    assert resolve_resume_path(TrainerConfig(save_checkpoint_path=str(tmp_path))) == first
+
+
+def test_a_step_folder_without_the_complete_marker_is_ignored(tmp_path):
+    manager = CheckpointManager(str(tmp_path))
+    first = _save(manager, 1)
+    os.makedirs(tmp_path / "global_step_9" / "actor")  # e.g. copied by hand, or half-deleted by hand
+    assert find_last_checkpoint(str(tmp_path)) == first
+
+
+def test_find_last_checkpoint_orders_steps_numerically(tmp_path):
+    manager = CheckpointManager(str(tmp_path))
+    for step in (9, 10, 2):
+        _save(manager, step)
+    assert find_last_checkpoint(str(tmp_path)) == str(tmp_path / "global_step_10")
+
+
+def test_find_last_checkpoint_of_a_missing_folder_is_none(tmp_path):
+    assert find_last_checkpoint(str(tmp_path / "never_saved")) is None
+    assert find_last_checkpoint(None) is None
+
+
+def test_begin_clears_the_leftovers_of_a_crashed_save(tmp_path):
+    manager = CheckpointManager(str(tmp_path))
+    _worker_save(manager.begin(3))  # crashed save
+    tmp_dir = manager.begin(4)
+    assert os.listdir(tmp_dir) == []
+    assert not os.path.exists(manager.tmp_dir(3))
+
+
+def test_save_limit_deletes_the_oldest_checkpoints(tmp_path):
+    manager = CheckpointManager(str(tmp_path), save_limit=2)
+    for step in (1, 2, 3, 4):
+        _save(manager, step)
+    assert _steps(tmp_path) == [3, 4]
+    assert sorted(os.listdir(tmp_path)) == ["global_step_3", "global_step_4", "latest_checkpointed_iteration.txt"]
+
+
+def test_save_limit_minus_one_keeps_every_checkpoint(tmp_path):
+    manager = CheckpointManager(str(tmp_path), save_limit=-1)
+    for step in (1, 2, 3):
+        _save(manager, step)
+    assert _steps(tmp_path) == [1, 2, 3]
+
+
+def test_saving_the_same_step_again_replaces_it(tmp_path):
+    manager = CheckpointManager(str(tmp_path))
+    _save(manager, 2)
+    tmp_dir = manager.begin(2)
+    saved = _worker_save(tmp_dir, seed=123)
+    path = manager.commit(2, trainer_state={"epoch": 5})
+    assert load_trainer_state(path) == {"global_step": 2, "epoch": 5}
+    loaded = {name: torch.zeros_like(value) for name, value in saved.items()}
+    dcp.load(loaded, checkpoint_id=os.path.join(path, "actor"))
+    assert torch.equal(loaded["weight"], saved["weight"])
+    assert sorted(os.listdir(tmp_path)) == ["global_step_2", "latest_checkpointed_iteration.txt"]
+
+
+def test_commit_missing_a_worker_part_explains_the_shared_filesystem(tmp_path):
+    manager = CheckpointManager(str(tmp_path))
+    _worker_save(manager.begin(1), role="actor")
+    with pytest.raises(CheckpointError, match=r"missing \['critic'\].*every node mounts"):
+        manager.commit(1, required=("actor", "critic"))
+    assert find_last_checkpoint(str(tmp_path)) is None
+
+
+def test_commit_without_begin_is_an_error(tmp_path):
+    with pytest.raises(CheckpointError, match=r"commit\(3\) without begin\(3\)"):
+        CheckpointManager(str(tmp_path)).commit(3)
+
+
+def test_load_checkpoint_path_wins_over_the_newest_checkpoint(tmp_path):
+    manager = CheckpointManager(str(tmp_path))
+    first, _ = _save(manager, 1), _save(manager, 2)
+    config = TrainerConfig(save_checkpoint_path=str(tmp_path), load_checkpoint_path=first)
+    assert resolve_resume_path(config) == first
+
+
+def test_no_resume_when_find_last_checkpoint_is_off(tmp_path):
+    _save(CheckpointManager(str(tmp_path)), 1)
+    config = TrainerConfig(save_checkpoint_path=str(tmp_path), find_last_checkpoint=False)
+    assert resolve_resume_path(config) is None
+
+
+def test_load_checkpoint_path_pointing_at_the_root_suggests_the_newest_step(tmp_path):
+    last = _save(CheckpointManager(str(tmp_path)), 4)
+    config = TrainerConfig(load_checkpoint_path=str(tmp_path))
+    with pytest.raises(CheckpointError, match=f"not a complete checkpoint.*did you mean {last}"):
+        resolve_resume_path(config)
+
+
+def test_load_checkpoint_path_that_does_not_exist_is_named(tmp_path):
+    with pytest.raises(CheckpointError, match="trainer.load_checkpoint_path=.*does not exist"):
+        resolve_resume_path(TrainerConfig(load_checkpoint_path=str(tmp_path / "nope")))
+
+
+def test_rng_state_round_trip_replays_the_same_random_numbers(tmp_path):
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    save_rng_state(str(tmp_path / "actor"), rank=3)
+    first = (random.random(), np.random.rand(), torch.rand(2))
+    load_rng_state(str(tmp_path / "actor"), rank=3)
+    again = (random.random(), np.random.rand(), torch.rand(2))
+    assert first[0] == again[0] and first[1] == again[1] and torch.equal(first[2], again[2])
+    assert os.listdir(tmp_path / "actor") == ["rng_state_rank_3.pt"]

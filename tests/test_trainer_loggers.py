@@ -1,0 +1,209 @@
+"""Logger backends write what they are given, in a form their own readers load back."""
+
+import glob
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from easyrl.config import PPOConfig, config_to_dict
+from easyrl.trainer.loggers import MissingLoggerPackage, Tracker
+from easyrl.trainer.loggers.base import flatten_dict, import_backend
+from easyrl.trainer.loggers.console import format_console_line
+
+
+STEPS = {1: {"critic/score/mean": 0.25, "response_length/mean": 40.0}, 2: {"critic/score/mean": 0.5}}
+SAMPLES = [
+    {"input": "1+1=", "output": "\\boxed{2}", "ground_truth": "2", "score": 1.0},
+    {"input": "2+3=", "output": "six | maybe\nseven", "ground_truth": "5", "score": 0.0},
+]
+
+
+def _run(tmp_path, loggers, config=None) -> None:
+    with Tracker(loggers, "proj", "exp", config or {"data": {"seed": 1}}, str(tmp_path), total_steps=2) as tracker:
+        for step, metrics in STEPS.items():
+            tracker.log(metrics, step)
+        tracker.log_generations(SAMPLES, step=2)
+
+
+def test_unknown_logger_name_lists_the_choices(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown logger 'nope'.*'console'"):
+        Tracker(["console", "nope"], "proj", "exp", {}, str(tmp_path))
+
+
+def test_same_logger_twice_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="twice"):
+        Tracker(["file", "file"], "proj", "exp", {}, str(tmp_path))
+
+
+def test_missing_backend_package_names_the_extra_and_the_config_key():
+    with pytest.raises(MissingLoggerPackage) as error:
+        import_backend("easyrl_no_such_backend_module", "fancylog", "fancylog")
+    message = str(error.value)
+    assert "pip install 'easyrl[loggers]'" in message
+    assert "pip install fancylog" in message
+    assert "trainer.logger" in message
+
+
+def test_console_line_shows_key_metrics_and_validation():
+    line = format_console_line(
+        {"critic/score/mean": 0.25, "actor/pg_loss": -0.0123456, "val/accuracy": 0.5, "other/x": 3.0}, 3, 10
+    )
+    assert line == "step 3/10 | score 0.25 | pg_loss -0.01235 | val/accuracy 0.5"
+
+
+def test_console_prints_one_line_per_step_and_a_generation(tmp_path, capsys):
+    _run(tmp_path, ["console"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line]
+    assert lines[0] == "step 1/2 | score 0.25 | resp_len 40"
+    assert lines[1] == "step 2/2 | score 0.5"
+    assert lines[2].startswith("[generation, step 2] input: 1+1= | output: \\boxed{2}")
+
+
+def test_file_logger_writes_metrics_and_generations_as_json_lines(tmp_path):
+    _run(tmp_path, ["file"])
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert metrics == [{"step": 1, **STEPS[1]}, {"step": 2, **STEPS[2]}]
+    generations = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]
+    assert generations == [{"step": 2, **sample} for sample in SAMPLES]
+
+
+def test_file_logger_appends_when_a_run_resumes(tmp_path):
+    _run(tmp_path, ["file"])
+    with Tracker(["file"], "proj", "exp", {}, str(tmp_path)) as tracker:
+        tracker.log({"critic/score/mean": 0.75}, step=3)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+
+
+def test_tracker_turns_tensors_and_numpy_scalars_into_floats(tmp_path):
+    with Tracker(["file"], "proj", "exp", {}, str(tmp_path)) as tracker:
+        tracker.log({"a": torch.tensor(0.5), "b": np.float32(1.5), "c": np.array([2]), "d": 3}, step=1)
+    row = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert row == {"step": 1, "a": 0.5, "b": 1.5, "c": 2.0, "d": 3.0}
+    assert all(type(value) is float for key, value in row.items() if key != "step")
+
+
+def test_tracker_rejects_a_non_scalar_metric_by_name(tmp_path):
+    with Tracker(["file"], "proj", "exp", {}, str(tmp_path)) as tracker:
+        with pytest.raises(TypeError, match="metric 'actor/lr'"):
+            tracker.log({"actor/lr": torch.ones(3)}, step=1)
+
+
+def test_tensorboard_events_hold_the_scalars_and_generations(tmp_path, monkeypatch):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
+    _run(tmp_path, ["tensorboard"])
+    events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("critic/score/mean")] == [(1, 0.25), (2, 0.5)]
+    assert [(e.step, e.value) for e in events.Scalars("response_length/mean")] == [(1, 40.0)]
+    (text_event,) = events.Tensors("generations/text_summary")
+    table = text_event.tensor_proto.string_val[0].decode()
+    assert text_event.step == 2 and "| input | output | ground_truth | score |" in table
+    assert "six \\| maybe<br>seven" in table  # cells with a pipe or newline stay in one table cell
+
+
+def test_mlflow_run_holds_metrics_params_and_generations(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")  # unset for the logger; restored after (MLflow exports it)
+    monkeypatch.chdir(tmp_path)  # nothing may land in the working directory
+    config = config_to_dict(PPOConfig())  # ~200 parameters: more than one MLflow batch
+    _run(tmp_path / "run", ["mlflow", "file"], config=config)
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'run' / 'mlflow' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("proj").experiment_id])
+    assert run.info.run_name == "exp" and run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "critic/score/mean")
+    assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.5)]
+    assert run.data.params["worker.rollout.n"] == str(config["worker"]["rollout"]["n"])
+    assert len(run.data.params) == len(flatten_dict(config))
+    table_path = client.download_artifacts(run.info.run_id, "generations/step_2.json", str(tmp_path / "dl"))
+    table = json.loads(open(table_path).read())
+    assert table["columns"] == ["input", "output", "ground_truth", "score"]
+    assert table["data"][1][1] == "six | maybe\nseven"
+    assert sorted(os.listdir(tmp_path)) == ["dl", "run"]
+
+
+def _read_wandb_records(path: str) -> list[bytes]:
+    """Records of a .wandb file: a 7-byte header, then LevelDB-log framed records in 32 KiB blocks."""
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B"
+    block, position, pending, records = 32768, 7, b"", []
+    while position + 7 <= len(data):
+        if block - position % block < 7:  # a block tail too short for a record header is padding
+            position += block - position % block
+            continue
+        _checksum, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        if kind == 0 and length == 0:
+            break
+        pending += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):  # FULL or LAST piece of a record
+            records.append(pending)
+            pending = b""
+    return records
+
+
+def test_wandb_offline_run_holds_history_config_and_table(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from wandb.proto import wandb_internal_pb2
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    _run(tmp_path, ["wandb"])
+
+    (run_dir,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    (run_file,) = glob.glob(os.path.join(run_dir, "*.wandb"))
+    history, config = {}, {}
+    for raw in _read_wandb_records(run_file):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(raw)
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            items = {
+                "/".join(item.nested_key) or item.key: json.loads(item.value_json) for item in record.history.item
+            }
+            history.setdefault(items["_step"], {}).update(items)
+        elif kind == "run":
+            config = {item.key: json.loads(item.value_json) for item in record.run.config.update}
+    assert config["data"] == {"seed": 1}
+    assert history[1]["critic/score/mean"] == 0.25 and history[1]["response_length/mean"] == 40
+    assert history[2]["critic/score/mean"] == 0.5
+    (table_file,) = glob.glob(os.path.join(run_dir, "files", "media", "table", "generations_2_*.table.json"))
+    table = json.loads(open(table_file).read())
+    assert table["columns"] == ["input", "output", "ground_truth", "score"]
+    assert table["data"][0] == ["1+1=", "\\boxed{2}", "2", 1.0]
+
+
+def test_swanlab_offline_run_holds_scalars_config_and_texts(tmp_path, monkeypatch):
+    pytest.importorskip("swanlab")
+    from swanlab.proto.swanlab.record.v1.record_pb2 import Record
+    from swanlab.sdk.internal.core_python.store import DataStoreReader
+
+    monkeypatch.setenv("SWANLAB_MODE", "offline")
+    monkeypatch.delenv("SWANLAB_LOGDIR", raising=False)
+    _run(tmp_path, ["swanlab"])
+
+    (run_dir,) = glob.glob(str(tmp_path / "swanlog" / "run-*"))
+    reader = DataStoreReader()
+    reader.open(glob.glob(os.path.join(run_dir, "*.swanlab"))[0])
+    scalars, finished = {}, False
+    while (raw := reader.scan()) is not None:
+        record = Record()
+        record.ParseFromString(raw)
+        if record.HasField("scalar"):
+            scalars[(record.scalar.key, record.scalar.step)] = record.scalar.value.number
+        finished = finished or record.HasField("finish")
+    reader.close()
+    assert scalars[("critic/score/mean", 1)] == 0.25 and scalars[("critic/score/mean", 2)] == 0.5
+    assert scalars[("response_length/mean", 1)] == 40.0
+    assert finished
+    assert "seed: 1" in open(os.path.join(run_dir, "files", "config.yaml")).read()
+    texts = sorted(open(path).read() for path in glob.glob(os.path.join(run_dir, "media", "text", "*.txt")))
+    assert any("[output] \\boxed{2}" in text for text in texts) and len(texts) == 2
