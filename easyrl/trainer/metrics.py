@@ -50,11 +50,14 @@ def _response_mask(batch: "DataProto") -> torch.Tensor:
 
 
 def compute_data_metrics(
-    batch: "DataProto", max_prompt_length: int | None = None, max_response_length: int | None = None
+    batch: "DataProto",
+    use_critic: bool = True,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
 ) -> dict[str, float]:
     """Length, score, reward, advantage, return and value statistics of a batch after the advantage step.
 
-    Maximum lengths default to the padded widths of ``prompts`` / ``responses`` (the rollout pads to
+    Value statistics need ``use_critic`` and ``values`` in the batch. Maximum lengths default to the padded widths of ``prompts`` / ``responses`` (the rollout pads to
     ``data.max_prompt_length`` / ``data.max_response_length``); pass them when the batch is padded differently.
     """
     tensors = batch.batch
@@ -76,6 +79,8 @@ def compute_data_metrics(
     for key, name in (("token_level_scores", "critic/score"), ("token_level_rewards", "critic/rewards")):
         if key in keys:
             metrics.update(_min_max_mean(name, tensors[key].sum(-1)))  # (batch,) per-sequence totals
+    if not use_critic:
+        keys.discard("values")
     for key in ("advantages", "returns", "values"):
         if key in keys:
             metrics.update(_min_max_mean(f"critic/{key}", tensors[key][response_mask]))
@@ -94,8 +99,8 @@ def _token_counts(batch: "DataProto") -> tuple[float, float]:
     return response_tokens, all_tokens
 
 
-def compute_timing_metrics(timing_raw: dict[str, float], batch: "DataProto | None" = None) -> dict[str, float]:
-    """``timing/<phase>`` in seconds and, given the batch, ``timing_per_token_ms/<phase>``."""
+def compute_timing_metrics(batch: "DataProto | None", timing_raw: dict[str, float]) -> dict[str, float]:
+    """``timing/<phase>`` in seconds and, given the batch (None skips them), ``timing_per_token_ms/<phase>``."""
     metrics = {f"timing/{name}": seconds for name, seconds in timing_raw.items()}
     if batch is not None:
         response_tokens, all_tokens = _token_counts(batch)

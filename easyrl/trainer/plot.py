@@ -8,7 +8,8 @@ import os
 import sys
 
 
-TRAIN_REWARD_KEY = "critic/score/mean"
+# Train curves drawn when present: the mean sequence score and the reward function's named scores.
+TRAIN_CURVE_KEYS = ("critic/score/mean", "reward/accuracy", "reward/format")
 RESPONSE_LENGTH_KEY = "response_length/mean"
 # Validation metrics whose names contain one of these are drawn in the validation panel.
 VAL_CURVE_WORDS = ("reward", "score", "acc")
@@ -48,7 +49,7 @@ def plot_training_curves(metrics_path: str, output_path: str | None = None) -> s
     output_path = output_path or os.path.join(os.path.dirname(os.path.abspath(metrics_path)), "curves.png")
     fig, (train_ax, val_ax, length_ax) = plt.subplots(1, 3, figsize=FIGURE_SIZE_INCHES, dpi=FIGURE_DPI)
     panels = (
-        (train_ax, [TRAIN_REWARD_KEY], "train reward (mean score)"),
+        (train_ax, TRAIN_CURVE_KEYS, "train reward"),
         (val_ax, _val_keys(by_step), "validation"),
         (length_ax, [RESPONSE_LENGTH_KEY], "mean response length (tokens)"),
     )

@@ -9,6 +9,7 @@ CONSOLE_METRICS = (
     ("score", "critic/score/mean"),
     ("reward", "critic/rewards/mean"),
     ("acc", "reward/accuracy"),
+    ("format", "reward/format"),
     ("resp_len", "response_length/mean"),
     ("clip", "response_length/clip_ratio"),
     ("pg_loss", "actor/pg_loss"),

@@ -1,0 +1,35 @@
+"""Reward curves drawn from metrics.jsonl."""
+
+import json
+
+import pytest
+from PIL import Image
+
+from easyrl.trainer.plot import FIGURE_DPI, FIGURE_SIZE_INCHES, plot_training_curves, read_metrics
+
+
+def _write_metrics(path, rows) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_curves_png_has_the_figure_size(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = [{"step": 0, "val/reward/overall": 0.1, "val/reward/accuracy": 0.05}]
+    rows += [{"step": s, "critic/score/mean": 0.1 * s, "response_length/mean": 40 + s} for s in range(1, 6)]
+    rows += [{"step": 5, "val/reward/overall": 0.4, "val/reward/accuracy": 0.3}]
+    metrics_path = tmp_path / "metrics.jsonl"
+    _write_metrics(metrics_path, rows)
+
+    png = plot_training_curves(str(metrics_path))
+    assert png == str(tmp_path / "curves.png")
+    with Image.open(png) as image:
+        assert image.format == "PNG"
+        assert image.size == (FIGURE_SIZE_INCHES[0] * FIGURE_DPI, FIGURE_SIZE_INCHES[1] * FIGURE_DPI)
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_read_metrics_merges_rows_of_a_step_and_keeps_the_latest(tmp_path):
+    metrics_path = tmp_path / "metrics.jsonl"
+    rows = [{"step": 2, "a": 1.0}, {"step": 1, "a": 0.5}, {"step": 2, "a": 3.0, "b": 4.0}]  # a resumed run re-logs 2
+    _write_metrics(metrics_path, rows)
+    assert read_metrics(str(metrics_path)) == {1: {"a": 0.5}, 2: {"a": 3.0, "b": 4.0}}
