@@ -1,0 +1,117 @@
+"""The policy role: log-probabilities of response tokens and the PPO-style policy update.
+
+Works on an FSDP2-wrapped model inside a worker and on a plain Hugging Face model in one process alike.
+"""
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..models.dynamic_batching import restore_order, split_micro_batches
+from ..models.forward import forward_response_outputs, scatter_to_response
+from ..utils.torch_functional import entropy_from_logits, log_probs_from_logits
+from .ppo_update import run_ppo_updates
+
+
+if TYPE_CHECKING:
+    from ..config import ActorConfig, RefConfig
+    from ..protocol import DataProto
+
+
+class Actor:
+    def __init__(
+        self,
+        config: "ActorConfig | RefConfig",
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        mini_batch_size: int | None = None,
+        dp_size: int = 1,
+    ) -> None:
+        """``mini_batch_size``: samples per optimizer step on this device; ``dp_size``: ranks FSDP averages over."""
+        self.config = config
+        self.module = module
+        self.optimizer = optimizer
+        self.mini_batch_size = mini_batch_size
+        self.dp_size = dp_size
+
+    def _forward(
+        self, micro_batch: "DataProto", temperature: float, calculate_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(batch, response_len) fp32 log-probs (and entropies) of the response tokens; 0 past each response."""
+        logits, valid = forward_response_outputs(self.module, micro_batch, self.config.padding_free, lm_logits=True)
+        labels = micro_batch.batch["responses"][valid]  # (valid_tokens,)
+        log_probs = scatter_to_response(log_probs_from_logits(logits, labels, temperature), valid)
+        entropy = None
+        if calculate_entropy:
+            entropy = scatter_to_response(entropy_from_logits(logits, temperature), valid)
+        return log_probs, entropy
+
+    @torch.no_grad()
+    def compute_log_probs(
+        self, data: "DataProto", calculate_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log pi(y_t | x, y_<t) at the rollout's temperature (``meta_info["temperature"]``), (batch, response_len)."""
+        temperature = data.meta_info["temperature"]
+        self.module.eval()
+        micro_batches, permutation = split_micro_batches(
+            data, self.config.micro_batch_size_per_device_for_experience, self.config.dynamic_batching
+        )
+        outputs = [self._forward(mb, temperature, calculate_entropy) for mb in micro_batches]
+        log_probs = restore_order(torch.cat([lp for lp, _ in outputs]), permutation)
+        entropy = restore_order(torch.cat([e for _, e in outputs]), permutation) if calculate_entropy else None
+        return log_probs, entropy
+
+    def _micro_loss(self, micro_batch: "DataProto", denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
+        from ..algorithms.aggregation import entropy_bonus
+        from ..algorithms.kl import compute_kl_loss
+        from ..algorithms.policy_loss import compute_policy_loss
+
+        config, batch = self.config, micro_batch.batch
+        temperature = micro_batch.meta_info["temperature"]
+        entropy_coef = getattr(config, "entropy_coef", 0.0)
+        log_probs, entropy = self._forward(micro_batch, temperature, calculate_entropy=entropy_coef != 0.0)
+        mask = batch["response_mask"]
+        rollout_log_probs = batch["rollout_log_probs"] if "rollout_log_probs" in batch.keys() else None
+        loss, metrics = compute_policy_loss(
+            batch["old_log_probs"],
+            log_probs,
+            batch["advantages"],
+            mask,
+            config,
+            rollout_log_probs=rollout_log_probs,
+            loss_denominator=denominator,
+        )
+        if entropy_coef != 0.0:
+            bonus, entropy_metrics = entropy_bonus(entropy, mask, entropy_coef, config.loss_avg_mode, denominator)
+            loss = loss + bonus
+            metrics.update(entropy_metrics)
+        if config.use_kl_loss and not config.disable_kl:
+            kl_loss, kl_metrics = compute_kl_loss(
+                log_probs, batch["ref_log_probs"], mask, config.kl_penalty, config.loss_avg_mode, denominator
+            )
+            loss = loss + config.kl_coef * kl_loss
+            metrics.update(kl_metrics)
+            metrics["kl_coef"] = config.kl_coef
+        return loss, metrics
+
+    def update_policy(self, data: "DataProto") -> dict[str, float]:
+        """PPO epochs over ``data`` (this rank's share); needs old_log_probs, advantages, response_mask (and
+        ref_log_probs with use_kl_loss). Returns this rank's ``actor/*`` metrics."""
+        if self.optimizer is None or self.mini_batch_size is None:
+            raise RuntimeError("This actor was built without an optimizer (a reference model cannot be updated).")
+        config = self.config
+        return run_ppo_updates(
+            self.module,
+            self.optimizer,
+            data,
+            self._micro_loss,
+            mini_batch_size=self.mini_batch_size,
+            micro_batch_size=config.micro_batch_size_per_device_for_update,
+            dynamic_batching=config.dynamic_batching,
+            ppo_epochs=config.ppo_epochs,
+            loss_avg_mode=config.loss_avg_mode,
+            max_grad_norm=config.max_grad_norm,
+            dp_size=self.dp_size,
+            prefix="actor",
+        )

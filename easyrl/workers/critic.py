@@ -1,0 +1,83 @@
+"""The critic role: per-token values V(s_t) of the response and the clipped value update (PPO with GAE).
+
+The value model is the language model with a one-output token-classification head (``num_labels=1``): its output
+at the position that predicts response token t is V(s_t), the value of the state before emitting token t.
+"""
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..models.dynamic_batching import restore_order, split_micro_batches
+from ..models.forward import forward_response_outputs, scatter_to_response
+from .ppo_update import run_ppo_updates
+
+
+if TYPE_CHECKING:
+    from ..config import CriticConfig
+    from ..protocol import DataProto
+
+
+class Critic:
+    def __init__(
+        self,
+        config: "CriticConfig",
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        mini_batch_size: int | None = None,
+        dp_size: int = 1,
+    ) -> None:
+        self.config = config
+        self.module = module
+        self.optimizer = optimizer
+        self.mini_batch_size = mini_batch_size
+        self.dp_size = dp_size
+
+    def _forward(self, micro_batch: "DataProto") -> torch.Tensor:
+        """(batch, response_len) fp32 values; 0 past each response."""
+        values, valid = forward_response_outputs(self.module, micro_batch, self.config.padding_free, lm_logits=False)
+        return scatter_to_response(values.squeeze(-1).float(), valid)
+
+    @torch.no_grad()
+    def compute_values(self, data: "DataProto") -> torch.Tensor:
+        self.module.eval()
+        micro_batches, permutation = split_micro_batches(
+            data, self.config.micro_batch_size_per_device_for_experience, self.config.dynamic_batching
+        )
+        return restore_order(torch.cat([self._forward(mb) for mb in micro_batches]), permutation)
+
+    def _micro_loss(self, micro_batch: "DataProto", denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
+        from ..algorithms.value_loss import compute_value_loss
+
+        batch = micro_batch.batch
+        vpreds = self._forward(micro_batch)
+        return compute_value_loss(
+            vpreds,
+            batch["returns"],
+            batch["values"],
+            batch["response_mask"],
+            self.config.cliprange_value,
+            self.config.loss_avg_mode,
+            loss_denominator=denominator,
+        )
+
+    def update_critic(self, data: "DataProto") -> dict[str, float]:
+        """PPO epochs of value regression on ``data`` (needs values, returns, response_mask); ``critic/*`` metrics."""
+        if self.optimizer is None or self.mini_batch_size is None:
+            raise RuntimeError("This critic was built without an optimizer.")
+        config = self.config
+        return run_ppo_updates(
+            self.module,
+            self.optimizer,
+            data,
+            self._micro_loss,
+            mini_batch_size=self.mini_batch_size,
+            micro_batch_size=config.micro_batch_size_per_device_for_update,
+            dynamic_batching=config.dynamic_batching,
+            ppo_epochs=config.ppo_epochs,
+            loss_avg_mode=config.loss_avg_mode,
+            max_grad_norm=config.max_grad_norm,
+            dp_size=self.dp_size,
+            prefix="critic",
+        )

@@ -1,0 +1,290 @@
+"""Building FSDP2 models from Hugging Face checkpoints, moving them between devices, and reading full weights.
+
+Sharding follows TorchTitan: ``fully_shard`` on every decoder layer (the model's ``_no_split_modules``), then on the
+root, over a 1-D device mesh (or a 2-D replicate x shard mesh for hybrid sharding, ``fsdp.fsdp_size``).
+"""
+
+import importlib.util
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from ..config import FSDPConfig, ModelConfig
+from ..utils import device
+
+
+DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+
+
+def to_dtype(name: str | None, default: torch.dtype = torch.float32) -> torch.dtype:
+    if name is None:
+        return default
+    if name not in DTYPES:
+        raise ValueError(f"Unknown dtype `{name}`; use one of: {', '.join(DTYPES)}.")
+    return DTYPES[name]
+
+
+def attention_implementation() -> str:
+    """flash_attention_2 where it is installed (GPU), sdpa otherwise; both handle padding-free packing."""
+    if device.is_cuda_available() and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# which Hugging Face class a checkpoint loads into
+# ----------------------------------------------------------------------------------------------------------------------
+# resolver(hf_config, kind) -> model class or None; kind is "causal_lm" (actor/ref) or "value" (critic).
+ModelClassResolver = Callable[[object, str], type | None]
+_MODEL_CLASS_RESOLVERS: list[ModelClassResolver] = []
+
+
+def register_model_class_resolver(resolver: ModelClassResolver) -> ModelClassResolver:
+    """Let a model family (e.g. image-text-to-text VLMs) choose its class; earlier registrations win."""
+    _MODEL_CLASS_RESOLVERS.append(resolver)
+    return resolver
+
+
+def resolve_model_class(hf_config: object, kind: str) -> type:
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    for resolver in _MODEL_CLASS_RESOLVERS:
+        model_cls = resolver(hf_config, kind)
+        if model_cls is not None:
+            return model_cls
+    return AutoModelForTokenClassification if kind == "value" else AutoModelForCausalLM
+
+
+def load_hf_config(model_config: ModelConfig, kind: str):
+    from transformers import AutoConfig
+
+    from ..demo.builtin_models import resolve_model_path
+
+    overrides = dict(model_config.override_config)
+    if kind == "value":
+        overrides.update(num_labels=1, classifier_dropout=0.0)
+    return AutoConfig.from_pretrained(
+        resolve_model_path(model_config.model_path), trust_remote_code=model_config.trust_remote_code, **overrides
+    )
+
+
+def load_tokenizer_and_processor(model_config: ModelConfig):
+    """The tokenizer, and the multimodal processor when the checkpoint has one (else None)."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    from ..demo.builtin_models import resolve_model_path
+
+    path = resolve_model_path(model_config.tokenizer_path or model_config.model_path)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_config.trust_remote_code)
+    try:
+        processor = AutoProcessor.from_pretrained(path, trust_remote_code=model_config.trust_remote_code)
+    except (OSError, ValueError, TypeError):
+        processor = None
+    if processor is not None and not hasattr(processor, "image_processor"):
+        processor = None  # a plain tokenizer comes back for text-only models
+    return tokenizer, processor
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# device mesh and sharding
+# ----------------------------------------------------------------------------------------------------------------------
+def build_device_mesh(world_size: int, fsdp_size: int) -> DeviceMesh:
+    """1-D mesh sharding over all ranks, or (replicate, shard) for hybrid sharding with ``fsdp_size`` > 0."""
+    if fsdp_size <= 0 or fsdp_size >= world_size:
+        return init_device_mesh(device.get_device_name(), (world_size,), mesh_dim_names=("fsdp",))
+    if world_size % fsdp_size != 0:
+        raise ValueError(f"`fsdp.fsdp_size` ({fsdp_size}) must divide the number of workers ({world_size}).")
+    return init_device_mesh(
+        device.get_device_name(), (world_size // fsdp_size, fsdp_size), mesh_dim_names=("replicate", "fsdp")
+    )
+
+
+def apply_fsdp2(model: torch.nn.Module, mesh: DeviceMesh, fsdp_config: FSDPConfig) -> None:
+    """``fully_shard`` every decoder layer, then the root (embeddings, final norm, head)."""
+    kwargs = {
+        "mesh": mesh,
+        "reshard_after_forward": fsdp_config.enable_full_shard,
+        "mp_policy": MixedPrecisionPolicy(
+            param_dtype=to_dtype(fsdp_config.mp_param_dtype),
+            reduce_dtype=to_dtype(fsdp_config.mp_reduce_dtype),
+            cast_forward_inputs=True,
+        ),
+        # FSDP's CPU offload keeps parameters in host memory between uses; meaningless (and slower) on CPU
+        "offload_policy": CPUOffloadPolicy()
+        if fsdp_config.enable_cpu_offload and device.is_cuda_available()
+        else OffloadPolicy(),
+    }
+    layer_classes = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
+    if not layers:
+        raise ValueError(
+            f"{type(model).__name__} lists no decoder-layer classes in `_no_split_modules`; cannot shard it per layer."
+        )
+    for layer in layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def _broadcast_buffers(model: torch.nn.Module) -> None:
+    """Buffers are not sharded and non-persistent ones (rotary inv_freq) are absent from state dicts."""
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
+
+
+def build_fsdp_model(
+    model_config: ModelConfig,
+    fsdp_config: FSDPConfig,
+    mesh: DeviceMesh,
+    *,
+    kind: str,
+    trainable: bool,
+    default_dtype: torch.dtype,
+) -> torch.nn.Module:
+    """Load a checkpoint into an FSDP2-sharded model on this rank's device.
+
+    With ``enable_rank0_init`` only rank 0 reads the weights; the other ranks build the model on the meta device
+    and receive their shards by broadcast, so host memory holds one full copy per node instead of one per rank.
+    """
+    from ..demo.builtin_models import resolve_model_path
+
+    hf_config = load_hf_config(model_config, kind)
+    model_cls = resolve_model_class(hf_config, kind)
+    dtype = to_dtype(fsdp_config.torch_dtype, default_dtype)
+    common = {
+        "dtype": dtype,
+        "attn_implementation": attention_implementation(),
+        "trust_remote_code": model_config.trust_remote_code,
+    }
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    broadcast = fsdp_config.enable_rank0_init and mesh.size() > 1
+    if broadcast and rank != 0:
+        with torch.device("meta"):
+            model = model_cls.from_config(hf_config, **common)
+    else:
+        model = model_cls.from_pretrained(resolve_model_path(model_config.model_path), config=hf_config, **common)
+    full_state = model.state_dict() if broadcast and rank == 0 else {}
+    model.config.use_cache = False
+    model.requires_grad_(trainable)
+    if trainable and model_config.enable_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    buffer_dtype = to_dtype(fsdp_config.mp_buffer_dtype)
+    for module in model.modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer.is_floating_point() and buffer.dtype != buffer_dtype:
+                module._buffers[name] = buffer.to(buffer_dtype)
+
+    apply_fsdp2(model, mesh, fsdp_config)
+    if broadcast:
+        uses_cpu_offload = fsdp_config.enable_cpu_offload and device.is_cuda_available()
+        if rank != 0:
+            model.to_empty(device="cpu" if uses_cpu_offload else device.get_torch_device())
+        set_model_state_dict(
+            model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        )
+        _broadcast_buffers(model)
+        del full_state
+    elif device.is_cuda_available() and not (fsdp_config.enable_cpu_offload):
+        model.to(device.get_torch_device())
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# moving between devices (GPU only: on CPU there is nowhere else to go)
+# ----------------------------------------------------------------------------------------------------------------------
+def offload_model(model: torch.nn.Module) -> None:
+    if device.is_cuda_available():
+        model.to("cpu")
+        device.empty_cache()
+
+
+def load_model(model: torch.nn.Module) -> None:
+    if device.is_cuda_available():
+        model.to(device.get_torch_device())
+
+
+def _move_optimizer_states(optimizer: torch.optim.Optimizer, target: torch.device | str) -> None:
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(target, non_blocking=True)
+
+
+def offload_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    if device.is_cuda_available():
+        _move_optimizer_states(optimizer, "cpu")
+        device.empty_cache()
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    if device.is_cuda_available():
+        _move_optimizer_states(optimizer, device.get_torch_device())
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# full (unsharded) weights
+# ----------------------------------------------------------------------------------------------------------------------
+def _full_tensor(param: torch.Tensor) -> torch.Tensor:
+    return param.full_tensor() if isinstance(param, DTensor) else param.detach()
+
+
+@torch.no_grad()
+def iter_full_params_per_layer(
+    model: torch.nn.Module, dtype: torch.dtype | None = None
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Full parameters in buckets, one per FSDP-sharded decoder layer, then one for the rest (embeddings, norm,
+    head). A collective: every rank must consume the whole iterator in step. Names are the Hugging Face names;
+    a tied head appears once, under the embedding's name."""
+    layer_prefixes = [name + "." for name, m in model.named_modules() if isinstance(m, FSDPModule) and m is not model]
+    buckets: dict[str, list[tuple[str, torch.nn.Parameter]]] = {prefix: [] for prefix in layer_prefixes}
+    rest: list[tuple[str, torch.nn.Parameter]] = []
+    for name, param in model.named_parameters():
+        prefix = next((p for p in layer_prefixes if name.startswith(p)), None)
+        (buckets[prefix] if prefix is not None else rest).append((name, param))
+    for bucket in [*buckets.values(), rest]:
+        full = []
+        for name, param in bucket:
+            tensor = _full_tensor(param)
+            full.append((name, tensor.to(dtype) if dtype is not None else tensor))
+        yield full
+
+
+def get_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full state dict on CPU, on rank 0 only (empty elsewhere). A collective."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def _unwrapped_class(model: torch.nn.Module) -> type:
+    """FSDP2 swaps the class for a dynamic ``FSDP<Name>`` subclass; return the Hugging Face class under it."""
+    cls = type(model)
+    if isinstance(model, FSDPModule):
+        cls = next(base for base in cls.__bases__ if base is not FSDPModule)
+    return cls
+
+
+def save_hf_pretrained(model: torch.nn.Module, path: str, tokenizer=None, processor=None) -> None:
+    """Write a standard Hugging Face folder (config, safetensors, tokenizer) from the sharded model. A collective."""
+    state = get_full_state_dict(model)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        with torch.device("meta"):
+            plain = _unwrapped_class(model)._from_config(model.config)
+        plain.load_state_dict(state, assign=True)
+        plain.tie_weights()
+        plain.config.use_cache = True
+        plain.save_pretrained(path)
+        for extra in (tokenizer, processor):
+            if extra is not None:
+                extra.save_pretrained(path)
+    if dist.is_initialized():
+        dist.barrier()

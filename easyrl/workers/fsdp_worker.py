@@ -1,0 +1,353 @@
+"""The FSDP2 worker: one process per device hosting the actor, rollout, reference and/or critic roles.
+
+Roles named together (``actor_rollout_ref``) live in one process and share its device: the hybrid engine. The
+driver reaches the worker through a ``RayWorkerGroup``; every public method below is tagged with its dispatch mode.
+
+Batch sizes (EasyR1 semantics): ``global_batch_size`` counts PROMPTS per optimizer step over all devices; each
+prompt has ``rollout.n`` responses, so one device's mini-batch holds ``global_batch_size * rollout.n / world``
+samples. ``micro_batch_size_per_device_*`` counts samples per forward pass on one device (with dynamic batching:
+the token budget is that many padded sequences). The lr scheduler advances once per ``update_*`` call.
+
+The rollout engine is plugged in by ``easyrl.workers.rollout.build_rollout(worker) -> RolloutEngine`` (built in
+``init_model`` when the role includes "rollout"); see ``RolloutEngine`` for what it must provide.
+"""
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from ..config import WorkerConfig
+from ..controller.dispatch import Dispatch, register
+from ..controller.worker import Worker
+from ..utils import device
+from . import fsdp_utils
+from .actor import Actor
+from .critic import Critic
+from .fsdp_checkpoint import load_role_checkpoint, save_role_checkpoint
+from .optim import build_lr_scheduler, build_optimizer
+
+
+ROLES: dict[str, frozenset[str]] = {
+    "actor": frozenset({"actor"}),
+    "ref": frozenset({"ref"}),
+    "critic": frozenset({"critic"}),
+    "actor_ref": frozenset({"actor", "ref"}),
+    "actor_rollout": frozenset({"actor", "rollout"}),
+    "actor_rollout_ref": frozenset({"actor", "rollout", "ref"}),
+}
+ROLLOUT_MESH = "rollout"
+
+
+class RolloutEngine(Protocol):
+    """What a rollout engine hosted in the worker provides (``sleep`` / ``wake_up`` are optional)."""
+
+    def generate_sequences(self, prompts: "Any") -> "Any":
+        """DataProto of prompts -> DataProto of responses (this rank's share)."""
+
+    def update_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]]) -> None:
+        """Load new policy weights, one bucket (decoder layer) at a time; called on every rank together."""
+
+
+def _reduce_metrics_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    """Mean of each metric over all ranks (every rank reports the same keys, in any order)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return metrics
+    keys = sorted(metrics)
+    values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=device.get_torch_device())
+    dist.all_reduce(values)
+    values /= dist.get_world_size()
+    return dict(zip(keys, values.tolist()))
+
+
+class FSDPWorker(Worker):
+    def __init__(self, config: WorkerConfig, role: str) -> None:
+        super().__init__()
+        if role not in ROLES:
+            raise ValueError(f"Unknown worker role `{role}`; choose one of: {', '.join(ROLES)}.")
+        self.config = config
+        self.role = role
+        self.parts = ROLES[role]
+        self.device_mesh = None
+        self.tokenizer = None
+        self.processor = None
+        self.actor_module: torch.nn.Module | None = None
+        self.ref_module: torch.nn.Module | None = None
+        self.critic_module: torch.nn.Module | None = None
+        self.actor: Actor | None = None
+        self.ref: Actor | None = None
+        self.critic: Critic | None = None
+        self.rollout: RolloutEngine | None = None
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        self.lr_schedulers: dict[str, torch.optim.lr_scheduler.LRScheduler] = {}
+        self._rollout_weights_stale = True
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # building
+    # ------------------------------------------------------------------------------------------------------------------
+    def _mini_batch_size(self, role: str, global_batch_size: int) -> int:
+        samples = global_batch_size * self.config.rollout.n
+        if samples % self.world_size != 0:
+            raise ValueError(
+                f"`worker.{role}.global_batch_size` x `worker.rollout.n` = {samples} samples per optimizer step "
+                f"cannot be split evenly over {self.world_size} workers."
+            )
+        return samples // self.world_size
+
+    def _build_trainable(self, role: str, role_config: Any, kind: str) -> torch.nn.Module:
+        module = fsdp_utils.build_fsdp_model(
+            role_config.model,
+            role_config.fsdp,
+            self.device_mesh,
+            kind=kind,
+            trainable=True,
+            default_dtype=torch.float32,
+        )
+        optimizer = build_optimizer(module, role_config.optim, f"worker.{role}.optim")
+        self.optimizers[role] = optimizer
+        self.lr_schedulers[role] = build_lr_scheduler(optimizer, role_config.optim, f"worker.{role}.optim")
+        return module
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Load every model of this worker's roles (re-callable: reloads from the checkpoint paths)."""
+        actor_config, critic_config = self.config.actor, self.config.critic
+        main_config = critic_config if self.parts == {"critic"} else actor_config
+        for role in ("actor", "critic"):
+            role_config = getattr(self.config, role)
+            if role in self.parts or (role == "actor" and "ref" in self.parts):
+                if role_config.model.lora.rank > 0:
+                    raise NotImplementedError(f"`worker.{role}.model.lora.rank` > 0: LoRA is not supported yet.")
+                if role_config.ulysses_size != 1:
+                    raise NotImplementedError(
+                        f"`worker.{role}.ulysses_size` != 1: sequence parallelism is not supported yet."
+                    )
+        self.device_mesh = fsdp_utils.build_device_mesh(self.world_size, main_config.fsdp.fsdp_size)
+        self.tokenizer, self.processor = fsdp_utils.load_tokenizer_and_processor(main_config.model)
+        dp_size = self.device_mesh.size()
+
+        if "actor" in self.parts:
+            self.actor_module = self._build_trainable("actor", actor_config, kind="causal_lm")
+            self.actor = Actor(
+                actor_config,
+                self.actor_module,
+                self.optimizers["actor"],
+                mini_batch_size=self._mini_batch_size("actor", actor_config.global_batch_size),
+                dp_size=dp_size,
+            )
+        if "ref" in self.parts:
+            ref_config = self.config.ref
+            self.ref_module = fsdp_utils.build_fsdp_model(
+                actor_config.model, ref_config.fsdp, self.device_mesh, kind="causal_lm", trainable=False,
+                default_dtype=torch.bfloat16,
+            )  # fmt: skip
+            self.ref = Actor(ref_config, self.ref_module)
+        if "critic" in self.parts:
+            self.critic_module = self._build_trainable("critic", critic_config, kind="value")
+            self.critic = Critic(
+                critic_config,
+                self.critic_module,
+                self.optimizers["critic"],
+                mini_batch_size=self._mini_batch_size("critic", critic_config.global_batch_size),
+                dp_size=dp_size,
+            )
+        if "rollout" in self.parts:
+            # default layout: every rank is its own data-parallel rollout rank; a tensor-parallel engine re-registers
+            self.register_dispatch_info(ROLLOUT_MESH, self.rank, self.world_size, True)
+            from .rollout import build_rollout
+
+            self.rollout = build_rollout(self)
+            self._rollout_weights_stale = True
+        self._offload_idle()
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # device placement between phases (GPU only)
+    # ------------------------------------------------------------------------------------------------------------------
+    def _role_state(self, role: str) -> tuple[torch.nn.Module | None, Any]:
+        module = {"actor": self.actor_module, "ref": self.ref_module, "critic": self.critic_module}[role]
+        return module, getattr(self.config, role).offload
+
+    def _offload_idle(self) -> None:
+        for role in ("actor", "ref", "critic"):
+            module, offload = self._role_state(role)
+            if module is None:
+                continue
+            if offload.offload_params:
+                fsdp_utils.offload_model(module)
+            if offload.offload_optimizer and role in self.optimizers:
+                fsdp_utils.offload_optimizer(self.optimizers[role])
+
+    @contextmanager
+    def _on_device(self, role: str, with_optimizer: bool = False):
+        """Bring an offloaded role's parameters (and optimizer states) to the device for the duration."""
+        module, offload = self._role_state(role)
+        if module is None:
+            raise RuntimeError(f"This worker (role `{self.role}`) has no `{role}` model; was init_model called?")
+        if offload.offload_params:
+            fsdp_utils.load_model(module)
+        if with_optimizer and offload.offload_optimizer:
+            fsdp_utils.load_optimizer(self.optimizers[role])
+        try:
+            yield module
+        finally:
+            if offload.offload_params:
+                fsdp_utils.offload_model(module)
+            if with_optimizer and offload.offload_optimizer:
+                fsdp_utils.offload_optimizer(self.optimizers[role])
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # experience
+    # ------------------------------------------------------------------------------------------------------------------
+    def _temperature(self, data: Any) -> float:
+        return data.meta_info.get("temperature", self.config.rollout.temperature)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_probs(self, data: Any) -> Any:
+        """Actor log-probs of the responses: DataProto with ``old_log_probs`` (and ``entropy`` when
+        ``meta_info["calculate_entropy"]``), both (batch, response_len) fp32."""
+        from ..protocol import DataProto
+
+        data.meta_info["temperature"] = self._temperature(data)
+        calculate_entropy = bool(data.meta_info.get("calculate_entropy", False))
+        with self._on_device("actor"):
+            log_probs, entropy = self.actor.compute_log_probs(data.to(device.get_torch_device()), calculate_entropy)
+        tensors = {"old_log_probs": log_probs.cpu()}
+        if entropy is not None:
+            tensors["entropy"] = entropy.cpu()
+        return DataProto.from_dict(tensors=tensors, meta_info={"temperature": data.meta_info["temperature"]})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_probs(self, data: Any) -> Any:
+        """Reference-policy log-probs: DataProto with ``ref_log_probs`` (batch, response_len) fp32."""
+        from ..protocol import DataProto
+
+        data.meta_info["temperature"] = self._temperature(data)
+        with self._on_device("ref"):
+            log_probs, _ = self.ref.compute_log_probs(data.to(device.get_torch_device()))
+        return DataProto.from_dict(tensors={"ref_log_probs": log_probs.cpu()})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: Any) -> Any:
+        """Critic values of the response tokens: DataProto with ``values`` (batch, response_len) fp32."""
+        from ..protocol import DataProto
+
+        with self._on_device("critic"):
+            values = self.critic.compute_values(data.to(device.get_torch_device()))
+        return DataProto.from_dict(tensors={"values": values.cpu()})
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # updates
+    # ------------------------------------------------------------------------------------------------------------------
+    def _update(self, role: str, data: Any, update_fn) -> Any:
+        from ..protocol import DataProto
+
+        scheduler = self.lr_schedulers[role]
+        with self._on_device(role, with_optimizer=True):
+            metrics = update_fn(data.to(device.get_torch_device()))
+        metrics[f"{role}/lr"] = scheduler.get_last_lr()[0]
+        scheduler.step()
+        return DataProto.from_dict(meta_info={"metrics": _reduce_metrics_over_ranks(metrics)})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: Any) -> Any:
+        """One policy update on the batch; returns DataProto(meta_info={"metrics": {"actor/...": float}}) with
+        metrics averaged over ranks."""
+        data.meta_info["temperature"] = self._temperature(data)
+        output = self._update("actor", data, self.actor.update_policy)
+        self._rollout_weights_stale = True
+        return output
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: Any) -> Any:
+        """One value update; returns DataProto(meta_info={"metrics": {"critic/...": float}})."""
+        return self._update("critic", data, self.critic.update_critic)
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # rollout (hybrid engine)
+    # ------------------------------------------------------------------------------------------------------------------
+    def iter_full_params_per_layer(self, dtype: torch.dtype | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The actor's full weights in per-decoder-layer buckets (a collective: all ranks iterate together)."""
+        return fsdp_utils.iter_full_params_per_layer(self.actor_module, dtype)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_rollout_weights(self) -> None:
+        """Stream the actor's current weights into the rollout engine."""
+        with self._on_device("actor"):
+            self.rollout.update_weights(self.iter_full_params_per_layer())
+        self._rollout_weights_stale = False
+
+    @register(dispatch_mode=Dispatch.dp_compute_proto(ROLLOUT_MESH))
+    def generate_sequences(self, prompts: Any) -> Any:
+        """Generate responses; syncs the weights first when the actor changed since the last sync."""
+        if self.rollout is None:
+            raise RuntimeError(f"This worker (role `{self.role}`) hosts no rollout engine.")
+        wake_up, sleep = getattr(self.rollout, "wake_up", None), getattr(self.rollout, "sleep", None)
+        if wake_up is not None:
+            wake_up()
+        if self._rollout_weights_stale:
+            self.sync_rollout_weights()
+        try:
+            return self.rollout.generate_sequences(prompts)
+        finally:
+            if sleep is not None:
+                sleep()
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # checkpoints
+    # ------------------------------------------------------------------------------------------------------------------
+    def _trainable_roles(self) -> list[str]:
+        return [role for role in ("actor", "critic") if role in self.parts]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str, save_model_only: bool = False) -> None:
+        """DCP-save every trainable role of this worker to ``path/<role>`` (model, optimizer, lr scheduler)."""
+        for role in self._trainable_roles():
+            with self._on_device(role, with_optimizer=not save_model_only) as module:
+                save_role_checkpoint(
+                    os.path.join(path, role),
+                    module,
+                    self.optimizers[role],
+                    self.lr_schedulers[role],
+                    model_only=save_model_only,
+                    tokenizer=self.tokenizer,
+                    processor=self.processor,
+                )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str, load_model_only: bool = False) -> None:
+        """Restore every trainable role of this worker from ``path/<role>``."""
+        for role in self._trainable_roles():
+            with self._on_device(role, with_optimizer=not load_model_only) as module:
+                load_role_checkpoint(
+                    os.path.join(path, role),
+                    module,
+                    self.optimizers[role],
+                    self.lr_schedulers[role],
+                    model_only=load_model_only,
+                )
+        self._rollout_weights_stale = True
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_hf_model(self, path: str, role: str = "actor") -> None:
+        """Write ``role``'s current weights as a Hugging Face folder at ``path`` (rank 0 writes)."""
+        with self._on_device(role) as module:
+            fsdp_utils.save_hf_pretrained(module, path, self.tokenizer, self.processor)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)
+    def get_full_state_dict(self, role: str = "actor") -> dict[str, torch.Tensor]:
+        """``role``'s full weights as CPU tensors, returned to the driver from rank 0 (small models: tests, tools)."""
+        with self._on_device(role) as module:
+            return fsdp_utils.get_full_state_dict(module)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def get_local_shard_checksums(self, role: str = "actor") -> dict[str, float]:
+        """Sum of this rank's local shard of every parameter (to check replicas agree under hybrid sharding)."""
+        module, _ = self._role_state(role)
+        checksums = {}
+        for name, param in module.named_parameters():
+            local = param.to_local() if hasattr(param, "to_local") else param
+            checksums[name] = float(local.detach().double().sum())
+        return checksums

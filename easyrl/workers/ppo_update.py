@@ -1,0 +1,83 @@
+"""The PPO update schedule shared by actor and critic: epochs -> mini-batches (one optimizer step each) ->
+micro-batches (gradient accumulation).
+
+Scaling: FSDP averages gradients over the ``dp_size`` data-parallel ranks. Each micro-batch loss is therefore
+aggregated with the denominator ``global count / dp_size`` (count = tokens for token-mean, sequences for the seq
+modes, over the whole mini-batch on all ranks), so that the accumulated, averaged gradient equals the gradient of
+the mini-batch loss computed in one piece on one device.
+"""
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from ..models.dynamic_batching import split_micro_batches
+from .optim import clip_grad_norm_and_step
+
+
+if TYPE_CHECKING:
+    from ..protocol import DataProto
+
+# Loss metrics of a micro-batch are partial sums of the mini-batch loss (see module docstring): they add up.
+SUMMED_METRICS = frozenset({"pg_loss", "kl_loss", "vf_loss", "loss"})
+
+# micro_loss(micro_batch, loss_denominator) -> (loss to back-propagate, metrics)
+MicroLoss = Callable[["DataProto", float], tuple[torch.Tensor, dict[str, float]]]
+
+
+def global_loss_denominator(response_mask: torch.Tensor, loss_avg_mode: str, dp_size: int) -> float:
+    """Tokens (token-mean) or sequences (seq modes) of the mini-batch over all ranks, divided by ``dp_size``."""
+    local = response_mask.sum() if loss_avg_mode == "token-mean" else torch.tensor(response_mask.shape[0])
+    total = local.to(torch.float64).reshape(1)
+    if dp_size > 1 and dist.is_initialized():
+        if dist.get_backend() == "nccl":
+            total = total.cuda()
+        dist.all_reduce(total)
+    return max(float(total.item()), 1.0) / dp_size
+
+
+def run_ppo_updates(
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: "DataProto",
+    micro_loss: MicroLoss,
+    *,
+    mini_batch_size: int,
+    micro_batch_size: int,
+    dynamic_batching: bool,
+    ppo_epochs: int,
+    loss_avg_mode: str,
+    max_grad_norm: float,
+    dp_size: int,
+    prefix: str,
+) -> dict[str, float]:
+    """Run the update schedule on this rank's share of the batch; metrics are averages over steps, ``prefix/``."""
+    if len(data) % mini_batch_size != 0:
+        raise ValueError(
+            f"This device holds {len(data)} samples, not a multiple of its mini-batch of {mini_batch_size} "
+            f"(`worker.{prefix}.global_batch_size` x `worker.rollout.n` / devices)."
+        )
+    module.train()
+    step_metrics: dict[str, list[float]] = defaultdict(list)
+    skipped = 0
+    for _ in range(ppo_epochs):
+        for mini_batch in data.split(mini_batch_size):
+            denominator = global_loss_denominator(mini_batch.batch["response_mask"], loss_avg_mode, dp_size)
+            micro_batches, _ = split_micro_batches(mini_batch, micro_batch_size, dynamic_batching)
+            micro_metrics: dict[str, list[float]] = defaultdict(list)
+            for micro_batch in micro_batches:
+                loss, metrics = micro_loss(micro_batch, denominator)
+                loss.backward()
+                for key, value in metrics.items():
+                    micro_metrics[key].append(float(value))
+            for key, values in micro_metrics.items():
+                step_metrics[key].append(sum(values) if key in SUMMED_METRICS else sum(values) / len(values))
+            grad_norm, stepped = clip_grad_norm_and_step(module, optimizer, max_grad_norm)
+            step_metrics["grad_norm"].append(grad_norm)
+            skipped += not stepped
+    metrics = {f"{prefix}/{key}": sum(values) / len(values) for key, values in step_metrics.items()}
+    metrics[f"{prefix}/nonfinite_grad_skipped_steps"] = float(skipped)
+    return metrics

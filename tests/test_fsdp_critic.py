@@ -1,0 +1,59 @@
+"""The critic role on two workers with hybrid sharding (fsdp_size=1: every rank holds a full replica)."""
+
+import pytest
+import torch
+
+import easyrl  # noqa: F401  (process environment before Ray starts)
+from easyrl.controller import RayWorkerGroup, ResourcePool
+from easyrl.workers.fsdp_worker import FSDPWorker
+from tests.fsdp_helpers import make_batch, worker_config
+
+
+@pytest.fixture(scope="module")
+def critic_workers(ray_cluster, tiny_untied_model_path):
+    config = worker_config(tiny_untied_model_path, 2, strategy="adamw", lr=1e-3, fsdp_size=1)
+    config.critic.padding_free = True
+    pool = ResourcePool(process_on_nodes=[2])
+    group = RayWorkerGroup(pool, FSDPWorker, config, "critic", name_prefix="critic")
+    group.init_model()
+    yield group
+    group.kill()
+    pool.release()
+
+
+def _value_targets(data, values):
+    gen = torch.Generator().manual_seed(0)
+    mask = data.batch["response_mask"]
+    data.batch["values"] = values
+    data.batch["returns"] = torch.randn(mask.shape, generator=gen) * mask
+    return data
+
+
+@pytest.mark.timeout(300)
+def test_critic_values_equal_a_plain_token_classification_forward(critic_workers, tiny_untied_model_path):
+    from transformers import AutoModelForTokenClassification
+
+    data = make_batch(batch_size=6, seed=9)
+    values = critic_workers.compute_values(data).batch["values"]
+    model = AutoModelForTokenClassification.from_pretrained(
+        tiny_untied_model_path, num_labels=1, dtype=torch.float32, attn_implementation="sdpa"
+    )
+    model.load_state_dict(critic_workers.get_full_state_dict("critic"))
+    batch = data.batch
+    response_length = batch["responses"].shape[-1]
+    with torch.no_grad():
+        out = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+        )
+    expected = out.logits[:, -response_length - 1 : -1, 0] * batch["response_mask"]
+    torch.testing.assert_close(values, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.timeout(300)
+def test_critic_updates_lower_the_value_loss_and_keep_replicas_identical(critic_workers):
+    data = make_batch(batch_size=6, seed=10)
+    data = _value_targets(data, critic_workers.compute_values(data).batch["values"])
+    losses = [critic_workers.update_critic(data).meta_info["metrics"]["critic/vf_loss"] for _ in range(3)]
+    assert losses[2] < losses[0]
+    rank0, rank1 = critic_workers.get_local_shard_checksums("critic")
+    assert rank0 == rank1

@@ -1,0 +1,86 @@
+"""Optimizers, learning-rate schedules and the clipped step (single process, plain tensors)."""
+
+import math
+
+import pytest
+import torch
+
+from easyrl.config import OptimConfig
+from easyrl.workers.optim import (
+    BF16StateAdamW,
+    build_lr_scheduler,
+    build_optimizer,
+    clip_grad_norm_and_step,
+    lr_multiplier,
+)
+
+
+def test_warmup_rises_linearly_to_the_peak():
+    assert [lr_multiplier(s, 4, 100, "constant", 0.0) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+def test_cosine_decays_to_the_min_lr_ratio_at_the_last_step():
+    assert lr_multiplier(2, 2, 12, "cosine", 0.1) == pytest.approx(1.0)
+    assert lr_multiplier(7, 2, 12, "cosine", 0.1) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert lr_multiplier(12, 2, 12, "cosine", 0.1) == pytest.approx(0.1)
+
+
+def test_warmup_ratio_is_a_share_of_the_training_steps():
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    config = OptimConfig(lr=1.0, lr_warmup_ratio=0.5, training_steps=4)
+    scheduler = build_lr_scheduler(optimizer, config, "worker.actor.optim")
+    lrs = []
+    for _ in range(4):
+        lrs.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert lrs == [0.5, 1.0, 1.0, 1.0]
+
+
+def test_cosine_without_training_steps_names_the_key():
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    with pytest.raises(ValueError, match="worker.actor.optim.training_steps"):
+        build_lr_scheduler(optimizer, OptimConfig(lr_scheduler_type="cosine"), "worker.actor.optim")
+
+
+def test_unknown_optimizer_strategy_lists_the_choices():
+    with pytest.raises(ValueError, match="adamw_bf16"):
+        build_optimizer(torch.nn.Linear(2, 2), OptimConfig(strategy="lion"), "worker.actor.optim")
+
+
+def test_bf16_state_adamw_tracks_torch_adamw():
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(16, 16)
+    ours = torch.nn.Linear(16, 16)
+    ours.load_state_dict(reference.state_dict())
+    opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-2, betas=(0.9, 0.999), weight_decay=0.01)
+    opt_ours = BF16StateAdamW(ours.parameters(), lr=1e-2, betas=(0.9, 0.999), weight_decay=0.01)
+    for step in range(5):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step))
+        for model, opt in ((reference, opt_ref), (ours, opt_ours)):
+            model(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert opt_ours.state[ours.weight]["exp_avg"].dtype == torch.bfloat16
+    torch.testing.assert_close(ours.weight, reference.weight, atol=2e-3, rtol=0)
+
+
+def test_non_finite_gradient_skips_the_step():
+    model = torch.nn.Linear(3, 1)
+    before = model.weight.detach().clone()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    model(torch.tensor([[float("inf"), 1.0, 1.0]])).sum().backward()
+    grad_norm, stepped = clip_grad_norm_and_step(model, optimizer, max_grad_norm=1.0)
+    assert not stepped and not math.isfinite(grad_norm)
+    assert torch.equal(model.weight, before)
+    assert model.weight.grad is None
+
+
+def test_gradient_is_clipped_to_the_max_norm_before_the_step():
+    model = torch.nn.Linear(1, 1, bias=False)
+    model.weight.data.fill_(0.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    (model(torch.tensor([[10.0]])).sum()).backward()  # grad = 10
+    grad_norm, stepped = clip_grad_norm_and_step(model, optimizer, max_grad_norm=2.0)
+    assert stepped and grad_norm == pytest.approx(10.0)
+    assert model.weight.item() == pytest.approx(-2.0, rel=1e-5)
