@@ -1,0 +1,235 @@
+"""What every rollout engine promises: prompts in, padded responses with masks and log-probs out.
+
+Input (one rank's share of the prompts, a DataProto):
+    input_ids       (batch, prompt_len)  left-padded prompt tokens
+    attention_mask  (batch, prompt_len)
+    position_ids    (batch, prompt_len), or (batch, rows, prompt_len) for Qwen-VL multimodal rope
+    raw_prompt_ids  non-tensor: list[int] per row, unpadded, ONE pad token per image (what vLLM expects)
+    multi_modal_data non-tensor, optional: {"images": [...], "videos": [...]} per row
+    meta_info       optional "validate" (use rollout.val_override_config) and "sampling_override" (a dict)
+
+Output (batch * n rows, the n samples of a prompt next to each other):
+    prompts            (batch*n, prompt_len)            the left-padded prompt
+    responses          (batch*n, response_len)          right-padded with the pad id
+    response_mask      (batch*n, response_len)          1 on generated tokens (the eos included)
+    input_ids          (batch*n, prompt_len + response_len)  prompts ++ responses
+    attention_mask     (batch*n, prompt_len + response_len)
+    position_ids       (batch*n, [rows,] prompt_len + response_len)  the prompt's, continued
+    rollout_log_probs  (batch*n, response_len)          the engine's log-prob of each sampled token, 0 on padding
+    every non-tensor of the input, repeated n times; meta_info["metrics"] with generation metrics.
+"""
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...config import RolloutConfig
+
+
+WeightBuckets = Iterable[list[tuple[str, torch.Tensor]]]
+
+
+class BaseRollout(ABC):
+    """A generation engine living in the worker process next to the actor (the hybrid engine)."""
+
+    @abstractmethod
+    def generate_sequences(self, prompts: Any) -> Any:
+        """DataProto of prompts -> DataProto of responses (see the module docstring for the keys)."""
+
+    @abstractmethod
+    def update_weights(self, buckets: WeightBuckets) -> None:
+        """Load new policy weights given as buckets of (Hugging Face name, full tensor). A collective when the
+        buckets come from a sharded model: every rank consumes them in step."""
+
+    def sleep(self) -> None:
+        """Release device memory between generations (GPU engines); a no-op by default."""
+        return None
+
+    def wake_up(self) -> None:
+        """Take the memory back before the next weight sync / generation; a no-op by default."""
+        return None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# sampling settings
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SamplingSettings:
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+    ignore_eos: bool
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @property
+    def engine_n(self) -> int:
+        """Samples to ask the engine for: greedy decoding gives one answer, copied ``n`` times afterwards (vLLM and
+        HF both refuse n > 1 without sampling)."""
+        return 1 if self.greedy else self.n
+
+
+def repeat_greedy(rows: list, settings: SamplingSettings) -> list:
+    """Copy each greedy answer ``n`` times so that every prompt still has ``n`` consecutive samples."""
+    times = settings.n // settings.engine_n
+    return [row for row in rows for _ in range(times)]
+
+
+def _apply_overrides(settings: SamplingSettings, overrides: dict, source: str) -> SamplingSettings:
+    known = {f.name for f in fields(SamplingSettings)} - {"max_tokens"}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(
+            f"`{source}` has unknown sampling key(s) {unknown}; allowed keys are {sorted(known)} "
+            "(the response length is `data.max_response_length`)."
+        )
+    return replace(settings, **overrides)
+
+
+def resolve_sampling(config: RolloutConfig, meta_info: dict) -> SamplingSettings:
+    """Sampling settings of one generate call: the rollout config, then ``val_override_config`` when
+    ``meta_info["validate"]``, then ``meta_info["sampling_override"]``."""
+    if config.response_length <= 0:
+        raise ValueError(
+            f"`worker.rollout.response_length` is {config.response_length}: it is copied from "
+            "`data.max_response_length` by PPOConfig.post_init(); set data.max_response_length > 0."
+        )
+    settings = SamplingSettings(
+        n=config.n,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        max_tokens=config.response_length,
+        ignore_eos=config.ignore_eos,
+    )
+    if meta_info.get("validate", False):
+        settings = _apply_overrides(settings, config.val_override_config, "worker.rollout.val_override_config")
+    if meta_info.get("sampling_override"):
+        settings = _apply_overrides(settings, meta_info["sampling_override"], "meta_info['sampling_override']")
+    return settings
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the output contract
+# ----------------------------------------------------------------------------------------------------------------------
+def prompt_token_lists(prompts: Any, pad_token_id: int) -> list[list[int]]:
+    """Unpadded prompt ids per row: ``raw_prompt_ids`` when the data provides them (one pad per image), else the
+    attended part of the left-padded ``input_ids``."""
+    raw = prompts.non_tensor_batch.get("raw_prompt_ids")
+    if raw is not None:
+        return [list(map(int, ids)) for ids in raw]
+    input_ids, attention_mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
+    return [ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask)]
+
+
+def continue_position_ids(position_ids: torch.Tensor, response_length: int) -> torch.Tensor:
+    """Positions of the response tokens: each row of the prompt's positions goes on counting from its last value.
+
+    position_ids: (batch, prompt_len) for text, or (batch, rows, prompt_len) for multimodal rope (Qwen2-VL's 3 rows
+    of temporal/height/width positions; text after the vision tokens advances all rows together, so "last + k" holds
+    for every row). Returns (batch, [rows,] response_length).
+    """
+    delta = torch.arange(1, response_length + 1, dtype=position_ids.dtype, device=position_ids.device)
+    return position_ids[..., -1:] + delta  # broadcasts over any leading dims
+
+
+def _pad_right(rows: list[list], length: int, value: float, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.full((len(rows), length), value, dtype=dtype)
+    for i, row in enumerate(rows):
+        row = row[:length]
+        if row:
+            out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+    return out
+
+
+def build_rollout_output(
+    prompts: Any,
+    response_ids: list[list[int]],
+    response_log_probs: list[list[float]],
+    *,
+    n: int,
+    response_length: int,
+    pad_token_id: int,
+    metrics: dict[str, float] | None = None,
+) -> Any:
+    """Assemble the output DataProto from per-sample token lists (``n`` consecutive samples per prompt)."""
+    from ...protocol import DataProto
+
+    batch_size = len(prompts)
+    if len(response_ids) != batch_size * n:
+        raise ValueError(f"Expected {batch_size} prompts x {n} samples responses, got {len(response_ids)}.")
+    prompt_ids = prompts.batch["input_ids"].repeat_interleave(n, dim=0)  # (batch*n, prompt_len)
+    prompt_mask = prompts.batch["attention_mask"].repeat_interleave(n, dim=0)
+    prompt_positions = prompts.batch["position_ids"].repeat_interleave(n, dim=0)
+
+    responses = _pad_right(response_ids, response_length, pad_token_id, prompt_ids.dtype)  # (batch*n, resp_len)
+    lengths = torch.tensor([min(len(r), response_length) for r in response_ids])
+    response_mask = (torch.arange(response_length) < lengths[:, None]).to(prompt_mask.dtype)
+    log_probs = _pad_right(response_log_probs, response_length, 0.0, torch.float32)
+
+    tensors = {
+        "prompts": prompt_ids,
+        "responses": responses,
+        "response_mask": response_mask,
+        "input_ids": torch.cat([prompt_ids, responses], dim=-1),
+        "attention_mask": torch.cat([prompt_mask, response_mask], dim=-1),
+        "position_ids": torch.cat([prompt_positions, continue_position_ids(prompt_positions, response_length)], -1),
+        "rollout_log_probs": log_probs,
+    }
+    non_tensors = {key: np.repeat(value, n, axis=0) for key, value in prompts.non_tensor_batch.items()}
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info={"metrics": metrics or {}})
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# metrics
+# ----------------------------------------------------------------------------------------------------------------------
+class GenerationTimer:
+    """Wall time of one generate call, for tokens/s."""
+
+    def __enter__(self) -> "GenerationTimer":
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.seconds = time.perf_counter() - self.start
+
+
+def generation_metrics(response_mask: torch.Tensor, seconds: float) -> dict[str, float]:
+    """Throughput and response-length statistics of one generate call.
+
+    response_mask: (batch*n, response_len). The clip ratio is the share of responses cut at the length limit.
+    """
+    lengths = response_mask.sum(-1).float()
+    max_length = response_mask.shape[-1]
+    total_tokens = float(lengths.sum())
+    return {
+        "rollout/gen_tokens_per_s": total_tokens / max(seconds, 1e-9),
+        "rollout/gen_seconds": seconds,
+        "rollout/response_length/mean": float(lengths.mean()) if len(lengths) else 0.0,
+        "rollout/response_length/max": float(lengths.max()) if len(lengths) else 0.0,
+        "rollout/response_length/clip_ratio": float((lengths >= max_length).float().mean()) if len(lengths) else 0.0,
+    }
+
+
+def rollout_logprob_mismatch(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
+    """How far the rollout engine's log-probs are from the actor's on the sampled tokens.
+
+    All inputs (batch, response_len). A large gap means the engine and the trainer disagree (stale weights, dtype,
+    kernels) and the samples are more off-policy than the algorithm assumes.
+    """
+    mask = response_mask.bool()
+    diff = (old_log_probs.float() - rollout_log_probs.float()).abs()[mask]
+    if diff.numel() == 0:
+        return {"rollout/logprob_abs_diff/mean": 0.0, "rollout/logprob_abs_diff/max": 0.0}
+    return {"rollout/logprob_abs_diff/mean": float(diff.mean()), "rollout/logprob_abs_diff/max": float(diff.max())}

@@ -1,0 +1,267 @@
+"""vLLM rollout in SPMD mode: one engine per worker rank, inside the worker's torch.distributed group.
+
+``distributed_executor_backend="external_launcher"`` makes vLLM join the process group that already exists instead
+of starting its own processes. vLLM lays its tensor-parallel groups over consecutive ranks: with
+``tensor_parallel_size`` = t, ranks [0, t) form engine 0, [t, 2t) engine 1, ... Each engine is one data-parallel
+rollout rank: every rank of a group must receive the same prompts (the worker's dispatch sends chunk
+``rank // t``) and sample with the same seed, while different groups use different seeds.
+"""
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ...config import RolloutConfig
+from ...utils import device
+from .base import (
+    BaseRollout,
+    GenerationTimer,
+    SamplingSettings,
+    WeightBuckets,
+    build_rollout_output,
+    generation_metrics,
+    prompt_token_lists,
+    repeat_greedy,
+    resolve_sampling,
+)
+
+
+logger = logging.getLogger(__name__)
+
+VLLM_DTYPES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+}
+# vLLM needs an explicit KV-cache size on CPU (gpu_memory_utilization would be read as a share of host RAM)
+DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+# DataProto multi_modal_data keys -> vLLM multi_modal_data keys
+MULTI_MODAL_KEYS = {"images": "image", "videos": "video"}
+WEIGHT_SYNC_EXTENSION = "easyrl.workers.rollout.weight_sync.WeightSyncExtension"
+
+
+def rollout_parallel_layout(rank: int, world_size: int, tensor_parallel_size: int) -> tuple[int, int, int]:
+    """(dp_rank, dp_size, tp_rank) of ``rank`` when vLLM carves tensor-parallel groups out of the world."""
+    if tensor_parallel_size < 1 or world_size % tensor_parallel_size != 0:
+        raise ValueError(
+            f"`worker.rollout.tensor_parallel_size` ({tensor_parallel_size}) must divide the number of workers "
+            f"({world_size}, i.e. trainer.nnodes x trainer.n_gpus_per_node)."
+        )
+    return rank // tensor_parallel_size, world_size // tensor_parallel_size, rank % tensor_parallel_size
+
+
+@contextlib.contextmanager
+def _cpu_engine_environment() -> Iterator[None]:
+    """Process state around building a CPU engine, restored afterwards for the actor that shares the process.
+
+    - AMX permission before vLLM's bf16 CPU kernels first run (else SIGILL on tiny batches).
+    - TORCHDYNAMO_DISABLE while vLLM's modules are imported: it decorates its log-prob gather with torch.compile,
+      which costs a 4-20 s compile on the first generate and gives the same numbers uncompiled.
+    - vLLM's CPU worker drops torch to one thread and replaces ``torch.set_num_threads`` with a no-op.
+    """
+    if device.is_cuda_available():
+        yield
+        return
+    device.prepare_cpu_kernels()
+    saved_env = os.environ.get("TORCHDYNAMO_DISABLE")
+    saved_threads, saved_set_num_threads = torch.get_num_threads(), torch.set_num_threads
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        if saved_env is None:
+            os.environ.pop("TORCHDYNAMO_DISABLE", None)
+        else:
+            os.environ["TORCHDYNAMO_DISABLE"] = saved_env
+        torch.set_num_threads = saved_set_num_threads
+        torch.set_num_threads(saved_threads)
+
+
+def _engine_kwargs(config: RolloutConfig, tensor_parallel_size: int, seed: int) -> dict[str, Any]:
+    if config.dtype not in VLLM_DTYPES:
+        raise ValueError(f"`worker.rollout.dtype` is `{config.dtype}`; use one of: {', '.join(VLLM_DTYPES)}.")
+    max_model_len = config.max_model_len or (config.prompt_length + config.response_length)
+    if max_model_len <= 0:
+        raise ValueError(
+            "`worker.rollout.max_model_len` is unset and data.max_prompt_length + data.max_response_length is not "
+            "positive; set one of them."
+        )
+    if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
+        raise ValueError(
+            f"`worker.rollout.max_num_batched_tokens` ({config.max_num_batched_tokens}) is smaller than the context "
+            f"length ({max_model_len}, `worker.rollout.max_model_len`): a prompt could never be scheduled. Raise it "
+            "or set `worker.rollout.enable_chunked_prefill=true`."
+        )
+    kwargs: dict[str, Any] = {
+        "distributed_executor_backend": "external_launcher",
+        "tensor_parallel_size": tensor_parallel_size,
+        "dtype": VLLM_DTYPES[config.dtype],
+        "seed": seed,
+        "max_model_len": max_model_len,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "enable_chunked_prefill": config.enable_chunked_prefill,
+        "enforce_eager": config.enforce_eager,
+        "gpu_memory_utilization": config.gpu_memory_utilization,
+        "disable_log_stats": config.disable_log_stats,
+        "trust_remote_code": config.trust_remote_code,
+        "worker_extension_cls": WEIGHT_SYNC_EXTENSION,
+        # log-probs after temperature scaling: the actor computes log_softmax(logits / temperature) too
+        "logprobs_mode": "processed_logprobs",
+        "enable_sleep_mode": device.supports_sleep_mode(),
+    }
+    if config.limit_images > 0:
+        kwargs["limit_mm_per_prompt"] = {"image": config.limit_images}
+    if config.kv_cache_memory_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
+    elif not device.is_cuda_available():
+        kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
+    return kwargs
+
+
+def _vllm_multi_modal_data(row: Any) -> dict[str, Any] | None:
+    if not row:
+        return None
+    data = {MULTI_MODAL_KEYS.get(key, key): value for key, value in row.items() if value is not None and len(value)}
+    return data or None
+
+
+class VLLMRollout(BaseRollout):
+    def __init__(
+        self,
+        model_path: str,
+        config: RolloutConfig,
+        tokenizer: Any,
+        *,
+        rank: int,
+        world_size: int,
+        tokenizer_path: str | None = None,
+        load_format: str = "auto",
+    ) -> None:
+        """Start this rank's engine. ``load_format="dummy"`` skips reading the checkpoint when the actor's weights
+        are synced in before the first generation (the hybrid worker always does)."""
+        self.config = config
+        self.tokenizer = tokenizer
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.dp_rank, self.dp_size, self.tp_rank = rollout_parallel_layout(
+            rank, world_size, config.tensor_parallel_size
+        )
+        self._sleeping_tags: set[str] = set()
+        self._last_sync_metrics: dict[str, float] = {}
+        with _cpu_engine_environment():
+            from vllm import LLM
+
+            self.llm = LLM(
+                model=model_path,
+                tokenizer=tokenizer_path or model_path,
+                load_format=load_format,
+                # same seed inside a tensor-parallel group (identical sampling), different across groups
+                **_engine_kwargs(config, config.tensor_parallel_size, seed=config.seed + self.dp_rank),
+            )
+        self.is_multimodal = self.llm.llm_engine.model_config.is_multimodal_model
+        self.stop_token_ids = self._eos_token_ids()
+        self.sleep()
+
+    def _eos_token_ids(self) -> list[int]:
+        """The tokenizer's eos plus any extra eos of the model's generation config (e.g. Qwen's <|endoftext|>)."""
+        ids = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
+        generation_config = self.llm.llm_engine.model_config.try_get_generation_config() or {}
+        extra = generation_config.get("eos_token_id")
+        ids.update(extra if isinstance(extra, list) else [extra] if extra is not None else [])
+        return sorted(ids)
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # memory between phases (GPU only: vLLM rejects sleep mode on CPU)
+    # ------------------------------------------------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Offload the weights and drop the KV cache (level 1) so training gets the device memory."""
+        if device.supports_sleep_mode() and not self._sleeping_tags:
+            self.llm.sleep(level=1)
+            self._sleeping_tags = {"weights", "kv_cache"}
+
+    def wake_up(self) -> None:
+        """Bring the weights back only: the KV cache is allocated after the sync, when generation needs it."""
+        self._wake({"weights"})
+
+    def _wake(self, tags: set[str]) -> None:
+        tags = tags & self._sleeping_tags
+        if tags:
+            self.llm.wake_up(tags=sorted(tags))
+            self._sleeping_tags -= tags
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # weights
+    # ------------------------------------------------------------------------------------------------------------------
+    def update_weights(self, buckets: WeightBuckets) -> None:
+        self._wake({"weights"})
+        (self._last_sync_metrics,) = self.llm.collective_rpc("easyrl_load_weight_buckets", args=(buckets,))
+        # cached KV blocks and vision-encoder outputs were computed with the old weights
+        self.llm.reset_prefix_cache()
+        if self.is_multimodal:
+            self.llm.llm_engine.reset_encoder_cache()
+        device.empty_cache()
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # generation
+    # ------------------------------------------------------------------------------------------------------------------
+    def _sampling_params(self, settings: SamplingSettings):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=settings.engine_n,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            top_k=settings.top_k if settings.top_k > 0 else 0,
+            max_tokens=settings.max_tokens,
+            ignore_eos=settings.ignore_eos,
+            stop_token_ids=self.stop_token_ids,
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,
+        )
+
+    def _engine_inputs(self, prompts: Any) -> list[dict[str, Any]]:
+        token_lists = prompt_token_lists(prompts, self.pad_token_id)
+        multi_modal = prompts.non_tensor_batch.get("multi_modal_data")
+        inputs = []
+        for i, token_ids in enumerate(token_lists):
+            item: dict[str, Any] = {"prompt_token_ids": token_ids}
+            mm_data = _vllm_multi_modal_data(multi_modal[i]) if multi_modal is not None else None
+            if mm_data is not None:
+                item["multi_modal_data"] = mm_data
+            inputs.append(item)
+        return inputs
+
+    def generate_sequences(self, prompts: Any) -> Any:
+        settings = resolve_sampling(self.config, prompts.meta_info)
+        self._wake({"weights", "kv_cache"})
+        with GenerationTimer() as timer:
+            outputs = self.llm.generate(
+                self._engine_inputs(prompts), self._sampling_params(settings), use_tqdm=not self.config.disable_tqdm
+            )
+        response_ids, response_log_probs = [], []
+        for output in outputs:
+            for completion in sorted(output.outputs, key=lambda c: c.index):
+                token_ids = list(completion.token_ids)
+                response_ids.append(token_ids)
+                response_log_probs.append(
+                    [step[token].logprob for step, token in zip(completion.logprobs or [], token_ids)]
+                )
+        data = build_rollout_output(
+            prompts,
+            repeat_greedy(response_ids, settings),
+            repeat_greedy(response_log_probs, settings),
+            n=settings.n,
+            response_length=settings.max_tokens,
+            pad_token_id=self.pad_token_id,
+        )
+        metrics = generation_metrics(data.batch["response_mask"], timer.seconds)
+        metrics.update(self._last_sync_metrics)  # reported once, with the first generation after the sync
+        self._last_sync_metrics = {}
+        data.meta_info["metrics"] = metrics
+        return data

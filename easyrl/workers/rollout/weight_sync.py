@@ -1,0 +1,88 @@
+"""Streaming the actor's weights into the vLLM engine that shares its process (the hybrid engine).
+
+The actor hands over its full parameters one decoder layer at a time (each bucket is all-gathered from the FSDP
+shards by every rank together), so at most one layer is unsharded at once and no second full copy of the model
+exists. The buckets go into ONE ``reload_weights`` call as a lazy stream: vLLM's layerwise reload buffers each
+layer's tensors until the layer is complete, then loads and re-packs it for its kernels (``model.load_weights``
+alone fails on CPU, where linear weights are already re-packed), so a bucket must hold whole modules, which
+per-layer buckets do.
+
+Names: the stream carries the Hugging Face checkpoint names. The vLLM model's own ``load_weights`` applies its
+``hf_to_vllm_mapper`` (e.g. Qwen2.5-VL: ``model.language_model.*`` -> ``language_model.model.*``,
+``model.visual.*`` -> ``visual.*``, ``lm_head.*`` -> ``language_model.lm_head.*``) and stacks q/k/v and gate/up
+into its fused parameters, exactly as when reading a checkpoint from disk. We only strip wrapper prefixes that
+training adds (torch.compile, activation checkpointing, FSDP1).
+
+Tied embeddings: the actor yields the shared matrix once, under the embedding's name; vLLM's tied ``lm_head``
+shares that parameter. On CPU vLLM keeps a re-packed copy of the lm_head for its GEMM kernel that reload does not
+refresh, so we re-run the CPU GEMM dispatch on every ``ParallelLMHead`` after each reload.
+"""
+
+import time
+from collections.abc import Iterator
+
+import torch
+
+from .base import WeightBuckets
+
+
+# prefixes inserted by wrappers around the Hugging Face module; never part of a checkpoint name
+_WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
+
+
+def checkpoint_name(name: str) -> str:
+    """The Hugging Face checkpoint name of a (possibly wrapped) training parameter."""
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+class SyncStats:
+    """Bytes and tensors that went through one weight stream."""
+
+    def __init__(self) -> None:
+        self.num_bytes = 0
+        self.num_tensors = 0
+        self.num_buckets = 0
+
+    def stream(self, buckets: WeightBuckets) -> Iterator[tuple[str, torch.Tensor]]:
+        for bucket in buckets:
+            self.num_buckets += 1
+            for name, tensor in bucket:
+                self.num_bytes += tensor.numel() * tensor.element_size()
+                self.num_tensors += 1
+                yield checkpoint_name(name), tensor
+
+
+def refresh_cpu_lm_head(model: torch.nn.Module) -> None:
+    """Re-pack every LM head for vLLM's CPU GEMM after a reload (a tied head is otherwise left stale)."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    for module in model.modules():
+        if isinstance(module, ParallelLMHead):
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker class (``LLM(worker_extension_cls=...)``); reached through ``collective_rpc``.
+
+    With ``distributed_executor_backend="external_launcher"`` the worker runs in the caller's process, so the
+    bucket iterator (and the collectives inside it) is consumed right here, in step on every rank.
+    """
+
+    def easyrl_load_weight_buckets(self, buckets: WeightBuckets) -> dict[str, float]:
+        from vllm.platforms import current_platform
+
+        stats = SyncStats()
+        start = time.perf_counter()
+        self.reload_weights(weights_iterator=stats.stream(buckets))  # vLLM worker method: load + re-pack
+        if current_platform.is_cpu():
+            refresh_cpu_lm_head(self.model_runner.get_model())
+        seconds = time.perf_counter() - start
+        return {
+            "rollout/weight_sync_s": seconds,
+            "rollout/weight_sync_gb": stats.num_bytes / 1e9,
+            "rollout/weight_sync_gb_per_s": stats.num_bytes / 1e9 / max(seconds, 1e-9),
+            "rollout/weight_sync_buckets": float(stats.num_buckets),
+        }
