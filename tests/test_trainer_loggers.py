@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from easyrl.config import PPOConfig, config_to_dict
-from easyrl.trainer.loggers import MissingLoggerPackage, Tracker
+from easyrl.trainer.loggers import LoggerStartError, MissingLoggerPackage, Tracker
 from easyrl.trainer.loggers.base import flatten_dict, import_backend
 from easyrl.trainer.loggers.console import format_console_line
 
@@ -207,3 +207,24 @@ def test_swanlab_offline_run_holds_scalars_config_and_texts(tmp_path, monkeypatc
     assert "seed: 1" in open(os.path.join(run_dir, "files", "config.yaml")).read()
     texts = sorted(open(path).read() for path in glob.glob(os.path.join(run_dir, "media", "text", "*.txt")))
     assert any("[output] \\boxed{2}" in text for text in texts) and len(texts) == 2
+
+
+def _no_login(monkeypatch, tmp_path, prefix: str) -> None:
+    """A fresh home without saved credentials, and no credentials or mode in the environment."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for name in [name for name in os.environ if name.startswith(prefix)]:
+        monkeypatch.delenv(name)
+
+
+def test_wandb_without_login_says_how_to_log_offline(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    _no_login(monkeypatch, tmp_path, "WANDB_")
+    with pytest.raises(LoggerStartError, match="WANDB_MODE=offline.*remove 'wandb' from trainer.logger"):
+        Tracker(["file", "wandb"], "proj", "exp", {}, str(tmp_path / "run"))
+
+
+def test_swanlab_without_login_says_how_to_log_locally(tmp_path, monkeypatch):
+    pytest.importorskip("swanlab")
+    _no_login(monkeypatch, tmp_path, "SWANLAB_")
+    with pytest.raises(LoggerStartError, match="SWANLAB_MODE=local.*remove 'swanlab' from trainer.logger"):
+        Tracker(["swanlab"], "proj", "exp", {}, str(tmp_path / "run"))

@@ -1,6 +1,8 @@
 """What every logger backend receives and implements."""
 
 import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -8,6 +10,10 @@ from typing import Any
 
 class MissingLoggerPackage(ImportError):
     """A logger named in ``trainer.logger`` needs a package that is not installed."""
+
+
+class LoggerStartError(RuntimeError):
+    """A logger named in ``trainer.logger`` could not start its run (no login, unreachable server...)."""
 
 
 @dataclass
@@ -48,6 +54,18 @@ def import_backend(module: str, logger_name: str, package: str) -> ModuleType:
         raise MissingLoggerPackage(
             f"trainer.logger includes '{logger_name}', which needs the `{package}` package (import of `{module}` "
             f"failed: {error}). Install it with `pip install 'easyrl[loggers]'` (or `pip install {package}`), "
+            f"or remove '{logger_name}' from trainer.logger."
+        ) from error
+
+
+@contextmanager
+def explain_start_failure(logger_name: str, how_to_fix: str) -> Iterator[None]:
+    """Turn a backend's failure to start a run into an error that says how to fix it."""
+    try:
+        yield
+    except Exception as error:
+        raise LoggerStartError(
+            f"trainer.logger '{logger_name}' could not start a run: {error}. {how_to_fix}, "
             f"or remove '{logger_name}' from trainer.logger."
         ) from error
 

@@ -3,7 +3,7 @@
 import os
 import re
 
-from .base import Logger, RunInfo, flatten_dict, generation_columns, import_backend
+from .base import Logger, RunInfo, explain_start_failure, flatten_dict, generation_columns, import_backend
 from .registry import register_logger
 
 
@@ -30,12 +30,13 @@ class MlflowLogger(Logger):
         if use_local_store:
             os.makedirs(local_root, exist_ok=True)
             mlflow.set_tracking_uri(f"sqlite:///{os.path.join(local_root, 'mlflow.db')}")
-        if mlflow.get_experiment_by_name(run.project_name) is None:
-            # A local store keeps artifacts next to it, not in the current directory (MLflow's default).
-            artifacts = os.path.join(local_root, "artifacts") if use_local_store else None
-            mlflow.create_experiment(run.project_name, artifact_location=artifacts)
-        mlflow.set_experiment(run.project_name)
-        self.mlflow_run = mlflow.start_run(run_name=run.experiment_name)
+        with explain_start_failure("mlflow", "Check MLFLOW_TRACKING_URI (unset it for a local store)"):
+            if mlflow.get_experiment_by_name(run.project_name) is None:
+                # A local store keeps artifacts next to it, not in the current directory (MLflow's default).
+                artifacts = os.path.join(local_root, "artifacts") if use_local_store else None
+                mlflow.create_experiment(run.project_name, artifact_location=artifacts)
+            mlflow.set_experiment(run.project_name)
+            self.mlflow_run = mlflow.start_run(run_name=run.experiment_name)
         params = {mlflow_name(k): str(v)[:_MAX_PARAM_CHARS] for k, v in flatten_dict(run.config).items()}
         if params:
             mlflow.log_params(params)

@@ -3,7 +3,7 @@
 import inspect
 import os
 
-from .base import Logger, RunInfo, import_backend
+from .base import Logger, RunInfo, explain_start_failure, import_backend
 from .registry import register_logger
 
 
@@ -19,9 +19,11 @@ class SwanlabLogger(Logger):
         params = inspect.signature(swanlab.init).parameters
         name_key = "name" if "name" in params else "experiment_name"
         dir_key = "log_dir" if "log_dir" in params else "logdir"
-        self.swanlab_run = swanlab.init(
-            project=run.project_name, config=run.config, **{name_key: run.experiment_name, dir_key: log_dir}
-        )
+        how_to_fix = "Log in (`swanlab login` or SWANLAB_API_KEY), or set SWANLAB_MODE=local (or offline)"
+        with explain_start_failure("swanlab", how_to_fix):
+            self.swanlab_run = swanlab.init(
+                project=run.project_name, config=run.config, **{name_key: run.experiment_name, dir_key: log_dir}
+            )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._swanlab.log(metrics, step=step)

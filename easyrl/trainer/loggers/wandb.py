@@ -2,7 +2,7 @@
 
 import os
 
-from .base import Logger, RunInfo, generation_columns, import_backend
+from .base import Logger, RunInfo, explain_start_failure, generation_columns, import_backend
 from .registry import register_logger
 
 
@@ -13,9 +13,11 @@ class WandbLogger(Logger):
         wandb = import_backend("wandb", "wandb", "wandb")
         self._wandb = wandb
         os.makedirs(run.save_dir, exist_ok=True)
-        self.wandb_run = wandb.init(
-            project=run.project_name, name=run.experiment_name, config=run.config, dir=run.save_dir
-        )
+        how_to_fix = "Log in (`wandb login` or WANDB_API_KEY), or set WANDB_MODE=offline to keep the run on disk"
+        with explain_start_failure("wandb", how_to_fix):
+            self.wandb_run = wandb.init(
+                project=run.project_name, name=run.experiment_name, config=run.config, dir=run.save_dir
+            )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.wandb_run.log(metrics, step=step)
@@ -27,3 +29,5 @@ class WandbLogger(Logger):
 
     def finish(self) -> None:
         self.wandb_run.finish()
+        # Stop wandb's background service too: a later run in this process then reads WANDB_* afresh.
+        self._wandb.teardown()
