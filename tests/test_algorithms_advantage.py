@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from easyrl.algorithms.advantage import get_adv_estimator, list_adv_estimators
+from easyrl.algorithms.advantage import compute_advantage, get_adv_estimator, list_adv_estimators
 
 
 def outcome_rewards(scores, lengths, width=3):
@@ -146,3 +146,28 @@ def test_advantages_carry_no_autograd_graph():
     assert not adv.requires_grad
     # R = [1, 0]: mean 0.5, unbiased std sqrt(0.5) -> A_1 = 0.5 / sqrt(0.5) = 0.70711
     assert math.isclose(adv[0, 2].item(), 0.5 / math.sqrt(0.5), rel_tol=1e-4)
+
+
+def test_compute_advantage_reads_the_batch_and_adds_advantages_and_returns():
+    from easyrl.config import AlgorithmConfig
+    from easyrl.protocol import DataProto
+
+    rewards, mask = outcome_rewards([1, 0], [3, 2])
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "response_mask": mask.long()},
+        non_tensors={"uid": np.array(["g", "g"], dtype=object)},
+    )
+    data = compute_advantage(data, AlgorithmConfig(adv_estimator="grpo", norm_adv_by_std_in_grpo=False))
+    # Dr. GRPO: R = [1, 0] -> A = [0.5, -0.5] on the valid tokens
+    torch.testing.assert_close(data.batch["advantages"], torch.tensor([[0.5, 0.5, 0.5], [-0.5, -0.5, 0.0]]))
+    torch.testing.assert_close(data.batch["returns"], data.batch["advantages"])
+
+
+def test_compute_advantage_says_what_gae_is_missing():
+    from easyrl.config import AlgorithmConfig
+    from easyrl.protocol import DataProto
+
+    rewards, mask = outcome_rewards([1], [3])
+    data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask})
+    with pytest.raises(ValueError, match=r"adv_estimator=gae.*critic values"):
+        compute_advantage(data, AlgorithmConfig(adv_estimator="gae"))

@@ -33,3 +33,28 @@ def test_interleaved_groups_keep_their_samples():
 def test_mismatched_lengths_are_rejected():
     with pytest.raises(ValueError, match="3 scores for 2 samples"):
         select_groups(np.zeros(3), np.array(["a", "b"], dtype=object), 0.0, 1.0)
+
+
+def test_collector_gathers_kept_groups_across_rounds_until_full():
+    import torch
+
+    from easyrl.algorithms.filtering import GroupCollector
+    from easyrl.protocol import DataProto
+
+    def round_of(uids, scores):
+        return DataProto.from_dict(
+            tensors={"responses": torch.arange(len(uids)).unsqueeze(-1)},
+            non_tensors={"uid": np.array(uids, dtype=object), "accuracy": np.array(scores, dtype=object)},
+        )
+
+    collector = GroupCollector(target_groups=2, group_size=2)
+    # round 1: a is all-correct (dropped), b is mixed (kept)
+    collector.add(round_of(["a", "a", "b", "b"], [1, 1, 0, 1]), filter_key="accuracy", low=0.01, high=0.99)
+    assert collector.num_groups == 1 and not collector.full
+    # round 2: c and d are mixed; only c is needed
+    collector.add(round_of(["c", "c", "d", "d"], [1, 0, 0, 1]), filter_key="accuracy", low=0.01, high=0.99)
+    assert collector.full
+    batch = collector.take()
+    assert batch.non_tensor_batch["uid"].tolist() == ["b", "b", "c", "c"]
+    assert collector.metrics()["filter/kept_groups"] == 3.0
+    assert collector.metrics()["filter/dropped_high"] == 1.0

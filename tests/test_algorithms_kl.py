@@ -94,3 +94,25 @@ def test_controller_is_chosen_by_kl_type():
 def test_full_kl_loss_refuses_per_token_log_probs():
     with pytest.raises(ValueError, match="vocab"):
         compute_kl_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), "full", "token-mean")
+
+
+def test_kl_in_reward_subtracts_beta_times_k1_and_updates_the_controller():
+    from easyrl.algorithms.kl import apply_kl_penalty
+    from easyrl.protocol import DataProto
+
+    # token KL k1 = [ln 0.5 - ln 0.25, 0] = [ln 2, 0]; beta 0.1 -> rewards = scores - [0.0693147, 0]
+    # batch KL = mean over samples of the token-mean = (ln 2 + 0) / 2 = 0.346574
+    data = DataProto.from_dict(
+        tensors={
+            "token_level_scores": torch.tensor([[0.0, 1.0]]),
+            "old_log_probs": torch.tensor([[math.log(0.5), math.log(0.5)]]),
+            "ref_log_probs": torch.tensor([[math.log(0.25), math.log(0.5)]]),
+            "response_mask": torch.ones(1, 2, dtype=torch.long),
+        }
+    )
+    ctrl = AdaptiveKLController(init_kl_coef=0.1, target_kl=0.1, horizon=10)
+    data, metrics = apply_kl_penalty(data, ctrl, "kl")
+    torch.testing.assert_close(data.batch["token_level_rewards"], torch.tensor([[-0.1 * LN2, 1.0]]))
+    assert metrics == {"reward/kl_penalty": pytest.approx(LN2 / 2), "reward/kl_coef": 0.1}
+    # KL 0.3466 > target 0.1 -> e = 0.2, K = 1/10 -> beta = 0.1 * 1.02
+    assert ctrl.kl_coef == pytest.approx(0.102)

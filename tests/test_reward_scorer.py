@@ -1,0 +1,73 @@
+"""Scoring a rollout batch: decoding, the score on the last response token, and per-sample named metrics."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from easyrl.config import RewardConfig
+from easyrl.protocol import DataProto
+from easyrl.workers.reward.scorer import RewardScorer, reduce_reward_metrics, scores_to_non_tensor
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def rollout_batch(tokenizer, responses, truths, width=24):
+    """Right-padded response ids ending with the eos token, as the rollout returns them."""
+    rows = [tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id] for text in responses]
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+    return DataProto.from_dict(
+        tensors={"responses": ids, "response_mask": mask},
+        non_tensors={"ground_truth": np.array(truths, dtype=object)},
+    )
+
+
+@pytest.fixture
+def arithmetic_scorer(tokenizer):
+    config = RewardConfig(reward_function=str(ROOT / "reward_function" / "arithmetic.py"), num_cpus=0)
+    return RewardScorer(config, tokenizer)
+
+
+def test_overall_score_sits_on_the_last_response_token(tokenizer, arithmetic_scorer):
+    data = rollout_batch(tokenizer, [r"So \boxed{12}", r"\boxed{7}", "no idea"], ["12", "8", "3"])
+    scores, metrics = arithmetic_scorer.score(data)
+    lengths = data.batch["response_mask"].sum(-1)
+    # overall = 0.1 * format + 0.9 * accuracy: right 1.0, wrong but boxed 0.1, unboxed 0
+    assert scores.sum(-1).tolist() == pytest.approx([1.0, 0.1, 0.0])
+    for row, length in enumerate(lengths.tolist()):
+        assert scores[row, length - 1] == scores[row].sum()
+    assert metrics["reward/accuracy"] == [1.0, 0.0, 0.0]
+    assert metrics["reward/format"] == [1.0, 1.0, 0.0]
+    assert metrics["reward/errors"] == [0.0, 0.0, 0.0]
+
+
+def test_special_tokens_are_stripped_before_scoring(tokenizer, arithmetic_scorer):
+    inputs = arithmetic_scorer.build_inputs(rollout_batch(tokenizer, [r"\boxed{5}"], ["5"]))
+    assert inputs[0]["response"] == r"\boxed{5}"
+    assert inputs[0]["response_length"] == len(tokenizer.encode(r"\boxed{5}", add_special_tokens=False)) + 1
+
+
+def test_named_scores_become_metrics_and_non_tensor_columns(tokenizer, arithmetic_scorer):
+    _, metrics = arithmetic_scorer.score(rollout_batch(tokenizer, [r"\boxed{1}", r"\boxed{2}"], ["1", "1"]))
+    assert reduce_reward_metrics(metrics) == {
+        "reward/overall": pytest.approx(0.55),
+        "reward/format": 1.0,
+        "reward/accuracy": 0.5,
+        "reward/errors": 0.0,
+    }
+    columns = scores_to_non_tensor(metrics)
+    assert sorted(columns) == ["accuracy", "format", "overall"]
+    assert columns["accuracy"].tolist() == [1.0, 0.0]
+
+
+def test_missing_ground_truth_names_the_dataset_key(tokenizer, arithmetic_scorer):
+    data = rollout_batch(tokenizer, ["x"], ["1"])
+    data.non_tensor_batch.pop("ground_truth")
+    with pytest.raises(KeyError, match="data.answer_key"):
+        arithmetic_scorer.score(data)
