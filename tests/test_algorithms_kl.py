@@ -116,3 +116,9 @@ def test_kl_in_reward_subtracts_beta_times_k1_and_updates_the_controller():
     assert metrics == {"reward/kl_penalty": pytest.approx(LN2 / 2), "reward/kl_coef": 0.1}
     # KL 0.3466 > target 0.1 -> e = 0.2, K = 1/10 -> beta = 0.1 * 1.02
     assert ctrl.kl_coef == pytest.approx(0.102)
+
+
+def test_controller_value_round_trips_for_checkpoints():
+    ctrl = AdaptiveKLController(init_kl_coef=0.1, target_kl=0.1, horizon=100)
+    ctrl.value = 0.25
+    assert ctrl.kl_coef == 0.25 and ctrl.value == 0.25

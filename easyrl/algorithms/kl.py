@@ -96,8 +96,12 @@ class FixedKLController:
 
     @property
     def value(self) -> float:
-        """The current beta."""
+        """The current beta (saved in checkpoints and restored on resume)."""
         return self.kl_coef
+
+    @value.setter
+    def value(self, kl_coef: float) -> None:
+        self.kl_coef = kl_coef
 
     def update(self, current_kl: float, n_steps: int) -> None:
         pass
