@@ -63,6 +63,13 @@ def test_console_prints_one_line_per_step_and_a_generation(tmp_path, capsys):
     assert lines[2].startswith("[generation, step 2] input: 1+1= | output: \\boxed{2}")
 
 
+def test_console_progress_bar_of_a_resumed_run_starts_at_its_first_step(tmp_path, capsys):
+    with Tracker(["console"], "proj", "exp", {}, str(tmp_path), total_steps=10) as tracker:
+        tracker.log({"critic/score/mean": 0.5}, step=7)
+        bar = tracker.backends["console"].bar
+        assert (bar.n, bar.total) == (7, 10) and bar.format_dict["initial"] == 6
+
+
 def test_file_logger_writes_metrics_and_generations_as_json_lines(tmp_path):
     _run(tmp_path, ["file"])
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -45,12 +45,19 @@ class ConsoleLogger(Logger):
         from tqdm import tqdm
 
         self._tqdm = tqdm
-        self.bar = tqdm(
-            total=run.total_steps, initial=run.initial_step, desc=run.experiment_name, unit="step", dynamic_ncols=True
-        )
+        self.bar = None  # started at the first step logged, so a resumed run's bar and rate start there
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._tqdm.write(format_console_line(metrics, step, self.run.total_steps))
+        if self.bar is None:
+            initial = self.run.initial_step or max(step - 1, 0)
+            self.bar = self._tqdm(
+                total=self.run.total_steps,
+                initial=initial,
+                desc=self.run.experiment_name,
+                unit="step",
+                dynamic_ncols=True,
+            )
         if step > self.bar.n:
             self.bar.update(step - self.bar.n)
 
@@ -60,4 +67,5 @@ class ConsoleLogger(Logger):
         self._tqdm.write(f"[generation, step {step}] {fields}")
 
     def finish(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
