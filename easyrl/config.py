@@ -759,7 +759,7 @@ def _registry_choices() -> dict[str, tuple[str, ...]]:
         "algorithm.adv_estimator": tuple(advantage.list_adv_estimators()),
         "worker.actor.loss_type": tuple(policy_loss.list_policy_losses()),
         "algorithm.kl_penalty": tuple(kl.list_kl_penalties()),
-        "trainer.logger": tuple(loggers.list_loggers()),
+        "trainer.logger": tuple(sorted(loggers.LOGGERS)),
     }
 
 
@@ -914,6 +914,11 @@ def validate_config(config: PPOConfig) -> None:
         raise ConfigError(
             f"`algorithm.adv_estimator={config.algorithm.adv_estimator}` compares samples of the same prompt and "
             "needs `worker.rollout.n` > 1 (e.g. worker.rollout.n=8)."
+        )
+    if config.algorithm.kl_penalty == "full" and not config.algorithm.disable_kl:
+        raise ConfigError(
+            "`algorithm.kl_penalty=full` needs the reference model's full next-token distributions, which the "
+            "workers do not ship between roles (vocabulary-sized per token). Use low_var_kl, kl, abs or mse."
         )
     if config.algorithm.online_filtering and not 0.0 <= config.algorithm.filter_low <= config.algorithm.filter_high:
         raise ConfigError("`algorithm.filter_low` must be >= 0 and <= `algorithm.filter_high`.")

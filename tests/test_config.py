@@ -70,7 +70,7 @@ def test_derived_values_are_filled(valid_args):
     assert (rollout.prompt_length, rollout.response_length, rollout.max_model_len) == (100, 50, 150)
     # 4 prompts x 4 samples over 2 workers
     assert config.worker.actor.global_batch_size_per_device == 8
-    assert config.worker.actor.tokenizer_path == config.worker.actor.model.model_path
+    assert config.worker.actor.model.tokenizer_path == config.worker.actor.model.model_path
     assert config.worker.critic.model.model_path == config.worker.actor.model.model_path
     assert config.worker.ref.micro_batch_size_per_device_for_experience == 16
     assert config.trainer.save_checkpoint_path.endswith("checkpoints/easy_r1/demo")
@@ -130,7 +130,7 @@ def test_rollout_batch_must_be_multiple_of_global_batch(valid_args):
 
 def test_global_batch_must_split_over_workers(valid_args):
     with pytest.raises(ConfigError, match=r"cannot be split evenly over 3 workers"):
-        load_config([*valid_args, "trainer.n_gpus_per_node=3", "worker.rollout.n=3", "worker.actor.global_batch_size=1"])
+        load_config([*valid_args, "trainer.n_gpus_per_node=3", "worker.actor.global_batch_size=2"])
 
 
 def test_per_device_batch_must_hold_whole_micro_batches(valid_args):
