@@ -396,7 +396,7 @@ class TrainerConfig:
     """Project name for the loggers."""
     experiment_name: str = "demo"
     """Run name for the loggers and the default checkpoint folder."""
-    logger: list = field(default_factory=lambda: ["console", "wandb"])
+    logger: list = field(default_factory=lambda: ["console", "file"])
     """Loggers: console, file, tensorboard, wandb, swanlab, mlflow."""
     nnodes: int = 1
     """Nodes in the Ray cluster used for training."""

@@ -6,7 +6,7 @@ set -euo pipefail
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 DEVICE=${DEVICE:-cpu}
-EXTRAS=${EXTRAS:-$DEVICE,test,demo,dev}
+EXTRAS=${EXTRAS:-$DEVICE,test,demo,dev,loggers}
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
