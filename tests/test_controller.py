@@ -48,6 +48,10 @@ class EchoWorker(Worker):
         return self.rank
 
 
+def _rank_times(worker: Worker, factor: int) -> int:
+    return worker.rank * factor
+
+
 @pytest.fixture(scope="module")
 def group(ray_cluster):
     pool = ResourcePool(process_on_nodes=[2])
@@ -68,6 +72,11 @@ def test_each_rank_gets_its_rank_environment(group):
 @pytest.mark.timeout(120)
 def test_ranks_share_one_process_group(group):
     assert group.sum_of_ranks_plus_one() == [3.0, 3.0]
+
+
+@pytest.mark.timeout(120)
+def test_apply_all_runs_a_function_inside_every_rank(group):
+    assert group.apply_all(_rank_times, 10) == [0, 10]
 
 
 @pytest.mark.timeout(120)

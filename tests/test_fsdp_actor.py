@@ -48,6 +48,10 @@ def hf_model(tiny_model_path):
     return load_hf_causal_lm(tiny_model_path)
 
 
+def _weight_buckets(worker) -> list[list[tuple[str, torch.Tensor]]]:
+    return [[(name, tensor.clone()) for name, tensor in bucket] for bucket in worker.iter_full_params_per_layer()]
+
+
 def _sgd_reference(model_path, data, actor_config) -> dict[str, torch.Tensor]:
     """One SGD step of a plain model on the whole batch: theta - lr * grad(L_minibatch)."""
     model = load_hf_causal_lm(model_path)
@@ -166,3 +170,40 @@ def test_hf_export_reloads_with_the_trained_log_probs(two_workers, tmp_path):
     reloaded = load_hf_causal_lm(tmp_path / "hf")
     assert reloaded.lm_head.weight.data_ptr() == reloaded.model.embed_tokens.weight.data_ptr()  # still tied
     torch.testing.assert_close(per_sequence_log_probs(reloaded, data, 0.7), trained, atol=1e-5, rtol=0)
+
+
+@pytest.mark.timeout(300)
+def test_offline_merge_of_a_dcp_checkpoint_equals_the_live_weights(two_workers, tmp_path):
+    from easyrl.workers.fsdp_checkpoint import merge_checkpoint_to_hf
+
+    two_workers.init_model()
+    data = make_batch(batch_size=6, seed=11)
+    data = add_policy_targets(data, two_workers.compute_log_probs(data).batch["old_log_probs"])
+    two_workers.update_actor(data)
+    two_workers.save_checkpoint(str(tmp_path / "ckpt"))
+    live = two_workers.get_full_state_dict()
+
+    merge_checkpoint_to_hf(str(tmp_path / "ckpt" / "actor"), str(tmp_path / "merged"))
+    merged = load_hf_causal_lm(tmp_path / "merged").state_dict()
+    for name, tensor in live.items():
+        assert torch.equal(merged[name], tensor), name
+    assert os.path.isfile(tmp_path / "merged" / "tokenizer.json")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# weight streaming for the rollout engine
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.mark.timeout(300)
+def test_weight_buckets_hold_one_decoder_layer_each_then_the_rest(two_workers, hf_model):
+    two_workers.init_model()
+    rank0, rank1 = two_workers.apply_all(_weight_buckets)
+    num_layers = hf_model.config.num_hidden_layers
+    assert len(rank0) == num_layers + 1
+    for layer, bucket in enumerate(rank0[:num_layers]):
+        assert all(name.startswith(f"model.layers.{layer}.") for name, _ in bucket)
+    expected = dict(hf_model.named_parameters())  # the tied head appears once, as the embedding
+    streamed = dict(pair for bucket in rank0 for pair in bucket)
+    assert streamed.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(streamed[name], tensor), name
+    assert all(torch.equal(a[1], b[1]) for x, y in zip(rank0, rank1) for a, b in zip(x, y))

@@ -21,6 +21,11 @@ def critic_workers(ray_cluster, tiny_untied_model_path):
     pool.release()
 
 
+def _local_critic_weights(worker) -> dict[str, torch.Tensor]:
+    """This rank's own copy of every critic parameter (a full replica under fsdp_size=1)."""
+    return {name: param.to_local().detach().clone() for name, param in worker.critic_module.named_parameters()}
+
+
 def _value_targets(data, values):
     gen = torch.Generator().manual_seed(0)
     mask = data.batch["response_mask"]
@@ -55,5 +60,8 @@ def test_critic_updates_lower_the_value_loss_and_keep_replicas_identical(critic_
     data = _value_targets(data, critic_workers.compute_values(data).batch["values"])
     losses = [critic_workers.update_critic(data).meta_info["metrics"]["critic/vf_loss"] for _ in range(3)]
     assert losses[2] < losses[0]
-    rank0, rank1 = critic_workers.get_local_shard_checksums("critic")
-    assert rank0 == rank1
+    rank0, rank1 = critic_workers.apply_all(_local_critic_weights)
+    assert rank0.keys() == rank1.keys()
+    for name, tensor in rank0.items():
+        assert torch.equal(rank1[name], tensor), name
+    assert rank0["score.weight"].shape == (1, 64)  # each rank holds the whole parameter, not a shard

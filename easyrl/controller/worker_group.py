@@ -94,6 +94,13 @@ class RayWorkerGroup:
         """Call ``method`` with the same arguments on every rank and wait; answers in rank order."""
         return _get_fail_fast(self.execute_all_async(method, *args, **kwargs))
 
+    def apply_all(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list:
+        """Run ``fn(worker, *args, **kwargs)`` inside every rank's process and wait; answers in rank order.
+
+        For inspection and tools; ``fn`` must be importable or picklable, and collectives in it run on all ranks.
+        """
+        return _get_fail_fast([w.__ray_call__.remote(fn, *args, **kwargs) for w in self.workers])
+
     def dispatch_info(self, mesh_name: str) -> list[tuple[int, int, bool]]:
         """(dp_rank, dp_size, is_collect) of every rank for a layout the workers registered (cached)."""
         if mesh_name not in self._dispatch_info:

@@ -6,7 +6,9 @@ that the folder can be merged into a Hugging Face model offline). On several nod
 filesystem every node sees.
 """
 
+import copy
 import os
+import shutil
 
 import torch
 import torch.distributed as dist
@@ -17,6 +19,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+
+from .fsdp_utils import unwrapped_class
 
 
 EXTRA_STATE_FILE = "extra_state.pt"
@@ -45,7 +49,9 @@ def save_role_checkpoint(
         if lr_scheduler is not None and not model_only:
             torch.save({"lr_scheduler": lr_scheduler.state_dict()}, os.path.join(path, EXTRA_STATE_FILE))
         hf_path = os.path.join(path, HF_FOLDER)
-        model.config.save_pretrained(hf_path)
+        config = copy.deepcopy(model.config)
+        config.architectures = [unwrapped_class(model).__name__]  # e.g. the critic's TokenClassification head
+        config.save_pretrained(hf_path)
         for extra in (tokenizer, processor):
             if extra is not None:
                 extra.save_pretrained(hf_path)
@@ -74,3 +80,33 @@ def load_role_checkpoint(
         extra_file = os.path.join(path, EXTRA_STATE_FILE)
         if lr_scheduler is not None and os.path.isfile(extra_file):
             lr_scheduler.load_state_dict(torch.load(extra_file, weights_only=False)["lr_scheduler"])
+
+
+def merge_checkpoint_to_hf(role_path: str, output_path: str) -> None:
+    """Turn one role folder of a DCP checkpoint into a Hugging Face model folder, in one process, offline.
+
+    Reads the tensor shapes from the checkpoint metadata, loads the ``model`` entries onto the CPU, and saves them
+    with the config and tokenizer kept in ``huggingface/``.
+    """
+    import transformers
+
+    hf_path = os.path.join(role_path, HF_FOLDER)
+    if not os.path.isfile(os.path.join(hf_path, "config.json")):
+        raise FileNotFoundError(f"`{role_path}` is not a role checkpoint folder (no {HF_FOLDER}/config.json).")
+    metadata = dcp.FileSystemReader(role_path).read_metadata()
+    weights = {}
+    for key, meta in metadata.state_dict_metadata.items():
+        if key.startswith("model.") and hasattr(meta, "size"):
+            weights[key[len("model.") :]] = torch.empty(meta.size, dtype=meta.properties.dtype)
+    dcp.load({"model": weights}, checkpoint_id=role_path, no_dist=True)
+
+    config = transformers.AutoConfig.from_pretrained(hf_path)
+    model_cls = getattr(transformers, (config.architectures or ["AutoModelForCausalLM"])[0])
+    with torch.device("meta"):
+        model = model_cls._from_config(config)
+    model.load_state_dict(weights, assign=True)
+    model.tie_weights()
+    model.save_pretrained(output_path)
+    for name in os.listdir(hf_path):
+        if name != "config.json" and not os.path.exists(os.path.join(output_path, name)):
+            shutil.copy(os.path.join(hf_path, name), output_path)

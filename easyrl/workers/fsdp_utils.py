@@ -265,7 +265,7 @@ def get_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def _unwrapped_class(model: torch.nn.Module) -> type:
+def unwrapped_class(model: torch.nn.Module) -> type:
     """FSDP2 swaps the class for a dynamic ``FSDP<Name>`` subclass; return the Hugging Face class under it."""
     cls = type(model)
     if isinstance(model, FSDPModule):
@@ -278,7 +278,7 @@ def save_hf_pretrained(model: torch.nn.Module, path: str, tokenizer=None, proces
     state = get_full_state_dict(model)
     if not dist.is_initialized() or dist.get_rank() == 0:
         with torch.device("meta"):
-            plain = _unwrapped_class(model)._from_config(model.config)
+            plain = unwrapped_class(model)._from_config(model.config)
         plain.load_state_dict(state, assign=True)
         plain.tie_weights()
         plain.config.use_cache = True

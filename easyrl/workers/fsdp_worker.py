@@ -341,13 +341,3 @@ class FSDPWorker(Worker):
         """``role``'s full weights as CPU tensors, returned to the driver from rank 0 (small models: tests, tools)."""
         with self._on_device(role) as module:
             return fsdp_utils.get_full_state_dict(module)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def get_local_shard_checksums(self, role: str = "actor") -> dict[str, float]:
-        """Sum of this rank's local shard of every parameter (to check replicas agree under hybrid sharding)."""
-        module, _ = self._role_state(role)
-        checksums = {}
-        for name, param in module.named_parameters():
-            local = param.to_local() if hasattr(param, "to_local") else param
-            checksums[name] = float(local.detach().double().sum())
-        return checksums
