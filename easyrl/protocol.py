@@ -20,11 +20,23 @@ import torch
 from tensordict import TensorDict
 
 
+__all__ = ["DataProto", "DataProtoItem", "as_object_array", "pad_dataproto_to_divisor", "unpad_dataproto"]
+
 Index = Union[slice, int, Sequence[int], np.ndarray, torch.Tensor]
 
 
-def _as_object_array(values: Any) -> np.ndarray:
-    """A 1-D numpy object array whose i-th element is values[i] (lists stay lists, never broadcast)."""
+def _require_keys(kind: str, wanted: Iterable[str], present: Iterable[str]) -> None:
+    present = list(present)
+    missing = [k for k in wanted if k not in present]
+    if missing:
+        raise KeyError(f"DataProto has no {kind} key(s) {missing}; it has {sorted(present)}.")
+
+
+def as_object_array(values: Any) -> np.ndarray:
+    """A 1-D numpy object array whose i-th element is values[i] (lists stay lists, never broadcast).
+
+    ``np.array(list_of_equal_length_lists, dtype=object)`` would build a 2-D array; this never does.
+    """
     if isinstance(values, np.ndarray) and values.dtype == object and values.ndim == 1:
         return values
     out = np.empty(len(values), dtype=object)
@@ -60,7 +72,7 @@ class DataProto:
     meta_info: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.non_tensor_batch = {k: _as_object_array(v) for k, v in self.non_tensor_batch.items()}
+        self.non_tensor_batch = {k: as_object_array(v) for k, v in self.non_tensor_batch.items()}
         self._check_lengths()
 
     def _check_lengths(self) -> None:
@@ -140,14 +152,20 @@ class DataProto:
         """A DataProto with only the named keys (None keeps all of that kind)."""
         batch = self.batch
         if batch is not None and batch_keys is not None:
+            batch_keys = list(batch_keys)
+            _require_keys("tensor", batch_keys, batch.keys())
             batch = batch.select(*batch_keys)
         non_tensors = self.non_tensor_batch
         if non_tensor_batch_keys is not None:
+            non_tensor_batch_keys = list(non_tensor_batch_keys)
+            _require_keys("non-tensor", non_tensor_batch_keys, non_tensors)
             non_tensors = {k: non_tensors[k] for k in non_tensor_batch_keys}
         else:
             non_tensors = dict(non_tensors)
         meta = self.meta_info
         if meta_info_keys is not None:
+            meta_info_keys = list(meta_info_keys)
+            _require_keys("meta_info", meta_info_keys, meta)
             meta = {k: meta[k] for k in meta_info_keys}
         else:
             meta = dict(meta)
@@ -161,6 +179,14 @@ class DataProto:
         meta_info_keys: Iterable[str] = (),
     ) -> "DataProto":
         """Remove the named keys from this DataProto and return them as a new one."""
+        batch_keys, non_tensor_batch_keys, meta_info_keys = (
+            list(batch_keys),
+            list(non_tensor_batch_keys),
+            list(meta_info_keys),
+        )
+        _require_keys("tensor", batch_keys, self.keys())
+        _require_keys("non-tensor", non_tensor_batch_keys, self.non_tensor_batch)
+        _require_keys("meta_info", meta_info_keys, self.meta_info)
         tensors = {k: self.batch.pop(k) for k in batch_keys} if self.batch is not None else {}
         non_tensors = {k: self.non_tensor_batch.pop(k) for k in non_tensor_batch_keys}
         meta = {k: self.meta_info.pop(k) for k in meta_info_keys}
@@ -264,22 +290,32 @@ class DataProto:
 
 
 def _equal(a: Any, b: Any) -> bool:
+    """Equality for union's overlap check; copes with tensors, arrays and dicts/lists holding them."""
+    if a is b:
+        return True
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.array_equal(np.asarray(a, dtype=object), np.asarray(b, dtype=object))
+        a, b = np.asarray(a, dtype=object), np.asarray(b, dtype=object)
+        return a.shape == b.shape and all(_equal(x, y) for x, y in zip(a.ravel(), b.ravel()))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
     try:
         return bool(a == b)
-    except (ValueError, TypeError):
-        return a is b
+    except (ValueError, TypeError, RuntimeError):
+        return False
 
 
 def pad_dataproto_to_divisor(data: DataProto, divisor: int) -> tuple[DataProto, int]:
     """Append copies of the first rows until the length is a multiple of ``divisor``; return (padded, pad_size)."""
+    if divisor <= 0:
+        raise ValueError(f"divisor must be positive, got {divisor}.")
     pad_size = (-len(data)) % divisor
     if pad_size == 0:
         return data, 0
-    indices = np.concatenate([np.arange(len(data)), np.arange(pad_size) % max(len(data), 1)])
+    indices = np.concatenate([np.arange(len(data)), np.arange(pad_size) % len(data)])
     return data.select_rows(indices), pad_size
 
 

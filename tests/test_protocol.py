@@ -113,3 +113,38 @@ def test_ray_transfer_round_trip(ray_cluster):
     restored = ray_cluster.get(ray_cluster.put(data))
     assert torch.equal(restored.batch["x"], data.batch["x"])
     assert restored.non_tensor_batch["ids"][3] == [3, 3, 3, 3]
+
+
+def test_select_of_a_missing_key_names_it():
+    with pytest.raises(KeyError, match=r"no tensor key\(s\) \['nope'\]"):
+        make(2).select(batch_keys=["nope"])
+    with pytest.raises(KeyError, match=r"no non-tensor key\(s\) \['nope'\]"):
+        make(2).pop(non_tensor_batch_keys=["nope"])
+
+
+def test_boolean_mask_keeps_the_marked_rows():
+    picked = make(4)[np.array([True, False, False, True])]
+    assert list(picked.non_tensor_batch["uid"]) == ["u0", "u3"]
+    assert picked.batch["y"].tolist() == [0.0, 3.0]
+
+
+def test_union_accepts_equal_overlap_and_rejects_meta_conflict():
+    data = make(3)
+    same = data.select(batch_keys=["x"], non_tensor_batch_keys=["ids"])  # equal lists of token ids overlap
+    assert set(data.union(same).keys()) == {"x", "y"}
+    with pytest.raises(ValueError, match="meta_info `temperature` differs"):
+        make(3).union(DataProto(meta_info={"temperature": 0.5}))
+    with pytest.raises(ValueError, match="lengths 3 and 2"):
+        make(3).union(make(2))
+
+
+def test_padding_needs_a_positive_divisor():
+    with pytest.raises(ValueError, match="divisor must be positive"):
+        pad_dataproto_to_divisor(make(2), 0)
+
+
+def test_repeat_then_chunk_keeps_each_prompt_with_its_samples():
+    data = make(2).repeat(2)  # u0 u0 u1 u1
+    first, second = data.chunk(2)
+    assert list(first.non_tensor_batch["uid"]) == ["u0", "u0"]
+    assert second.batch["x"].tolist() == [[2, 3], [2, 3]]
