@@ -25,7 +25,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-import numpy as np
 import torch
 
 from ...config import RolloutConfig
@@ -167,9 +166,10 @@ def build_rollout_output(
     batch_size = len(prompts)
     if len(response_ids) != batch_size * n:
         raise ValueError(f"Expected {batch_size} prompts x {n} samples responses, got {len(response_ids)}.")
-    prompt_ids = prompts.batch["input_ids"].repeat_interleave(n, dim=0)  # (batch*n, prompt_len)
-    prompt_mask = prompts.batch["attention_mask"].repeat_interleave(n, dim=0)
-    prompt_positions = prompts.batch["position_ids"].repeat_interleave(n, dim=0)
+    repeated = prompts.repeat(n, interleave=True)
+    prompt_ids = repeated.batch["input_ids"]  # (batch*n, prompt_len)
+    prompt_mask = repeated.batch["attention_mask"]
+    prompt_positions = repeated.batch["position_ids"]
 
     responses = _pad_right(response_ids, response_length, pad_token_id, prompt_ids.dtype)  # (batch*n, resp_len)
     lengths = torch.tensor([min(len(r), response_length) for r in response_ids])
@@ -185,8 +185,9 @@ def build_rollout_output(
         "position_ids": torch.cat([prompt_positions, continue_position_ids(prompt_positions, response_length)], -1),
         "rollout_log_probs": log_probs,
     }
-    non_tensors = {key: np.repeat(value, n, axis=0) for key, value in prompts.non_tensor_batch.items()}
-    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info={"metrics": metrics or {}})
+    return DataProto.from_dict(
+        tensors=tensors, non_tensors=repeated.non_tensor_batch, meta_info={"metrics": metrics or {}}
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------------

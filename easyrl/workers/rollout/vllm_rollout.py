@@ -57,6 +57,21 @@ def rollout_parallel_layout(rank: int, world_size: int, tensor_parallel_size: in
     return rank // tensor_parallel_size, world_size // tensor_parallel_size, rank % tensor_parallel_size
 
 
+def _run_registry_subprocess_with_easyrl_fixes() -> None:
+    """vLLM inspects model classes in a fresh ``python -m vllm.model_executor.models.registry`` process (on a cache
+    miss). That process never imports easyrl, so it lacks the process fixes of ``easyrl.utils.runtime_env`` (e.g.
+    torchvision's op schemas next to a CPU torch) and dies importing transformers' image utilities. Import easyrl
+    there first."""
+    from vllm.model_executor.models import registry
+
+    command = getattr(registry, "_SUBPROCESS_COMMAND", None)
+    if isinstance(command, list) and command[1:] == ["-m", "vllm.model_executor.models.registry"]:
+        command[1:] = [
+            "-c",
+            "import easyrl, runpy; runpy.run_module('vllm.model_executor.models.registry', run_name='__main__')",
+        ]
+
+
 @contextlib.contextmanager
 def _cpu_engine_environment() -> Iterator[None]:
     """Process state around building a CPU engine, restored afterwards for the actor that shares the process.
@@ -74,6 +89,7 @@ def _cpu_engine_environment() -> Iterator[None]:
     saved_threads, saved_set_num_threads = torch.get_num_threads(), torch.set_num_threads
     os.environ["TORCHDYNAMO_DISABLE"] = "1"
     try:
+        _run_registry_subprocess_with_easyrl_fixes()
         yield
     finally:
         if saved_env is None:

@@ -1,0 +1,81 @@
+"""Shared builders for the rollout tests: prompt batches, worker configs, and plain HF greedy references."""
+
+import numpy as np
+import torch
+
+
+PROMPT_LENGTH = 16
+RESPONSE_LENGTH = 12
+PROMPT_TEXTS = ["What is 2 + 3?", "Tell me a story about a cat", "Hello", "Name three colours."]
+
+
+def make_prompts(tokenizer, texts=PROMPT_TEXTS, **meta_info):
+    """A prompt DataProto as the data pipeline produces it: left-padded ids, masks, positions, raw ids."""
+    from easyrl.protocol import DataProto
+
+    token_lists = [tokenizer(text, add_special_tokens=False)["input_ids"][:PROMPT_LENGTH] for text in texts]
+    input_ids = torch.full((len(texts), PROMPT_LENGTH), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(texts), PROMPT_LENGTH), dtype=torch.long)
+    for i, ids in enumerate(token_lists):
+        input_ids[i, PROMPT_LENGTH - len(ids) :] = torch.tensor(ids)
+        attention_mask[i, PROMPT_LENGTH - len(ids) :] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    raw = np.empty(len(texts), dtype=object)
+    raw[:] = token_lists
+    return DataProto.from_dict(
+        tensors={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
+        non_tensors={"raw_prompt_ids": raw},
+        meta_info=meta_info,
+    )
+
+
+def rollout_worker_config(model_path, n_workers: int, *, name: str = "vllm", tensor_parallel_size: int = 1):
+    """An fp32 actor_rollout WorkerConfig (exact comparisons) with a small engine."""
+    from tests.fsdp_helpers import worker_config
+
+    config = worker_config(model_path, n_workers, strategy="sgd", lr=1.0, global_batch_size=4, micro_batch_size=2)
+    rollout = config.rollout
+    rollout.name = name
+    rollout.dtype = "fp32"
+    rollout.tensor_parallel_size = tensor_parallel_size
+    rollout.enforce_eager = True
+    rollout.kv_cache_memory_bytes = 64 << 20
+    rollout.prompt_length = PROMPT_LENGTH
+    rollout.response_length = RESPONSE_LENGTH
+    rollout.max_model_len = PROMPT_LENGTH + RESPONSE_LENGTH
+    rollout.disable_tqdm = True
+    rollout.seed = 7
+    return config
+
+
+def hf_greedy_responses(model, prompts, eos_token_id: int) -> list[list[int]]:
+    """Greedy continuation of each prompt alone (no padding), cut after the first eos."""
+    out = []
+    for ids in prompts.non_tensor_batch["raw_prompt_ids"]:
+        with torch.no_grad():
+            generated = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=RESPONSE_LENGTH,
+                do_sample=False,
+                eos_token_id=eos_token_id,
+                pad_token_id=eos_token_id,
+            )[0, len(ids) :].tolist()
+        if eos_token_id in generated:
+            generated = generated[: generated.index(eos_token_id) + 1]
+        out.append(generated)
+    return out
+
+
+def response_lists(output) -> list[list[int]]:
+    """The generated tokens of each output row, without padding."""
+    responses, mask = output.batch["responses"], output.batch["response_mask"].bool()
+    return [row[m].tolist() for row, m in zip(responses, mask)]
+
+
+def update_actor_once(group, seed: int = 0) -> None:
+    """One large SGD step on a random batch: the policy's greedy answers change."""
+    from tests.fsdp_helpers import add_policy_targets, make_batch
+
+    data = make_batch(batch_size=4, prompt_length=7, response_length=6, seed=seed)
+    data = add_policy_targets(data, group.compute_log_probs(data).batch["old_log_probs"], seed=seed)
+    group.update_actor(data)
