@@ -156,7 +156,7 @@ def test_dcp_checkpoint_restores_the_sharded_weights_exactly(two_workers, tmp_pa
     restored = two_workers.get_full_state_dict()
     for name, tensor in saved.items():
         assert torch.equal(restored[name], tensor), name
-    assert os.path.isfile(tmp_path / "actor" / "huggingface" / "config.json")
+    assert os.path.isfile(tmp_path / "huggingface" / "config.json")
 
 
 @pytest.mark.timeout(300)
@@ -183,7 +183,7 @@ def test_offline_merge_of_a_dcp_checkpoint_equals_the_live_weights(two_workers, 
     two_workers.save_checkpoint(str(tmp_path / "ckpt"))
     live = two_workers.get_full_state_dict()
 
-    merge_checkpoint_to_hf(str(tmp_path / "ckpt" / "actor"), str(tmp_path / "merged"))
+    merge_checkpoint_to_hf(str(tmp_path / "ckpt"), str(tmp_path / "merged"))
     merged = load_hf_causal_lm(tmp_path / "merged").state_dict()
     for name, tensor in live.items():
         assert torch.equal(merged[name], tensor), name

@@ -12,7 +12,6 @@ The rollout engine is plugged in by ``easyrl.workers.rollout.build_rollout(worke
 ``init_model`` when the role includes "rollout"); see ``RolloutEngine`` for what it must provide.
 """
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -298,36 +297,36 @@ class FSDPWorker(Worker):
     # ------------------------------------------------------------------------------------------------------------------
     # checkpoints
     # ------------------------------------------------------------------------------------------------------------------
-    def _trainable_roles(self) -> list[str]:
-        return [role for role in ("actor", "critic") if role in self.parts]
+    def _trainable_role(self) -> str:
+        """The one role of this worker that has training state (no role set holds both actor and critic)."""
+        trainable = [role for role in ("actor", "critic") if role in self.parts]
+        if not trainable:
+            raise RuntimeError(f"A `{self.role}` worker has no training state to save or load.")
+        return trainable[0]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str, save_model_only: bool = False) -> None:
-        """DCP-save every trainable role of this worker to ``path/<role>`` (model, optimizer, lr scheduler)."""
-        for role in self._trainable_roles():
-            with self._on_device(role, with_optimizer=not save_model_only) as module:
-                save_role_checkpoint(
-                    os.path.join(path, role),
-                    module,
-                    self.optimizers[role],
-                    self.lr_schedulers[role],
-                    model_only=save_model_only,
-                    tokenizer=self.tokenizer,
-                    processor=self.processor,
-                )
+        """DCP-save this worker's trainable role (model, optimizer, lr scheduler, HF config) into folder ``path``."""
+        role = self._trainable_role()
+        with self._on_device(role, with_optimizer=not save_model_only) as module:
+            save_role_checkpoint(
+                path,
+                module,
+                self.optimizers[role],
+                self.lr_schedulers[role],
+                model_only=save_model_only,
+                tokenizer=self.tokenizer,
+                processor=self.processor,
+            )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str, load_model_only: bool = False) -> None:
-        """Restore every trainable role of this worker from ``path/<role>``."""
-        for role in self._trainable_roles():
-            with self._on_device(role, with_optimizer=not load_model_only) as module:
-                load_role_checkpoint(
-                    os.path.join(path, role),
-                    module,
-                    self.optimizers[role],
-                    self.lr_schedulers[role],
-                    model_only=load_model_only,
-                )
+        """Restore this worker's trainable role from folder ``path`` (written by ``save_checkpoint``)."""
+        role = self._trainable_role()
+        with self._on_device(role, with_optimizer=not load_model_only) as module:
+            load_role_checkpoint(
+                path, module, self.optimizers[role], self.lr_schedulers[role], model_only=load_model_only
+            )
         self._rollout_weights_stale = True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
