@@ -62,6 +62,18 @@ def _reduce_metrics_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, values.tolist()))
 
 
+def _reject_unsupported(role: str, role_config: Any) -> None:
+    if role_config.model.lora.rank > 0:
+        raise NotImplementedError(
+            f"`worker.{role}.model.lora.rank` > 0: LoRA training is not supported yet; set it to 0."
+        )
+    if role_config.ulysses_size != 1:
+        raise NotImplementedError(
+            f"`worker.{role}.ulysses_size` is {role_config.ulysses_size}: sequence parallelism "
+            "is not supported yet; set it to 1."
+        )
+
+
 class FSDPWorker(Worker):
     def __init__(self, config: WorkerConfig, role: str) -> None:
         super().__init__()
@@ -112,18 +124,14 @@ class FSDPWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        """Load every model of this worker's roles (re-callable: reloads from the checkpoint paths)."""
+        """Load every model of this worker's roles and build the rollout engine (re-callable: reloads from the
+        model paths)."""
         actor_config, critic_config = self.config.actor, self.config.critic
         main_config = critic_config if self.parts == {"critic"} else actor_config
-        for role in ("actor", "critic"):
-            role_config = getattr(self.config, role)
-            if role in self.parts or (role == "actor" and "ref" in self.parts):
-                if role_config.model.lora.rank > 0:
-                    raise NotImplementedError(f"`worker.{role}.model.lora.rank` > 0: LoRA is not supported yet.")
-                if role_config.ulysses_size != 1:
-                    raise NotImplementedError(
-                        f"`worker.{role}.ulysses_size` != 1: sequence parallelism is not supported yet."
-                    )
+        if self.parts & {"actor", "ref"}:
+            _reject_unsupported("actor", actor_config)
+        if "critic" in self.parts:
+            _reject_unsupported("critic", critic_config)
         self.device_mesh = fsdp_utils.build_device_mesh(self.world_size, main_config.fsdp.fsdp_size)
         self.tokenizer, self.processor = fsdp_utils.load_tokenizer_and_processor(main_config.model)
         dp_size = self.device_mesh.size()
@@ -158,8 +166,9 @@ class FSDPWorker(Worker):
             self.register_dispatch_info(ROLLOUT_MESH, self.rank, self.world_size, True)
             from .rollout import build_rollout
 
+            self.rollout = None  # an engine from an earlier init_model may hold the previous actor module
             self.rollout = build_rollout(self)
-            self._rollout_weights_stale = True
+        self._rollout_weights_stale = True
         self._offload_idle()
 
     # ------------------------------------------------------------------------------------------------------------------
