@@ -139,8 +139,13 @@ def apply_fsdp2(model: torch.nn.Module, mesh: DeviceMesh, fsdp_config: FSDPConfi
 
 def _broadcast_buffers(model: torch.nn.Module) -> None:
     """Buffers are not sharded and non-persistent ones (rotary inv_freq) are absent from state dicts."""
+    on_accelerator = dist.get_backend() == "nccl"
     for buffer in model.buffers():
-        dist.broadcast(buffer, src=0)
+        # nccl only moves device tensors; buffers can sit on the CPU under FSDP's CPU offload
+        staged = buffer.to(device.get_torch_device()) if on_accelerator else buffer
+        dist.broadcast(staged, src=0)
+        if staged is not buffer:
+            buffer.copy_(staged)
 
 
 def build_fsdp_model(
@@ -195,7 +200,7 @@ def build_fsdp_model(
         )
         _broadcast_buffers(model)
         del full_state
-    elif device.is_cuda_available() and not (fsdp_config.enable_cpu_offload):
+    elif device.is_cuda_available() and not fsdp_config.enable_cpu_offload:
         model.to(device.get_torch_device())
     return model
 
