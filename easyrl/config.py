@@ -65,6 +65,8 @@ class DataConfig:
     """Drop prompts longer than max_prompt_length (counted and reported) instead of failing."""
     filter_overlong_prompts_workers: int = 16
     """Processes used to measure prompt lengths when filtering."""
+    dataloader_num_workers: int = 0
+    """Worker processes preparing batches (0: in the driver; raise it for image/video datasets on big machines)."""
 
 
 # ----------------------------------------------------------------------------------------------------------------------

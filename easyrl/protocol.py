@@ -285,6 +285,14 @@ class DataProto:
         self.non_tensor_batch = state["non_tensor_batch"]
         self.meta_info = state["meta_info"]
 
+    def __repr__(self) -> str:
+        # the dataclass repr would print every tensor and image; shapes and key names are what one wants to see
+        tensors = {k: tuple(v.shape) for k, v in self.batch.items()} if self.batch is not None else {}
+        return (
+            f"DataProto(len={len(self)}, tensors={tensors}, non_tensors={sorted(self.non_tensor_batch)}, "
+            f"meta_info={sorted(self.meta_info)})"
+        )
+
     def to_bytes(self) -> bytes:
         return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
 

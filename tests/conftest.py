@@ -1,3 +1,3 @@
 """Shared fixtures. Each fixture module has one owner; import new ones through ``pytest_plugins``."""
 
-pytest_plugins = ["tests.fixtures.cluster", "tests.fixtures.models"]
+pytest_plugins = ["tests.fixtures.cluster", "tests.fixtures.models", "tests.fixtures.vl"]

@@ -1,0 +1,55 @@
+"""Train and validation loaders. The train loader's position (epoch, sampler state, samples already served) is part
+of every checkpoint: ``state_dict()`` / ``load_state_dict()`` resume exactly mid-epoch (torchdata StatefulDataLoader)."""
+
+from typing import Any
+
+import torch
+from torch.utils.data import RandomSampler, SequentialSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from ..config import DataConfig
+from .collate import collate_fn
+from .dataset import RLHFDataset
+
+
+def create_dataloaders(
+    config: DataConfig, tokenizer: Any, processor: Any = None, *, model_config: Any = None
+) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
+    """(train_loader, val_loader); val_loader is None when ``data.val_files`` is empty. Batches are DataProtos."""
+    train = RLHFDataset(
+        config.train_files, tokenizer, processor, config, config_key="data.train_files", model_config=model_config
+    )
+    batch_size = config.mini_rollout_batch_size or config.rollout_batch_size
+    if len(train) < batch_size:
+        raise ValueError(
+            f"data.train_files has {len(train)} usable prompts, fewer than one batch "
+            f"(data.rollout_batch_size / mini_rollout_batch_size = {batch_size}); lower the batch size or add data."
+        )
+    if config.shuffle:
+        generator = torch.Generator()
+        generator.manual_seed(config.seed)
+        sampler = RandomSampler(train, generator=generator)
+    else:
+        sampler = SequentialSampler(train)
+    train_loader = StatefulDataLoader(
+        train,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=config.dataloader_num_workers,
+        collate_fn=collate_fn,
+        drop_last=True,  # every step sees a full batch
+    )
+    if not config.val_files:
+        return train_loader, None
+    val = RLHFDataset(
+        config.val_files, tokenizer, processor, config, config_key="data.val_files", model_config=model_config
+    )
+    val_loader = StatefulDataLoader(
+        val,
+        batch_size=len(val) if config.val_batch_size == -1 else config.val_batch_size,
+        shuffle=False,
+        num_workers=config.dataloader_num_workers,
+        collate_fn=collate_fn,
+        drop_last=False,  # validation covers every prompt
+    )
+    return train_loader, val_loader

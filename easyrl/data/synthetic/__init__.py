@@ -1,0 +1,30 @@
+"""Datasets that ship with easyrl, generated on the fly and addressed as ``builtin://NAME@SPLIT``."""
+
+from collections.abc import Callable
+
+
+BUILTIN_PREFIX = "builtin://"
+
+
+def _arithmetic(split: str) -> list[dict]:
+    from .arithmetic import generate_arithmetic
+
+    return generate_arithmetic(split)
+
+
+def _shapes(split: str) -> list[dict]:
+    from .shapes import generate_shapes
+
+    return generate_shapes(split)
+
+
+# name -> split -> rows
+BUILTIN_DATASETS: dict[str, Callable[[str], list[dict]]] = {"arithmetic": _arithmetic, "shapes": _shapes}
+
+
+def load_builtin(spec: str) -> list[dict]:
+    """Rows of ``builtin://NAME@SPLIT`` (split defaults to train)."""
+    name, _, split = spec[len(BUILTIN_PREFIX) :].partition("@")
+    if name not in BUILTIN_DATASETS:
+        raise ValueError(f"Unknown built-in dataset {spec!r}; choose one of: {', '.join(sorted(BUILTIN_DATASETS))}.")
+    return BUILTIN_DATASETS[name](split or "train")

@@ -1,0 +1,66 @@
+"""Prompt building: Jinja prompt file, placeholders for images/videos, chat template override."""
+
+import pytest
+
+from easyrl.data.template import ChatTemplate, PromptFormatter, build_messages
+
+
+def test_format_prompt_file_wraps_the_content(tmp_path):
+    path = tmp_path / "math.jinja"
+    path.write_text("{{ content | trim }} Answer in \\boxed{}.\n")
+    assert PromptFormatter(str(path))("  What is 2+2? ") == "What is 2+2? Answer in \\boxed{}."
+
+
+def test_no_format_prompt_keeps_the_text():
+    assert PromptFormatter(None)("hi") == "hi"
+
+
+def test_missing_template_file_names_key_and_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"data.format_prompt: template file '.*missing.jinja' does not exist"):
+        PromptFormatter(str(tmp_path / "missing.jinja"))
+
+
+def test_template_syntax_error_names_file_and_line(tmp_path):
+    path = tmp_path / "broken.jinja"
+    path.write_text("line one\n{{ content ")
+    with pytest.raises(ValueError, match=r"broken.jinja' line 2"):
+        PromptFormatter(str(path))
+
+
+def test_unknown_template_variable_is_reported(tmp_path):
+    path = tmp_path / "extra.jinja"
+    path.write_text("{{ content }} {{ question }}")
+    with pytest.raises(ValueError, match="rendered with `content` only"):
+        PromptFormatter(str(path))("x")
+
+
+def test_placeholders_place_images_and_videos():
+    messages = build_messages("Compare <image> with <image>, then <video>.", num_images=2, num_videos=1)
+    types = [part["type"] for part in messages[0]["content"]]
+    assert types == ["text", "image", "text", "image", "text", "video", "text"]
+
+
+def test_rows_without_placeholders_get_media_before_the_text():
+    parts = build_messages("How many?", num_images=2)[0]["content"]
+    assert parts == [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "How many?"}]
+
+
+def test_text_only_rows_are_plain_strings():
+    assert build_messages("hello") == [{"role": "user", "content": "hello"}]
+
+
+def test_placeholder_count_must_match_the_media():
+    with pytest.raises(ValueError, match="1 <image> and 0 <video> placeholders but the row has 2 images"):
+        build_messages("look <image>", num_images=2)
+
+
+def test_override_chat_template_file(tmp_path, tokenizer):
+    path = tmp_path / "chat.jinja"
+    path.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]")
+    rendered = ChatTemplate(tokenizer, None, str(path))(build_messages("2+2?"))
+    assert rendered == "[user] 2+2?\n[assistant]"
+
+
+def test_tokenizer_chat_template_is_the_default(tokenizer):
+    rendered = ChatTemplate(tokenizer)(build_messages("2+2?"))
+    assert rendered.endswith("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n")
