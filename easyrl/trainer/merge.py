@@ -1,0 +1,18 @@
+"""`easyrl merge`: a checkpoint's sharded actor (or critic) state -> a Hugging Face folder, offline, one process."""
+
+import os
+
+
+def merge_checkpoint(local_dir: str, output_dir: str | None = None) -> str:
+    """Write `<local_dir>/huggingface` (or `output_dir`): safetensors, config, generation config, tokenizer/processor.
+
+    `local_dir` is a role folder of a checkpoint, e.g. `checkpoints/proj/exp/global_step_40/actor`.
+    """
+    from ..workers.fsdp_checkpoint import HF_FOLDER, merge_checkpoint_to_hf
+
+    if not os.path.isdir(local_dir):
+        raise FileNotFoundError(f"--local_dir `{local_dir}` is not a folder; give a checkpoint's actor folder.")
+    output_dir = output_dir or os.path.join(local_dir, HF_FOLDER)
+    os.makedirs(output_dir, exist_ok=True)
+    merge_checkpoint_to_hf(local_dir, output_dir)
+    return output_dir

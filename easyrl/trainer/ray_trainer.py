@@ -1,0 +1,333 @@
+"""The PPO loop: a single controller that orchestrates the worker groups, one step at a time.
+
+One step reads top to bottom in ``train_step``: generate -> reward -> [online filter] -> old log-probs ->
+reference log-probs -> values -> advantages -> critic update -> actor update (the workers then stream the new
+weights into the rollout engine before the next generation). Everything numeric happens in the workers or in
+``easyrl.algorithms``; this file only decides the order of events.
+"""
+
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..algorithms.advantage import compute_advantage
+from ..algorithms.filtering import GroupCollector
+from ..algorithms.kl import apply_kl_penalty, get_kl_controller
+from ..config import PPOConfig
+from ..protocol import DataProto
+from ..workers.reward.scorer import reduce_reward_metrics, scores_to_non_tensor
+from .checkpoint import CheckpointManager, checkpoint_step, resolve_resume_path
+from .metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, timer
+
+
+logger = logging.getLogger(__name__)
+
+# Keys the rollout engine needs from a prompt batch; the rest of the batch waits on the driver.
+GENERATION_KEYS = ("input_ids", "attention_mask", "position_ids")
+GENERATION_NON_TENSOR_KEYS = ("raw_prompt_ids", "multi_modal_data")
+
+
+@dataclass
+class WorkerGroups:
+    """The worker groups a run drives; ref and critic are None when the algorithm needs none."""
+
+    actor_rollout: Any
+    ref: Any = None
+    critic: Any = None
+
+
+class PPOTrainer:
+    def __init__(
+        self,
+        config: PPOConfig,
+        tokenizer: Any,
+        train_loader: Any,
+        val_loader: Any,
+        workers: WorkerGroups,
+        reward_scorer: Any,
+        val_reward_scorer: Any,
+        tracker: Any,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.train_loader = train_loader
+        self.val_loader = val_loader
+        self.workers = workers
+        self.reward_scorer = reward_scorer
+        self.val_reward_scorer = val_reward_scorer
+        self.tracker = tracker
+        self.checkpoints = CheckpointManager(config.trainer.save_checkpoint_path, config.trainer.save_limit)
+        self.kl_controller = get_kl_controller(config.algorithm)
+        self.use_reference = not config.algorithm.disable_kl and workers.ref is not None
+        self.use_critic = config.algorithm.adv_estimator == "gae"
+        self.global_step = 0
+        self.training_steps = self._count_training_steps()
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # the loop
+    # ------------------------------------------------------------------------------------------------------------------
+    def fit(self) -> dict[str, float]:
+        """Train until total_epochs or max_steps; return the last step's metrics."""
+        trainer_config = self.config.trainer
+        self._resume()
+        last_metrics: dict[str, float] = {}
+        if self.val_loader is not None and trainer_config.val_before_train and self.global_step == 0:
+            last_metrics = self.validate()
+            self.tracker.log(last_metrics, step=self.global_step)
+        if trainer_config.val_only:
+            return last_metrics
+
+        batches = self._train_batches()
+        while self.global_step < self.training_steps:
+            self.global_step += 1
+            metrics = self.train_step(batches)
+            is_last = self.global_step == self.training_steps
+            if self.val_loader is not None and trainer_config.val_freq > 0:
+                if self.global_step % trainer_config.val_freq == 0 or is_last:
+                    metrics.update(self.validate())
+            if (trainer_config.save_freq > 0 and self.global_step % trainer_config.save_freq == 0) or is_last:
+                self.save_checkpoint()
+            self.tracker.log(metrics, step=self.global_step)
+            last_metrics = metrics
+        return last_metrics
+
+    def train_step(self, batches: Iterator[DataProto]) -> dict[str, float]:
+        """One PPO step; returns its metrics."""
+        algo = self.config.algorithm
+        timing: dict[str, float] = {}
+        metrics: dict[str, Any] = {}
+        with timer("step", timing):
+            # 1. generate n responses per prompt and score them (refilled until enough groups survive filtering)
+            with timer("gen_and_reward", timing):
+                batch, reward_metrics = self._make_batch(batches, timing)
+            metrics.update(reward_metrics)
+
+            # 2. log-probs of the sampled tokens under the current (old) policy, the reference, and the critic
+            with timer("old_log_probs", timing):
+                batch = batch.union(self.workers.actor_rollout.compute_log_probs(batch))
+            if self.use_reference:
+                with timer("ref_log_probs", timing):
+                    batch = batch.union(self.workers.ref.compute_ref_log_probs(batch))
+            if self.use_critic:
+                with timer("values", timing):
+                    batch = batch.union(self.workers.critic.compute_values(batch))
+
+            # 3. rewards (minus the KL penalty when KL lives in the reward) and advantages, on the driver
+            with timer("adv", timing):
+                if self.use_reference and not algo.use_kl_loss:
+                    batch, kl_metrics = apply_kl_penalty(batch, self.kl_controller, algo.kl_penalty)
+                    metrics.update(kl_metrics)
+                else:
+                    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+                batch = compute_advantage(batch, algo)
+
+            # 4. updates: the critic first (it warms up alone for critic_warmup steps), then the actor
+            if self.use_critic:
+                with timer("update_critic", timing):
+                    critic_out = self.workers.critic.update_critic(batch)
+                metrics.update(critic_out.meta_info["metrics"])
+            if self.global_step > self.config.trainer.critic_warmup:
+                with timer("update_actor", timing):
+                    actor_out = self.workers.actor_rollout.update_actor(batch)
+                metrics.update(actor_out.meta_info["metrics"])
+                if "rollout_log_probs" in batch.batch.keys():
+                    metrics.update(self._rollout_mismatch(batch))
+
+        metrics["step"] = self.global_step
+        metrics["epoch"] = self.epoch
+        metrics["actor/kl_coef"] = self.kl_controller.value
+        metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
+        metrics.update(compute_timing_metrics(batch, timing))
+        metrics.update(compute_throughput_metrics(batch, timing, n_devices=self.config.world_size))
+        return metrics
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # generation + reward, with DAPO online filtering
+    # ------------------------------------------------------------------------------------------------------------------
+    def _make_batch(self, batches: Iterator[DataProto], timing: dict[str, float]) -> tuple[DataProto, dict[str, Any]]:
+        """Generate and score until `rollout_batch_size` prompt groups are collected (one round without filtering)."""
+        algo, data_cfg, trainer_cfg = self.config.algorithm, self.config.data, self.config.trainer
+        n = self.config.worker.rollout.n
+        if not algo.online_filtering:
+            batch, reward_metrics = self._generate_and_score(next(batches), timing)
+            return batch, reduce_reward_metrics(reward_metrics)
+
+        collector = GroupCollector(target_groups=data_cfg.rollout_batch_size, group_size=n)
+        all_reward_metrics: dict[str, list[float]] = {}
+        rounds = 0
+        while not collector.full:
+            rounds += 1
+            if 0 < trainer_cfg.max_try_make_batch < rounds:
+                raise RuntimeError(
+                    f"Online filtering kept {collector.num_groups}/{data_cfg.rollout_batch_size} groups after "
+                    f"{trainer_cfg.max_try_make_batch} generation rounds (`trainer.max_try_make_batch`): almost every "
+                    f"group scores outside [{algo.filter_low}, {algo.filter_high}] on `{algo.filter_key}`. Widen "
+                    "the filter, raise max_try_make_batch, or use easier/harder data."
+                )
+            scored, reward_metrics = self._generate_and_score(next(batches), timing)
+            for key, values in reward_metrics.items():
+                all_reward_metrics.setdefault(key, []).extend(values)
+            collector.add(scored, filter_key=algo.filter_key, low=algo.filter_low, high=algo.filter_high)
+        batch = collector.take()
+        out = reduce_reward_metrics(all_reward_metrics)
+        out.update({"filter/rounds": rounds, **collector.metrics()})
+        return batch, out
+
+    def _generate_and_score(self, prompts: DataProto, timing: dict[str, float]) -> tuple[DataProto, dict[str, list]]:
+        rollout = self.workers.actor_rollout
+        prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
+        gen_input = prompts.select(
+            batch_keys=list(GENERATION_KEYS),
+            non_tensor_batch_keys=[k for k in GENERATION_NON_TENSOR_KEYS if k in prompts.non_tensor_batch],
+        )
+        with timer("gen", timing):
+            generated = rollout.generate_sequences(gen_input)
+        if self.config.algorithm.adv_estimator == "remax":
+            # ReMax (arXiv 2310.10505): the reward of each prompt's greedy response is its baseline.
+            with timer("gen_baseline", timing):
+                greedy_input = DataProto(
+                    batch=gen_input.batch,
+                    non_tensor_batch=dict(gen_input.non_tensor_batch),
+                    meta_info={**gen_input.meta_info, "sampling_override": {"temperature": 0.0, "n": 1}},
+                )
+                greedy = rollout.generate_sequences(greedy_input)
+                greedy.non_tensor_batch["ground_truth"] = prompts.non_tensor_batch["ground_truth"]
+                baseline_scores, _ = self.reward_scorer.score(greedy)
+            prompts.non_tensor_batch["reward_baselines"] = np.array(baseline_scores.sum(-1).tolist(), dtype=object)
+
+        batch = prompts.repeat(self.config.worker.rollout.n, interleave=True)
+        batch.pop(batch_keys=list(GENERATION_KEYS))
+        batch = batch.union(generated)
+        if "reward_baselines" in batch.non_tensor_batch:
+            batch.batch["reward_baselines"] = torch.tensor(
+                batch.non_tensor_batch.pop("reward_baselines").astype(float)
+            )
+        with timer("reward", timing):
+            scores, reward_metrics = self.reward_scorer.score(batch)
+        batch.batch["token_level_scores"] = scores
+        for key, values in scores_to_non_tensor(reward_metrics).items():
+            batch.non_tensor_batch[key] = values
+        return batch, {k: list(v) for k, v in reward_metrics.items()}
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # validation
+    # ------------------------------------------------------------------------------------------------------------------
+    def validate(self) -> dict[str, float]:
+        """Greedy-ish generation (rollout.val_override_config) over the whole validation set."""
+        rollout = self.workers.actor_rollout
+        scores_by_source: dict[str, list[float]] = {}
+        named: dict[str, list[float]] = {}
+        samples: list[dict[str, Any]] = []
+        lengths: list[float] = []
+        for prompts in self.val_loader:
+            prompts = prompts if isinstance(prompts, DataProto) else DataProto.from_single_dict(prompts)
+            gen_input = prompts.select(
+                batch_keys=list(GENERATION_KEYS),
+                non_tensor_batch_keys=[k for k in GENERATION_NON_TENSOR_KEYS if k in prompts.non_tensor_batch],
+            )
+            gen_input.meta_info["validate"] = True
+            generated = rollout.generate_sequences(gen_input)
+            repeat = len(generated) // len(prompts)
+            batch = prompts.repeat(repeat, interleave=True)
+            batch.pop(batch_keys=list(GENERATION_KEYS))
+            batch = batch.union(generated)
+            scores, reward_metrics = self.val_reward_scorer.score(batch)
+            overall = scores.sum(-1).tolist()
+            sources = batch.non_tensor_batch.get("data_source", np.array(["val"] * len(batch), dtype=object))
+            for source, score in zip(sources, overall):
+                scores_by_source.setdefault(str(source), []).append(score)
+            for key, values in reward_metrics.items():
+                named.setdefault(key, []).extend(values)
+            lengths.extend(batch.batch["response_mask"].sum(-1).tolist())
+            if len(samples) < self.config.trainer.val_generations_to_log:
+                samples.extend(self._decode_samples(batch, overall)[: self.config.trainer.val_generations_to_log])
+        if samples:
+            self.tracker.log_generations(samples, step=self.global_step)
+        metrics = {f"val/{key}": float(np.mean(v)) for key, v in named.items()}
+        for source, values in scores_by_source.items():
+            metrics[f"val/{source}/reward"] = float(np.mean(values))
+        metrics["val/response_length/mean"] = float(np.mean(lengths)) if lengths else 0.0
+        return metrics
+
+    def _decode_samples(self, batch: DataProto, scores: list[float]) -> list[dict[str, Any]]:
+        out = []
+        for i in range(len(batch)):
+            prompt = batch.batch["prompts"][i]
+            response = batch.batch["responses"][i][batch.batch["response_mask"][i].bool()]
+            out.append(
+                {
+                    "step": self.global_step,
+                    "prompt": self.tokenizer.decode(prompt[prompt != self.tokenizer.pad_token_id]),
+                    "response": self.tokenizer.decode(response, skip_special_tokens=True),
+                    "ground_truth": str(batch.non_tensor_batch["ground_truth"][i]),
+                    "score": scores[i],
+                }
+            )
+        return out
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # helpers
+    # ------------------------------------------------------------------------------------------------------------------
+    def _count_training_steps(self) -> int:
+        per_epoch = len(self.train_loader)
+        total = per_epoch * self.config.trainer.total_epochs
+        if self.config.trainer.max_steps is not None:
+            total = min(total, self.config.trainer.max_steps) if per_epoch else self.config.trainer.max_steps
+        return total
+
+    def _train_batches(self) -> Iterator[DataProto]:
+        """Batches across epochs; the loader's state (position and epoch) is what checkpoints save."""
+        self.epoch = self._start_epoch
+        while True:
+            for batch_dict in self.train_loader:
+                yield batch_dict if isinstance(batch_dict, DataProto) else DataProto.from_single_dict(batch_dict)
+            self.epoch += 1
+
+    def _rollout_mismatch(self, batch: DataProto) -> dict[str, float]:
+        from ..workers.rollout.base import rollout_logprob_mismatch
+
+        return rollout_logprob_mismatch(
+            batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"]
+        )
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # checkpoints
+    # ------------------------------------------------------------------------------------------------------------------
+    _start_epoch = 0
+    epoch = 0
+
+    def save_checkpoint(self) -> None:
+        tmp_dir = self.checkpoints.begin(self.global_step)
+        save_model_only = self.config.trainer.save_model_only
+        self.workers.actor_rollout.save_checkpoint(f"{tmp_dir}/actor", save_model_only)
+        if self.use_critic:
+            self.workers.critic.save_checkpoint(f"{tmp_dir}/critic", save_model_only)
+        if not save_model_only:
+            torch.save(
+                {
+                    "dataloader": self.train_loader.state_dict(),
+                    "epoch": self.epoch,
+                    "kl_coef": self.kl_controller.value,
+                },
+                f"{tmp_dir}/driver_state.pt",
+            )
+        self.checkpoints.commit(self.global_step, required=("actor", "critic") if self.use_critic else ("actor",))
+
+    def _resume(self) -> None:
+        path = resolve_resume_path(self.config.trainer)
+        if path is None:
+            return
+        logger.warning("Resuming from %s", path)
+        self.workers.actor_rollout.load_checkpoint(f"{path}/actor")
+        if self.use_critic:
+            self.workers.critic.load_checkpoint(f"{path}/critic")
+        state = torch.load(f"{path}/driver_state.pt", weights_only=False)
+        self.train_loader.load_state_dict(state["dataloader"])
+        self._start_epoch = state["epoch"]
+        self.kl_controller.value = state["kl_coef"]
+        self.global_step = checkpoint_step(path)
