@@ -94,6 +94,11 @@ def _has_native_video_reader() -> bool:
     return is_decord_available() or is_torchcodec_available()
 
 
+def _to_uint8(frames: torch.Tensor) -> torch.Tensor:
+    """qwen-vl-utils resizes in float; uint8 frames take a quarter of the memory in every batch that carries them."""
+    return frames if frames.dtype == torch.uint8 else frames.round().clamp(0, 255).to(torch.uint8)
+
+
 def load_video(
     video: Any,
     image_dir: str | None = None,
@@ -111,14 +116,14 @@ def load_video(
             frames, sample_fps = fetch_video(
                 {"video": resolve_path(video, image_dir), "fps": fps, **info}, return_video_sample_fps=True
             )
-            return frames, float(sample_fps)
+            return _to_uint8(frames), float(sample_fps)
         if isinstance(video, str):
             frames, source_fps = _decode_video_frames(resolve_path(video, image_dir))
             frames = _subsample(frames, source_fps, fps)
         else:  # a list of frames (paths, bytes dicts or PIL images), already at the wanted rate
             frames = [_open_image(frame, image_dir).convert("RGB") for frame in video]
         frames, sample_fps = fetch_video({"video": frames, "sample_fps": fps, **info}, return_video_sample_fps=True)
-        return frames, float(sample_fps)
+        return _to_uint8(frames), float(sample_fps)
     except UnreadableMediaError:
         raise
     except Exception as error:  # decoders raise many types (av.FFmpegError, OSError, RuntimeError, ...)

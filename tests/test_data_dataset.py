@@ -1,0 +1,100 @@
+"""RLHFDataset on text rows: left-padded inputs, raw prompt ids, overlong handling and clear row errors."""
+
+import json
+
+import pytest
+import torch
+
+from easyrl.config import DataConfig
+from easyrl.data.collate import collate_fn
+from easyrl.data.dataset import RLHFDataset
+
+
+def write_jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(row) for row in rows))
+    return str(path)
+
+
+def config(**overrides) -> DataConfig:
+    values = {
+        "prompt_key": "problem",
+        "answer_key": "answer",
+        "max_prompt_length": 64,
+        "filter_overlong_prompts": False,
+    }
+    return DataConfig(**{**values, **overrides})
+
+
+def test_text_row_becomes_left_padded_inputs(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"problem": "What is 2 + 3?", "answer": "5"}])
+    item = RLHFDataset(path, tokenizer, None, config())[0]
+    prompt_ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True, tokenize=True
+    )
+    prompt_ids = list(getattr(prompt_ids, "input_ids", prompt_ids))
+    n = len(prompt_ids)
+    assert item["raw_prompt_ids"] == prompt_ids
+    assert item["input_ids"][-n:].tolist() == prompt_ids
+    assert item["input_ids"][:-n].eq(tokenizer.pad_token_id).all()
+    assert item["attention_mask"].tolist() == [0] * (64 - n) + [1] * n
+    assert item["position_ids"].tolist() == [0] * (64 - n) + list(range(n))
+    assert item["ground_truth"] == "5" and item["data_source"] == "d"
+
+
+def test_format_prompt_is_applied(tmp_path, tokenizer):
+    template = tmp_path / "t.jinja"
+    template.write_text("Q: {{ content }} Think step by step.")
+    path = write_jsonl(tmp_path / "d.jsonl", [{"problem": "2+3?", "answer": "5"}])
+    item = RLHFDataset(path, tokenizer, None, config(format_prompt=str(template)))[0]
+    assert "<|im_start|>user\nQ: 2+3? Think step by step.<|im_end|>" in tokenizer.decode(item["raw_prompt_ids"])
+
+
+def test_overlong_prompts_are_filtered_in_parallel_and_counted(tmp_path, tokenizer):
+    rows = [{"problem": "short", "answer": "1"}] * 100 + [{"problem": "long " * 80, "answer": "2"}] * 30
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    dataset = RLHFDataset(
+        path, tokenizer, None, config(filter_overlong_prompts=True, filter_overlong_prompts_workers=2)
+    )
+    assert (len(dataset), dataset.num_filtered_overlong) == (100, 30)
+    assert all(dataset[i]["ground_truth"] == "1" for i in (0, 99))
+
+
+def test_overlong_prompt_without_filtering_names_the_row(tmp_path, tokenizer):
+    path = write_jsonl(
+        tmp_path / "d.jsonl", [{"problem": "ok", "answer": "1"}, {"problem": "long " * 80, "answer": "2"}]
+    )
+    dataset = RLHFDataset(path, tokenizer, None, config())
+    dataset[0]
+    with pytest.raises(ValueError, match=r"row 1 has a \d+-token prompt, longer than data.max_prompt_length=64"):
+        dataset[1]
+
+
+def test_everything_filtered_is_a_clear_error(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"problem": "long " * 80, "answer": "2"}])
+    with pytest.raises(ValueError, match="no rows left after filtering \\(1 longer than data.max_prompt_length=64"):
+        RLHFDataset(path, tokenizer, None, config(filter_overlong_prompts=True))
+
+
+def test_row_missing_the_prompt_names_row_and_key(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"problem": "ok", "answer": "1"}, {"problem": None, "answer": "2"}])
+    with pytest.raises(KeyError, match=r"row 1 has no value for data.prompt_key='problem'"):
+        RLHFDataset(path, tokenizer, None, config())[1]
+
+
+def test_missing_prompt_column_lists_the_columns(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"question": "ok", "answer": "1"}])
+    with pytest.raises(
+        KeyError, match=r"no column 'problem' \(data.prompt_key\); the columns are \['question', 'answer'\]"
+    ):
+        RLHFDataset(path, tokenizer, None, config())
+
+
+def test_collate_stacks_tensors_and_keeps_the_rest_per_sample(tmp_path, tokenizer):
+    rows = [{"problem": "a", "answer": "1"}, {"problem": "b b b", "answer": "2"}]
+    dataset = RLHFDataset(write_jsonl(tmp_path / "d.jsonl", rows), tokenizer, None, config())
+    batch = collate_fn([dataset[0], dataset[1]])
+    assert batch.batch["input_ids"].shape == (2, 64) and batch.batch["position_ids"].dtype == torch.long
+    assert list(batch.non_tensor_batch["ground_truth"]) == ["1", "2"]
+    assert [len(ids) for ids in batch.non_tensor_batch["raw_prompt_ids"]] == batch.batch["attention_mask"].sum(
+        -1
+    ).tolist()
