@@ -61,6 +61,15 @@ def tensor_parallel_pair(ray_cluster, tiny_model_path):
     pool.release()
 
 
+@pytest.fixture(scope="module")
+def data_parallel_pair(ray_cluster, tiny_model_path):
+    """Two workers, each its own vLLM engine (tensor_parallel_size=1): two data-parallel rollout ranks."""
+    pool, group = _start(tiny_model_path, 2, tensor_parallel_size=1)
+    yield group
+    group.kill()
+    pool.release()
+
+
 def _current_hf_model(group, path):
     group.save_hf_model(str(path))
     return load_hf_causal_lm(path)
@@ -128,3 +137,20 @@ def test_tensor_parallel_engine_matches_hf_before_and_after_an_update(tensor_par
     # sampling stays in lockstep across the two ranks of the engine (same seed), else the ranks would hang
     sampled = tensor_parallel_pair.generate_sequences(make_prompts(tokenizer, sampling_override={"n": 2}))
     assert sampled.batch["responses"].shape == (2 * len(prompts), RESPONSE_LENGTH)
+
+
+@pytest.mark.timeout(300)
+def test_data_parallel_engines_split_the_prompts_and_sample_with_different_seeds(
+    data_parallel_pair, tokenizer, tmp_path
+):
+    prompts = make_prompts(tokenizer, texts=["Tell me a story about a cat"] * 4, sampling_override={"n": 1})
+    out = data_parallel_pair.generate_sequences(prompts)
+    rows = response_lists(out)
+    assert len(rows) == 4  # rows 0-1 sampled by engine 0, rows 2-3 by engine 1
+    assert rows[0] != rows[1] and rows[0] != rows[2] and rows[1] != rows[3]
+
+    greedy = make_prompts(tokenizer, **GREEDY)
+    hf_model = _current_hf_model(data_parallel_pair, tmp_path / "hf")
+    assert response_lists(data_parallel_pair.generate_sequences(greedy)) == hf_greedy_responses(
+        hf_model, greedy, tokenizer.eos_token_id
+    )

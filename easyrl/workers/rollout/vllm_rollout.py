@@ -5,6 +5,11 @@ of starting its own processes. vLLM lays its tensor-parallel groups over consecu
 ``tensor_parallel_size`` = t, ranks [0, t) form engine 0, [t, 2t) engine 1, ... Each engine is one data-parallel
 rollout rank: every rank of a group must receive the same prompts (the worker's dispatch sends chunk
 ``rank // t``) and sample with the same seed, while different groups use different seeds.
+
+Sampling draws from per-request generators seeded from ``rollout.seed + dp_rank`` (one fresh seed per prompt and
+call), never from the process-global torch RNG: the actor shares this process, and anything it draws at random
+(differently on each rank) would otherwise shift the engine's samples and break the lockstep of a tensor-parallel
+group. It also makes rollouts reproducible for a given seed.
 """
 
 import contextlib
@@ -13,6 +18,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from ...config import RolloutConfig
@@ -72,6 +78,28 @@ def _run_registry_subprocess_with_easyrl_fixes() -> None:
         ]
 
 
+def _job_unique_cpu_shm_names() -> None:
+    """Name the shared-memory segments of vLLM's CPU tensor-parallel communicator after this job's MASTER_PORT.
+
+    With external_launcher vLLM derives the name from the ``env://`` init method alone, so two jobs on one machine
+    (or a new job after a killed one, whose segments stay in /dev/shm) collide with "create shm ... errno: 17".
+    """
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    shm_cls = getattr(cpu_communicator, "_CPUSHMDistributed", None)
+    original = getattr(shm_cls, "make_group_name", None)
+    if original is None or getattr(original, "easyrl_job_unique", False):
+        return
+
+    def make_group_name(communicator: Any) -> str:
+        # every rank of the job has the same MASTER_PORT, and no other live job on this machine does
+        os.environ["VLLM_DIST_IDENT"] = f"easyrl{os.environ.get('MASTER_PORT', '')}"
+        return original(communicator)
+
+    make_group_name.easyrl_job_unique = True
+    shm_cls.make_group_name = staticmethod(make_group_name)
+
+
 @contextlib.contextmanager
 def _cpu_engine_environment() -> Iterator[None]:
     """Process state around building a CPU engine, restored afterwards for the actor that shares the process.
@@ -90,6 +118,7 @@ def _cpu_engine_environment() -> Iterator[None]:
     os.environ["TORCHDYNAMO_DISABLE"] = "1"
     try:
         _run_registry_subprocess_with_easyrl_fixes()
+        _job_unique_cpu_shm_names()
         yield
     finally:
         if saved_env is None:
@@ -168,6 +197,7 @@ class VLLMRollout(BaseRollout):
         self.dp_rank, self.dp_size, self.tp_rank = rollout_parallel_layout(
             rank, world_size, config.tensor_parallel_size
         )
+        self._request_seeds = np.random.default_rng(config.seed + self.dp_rank)
         self._sleeping_tags: set[str] = set()
         self._last_sync_metrics: dict[str, float] = {}
         with _cpu_engine_environment():
@@ -226,20 +256,23 @@ class VLLMRollout(BaseRollout):
     # ------------------------------------------------------------------------------------------------------------------
     # generation
     # ------------------------------------------------------------------------------------------------------------------
-    def _sampling_params(self, settings: SamplingSettings):
+    def _sampling_params(self, settings: SamplingSettings, num_prompts: int) -> list:
+        """One SamplingParams per prompt, each with its own seed (its n samples use seed, seed + 1, ...)."""
         from vllm import SamplingParams
 
-        return SamplingParams(
-            n=settings.engine_n,
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            top_k=settings.top_k if settings.top_k > 0 else 0,
-            max_tokens=settings.max_tokens,
-            ignore_eos=settings.ignore_eos,
-            stop_token_ids=self.stop_token_ids,
-            logprobs=0,  # the sampled token's log-prob only
-            detokenize=False,
-        )
+        seeds = self._request_seeds.integers(0, 2**31 - 2**16, size=num_prompts).tolist()
+        common = {
+            "n": settings.engine_n,
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "top_k": settings.top_k if settings.top_k > 0 else 0,
+            "max_tokens": settings.max_tokens,
+            "ignore_eos": settings.ignore_eos,
+            "stop_token_ids": self.stop_token_ids,
+            "logprobs": 0,  # the sampled token's log-prob only
+            "detokenize": False,
+        }
+        return [SamplingParams(seed=seed, **common) for seed in seeds]
 
     def _engine_inputs(self, prompts: Any) -> list[dict[str, Any]]:
         token_lists = prompt_token_lists(prompts, self.pad_token_id)
@@ -257,9 +290,9 @@ class VLLMRollout(BaseRollout):
         settings = resolve_sampling(self.config, prompts.meta_info)
         self._wake({"weights", "kv_cache"})
         with GenerationTimer() as timer:
-            outputs = self.llm.generate(
-                self._engine_inputs(prompts), self._sampling_params(settings), use_tqdm=not self.config.disable_tqdm
-            )
+            inputs = self._engine_inputs(prompts)
+            sampling_params = self._sampling_params(settings, len(inputs))
+            outputs = self.llm.generate(inputs, sampling_params, use_tqdm=not self.config.disable_tqdm)
         response_ids, response_log_probs = [], []
         for output in outputs:
             for completion in sorted(output.outputs, key=lambda c: c.index):
