@@ -47,7 +47,6 @@ def _build_vllm(worker: Any) -> BaseRollout:
         rank=worker.rank,
         world_size=worker.world_size,
         tokenizer_path=resolve_model_path(model_config.tokenizer_path or model_config.model_path),
-        load_format="dummy",  # the worker syncs the actor's weights in before the first generation
     )
 
 

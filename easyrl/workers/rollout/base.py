@@ -6,7 +6,8 @@ Input (one rank's share of the prompts, a DataProto):
     position_ids    (batch, prompt_len), or (batch, rows, prompt_len) for Qwen-VL multimodal rope
     raw_prompt_ids  non-tensor: list[int] per row, unpadded, ONE pad token per image (what vLLM expects)
     multi_modal_data non-tensor, optional: {"images": [...], "videos": [...]} per row
-    meta_info       optional "validate" (use rollout.val_override_config) and "sampling_override" (a dict)
+    meta_info       optional "validate" (use rollout.val_override_config), "sampling_override" (a dict) and
+                    "seed" (int or list of ints: this call's sampling seed, instead of the engine's running one)
 
 Output (batch * n rows, the n samples of a prompt next to each other):
     prompts            (batch*n, prompt_len)            the left-padded prompt

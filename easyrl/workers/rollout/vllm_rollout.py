@@ -189,8 +189,12 @@ class VLLMRollout(BaseRollout):
         tokenizer_path: str | None = None,
         load_format: str = "auto",
     ) -> None:
-        """Start this rank's engine. ``load_format="dummy"`` skips reading the checkpoint when the actor's weights
-        are synced in before the first generation (the hybrid worker always does)."""
+        """Start this rank's engine from the checkpoint folder.
+
+        ``load_format="dummy"`` (random weights, no disk read) is only safe for tests that sync every weight in: it
+        also randomises persistent buffers that no checkpoint holds (e.g. Qwen2.5-VL's fused image normalisation),
+        which a weight sync never repairs.
+        """
         self.config = config
         self.tokenizer = tokenizer
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -256,11 +260,16 @@ class VLLMRollout(BaseRollout):
     # ------------------------------------------------------------------------------------------------------------------
     # generation
     # ------------------------------------------------------------------------------------------------------------------
-    def _sampling_params(self, settings: SamplingSettings, num_prompts: int) -> list:
-        """One SamplingParams per prompt, each with its own seed (its n samples use seed, seed + 1, ...)."""
+    def _sampling_params(self, settings: SamplingSettings, num_prompts: int, seed: Any = None) -> list:
+        """One SamplingParams per prompt, each with its own seed (its n samples use seed, seed + 1, ...).
+
+        ``seed`` (``meta_info["seed"]``: an int or a list of ints, e.g. the trainer's (rollout.seed, step, round))
+        replaces the running generator for this call, so that a run resumed from a checkpoint draws the same samples
+        as the uninterrupted run whatever was generated before."""
         from vllm import SamplingParams
 
-        seeds = self._request_seeds.integers(0, 2**31 - 2**16, size=num_prompts).tolist()
+        rng = self._request_seeds if seed is None else np.random.default_rng([*np.atleast_1d(seed), self.dp_rank])
+        seeds = rng.integers(0, 2**31 - 2**16, size=num_prompts).tolist()
         common = {
             "n": settings.engine_n,
             "temperature": settings.temperature,
@@ -291,7 +300,7 @@ class VLLMRollout(BaseRollout):
         self._wake({"weights", "kv_cache"})
         with GenerationTimer() as timer:
             inputs = self._engine_inputs(prompts)
-            sampling_params = self._sampling_params(settings, len(inputs))
+            sampling_params = self._sampling_params(settings, len(inputs), prompts.meta_info.get("seed"))
             outputs = self.llm.generate(inputs, sampling_params, use_tqdm=not self.config.disable_tqdm)
         response_ids, response_log_probs = [], []
         for output in outputs:
