@@ -45,3 +45,10 @@ def test_hf_rollout_samples_n_per_prompt_with_actor_log_probs(two_hf_workers, to
     actor = two_hf_workers.compute_log_probs(out).batch["old_log_probs"]
     mismatch = rollout_logprob_mismatch(actor, out.batch["rollout_log_probs"], out.batch["response_mask"])
     assert mismatch["rollout/logprob_abs_diff/max"] < 1e-4
+
+
+@pytest.mark.timeout(300)
+def test_hf_rollout_call_seed_reproduces_the_samples(two_hf_workers, tokenizer):
+    seeded = make_prompts(tokenizer, sampling_override={"n": 2}, seed=[7, 0, 3, 0])
+    first, again = (response_lists(two_hf_workers.generate_sequences(seeded)) for _ in range(2))
+    assert first == again

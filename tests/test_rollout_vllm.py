@@ -105,6 +105,15 @@ def test_rollout_log_probs_match_the_actor_log_probs(one_worker, tokenizer):
 
 
 @pytest.mark.timeout(300)
+def test_a_call_seed_reproduces_the_samples(one_worker, tokenizer):
+    seeded = make_prompts(tokenizer, sampling_override={"n": 2}, seed=[7, 0, 3, 0])
+    first, again = (response_lists(one_worker.generate_sequences(seeded)) for _ in range(2))
+    unseeded = response_lists(one_worker.generate_sequences(make_prompts(tokenizer, sampling_override={"n": 2})))
+    assert first == again
+    assert unseeded != first
+
+
+@pytest.mark.timeout(300)
 def test_n_samples_give_interleaved_rows_with_consistent_masks(one_worker, tokenizer):
     prompts = make_prompts(tokenizer, sampling_override={"n": 3, "temperature": 1.0})
     out = one_worker.generate_sequences(prompts)

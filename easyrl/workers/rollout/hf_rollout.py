@@ -5,8 +5,11 @@ Every rank runs the decoding loop for as many steps as the slowest rank (``synce
 of a sharded model is a collective.
 """
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -71,6 +74,21 @@ def _response_lists(
     return response_ids, response_log_probs
 
 
+@contextlib.contextmanager
+def _seeded(seed: Any) -> Iterator[None]:
+    """Sample from ``meta_info["seed"]`` (an int or a list of ints; mixed with the rank) when given, leaving the
+    process RNG of the actor as it was; else from the process RNG."""
+    if seed is None:
+        yield
+        return
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    derived = int(np.random.default_rng([*np.atleast_1d(seed), rank]).integers(0, 2**63 - 1))
+    devices = [device.get_torch_device()] if device.is_cuda_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(derived)
+        yield
+
+
 class HFRollout(BaseRollout):
     def __init__(self, module: torch.nn.Module, config: RolloutConfig, tokenizer: Any) -> None:
         self.module = module
@@ -98,7 +116,7 @@ class HFRollout(BaseRollout):
         was_training = self.module.training
         self.module.eval()
         try:
-            with GenerationTimer() as timer:
+            with _seeded(prompts.meta_info.get("seed")), GenerationTimer() as timer:
                 out = self.module.generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
