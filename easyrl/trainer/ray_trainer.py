@@ -18,10 +18,13 @@ import torch
 from ..algorithms.advantage import compute_advantage
 from ..algorithms.filtering import GroupCollector
 from ..algorithms.kl import apply_kl_penalty, get_kl_controller
+from ..algorithms.masked import masked_mean
 from ..config import PPOConfig
 from ..protocol import DataProto
+from ..workers.fsdp_utils import to_dtype
 from ..workers.reward.scorer import reduce_reward_metrics, scores_to_non_tensor
 from .checkpoint import CheckpointManager, checkpoint_step, resolve_resume_path
+from .flops import FlopsCounter, compute_mfu, peak_flops_per_device
 from .metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, timer
 
 
@@ -67,6 +70,8 @@ class PPOTrainer:
         self.use_critic = config.algorithm.adv_estimator == "gae"
         self.global_step = 0
         self.training_steps = self._count_training_steps()
+        self._actor_flops: FlopsCounter | None = None  # built on first use from the actor's HF config
+        self._actor_peak_flops: float | None = None
 
     # ------------------------------------------------------------------------------------------------------------------
     # the loop
@@ -109,7 +114,12 @@ class PPOTrainer:
 
             # 2. log-probs of the sampled tokens under the current (old) policy, the reference, and the critic
             with timer("old_log_probs", timing):
-                batch = batch.union(self.workers.actor_rollout.compute_log_probs(batch))
+                batch.meta_info["calculate_entropy"] = True  # the policy's entropy is logged, not optimised here
+                old_log_probs = self.workers.actor_rollout.compute_log_probs(batch)
+                batch.meta_info.pop("calculate_entropy")
+                entropy = old_log_probs.pop(batch_keys=["entropy"]).batch["entropy"]  # (batch, response_len)
+                metrics["actor/entropy"] = masked_mean(entropy, batch.batch["response_mask"]).item()
+                batch = batch.union(old_log_probs)
             if self.use_reference:
                 with timer("ref_log_probs", timing):
                     batch = batch.union(self.workers.ref.compute_ref_log_probs(batch))
@@ -144,6 +154,8 @@ class PPOTrainer:
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, n_devices=self.config.world_size))
+        if "update_actor" in timing:
+            metrics.update(self._actor_mfu(batch, timing["update_actor"]))
         return metrics
 
     # ------------------------------------------------------------------------------------------------------------------
@@ -154,7 +166,7 @@ class PPOTrainer:
         algo, data_cfg, trainer_cfg = self.config.algorithm, self.config.data, self.config.trainer
         n = self.config.worker.rollout.n
         if not algo.online_filtering:
-            batch, reward_metrics = self._generate_and_score(next(batches), timing)
+            batch, reward_metrics = self._generate_and_score(next(batches), timing, round_index=1)
             return batch, reduce_reward_metrics(reward_metrics)
 
         collector = GroupCollector(target_groups=data_cfg.rollout_batch_size, group_size=n)
@@ -169,7 +181,7 @@ class PPOTrainer:
                     f"group scores outside [{algo.filter_low}, {algo.filter_high}] on `{algo.filter_key}`. Widen "
                     "the filter, raise max_try_make_batch, or use easier/harder data."
                 )
-            scored, reward_metrics = self._generate_and_score(next(batches), timing)
+            scored, reward_metrics = self._generate_and_score(next(batches), timing, round_index=rounds)
             for key, values in reward_metrics.items():
                 all_reward_metrics.setdefault(key, []).extend(values)
             collector.add(scored, filter_key=algo.filter_key, low=algo.filter_low, high=algo.filter_high)
@@ -178,13 +190,21 @@ class PPOTrainer:
         out.update({"filter/rounds": rounds, **collector.metrics()})
         return batch, out
 
-    def _generate_and_score(self, prompts: DataProto, timing: dict[str, float]) -> tuple[DataProto, dict[str, list]]:
+    def _sampling_seed(self, kind: int, index: int) -> list[int]:
+        """The rollout seed of one generation call, a function of (rollout.seed, kind, step, index) only: a resumed
+        run samples exactly what the uninterrupted run sampled. kind 0 = training rounds, 1 = validation batches."""
+        return [self.config.worker.rollout.seed, kind, self.global_step, index]
+
+    def _generate_and_score(
+        self, prompts: DataProto, timing: dict[str, float], round_index: int
+    ) -> tuple[DataProto, dict[str, list]]:
         rollout = self.workers.actor_rollout
         prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
         gen_input = prompts.select(
             batch_keys=list(GENERATION_KEYS),
             non_tensor_batch_keys=[k for k in GENERATION_NON_TENSOR_KEYS if k in prompts.non_tensor_batch],
         )
+        gen_input.meta_info["seed"] = self._sampling_seed(0, round_index)
         with timer("gen", timing):
             generated = rollout.generate_sequences(gen_input)
         if self.config.algorithm.adv_estimator == "remax":
@@ -224,13 +244,14 @@ class PPOTrainer:
         named: dict[str, list[float]] = {}
         samples: list[dict[str, Any]] = []
         lengths: list[float] = []
-        for prompts in self.val_loader:
+        for batch_index, prompts in enumerate(self.val_loader):
             prompts = prompts if isinstance(prompts, DataProto) else DataProto.from_single_dict(prompts)
             gen_input = prompts.select(
                 batch_keys=list(GENERATION_KEYS),
                 non_tensor_batch_keys=[k for k in GENERATION_NON_TENSOR_KEYS if k in prompts.non_tensor_batch],
             )
             gen_input.meta_info["validate"] = True
+            gen_input.meta_info["seed"] = self._sampling_seed(1, batch_index)
             generated = rollout.generate_sequences(gen_input)
             repeat = len(generated) // len(prompts)
             batch = prompts.repeat(repeat, interleave=True)
@@ -287,6 +308,23 @@ class PPOTrainer:
             for batch_dict in self.train_loader:
                 yield batch_dict if isinstance(batch_dict, DataProto) else DataProto.from_single_dict(batch_dict)
             self.epoch += 1
+
+    def _actor_mfu(self, batch: DataProto, seconds: float) -> dict[str, float]:
+        """Model FLOPs utilisation of the actor update: forward + backward over every sequence, ppo_epochs times."""
+        if self._actor_flops is None:
+            from transformers import AutoConfig
+
+            actor = self.config.worker.actor
+            hf_config = AutoConfig.from_pretrained(
+                actor.model.model_path, trust_remote_code=actor.model.trust_remote_code
+            )
+            self._actor_flops = FlopsCounter(hf_config)
+            self._actor_peak_flops = peak_flops_per_device(to_dtype(actor.fsdp.mp_param_dtype))
+        if not self._actor_peak_flops or seconds <= 0:
+            return {}  # a device missing from the peak table: set EASYRL_PEAK_TFLOPS to get MFU
+        seq_lens = batch.batch["attention_mask"].sum(-1).tolist()  # prompt + response tokens, padding excluded
+        flops = self._actor_flops.flops(seq_lens) * self.config.worker.actor.ppo_epochs
+        return {"perf/mfu/actor": compute_mfu(flops, seconds, self.config.world_size, self._actor_peak_flops)}
 
     def _rollout_mismatch(self, batch: DataProto) -> dict[str, float]:
         from ..workers.rollout.base import rollout_logprob_mismatch

@@ -1,0 +1,124 @@
+"""`easyrl merge` round trip: a trained checkpoint's sharded actor -> a Hugging Face folder that transformers and vLLM
+load, with the trained weights and the trained actor's greedy tokens."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.fixtures.trainer_runs import REPO_ROOT, checkpoint_weights
+
+
+PROMPTS = ["What is 12 + 30?", "Tell me a story about a cat.", "Name three colours."]
+MAX_NEW_TOKENS = 12
+TIMEOUT = 900  # includes the shared training run when this module runs alone
+
+# vLLM in a subprocess: an in-process engine would initialise torch.distributed inside the test process.
+VLLM_GREEDY_SCRIPT = """
+import json, sys
+import easyrl  # process environment fixes, before vLLM is imported
+from easyrl.workers.rollout.vllm_rollout import _cpu_engine_environment
+
+path, prompts, max_tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+with _cpu_engine_environment():
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=path, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=64 << 20, max_model_len=256)
+outputs = llm.generate(
+    [{"prompt_token_ids": ids} for ids in prompts],
+    SamplingParams(temperature=0.0, max_tokens=max_tokens, detokenize=False),
+    use_tqdm=False,
+)
+print("GREEDY=" + json.dumps([list(output.outputs[0].token_ids) for output in outputs]))
+"""
+
+
+def _cut_after_eos(tokens: list[int], eos_token_id: int) -> list[int]:
+    return tokens[: tokens.index(eos_token_id) + 1] if eos_token_id in tokens else tokens
+
+
+def hf_greedy(model, prompt_ids: list[list[int]], eos_token_id: int) -> list[list[int]]:
+    out = []
+    for ids in prompt_ids:
+        with torch.no_grad():
+            generated = model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=MAX_NEW_TOKENS,
+                do_sample=False,
+                eos_token_id=eos_token_id,
+                pad_token_id=eos_token_id,
+            )
+        out.append(_cut_after_eos(generated[0, len(ids) :].tolist(), eos_token_id))
+    return out
+
+
+@pytest.fixture(scope="module")
+def merged(tiny_grpo_run, tmp_path_factory):
+    """(actor folder, merged folder): step 3's actor copied out of the shared run, then `easyrl merge --local_dir`."""
+    from easyrl.cli import main
+
+    actor_dir = tmp_path_factory.mktemp("merge") / "actor"
+    shutil.copytree(tiny_grpo_run.save_dir / "global_step_3" / "actor", actor_dir)
+    assert main(["merge", "--local_dir", str(actor_dir)]) == 0
+    return actor_dir, actor_dir / "huggingface"
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(merged):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(merged[1])
+    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in PROMPTS], tokenizer.eos_token_id
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_merged_folder_holds_exactly_the_checkpoint_weights(merged):
+    from transformers import AutoModelForCausalLM
+
+    actor_dir, hf_dir = merged
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    state = model.state_dict()
+    trained = checkpoint_weights(actor_dir)
+    assert set(trained) <= set(state)
+    mismatched = [name for name, tensor in trained.items() if not torch.equal(state[name], tensor)]
+    assert not mismatched
+    assert model.config.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_merged_model_generates_the_trained_actors_greedy_tokens_in_transformers(merged, prompt_ids, tiny_grpo_run):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    actor_dir, hf_dir = merged
+    ids, eos = prompt_ids
+    # the trained actor: the tiny model's own architecture with the checkpoint's weights read straight from DCP
+    actor = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_grpo_run.model_path), dtype=torch.float32)
+    loaded = actor.load_state_dict(checkpoint_weights(actor_dir), strict=False)
+    assert not loaded.unexpected_keys and set(loaded.missing_keys) <= {"lm_head.weight"}  # tied to the embedding
+    actor.tie_weights()
+    merged_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    assert hf_greedy(merged_model.eval(), ids, eos) == hf_greedy(actor.eval(), ids, eos)
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_merged_model_generates_the_same_greedy_tokens_in_vllm(merged, prompt_ids):
+    from transformers import AutoModelForCausalLM
+
+    _, hf_dir = merged
+    ids, eos = prompt_ids
+    expected = hf_greedy(AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval(), ids, eos)
+    result = subprocess.run(
+        [sys.executable, "-c", VLLM_GREEDY_SCRIPT, str(hf_dir), json.dumps(ids), str(MAX_NEW_TOKENS)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("GREEDY=")]
+    assert result.returncode == 0 and lines, f"vLLM failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    vllm_tokens = [_cut_after_eos(tokens, eos) for tokens in json.loads(lines[0][len("GREEDY=") :])]
+    assert vllm_tokens == expected

@@ -1,0 +1,97 @@
+"""End to end: `easyrl train` on the tiny random model (Ray, 2 FSDP2 workers on gloo, vLLM rollout, reference model,
+KL loss), 3 GRPO steps. What the run logged, what it saved, and that it trained."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+
+RUN_TIMEOUT = 900  # the first test to ask for the shared run waits for it
+
+# Every step logs these (the reward function scores `overall` and `word_share`).
+STEP_METRICS = [
+    "step",
+    "reward/overall",
+    "reward/word_share",
+    "response_length/mean",
+    "response_length/clip_ratio",
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/entropy",
+    "actor/grad_norm",
+    "actor/lr",
+    "timing/step",
+    *(f"timing/{phase}" for phase in ("gen", "reward", "old_log_probs", "ref_log_probs", "adv", "update_actor")),
+    "perf/throughput",
+    "perf/mfu/actor",
+]
+VALIDATION_METRICS = ["val/reward/overall", "val/reward/word_share", "val/response_length/mean"]
+
+
+@pytest.mark.timeout(RUN_TIMEOUT)
+def test_every_step_logs_rewards_losses_timings_and_throughput(tiny_grpo_run):
+    metrics = tiny_grpo_run.metrics
+    assert sorted(metrics) == [1, 2, 3]
+    for step, row in metrics.items():
+        missing = [name for name in STEP_METRICS if name not in row]
+        assert not missing, f"step {step} lacks {missing}"
+        assert row["step"] == step
+
+
+@pytest.mark.timeout(RUN_TIMEOUT)
+def test_validation_runs_every_val_freq_steps_and_after_the_last_step(tiny_grpo_run):
+    metrics = tiny_grpo_run.metrics  # val_freq=2, max_steps=3
+    assert not any(name.startswith("val/") for name in metrics[1])
+    for step in (2, 3):
+        missing = [name for name in VALIDATION_METRICS if name not in metrics[step]]
+        assert not missing, f"step {step} lacks {missing}"
+        assert 0.0 <= metrics[step]["val/reward/overall"] <= 1.0
+
+
+@pytest.mark.timeout(RUN_TIMEOUT)
+def test_losses_gradients_and_rates_are_finite_and_in_range(tiny_grpo_run):
+    vocab_entropy = math.log(49152)  # the tiny model shares SmolLM2's vocabulary
+    for step, row in tiny_grpo_run.metrics.items():
+        for name in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
+            assert math.isfinite(row[name]), f"step {step}: {name} = {row[name]}"
+        assert row["actor/grad_norm"] > 0.0
+        assert 0.0 < row["actor/entropy"] <= vocab_entropy + 1e-3
+        assert 0.0 <= row["reward/overall"] <= 1.0
+        assert 0.0 < row["response_length/mean"] <= 16
+        assert 0.0 <= row["response_length/clip_ratio"] <= 1.0
+        assert row["perf/throughput"] > 0.0
+        assert 0.0 < row["perf/mfu/actor"] < 1.0
+        assert all(row[f"timing/{phase}"] > 0.0 for phase in ("step", "gen", "old_log_probs", "update_actor"))
+    # lr warms up over lr_warmup_steps=2 (the recipe) to worker.actor.optim.lr=1e-3
+    metrics = tiny_grpo_run.metrics
+    assert metrics[1]["actor/lr"] == pytest.approx(5e-4)
+    assert metrics[3]["actor/lr"] == pytest.approx(1e-3)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT)
+def test_training_changes_the_actor_weights(tiny_grpo_run):
+    from safetensors.torch import load_file
+
+    from tests.fixtures.trainer_runs import checkpoint_weights
+
+    initial = load_file(str(tiny_grpo_run.model_path / "model.safetensors"))
+    trained = checkpoint_weights(tiny_grpo_run.save_dir / "global_step_3" / "actor")
+    assert set(initial) <= set(trained)
+    assert all(torch.isfinite(tensor).all() for tensor in trained.values())
+    changed = [name for name in initial if not torch.equal(initial[name], trained[name])]
+    # GRPO advantages are non-zero here (the word-share reward varies inside groups): every layer moves
+    assert len(changed) >= len(initial) // 2, f"only {changed} changed"
+    assert "model.embed_tokens.weight" in changed
+
+
+@pytest.mark.timeout(RUN_TIMEOUT)
+def test_save_limit_keeps_only_the_newest_checkpoints(tiny_grpo_run):
+    root = Path(tiny_grpo_run.save_dir)  # save_freq=1, save_limit=2, 3 steps
+    entries = {path.name for path in root.iterdir() if path.is_dir()}
+    assert entries == {"global_step_2", "global_step_3"}
+    assert (root / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    for step in (2, 3):
+        folder = root / f"global_step_{step}"
+        assert {"COMPLETE", "actor", "driver_state.pt", "trainer_state.json"} <= {p.name for p in folder.iterdir()}

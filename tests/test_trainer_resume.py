@@ -1,0 +1,56 @@
+"""Resume: a run SIGKILLed after its step-2 checkpoint, restarted with the same command, reproduces step 3 of the
+uninterrupted run exactly (same samples, rewards, losses, gradients): the model, optimizer, lr scheduler, dataloader
+position and the rollout's sampling seeds all come back."""
+
+import json
+import math
+import signal
+
+import pytest
+
+from tests.fixtures.trainer_runs import (
+    GRPO_RUN_OVERRIDES,
+    kill_process_group,
+    launch_training,
+    metrics_by_step,
+    run_training,
+    train_args,
+    wait_for_path,
+)
+
+
+# Wall-clock measurements differ between any two runs; everything else is a function of the seeds and the state.
+TIME_DEPENDENT_PREFIXES = ("timing/", "timing_per_token_ms/", "perf/")
+
+
+@pytest.mark.timeout(1800)
+def test_a_killed_run_resumes_from_its_last_checkpoint_and_reproduces_the_next_step(tiny_grpo_run, tmp_path):
+    save_dir = tmp_path / "checkpoints"
+    args = train_args(tiny_grpo_run.model_path, save_dir, GRPO_RUN_OVERRIDES)  # the reference run's command
+
+    killed_log = tmp_path / "killed.log"
+    proc = launch_training(args, killed_log)
+    try:
+        wait_for_path(save_dir / "global_step_2" / "COMPLETE", proc, killed_log)
+    finally:
+        kill_process_group(proc)
+    assert proc.returncode == -signal.SIGKILL, "the run ended on its own before it could be killed"
+    assert not (save_dir / "global_step_3").exists()
+
+    resumed_log = tmp_path / "resumed.log"
+    run_training(args, resumed_log)
+    assert f"Resuming from {save_dir / 'global_step_2'}" in resumed_log.read_text(errors="replace")
+
+    with open(save_dir / "metrics.jsonl", encoding="utf-8") as handle:
+        logged_steps = [int(json.loads(line)["step"]) for line in handle]
+    assert logged_steps.count(3) == 1 and logged_steps.count(1) == 1, "the resumed run must train step 3 only"
+
+    resumed, reference = metrics_by_step(save_dir)[3], tiny_grpo_run.metrics[3]
+    compared = sorted(name for name in reference if not name.startswith(TIME_DEPENDENT_PREFIXES))
+    assert set(compared) <= set(resumed)
+    different = {name: (resumed[name], reference[name]) for name in compared if resumed[name] != reference[name]}
+    assert not different, f"step 3 after the resume differs from the uninterrupted run: {different}"
+    # the comparison covered the sampled batch, the rewards, the losses and the gradient
+    for name in ("reward/overall", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+        assert name in compared and math.isfinite(reference[name])
+    assert "val/reward/overall" in compared
