@@ -27,24 +27,31 @@ class Actor:
         *,
         mini_batch_size: int | None = None,
         dp_size: int = 1,
+        processor=None,
     ) -> None:
-        """``mini_batch_size``: samples per optimizer step on this device; ``dp_size``: ranks FSDP averages over."""
+        """``mini_batch_size``: samples per optimizer step on this device; ``dp_size``: ranks FSDP averages over;
+        ``processor``: a VLM's multimodal processor (builds each micro-batch's pixel inputs)."""
         self.config = config
         self.module = module
         self.optimizer = optimizer
         self.mini_batch_size = mini_batch_size
         self.dp_size = dp_size
+        self.processor = processor
 
     def _forward(
-        self, micro_batch: "DataProto", temperature: float, calculate_entropy: bool
+        self, micro_batch: "DataProto", temperature: float, calculate_entropy: bool, entropy_grad: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(batch, response_len) fp32 log-probs (and entropies) of the response tokens; 0 past each response."""
-        logits, valid = forward_response_outputs(self.module, micro_batch, self.config.padding_free, lm_logits=True)
+        logits, valid = forward_response_outputs(
+            self.module, micro_batch, self.config.padding_free, lm_logits=True, processor=self.processor
+        )
         labels = micro_batch.batch["responses"][valid]  # (valid_tokens,)
         log_probs = scatter_to_response(log_probs_from_logits(logits, labels, temperature), valid)
         entropy = None
         if calculate_entropy:
-            entropy = scatter_to_response(entropy_from_logits(logits, temperature), valid)
+            # an entropy wanted only as a metric keeps no graph
+            with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+                entropy = scatter_to_response(entropy_from_logits(logits, temperature), valid)
         return log_probs, entropy
 
     @torch.no_grad()
@@ -65,16 +72,23 @@ class Actor:
     def _micro_loss(self, micro_batch: "DataProto", denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
         from ..algorithms.aggregation import entropy_bonus
         from ..algorithms.kl import compute_kl_loss
+        from ..algorithms.masked import masked_mean
         from ..algorithms.policy_loss import compute_policy_loss
 
         config, batch = self.config, micro_batch.batch
         temperature = micro_batch.meta_info["temperature"]
         entropy_coef = getattr(config, "entropy_coef", 0.0)
-        log_probs, entropy = self._forward(micro_batch, temperature, calculate_entropy=entropy_coef != 0.0)
+        # On-policy (one epoch, one mini-batch): the samples' old log-probs are the current ones, so the trainer
+        # skips their forward pass and the entropy metric comes from this one.
+        on_policy = bool(micro_batch.meta_info.get("on_policy", False))
+        log_probs, entropy = self._forward(
+            micro_batch, temperature, entropy_coef != 0.0 or on_policy, entropy_grad=entropy_coef != 0.0
+        )
         mask = batch["response_mask"]
         rollout_log_probs = batch["rollout_log_probs"] if "rollout_log_probs" in batch.keys() else None
+        old_log_probs = log_probs.detach() if on_policy else batch["old_log_probs"]
         loss, metrics = compute_policy_loss(
-            batch["old_log_probs"],
+            old_log_probs,
             log_probs,
             batch["advantages"],
             mask,
@@ -86,6 +100,10 @@ class Actor:
             bonus, entropy_metrics = entropy_bonus(entropy, mask, entropy_coef, config.loss_avg_mode, denominator)
             loss = loss + bonus
             metrics.update(entropy_metrics)
+        elif on_policy:
+            metrics["entropy"] = masked_mean(entropy, mask).item()
+        if on_policy and rollout_log_probs is not None:
+            metrics["rollout_logprob_abs_diff"] = masked_mean((old_log_probs - rollout_log_probs).abs(), mask).item()
         if config.use_kl_loss and not config.disable_kl:
             kl_loss, kl_metrics = compute_kl_loss(
                 log_probs, batch["ref_log_probs"], mask, config.kl_penalty, config.loss_avg_mode, denominator

@@ -1,7 +1,8 @@
 """Building FSDP2 models from Hugging Face checkpoints, moving them between devices, and reading full weights.
 
-Sharding follows TorchTitan: ``fully_shard`` on every decoder layer (the model's ``_no_split_modules``), then on the
-root, over a 1-D device mesh (or a 2-D replicate x shard mesh for hybrid sharding, ``fsdp.fsdp_size``).
+Sharding follows TorchTitan: ``fully_shard`` on every decoder layer (the model's ``_no_split_modules``, which for VLMs
+also lists the vision blocks), then on a VLM's vision tower (its patch embedding and merger), then on the root, over a
+1-D device mesh (or a 2-D replicate x shard mesh for hybrid sharding, ``fsdp.fsdp_size``).
 """
 
 import importlib.util
@@ -15,6 +16,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 
 from ..config import FSDPConfig, ModelConfig
+from ..models import vision
 from ..utils import device
 
 
@@ -65,6 +67,9 @@ def resolve_model_class(hf_config: object, kind: str) -> type:
         if model_cls is not None:
             return model_cls
     return AutoModelForTokenClassification if kind == "value" else AutoModelForCausalLM
+
+
+register_model_class_resolver(vision.resolve_vision_language_class)
 
 
 def load_hf_config(model_config: ModelConfig, kind: str):
@@ -134,6 +139,9 @@ def apply_fsdp2(model: torch.nn.Module, mesh: DeviceMesh, fsdp_config: FSDPConfi
         )
     for layer in layers:
         fully_shard(layer, **kwargs)
+    tower = vision.vision_tower(model)
+    if tower is not None:  # its own unit: the tower's remaining weights gather only while pictures are encoded
+        fully_shard(tower, **kwargs)
     fully_shard(model, **kwargs)
 
 
@@ -182,6 +190,8 @@ def build_fsdp_model(
     full_state = model.state_dict() if broadcast and rank == 0 else {}
     model.config.use_cache = False
     model.requires_grad_(trainable)
+    if trainable and model_config.freeze_vision_tower:
+        vision.freeze_vision_tower(model, "worker.actor.model.freeze_vision_tower")
     if trainable and model_config.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     buffer_dtype = to_dtype(fsdp_config.mp_buffer_dtype)
@@ -248,14 +258,15 @@ def _full_tensor(param: torch.Tensor) -> torch.Tensor:
 def iter_full_params_per_layer(
     model: torch.nn.Module, dtype: torch.dtype | None = None
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Full parameters in buckets, one per FSDP-sharded decoder layer, then one for the rest (embeddings, norm,
-    head). A collective: every rank must consume the whole iterator in step. Names are the Hugging Face names;
-    a tied head appears once, under the embedding's name."""
+    """Full parameters in buckets, one per FSDP-sharded decoder layer (and vision block / tower), then one for the
+    rest (embeddings, norm, head). A collective: every rank must consume the whole iterator in step. Names are the
+    Hugging Face names; a tied head appears once, under the embedding's name."""
     layer_prefixes = [name + "." for name, m in model.named_modules() if isinstance(m, FSDPModule) and m is not model]
     buckets: dict[str, list[tuple[str, torch.nn.Parameter]]] = {prefix: [] for prefix in layer_prefixes}
     rest: list[tuple[str, torch.nn.Parameter]] = []
     for name, param in model.named_parameters():
-        prefix = next((p for p in layer_prefixes if name.startswith(p)), None)
+        # the innermost sharded module owns the parameter (a vision block, not the tower around it)
+        prefix = max((p for p in layer_prefixes if name.startswith(p)), key=len, default=None)
         (buckets[prefix] if prefix is not None else rest).append((name, param))
     for bucket in [*buckets.values(), rest]:
         full = []

@@ -144,6 +144,7 @@ class FSDPWorker(Worker):
                 self.optimizers["actor"],
                 mini_batch_size=self._mini_batch_size("actor", actor_config.global_batch_size),
                 dp_size=dp_size,
+                processor=self.processor,
             )
         if "ref" in self.parts:
             ref_config = self.config.ref
@@ -151,7 +152,7 @@ class FSDPWorker(Worker):
                 actor_config.model, ref_config.fsdp, self.device_mesh, kind="causal_lm", trainable=False,
                 default_dtype=torch.bfloat16,
             )  # fmt: skip
-            self.ref = Actor(ref_config, self.ref_module)
+            self.ref = Actor(ref_config, self.ref_module, processor=self.processor)
         if "critic" in self.parts:
             self.critic_module = self._build_trainable("critic", critic_config, kind="value")
             self.critic = Critic(
