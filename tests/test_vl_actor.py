@@ -1,0 +1,95 @@
+"""The actor's log-probs on tiny random Qwen2-VL / Qwen2.5-VL / Qwen3-VL, in one process (fp32).
+
+One batch mixes an image row, a text-only row, a two-image row and a video row; the reference is a plain Hugging Face
+forward of each sequence alone with the processor's own outputs (the model computes its 3-D positions itself).
+"""
+
+import pytest
+import torch
+
+import easyrl  # noqa: F401  (torchvision shim before the Qwen-VL processors import it)
+from easyrl.testing.vl_batch import VLSample, make_vl_batch, random_image, random_video, reference_log_probs
+
+
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+TEMPERATURE = 0.8
+SAMPLES = [
+    VLSample("Count the shapes.", images=[random_image(0)]),
+    VLSample("Hello there, how are you?"),
+    VLSample("Which picture is brighter?", images=[random_image(1), random_image(2, width=84, height=56)]),
+    VLSample("What happens?", videos=[random_video(3)]),
+]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_setup(request, tmp_path_factory):
+    """(processor, plain HF model, mixed batch, reference log-probs) of one family."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from easyrl.testing.tiny_vlms import build_tiny_vlm
+
+    path = build_tiny_vlm(request.param, tmp_path_factory.mktemp(request.param))
+    processor = AutoProcessor.from_pretrained(path)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+    data = make_vl_batch(processor, str(path), SAMPLES, response_length=6, seed=1)
+    data.meta_info["temperature"] = TEMPERATURE
+    expected = reference_log_probs(model, processor, SAMPLES, data, TEMPERATURE)
+    return processor, model, data, expected
+
+
+def _actor_log_probs(processor, model, data, *, padding_free: bool, micro_batch_size: int, dynamic: bool = False):
+    from easyrl.config import ActorConfig
+    from easyrl.workers.actor import Actor
+
+    config = ActorConfig()
+    config.padding_free = padding_free
+    config.dynamic_batching = dynamic
+    config.micro_batch_size_per_device_for_experience = micro_batch_size
+    log_probs, _ = Actor(config, model, processor=processor).compute_log_probs(data)
+    return log_probs
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "padding_free"])
+def test_actor_log_probs_equal_plain_hf_forward_on_a_mixed_media_batch(family_setup, padding_free):
+    processor, model, data, expected = family_setup
+    log_probs = _actor_log_probs(processor, model, data, padding_free=padding_free, micro_batch_size=len(data))
+    torch.testing.assert_close(log_probs, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.timeout(120)
+def test_micro_batches_of_one_give_the_full_batch_log_probs(family_setup):
+    processor, model, data, expected = family_setup
+    log_probs = _actor_log_probs(processor, model, data, padding_free=True, micro_batch_size=1)
+    torch.testing.assert_close(log_probs, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.timeout(120)
+def test_dynamic_batching_reorders_samples_with_their_own_media(family_setup):
+    from easyrl.models.dynamic_batching import split_micro_batches
+
+    processor, model, data, expected = family_setup
+    _, permutation = split_micro_batches(data, 2, dynamic=True)
+    assert permutation.tolist() != list(range(len(data)))  # the balanced split really reorders the samples
+    log_probs = _actor_log_probs(processor, model, data, padding_free=True, micro_batch_size=2, dynamic=True)
+    torch.testing.assert_close(log_probs, expected, atol=1e-5, rtol=0)
+
+
+def test_pixel_inputs_follow_sample_order_and_skip_text_rows(family_setup):
+    from easyrl.models.vision import multi_modal_model_inputs
+
+    processor, _, data, _ = family_setup
+    inputs = multi_modal_model_inputs(data, processor)
+    assert inputs["image_grid_thw"].shape == (3, 3)  # rows 0 and 2: one and two pictures; row 1 has none
+    assert inputs["video_grid_thw"].shape == (1, 3)
+    reversed_inputs = multi_modal_model_inputs(data[[3, 2, 1, 0]], processor)
+    assert torch.equal(reversed_inputs["image_grid_thw"], inputs["image_grid_thw"][[1, 2, 0]])
+    assert multi_modal_model_inputs(data[[1]], processor) == {}
+
+
+def test_media_rows_without_a_processor_name_the_model_path_key(family_setup):
+    from easyrl.models.vision import multi_modal_model_inputs
+
+    _, _, data, _ = family_setup
+    with pytest.raises(ValueError, match="worker.actor.model.model_path"):
+        multi_modal_model_inputs(data, None)
