@@ -1,14 +1,17 @@
-"""Reward for integer arithmetic answers written as \\boxed{N} (the embedded default task).
+"""Reward for integer arithmetic answers (the embedded default task).
 
+    answer   = the integer in the last \\boxed{...} when the response has one, else the last integer it writes
+    accuracy = 1 if answer == ground truth, else 0
     format   = 1 if the last \\boxed{...} holds an integer (right or wrong), else 0
-    accuracy = 1 if the last \\boxed{...} holds the ground-truth integer, else 0
     overall  = format_weight * format + (1 - format_weight) * accuracy      (format_weight = 0.1)
 
-The format credit is deliberate: a small model (SmolLM2-135M) rarely writes \\boxed{} at first, so an all-zero
-group would give GRPO nothing to learn from. Rewarding the format first gives it a signal to climb, and the
-accuracy term (9x larger) then dominates once the format is learnt. Format credit needs an integer inside the box,
-so a literal `\\boxed{N}` or an empty box earns nothing.
+Why the unboxed fallback: a small model (SmolLM2-135M) almost never writes \\boxed{} at first but does end some
+answers with the right number (~8% of samples), so accuracy alone already gives GRPO groups with different scores
+from the first step. The small format credit then pulls the answers into the box, where the answer is unambiguous.
+A box without an integer (`\\boxed{N}`, `\\boxed{}`) earns nothing and hides no fallback number.
 """
+
+import re
 
 from easyrl.workers.reward.grading import extract_boxed, parse_number
 
@@ -23,8 +26,19 @@ def boxed_integer(response: str) -> int | None:
     return int(value) if value is not None and value == int(value) else None
 
 
+def final_integer(response: str) -> int | None:
+    """The boxed integer when there is a box, else the last integer in the text (`= 82.` -> 82), or None."""
+    if extract_boxed(response) is not None:
+        return boxed_integer(response)
+    matches = re.findall(r"-?\d+(?:,\d{3})*(?:\.\d+)?", response)
+    if not matches:
+        return None
+    value = parse_number(matches[-1])
+    return int(value) if value is not None and value == int(value) else None
+
+
 def accuracy_reward(response: str, ground_truth: str) -> float:
-    predicted = boxed_integer(response)
+    predicted = final_integer(response)
     expected = parse_number(str(ground_truth))
     return 1.0 if predicted is not None and expected is not None and predicted == expected else 0.0
 

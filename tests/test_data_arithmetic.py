@@ -40,3 +40,13 @@ def test_rows_round_trip_through_jsonl(tmp_path):
 def test_builtin_name_is_a_data_path():
     rows = load_rows("builtin://arithmetic@test")
     assert len(rows) == 128 and rows[0] == generate_arithmetic("test")[0]
+
+
+def test_small_task_draws_numbers_up_to_twenty_and_keeps_splits_apart():
+    train, test = load_rows("builtin://arithmetic_small@train"), load_rows("builtin://arithmetic_small@test")
+    assert len(train) == 384 and len(test) == 128
+    assert not {row["problem"] for row in train} & {row["problem"] for row in test}
+    for row in [*train, *test]:
+        a, op, b = row["problem"].removeprefix("What is ").removesuffix("?").split(" ")
+        assert 1 <= int(a) <= 20 and 1 <= int(b) <= 20 and int(row["answer"]) >= 0
+        assert row["answer"] == str(int(a) + int(b) if op == "+" else int(a) - int(b))

@@ -39,10 +39,21 @@ def test_arithmetic_wrong_boxed_integer_earns_format_credit_only():
     assert result == {"overall": pytest.approx(0.1), "format": 1.0, "accuracy": 0.0}
 
 
-def test_arithmetic_unboxed_or_non_integer_answers_score_zero():
-    assert score("arithmetic", "The answer is 82.", "82")["overall"] == 0.0
-    assert score("arithmetic", r"The answer is \boxed{N}", "82")["overall"] == 0.0
-    assert score("arithmetic", r"\boxed{}", "82")["overall"] == 0.0
+def test_arithmetic_unboxed_final_number_earns_accuracy_without_format():
+    # overall = 0.1 * 0 + 0.9 * 1
+    assert score("arithmetic", "37 + 45 = 82.", "82") == {
+        "overall": pytest.approx(0.9),
+        "format": 0.0,
+        "accuracy": 1.0,
+    }
+    assert score("arithmetic", "The sum is 1,024", "1024")["accuracy"] == 1.0
+    assert score("arithmetic", "82 is close, but the answer is 81.", "82")["overall"] == 0.0  # the LAST number counts
+
+
+def test_arithmetic_box_without_an_integer_scores_zero_and_hides_earlier_numbers():
+    assert score("arithmetic", r"37 + 45 = 82, so \boxed{N}", "82")["overall"] == 0.0
+    assert score("arithmetic", r"82 \boxed{}", "82")["overall"] == 0.0
+    assert score("arithmetic", "no digits here", "82")["overall"] == 0.0
 
 
 def test_arithmetic_negative_answer():

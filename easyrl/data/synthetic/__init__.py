@@ -12,6 +12,14 @@ def _arithmetic(split: str) -> list[dict]:
     return generate_arithmetic(split)
 
 
+def _arithmetic_small(split: str) -> list[dict]:
+    from .arithmetic import SMALL_SPEC, SMALL_SPLIT_SIZES, generate_arithmetic
+
+    if split not in SMALL_SPLIT_SIZES:
+        raise ValueError(f"Unknown arithmetic_small split {split!r}; choose one of {sorted(SMALL_SPLIT_SIZES)}.")
+    return generate_arithmetic(split, size=SMALL_SPLIT_SIZES[split], spec=SMALL_SPEC)
+
+
 def _shapes(split: str) -> list[dict]:
     from .shapes import generate_shapes
 
@@ -19,7 +27,11 @@ def _shapes(split: str) -> list[dict]:
 
 
 # name -> split -> rows
-BUILTIN_DATASETS: dict[str, Callable[[str], list[dict]]] = {"arithmetic": _arithmetic, "shapes": _shapes}
+BUILTIN_DATASETS: dict[str, Callable[[str], list[dict]]] = {
+    "arithmetic": _arithmetic,
+    "arithmetic_small": _arithmetic_small,
+    "shapes": _shapes,
+}
 
 
 def load_builtin(spec: str) -> list[dict]:
