@@ -75,21 +75,34 @@ def test_dynamic_batching_reorders_samples_with_their_own_media(family_setup):
     torch.testing.assert_close(log_probs, expected, atol=1e-5, rtol=0)
 
 
-def test_pixel_inputs_follow_sample_order_and_skip_text_rows(family_setup):
-    from easyrl.models.vision import multi_modal_model_inputs
+def _vision_inputs(data, processor):
+    from easyrl.models.vision import MULTI_MODAL_KEY, build_vision_inputs
 
+    batch = data.batch
+    return build_vision_inputs(
+        batch["input_ids"], batch["attention_mask"], data.non_tensor_batch[MULTI_MODAL_KEY], processor
+    )
+
+
+def test_pictures_and_videos_are_encoded_together_in_the_order_of_their_pads(family_setup):
     processor, _, data, _ = family_setup
-    inputs = multi_modal_model_inputs(data, processor)
-    assert inputs["image_grid_thw"].shape == (3, 3)  # rows 0 and 2: one and two pictures; row 1 has none
-    assert inputs["video_grid_thw"].shape == (1, 3)
-    reversed_inputs = multi_modal_model_inputs(data[[3, 2, 1, 0]], processor)
-    assert torch.equal(reversed_inputs["image_grid_thw"], inputs["image_grid_thw"][[1, 2, 0]])
-    assert multi_modal_model_inputs(data[[1]], processor) == {}
+    inputs = _vision_inputs(data, processor)
+    assert inputs.image_grid_thw.shape == (4, 3)  # rows 0, 2 and 3: one picture, two pictures, one video
+    assert inputs.blank_tokens == 0
+    assert not (inputs.input_ids == processor.video_token_id).any()  # video pads read as picture pads
+    reversed_inputs = _vision_inputs(data[[3, 2, 1, 0]], processor)
+    assert torch.equal(reversed_inputs.image_grid_thw, inputs.image_grid_thw[[3, 1, 2, 0]])
+
+
+def test_a_text_only_micro_batch_still_encodes_one_blank_picture(family_setup):
+    processor, _, data, _ = family_setup
+    inputs = _vision_inputs(data[[1]], processor)
+    assert inputs.blank_tokens == 1 and inputs.image_grid_thw.shape == (1, 3)
 
 
 def test_media_rows_without_a_processor_name_the_model_path_key(family_setup):
-    from easyrl.models.vision import multi_modal_model_inputs
+    from easyrl.models.vision import MULTI_MODAL_KEY, require_processor
 
     _, _, data, _ = family_setup
     with pytest.raises(ValueError, match="worker.actor.model.model_path"):
-        multi_modal_model_inputs(data, None)
+        require_processor(data.non_tensor_batch[MULTI_MODAL_KEY], None)

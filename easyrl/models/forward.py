@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from .padding_free import pack_batch, response_prediction_positions
-from .vision import multi_modal_model_inputs, packed_mrope_position_ids
+from .vision import (
+    MULTI_MODAL_KEY,
+    append_blank_row,
+    append_blank_sequence,
+    build_vision_inputs,
+    packed_mrope_position_ids,
+    require_processor,
+    vision_tower,
+)
 
 
 if TYPE_CHECKING:
@@ -21,12 +29,6 @@ if TYPE_CHECKING:
 def _accepts_logits_to_keep(module: torch.nn.Module) -> bool:
     # FSDP2 wraps by subclassing, so the original forward signature is still visible on the type
     return "logits_to_keep" in inspect.signature(type(module).forward).parameters
-
-
-def extra_model_inputs(data: "DataProto", processor=None) -> dict:
-    """Model inputs beyond token ids and positions: pixel values and grid sizes of the images/videos of exactly
-    these samples (VLMs); text batches need none."""
-    return multi_modal_model_inputs(data, processor)
 
 
 def forward_response_outputs(
@@ -40,18 +42,31 @@ def forward_response_outputs(
     """
     batch = data.batch
     input_ids, attention_mask, position_ids = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
-    response_length = batch["responses"].shape[-1]
-    extra = extra_model_inputs(data, processor)
+    batch_size, response_length = input_ids.shape[0], batch["responses"].shape[-1]
+    rows = data.non_tensor_batch.get(MULTI_MODAL_KEY)
+    require_processor(rows, processor)
+    vision = None
+    if processor is not None and vision_tower(module) is not None:
+        vision = build_vision_inputs(input_ids, attention_mask, rows, processor)
+        input_ids = vision.input_ids
+        if position_ids.dim() == 2:  # text positions on all three rope axes
+            position_ids = position_ids[:, None, :].expand(-1, 3, -1)
+    extra = {"pixel_values": vision.pixel_values, "image_grid_thw": vision.image_grid_thw} if vision else {}
+    blank_tokens = vision.blank_tokens if vision else 0
     keep_supported = lm_logits and _accepts_logits_to_keep(module)
     if padding_free:
         packed = pack_batch(input_ids, attention_mask, position_ids)
-        packed_positions = packed.position_ids
+        packed_ids, packed_positions = packed.input_ids, packed.position_ids
         if position_ids.dim() == 3:  # 3-D rope: (3, 1, total) -> (4, 1, total) with the restarting text row first
             packed_positions = packed_mrope_position_ids(packed_positions, attention_mask.sum(-1))
+        if blank_tokens:
+            packed_ids, packed_positions = append_blank_sequence(
+                packed_ids, packed_positions, blank_tokens, vision.image_token_id
+            )
         valid, positions = response_prediction_positions(attention_mask, response_length)
         kwargs = {"logits_to_keep": positions} if keep_supported else {}
         # no attention mask: transformers separates the packed sequences by their restarting position ids
-        out = module(input_ids=packed.input_ids, position_ids=packed_positions, use_cache=False, **kwargs, **extra)
+        out = module(input_ids=packed_ids, position_ids=packed_positions, use_cache=False, **kwargs, **extra)
         logits = out.logits[0]  # (kept or total_tokens, ...)
         return (logits if keep_supported else logits[positions]), valid
 
@@ -59,6 +74,10 @@ def forward_response_outputs(
     kwargs = {"logits_to_keep": response_length + 1} if keep_supported else {}
     if position_ids.dim() == 3:  # (batch, 3, seq) -> (3, batch, seq), the layout Qwen-VL models take
         position_ids = position_ids.transpose(0, 1)
+    if blank_tokens:
+        input_ids, attention_mask, position_ids = append_blank_row(
+            input_ids, attention_mask, position_ids, blank_tokens, vision.image_token_id
+        )
     out = module(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -67,7 +86,8 @@ def forward_response_outputs(
         **kwargs,
         **extra,
     )
-    logits = out.logits[:, -response_length - 1 : -1]  # (batch, response_len, ...): position t predicts token t + 1
+    # (batch, response_len, ...): position t predicts token t + 1 (the blank row, if any, is dropped)
+    logits = out.logits[:batch_size, -response_length - 1 : -1]
     return logits[valid], valid
 
 
