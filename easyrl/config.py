@@ -96,6 +96,10 @@ class AlgorithmConfig:
     """Horizon of the adaptive KL controller."""
     kl_target: float = 0.1
     """Target KL of the adaptive KL controller."""
+    recompute_old_log_probs: bool = False
+    """Always run the separate old-log-prob forward pass; by default it is skipped when a batch makes exactly one
+    optimizer step (ppo_epochs=1, global_batch_size >= rollout_batch_size), where the update's own detached
+    log-probs are the old ones."""
     online_filtering: bool = False
     """DAPO dynamic sampling: drop groups whose mean `filter_key` score is outside [filter_low, filter_high]."""
     filter_key: str = "overall"

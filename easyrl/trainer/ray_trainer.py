@@ -70,6 +70,7 @@ class PPOTrainer:
         self.use_critic = config.algorithm.adv_estimator == "gae"
         self.global_step = 0
         self.training_steps = self._count_training_steps()
+        self.on_policy = self._is_on_policy()
         self._actor_flops: FlopsCounter | None = None  # built on first use from the actor's HF config
         self._actor_peak_flops: float | None = None
 
@@ -113,13 +114,16 @@ class PPOTrainer:
             metrics.update(reward_metrics)
 
             # 2. log-probs of the sampled tokens under the current (old) policy, the reference, and the critic
-            with timer("old_log_probs", timing):
-                batch.meta_info["calculate_entropy"] = True  # the policy's entropy is logged, not optimised here
-                old_log_probs = self.workers.actor_rollout.compute_log_probs(batch)
-                batch.meta_info.pop("calculate_entropy")
-                entropy = old_log_probs.pop(batch_keys=["entropy"]).batch["entropy"]  # (batch, response_len)
-                metrics["actor/entropy"] = masked_mean(entropy, batch.batch["response_mask"]).item()
-                batch = batch.union(old_log_probs)
+            if self.on_policy:
+                batch.meta_info["on_policy"] = True  # the update uses its own detached log-probs as the old ones
+            else:
+                with timer("old_log_probs", timing):
+                    batch.meta_info["calculate_entropy"] = True  # the policy's entropy is logged, not optimised
+                    old_log_probs = self.workers.actor_rollout.compute_log_probs(batch)
+                    batch.meta_info.pop("calculate_entropy")
+                    entropy = old_log_probs.pop(batch_keys=["entropy"]).batch["entropy"]  # (batch, response_len)
+                    metrics["actor/entropy"] = masked_mean(entropy, batch.batch["response_mask"]).item()
+                    batch = batch.union(old_log_probs)
             if self.use_reference:
                 with timer("ref_log_probs", timing):
                     batch = batch.union(self.workers.ref.compute_ref_log_probs(batch))
@@ -145,7 +149,9 @@ class PPOTrainer:
                 with timer("update_actor", timing):
                     actor_out = self.workers.actor_rollout.update_actor(batch)
                 metrics.update(actor_out.meta_info["metrics"])
-                if "rollout_log_probs" in batch.batch.keys():
+                if "actor/rollout_logprob_abs_diff" in metrics:  # measured inside the on-policy update
+                    metrics["rollout/logprob_abs_diff/mean"] = metrics.pop("actor/rollout_logprob_abs_diff")
+                elif "rollout_log_probs" in batch.batch.keys() and "old_log_probs" in batch.batch.keys():
                     metrics.update(self._rollout_mismatch(batch))
 
         metrics["step"] = self.global_step
@@ -308,6 +314,14 @@ class PPOTrainer:
             for batch_dict in self.train_loader:
                 yield batch_dict if isinstance(batch_dict, DataProto) else DataProto.from_single_dict(batch_dict)
             self.epoch += 1
+
+    def _is_on_policy(self) -> bool:
+        """True when each batch makes exactly one optimizer step (one epoch, one mini-batch) and the ratio
+        pi/pi_old is 1 at that step: the old log-probs then equal the update's own, and their separate forward pass
+        is skipped (``algorithm.recompute_old_log_probs`` forces it). ReMax and the critic do not change this."""
+        actor = self.config.worker.actor
+        one_step = actor.ppo_epochs == 1 and actor.global_batch_size >= self.config.data.rollout_batch_size
+        return one_step and not self.config.algorithm.recompute_old_log_probs
 
     def _actor_mfu(self, batch: DataProto, seconds: float) -> dict[str, float]:
         """Model FLOPs utilisation of the actor update: forward + backward over every sequence, ppo_epochs times."""
