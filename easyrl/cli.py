@@ -39,7 +39,9 @@ def _merge(args: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="easyrl merge", description="Turn a checkpoint's sharded actor state into a Hugging Face folder."
     )
-    parser.add_argument("--local_dir", required=True, help="the checkpoint's actor folder, e.g. .../global_step_10/actor")
+    parser.add_argument(
+        "--local_dir", required=True, help="the checkpoint's actor folder, e.g. .../global_step_10/actor"
+    )
     parser.add_argument("--output_dir", default=None, help="where to write; defaults to <local_dir>/huggingface")
     ns = parser.parse_args(args)
     from .trainer.merge import merge_checkpoint

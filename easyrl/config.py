@@ -633,7 +633,9 @@ def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
     flat = {}
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"Command-line argument `{item}` is not of the form key=value (e.g. worker.rollout.n=8).")
+            raise ConfigError(
+                f"Command-line argument `{item}` is not of the form key=value (e.g. worker.rollout.n=8)."
+            )
         key, raw = item.split("=", 1)
         key = key.strip().lstrip("+")
         try:

@@ -124,7 +124,9 @@ def test_invalid_choice_names_the_key(valid_args, override, key):
 
 
 def test_rollout_batch_must_be_multiple_of_global_batch(valid_args):
-    with pytest.raises(ConfigError, match=r"`data\.rollout_batch_size` \(6\).*`worker\.actor\.global_batch_size` \(4\)"):
+    with pytest.raises(
+        ConfigError, match=r"`data\.rollout_batch_size` \(6\).*`worker\.actor\.global_batch_size` \(4\)"
+    ):
         load_config([*valid_args, "data.rollout_batch_size=6"])
 
 
