@@ -5,7 +5,7 @@ import json
 import pytest
 from PIL import Image
 
-from easyrl.trainer.plot import FIGURE_DPI, FIGURE_SIZE_INCHES, plot_training_curves, read_metrics
+from easyrl.trainer.plot import FIGURE_DPI, FIGURE_SIZE_INCHES, plot_training_curves, read_metrics, summarize_progress
 
 
 def _write_metrics(path, rows) -> None:
@@ -33,3 +33,16 @@ def test_read_metrics_merges_rows_of_a_step_and_keeps_the_latest(tmp_path):
     rows = [{"step": 2, "a": 1.0}, {"step": 1, "a": 0.5}, {"step": 2, "a": 3.0, "b": 4.0}]  # a resumed run re-logs 2
     _write_metrics(metrics_path, rows)
     assert read_metrics(str(metrics_path)) == {1: {"a": 0.5}, 2: {"a": 3.0, "b": 4.0}}
+
+
+def test_progress_summary_compares_first_and_last_validation_and_train_windows(tmp_path):
+    metrics_path = tmp_path / "metrics.jsonl"
+    rows = [{"step": 0, "val/reward/accuracy": 0.25}]
+    rows += [{"step": s, "reward/overall": 0.1 * s, "reward/accuracy": 0.05 * s} for s in range(1, 9)]
+    rows += [{"step": 8, "val/reward/accuracy": 0.5}]
+    _write_metrics(metrics_path, rows)
+    lines = summarize_progress(str(metrics_path))
+    assert "val/reward/accuracy: 0.250 (step 0) -> 0.500 (step 8)" in lines
+    # train windows: mean of steps 1-3 = 0.2, mean of steps 6-8 = 0.7
+    assert "reward/overall: 0.200 (steps 1-3) -> 0.700 (steps 6-8)" in lines
+    assert "reward/accuracy: 0.100 (steps 1-3) -> 0.350 (steps 6-8)" in lines

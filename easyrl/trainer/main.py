@@ -128,7 +128,9 @@ def run_training(config: PPOConfig) -> dict[str, float]:
     print(f"Checkpoints are in {save_dir}")
     metrics_file = os.path.join(save_dir, "metrics.jsonl")
     if "file" in config.trainer.logger and os.path.isfile(metrics_file):
-        from .plot import plot_training_curves
+        from .plot import plot_training_curves, summarize_progress
 
         print(f"Metrics are in {metrics_file}; reward curves in {plot_training_curves(metrics_file)}")
+        for line in summarize_progress(metrics_file):
+            print(f"  {line}")
     return metrics

@@ -38,6 +38,31 @@ def _val_keys(by_step: dict[int, dict[str, float]]) -> list[str]:
     return sorted(key for key in keys if key.startswith("val/") and any(w in key for w in VAL_CURVE_WORDS))
 
 
+# Train scores summarised at the end of a run, averaged over this many first and last steps (one step is noisy).
+SUMMARY_WINDOW = 3
+
+
+def summarize_progress(metrics_path: str) -> list[str]:
+    """One line per score: validation scores at their first and last evaluation, train scores averaged over the
+    first and last ``SUMMARY_WINDOW`` steps. What a user reads to see whether the run learned."""
+    by_step = read_metrics(metrics_path)
+    lines = []
+    for key in _val_keys(by_step):
+        steps, values = _series(by_step, key)
+        if len(values) >= 2:
+            lines.append(f"{key}: {values[0]:.3f} (step {steps[0]}) -> {values[-1]:.3f} (step {steps[-1]})")
+    for key in ("reward/overall", *TRAIN_CURVE_KEYS[1:]):
+        steps, values = _series(by_step, key)
+        window = min(SUMMARY_WINDOW, len(values) // 2)
+        if window:
+            first, last = sum(values[:window]) / window, sum(values[-window:]) / window
+            lines.append(
+                f"{key}: {first:.3f} (steps {steps[0]}-{steps[window - 1]}) -> {last:.3f} "
+                f"(steps {steps[-window]}-{steps[-1]})"
+            )
+    return lines
+
+
 def plot_training_curves(metrics_path: str, output_path: str | None = None) -> str:
     """Three panels: train reward, validation reward/accuracy, mean response length. Returns the PNG path."""
     import matplotlib
