@@ -10,7 +10,7 @@ import torch
 from ..models.dynamic_batching import restore_order, split_micro_batches
 from ..models.forward import forward_response_outputs, scatter_to_response
 from ..utils.torch_functional import entropy_from_logits, log_probs_from_logits
-from .ppo_update import run_ppo_updates
+from .ppo_update import run_role_updates
 
 
 if TYPE_CHECKING:
@@ -118,18 +118,13 @@ class Actor:
         ref_log_probs with use_kl_loss). Returns this rank's ``actor/*`` metrics."""
         if self.optimizer is None or self.mini_batch_size is None:
             raise RuntimeError("This actor was built without an optimizer (a reference model cannot be updated).")
-        config = self.config
-        return run_ppo_updates(
+        return run_role_updates(
             self.module,
             self.optimizer,
             data,
             self._micro_loss,
+            self.config,
             mini_batch_size=self.mini_batch_size,
-            micro_batch_size=config.micro_batch_size_per_device_for_update,
-            dynamic_batching=config.dynamic_batching,
-            ppo_epochs=config.ppo_epochs,
-            loss_avg_mode=config.loss_avg_mode,
-            max_grad_norm=config.max_grad_norm,
             dp_size=self.dp_size,
             prefix="actor",
         )

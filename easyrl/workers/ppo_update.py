@@ -9,7 +9,7 @@ the mini-batch loss computed in one piece on one device.
 
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -81,3 +81,31 @@ def run_ppo_updates(
     metrics = {f"{prefix}/{key}": sum(values) / len(values) for key, values in step_metrics.items()}
     metrics[f"{prefix}/nonfinite_grad_skipped_steps"] = float(skipped)
     return metrics
+
+
+def run_role_updates(
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: "DataProto",
+    micro_loss: MicroLoss,
+    role_config: Any,
+    *,
+    mini_batch_size: int,
+    dp_size: int,
+    prefix: str,
+) -> dict[str, float]:
+    """``run_ppo_updates`` with the schedule read from an actor or critic config section."""
+    return run_ppo_updates(
+        module,
+        optimizer,
+        data,
+        micro_loss,
+        mini_batch_size=mini_batch_size,
+        micro_batch_size=role_config.micro_batch_size_per_device_for_update,
+        dynamic_batching=role_config.dynamic_batching,
+        ppo_epochs=role_config.ppo_epochs,
+        loss_avg_mode=role_config.loss_avg_mode,
+        max_grad_norm=role_config.max_grad_norm,
+        dp_size=dp_size,
+        prefix=prefix,
+    )

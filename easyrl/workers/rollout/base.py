@@ -191,6 +191,27 @@ def build_rollout_output(
     )
 
 
+def finish_rollout(
+    prompts: Any,
+    response_ids: list[list[int]],
+    response_log_probs: list[list[float]],
+    settings: SamplingSettings,
+    pad_token_id: int,
+    seconds: float,
+) -> Any:
+    """Every engine's last step: greedy answers copied to ``n`` samples, the padded output, generation metrics."""
+    data = build_rollout_output(
+        prompts,
+        repeat_greedy(response_ids, settings),
+        repeat_greedy(response_log_probs, settings),
+        n=settings.n,
+        response_length=settings.max_tokens,
+        pad_token_id=pad_token_id,
+    )
+    data.meta_info["metrics"] = generation_metrics(data.batch["response_mask"], seconds)
+    return data
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # metrics
 # ----------------------------------------------------------------------------------------------------------------------

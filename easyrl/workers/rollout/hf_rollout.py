@@ -20,9 +20,7 @@ from .base import (
     GenerationTimer,
     SamplingSettings,
     WeightBuckets,
-    build_rollout_output,
-    generation_metrics,
-    repeat_greedy,
+    finish_rollout,
     resolve_sampling,
 )
 
@@ -127,13 +125,4 @@ class HFRollout(BaseRollout):
         response_ids, response_log_probs = _response_lists(
             out.sequences.cpu(), tuple(x.cpu() for x in out.logits), input_ids.shape[1], self.eos_ids, settings
         )
-        data = build_rollout_output(
-            prompts,
-            repeat_greedy(response_ids, settings),
-            repeat_greedy(response_log_probs, settings),
-            n=settings.n,
-            response_length=settings.max_tokens,
-            pad_token_id=self.pad_token_id,
-        )
-        data.meta_info["metrics"] = generation_metrics(data.batch["response_mask"], timer.seconds)
-        return data
+        return finish_rollout(prompts, response_ids, response_log_probs, settings, self.pad_token_id, timer.seconds)

@@ -28,10 +28,8 @@ from .base import (
     GenerationTimer,
     SamplingSettings,
     WeightBuckets,
-    build_rollout_output,
-    generation_metrics,
+    finish_rollout,
     prompt_token_lists,
-    repeat_greedy,
     resolve_sampling,
 )
 
@@ -310,16 +308,7 @@ class VLLMRollout(BaseRollout):
                 response_log_probs.append(
                     [step[token].logprob for step, token in zip(completion.logprobs or [], token_ids)]
                 )
-        data = build_rollout_output(
-            prompts,
-            repeat_greedy(response_ids, settings),
-            repeat_greedy(response_log_probs, settings),
-            n=settings.n,
-            response_length=settings.max_tokens,
-            pad_token_id=self.pad_token_id,
-        )
-        metrics = generation_metrics(data.batch["response_mask"], timer.seconds)
-        metrics.update(self._last_sync_metrics)  # reported once, with the first generation after the sync
+        data = finish_rollout(prompts, response_ids, response_log_probs, settings, self.pad_token_id, timer.seconds)
+        data.meta_info["metrics"].update(self._last_sync_metrics)  # reported once, with the first generation after it
         self._last_sync_metrics = {}
-        data.meta_info["metrics"] = metrics
         return data
