@@ -182,3 +182,22 @@ def build_tiny_vlm(family: str, path: str | Path, *, seed: int = 0) -> Path:
     if family not in TINY_VLM_BUILDERS:
         raise ValueError(f"Unknown tiny VLM family {family!r}; choose one of {sorted(TINY_VLM_BUILDERS)}.")
     return TINY_VLM_BUILDERS[family](path, seed=seed)
+
+
+def ensure_tiny_vlm(family: str, cache_dir: str | Path | None = None) -> Path:
+    """A cached tiny random ``family`` model folder (``builtin://Tiny-...`` model paths), built on first use (~10 s)."""
+    import os
+    import shutil
+
+    from ..demo.smollm2 import DEFAULT_CACHE
+
+    target = Path(cache_dir or DEFAULT_CACHE) / f"tiny-random-{family}"
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    build_tiny_vlm(family, tmp)
+    try:
+        tmp.rename(target)  # atomic: a half-written folder never looks complete
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
