@@ -1,0 +1,144 @@
+"""vLLM rollout of tiny random Qwen2-VL and Qwen3-VL (Qwen2.5-VL: test_rollout_vl.py): greedy answers to picture
+prompts equal HF greedy before and after a weight sync under the HF names, and the vision-encoder cache does not grow
+from step to step. Each engine runs in a Ray worker so that vLLM's process-wide state stays out of the test process.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import easyrl  # noqa: F401  (process environment before Ray starts)
+from easyrl.controller import Dispatch, RayWorkerGroup, ResourcePool, Worker, register
+
+
+RESPONSE_LENGTH = 8
+FAMILIES = ["qwen2_vl", "qwen3_vl"]
+
+
+def _encoder_cache_entries(worker) -> int:
+    return len(worker.model_runner.encoder_cache)
+
+
+class FamilyRolloutProbe(Worker):
+    """Hosts the engine and an HF copy of the same weights."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)
+    def setup(self, model_path: str) -> None:
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        from easyrl.config import RolloutConfig
+        from easyrl.data.rope import make_position_id_fn
+        from easyrl.workers.rollout.vllm_rollout import VLLMRollout
+
+        self.processor = AutoProcessor.from_pretrained(model_path)
+        self.positions = make_position_id_fn(self.processor, model_path=model_path)
+        self.model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=torch.float32)
+        config = RolloutConfig(
+            dtype="fp32",
+            tensor_parallel_size=1,
+            enforce_eager=True,
+            kv_cache_memory_bytes=64 << 20,
+            limit_images=1,
+            prompt_length=64,
+            response_length=RESPONSE_LENGTH,
+            disable_tqdm=True,
+        )
+        self.rollout = VLLMRollout(model_path, config, self.processor.tokenizer, rank=self.rank, world_size=1)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)
+    def perturb_and_sync(self, seed: int) -> None:
+        """Add noise to every HF weight and stream all of them into the engine under their HF names."""
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for param in self.model.parameters():
+                param.add_(torch.randn(param.shape, generator=generator) * 0.1)
+        self.rollout.update_weights(iter([[(n, p.detach()) for n, p in self.model.named_parameters()]]))
+
+    def _prompts(self, seeds: list[int]):
+        from easyrl.protocol import DataProto
+        from easyrl.testing.vl_batch import VLSample, processor_inputs, random_image
+
+        samples = [VLSample("Describe it.", images=[random_image(seed)]) for seed in seeds]
+        encoded = [processor_inputs(self.processor, sample) for sample in samples]
+        length = max(e["input_ids"].shape[-1] for e in encoded)
+        input_ids = torch.zeros(len(samples), length, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        position_ids = torch.zeros(len(samples), 3, length, dtype=torch.long)
+        raw, media = np.empty(len(samples), dtype=object), np.empty(len(samples), dtype=object)
+        for i, (sample, inputs) in enumerate(zip(samples, encoded)):
+            n = inputs["input_ids"].shape[-1]
+            input_ids[i, length - n :] = inputs["input_ids"][0]
+            attention_mask[i, length - n :] = 1
+            position_ids[i, :, length - n :] = self.positions(inputs)
+            text = self.processor.apply_chat_template(
+                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": sample.text}]}],
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+            raw[i] = self.processor.tokenizer(text, add_special_tokens=False)["input_ids"]  # one pad per picture
+            media[i] = {"images": sample.images}
+        prompts = DataProto.from_dict(
+            tensors={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
+            non_tensors={"raw_prompt_ids": raw, "multi_modal_data": media},
+            meta_info={"sampling_override": {"temperature": 0.0, "ignore_eos": True}},
+        )
+        return prompts, encoded
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)
+    def generate_both(self, seeds: list[int]) -> dict:
+        prompts, encoded = self._prompts(seeds)
+        out = self.rollout.generate_sequences(prompts)
+        hf = []
+        for inputs in encoded:
+            with torch.no_grad():
+                ids = self.model.generate(**inputs, max_new_tokens=RESPONSE_LENGTH, do_sample=False, eos_token_id=None)
+            hf.append(ids[0, inputs["input_ids"].shape[-1] :].tolist())
+        return {"vllm": out.batch["responses"].tolist(), "hf": hf}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)
+    def generate_and_count_cache(self, seeds: list[int]) -> int:
+        """Generate for new pictures; the vision-encoder outputs the engine then holds."""
+        self.rollout.generate_sequences(self._prompts(seeds)[0])
+        (entries,) = self.rollout.llm.collective_rpc(_encoder_cache_entries)
+        return entries
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)
+    def encoder_cache_entries(self) -> int:
+        (entries,) = self.rollout.llm.collective_rpc(_encoder_cache_entries)
+        return entries
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def probe(request, ray_cluster, tmp_path_factory):
+    from easyrl.testing.tiny_vlms import build_tiny_vlm
+
+    path = build_tiny_vlm(request.param, tmp_path_factory.mktemp(request.param))
+    pool = ResourcePool(process_on_nodes=[1])
+    group = RayWorkerGroup(pool, FamilyRolloutProbe, name_prefix=f"{request.param}_rollout")
+    try:
+        group.setup(str(path))
+        yield group
+    finally:
+        group.kill()
+        pool.release()
+
+
+@pytest.mark.timeout(300)
+def test_picture_greedy_equals_hf_greedy_before_and_after_a_weight_sync(probe):
+    before = probe.generate_both([0, 1])
+    assert before["vllm"] == before["hf"]
+    probe.perturb_and_sync(seed=1)
+    after = probe.generate_both([0, 1])  # same pictures: stale encoder outputs would give the old answers
+    assert after["vllm"] == after["hf"]
+    assert after["hf"] != before["hf"]
+
+
+@pytest.mark.timeout(300)
+def test_vision_encoder_cache_is_emptied_by_each_sync_and_does_not_grow(probe):
+    probe.perturb_and_sync(seed=9)  # starts from an empty cache whatever ran before
+    held = []
+    for step in range(3):
+        held.append(probe.generate_and_count_cache([10 * step + 2, 10 * step + 3]))
+        probe.perturb_and_sync(seed=10 + step)
+        assert probe.encoder_cache_entries() == 0
+    assert held == [2, 2, 2]
