@@ -54,11 +54,14 @@ class FamilyRolloutProbe(Worker):
                 param.add_(torch.randn(param.shape, generator=generator) * 0.1)
         self.rollout.update_weights(iter([[(n, p.detach()) for n, p in self.model.named_parameters()]]))
 
-    def _prompts(self, seeds: list[int]):
+    def _prompts(self, seeds: list[int], video: bool = False):
         from easyrl.protocol import DataProto
-        from easyrl.testing.vl_batch import VLSample, processor_inputs, random_image
+        from easyrl.testing.vl_batch import VLSample, processor_inputs, random_image, random_video
 
-        samples = [VLSample("Describe it.", images=[random_image(seed)]) for seed in seeds]
+        if video:
+            samples = [VLSample("What happens?", videos=[random_video(seed)]) for seed in seeds]
+        else:
+            samples = [VLSample("Describe it.", images=[random_image(seed)]) for seed in seeds]
         encoded = [processor_inputs(self.processor, sample) for sample in samples]
         length = max(e["input_ids"].shape[-1] for e in encoded)
         input_ids = torch.zeros(len(samples), length, dtype=torch.long)
@@ -70,13 +73,15 @@ class FamilyRolloutProbe(Worker):
             input_ids[i, length - n :] = inputs["input_ids"][0]
             attention_mask[i, length - n :] = 1
             position_ids[i, :, length - n :] = self.positions(inputs)
+            kind = "video" if video else "image"
             text = self.processor.apply_chat_template(
-                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": sample.text}]}],
+                [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": sample.text}]}],
                 add_generation_prompt=True,
                 tokenize=False,
             )
-            raw[i] = self.processor.tokenizer(text, add_special_tokens=False)["input_ids"]  # one pad per picture
-            media[i] = {"images": sample.images}
+            raw[i] = self.processor.tokenizer(text, add_special_tokens=False)["input_ids"]  # one pad per item
+            # videos as the dataset keeps them: sampled frames and the rate they were sampled at
+            media[i] = {"videos": sample.videos, "video_fps": [2.0]} if video else {"images": sample.images}
         prompts = DataProto.from_dict(
             tensors={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
             non_tensors={"raw_prompt_ids": raw, "multi_modal_data": media},
@@ -85,8 +90,8 @@ class FamilyRolloutProbe(Worker):
         return prompts, encoded
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)
-    def generate_both(self, seeds: list[int]) -> dict:
-        prompts, encoded = self._prompts(seeds)
+    def generate_both(self, seeds: list[int], video: bool = False) -> dict:
+        prompts, encoded = self._prompts(seeds, video)
         out = self.rollout.generate_sequences(prompts)
         hf = []
         for inputs in encoded:
@@ -142,3 +147,9 @@ def test_vision_encoder_cache_is_emptied_by_each_sync_and_does_not_grow(probe):
         probe.perturb_and_sync(seed=10 + step)
         assert probe.encoder_cache_entries() == 0
     assert held == [2, 2, 2]
+
+
+@pytest.mark.timeout(300)
+def test_video_greedy_equals_hf_greedy(probe):
+    out = probe.generate_both([5], video=True)
+    assert out["vllm"] == out["hf"]

@@ -5,7 +5,8 @@ One item is a dict of
     attention_mask  (max_prompt_length,)
     position_ids    (max_prompt_length,) or (3, max_prompt_length) for Qwen-VL (see rope.py); 0 on padding
     raw_prompt_ids  list[int], unpadded, ONE pad token per image / video (what vLLM expects)
-    multi_modal_data {"images": [PIL], "videos": [(frames, 3, H, W) uint8]}  (rows with media only)
+    multi_modal_data {"images": [PIL], "videos": [(frames, 3, H, W) uint8], "video_fps": [float]}  (rows with media
+                    only; video_fps: the rate each video was sampled at, which the rollout engine needs too)
     ground_truth, data_source
 """
 
@@ -100,7 +101,13 @@ class RowEncoder:
             )
         else:
             model_inputs = self.tokenizer([prompt], add_special_tokens=False, return_tensors="pt")
-        return {"prompt": prompt, "model_inputs": dict(model_inputs), "images": images, "videos": videos}
+        return {
+            "prompt": prompt,
+            "model_inputs": dict(model_inputs),
+            "images": images,
+            "videos": videos,
+            "video_fps": fps,
+        }
 
     def measure(self, row: dict, index: int) -> dict[str, Any]:
         """Prompt length in tokens (vision tokens included), or the reason the row's media could not be read."""
@@ -263,6 +270,6 @@ class RLHFDataset(Dataset):
             "data_source": row.get("data_source") or self.source_name,
         }
         if encoded["images"] or encoded["videos"]:
-            media = {"images": encoded["images"], "videos": encoded["videos"]}
+            media = {"images": encoded["images"], "videos": encoded["videos"], "video_fps": encoded["video_fps"]}
             out["multi_modal_data"] = {key: value for key, value in media.items() if value}
         return out

@@ -168,10 +168,35 @@ def _engine_kwargs(config: RolloutConfig, tensor_parallel_size: int, seed: int) 
     return kwargs
 
 
+# a row's video sampling rate when it does not say (qwen-vl-utils' default, and data.video_fps')
+DEFAULT_VIDEO_FPS = 2.0
+
+
+def _video_with_metadata(frames: Any, fps: float) -> tuple[Any, dict[str, Any]]:
+    """(frames, metadata): the frames were sampled already, so vLLM must take every one of them (as the dataset's
+    processor did); Qwen2.5-VL / Qwen3-VL also read the rate for their temporal positions and timestamps."""
+    count = len(frames)
+    metadata = {
+        "fps": fps,
+        "total_num_frames": count,
+        "frames_indices": list(range(count)),
+        "duration": count / fps,
+        "do_sample_frames": False,
+    }
+    return frames, metadata
+
+
 def _vllm_multi_modal_data(row: Any) -> dict[str, Any] | None:
     if not row:
         return None
-    data = {MULTI_MODAL_KEYS.get(key, key): value for key, value in row.items() if value is not None and len(value)}
+    data = {
+        MULTI_MODAL_KEYS[key]: value
+        for key, value in row.items()
+        if key in MULTI_MODAL_KEYS and value is not None and len(value)
+    }
+    if "video" in data:
+        rates = row.get("video_fps") or [DEFAULT_VIDEO_FPS] * len(data["video"])
+        data["video"] = [_video_with_metadata(frames, fps) for frames, fps in zip(data["video"], rates)]
     return data or None
 
 
