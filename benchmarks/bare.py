@@ -141,6 +141,21 @@ class BareTrainer:
         return time.perf_counter() - start
 
 
+def trim_padding(batch: dict[str, torch.Tensor], prompt_width: int) -> dict[str, torch.Tensor]:
+    """Drop the padding columns every row shares: prompt columns left of the longest prompt and response columns
+    right of the longest response (what a loop that pads to the batch's longest sequence computes on)."""
+    mask = batch["attention_mask"]  # (batch, prompt_width + response_width)
+    first = int(mask[:, :prompt_width].any(0).nonzero().min())  # first prompt column any row uses
+    last = int(batch["response_mask"].any(0).nonzero().max()) + 1  # response columns any row uses
+    out = {}
+    for key, value in batch.items():
+        if value.shape[1] == mask.shape[1]:  # full sequence
+            out[key] = value[:, first : prompt_width + last]
+        else:  # response only
+            out[key] = value[:, :last]
+    return out
+
+
 def update_batch_tensors(data: Any) -> dict[str, torch.Tensor]:
     """The tensors of a recorded ``update_actor`` DataProto, on CPU."""
     return {k: data.batch[k].cpu() for k in BareTrainer.KEYS}

@@ -120,6 +120,15 @@ def append_result(name: str, results: dict[str, Any], path: Path = RESULTS_FILE)
     return record
 
 
+def match_ray_worker_priority() -> int:
+    """Lower this process's priority to that of Ray's workers (niceness 15 unless RAY_worker_niceness says
+    otherwise) and return the new niceness. Baselines that run in the driver after an easyrl run call it: on a shared
+    CPU a nice-0 baseline would otherwise win the cores that easyrl's niced workers had to share."""
+    target = int(os.environ.get("RAY_worker_niceness", 15))
+    current = os.nice(0)
+    return os.nice(target - current) if target > current else current
+
+
 def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 1e-2 and value != 0 else f"{value:,.2f}"

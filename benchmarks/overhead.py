@@ -12,6 +12,10 @@
 3. A bare in-process vLLM engine with the rollout's engine settings generates for each step's prompts with the same
    sampling settings (n, temperature, top_p, max tokens, stop tokens, log-probs).
 
+The bare loop also reruns the updates on batches trimmed to their longest prompt and response (a loop that pads to
+the batch's longest sequence): the difference is what padding to data.max_prompt_length costs (the recipe sets
+padding_free=false). It is shown, not counted in the ratio.
+
 The first step of each is warm-up and left out. The bare loop runs before the bare engine starts: vLLM's CPU worker
 pins this process's threads, which would slow the torch loop. Sampled response lengths differ between easyrl and
 bare vLLM (different random draws), so the table also shows tokens per step.
@@ -22,8 +26,8 @@ import time
 
 import easyrl  # noqa: F401  (process environment: Ray and vLLM settings)
 
-from .bare import BareTrainer, BareVLLM, update_batch_tensors
-from .common import append_result, describe_machine, print_table
+from .bare import BareTrainer, BareVLLM, trim_padding, update_batch_tensors
+from .common import append_result, describe_machine, match_ray_worker_priority, print_table
 from .recipe import add_recipe_args, mean, measured_steps, model_path, run_recipe
 
 
@@ -44,6 +48,7 @@ def main() -> None:
     config = run.config
     path = str(model_path(config))
 
+    match_ray_worker_priority()  # the baseline gets the CPU priority easyrl's workers had
     # bare training: the recorded update batches, first one as warm-up
     trainer = BareTrainer(
         path, config.worker.actor, config.worker.rollout.temperature, to_dtype(config.worker.actor.fsdp.mp_param_dtype)
@@ -52,6 +57,9 @@ def main() -> None:
     for batch in batches[:warmup]:
         trainer.step(batch)
     bare_train = [trainer.step(batch) for batch in batches[warmup:]]
+    # the same updates on the batch trimmed to its longest prompt and response: what padding costs
+    trimmed = [trim_padding(batch, config.data.max_prompt_length) for batch in batches]
+    bare_trimmed = [trainer.step(batch) for batch in trimmed[warmup:]]
     del trainer
 
     # bare generation: the recorded prompts, first call as warm-up
@@ -81,6 +89,12 @@ def main() -> None:
             "bare_s": bare_train_s,
             "ratio": easyrl_train / bare_train_s,
         },
+        {
+            "part": "  bare, padding trimmed",
+            "easyrl_s": None,
+            "bare_s": mean(bare_trimmed),
+            "ratio": easyrl_train / mean(bare_trimmed),
+        },
         {"part": "whole step", "easyrl_s": easyrl_step, "bare_s": bare_gen_s + bare_train_s, "ratio": ratio},
     ]
     print_table(
@@ -104,6 +118,9 @@ def main() -> None:
             "easyrl_logprob_update_s": easyrl_train,
             "bare_gen_s": bare_gen_s,
             "bare_train_s": bare_train_s,
+            "bare_train_trimmed_s": mean(bare_trimmed),
+            "trimmed_width": trimmed[-1]["input_ids"].shape[1],
+            "padded_width": batches[-1]["input_ids"].shape[1],
             "easyrl_response_tokens": easyrl_tokens,
             "bare_response_tokens": mean([float(g.response_tokens) for g in bare_gen]),
             "bare_engine_start_s": engine_start_s,

@@ -17,7 +17,7 @@ import time
 import easyrl  # noqa: F401  (process environment: Ray and vLLM settings)
 
 from .bare import BareVLLM
-from .common import append_result, describe_machine, print_table
+from .common import append_result, describe_machine, match_ray_worker_priority, print_table
 from .recipe import Recorder, add_recipe_args, mean, recipe_overrides
 
 
@@ -70,6 +70,7 @@ def main() -> None:
     ]
     engine = [m["rollout/gen_seconds"] for m in recorder.rollout_metrics[warmup:]]
 
+    match_ray_worker_priority()  # the baseline gets the CPU priority easyrl's workers had
     rollout = config.worker.rollout
     start = time.perf_counter()
     bare = BareVLLM(

@@ -24,7 +24,7 @@ import time
 
 import easyrl  # noqa: F401  (process environment: Ray and vLLM settings)
 
-from .common import REPO_ROOT, append_result, describe_machine, print_table
+from .common import REPO_ROOT, append_result, describe_machine, match_ray_worker_priority, print_table
 from .recipe import add_recipe_args, mean, measured_steps, model_path, run_recipe
 
 
@@ -150,6 +150,7 @@ def main() -> None:
     easyrl_s = mean([row["timing/step"] for row in easyrl_steps])
     easyrl_rewards = [row["critic/score/mean"] for row in run.rows]
 
+    match_ray_worker_priority()  # the baseline gets the CPU priority easyrl's workers had
     tokenizer = AutoTokenizer.from_pretrained(str(model_path(run.config)))
     rows, matched = trl_rows(run.config, tokenizer, run.recorder.prompt_ids)
     trl_seconds, trl_rewards = run_trl(run.config, args, rows, shuffle=not matched)

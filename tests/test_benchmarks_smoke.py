@@ -1,0 +1,48 @@
+"""The benchmarks' cheap parts: the result record, the padding trim of the bare baseline, the GPU script's CPU exit."""
+
+import json
+
+import pytest
+import torch
+
+import easyrl  # noqa: F401  (process environment)
+from benchmarks.bare import trim_padding
+from benchmarks.common import append_result
+from easyrl.utils import device
+
+
+def test_append_result_writes_one_line_with_machine_versions_and_commit(tmp_path):
+    path = tmp_path / "results.jsonl"
+    append_result("demo", {"ratio": 1.5}, path=path)
+    append_result("demo", {"ratio": 2.5}, path=path)
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[-1])
+    assert len(lines) == 2
+    assert record["benchmark"] == "demo" and record["results"] == {"ratio": 2.5}
+    assert record["machine"]["cores"] >= 1 and record["versions"]["torch"].startswith("2.")
+    assert len(record["git"]["commit"]) == 40
+
+
+def test_trim_padding_keeps_only_columns_some_row_uses():
+    # prompt width 4 (left-padded: longest prompt 2), response width 3 (longest response 2)
+    attention_mask = torch.tensor([[0, 0, 1, 1, 1, 1, 0], [0, 0, 0, 1, 1, 0, 0]])
+    response_mask = attention_mask[:, 4:]
+    batch = {
+        "input_ids": torch.arange(14).reshape(2, 7),
+        "attention_mask": attention_mask,
+        "responses": torch.tensor([[7, 8, 0], [9, 0, 0]]),
+        "response_mask": response_mask,
+    }
+    trimmed = trim_padding(batch, prompt_width=4)
+    assert trimmed["input_ids"].tolist() == [[2, 3, 4, 5], [9, 10, 11, 12]]
+    assert trimmed["attention_mask"].tolist() == [[1, 1, 1, 1], [0, 1, 1, 0]]
+    assert trimmed["responses"].tolist() == [[7, 8], [9, 0]]
+
+
+@pytest.mark.skipif(device.is_cuda_available(), reason="the script runs for real on a GPU")
+def test_actor_update_gpu_parses_its_arguments_and_stops_without_a_gpu():
+    from benchmarks import actor_update_gpu
+
+    assert actor_update_gpu.parse_args(["--batch", "8"]).batch == 8
+    with pytest.raises(SystemExit, match="needs an NVIDIA GPU"):
+        actor_update_gpu.main(["--batch", "8"])
