@@ -19,6 +19,12 @@ def _encoder_cache_entries(worker) -> int:
     return len(worker.model_runner.encoder_cache)
 
 
+def _processor_cache_entries(rollout) -> int:
+    """Processed pictures the engine's input processor keeps (None when it runs without that cache)."""
+    cache = getattr(rollout.llm.llm_engine.renderer, "_mm_processor_cache", None)
+    return None if cache is None else len(cache._cache)
+
+
 class FamilyRolloutProbe(Worker):
     """Hosts the engine and an HF copy of the same weights."""
 
@@ -101,16 +107,15 @@ class FamilyRolloutProbe(Worker):
         return {"vllm": out.batch["responses"].tolist(), "hf": hf}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)
-    def generate_and_count_cache(self, seeds: list[int]) -> int:
-        """Generate for new pictures; the vision-encoder outputs the engine then holds."""
+    def generate_and_count_cache(self, seeds: list[int]) -> tuple[int, int | None]:
+        """Generate for new pictures; the vision-encoder outputs and processed pictures the engine then holds."""
         self.rollout.generate_sequences(self._prompts(seeds)[0])
-        (entries,) = self.rollout.llm.collective_rpc(_encoder_cache_entries)
-        return entries
+        return self.cache_entries()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)
-    def encoder_cache_entries(self) -> int:
-        (entries,) = self.rollout.llm.collective_rpc(_encoder_cache_entries)
-        return entries
+    def cache_entries(self) -> tuple[int, int | None]:
+        (encoder,) = self.rollout.llm.collective_rpc(_encoder_cache_entries)
+        return encoder, _processor_cache_entries(self.rollout)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -139,14 +144,14 @@ def test_picture_greedy_equals_hf_greedy_before_and_after_a_weight_sync(probe):
 
 
 @pytest.mark.timeout(300)
-def test_vision_encoder_cache_is_emptied_by_each_sync_and_does_not_grow(probe):
-    probe.perturb_and_sync(seed=9)  # starts from an empty cache whatever ran before
+def test_encoder_and_processor_caches_are_emptied_by_each_sync_and_do_not_grow(probe):
+    probe.perturb_and_sync(seed=9)  # starts from empty caches whatever ran before
     held = []
     for step in range(3):
         held.append(probe.generate_and_count_cache([10 * step + 2, 10 * step + 3]))
         probe.perturb_and_sync(seed=10 + step)
-        assert probe.encoder_cache_entries() == 0
-    assert held == [2, 2, 2]
+        assert probe.cache_entries() == (0, 0)
+    assert held == [(2, 2)] * 3  # one step's two pictures, never the earlier steps' too
 
 
 @pytest.mark.timeout(300)

@@ -278,6 +278,9 @@ class VLLMRollout(BaseRollout):
         self.llm.reset_prefix_cache()
         if self.is_multimodal:
             self.llm.llm_engine.reset_encoder_cache()
+            # processed pixels are still valid, but an RL step rarely shows a picture again: without this, every
+            # engine keeps up to mm_processor_cache_gb (4 GiB by default) of old pictures in host memory
+            self.llm.llm_engine.reset_mm_cache()
         device.empty_cache()
 
     # ------------------------------------------------------------------------------------------------------------------
