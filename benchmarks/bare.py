@@ -26,6 +26,9 @@ class BareVLLM:
         # first call, identical numbers) and an explicit KV-cache size (vLLM reads gpu_memory_utilization as a share
         # of host RAM on CPU)
         os.environ["TORCHDYNAMO_DISABLE"] = "1"
+        # easyrl's single worker gets OMP_NUM_THREADS = all cores from Ray, and vLLM keeps that many torch threads
+        # for serving; without it vLLM drops to one thread
+        os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
         from transformers import GenerationConfig
         from vllm import LLM
 
@@ -113,25 +116,30 @@ class BareTrainer:
     def _autocast(self):
         return torch.autocast("cpu", dtype=self.dtype, enabled=self.dtype != torch.float32)
 
-    def step(self, batch: dict[str, torch.Tensor]) -> float:
-        """One rollout batch: old log-probs, then one optimizer step over it; returns the seconds it took."""
+    def step(self, batch: dict[str, torch.Tensor], old_log_prob_pass: bool = True) -> float:
+        """One rollout batch: [old log-probs,] then one optimizer step over it; returns the seconds it took.
+
+        Without the old-log-prob pass (on-policy: one epoch, one mini-batch) the ratio is 1 and the update's own
+        detached log-probs stand in for the old ones, as the trainer does."""
         batch = {k: batch[k] for k in self.KEYS}
         actor, clip_low, clip_high = self.actor, self.actor.clip_ratio_low, self.actor.clip_ratio_high
         start = time.perf_counter()
-        self.model.eval()
-        with torch.no_grad(), self._autocast():
-            batch["old_log_probs"] = torch.cat(
-                [
-                    response_log_probs(self.model, mb, self.temperature)
-                    for mb in split(batch, actor.micro_batch_size_per_device_for_experience)
-                ]
-            )
+        if old_log_prob_pass:
+            self.model.eval()
+            with torch.no_grad(), self._autocast():
+                batch["old_log_probs"] = torch.cat(
+                    [
+                        response_log_probs(self.model, mb, self.temperature)
+                        for mb in split(batch, actor.micro_batch_size_per_device_for_experience)
+                    ]
+                )
         self.model.train()
         tokens = batch["response_mask"].sum()
         for mb in split(batch, actor.micro_batch_size_per_device_for_update):
             with self._autocast():
                 log_probs = response_log_probs(self.model, mb, self.temperature)
-            ratio = torch.exp(log_probs - mb["old_log_probs"])  # (micro, response_len)
+            old_log_probs = mb["old_log_probs"] if old_log_prob_pass else log_probs.detach()
+            ratio = torch.exp(log_probs - old_log_probs)  # (micro, response_len)
             advantages = mb["advantages"]
             loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_low, 1 + clip_high))
             ((loss * mb["response_mask"]).sum() / tokens).backward()

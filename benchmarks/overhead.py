@@ -7,7 +7,8 @@
 1. easyrl trains the shrunk embedded recipe (SmolLM2-135M-Instruct, fp32, one worker) for --steps steps; the driver
    records each step's prompt ids and the batch sent to the actor update.
 2. A bare torch loop (one process, HF model, AdamW) redoes each recorded update: a no-grad log-prob pass in the
-   recipe's experience micro-batches, then forward/backward in its update micro-batches, clip, step. Same tensors,
+   recipe's experience micro-batches (only when the trainer ran one: it skips it for on-policy updates), then
+   forward/backward in its update micro-batches, clip, step. Same tensors,
    so the same shapes (the prompts padded to data.max_prompt_length, the responses to data.max_response_length).
 3. A bare in-process vLLM engine with the rollout's engine settings generates for each step's prompts with the same
    sampling settings (n, temperature, top_p, max tokens, stop tokens, log-probs).
@@ -54,12 +55,14 @@ def main() -> None:
         path, config.worker.actor, config.worker.rollout.temperature, to_dtype(config.worker.actor.fsdp.mp_param_dtype)
     )
     batches = [update_batch_tensors(data) for data in recorder.update_batches]
+    # the trainer skips the old-log-prob pass when the update is on-policy; the bare loop does the same work
+    old_pass = "timing/old_log_probs" in steps[0]
     for batch in batches[:warmup]:
-        trainer.step(batch)
-    bare_train = [trainer.step(batch) for batch in batches[warmup:]]
+        trainer.step(batch, old_pass)
+    bare_train = [trainer.step(batch, old_pass) for batch in batches[warmup:]]
     # the same updates on the batch trimmed to its longest prompt and response: what padding costs
     trimmed = [trim_padding(batch, config.data.max_prompt_length) for batch in batches]
-    bare_trimmed = [trainer.step(batch) for batch in trimmed[warmup:]]
+    bare_trimmed = [trainer.step(batch, old_pass) for batch in trimmed[warmup:]]
     del trainer
 
     # bare generation: the recorded prompts, first call as warm-up
@@ -76,7 +79,7 @@ def main() -> None:
 
     easyrl_step = mean([row["timing/step"] for row in steps])
     easyrl_gen = mean([row["timing/gen"] for row in steps])
-    easyrl_train = mean([row["timing/old_log_probs"] + row["timing/update_actor"] for row in steps])
+    easyrl_train = mean([row.get("timing/old_log_probs", 0.0) + row["timing/update_actor"] for row in steps])
     easyrl_tokens = mean([float(t) for t in recorder.response_tokens[warmup:]])
     bare_gen_s = mean([g.seconds for g in bare_gen])
     bare_train_s = mean(bare_train)
@@ -125,6 +128,7 @@ def main() -> None:
             "bare_response_tokens": mean([float(g.response_tokens) for g in bare_gen]),
             "bare_engine_start_s": engine_start_s,
             "easyrl_setup_s": run.setup_s,
+            "old_log_prob_pass": old_pass,
         },
     )
 
