@@ -96,6 +96,16 @@ def test_pictures_and_videos_are_encoded_together_in_the_order_of_their_pads(fam
     assert torch.equal(reversed_inputs.image_grid_thw, inputs.image_grid_thw[[3, 1, 2, 0]])
 
 
+def test_samples_sharing_a_picture_get_the_same_pixels_as_separate_copies(family_setup):
+    processor, _, data, _ = family_setup
+    repeated = data.repeat(2, interleave=True)  # the n samples of a prompt share one media dict
+    inputs, single = _vision_inputs(repeated, processor), _vision_inputs(data, processor)
+    per_item = torch.split(single.pixel_values, single.image_grid_thw.prod(-1).tolist())
+    # items in pad order: row 0 [picture 0], row 2 [pictures 1, 2], row 3 [video 3]; each row now twice
+    expected = torch.cat([per_item[i] for i in (0, 0, 1, 2, 1, 2, 3, 3)])
+    assert torch.equal(inputs.pixel_values, expected)
+
+
 def test_a_text_only_micro_batch_still_encodes_one_blank_picture(family_setup):
     processor, _, data, _ = family_setup
     inputs = _vision_inputs(data[[1]], processor)

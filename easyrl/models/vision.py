@@ -97,20 +97,38 @@ def _media_lists(rows: Any) -> tuple[list, list]:
     return images, videos
 
 
+def _process_once_each(items: list, run: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per item (patches, dim) pixels and (3,) grid from ``run(unique items) -> (pixels, grids)``; the n samples of a
+    prompt share one picture object, which is processed once."""
+    firsts: dict[int, Any] = {}
+    for item in items:
+        firsts.setdefault(id(item), item)
+    slot = {key: i for i, key in enumerate(firsts)}
+    pixels, grids = run(list(firsts.values()))
+    patches = torch.split(pixels, [int(g.prod()) for g in grids])
+    return [patches[slot[id(item)]] for item in items], [grids[slot[id(item)]] for item in items]
+
+
 def _processed(
     processor: Any, images: list, videos: list
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list, list]:
     """Per item (patches, dim) pixel tensors and (3,) grids, images then videos."""
     image_patches, image_grids, video_patches, video_grids = [], [], [], []
     if images:
-        out = processor.image_processor(images=images, return_tensors="pt")
-        image_grids = list(out["image_grid_thw"])
-        image_patches = list(torch.split(out["pixel_values"], [int(g.prod()) for g in image_grids]))
+
+        def run_images(unique: list) -> tuple[torch.Tensor, torch.Tensor]:
+            out = processor.image_processor(images=unique, return_tensors="pt")
+            return out["pixel_values"], out["image_grid_thw"]
+
+        image_patches, image_grids = _process_once_each(images, run_images)
     if videos:
-        # the dataset sampled the frames already: take every frame, as it did when it counted the video tokens
-        out = processor.video_processor(videos=videos, return_tensors="pt", do_sample_frames=False)
-        video_grids = list(out["video_grid_thw"])
-        video_patches = list(torch.split(out["pixel_values_videos"], [int(g.prod()) for g in video_grids]))
+
+        def run_videos(unique: list) -> tuple[torch.Tensor, torch.Tensor]:
+            # the dataset sampled the frames already: take every frame, as it did when it counted the video tokens
+            out = processor.video_processor(videos=unique, return_tensors="pt", do_sample_frames=False)
+            return out["pixel_values_videos"], out["video_grid_thw"]
+
+        video_patches, video_grids = _process_once_each(videos, run_videos)
     return image_patches, image_grids, video_patches, video_grids
 
 
