@@ -2,8 +2,8 @@
 
     .venv/bin/python -m benchmarks.trl_compare [--steps 3 --rollout-batch-size 4 --n 4 --max-response-length 32]
 
-Same model (SmolLM2-135M-Instruct, fp32), data (builtin arithmetic, the same prompts in the same order: TRL gets the
-rows easyrl consumed, unshuffled), prompt template and chat template, batch (prompts x n per optimizer step, one
+Same model (SmolLM2-135M-Instruct, fp32), data (builtin arithmetic, the same prompts in the same order: TRL gets,
+unshuffled, the rows easyrl's loader yields for the same data.seed; checked against what easyrl then consumed), prompt template and chat template, batch (prompts x n per optimizer step, one
 optimizer step per generation batch, the recipe's micro-batch), lengths, sampling (temperature 1, top_p 1, no top_k),
 reward (reward_function/arithmetic.py), loss (clipped ratio 0.2 / 0.28, token mean, no KL, one PPO epoch), lr 1e-5
 with 2 warm-up steps, grad-norm clip 1.0.
@@ -25,7 +25,7 @@ import time
 import easyrl  # noqa: F401  (process environment: Ray and vLLM settings)
 
 from .common import REPO_ROOT, append_result, describe_machine, match_ray_worker_priority, print_table
-from .recipe import add_recipe_args, mean, measured_steps, model_path, run_recipe
+from .recipe import add_recipe_args, mean, measured_steps, model_path, recipe_overrides, run_recipe
 
 
 TARGET_SPEEDUP = 5.0
@@ -139,21 +139,50 @@ def run_trl(config, args: argparse.Namespace, rows: list[dict], shuffle: bool) -
     return seconds, rewards
 
 
+def easyrl_prompt_order(args: argparse.Namespace) -> tuple[object, list[list[list[int]]]]:
+    """The recipe's config and the prompt ids of its first --steps batches, read from the same loader the trainer
+    builds (same data.seed), without training."""
+    import tempfile
+
+    from easyrl.config import load_config
+    from easyrl.data.loader import create_dataloaders
+    from easyrl.data.tokenizer import load_tokenizer_and_processor
+    from easyrl.demo.builtin_models import resolve_model_path
+
+    config = load_config(recipe_overrides(args, tempfile.mkdtemp(prefix="easyrl_bench_")))
+    path = resolve_model_path(config.worker.actor.model.model_path)
+    tokenizer, processor = load_tokenizer_and_processor(path, False)
+    loader, _ = create_dataloaders(config.data, tokenizer, processor)
+    batches = iter(loader)
+    order = []
+    for _ in range(args.steps):
+        batch = next(batches)
+        columns = batch.non_tensor_batch if hasattr(batch, "non_tensor_batch") else batch  # DataProto or dict
+        order.append([list(ids) for ids in columns["raw_prompt_ids"]])
+    config.worker.actor.model.model_path = path
+    return config, order
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_recipe_args(parser)
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
+    # easyrl first (its workers run at Ray's niceness), then TRL at the same niceness on the same prompts in the
+    # order easyrl's loader gives them (read up front from the loader, checked against what easyrl consumed)
+    config, order = easyrl_prompt_order(args)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path(config)))
+    rows, matched = trl_rows(config, tokenizer, order)
+
     run = run_recipe(args)
     easyrl_steps = measured_steps(run.rows)
     easyrl_s = mean([row["timing/step"] for row in easyrl_steps])
     easyrl_rewards = [row["critic/score/mean"] for row in run.rows]
+    matched = matched and run.recorder.prompt_ids == order
 
-    match_ray_worker_priority()  # the baseline gets the CPU priority easyrl's workers had
-    tokenizer = AutoTokenizer.from_pretrained(str(model_path(run.config)))
-    rows, matched = trl_rows(run.config, tokenizer, run.recorder.prompt_ids)
-    trl_seconds, trl_rewards = run_trl(run.config, args, rows, shuffle=not matched)
+    match_ray_worker_priority()
+    trl_seconds, trl_rewards = run_trl(config, args, rows, shuffle=not matched)
     trl_s = mean(trl_seconds[1:] if len(trl_seconds) > 1 else trl_seconds)
 
     speedup = trl_s / easyrl_s
