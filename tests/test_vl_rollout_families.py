@@ -45,7 +45,7 @@ class FamilyRolloutProbe(Worker):
             enforce_eager=True,
             kv_cache_memory_bytes=64 << 20,
             limit_images=1,
-            prompt_length=64,
+            prompt_length=160,
             response_length=RESPONSE_LENGTH,
             disable_tqdm=True,
         )
@@ -60,12 +60,12 @@ class FamilyRolloutProbe(Worker):
                 param.add_(torch.randn(param.shape, generator=generator) * 0.1)
         self.rollout.update_weights(iter([[(n, p.detach()) for n, p in self.model.named_parameters()]]))
 
-    def _prompts(self, seeds: list[int], video: bool = False):
+    def _prompts(self, seeds: list[int], video: bool = False, frames: int = 4):
         from easyrl.protocol import DataProto
         from easyrl.testing.vl_batch import VLSample, processor_inputs, random_image, random_video
 
         if video:
-            samples = [VLSample("What happens?", videos=[random_video(seed)]) for seed in seeds]
+            samples = [VLSample("What happens?", videos=[random_video(seed, frames=frames)]) for seed in seeds]
         else:
             samples = [VLSample("Describe it.", images=[random_image(seed)]) for seed in seeds]
         encoded = [processor_inputs(self.processor, sample) for sample in samples]
@@ -96,8 +96,8 @@ class FamilyRolloutProbe(Worker):
         return prompts, encoded
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)
-    def generate_both(self, seeds: list[int], video: bool = False) -> dict:
-        prompts, encoded = self._prompts(seeds, video)
+    def generate_both(self, seeds: list[int], video: bool = False, frames: int = 4) -> dict:
+        prompts, encoded = self._prompts(seeds, video, frames)
         out = self.rollout.generate_sequences(prompts)
         hf = []
         for inputs in encoded:
@@ -157,4 +157,18 @@ def test_encoder_and_processor_caches_are_emptied_by_each_sync_and_do_not_grow(p
 @pytest.mark.timeout(300)
 def test_video_greedy_equals_hf_greedy(probe):
     out = probe.generate_both([5], video=True)
+    assert out["vllm"] == out["hf"]
+
+
+@pytest.mark.timeout(300)
+def test_long_video_greedy_equals_hf_greedy(probe, request):
+    """16 frames of 56 x 56: the video spans more positions in time (8) than in space (2)."""
+    if request.node.callspec.params["probe"] == "qwen2_vl":
+        reason = (
+            "transformers 5.19's Qwen2-VL get_rope_index starts the text after a video at max(h, w) / merge past the "
+            "video's start; vLLM (like the released Qwen2-VL code) at the video's largest position + 1, temporal "
+            "included: the positions after a long video differ"
+        )
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
+    out = probe.generate_both([6], video=True, frames=16)
     assert out["vllm"] == out["hf"]
