@@ -81,11 +81,21 @@ def main() -> None:
     easyrl_gen = mean([row["timing/gen"] for row in steps])
     easyrl_train = mean([row.get("timing/old_log_probs", 0.0) + row["timing/update_actor"] for row in steps])
     easyrl_tokens = mean([float(t) for t in recorder.response_tokens[warmup:]])
+    # timing/gen holds the weight sync (it runs inside the worker's generate) and vLLM's own generate call
+    easyrl_sync = mean([m.get("rollout/weight_sync_s", 0.0) for m in recorder.rollout_metrics[warmup:]])
+    easyrl_engine = mean([m["rollout/gen_seconds"] for m in recorder.rollout_metrics[warmup:]])
     bare_gen_s = mean([g.seconds for g in bare_gen])
     bare_train_s = mean(bare_train)
     ratio = easyrl_step / (bare_gen_s + bare_train_s)
     table = [
         {"part": "generation", "easyrl_s": easyrl_gen, "bare_s": bare_gen_s, "ratio": easyrl_gen / bare_gen_s},
+        {"part": "  easyrl: weight sync", "easyrl_s": easyrl_sync, "bare_s": None, "ratio": None},
+        {
+            "part": "  easyrl: vLLM generate call",
+            "easyrl_s": easyrl_engine,
+            "bare_s": bare_gen_s,
+            "ratio": easyrl_engine / bare_gen_s,
+        },
         {
             "part": "log-probs + update",
             "easyrl_s": easyrl_train,
@@ -118,6 +128,8 @@ def main() -> None:
             "target": TARGET,
             "easyrl_step_s": easyrl_step,
             "easyrl_gen_s": easyrl_gen,
+            "easyrl_weight_sync_s": easyrl_sync,
+            "easyrl_gen_engine_s": easyrl_engine,
             "easyrl_logprob_update_s": easyrl_train,
             "bare_gen_s": bare_gen_s,
             "bare_train_s": bare_train_s,
