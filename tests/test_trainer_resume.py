@@ -23,6 +23,15 @@ from tests.fixtures.trainer_runs import (
 TIME_DEPENDENT_PREFIXES = ("timing/", "timing_per_token_ms/", "perf/")
 
 
+EXACT_PREFIXES = ("reward/", "response_length/", "prompt_length/", "val/")
+
+
+def _same(name: str, resumed, reference) -> bool:
+    if name.startswith(EXACT_PREFIXES) or not isinstance(reference, float):
+        return resumed == reference
+    return math.isclose(resumed, reference, rel_tol=1e-5, abs_tol=1e-7)
+
+
 @pytest.mark.timeout(1800)
 def test_a_killed_run_resumes_from_its_last_checkpoint_and_reproduces_the_next_step(tiny_grpo_run, tmp_path):
     save_dir = tmp_path / "checkpoints"
@@ -48,7 +57,11 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_reproduces_the_next_s
     resumed, reference = metrics_by_step(save_dir)[3], tiny_grpo_run.metrics[3]
     compared = sorted(name for name in reference if not name.startswith(TIME_DEPENDENT_PREFIXES))
     assert set(compared) <= set(resumed)
-    different = {name: (resumed[name], reference[name]) for name in compared if resumed[name] != reference[name]}
+    # The sampled batch and its scores must be identical; losses and gradients may differ in the last float bits
+    # (CPU matmul kernels can round differently for differently aligned buffers in a new process).
+    different = {
+        name: (resumed[name], reference[name]) for name in compared if not _same(name, resumed[name], reference[name])
+    }
     assert not different, f"step 3 after the resume differs from the uninterrupted run: {different}"
     # the comparison covered the sampled batch, the rewards, the losses and the gradient
     for name in ("reward/overall", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
