@@ -48,6 +48,8 @@ def summarize_progress(metrics_path: str) -> list[str]:
     by_step = read_metrics(metrics_path)
     lines = []
     for key in _val_keys(by_step):
+        if key.endswith("/errors"):
+            continue  # reward-function failures are reported by the scorer; no progress to show
         steps, values = _series(by_step, key)
         if len(values) >= 2:
             lines.append(f"{key}: {values[0]:.3f} (step {steps[0]}) -> {values[-1]:.3f} (step {steps[-1]})")

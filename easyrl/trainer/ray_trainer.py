@@ -93,11 +93,15 @@ class PPOTrainer:
             self.global_step += 1
             metrics = self.train_step(batches)
             is_last = self.global_step == self.training_steps
+            after_step: dict[str, float] = {}  # outside timing/step: the phases that do not run every step
             if self.val_loader is not None and trainer_config.val_freq > 0:
                 if self.global_step % trainer_config.val_freq == 0 or is_last:
-                    metrics.update(self.validate())
+                    with timer("validation", after_step):
+                        metrics.update(self.validate())
             if (trainer_config.save_freq > 0 and self.global_step % trainer_config.save_freq == 0) or is_last:
-                self.save_checkpoint()
+                with timer("save_checkpoint", after_step):
+                    self.save_checkpoint()
+            metrics.update({f"timing/{name}": seconds for name, seconds in after_step.items()})
             self.tracker.log(metrics, step=self.global_step)
             last_metrics = metrics
         return last_metrics
