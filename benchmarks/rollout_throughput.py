@@ -23,6 +23,7 @@ from .recipe import Recorder, add_recipe_args, mean, recipe_overrides
 
 def easyrl_rounds(args: argparse.Namespace) -> tuple[object, Recorder]:
     """Generate --rounds batches through the trainer's worker group; returns (config, recorder)."""
+    import shutil
     import tempfile
 
     import ray
@@ -32,7 +33,8 @@ def easyrl_rounds(args: argparse.Namespace) -> tuple[object, Recorder]:
     from easyrl.trainer.main import build_trainer, init_ray
     from easyrl.trainer.ray_trainer import GENERATION_KEYS, GENERATION_NON_TENSOR_KEYS
 
-    config = load_config(recipe_overrides(args, tempfile.mkdtemp(prefix="easyrl_bench_")))
+    save_dir = tempfile.mkdtemp(prefix="easyrl_bench_")
+    config = load_config(recipe_overrides(args, save_dir))
     init_ray(config)
     trainer = build_trainer(config)
     recorder = Recorder()
@@ -51,6 +53,7 @@ def easyrl_rounds(args: argparse.Namespace) -> tuple[object, Recorder]:
     finally:
         trainer.on_shutdown()
         ray.shutdown()
+        shutil.rmtree(save_dir, ignore_errors=True)
     return config, recorder
 
 

@@ -20,6 +20,7 @@ reward comparison.
 import argparse
 import functools
 import importlib.util
+import os
 import time
 
 import easyrl  # noqa: F401  (process environment: Ray and vLLM settings)
@@ -149,7 +150,9 @@ def easyrl_prompt_order(args: argparse.Namespace) -> tuple[object, list[list[lis
     from easyrl.data.tokenizer import load_tokenizer_and_processor
     from easyrl.demo.builtin_models import resolve_model_path
 
-    config = load_config(recipe_overrides(args, tempfile.mkdtemp(prefix="easyrl_bench_")))
+    save_dir = tempfile.mkdtemp(prefix="easyrl_bench_")
+    config = load_config(recipe_overrides(args, save_dir))
+    os.rmdir(save_dir)  # only the config needed a save path
     path = resolve_model_path(config.worker.actor.model.model_path)
     tokenizer, processor = load_tokenizer_and_processor(path, False)
     loader, _ = create_dataloaders(config.data, tokenizer, processor)
