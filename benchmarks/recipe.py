@@ -38,17 +38,23 @@ def add_recipe_args(
 def recipe_overrides(args: argparse.Namespace, save_dir: str) -> list[str]:
     """The recipe with the benchmark's sizes: one optimizer step per rollout batch, no validation, file logger.
 
-    Micro-batches keep the recipe's sizes (32 samples per update pass, 64 per log-prob pass) unless the batch is
-    smaller, in which case the whole batch is one micro-batch."""
+    Micro-batches keep the recipe's sizes unless the batch is smaller, in which case the whole batch is one
+    micro-batch."""
+    import yaml
+
+    with open(DEFAULT_RECIPE, encoding="utf-8") as handle:
+        actor = yaml.safe_load(handle)["worker"]["actor"]
     samples = args.rollout_batch_size * args.n
+    update_micro = min(actor["micro_batch_size_per_device_for_update"], samples)
+    experience_micro = min(actor["micro_batch_size_per_device_for_experience"], samples)
     overrides = [
         f"config={DEFAULT_RECIPE}",
         f"data.format_prompt={REPO_ROOT / 'format_prompt' / 'arithmetic.jinja'}",
         f"data.rollout_batch_size={args.rollout_batch_size}",
         f"data.max_response_length={args.max_response_length}",
         f"worker.actor.global_batch_size={args.rollout_batch_size}",
-        f"worker.actor.micro_batch_size_per_device_for_update={min(32, samples)}",
-        f"worker.actor.micro_batch_size_per_device_for_experience={min(64, samples)}",
+        f"worker.actor.micro_batch_size_per_device_for_update={update_micro}",
+        f"worker.actor.micro_batch_size_per_device_for_experience={experience_micro}",
         f"worker.actor.fsdp.mp_param_dtype={args.dtype}",
         f"worker.rollout.dtype={args.dtype}",
         f"worker.rollout.n={args.n}",
