@@ -27,6 +27,8 @@ STEP_METRICS = [
     "perf/throughput",
     "perf/mfu/actor",
     "rollout/logprob_abs_diff/mean",
+    "rollout/gen_tokens_per_s",
+    "rollout/response_length/max",
 ]
 VALIDATION_METRICS = ["val/reward/overall", "val/reward/word_share", "val/response_length/mean"]
 
@@ -68,6 +70,11 @@ def test_losses_gradients_and_rates_are_finite_and_in_range(tiny_grpo_run):
         # one optimizer step per batch (on-policy): no separate old-log-prob pass; vLLM and the actor agree in fp32
         assert "timing/old_log_probs" not in row
         assert 0.0 <= row["rollout/logprob_abs_diff/mean"] < 1e-3
+        assert row["rollout/gen_tokens_per_s"] > 0.0
+    # the engine starts from the checkpoint; from step 2 on a weight sync precedes each generation
+    for step in (2, 3):
+        assert tiny_grpo_run.metrics[step]["rollout/weight_sync_s"] > 0.0
+        assert tiny_grpo_run.metrics[step]["rollout/weight_sync_gb"] > 0.0
     # lr warms up over lr_warmup_steps=2 (the recipe) to worker.actor.optim.lr=1e-3
     metrics = tiny_grpo_run.metrics
     assert metrics[1]["actor/lr"] == pytest.approx(5e-4)

@@ -20,7 +20,15 @@ from tests.fixtures.trainer_runs import (
 
 
 # Wall-clock measurements differ between any two runs; everything else is a function of the seeds and the state.
-TIME_DEPENDENT_PREFIXES = ("timing/", "timing_per_token_ms/", "perf/")
+TIME_DEPENDENT_PREFIXES = (
+    "timing/",
+    "timing_per_token_ms/",
+    "perf/",
+    "rollout/gen_seconds",
+    "rollout/gen_tokens_per_s",
+    "rollout/weight_sync_s",
+    "rollout/weight_sync_gb_per_s",
+)
 
 
 EXACT_PREFIXES = ("reward/", "response_length/", "prompt_length/", "val/")

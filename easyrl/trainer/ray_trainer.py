@@ -73,6 +73,7 @@ class PPOTrainer:
         self.on_policy = self._is_on_policy()
         self._actor_flops: FlopsCounter | None = None  # built on first use from the actor's HF config
         self._actor_peak_flops: float | None = None
+        self._rollout_metrics: list[dict[str, float]] = []  # the engine's own, per generate call, until logged
 
     # ------------------------------------------------------------------------------------------------------------------
     # the loop
@@ -116,6 +117,7 @@ class PPOTrainer:
             with timer("gen_and_reward", timing):
                 batch, reward_metrics = self._make_batch(batches, timing)
             metrics.update(reward_metrics)
+            metrics.update(self._reduce_rollout_metrics())
 
             # 2. log-probs of the sampled tokens under the current (old) policy, the reference, and the critic
             if self.on_policy:
@@ -217,6 +219,7 @@ class PPOTrainer:
         gen_input.meta_info["seed"] = self._sampling_seed(0, round_index)
         with timer("gen", timing):
             generated = rollout.generate_sequences(gen_input)
+        self._rollout_metrics.append(generated.meta_info.pop("metrics", None) or {})
         if self.config.algorithm.adv_estimator == "remax":
             # ReMax (arXiv 2310.10505): the reward of each prompt's greedy response is its baseline.
             with timer("gen_baseline", timing):
@@ -263,6 +266,9 @@ class PPOTrainer:
             gen_input.meta_info["validate"] = True
             gen_input.meta_info["seed"] = self._sampling_seed(1, batch_index)
             generated = rollout.generate_sequences(gen_input)
+            # a weight sync that ran before a validation batch is reported with the next training step
+            sync = {k: v for k, v in (generated.meta_info.pop("metrics", None) or {}).items() if "weight_sync" in k}
+            self._rollout_metrics.append(sync)
             repeat = len(generated) // len(prompts)
             batch = prompts.repeat(repeat, interleave=True)
             batch.pop(batch_keys=list(GENERATION_KEYS))
@@ -318,6 +324,17 @@ class PPOTrainer:
             for batch_dict in self.train_loader:
                 yield batch_dict if isinstance(batch_dict, DataProto) else DataProto.from_single_dict(batch_dict)
             self.epoch += 1
+
+    def _reduce_rollout_metrics(self) -> dict[str, float]:
+        """The engine metrics of this step's generate calls (data-parallel rank 0's share): seconds and bytes add
+        up over calls (refill rounds, a ReMax baseline, a sync before validation), rates and lengths average."""
+        calls, self._rollout_metrics = self._rollout_metrics, []
+        reduced = {}
+        for key in sorted({key for call in calls for key in call}):
+            values = [call[key] for call in calls if key in call]
+            additive = key.endswith(("_s", "_seconds", "_gb", "_buckets"))
+            reduced[key] = float(sum(values)) if additive else float(sum(values) / len(values))
+        return reduced
 
     def _is_on_policy(self) -> bool:
         """True when each batch makes exactly one optimizer step (one epoch, one mini-batch) and the ratio
