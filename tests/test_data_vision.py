@@ -209,6 +209,28 @@ def test_position_ids_equal_the_models_own_in_a_padded_mixed_batch(
         internal = model(**inputs).logits
         ours = model(**inputs, position_ids=batch.batch["position_ids"].transpose(0, 1)).logits  # (3, batch, seq)
     valid = batch.batch["attention_mask"].bool()
-    assert torch.equal(internal[valid], ours[valid])
+    without_video = [0, 1, 2]
+    assert torch.equal(internal[without_video][valid[without_video]], ours[without_video][valid[without_video]])
+    # the video row follows vLLM and the released Qwen code where transformers 5.19 differs: the text after the video
+    # starts one past the video's largest position on any axis (here the time axis)
+    ids, positions = batch.batch["input_ids"][3], batch.batch["position_ids"][3]  # (seq,), (3, seq)
+    after_video = int(torch.nonzero(ids == processor.video_token_id).max()) + 1
+    largest = int(positions[:, :after_video].max())
+    assert positions[:, after_video].tolist() == [largest + 1] * 3
+    assert largest > int(positions[1:, :after_video].max())  # time spans more positions than space here
     # and the ids really are 3-D: the image rows' vision tokens differ across the (t, h, w) rows
     assert not torch.equal(batch.batch["position_ids"][0, 1], batch.batch["position_ids"][0, 2])
+
+
+def test_text_after_a_vision_block_starts_one_past_its_largest_position():
+    from easyrl.data.rope import continue_after_largest
+
+    # text 0-2, a video block starting at 3 spanning 4 time steps (t 3..6) and 2 x 2 space, then two text tokens that
+    # transformers 5.19 would start at 3 + 2 = 5; the released Qwen rule (and vLLM) starts them at 6 + 1 = 7
+    t = [0, 1, 2, 3, 3, 4, 4, 5, 5, 6, 6, 5, 6]
+    h = [0, 1, 2, 3, 4, 3, 4, 3, 4, 3, 4, 5, 6]
+    w = [0, 1, 2, 3, 3, 3, 3, 3, 3, 3, 3, 5, 6]
+    vision = torch.tensor([0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0]).bool()
+    out = continue_after_largest(torch.tensor([t, h, w]), vision)
+    assert out[:, :11].tolist() == [t[:11], h[:11], w[:11]]  # text and the block itself unchanged
+    assert out[:, 11:].tolist() == [[7, 8]] * 3

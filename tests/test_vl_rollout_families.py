@@ -107,6 +107,26 @@ class FamilyRolloutProbe(Worker):
         return {"vllm": out.batch["responses"].tolist(), "hf": hf}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)
+    def rollout_and_actor_log_probs(self, seed: int, frames: int) -> tuple[list[float], list[float]]:
+        """Sample a response to a video prompt with vLLM, then score it with an HF forward that takes easyrl's
+        position ids (the prompt's from the dataset, the response's continued by the rollout) as the actor does."""
+        prompts, encoded = self._prompts([seed], video=True, frames=frames)
+        prompts.meta_info["sampling_override"] = {"temperature": 1.0, "ignore_eos": True}
+        out = self.rollout.generate_sequences(prompts)
+        inputs = dict(encoded[0])
+        response = out.batch["responses"][0]
+        inputs["input_ids"] = torch.cat([inputs["input_ids"], response[None]], dim=-1)
+        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+        if "mm_token_type_ids" in inputs:
+            inputs["mm_token_type_ids"] = torch.nn.functional.pad(inputs["mm_token_type_ids"], (0, len(response)))
+        position_ids = out.batch["position_ids"][0].unsqueeze(1)  # (3, 1, prompt + response), no padding here
+        with torch.no_grad():
+            logits = self.model(**inputs, position_ids=position_ids, use_cache=False).logits[0].float()
+        log_probs = torch.log_softmax(logits[-len(response) - 1 : -1], dim=-1)
+        actor = log_probs.gather(-1, response[:, None]).squeeze(-1)
+        return out.batch["rollout_log_probs"][0].tolist(), actor.tolist()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)
     def generate_and_count_cache(self, seeds: list[int]) -> tuple[int, int | None]:
         """Generate for new pictures; the vision-encoder outputs and processed pictures the engine then holds."""
         self.rollout.generate_sequences(self._prompts(seeds)[0])
@@ -172,3 +192,13 @@ def test_long_video_greedy_equals_hf_greedy(probe, request):
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
     out = probe.generate_both([6], video=True, frames=16)
     assert out["vllm"] == out["hf"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("probe", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"], indirect=True)
+def test_after_a_long_video_the_actor_scores_what_vllm_sampled(probe):
+    """The training side's rope positions after a 16-frame video (the video spans more positions in time than in
+    space) are the engine's: the actor's log-probs of vLLM's samples equal vLLM's own (fp32 tolerance)."""
+    rollout, actor = probe.rollout_and_actor_log_probs(seed=7, frames=16)
+    assert len(rollout) == RESPONSE_LENGTH
+    assert max(abs(a - b) for a, b in zip(rollout, actor)) < 1e-3

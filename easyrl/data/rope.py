@@ -23,6 +23,11 @@ MROPE_MODELS: dict[str, str] = {
     "Qwen2_5_VLProcessor": "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLModel",
     "Qwen3VLProcessor": "transformers.models.qwen3_vl.modeling_qwen3_vl.Qwen3VLModel",
 }
+# Families whose rope puts every text run and vision block one past the largest position before it (on any axis), as
+# vLLM and the released Qwen2-VL / Qwen2.5-VL code do. transformers 5.19's get_rope_index instead continues the text
+# after a video at start + max(h, w) / merge, which differs once a video spans more positions in time than in space:
+# the rollout engine would then sample with other positions than the actor trains with.
+CONTINUE_AFTER_LARGEST = frozenset({"Qwen2VLProcessor", "Qwen2_5_VLProcessor"})
 # Qwen2.5-VL's released checkpoints all use 2 (the config class default differs); only needed without a config.
 DEFAULT_TOKENS_PER_SECOND = 2
 
@@ -30,6 +35,19 @@ DEFAULT_TOKENS_PER_SECOND = 2
 def text_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """``(..., seq)`` positions counting only attended tokens; padding gets 0."""
     return torch.clip(attention_mask.long().cumsum(-1) - 1, min=0)
+
+
+def continue_after_largest(positions: torch.Tensor, vision: torch.Tensor) -> torch.Tensor:
+    """``positions`` (3, seq) with each text run and each vision block (``vision`` (seq,) bool marks vision tokens)
+    moved to start one past the largest position before it; the layout inside a run or block is kept."""
+    out = positions.clone()
+    boundaries = (torch.nonzero(vision[1:] != vision[:-1]).flatten() + 1).tolist()
+    largest = -1
+    for start, end in zip([0, *boundaries], [*boundaries, positions.shape[-1]]):
+        segment = out[:, start:end]
+        segment += largest + 1 - int(segment.min())
+        largest = int(segment.max())
+    return out
 
 
 def _import(dotted: str) -> Any:
@@ -80,6 +98,7 @@ class MRopeIndex:
         self.accepted = set(inspect.signature(model_cls.get_rope_index).parameters)
         self.image_token_id = processor.image_token_id
         self.video_token_id = processor.video_token_id
+        self.continue_after_largest = type(processor).__name__ in CONTINUE_AFTER_LARGEST
 
     def __call__(self, model_inputs: dict[str, Any]) -> torch.Tensor:
         input_ids = model_inputs["input_ids"].view(1, -1)  # (1, seq)
@@ -96,7 +115,11 @@ class MRopeIndex:
                 token_types = (input_ids == self.image_token_id).int() + 2 * (input_ids == self.video_token_id).int()
             kwargs["mm_token_type_ids"] = token_types.view(1, -1)
         position_ids, _ = self.host.get_rope_index(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
-        return position_ids[:, 0]  # (3, seq)
+        positions = position_ids[:, 0]  # (3, seq)
+        if self.continue_after_largest:
+            vision = (input_ids[0] == self.image_token_id) | (input_ids[0] == self.video_token_id)
+            positions = continue_after_largest(positions, vision)
+        return positions
 
 
 def make_position_id_fn(processor: Any, model_config: Any = None, model_path: str | None = None):

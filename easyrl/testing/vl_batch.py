@@ -111,12 +111,17 @@ def make_vl_batch(processor: Any, model_path: str, samples: list[VLSample], resp
 
 
 def reference_log_probs(model, processor: Any, samples: list[VLSample], data, temperature: float) -> torch.Tensor:
-    """(batch, response_len) log-probs from a plain HF forward of each sequence alone (the model's own positions)."""
+    """(batch, response_len) log-probs from a plain HF forward of each sequence alone, unpadded, given the batch's
+    rope positions (easyrl's; tests/test_data_vision.py checks them against the model's own)."""
     response_length = data.batch["responses"].shape[-1]
+    prompt_length = data.batch["input_ids"].shape[-1] - response_length
     out = torch.zeros(data.batch["responses"].shape)
     for i, sample in enumerate(samples):
         inputs = processor_inputs(processor, sample)
         n_response = int(data.batch["response_mask"][i].sum())
+        n_prompt = inputs["input_ids"].shape[-1]
+        positions = data.batch["position_ids"][i, :, prompt_length - n_prompt : prompt_length + n_response]
+        inputs["position_ids"] = positions.unsqueeze(1)  # (3, 1, n_prompt + n_response)
         response = data.batch["responses"][i, :n_response]
         inputs["input_ids"] = torch.cat([inputs["input_ids"], response[None]], dim=-1)
         inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
