@@ -10,7 +10,7 @@ import torch
 from ..models.dynamic_batching import restore_order, split_micro_batches
 from ..models.forward import forward_response_outputs, scatter_to_response
 from ..utils.torch_functional import entropy_from_logits, log_probs_from_logits
-from .ppo_update import run_role_updates
+from .ppo_update import run_ppo_updates
 
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ class Actor:
         from ..algorithms.kl import compute_kl_loss
         from ..algorithms.masked import masked_mean
         from ..algorithms.policy_loss import compute_policy_loss
+        from .rollout.base import rollout_logprob_mismatch
 
         config, batch = self.config, micro_batch.batch
         temperature = micro_batch.meta_info["temperature"]
@@ -103,7 +104,8 @@ class Actor:
         elif on_policy:
             metrics["entropy"] = masked_mean(entropy, mask).item()
         if on_policy and rollout_log_probs is not None:
-            metrics["rollout_logprob_abs_diff"] = masked_mean((old_log_probs - rollout_log_probs).abs(), mask).item()
+            mismatch = rollout_logprob_mismatch(old_log_probs, rollout_log_probs, mask)
+            metrics["rollout_logprob_abs_diff"] = mismatch["rollout/logprob_abs_diff/mean"]
         if config.use_kl_loss and not config.disable_kl:
             kl_loss, kl_metrics = compute_kl_loss(
                 log_probs, batch["ref_log_probs"], mask, config.kl_penalty, config.loss_avg_mode, denominator
@@ -118,7 +120,7 @@ class Actor:
         ref_log_probs with use_kl_loss). Returns this rank's ``actor/*`` metrics."""
         if self.optimizer is None or self.mini_batch_size is None:
             raise RuntimeError("This actor was built without an optimizer (a reference model cannot be updated).")
-        return run_role_updates(
+        return run_ppo_updates(
             self.module,
             self.optimizer,
             data,

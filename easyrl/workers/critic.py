@@ -10,7 +10,7 @@ import torch
 
 from ..models.dynamic_batching import restore_order, split_micro_batches
 from ..models.forward import forward_response_outputs, scatter_to_response
-from .ppo_update import run_role_updates
+from .ppo_update import run_ppo_updates
 
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class Critic:
         """PPO epochs of value regression on ``data`` (needs values, returns, response_mask); ``critic/*`` metrics."""
         if self.optimizer is None or self.mini_batch_size is None:
             raise RuntimeError("This critic was built without an optimizer.")
-        return run_role_updates(
+        return run_ppo_updates(
             self.module,
             self.optimizer,
             data,

@@ -44,17 +44,18 @@ def run_ppo_updates(
     optimizer: torch.optim.Optimizer,
     data: "DataProto",
     micro_loss: MicroLoss,
+    role_config: Any,
     *,
     mini_batch_size: int,
-    micro_batch_size: int,
-    dynamic_batching: bool,
-    ppo_epochs: int,
-    loss_avg_mode: str,
-    max_grad_norm: float,
     dp_size: int,
     prefix: str,
 ) -> dict[str, float]:
-    """Run the update schedule on this rank's share of the batch; metrics are averages over steps, ``prefix/``."""
+    """Run the update schedule of ``role_config`` (an actor or critic section: ppo_epochs, micro batch size,
+    dynamic batching, loss_avg_mode, max_grad_norm) on this rank's share of the batch; metrics are averages over
+    steps, ``prefix/``."""
+    micro_batch_size = role_config.micro_batch_size_per_device_for_update
+    dynamic_batching, ppo_epochs = role_config.dynamic_batching, role_config.ppo_epochs
+    loss_avg_mode, max_grad_norm = role_config.loss_avg_mode, role_config.max_grad_norm
     if len(data) % mini_batch_size != 0:
         raise ValueError(
             f"This device holds {len(data)} samples, not a multiple of its mini-batch of {mini_batch_size} "
@@ -81,31 +82,3 @@ def run_ppo_updates(
     metrics = {f"{prefix}/{key}": sum(values) / len(values) for key, values in step_metrics.items()}
     metrics[f"{prefix}/nonfinite_grad_skipped_steps"] = float(skipped)
     return metrics
-
-
-def run_role_updates(
-    module: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    data: "DataProto",
-    micro_loss: MicroLoss,
-    role_config: Any,
-    *,
-    mini_batch_size: int,
-    dp_size: int,
-    prefix: str,
-) -> dict[str, float]:
-    """``run_ppo_updates`` with the schedule read from an actor or critic config section."""
-    return run_ppo_updates(
-        module,
-        optimizer,
-        data,
-        micro_loss,
-        mini_batch_size=mini_batch_size,
-        micro_batch_size=role_config.micro_batch_size_per_device_for_update,
-        dynamic_batching=role_config.dynamic_batching,
-        ppo_epochs=role_config.ppo_epochs,
-        loss_avg_mode=role_config.loss_avg_mode,
-        max_grad_norm=role_config.max_grad_norm,
-        dp_size=dp_size,
-        prefix=prefix,
-    )
