@@ -60,7 +60,7 @@ def worker_config(
     fsdp_size: int = -1,
 ):
     """An fp32 WorkerConfig (no mixed precision, no clipping) so that results compare exactly with one process."""
-    from easyrl.config import PPOConfig
+    from easyrl.config import PPOConfig, derive
 
     config = PPOConfig()
     config.trainer.nnodes = 1
@@ -83,7 +83,7 @@ def worker_config(
         role.fsdp.fsdp_size = fsdp_size
     config.worker.ref.fsdp.torch_dtype = "fp32"
     config.worker.ref.fsdp.mp_param_dtype = "fp32"
-    config.post_init()
+    derive(config)
     return config.worker
 
 

@@ -4,11 +4,21 @@ import ast
 import inspect
 from dataclasses import MISSING, fields, is_dataclass
 
-from .. import config as config_module
+from ..config.compat import EASYR1_DIFFERENCES
+from ..config.schema import PPOConfig
 
 
 def field_docstrings(cls: type) -> dict[str, str]:
-    """{field name: the string literal written right under the field} for one dataclass."""
+    """{field name: the string literal written right under the field} for one dataclass, its bases' fields
+    included (a subclass's own docstring wins)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if is_dataclass(klass) and klass is not object:
+            docs.update(_own_field_docstrings(klass))
+    return docs
+
+
+def _own_field_docstrings(cls: type) -> dict[str, str]:
     tree = ast.parse(inspect.getsource(cls))
     body = tree.body[0].body
     docs = {}
@@ -48,7 +58,7 @@ def _type(f) -> str:
     return getattr(f.type, "__name__", str(f.type)).replace("typing.", "")
 
 
-def iter_sections(cls: type = config_module.PPOConfig, prefix: str = ""):
+def iter_sections(cls: type = PPOConfig, prefix: str = ""):
     """Yield (dotted section name, dataclass) for every section of the tree, depth first."""
     yield prefix, cls
     for f in fields(cls):
@@ -56,16 +66,22 @@ def iter_sections(cls: type = config_module.PPOConfig, prefix: str = ""):
             yield from iter_sections(f.type, f"{prefix}.{f.name}" if prefix else f.name)
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
 def render_config_docs() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from the docstrings in `easyrl/config.py` by `python scripts/gen_config_docs.py`; do not edit.",
+        "Generated from the docstrings in `easyrl/config/schema.py` and the differences in `easyrl/config/compat.py`",
+        "by `python scripts/gen_config_docs.py`; do not edit.",
         "",
         "Values are resolved as defaults <- `config=FILE.yaml` <- `key=value` command-line overrides.",
-        "Keys marked *derived* are filled from other keys and need not be set.",
+        "`easyrl check` prints the resolved config and the run plan (roles, batches, steps, what is skipped and why).",
         "",
     ]
+    derived = []
     for section, cls in iter_sections():
         if not section:
             continue
@@ -76,6 +92,26 @@ def render_config_docs() -> str:
         lines += [f"## `{section}`", "", "| key | type | default | description |", "|---|---|---|---|"]
         for f in leaves:
             doc = docs.get(f.name, "").replace("|", "\\|")
-            lines.append(f"| `{section}.{f.name}` | {_type(f)} | `{_default(f)}` | {doc} |")
+            row = f"| `{section}.{f.name}` | {_type(f)} | `{_default(f)}` | {doc} |"
+            (derived if f.metadata.get("derived") else lines).append(row)
         lines.append("")
+    lines += [
+        "## Derived values",
+        "",
+        "Filled by easyrl from the keys above; setting one is an error. `easyrl check` prints their values.",
+        "",
+        "| key | type | default | description |",
+        "|---|---|---|---|",
+        *derived,
+        "",
+        "## Where easyrl differs from EasyR1",
+        "",
+        "A config written for EasyR1 loads unchanged. These keys mean something else in easyrl, for the reason",
+        "given; `easyrl check` and `easyrl train` print a note for each one a config sets.",
+        "",
+        "| key | difference and why |",
+        "|---|---|",
+        *(f"| `{key}` | {_cell(why)} |" for key, why in EASYR1_DIFFERENCES.items()),
+        "",
+    ]
     return "\n".join(lines)

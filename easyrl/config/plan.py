@@ -1,0 +1,181 @@
+"""The run plan: what a config means, decided once before Ray starts and read by every other part.
+
+``make_run_plan`` turns a validated PPOConfig into a frozen ``RunPlan``: which roles exist, whether the update is
+on-policy (and so may skip the old-log-prob pass), the per-device batch sizes, the generation batches of one step, the
+device adjustments, and the notes a user must read. ``easyrl check`` prints it; ``easyrl train``, the trainer and the
+workers take their decisions from it and decide nothing again. The training-step count needs the size of the
+training data, so ``with_training_steps`` completes the plan once the data is read (still before Ray starts).
+"""
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from ..utils import device
+from .compat import easyr1_difference_notes
+from .load import read_config
+from .schema import PPOConfig
+from .validate import uses_critic, validate_config
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The fully decided description of one run (``config`` holds every resolved key)."""
+
+    config: PPOConfig
+    """The resolved config: defaults <- file <- overrides, derived values filled, validated."""
+    world_size: int
+    """Workers (devices) of the run: trainer.nnodes x trainer.n_gpus_per_node."""
+    use_reference: bool
+    """A frozen reference policy runs (KL is on, as a loss or in the reward)."""
+    use_critic: bool
+    """A value model is trained (the advantage estimator learns one)."""
+    kl_in_reward: bool
+    """The KL to the reference is a per-token reward penalty (computed from the OLD log-probs, before advantages)."""
+    kl_loss: bool
+    """The KL to the reference is a term of the actor's loss."""
+    on_policy: bool
+    """Each batch makes exactly one optimizer step and nothing before the update needs the old log-probs: the update
+    uses its own detached log-probs as the old ones and the separate old-log-prob pass is skipped."""
+    old_log_prob_reason: str
+    """Why the old-log-prob pass runs (or why it is skipped), for the printed plan."""
+    actor_optimizer_steps_per_batch: int
+    """Optimizer steps of the actor per training step: ppo_epochs x rollout_batch_size / global_batch_size."""
+    generation_batch_size: int
+    """Prompts per generate call: data.mini_rollout_batch_size, or data.rollout_batch_size."""
+    generation_rounds_per_step: int
+    """Generate calls a step needs to collect rollout_batch_size prompts when no group is filtered out."""
+    rollout_enforce_eager: bool
+    """What the engine runs with: worker.rollout.enforce_eager, or true where CUDA graphs do not exist."""
+    validate_at_end: bool
+    """Validation runs after the last step (every run with validation data, as EasyR1 does)."""
+    training_steps: Optional[int] = None
+    """Training steps of the run; known once the training data is read (trainer.max_steps sets it outright)."""
+    notes: tuple[str, ...] = ()
+    """What the user should know: settings adjusted to the device, keys whose meaning differs from EasyR1's."""
+
+    @property
+    def worker_role(self) -> str:
+        """The role set of the hybrid-engine worker group (the reference shares the actor's processes)."""
+        return "actor_rollout_ref" if self.use_reference else "actor_rollout"
+
+    def with_training_steps(self, generation_batches_per_epoch: int) -> "RunPlan":
+        """The plan completed with the step count, from the training loader's length (batches of
+        ``generation_batch_size`` prompts). EasyR1's rule: max_steps when set, else whole rollout batches per epoch
+        times total_epochs."""
+        config = self.config
+        if config.trainer.max_steps is not None:
+            steps = config.trainer.max_steps
+        else:
+            prompts_per_epoch = generation_batches_per_epoch * self.generation_batch_size
+            steps = prompts_per_epoch // config.data.rollout_batch_size * config.trainer.total_epochs
+        if steps <= 0:
+            raise ValueError(
+                f"The training data gives {generation_batches_per_epoch} batches of {self.generation_batch_size} "
+                f"prompts per epoch: not one step of `data.rollout_batch_size`={config.data.rollout_batch_size} "
+                "prompts. Use more data, a smaller rollout_batch_size, or set trainer.max_steps."
+            )
+        config.worker.actor.optim.training_steps = steps
+        config.worker.critic.optim.training_steps = steps
+        return dataclasses.replace(self, training_steps=steps)
+
+    def describe(self) -> str:
+        """The plan as the lines `easyrl check` prints."""
+        config, actor = self.config, self.config.worker.actor
+        roles = (
+            ["actor", "rollout"] + (["ref"] if self.use_reference else []) + (["critic"] if self.use_critic else [])
+        )
+        kl = "in the reward" if self.kl_in_reward else "as an actor loss" if self.kl_loss else "off"
+        steps = str(self.training_steps) if self.training_steps is not None else "set when the training data is read"
+        if self.training_steps is None and config.trainer.max_steps is None:
+            steps += f" (rollout batches per epoch x {config.trainer.total_epochs} epochs)"
+        lines = [
+            f"workers: {self.world_size} ({config.trainer.nnodes} node(s) x {config.trainer.n_gpus_per_node}), "
+            f"roles: {', '.join(roles)}",
+            f"advantage estimator: {config.algorithm.adv_estimator}, policy loss: {actor.loss_type}, KL: {kl}",
+            f"per step: {config.data.rollout_batch_size} prompts x {config.worker.rollout.n} samples, generated in "
+            f"{self.generation_rounds_per_step} call(s) of {self.generation_batch_size} prompts"
+            + (" (online filtering may add rounds)" if config.algorithm.online_filtering else ""),
+            f"actor: {self.actor_optimizer_steps_per_batch} optimizer step(s) per training step, "
+            f"{actor.global_batch_size_per_device} samples per device per optimizer step, micro-batches of "
+            f"{actor.micro_batch_size_per_device_for_update} (update) / "
+            f"{actor.micro_batch_size_per_device_for_experience} (log-probs)",
+            f"old log-probs: {self.old_log_prob_reason}",
+            f"training steps: {steps}",
+            f"validation: {_validation_schedule(config, self.validate_at_end)}",
+        ]
+        lines += [f"note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+def _validation_schedule(config: PPOConfig, at_end: bool) -> str:
+    trainer = config.trainer
+    if not config.data.val_files:
+        return "none (data.val_files is empty)"
+    parts = ["before training"] if trainer.val_before_train else []
+    if trainer.val_freq > 0:
+        parts.append(f"every {trainer.val_freq} steps")
+    if at_end:
+        parts.append("at the end")
+    return ", ".join(parts) + (" (val_only: no training)" if trainer.val_only else "")
+
+
+def _old_log_prob_decision(config: PPOConfig, kl_in_reward: bool) -> tuple[bool, str]:
+    """(on_policy, reason). The separate forward pass is needed unless the update sees each sample exactly once in
+    one optimizer step (the ratio pi/pi_old is then 1 at that step) AND nothing before the update reads the old
+    log-probs: the in-reward KL penalty does, since it is part of the rewards the advantages are computed from."""
+    actor = config.worker.actor
+    if actor.ppo_epochs != 1:
+        return False, f"computed (worker.actor.ppo_epochs={actor.ppo_epochs}: later epochs need the old policy)"
+    if actor.global_batch_size < config.data.rollout_batch_size:
+        return False, (
+            f"computed ({config.data.rollout_batch_size // actor.global_batch_size} mini-batches per step: later "
+            "ones are off-policy)"
+        )
+    if config.algorithm.recompute_old_log_probs:
+        return False, "computed (algorithm.recompute_old_log_probs=true)"
+    if kl_in_reward:
+        return False, "computed (the in-reward KL penalty reads them before the update)"
+    return True, "skipped (one optimizer step per batch: the update's own detached log-probs are the old ones)"
+
+
+def make_run_plan(config: PPOConfig, user_keys: frozenset[str] = frozenset()) -> RunPlan:
+    """Validate ``config`` and decide everything about the run that does not need the data or the workers."""
+    validate_config(config)
+    algorithm, data, actor, rollout = config.algorithm, config.data, config.worker.actor, config.worker.rollout
+    use_reference = not algorithm.disable_kl
+    kl_in_reward = use_reference and not algorithm.use_kl_loss
+    on_policy, reason = _old_log_prob_decision(config, kl_in_reward)
+    generation_batch_size = data.mini_rollout_batch_size or data.rollout_batch_size
+    notes = []
+    enforce_eager = rollout.enforce_eager
+    if not enforce_eager and rollout.name == "vllm" and not device.is_cuda_available():
+        enforce_eager = True
+        notes.append(
+            "worker.rollout.enforce_eager=false asks for CUDA graphs, which a machine without CUDA does not have: "
+            "the engine runs eagerly."
+        )
+    notes += easyr1_difference_notes(set(user_keys))
+    return RunPlan(
+        config=config,
+        world_size=config.world_size,
+        use_reference=use_reference,
+        use_critic=uses_critic(config),
+        kl_in_reward=kl_in_reward,
+        kl_loss=use_reference and algorithm.use_kl_loss,
+        on_policy=on_policy,
+        old_log_prob_reason=reason,
+        actor_optimizer_steps_per_batch=actor.ppo_epochs * (data.rollout_batch_size // actor.global_batch_size),
+        generation_batch_size=generation_batch_size,
+        generation_rounds_per_step=math.ceil(data.rollout_batch_size / generation_batch_size),
+        rollout_enforce_eager=enforce_eager,
+        validate_at_end=bool(data.val_files),
+        notes=tuple(notes),
+    )
+
+
+def load_run_plan(args: Optional[list[str]] = None) -> RunPlan:
+    """`config=FILE` and `key=value` arguments -> the run plan (raises ConfigError naming the key)."""
+    config, user_keys = read_config(args)
+    return make_run_plan(config, frozenset(user_keys))

@@ -1,0 +1,431 @@
+"""The PPOConfig tree: every knob of a run, typed and documented in one place.
+
+Each section is a dataclass; the string right under a field is its documentation (``docs/config.md`` is generated
+from these strings by ``scripts/gen_config_docs.py``). Key names follow EasyR1, so an EasyR1 ``config.yaml`` loads
+unchanged. Fields marked ``DERIVED`` are filled by ``load.derive`` from other keys and cannot be set by a user.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+DERIVED = {"derived": True}
+
+
+class ConfigError(ValueError):
+    """A configuration problem the user can fix; the message names the key and the fix."""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# data
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass
+class DataConfig:
+    train_files: str = ""
+    """Training data: a .jsonl/.json/.parquet file, a folder saved by `datasets`, `name@split`, or `builtin://NAME@split`."""
+    val_files: str = ""
+    """Validation data, same forms as `train_files`; empty disables validation."""
+    prompt_key: str = "prompt"
+    """Column holding the prompt text."""
+    answer_key: str = "answer"
+    """Column holding the ground truth handed to the reward function."""
+    image_key: str = "images"
+    """Column holding a list of images (paths, {"bytes": ...} dicts or PIL images)."""
+    video_key: str = "videos"
+    """Column holding a list of videos (paths or lists of frames)."""
+    image_dir: Optional[str] = None
+    """Folder that relative image/video paths are resolved against."""
+    video_fps: float = 2.0
+    """Frames per second sampled from each video."""
+    max_prompt_length: int = 512
+    """Longest prompt in tokens (vision tokens included); longer prompts are filtered or rejected."""
+    max_response_length: int = 512
+    """Longest response the rollout may generate, in tokens."""
+    rollout_batch_size: int = 512
+    """Prompts per training step (each is sampled `worker.rollout.n` times)."""
+    mini_rollout_batch_size: Optional[int] = None
+    """Prompts per generation call; a step generates such mini-batches until rollout_batch_size prompts (that survive
+    online filtering) are collected, and steps are counted per rollout batch (EasyR1). null means rollout_batch_size."""
+    val_batch_size: int = -1
+    """Prompts per validation generation call; -1 means the whole validation set at once."""
+    format_prompt: Optional[str] = None
+    """Jinja template file applied to each prompt (rendered with `content`) before the chat template."""
+    override_chat_template: Optional[str] = None
+    """Jinja chat-template file used instead of the tokenizer's own."""
+    shuffle: bool = True
+    """Shuffle the training data every epoch."""
+    seed: int = 1
+    """Seed of the training-data shuffle."""
+    min_pixels: Optional[int] = 262144
+    """Images smaller than this many pixels are upscaled."""
+    max_pixels: Optional[int] = 4194304
+    """Images larger than this many pixels are downscaled."""
+    filter_overlong_prompts: bool = True
+    """Drop prompts longer than max_prompt_length (counted and reported) instead of failing."""
+    filter_overlong_prompts_workers: int = 16
+    """Processes used to measure prompt lengths when filtering."""
+    dataloader_num_workers: int = 0
+    """Worker processes preparing batches (0: in the driver; raise it for image/video datasets on big machines)."""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# algorithm
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass
+class AlgorithmConfig:
+    gamma: float = 1.0
+    """Discount factor of GAE and REINFORCE++ returns."""
+    lam: float = 1.0
+    """GAE lambda."""
+    adv_estimator: str = "grpo"
+    """Advantage estimator: gae, grpo, grpo_passk, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax."""
+    norm_adv_by_std_in_grpo: bool = True
+    """grpo / grpo_passk: divide group-centred scores by the group std; false gives Dr. GRPO (arXiv 2503.20783)."""
+    disable_kl: bool = False
+    """Skip the reference model and every KL term."""
+    use_kl_loss: bool = False
+    """Apply KL to the reference as a loss term (true) or as a per-token reward penalty (false)."""
+    kl_penalty: str = "kl"
+    """KL estimator: kl, abs, mse, low_var_kl, full."""
+    kl_coef: float = 1e-3
+    """KL coefficient (the initial one for the adaptive controller)."""
+    kl_type: str = "fixed"
+    """KL controller for the in-reward penalty: fixed or adaptive."""
+    kl_horizon: float = 10000.0
+    """Horizon of the adaptive KL controller."""
+    kl_target: float = 0.1
+    """Target KL of the adaptive KL controller."""
+    recompute_old_log_probs: bool = False
+    """Always run the separate old-log-prob forward pass; by default it is skipped when a batch makes exactly one
+    optimizer step (ppo_epochs=1, global_batch_size >= rollout_batch_size), where the update's own detached
+    log-probs are the old ones."""
+    online_filtering: bool = False
+    """DAPO dynamic sampling: drop groups whose mean `filter_key` score is outside [filter_low, filter_high]."""
+    filter_key: str = "overall"
+    """Reward score that online filtering looks at."""
+    filter_low: float = 0.01
+    """Online filtering keeps a group only when its mean score is strictly above this (EasyR1)."""
+    filter_high: float = 0.99
+    """Online filtering keeps a group only when its mean score is strictly below this (EasyR1)."""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# worker
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass
+class LoraConfig:
+    rank: int = 0
+    """LoRA rank; 0 trains all parameters."""
+    alpha: int = 64
+    """LoRA alpha (scaling = alpha / rank)."""
+    target_modules: Any = "all-linear"
+    """Modules that get adapters: `all-linear` or a list / comma-separated names."""
+    exclude_modules: Optional[str] = None
+    """Regex of module names that never get adapters (e.g. the vision tower)."""
+
+
+@dataclass
+class ModelConfig:
+    model_path: Optional[str] = None
+    """Hugging Face model folder or hub id; `builtin://SmolLM2-135M-Instruct` is the embedded default model."""
+    tokenizer_path: Optional[str] = None
+    """Tokenizer/processor folder or hub id; null means model_path."""
+    override_config: dict = field(default_factory=dict)
+    """Values that override the model's config.json (e.g. {attention_dropout: 0.0})."""
+    enable_gradient_checkpointing: bool = True
+    """Recompute activations in the backward pass to save memory."""
+    trust_remote_code: bool = True
+    """Allow model code shipped with the checkpoint."""
+    freeze_vision_tower: bool = False
+    """Keep the vision encoder of a VLM frozen."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    """Peak learning rate."""
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    weight_decay: float = 1e-2
+    """AdamW weight decay."""
+    strategy: str = "adamw"
+    """Optimizer: adamw, or adamw_bf16 (states kept in bf16)."""
+    lr_warmup_ratio: float = 0.0
+    """Share of the training steps used for linear warmup."""
+    lr_warmup_steps: Optional[int] = None
+    """Warmup steps; overrides lr_warmup_ratio when set."""
+    min_lr_ratio: Optional[float] = None
+    """Floor of the cosine schedule as a share of lr."""
+    lr_scheduler_type: str = "constant"
+    """Schedule after warmup: constant or cosine."""
+    training_steps: int = field(default=-1, metadata=DERIVED)
+    """Total optimizer steps of the run (derived; leave at -1)."""
+
+
+@dataclass
+class FSDPConfig:
+    enable_full_shard: bool = True
+    """Shard parameters, gradients and optimizer states (false keeps parameters replicated)."""
+    enable_cpu_offload: bool = False
+    """Let FSDP keep parameters on the CPU between uses (GPU only)."""
+    enable_rank0_init: bool = True
+    """Load weights on rank 0 only and broadcast them, saving host memory."""
+    use_orig_params: bool = False
+    """Accepted for compatibility; FSDP2 always keeps the original parameters."""
+    torch_dtype: Optional[str] = None
+    """Dtype the weights are loaded in: fp32, bf16, fp16; null means fp32 for the actor/critic and bf16 for the ref."""
+    fsdp_size: int = -1
+    """Devices in one sharding group (hybrid sharding); -1 shards over all."""
+    mp_param_dtype: str = "bf16"
+    """Mixed precision: dtype of parameters in forward/backward."""
+    mp_reduce_dtype: str = "fp32"
+    """Mixed precision: dtype of gradient reduction."""
+    mp_buffer_dtype: str = "fp32"
+    """Mixed precision: dtype of buffers."""
+
+
+@dataclass
+class OffloadConfig:
+    offload_params: bool = False
+    """Move parameters to the CPU while the role is idle (GPU only)."""
+    offload_optimizer: bool = False
+    """Move optimizer states to the CPU while the role is idle (GPU only)."""
+
+
+@dataclass
+class TrainableRoleConfig:
+    """The fields the actor and the critic share: one batch / update schedule, one model, optimizer, sharding."""
+
+    strategy: str = "fsdp"
+    """Training backend; fsdp (FSDP2) is the one there is."""
+    global_batch_size: int = 256
+    """Prompts per optimizer step (mini-batch); multiplied by rollout.n into samples."""
+    micro_batch_size_per_device_for_update: int = 4
+    """Samples per forward/backward pass on one device when updating."""
+    micro_batch_size_per_device_for_experience: int = 16
+    """Samples per forward pass on one device when computing log-probs (actor) or values (critic)."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clipping; a non-finite norm skips the step."""
+    loss_avg_mode: str = "token"
+    """Loss aggregation: token (token-mean), seq (seq-mean-token-mean), seq-mean-token-sum."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    padding_free: bool = True
+    """Pack sequences without padding in forward passes."""
+    dynamic_batching: bool = True
+    """Form micro-batches by a token budget instead of a fixed sample count."""
+    ulysses_size: int = 1
+    """Ulysses sequence-parallel size (only 1 runs today; check refuses other values)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model of this role."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """The optimizer and learning-rate schedule."""
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP2 sharding and mixed precision."""
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    """CPU offload between phases."""
+    global_batch_size_per_device: int = field(default=-1, metadata=DERIVED)
+    """Samples per optimizer step on one device: global_batch_size x rollout.n / devices (derived)."""
+
+
+@dataclass
+class ActorConfig(TrainableRoleConfig):
+    clip_ratio_low: float = 0.2
+    """PPO clip: lower bound of the ratio is 1 - clip_ratio_low."""
+    clip_ratio_high: float = 0.3
+    """PPO clip: upper bound of the ratio is 1 + clip_ratio_high (clip-higher, DAPO)."""
+    clip_ratio_dual: float = 3.0
+    """Dual-clip PPO constant C: the loss of negative advantages is bounded by C * |A|."""
+    loss_type: str = "default"
+    """Policy loss: default (PPO clip), gspo, gspo_token, cispo, sapo."""
+    use_torch_compile: bool = True
+    """Compile the log-prob and entropy kernels with torch.compile (GPU; on a CPU the eager kernels run)."""
+    tau_positive: float = 1.0
+    """SAPO temperature of the soft gate for positive advantages."""
+    tau_negative: float = 1.05
+    """SAPO temperature of the soft gate for negative advantages."""
+    tis_cap: Optional[float] = None
+    """Truncated importance sampling: weight each token by min(pi_old / pi_rollout, tis_cap); null disables it."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: the policy loss gets -entropy_coef * mean token entropy; 0 disables it."""
+    disable_kl: bool = field(default=False, metadata=DERIVED)
+    """Copied from algorithm.disable_kl (derived)."""
+    use_kl_loss: bool = field(default=False, metadata=DERIVED)
+    """Copied from algorithm.use_kl_loss (derived)."""
+    kl_penalty: str = field(default="kl", metadata=DERIVED)
+    """Copied from algorithm.kl_penalty (derived)."""
+    kl_coef: float = field(default=0.0, metadata=DERIVED)
+    """Copied from algorithm.kl_coef (derived)."""
+
+
+@dataclass
+class CriticConfig(TrainableRoleConfig):
+    padding_free: bool = False
+    """Pack sequences without padding in forward passes."""
+    cliprange_value: float = 0.5
+    """Value clipping range around the old values."""
+
+
+@dataclass
+class RefConfig:
+    strategy: str = "fsdp"
+    """Backend of the reference model; fsdp (FSDP2)."""
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP2 sharding and mixed precision."""
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    """CPU offload between phases."""
+    micro_batch_size_per_device_for_experience: int = -1
+    """Samples per forward pass on one device; -1 copies the actor's."""
+    padding_free: bool = field(default=False, metadata=DERIVED)
+    """Copied from the actor (derived)."""
+    dynamic_batching: bool = field(default=False, metadata=DERIVED)
+    """Copied from the actor (derived)."""
+    ulysses_size: int = field(default=1, metadata=DERIVED)
+    """Copied from the actor (derived)."""
+    use_torch_compile: bool = field(default=True, metadata=DERIVED)
+    """Copied from the actor (derived)."""
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "vllm"
+    """Rollout engine: vllm (SPMD, on the training devices) or hf (transformers generate)."""
+    n: int = 1
+    """Responses sampled per prompt (the group size of GRPO)."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs of the actor use the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    top_k: int = -1
+    """Top-k sampling; -1 disables it."""
+    seed: int = 1
+    """Sampling seed (offset per data-parallel group)."""
+    limit_images: int = 0
+    """Most images per prompt the engine accepts; 0 means no limit set."""
+    dtype: str = "bf16"
+    """Dtype of the rollout engine's weights."""
+    gpu_memory_utilization: float = 0.6
+    """Share of GPU memory vLLM may use (GPU only)."""
+    kv_cache_memory_bytes: Optional[int] = None
+    """KV-cache size in bytes; on CPU null means 1 GiB per worker (vLLM needs an explicit size there)."""
+    ignore_eos: bool = False
+    """Keep generating past the end-of-sequence token."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs in vLLM; on a machine without CUDA the engine always runs eagerly (announced once)."""
+    enable_chunked_prefill: bool = False
+    """Let vLLM split long prefills into chunks."""
+    tensor_parallel_size: int = 2
+    """Devices per vLLM engine; data parallel across the groups this carves out of the world."""
+    max_model_len: Optional[int] = None
+    """Context length of the engine; null means max_prompt_length + max_response_length."""
+    max_num_batched_tokens: int = 8192
+    """Token budget of one vLLM scheduler step."""
+    disable_log_stats: bool = True
+    """Silence vLLM's periodic statistics."""
+    disable_tqdm: bool = True
+    """Hide vLLM's progress bar of each generate call (the run shows its own progress bar)."""
+    val_override_config: dict = field(default_factory=dict)
+    """Sampling values used for validation, e.g. {temperature: 0, n: 1}."""
+    trust_remote_code: bool = field(default=False, metadata=DERIVED)
+    """Copied from the actor model (derived)."""
+    prompt_length: int = field(default=-1, metadata=DERIVED)
+    """Copied from data.max_prompt_length (derived)."""
+    response_length: int = field(default=-1, metadata=DERIVED)
+    """Copied from data.max_response_length (derived)."""
+
+
+@dataclass
+class RewardConfig:
+    reward_function: Optional[str] = None
+    """Reward function as `path/to/file.py:function` (function defaults to compute_score)."""
+    reward_function_kwargs: dict = field(default_factory=dict)
+    """Extra keyword arguments passed to the reward function."""
+    skip_special_tokens: bool = True
+    """Strip special tokens when decoding responses for the reward function."""
+    num_cpus: int = 1
+    """Reward actors scoring in parallel (one CPU each); 0 scores in the driver process, without the timeout."""
+    timeout_s: float = 60.0
+    """Seconds one scoring call may take before its samples score 0 and are reported."""
+
+
+@dataclass
+class WorkerConfig:
+    hybrid_engine: bool = True
+    """Actor, rollout and reference share the same devices and processes; the only layout easyrl has (false is
+    refused by check)."""
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """The policy being trained."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """The value model (used by the gae estimator)."""
+    ref: RefConfig = field(default_factory=RefConfig)
+    """The frozen reference policy for KL."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """The reward function."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """The generation engine."""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# trainer
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass
+class TrainerConfig:
+    total_epochs: int = 15
+    """Passes over the training data."""
+    max_steps: Optional[int] = None
+    """Train exactly this many steps, cycling the data as often as needed; overrides total_epochs (EasyR1)."""
+    project_name: str = "easy_r1"
+    """Project name for the loggers."""
+    experiment_name: str = "demo"
+    """Run name for the loggers and the default checkpoint folder."""
+    logger: list = field(default_factory=lambda: ["console", "file"])
+    """Loggers: console, file, tensorboard, wandb, swanlab, mlflow."""
+    nnodes: int = 1
+    """Nodes in the Ray cluster used for training."""
+    n_gpus_per_node: int = 8
+    """Workers per node: GPUs, or CPU slots on a machine without GPUs."""
+    max_try_make_batch: int = 20
+    """Generation rounds online filtering may use to fill one batch; -1 means no limit."""
+    critic_warmup: int = 0
+    """Steps that update only the critic before the actor starts learning."""
+    val_freq: int = -1
+    """Validate every this many steps; <= 0 validates only before training (val_before_train) and at the end."""
+    val_before_train: bool = True
+    """Validate once before the first step."""
+    val_only: bool = False
+    """Validate and exit without training."""
+    val_generations_to_log: int = 0
+    """Sample generations logged at each validation."""
+    save_freq: int = -1
+    """Save a checkpoint every this many steps; -1 saves only at the end."""
+    save_limit: int = -1
+    """Checkpoints kept; the oldest are deleted; -1 keeps all."""
+    save_model_only: bool = False
+    """Save only model weights (no optimizer or dataloader state)."""
+    save_checkpoint_path: Optional[str] = None
+    """Checkpoint folder; null means checkpoints/<project_name>/<experiment_name>."""
+    load_checkpoint_path: Optional[str] = None
+    """Resume from this checkpoint folder (global_step_N)."""
+    ray_timeline: Optional[str] = None
+    """Write Ray's task timeline (a chrome://tracing JSON file) to this path when the run ends."""
+    find_last_checkpoint: bool = True
+    """Resume from the newest complete checkpoint under save_checkpoint_path when there is one."""
+
+
+@dataclass
+class PPOConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    """Datasets, prompt formatting and lengths."""
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    """Actor, critic, reference, rollout and reward."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantage estimator, KL and online filtering."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The loop: steps, validation, logging, checkpoints, cluster size."""
+
+    @property
+    def world_size(self) -> int:
+        """Devices (workers) of the run: trainer.nnodes x trainer.n_gpus_per_node."""
+        return self.trainer.nnodes * self.trainer.n_gpus_per_node
