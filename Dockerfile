@@ -12,7 +12,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
 RUN apt-get update && apt-get install -y --no-install-recommends git ninja-build && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/easyrl
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py easyrl_torchvision_shim.py README.md ./
 COPY easyrl ./easyrl
 COPY reward_function ./reward_function
 COPY format_prompt ./format_prompt

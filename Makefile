@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml constraints-cpu.txt scripts/install.sh
+$(STAMP): pyproject.toml setup.py constraints-cpu.txt scripts/install.sh
 	VENV=$(VENV) PYTHON=$(PYTHON) DEVICE=$(DEVICE) EXTRAS=$(EXTRAS) bash scripts/install.sh
 	touch $(STAMP)
 

@@ -4,9 +4,10 @@ Called once from ``easyrl/__init__.py`` so that the driver, every Ray worker and
 Each fix only sets defaults (``os.environ.setdefault``): a value the user exported always wins.
 """
 
-import importlib.metadata
 import importlib.util
 import os
+import sys
+from pathlib import Path
 
 
 # Ray: a single-machine run must not bind to the default-route address, and local clusters need no token.
@@ -20,43 +21,29 @@ _DEFAULT_ENV = {
 }
 
 
-def _cpu_torch_with_cuda_torchvision() -> bool:
-    """True when torch is a CPU build but the installed torchvision wheel was built against CUDA torch.
+def _install_torchvision_shim() -> None:
+    """Make sure torchvision's op-schema shim is active in this process (see easyrl_torchvision_shim.py).
 
-    PyPI ships no CPU torchvision for every torch release, so pip can pair a CPU torch with a CUDA-linked
-    torchvision whose compiled ops fail to load.
+    An installed easyrl already activates it at interpreter start through its .pth file; this covers interpreters
+    started with ``-S`` and source trees put on PYTHONPATH without an install (the module sits next to the package).
     """
-    import torch
-
-    if torch.version.cuda is not None or importlib.util.find_spec("torchvision") is None:
-        return False
     try:
-        version = importlib.metadata.version("torchvision")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return not version.endswith("+cpu")
-
-
-def _define_torchvision_op_schemas() -> None:
-    """Declare the schemas of torchvision's compiled ops so that its pure-Python parts import.
-
-    torchvision registers fake kernels for ``torchvision::nms`` at import; without the compiled library the
-    schema is missing and ``import torchvision`` fails, which breaks Qwen-VL image processors. With the schema
-    declared, image transforms work; calling ``nms`` itself would still raise (we never do).
-    """
-    import torch
-
-    schemas = {
-        "nms": "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-        "qnms": "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-    }
-    for name, schema in schemas.items():
-        if not torch._C._jit_get_schemas_for_operator(f"torchvision::{name}"):
-            torch.library.define(f"torchvision::{name}", schema)
+        import easyrl_torchvision_shim as shim
+    except ModuleNotFoundError:
+        path = Path(__file__).resolve().parents[2] / "easyrl_torchvision_shim.py"
+        spec = importlib.util.spec_from_file_location("easyrl_torchvision_shim", path)
+        if spec is None or not path.is_file():
+            raise ImportError(
+                "easyrl's installation is incomplete: the module `easyrl_torchvision_shim` is missing. "
+                "Reinstall easyrl (`pip install -e .` in the source tree, or scripts/install.sh)."
+            ) from None
+        shim = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = shim
+        spec.loader.exec_module(shim)
+    shim.install()
 
 
 def prepare_process_environment() -> None:
     for key, value in _DEFAULT_ENV.items():
         os.environ.setdefault(key, value)
-    if importlib.util.find_spec("torch") is not None and _cpu_torch_with_cuda_torchvision():
-        _define_torchvision_op_schemas()
+    _install_torchvision_shim()
