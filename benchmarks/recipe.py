@@ -96,9 +96,9 @@ class Recorder:
             self.response_tokens.append(int(out.batch["response_mask"].sum()))
             return out
 
-        def recorded_update(data: Any) -> Any:
+        def recorded_update(data: Any, **kwargs: Any) -> Any:
             self.update_batches.append(data)
-            return update(data)
+            return update(data, **kwargs)
 
         group.generate_sequences = recorded_generate
         group.update_actor = recorded_update
@@ -117,14 +117,14 @@ def run_recipe(args: argparse.Namespace, extra: list[str] | None = None) -> Reci
     """Train ``args.steps`` steps of the shrunk recipe in this process (Ray started and stopped here)."""
     import ray
 
-    from easyrl.config import load_config
+    from easyrl.config import load_run_plan
     from easyrl.trainer.main import build_trainer, init_ray
 
     save_dir = tempfile.mkdtemp(prefix="easyrl_bench_")
-    config = load_config(recipe_overrides(args, save_dir) + list(extra or []))
+    plan = load_run_plan(recipe_overrides(args, save_dir) + list(extra or []))
     start = time.perf_counter()
-    init_ray(config)
-    trainer = build_trainer(config)
+    init_ray(plan)
+    trainer = build_trainer(plan)
     recorder = Recorder()
     recorder.attach(trainer.workers.actor_rollout)
     setup_s = time.perf_counter() - start
@@ -138,7 +138,7 @@ def run_recipe(args: argparse.Namespace, extra: list[str] | None = None) -> Reci
     with open(os.path.join(save_dir, "metrics.jsonl"), encoding="utf-8") as handle:
         rows = [json.loads(line) for line in handle]
     shutil.rmtree(save_dir, ignore_errors=True)  # the final checkpoint is not needed
-    return RecipeRun(config, rows, recorder, setup_s, fit_s)
+    return RecipeRun(plan.config, rows, recorder, setup_s, fit_s)
 
 
 def measured_steps(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -28,15 +28,16 @@ def easyrl_rounds(args: argparse.Namespace) -> tuple[object, Recorder]:
 
     import ray
 
-    from easyrl.config import load_config
+    from easyrl.config import load_run_plan
     from easyrl.protocol import DataProto
     from easyrl.trainer.main import build_trainer, init_ray
     from easyrl.trainer.ray_trainer import GENERATION_KEYS, GENERATION_NON_TENSOR_KEYS
 
     save_dir = tempfile.mkdtemp(prefix="easyrl_bench_")
-    config = load_config(recipe_overrides(args, save_dir))
-    init_ray(config)
-    trainer = build_trainer(config)
+    plan = load_run_plan(recipe_overrides(args, save_dir))
+    init_ray(plan)
+    trainer = build_trainer(plan)
+    config = plan.config
     recorder = Recorder()
     recorder.attach(trainer.workers.actor_rollout)
     try:

@@ -6,8 +6,8 @@ Phases come from the trainer's own timers (``timing/<phase>`` in metrics.jsonl) 
 worker's metrics returned with each generation:
 
     generate (engine)     vLLM's generate call inside the worker (``rollout/gen_seconds``)
-    weight sync           streaming the updated actor weights into the engine (``rollout/weight_sync_s``); it runs
-                          inside the worker's generate_sequences, so the trainer's ``timing/gen`` contains it
+    weight sync           streaming the updated actor weights into the engine after the actor update
+                          (``timing/sync_weights``, called by the trainer)
     generate (dispatch)   the rest of ``timing/gen``: Ray calls, splitting/gathering the batch, padding the output
     reward                scoring the responses (``timing/reward``)
     data                  the rest of ``timing/gen_and_reward``: the next batch from the loader and the driver's
@@ -35,24 +35,23 @@ TOP_LEVEL_PHASES = (
     "adv",
     "update_critic",
     "update_actor",
+    "sync_weights",
 )
 
 
 def step_phases(row: dict, rollout: dict) -> dict[str, float]:
     """Seconds per phase of one step (``row``: its metrics.jsonl row; ``rollout``: the worker's generate metrics)."""
     timing = {key[len("timing/") :]: value for key, value in row.items() if key.startswith("timing/")}
-    sync = rollout.get("rollout/weight_sync_s", 0.0)
-    engine = rollout.get("rollout/gen_seconds", timing.get("gen", 0.0) - sync)
+    engine = rollout.get("rollout/gen_seconds", timing.get("gen", 0.0))
     phases = {
         "generate (engine)": engine,
-        "weight sync": sync,
-        "generate (dispatch)": timing.get("gen", 0.0) - engine - sync,
+        "generate (dispatch)": timing.get("gen", 0.0) - engine,
         "reward": timing.get("reward", 0.0),
         "data": timing.get("gen_and_reward", 0.0) - timing.get("gen", 0.0) - timing.get("reward", 0.0),
     }
     for name in TOP_LEVEL_PHASES[1:]:
         if name in timing:
-            phases[name] = timing[name]
+            phases["weight sync" if name == "sync_weights" else name] = timing[name]
     phases["idle"] = timing["step"] - sum(timing.get(name, 0.0) for name in TOP_LEVEL_PHASES)
     phases["step"] = timing["step"]
     return phases

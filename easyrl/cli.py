@@ -9,29 +9,31 @@ USAGE_KEYS = "[config=FILE.yaml] [section.key=value ...]"
 
 
 def _check(args: list[str]) -> int:
-    from .config import ConfigError, config_to_yaml, load_config
+    from .config import ConfigError, config_to_yaml, load_run_plan
 
     try:
-        config = load_config(args)
+        plan = load_run_plan(args)
     except ConfigError as err:
         print(f"easyrl check: invalid config: {err}", file=sys.stderr)
         return 2
-    print(config_to_yaml(config), end="")
+    print(config_to_yaml(plan.config), end="")
+    print("# run plan")
+    print("\n".join(f"#   {line}" for line in plan.describe().splitlines()))
     print("# config is valid", file=sys.stderr)
     return 0
 
 
 def _train(args: list[str]) -> int:
-    from .config import ConfigError, load_config
+    from .config import ConfigError, load_run_plan
 
     try:
-        config = load_config(args)
+        plan = load_run_plan(args)
     except ConfigError as err:
         print(f"easyrl train: invalid config: {err}", file=sys.stderr)
         return 2
     from .trainer.main import run_training
 
-    run_training(config)
+    run_training(plan)
     return 0
 
 
@@ -53,7 +55,7 @@ def _merge(args: list[str]) -> int:
 
 COMMANDS = {
     "train": (_train, f"train with PPO-family RL: easyrl train {USAGE_KEYS}"),
-    "check": (_check, f"print the fully resolved config as YAML and validate it: easyrl check {USAGE_KEYS}"),
+    "check": (_check, f"validate, then print the resolved config and the run plan: easyrl check {USAGE_KEYS}"),
     "merge": (_merge, "write a Hugging Face folder from a checkpoint: easyrl merge --local_dir CKPT/actor"),
 }
 

@@ -73,9 +73,10 @@ def response_lists(output) -> list[list[int]]:
 
 
 def update_actor_once(group, seed: int = 0) -> None:
-    """One large SGD step on a random batch: the policy's greedy answers change."""
+    """One large SGD step on a random batch, streamed into the engine: the policy's greedy answers change."""
     from tests.fsdp_helpers import add_policy_targets, make_batch
 
     data = make_batch(batch_size=4, prompt_length=7, response_length=6, seed=seed)
     data = add_policy_targets(data, group.compute_log_probs(data).batch["old_log_probs"], seed=seed)
     group.update_actor(data)
+    group.sync_rollout_weights()

@@ -20,9 +20,15 @@ def test_groups_outside_the_band_are_dropped():
     }
 
 
-def test_band_edges_are_inclusive():
-    keep, _ = select_groups(np.array([0.0, 1.0]), np.array(["lo", "hi"], dtype=object), 0.0, 1.0)
-    assert keep.tolist() == [0, 1]
+def test_band_edges_are_exclusive_as_in_easyr1():
+    # EasyR1 keeps low < mean < high: a mean exactly on an edge is dropped (DAPO's all-0 / all-1 groups with 0 / 1)
+    scores = np.array([0.0, 1.0, 0.5, 0.25])
+    uids = np.array(["lo", "hi", "mid", "edge"], dtype=object)
+    keep, metrics = select_groups(scores, uids, 0.0, 1.0)
+    assert keep.tolist() == [2, 3]
+    assert metrics["filter/dropped_low"] == 1.0 and metrics["filter/dropped_high"] == 1.0
+    keep, _ = select_groups(scores, uids, 0.25, 1.0)
+    assert keep.tolist() == [2]
 
 
 def test_interleaved_groups_keep_their_samples():

@@ -32,11 +32,11 @@ LEARNING_OVERRIDES = TINY_RUN_OVERRIDES + [
 
 @pytest.mark.timeout(600)
 def test_grpo_raises_a_learnable_reward_within_eight_steps(ray_cluster, tiny_model_path, tmp_path):
-    from easyrl.config import load_config
+    from easyrl.config import load_run_plan
     from easyrl.trainer.main import build_trainer
 
     save_dir = tmp_path / "checkpoints"
-    trainer = build_trainer(load_config(train_args(tiny_model_path, save_dir, LEARNING_OVERRIDES)))
+    trainer = build_trainer(load_run_plan(train_args(tiny_model_path, save_dir, LEARNING_OVERRIDES)))
     try:
         trainer.fit()
     finally:

@@ -1,8 +1,9 @@
 """DAPO dynamic sampling (Yu et al. 2025, arXiv 2503.14476, section 3.2): drop groups that teach nothing.
 
 A group whose n samples all score the same (all wrong, all right) has zero group-relative advantage and only
-dilutes the batch. Online filtering keeps the groups whose mean `filter_key` score lies in [filter_low, filter_high]
-and generates more prompts until `data.rollout_batch_size` groups are collected (at most
+dilutes the batch. Online filtering keeps the groups whose mean `filter_key` score lies strictly between filter_low and
+filter_high (EasyR1's bounds: with the defaults 0.01 / 0.99 a group of exact 0s or 1s is dropped even when the
+reward is on another scale) and generates more prompts until `data.rollout_batch_size` groups are collected (at most
 `trainer.max_try_make_batch` generation rounds). The trainer owns the generation loop:
 
     collector = GroupCollector(target_groups=config.data.rollout_batch_size, group_size=config.worker.rollout.n)
@@ -34,15 +35,15 @@ def _first_seen_groups(uids: np.ndarray) -> list:
 def select_groups(
     scores: np.ndarray, uids: np.ndarray, filter_low: float, filter_high: float
 ) -> tuple[np.ndarray, dict[str, float]]:
-    """Indices of the samples whose group mean score is in [filter_low, filter_high], and metrics."""
+    """Indices of the samples whose group mean score is in the open interval (filter_low, filter_high), and metrics."""
     scores = np.asarray(scores, dtype=np.float64).reshape(-1)
     uids = np.asarray(uids, dtype=object).reshape(-1)
     if scores.shape[0] != uids.shape[0]:
         raise ValueError(f"{scores.shape[0]} scores for {uids.shape[0]} samples.")
     means = {uid: float(scores[uids == uid].mean()) for uid in _first_seen_groups(uids)}
-    kept = {uid for uid, mean in means.items() if filter_low <= mean <= filter_high}
+    kept = {uid for uid, mean in means.items() if filter_low < mean < filter_high}
     keep_idx = np.array([i for i, uid in enumerate(uids.tolist()) if uid in kept], dtype=np.int64)
-    too_low = sum(mean < filter_low for mean in means.values())
+    too_low = sum(mean <= filter_low for mean in means.values())
     metrics = {
         "filter/kept_groups": float(len(kept)),
         "filter/dropped_groups": float(len(means) - len(kept)),
@@ -69,7 +70,7 @@ def _sample_scores(data: "DataProto", filter_key: str) -> np.ndarray:
 def filter_groups(
     data: "DataProto", filter_key: str, filter_low: float, filter_high: float
 ) -> tuple["DataProto", dict[str, float]]:
-    """Keep the groups (non-tensor `uid`) whose mean `filter_key` score lies in [filter_low, filter_high]."""
+    """Keep the groups (non-tensor `uid`) whose mean `filter_key` score lies in (filter_low, filter_high)."""
     if "uid" not in data.non_tensor_batch:
         raise KeyError("Online filtering groups samples by the non-tensor `uid`, which the batch does not have.")
     keep_idx, metrics = select_groups(
@@ -103,7 +104,7 @@ class GroupCollector:
         low: float = float("-inf"),
         high: float = float("inf"),
     ) -> None:
-        """Keep `data`'s groups whose mean `filter_key` score is in [low, high] (all groups without a filter_key)."""
+        """Keep `data`'s groups whose mean `filter_key` score is in (low, high) (all groups without a filter_key)."""
         if filter_key is not None:
             data, metrics = filter_groups(data, filter_key, low, high)
             for key, value in metrics.items():

@@ -156,6 +156,7 @@ def make_run_plan(config: PPOConfig, user_keys: frozenset[str] = frozenset()) ->
             "worker.rollout.enforce_eager=false asks for CUDA graphs, which a machine without CUDA does not have: "
             "the engine runs eagerly."
         )
+    rollout.enforce_eager = enforce_eager  # the resolved config says what the engine runs with
     notes += easyr1_difference_notes(set(user_keys))
     return RunPlan(
         config=config,

@@ -1,27 +1,80 @@
 """Paths of a config: files easyrl ships under EasyR1's names, and local paths made absolute."""
 
+import logging
 import os
 from pathlib import Path
 from typing import Optional
 
 
+logger = logging.getLogger(__name__)
+
 BUILTIN_PREFIX = "builtin://"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-def resolve_shipped_file(path: Optional[str], folder: str) -> Optional[str]:
-    """Map a missing EasyR1-style path (e.g. ./examples/reward_function/math.py) to the file easyrl ships.
+# Files easyrl ships under the names of EasyR1's examples/ files AND with their contract: the reward functions give
+# the same scores under the same keys on the same inputs, the templates have the same text. A missing EasyR1 path
+# to one of them is served by easyrl's copy, with a warning. Other shipped files (arithmetic.*) are easyrl's own.
+EASYR1_EQUIVALENTS = {
+    "reward_function": ("math.py", "r1v.py", "dapo.py"),
+    "format_prompt": ("math.jinja", "r1v.jinja", "dapo.jinja"),
+}
+_CONFIG_KEYS = {"reward_function": "worker.reward.reward_function", "format_prompt": "data.format_prompt"}
 
-    EasyR1 keeps its reward modules and templates under examples/; easyrl ships the same names at the top level
-    (reward_function/, format_prompt/), so configs written for EasyR1 run unchanged.
+
+def shipped_files(folder: str) -> list[str]:
+    """Names of the files easyrl ships in `folder` (reward_function or format_prompt)."""
+    root = PROJECT_ROOT / folder
+    return sorted(p.name for p in root.iterdir() if p.suffix in (".py", ".jinja")) if root.is_dir() else []
+
+
+def shipped_files_hint(folder: str) -> str:
+    """One sentence for a missing-file error: where easyrl's own files of this kind are and which match EasyR1."""
+    files = shipped_files(folder)
+    if not files:
+        return ""
+    same = [name for name in files if name in EASYR1_EQUIVALENTS.get(folder, ())]
+    hint = f"easyrl ships {', '.join(files)} in {PROJECT_ROOT / folder}"
+    if same:
+        hint += f" ({', '.join(same)} with the contract of EasyR1's examples/{folder}/ files of the same names)"
+    return hint + "."
+
+
+def _split_function(path: str, folder: str) -> tuple[str, str]:
+    """(file, `:function` suffix or ""); only reward specs carry a function."""
+    if folder == "reward_function":
+        file, sep, name = path.rpartition(":")
+        if sep and name.isidentifier():
+            return file, sep + name
+    return path, ""
+
+
+def resolve_shipped_file(path: Optional[str], folder: str) -> Optional[str]:
+    """An existing path made absolute, or a missing EasyR1-style path served by the file easyrl ships, announced.
+
+    EasyR1 configs name `./examples/reward_function/math.py` or `./examples/format_prompt/math.jinja`; easyrl ships
+    files of the same names at the top level (reward_function/, format_prompt/). A missing path is replaced only
+    when its folder is named `folder` (as in both layouts) and easyrl ships a file of that name, and the
+    replacement is logged as a warning with both paths. Any other missing path is returned unchanged, for the
+    config check to report (with `shipped_files_hint`).
     """
     if not path:
         return path
-    file, sep, fn = path.partition(":")
-    if Path(file).expanduser().exists():
+    file, function = _split_function(path, folder)
+    local = Path(file).expanduser()
+    if local.exists():
+        return str(local.resolve()) + function
+    shipped = PROJECT_ROOT / folder / local.name
+    if local.parent.name != folder or not shipped.is_file():
         return path
-    shipped = PROJECT_ROOT / folder / Path(file).name
-    return str(shipped) + sep + fn if shipped.is_file() else path
+    if local.name in EASYR1_EQUIVALENTS.get(folder, ()):
+        what = f"the same contract as EasyR1's examples/{folder}/{local.name}"
+    else:
+        what = "easyrl's own file; EasyR1 has none of this name"
+    logger.warning(
+        "%s: %s does not exist; using the file easyrl ships, %s (%s).", _CONFIG_KEYS[folder], file, shipped, what
+    )
+    return str(shipped) + function
 
 
 def absolute_if_local(path: Optional[str]) -> Optional[str]:

@@ -1,9 +1,9 @@
 """The PPO loop: a single controller that orchestrates the worker groups, one step at a time.
 
 One step reads top to bottom in ``train_step``: generate -> reward -> [online filter] -> old log-probs ->
-reference log-probs -> values -> advantages -> critic update -> actor update (the workers then stream the new
-weights into the rollout engine before the next generation). Everything numeric happens in the workers or in
-``easyrl.algorithms``; this file only decides the order of events.
+reference log-probs -> values -> advantages -> critic update -> actor update -> weight sync into the rollout engine.
+Everything numeric happens in the workers or in ``easyrl.algorithms``; this file only decides the order of events,
+and the run plan (``easyrl.config.plan``) has already decided which of them happen.
 """
 
 import logging
@@ -19,7 +19,7 @@ from ..algorithms.advantage import compute_advantage
 from ..algorithms.filtering import GroupCollector
 from ..algorithms.kl import apply_kl_penalty, get_kl_controller
 from ..algorithms.masked import masked_mean
-from ..config import PPOConfig
+from ..config import RunPlan
 from ..protocol import DataProto
 from ..workers.fsdp_utils import to_dtype
 from ..workers.reward.scorer import reduce_reward_metrics, scores_to_non_tensor
@@ -47,7 +47,7 @@ class WorkerGroups:
 class PPOTrainer:
     def __init__(
         self,
-        config: PPOConfig,
+        plan: RunPlan,
         tokenizer: Any,
         train_loader: Any,
         val_loader: Any,
@@ -56,7 +56,10 @@ class PPOTrainer:
         val_reward_scorer: Any,
         tracker: Any,
     ) -> None:
-        self.config = config
+        if plan.training_steps is None:
+            raise ValueError("The run plan has no step count yet: build it with plan.with_training_steps(...).")
+        self.plan = plan
+        self.config = config = plan.config
         self.tokenizer = tokenizer
         self.train_loader = train_loader
         self.val_loader = val_loader
@@ -66,11 +69,10 @@ class PPOTrainer:
         self.tracker = tracker
         self.checkpoints = CheckpointManager(config.trainer.save_checkpoint_path, config.trainer.save_limit)
         self.kl_controller = get_kl_controller(config.algorithm)
-        self.use_reference = not config.algorithm.disable_kl and workers.ref is not None
-        self.use_critic = config.algorithm.adv_estimator == "gae"
+        self.use_reference = plan.use_reference
+        self.use_critic = plan.use_critic
         self.global_step = 0
-        self.training_steps = self._count_training_steps()
-        self.on_policy = self._is_on_policy()
+        self.training_steps = plan.training_steps
         self._actor_flops: FlopsCounter | None = None  # built on first use from the actor's HF config
         self._actor_peak_flops: float | None = None
         self._rollout_metrics: list[dict[str, float]] = []  # the engine's own, per generate call, until logged
@@ -81,7 +83,8 @@ class PPOTrainer:
     def fit(self) -> dict[str, float]:
         """Train until total_epochs or max_steps; return the last step's metrics."""
         trainer_config = self.config.trainer
-        self._resume()
+        if self._resume():
+            self.workers.actor_rollout.sync_rollout_weights()  # the engine started from the model path
         last_metrics: dict[str, float] = {}
         if self.val_loader is not None and trainer_config.val_before_train and self.global_step == 0:
             last_metrics = self.validate()
@@ -95,10 +98,9 @@ class PPOTrainer:
             metrics = self.train_step(batches)
             is_last = self.global_step == self.training_steps
             after_step: dict[str, float] = {}  # outside timing/step: the phases that do not run every step
-            if self.val_loader is not None and trainer_config.val_freq > 0:
-                if self.global_step % trainer_config.val_freq == 0 or is_last:
-                    with timer("validation", after_step):
-                        metrics.update(self.validate())
+            if self._validates_after(self.global_step, is_last):
+                with timer("validation", after_step):
+                    metrics.update(self.validate())
             if (trainer_config.save_freq > 0 and self.global_step % trainer_config.save_freq == 0) or is_last:
                 with timer("save_checkpoint", after_step):
                     self.save_checkpoint()
@@ -106,6 +108,13 @@ class PPOTrainer:
             self.tracker.log(metrics, step=self.global_step)
             last_metrics = metrics
         return last_metrics
+
+    def _validates_after(self, step: int, is_last: bool) -> bool:
+        """Every val_freq steps, and after the last step whatever val_freq says (EasyR1 validates at the end)."""
+        if self.val_loader is None:
+            return False
+        every = self.config.trainer.val_freq
+        return (is_last and self.plan.validate_at_end) or (every > 0 and step % every == 0)
 
     def train_step(self, batches: Iterator[DataProto]) -> dict[str, float]:
         """One PPO step; returns its metrics."""
@@ -119,14 +128,12 @@ class PPOTrainer:
             metrics.update(reward_metrics)
             metrics.update(self._reduce_rollout_metrics())
 
-            # 2. log-probs of the sampled tokens under the current (old) policy, the reference, and the critic
-            if self.on_policy:
-                batch.meta_info["on_policy"] = True  # the update uses its own detached log-probs as the old ones
-            else:
+            # 2. log-probs of the sampled tokens under the current (old) policy, the reference, and the critic;
+            #    on-policy the update's own detached log-probs are the old ones (the plan says when that holds)
+            if not self.plan.on_policy:
                 with timer("old_log_probs", timing):
-                    batch.meta_info["calculate_entropy"] = True  # the policy's entropy is logged, not optimised
-                    old_log_probs = self.workers.actor_rollout.compute_log_probs(batch)
-                    batch.meta_info.pop("calculate_entropy")
+                    # the policy's entropy is logged, not optimised
+                    old_log_probs = self.workers.actor_rollout.compute_log_probs(batch, calculate_entropy=True)
                     entropy = old_log_probs.pop(batch_keys=["entropy"]).batch["entropy"]  # (batch, response_len)
                     metrics["actor/entropy"] = masked_mean(entropy, batch.batch["response_mask"]).item()
                     batch = batch.union(old_log_probs)
@@ -139,22 +146,25 @@ class PPOTrainer:
 
             # 3. rewards (minus the KL penalty when KL lives in the reward) and advantages, on the driver
             with timer("adv", timing):
-                if self.use_reference and not algo.use_kl_loss:
+                if self.plan.kl_in_reward:
                     batch, kl_metrics = apply_kl_penalty(batch, self.kl_controller, algo.kl_penalty)
                     metrics.update(kl_metrics)
                 else:
                     batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
                 batch = compute_advantage(batch, algo)
 
-            # 4. updates: the critic first (it warms up alone for critic_warmup steps), then the actor
+            # 4. updates: the critic first (it warms up alone for critic_warmup steps), then the actor, whose new
+            #    weights then stream into the rollout engine for the next generation
             if self.use_critic:
                 with timer("update_critic", timing):
                     critic_out = self.workers.critic.update_critic(batch)
                 metrics.update(critic_out.meta_info["metrics"])
             if self.global_step > self.config.trainer.critic_warmup:
                 with timer("update_actor", timing):
-                    actor_out = self.workers.actor_rollout.update_actor(batch)
+                    actor_out = self.workers.actor_rollout.update_actor(batch, on_policy=self.plan.on_policy)
                 metrics.update(actor_out.meta_info["metrics"])
+                with timer("sync_weights", timing):
+                    self.workers.actor_rollout.sync_rollout_weights()
                 if "actor/rollout_logprob_abs_diff" in metrics:  # measured inside the on-policy update
                     metrics["rollout/logprob_abs_diff/mean"] = metrics.pop("actor/rollout_logprob_abs_diff")
                 elif "rollout_log_probs" in batch.batch.keys() and "old_log_probs" in batch.batch.keys():
@@ -174,33 +184,33 @@ class PPOTrainer:
     # generation + reward, with DAPO online filtering
     # ------------------------------------------------------------------------------------------------------------------
     def _make_batch(self, batches: Iterator[DataProto], timing: dict[str, float]) -> tuple[DataProto, dict[str, Any]]:
-        """Generate and score until `rollout_batch_size` prompt groups are collected (one round without filtering)."""
+        """Generate and score loader batches (``data.mini_rollout_batch_size`` prompts, else rollout_batch_size)
+        until ``data.rollout_batch_size`` prompt groups are collected, as EasyR1 does; with online filtering only the
+        groups that survive the filter count, for at most ``trainer.max_try_make_batch`` rounds."""
         algo, data_cfg, trainer_cfg = self.config.algorithm, self.config.data, self.config.trainer
-        n = self.config.worker.rollout.n
-        if not algo.online_filtering:
-            batch, reward_metrics = self._generate_and_score(next(batches), timing, round_index=1)
-            return batch, reduce_reward_metrics(reward_metrics)
-
-        collector = GroupCollector(target_groups=data_cfg.rollout_batch_size, group_size=n)
+        collector = GroupCollector(target_groups=data_cfg.rollout_batch_size, group_size=self.config.worker.rollout.n)
         all_reward_metrics: dict[str, list[float]] = {}
         rounds = 0
         while not collector.full:
             rounds += 1
-            if 0 < trainer_cfg.max_try_make_batch < rounds:
+            if algo.online_filtering and 0 < trainer_cfg.max_try_make_batch < rounds:
                 raise RuntimeError(
                     f"Online filtering kept {collector.num_groups}/{data_cfg.rollout_batch_size} groups after "
                     f"{trainer_cfg.max_try_make_batch} generation rounds (`trainer.max_try_make_batch`): almost every "
-                    f"group scores outside [{algo.filter_low}, {algo.filter_high}] on `{algo.filter_key}`. Widen "
+                    f"group's mean `{algo.filter_key}` is outside ({algo.filter_low}, {algo.filter_high}). Widen "
                     "the filter, raise max_try_make_batch, or use easier/harder data."
                 )
             scored, reward_metrics = self._generate_and_score(next(batches), timing, round_index=rounds)
             for key, values in reward_metrics.items():
                 all_reward_metrics.setdefault(key, []).extend(values)
-            collector.add(scored, filter_key=algo.filter_key, low=algo.filter_low, high=algo.filter_high)
-        batch = collector.take()
+            if algo.online_filtering:
+                collector.add(scored, filter_key=algo.filter_key, low=algo.filter_low, high=algo.filter_high)
+            else:
+                collector.add(scored)
         out = reduce_reward_metrics(all_reward_metrics)
-        out.update({"filter/rounds": rounds, **collector.metrics()})
-        return batch, out
+        if algo.online_filtering or rounds > 1:
+            out.update({"filter/rounds": rounds, **collector.metrics()})
+        return collector.take(), out
 
     def _sampling_seed(self, kind: int, index: int) -> list[int]:
         """The rollout seed of one generation call, a function of (rollout.seed, kind, step, index) only: a resumed
@@ -220,7 +230,7 @@ class PPOTrainer:
         with timer("gen", timing):
             generated = rollout.generate_sequences(gen_input)
         self._rollout_metrics.append(generated.meta_info.pop("metrics", None) or {})
-        if self.config.algorithm.adv_estimator == "remax":
+        if self.config.algorithm.adv_estimator == "remax":  # a baseline of its own, not a role: the plan has no say
             # ReMax (arXiv 2310.10505): the reward of each prompt's greedy response is its baseline.
             with timer("gen_baseline", timing):
                 greedy_input = DataProto(
@@ -310,13 +320,6 @@ class PPOTrainer:
     # ------------------------------------------------------------------------------------------------------------------
     # helpers
     # ------------------------------------------------------------------------------------------------------------------
-    def _count_training_steps(self) -> int:
-        per_epoch = len(self.train_loader)
-        total = per_epoch * self.config.trainer.total_epochs
-        if self.config.trainer.max_steps is not None:
-            total = min(total, self.config.trainer.max_steps) if per_epoch else self.config.trainer.max_steps
-        return total
-
     def _train_batches(self) -> Iterator[DataProto]:
         """Batches across epochs; the loader's state (position and epoch) is what checkpoints save."""
         self.epoch = self._start_epoch
@@ -335,14 +338,6 @@ class PPOTrainer:
             additive = key.endswith(("_s", "_seconds", "_gb", "_buckets"))
             reduced[key] = float(sum(values)) if additive else float(sum(values) / len(values))
         return reduced
-
-    def _is_on_policy(self) -> bool:
-        """True when each batch makes exactly one optimizer step (one epoch, one mini-batch) and the ratio
-        pi/pi_old is 1 at that step: the old log-probs then equal the update's own, and their separate forward pass
-        is skipped (``algorithm.recompute_old_log_probs`` forces it). ReMax and the critic do not change this."""
-        actor = self.config.worker.actor
-        one_step = actor.ppo_epochs == 1 and actor.global_batch_size >= self.config.data.rollout_batch_size
-        return one_step and not self.config.algorithm.recompute_old_log_probs
 
     def _actor_mfu(self, batch: DataProto, seconds: float) -> dict[str, float]:
         """Model FLOPs utilisation of the actor update: forward + backward over every sequence, ppo_epochs times."""
@@ -391,10 +386,11 @@ class PPOTrainer:
             )
         self.checkpoints.commit(self.global_step, required=("actor", "critic") if self.use_critic else ("actor",))
 
-    def _resume(self) -> None:
+    def _resume(self) -> bool:
+        """Restore the latest (or the named) checkpoint; True when one was loaded."""
         path = resolve_resume_path(self.config.trainer)
         if path is None:
-            return
+            return False
         logger.warning("Resuming from %s", path)
         self.workers.actor_rollout.load_checkpoint(f"{path}/actor")
         if self.use_critic:
@@ -404,3 +400,4 @@ class PPOTrainer:
         self._start_epoch = state["epoch"]
         self.kl_controller.value = state["kl_coef"]
         self.global_step = checkpoint_step(path)
+        return True

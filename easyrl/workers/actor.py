@@ -69,7 +69,9 @@ class Actor:
         entropy = restore_order(torch.cat([e for _, e in outputs]), permutation) if calculate_entropy else None
         return log_probs, entropy
 
-    def _micro_loss(self, micro_batch: "DataProto", denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
+    def _micro_loss(
+        self, micro_batch: "DataProto", denominator: float, on_policy: bool = False
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         from ..algorithms.aggregation import entropy_bonus
         from ..algorithms.kl import compute_kl_loss
         from ..algorithms.masked import masked_mean
@@ -79,9 +81,9 @@ class Actor:
         config, batch = self.config, micro_batch.batch
         temperature = micro_batch.meta_info["temperature"]
         entropy_coef = getattr(config, "entropy_coef", 0.0)
-        # On-policy (one epoch, one mini-batch): the samples' old log-probs are the current ones, so the trainer
-        # skips their forward pass and the entropy metric comes from this one.
-        on_policy = bool(micro_batch.meta_info.get("on_policy", False))
+        # On-policy (the run plan's decision: one epoch, one mini-batch, nothing earlier needs them): the samples'
+        # old log-probs are the current ones, so the trainer skips their forward pass and the entropy metric comes
+        # from this one.
         log_probs, entropy = self._forward(
             micro_batch, temperature, entropy_coef != 0.0 or on_policy, entropy_grad=entropy_coef != 0.0
         )
@@ -115,16 +117,16 @@ class Actor:
             metrics["kl_coef"] = config.kl_coef
         return loss, metrics
 
-    def update_policy(self, data: "DataProto") -> dict[str, float]:
-        """PPO epochs over ``data`` (this rank's share); needs old_log_probs, advantages, response_mask (and
-        ref_log_probs with use_kl_loss). Returns this rank's ``actor/*`` metrics."""
+    def update_policy(self, data: "DataProto", on_policy: bool = False) -> dict[str, float]:
+        """PPO epochs over ``data`` (this rank's share); needs advantages, response_mask, old_log_probs (unless
+        ``on_policy``) and ref_log_probs with use_kl_loss. Returns this rank's ``actor/*`` metrics."""
         if self.optimizer is None or self.mini_batch_size is None:
             raise RuntimeError("This actor was built without an optimizer (a reference model cannot be updated).")
         return run_ppo_updates(
             self.module,
             self.optimizer,
             data,
-            self._micro_loss,
+            lambda micro_batch, denominator: self._micro_loss(micro_batch, denominator, on_policy),
             self.config,
             mini_batch_size=self.mini_batch_size,
             dp_size=self.dp_size,

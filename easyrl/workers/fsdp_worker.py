@@ -62,18 +62,6 @@ def _reduce_metrics_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, values.tolist()))
 
 
-def _reject_unsupported(role: str, role_config: Any) -> None:
-    if role_config.model.lora.rank > 0:
-        raise NotImplementedError(
-            f"`worker.{role}.model.lora.rank` > 0: LoRA training is not supported yet; set it to 0."
-        )
-    if role_config.ulysses_size != 1:
-        raise NotImplementedError(
-            f"`worker.{role}.ulysses_size` is {role_config.ulysses_size}: sequence parallelism "
-            "is not supported yet; set it to 1."
-        )
-
-
 class FSDPWorker(Worker):
     def __init__(self, config: WorkerConfig, role: str) -> None:
         super().__init__()
@@ -94,20 +82,10 @@ class FSDPWorker(Worker):
         self.rollout: RolloutEngine | None = None
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self.lr_schedulers: dict[str, torch.optim.lr_scheduler.LRScheduler] = {}
-        self._rollout_weights_stale = True
 
     # ------------------------------------------------------------------------------------------------------------------
-    # building
+    # building (the config was validated and its derived values filled before Ray started: nothing is checked here)
     # ------------------------------------------------------------------------------------------------------------------
-    def _mini_batch_size(self, role: str, global_batch_size: int) -> int:
-        samples = global_batch_size * self.config.rollout.n
-        if samples % self.world_size != 0:
-            raise ValueError(
-                f"`worker.{role}.global_batch_size` x `worker.rollout.n` = {samples} samples per optimizer step "
-                f"cannot be split evenly over {self.world_size} workers."
-            )
-        return samples // self.world_size
-
     def _build_trainable(self, role: str, role_config: Any, kind: str) -> torch.nn.Module:
         module = fsdp_utils.build_fsdp_model(
             role_config.model,
@@ -128,10 +106,6 @@ class FSDPWorker(Worker):
         model paths)."""
         actor_config, critic_config = self.config.actor, self.config.critic
         main_config = critic_config if self.parts == {"critic"} else actor_config
-        if self.parts & {"actor", "ref"}:
-            _reject_unsupported("actor", actor_config)
-        if "critic" in self.parts:
-            _reject_unsupported("critic", critic_config)
         self.device_mesh = fsdp_utils.build_device_mesh(self.world_size, main_config.fsdp.fsdp_size)
         self.tokenizer, self.processor = fsdp_utils.load_tokenizer_and_processor(main_config.model)
         dp_size = self.device_mesh.size()
@@ -142,7 +116,7 @@ class FSDPWorker(Worker):
                 actor_config,
                 self.actor_module,
                 self.optimizers["actor"],
-                mini_batch_size=self._mini_batch_size("actor", actor_config.global_batch_size),
+                mini_batch_size=actor_config.global_batch_size_per_device,
                 dp_size=dp_size,
                 processor=self.processor,
             )
@@ -159,7 +133,7 @@ class FSDPWorker(Worker):
                 critic_config,
                 self.critic_module,
                 self.optimizers["critic"],
-                mini_batch_size=self._mini_batch_size("critic", critic_config.global_batch_size),
+                mini_batch_size=critic_config.global_batch_size_per_device,
                 dp_size=dp_size,
             )
         if "rollout" in self.parts:
@@ -168,8 +142,8 @@ class FSDPWorker(Worker):
             from .rollout import build_rollout
 
             self.rollout = None  # an engine from an earlier init_model may hold the previous actor module
+            # the engine starts from the checkpoint folder the actor was loaded from: their weights are equal
             self.rollout = build_rollout(self)
-        self._rollout_weights_stale = True
         self._offload_idle()
 
     # ------------------------------------------------------------------------------------------------------------------
@@ -210,17 +184,18 @@ class FSDPWorker(Worker):
     # ------------------------------------------------------------------------------------------------------------------
     # experience
     # ------------------------------------------------------------------------------------------------------------------
-    def _temperature(self, data: Any) -> float:
-        return data.meta_info.get("temperature", self.config.rollout.temperature)
+    def _with_temperature(self, data: Any) -> Any:
+        """Log-probs are scored at the rollout's sampling temperature (the engine's processed log-probs are too)."""
+        data.meta_info["temperature"] = self.config.rollout.temperature
+        return data
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def compute_log_probs(self, data: Any) -> Any:
+    def compute_log_probs(self, data: Any, calculate_entropy: bool = False) -> Any:
         """Actor log-probs of the responses: DataProto with ``old_log_probs`` (and ``entropy`` when
-        ``meta_info["calculate_entropy"]``), both (batch, response_len) fp32."""
+        ``calculate_entropy``), both (batch, response_len) fp32."""
         from ..protocol import DataProto
 
-        data.meta_info["temperature"] = self._temperature(data)
-        calculate_entropy = bool(data.meta_info.get("calculate_entropy", False))
+        data = self._with_temperature(data)
         with self._on_device("actor"):
             log_probs, entropy = self.actor.compute_log_probs(data.to(device.get_torch_device()), calculate_entropy)
         tensors = {"old_log_probs": log_probs.cpu()}
@@ -233,7 +208,7 @@ class FSDPWorker(Worker):
         """Reference-policy log-probs: DataProto with ``ref_log_probs`` (batch, response_len) fp32."""
         from ..protocol import DataProto
 
-        data.meta_info["temperature"] = self._temperature(data)
+        data = self._with_temperature(data)
         with self._on_device("ref"):
             log_probs, _ = self.ref.compute_log_probs(data.to(device.get_torch_device()))
         return DataProto.from_dict(tensors={"ref_log_probs": log_probs.cpu()})
@@ -261,13 +236,13 @@ class FSDPWorker(Worker):
         return DataProto.from_dict(meta_info={"metrics": _reduce_metrics_over_ranks(metrics)})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def update_actor(self, data: Any) -> Any:
+    def update_actor(self, data: Any, on_policy: bool = False) -> Any:
         """One policy update on the batch; returns DataProto(meta_info={"metrics": {"actor/...": float}}) with
-        metrics averaged over ranks."""
-        data.meta_info["temperature"] = self._temperature(data)
-        output = self._update("actor", data, self.actor.update_policy)
-        self._rollout_weights_stale = True
-        return output
+        metrics averaged over ranks. ``on_policy`` (the run plan's decision): the batch carries no old log-probs and
+        the update's own detached log-probs serve as them. The rollout engine keeps the old weights until the
+        trainer calls ``sync_rollout_weights``."""
+        data = self._with_temperature(data)
+        return self._update("actor", data, lambda batch: self.actor.update_policy(batch, on_policy=on_policy))
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: Any) -> Any:
@@ -288,18 +263,15 @@ class FSDPWorker(Worker):
         with self._on_device("actor"):
             engine_dtype = fsdp_utils.to_dtype(self.config.rollout.dtype)
             self.rollout.update_weights(self.iter_full_params_per_layer(engine_dtype))
-        self._rollout_weights_stale = False
 
     @register(dispatch_mode=Dispatch.dp_compute_proto(ROLLOUT_MESH))
     def generate_sequences(self, prompts: Any) -> Any:
-        """Generate responses; syncs the weights first when the actor changed since the last sync."""
+        """Generate responses with the engine's current weights (the trainer syncs them after each actor update)."""
         if self.rollout is None:
             raise RuntimeError(f"This worker (role `{self.role}`) hosts no rollout engine.")
         wake_up, sleep = getattr(self.rollout, "wake_up", None), getattr(self.rollout, "sleep", None)
         if wake_up is not None:
             wake_up()
-        if self._rollout_weights_stale:
-            self.sync_rollout_weights()
         try:
             return self.rollout.generate_sequences(prompts)
         finally:
@@ -339,7 +311,6 @@ class FSDPWorker(Worker):
             load_role_checkpoint(
                 path, module, self.optimizers[role], self.lr_schedulers[role], model_only=load_model_only
             )
-        self._rollout_weights_stale = True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_hf_model(self, path: str, role: str = "actor") -> None:

@@ -1,0 +1,221 @@
+"""The run plan: every decision about a run is made once, before Ray starts, and a config that passes check runs.
+
+The decision grid (KL off / KL loss / KL in the reward) x (on-policy / not) x (critic or not) is asserted on the
+plan, and the same grid runs one real training step (the tiny model, one worker, vLLM) so that a plan that passes
+never fails in the workers; the default suite runs a covering subset, the full grid is marked slow.
+"""
+
+import itertools
+import math
+import subprocess
+import sys
+
+import pytest
+
+from easyrl.config import ConfigError, load_run_plan
+from tests.fixtures.trainer_runs import REPO_ROOT, TINY_RUN_OVERRIDES, metrics_by_step, train_args
+
+
+BASE = [
+    "worker.actor.model.model_path=builtin://SmolLM2-135M-Instruct",
+    "worker.reward.reward_function=reward_function/arithmetic.py:compute_score",
+    "data.train_files=builtin://arithmetic_small@train",
+    "data.rollout_batch_size=4",
+    "worker.actor.global_batch_size=4",
+    "worker.rollout.n=4",
+    "worker.rollout.tensor_parallel_size=1",
+    "trainer.n_gpus_per_node=1",
+]
+KL_MODES = {
+    "off": ["algorithm.disable_kl=true"],
+    "loss": ["algorithm.disable_kl=false", "algorithm.use_kl_loss=true"],
+    "reward": ["algorithm.disable_kl=false", "algorithm.use_kl_loss=false"],
+}
+# on-policy: one optimizer step per batch; off-policy: two mini-batches per batch
+POLICY_MODES = {"on": ["worker.actor.global_batch_size=4"], "off": ["worker.actor.global_batch_size=2"]}
+CRITIC_MODES = {
+    "critic": ["algorithm.adv_estimator=gae", "worker.critic.global_batch_size=4"],
+    "no_critic": ["algorithm.adv_estimator=grpo"],
+}
+GRID = list(itertools.product(KL_MODES, POLICY_MODES, CRITIC_MODES))
+
+
+def _grid_overrides(kl: str, policy: str, critic: str) -> list[str]:
+    return KL_MODES[kl] + POLICY_MODES[policy] + CRITIC_MODES[critic]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# decisions
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("kl", "policy", "critic"), GRID)
+def test_plan_decides_roles_kl_and_the_old_log_prob_pass(kl, policy, critic):
+    plan = load_run_plan(BASE + _grid_overrides(kl, policy, critic))
+    assert plan.use_reference == (kl != "off")
+    assert plan.kl_in_reward == (kl == "reward")
+    assert plan.kl_loss == (kl == "loss")
+    assert plan.use_critic == (critic == "critic")
+    assert plan.worker_role == ("actor_rollout" if kl == "off" else "actor_rollout_ref")
+    # the in-reward KL reads the old log-probs before the update: their pass can never be skipped then
+    assert plan.on_policy == (policy == "on" and kl != "reward")
+    assert plan.actor_optimizer_steps_per_batch == (1 if policy == "on" else 2)
+
+
+def test_recompute_old_log_probs_forces_the_pass_and_ppo_epochs_too():
+    assert not load_run_plan(BASE + ["algorithm.disable_kl=true", "algorithm.recompute_old_log_probs=true"]).on_policy
+    assert not load_run_plan(BASE + ["algorithm.disable_kl=true", "worker.actor.ppo_epochs=2"]).on_policy
+    assert load_run_plan(BASE + ["algorithm.disable_kl=true"]).on_policy
+
+
+def test_mini_rollout_batches_plan_generation_rounds_and_steps_per_rollout_batch():
+    # EasyR1's DAPO recipe: mini-batches of 32 prompts until 512 are collected; steps count rollout batches
+    plan = load_run_plan(BASE + ["data.rollout_batch_size=8", "data.mini_rollout_batch_size=2"])
+    assert (plan.generation_batch_size, plan.generation_rounds_per_step) == (2, 4)
+    # a loader of 40 mini-batches of 2 prompts = 80 prompts per epoch = 10 steps of 8 prompts per epoch
+    assert plan.with_training_steps(40).training_steps == 10 * plan.config.trainer.total_epochs
+    assert plan.config.worker.actor.optim.training_steps == 10 * plan.config.trainer.total_epochs
+
+
+def test_max_steps_sets_the_step_count_outright_as_in_easyr1():
+    plan = load_run_plan(BASE + ["trainer.max_steps=7", "trainer.total_epochs=1"])
+    assert plan.with_training_steps(3).training_steps == 7  # more than one epoch: the data is cycled
+
+
+def test_too_little_data_for_one_step_is_an_error_naming_the_keys():
+    plan = load_run_plan(BASE + ["data.rollout_batch_size=8", "data.mini_rollout_batch_size=2"])
+    with pytest.raises(ValueError, match="rollout_batch_size"):
+        plan.with_training_steps(3)
+
+
+def test_validation_runs_at_the_end_whatever_val_freq_says():
+    plan = load_run_plan(BASE + ["data.val_files=builtin://arithmetic_small@test", "trainer.val_freq=-1"])
+    assert plan.validate_at_end
+    assert "at the end" in plan.describe()
+    assert not load_run_plan(BASE + ["data.val_files="]).validate_at_end
+
+
+def test_enforce_eager_false_runs_eagerly_on_a_machine_without_cuda_and_says_so():
+    from easyrl.utils import device
+
+    plan = load_run_plan(BASE + ["worker.rollout.enforce_eager=false"])
+    if device.is_cuda_available():
+        assert plan.config.worker.rollout.enforce_eager is False
+    else:
+        assert plan.config.worker.rollout.enforce_eager is True
+        assert any("enforce_eager" in note for note in plan.notes)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# refusals: what check accepts runs
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("worker.actor.model.lora.rank=64", "worker.actor.model.lora.rank"),
+        ("worker.actor.ulysses_size=8", "worker.actor.ulysses_size"),
+        ("worker.actor.ulysses_sequence_parallel_size=2", "worker.actor.ulysses_size"),
+        ("worker.hybrid_engine=false", "worker.hybrid_engine"),
+        ("worker.actor.global_batch_size_per_device=3", "worker.actor.global_batch_size_per_device"),
+        ("worker.rollout.prompt_length=3", "worker.rollout.prompt_length"),
+        ("data.mini_rollout_batch_size=0", "data.mini_rollout_batch_size"),
+    ],
+)
+def test_check_refuses_what_the_workers_cannot_run_naming_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_run_plan(BASE + [override])
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline"])
+def test_group_estimators_refuse_one_sample_per_prompt(estimator):
+    # with n=1 every group-relative advantage is 0: the run would train on nothing
+    with pytest.raises(ConfigError, match="worker.rollout.n"):
+        load_run_plan(BASE + [f"algorithm.adv_estimator={estimator}", "worker.rollout.n=1"])
+
+
+@pytest.mark.parametrize("estimator", ["reinforce_plus_plus", "remax", "gae"])
+def test_estimators_without_groups_accept_one_sample(estimator):
+    plan = load_run_plan(
+        BASE + [f"algorithm.adv_estimator={estimator}", "worker.rollout.n=1", "worker.critic.global_batch_size=4"]
+    )
+    assert plan.config.worker.rollout.n == 1
+
+
+def test_check_names_match_the_registries():
+    from easyrl.algorithms import advantage, kl, policy_loss
+    from easyrl.config import validate
+    from easyrl.trainer import loggers
+
+    assert validate.ADV_ESTIMATORS == tuple(advantage.list_adv_estimators())
+    assert validate.POLICY_LOSSES == tuple(policy_loss.list_policy_losses())
+    assert validate.KL_PENALTIES == tuple(kl.list_kl_penalties())
+    assert validate.LOGGER_NAMES == tuple(sorted(loggers.LOGGERS))
+
+
+def test_check_prints_the_plan():
+    out = subprocess.run(
+        [sys.executable, "-m", "easyrl", "check", *BASE, "algorithm.disable_kl=false"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "# run plan" in out.stdout
+    assert "roles: actor, rollout, ref" in out.stdout
+    assert "KL: in the reward" in out.stdout
+    assert "old log-probs: computed (the in-reward KL penalty reads them before the update)" in out.stdout
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the same grid, run: one real step each
+# ----------------------------------------------------------------------------------------------------------------------
+# (kl, policy, critic) together touching every value of every axis, and the step-1 crash of the default KL setting
+COVERING = [("reward", "on", "no_critic"), ("loss", "off", "critic"), ("off", "on", "critic")]
+
+
+def _run_one_step(tiny_model_path, tmp_path, kl, policy, critic) -> dict:
+    from easyrl.trainer.main import build_trainer
+
+    save_dir = tmp_path / f"{kl}_{policy}_{critic}"
+    overrides = TINY_RUN_OVERRIDES + _grid_overrides(kl, policy, critic)
+    overrides += [
+        "trainer.n_gpus_per_node=1",
+        "trainer.max_steps=1",
+        "trainer.find_last_checkpoint=false",
+        "trainer.save_model_only=true",
+        "data.val_files=",
+        "worker.critic.micro_batch_size_per_device_for_update=8",
+        "worker.critic.fsdp.torch_dtype=fp32",
+        "worker.critic.fsdp.mp_param_dtype=fp32",
+    ]
+    plan = load_run_plan(train_args(tiny_model_path, save_dir, overrides))
+    trainer = build_trainer(plan)
+    try:
+        trainer.fit()
+    finally:
+        trainer.on_shutdown()
+    return metrics_by_step(save_dir)[1]
+
+
+def _assert_step_follows_the_plan(row: dict, kl: str, policy: str, critic: str) -> None:
+    losses = [value for key, value in row.items() if key.endswith("_loss")]
+    assert losses and all(math.isfinite(v) for v in losses), row
+    assert math.isfinite(row["actor/pg_loss"])
+    assert ("timing/old_log_probs" in row) == (policy == "off" or kl == "reward")
+    assert ("reward/kl_penalty" in row) == (kl == "reward")
+    assert ("actor/kl_loss" in row) == (kl == "loss")
+    assert ("critic/vf_loss" in row) == (critic == "critic")
+    assert math.isfinite(row["actor/entropy"])
+    assert "timing/sync_weights" in row
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("kl", "policy", "critic"), COVERING)
+def test_a_step_runs_as_planned(ray_cluster, tiny_model_path, tmp_path, kl, policy, critic):
+    _assert_step_follows_the_plan(_run_one_step(tiny_model_path, tmp_path, kl, policy, critic), kl, policy, critic)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize(("kl", "policy", "critic"), [combo for combo in GRID if combo not in COVERING])
+def test_a_step_runs_as_planned_full_grid(ray_cluster, tiny_model_path, tmp_path, kl, policy, critic):
+    _assert_step_follows_the_plan(_run_one_step(tiny_model_path, tmp_path, kl, policy, critic), kl, policy, critic)
