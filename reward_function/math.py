@@ -1,39 +1,46 @@
-"""Reward for math answers: reasoning in <think>...</think>, the final answer in \\boxed{...} (EasyR1's math.py).
+"""Math reward with EasyR1's contract (its examples/reward_function/math.py): same inputs, same scores, same keys.
 
-format   = 1 if the response is `<think>...</think> ... \\boxed{...}`, else 0
-accuracy = 1 if the last \\boxed{...} equals the ground truth (math-verify, falling back to mathruler)
-overall  = (1 - format_weight) * accuracy + format_weight * format
+    response' = the response with the whitespace around every `<`, `>` and `/` removed (some models, e.g.
+                Qwen2.5-VL-32B, write `< think >`); both scores read response'
+    format    = 1 if response' is, in full, `<think>...</think>...\\boxed{...}...`, else 0
+    accuracy  = 1 if mathruler's grade_answer accepts the last \\boxed{...} of response' against the ground truth
+                (no box: the answer is the text "None"), else 0
+    overall   = (1 - format_weight) * accuracy + format_weight * format          (format_weight = 0.1)
+
+The answer is graded with mathruler (normalise, then sympy), exactly the grader EasyR1 uses, so a run scores what
+it would score under EasyR1. (easyrl.workers.reward.grading.math_equal, with math-verify first, accepts more
+equivalent forms; it is there for your own reward files.)
 """
 
 import re
 
-from easyrl.workers.reward.grading import extract_boxed, math_equal
+from mathruler.grader import extract_boxed_content, grade_answer
 
 
+REWARD_NAME = "math"
 REWARD_TYPE = "batch"
 
-_FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
+_SPACED_TAG_CHARS = re.compile(r"\s*([<>/])\s*")
+_THINK_THEN_BOXED = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
 
 
 def format_reward(response: str) -> float:
-    return 1.0 if _FORMAT.fullmatch(response.strip()) else 0.0
+    return 1.0 if _THINK_THEN_BOXED.fullmatch(response) else 0.0
 
 
 def accuracy_reward(response: str, ground_truth: str) -> float:
-    answer = extract_boxed(response)
-    return 1.0 if answer is not None and math_equal(answer, ground_truth) else 0.0
+    return 1.0 if grade_answer(extract_boxed_content(response), ground_truth) else 0.0
 
 
-def compute_score(reward_inputs: list[dict], format_weight: float = 0.1) -> list[dict]:
+def compute_score(reward_inputs: list[dict], format_weight: float = 0.1) -> list[dict[str, float]]:
     scores = []
     for item in reward_inputs:
-        # some tokenizers leave spaces around the tags (e.g. "< think >"); EasyR1 normalises them the same way
-        response = re.sub(r"\s*(<|>|/)\s*", r"\1", item["response"])
+        response = _SPACED_TAG_CHARS.sub(r"\1", item["response"])
         format_score = format_reward(response)
         accuracy = accuracy_reward(response, item["ground_truth"])
         scores.append(
             {
-                "overall": (1.0 - format_weight) * accuracy + format_weight * format_score,
+                "overall": (1 - format_weight) * accuracy + format_weight * format_score,
                 "format": format_score,
                 "accuracy": accuracy,
             }

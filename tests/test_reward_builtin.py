@@ -1,11 +1,15 @@
-"""The shipped reward functions on real response strings, loaded the way training loads them."""
+"""The shipped reward functions on real response strings, loaded the way training loads them.
+
+math.py, r1v.py and dapo.py carry EasyR1's contract: every expected value below is worked out by hand from EasyR1's
+examples/reward_function files (their formulas, regular expressions and mathruler's grading rules).
+"""
 
 from pathlib import Path
 
 import pytest
 
 from easyrl.workers.reward.grading import extract_boxed, math_equal
-from easyrl.workers.reward.loader import load_reward_function
+from easyrl.workers.reward.loader import RewardFunctionError, load_reward_function
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,48 +64,135 @@ def test_arithmetic_negative_answer():
     assert score("arithmetic", r"12 - 30 = \boxed{-18}", "-18")["accuracy"] == 1.0
 
 
+# ---- math.py: overall = 0.9 * accuracy + 0.1 * format; accuracy by mathruler on the last \boxed{}
 def test_math_full_credit_needs_think_tags_and_a_correct_box():
+    # mathruler: \frac{1}{2} -> 1/2, and sympy finds 1/2 - 0.5 == 0
     response = r"<think>2/4 reduces to 1/2.</think> The answer is \boxed{\frac{1}{2}}."
     assert score("math", response, "0.5") == {"overall": pytest.approx(1.0), "format": 1.0, "accuracy": 1.0}
 
 
+def test_math_removes_the_spaces_around_tag_characters_before_both_checks():
+    # "< think >" -> "<think>", "</ think >" -> "</think>", "1 / 2" -> "1/2"
+    response = r"< think >halve it</ think > \boxed{1 / 2}"
+    assert score("math", response, r"\frac{1}{2}") == {"overall": pytest.approx(1.0), "format": 1.0, "accuracy": 1.0}
+
+
 def test_math_correct_answer_without_think_gets_accuracy_only():
-    # overall = 0.9 * 1 + 0.1 * 0
-    assert score("math", r"The answer is \boxed{4}", "4")["overall"] == pytest.approx(0.9)
+    assert score("math", r"The answer is \boxed{4}", "4") == {
+        "overall": pytest.approx(0.9),
+        "format": 0.0,
+        "accuracy": 1.0,
+    }
 
 
 def test_math_wrong_answer_with_format_gets_format_only():
     assert score("math", r"<think>hmm</think> \boxed{5}", "4")["overall"] == pytest.approx(0.1)
 
 
-def test_r1v_multiple_choice_compares_letters():
+def test_math_integer_truth_needs_an_integer_answer_as_in_mathruler():
+    # mathruler refuses sympy for an integer ground truth against a non-integer string: 8/2 is not accepted for 4
+    # (math-verify would accept it; EasyR1 does not, so neither does the shipped file)
+    assert score("math", r"<think>4 quarters</think> \boxed{8/2}", "4") == {
+        "overall": pytest.approx(0.1),
+        "format": 1.0,
+        "accuracy": 0.0,
+    }
+
+
+def test_math_without_a_box_scores_zero_and_format_weight_is_a_keyword():
+    assert score("math", "<think>x</think> 4", "4")["overall"] == 0.0
+    # format_weight 0.5: 0.5 * 1 + 0.5 * 0
+    assert score("math", r"\boxed{4}", "4", format_weight=0.5)["overall"] == pytest.approx(0.5)
+
+
+# ---- r1v.py (sequential): overall = 0.5 * accuracy + 0.5 * format, on the response exactly as decoded
+def test_r1v_full_credit():
+    assert score("r1v", "<think>count</think><answer>3.0</answer>", "3") == {
+        "overall": 1.0,
+        "format": 1.0,
+        "accuracy": 1.0,
+    }
+
+
+def test_r1v_multiple_choice_is_graded_as_text():
+    # mathruler compares "(b)circle" with "b": different text, too many letters for sympy -> wrong
     response = "<think>The red one is a circle.</think> <answer>(B) circle</answer>"
-    assert score("r1v", response, "B") == {"overall": pytest.approx(1.0), "format": 1.0, "accuracy": 1.0}
-    assert score("r1v", "<think>x</think><answer>C</answer>", "B")["accuracy"] == 0.0
+    assert score("r1v", response, "B") == {"overall": 0.5, "format": 1.0, "accuracy": 0.0}
 
 
-def test_r1v_numbers_compare_numerically():
-    assert score("r1v", "<think>count</think><answer>3.0</answer>", "3")["accuracy"] == 1.0
-    assert score("r1v", "<think>count</think><answer>4</answer>", "3")["accuracy"] == 0.0
+def test_r1v_surrounding_whitespace_breaks_the_format_but_not_the_answer():
+    assert score("r1v", " <think>a</think><answer>B</answer>\n", "B") == {
+        "overall": 0.5,
+        "format": 0.0,
+        "accuracy": 1.0,
+    }
 
 
-def test_r1v_missing_answer_tag_scores_zero():
-    assert score("r1v", "It is 3.", "3")["overall"] == 0.0
+def test_r1v_spaced_tags_are_not_cleaned():
+    # unlike math.py, r1v.py keeps "< answer >": no format, no tag, and the whole response is not "B"
+    assert score("r1v", "<think>a</think> < answer >B</ answer >", "B")["overall"] == 0.0
+
+
+def test_r1v_without_an_answer_tag_grades_the_whole_response():
+    assert score("r1v", " 3 ", "3") == {"overall": 0.5, "format": 0.0, "accuracy": 1.0}
+
+
+def test_r1v_answer_tag_spanning_lines_is_not_an_answer():
+    # the format check spans lines; the answer search does not, so the whole response is graded against "3"
+    assert score("r1v", "<think>x</think><answer>\n3\n</answer>", "3") == {
+        "overall": 0.5,
+        "format": 1.0,
+        "accuracy": 0.0,
+    }
+
+
+def test_r1v_ground_truth_that_is_not_text_scores_no_accuracy():
+    assert score("r1v", "<think>x</think><answer>3</answer>", 3) == {"overall": 0.5, "format": 1.0, "accuracy": 0.0}
+
+
+# ---- dapo.py: overall = (+1 | -1) + factor * R_length; accuracy_normalized = (accuracy + 1) / 2
+DAPO_KWARGS = {"max_response_length": 100, "overlong_buffer_length": 20, "overlong_penalty_factor": 1.0}
 
 
 def test_dapo_reads_the_answer_line_and_scores_plus_minus_one():
-    kwargs = {"max_response_length": 100, "overlong_buffer_length": 20, "overlong_penalty_factor": 1.0}
-    right = score("dapo", "Step 1: 6 * 7.\nAnswer: 42", "42", response_length=50, **kwargs)
-    wrong = score("dapo", "Answer: 41", "42", response_length=50, **kwargs)
-    assert right == {"overall": 1.0, "accuracy": 1.0, "overlong": 0.0}
-    assert wrong == {"overall": -1.0, "accuracy": 0.0, "overlong": 0.0}
+    right = score("dapo", "Step 1: 6 * 7.\nAnswer: 42", "42", response_length=50, **DAPO_KWARGS)
+    wrong = score("dapo", "Answer: 41", "42", response_length=50, **DAPO_KWARGS)
+    missing = score("dapo", "It is 42.", "42", response_length=50, **DAPO_KWARGS)
+    assert right == {"overall": 1.0, "accuracy": 1.0, "overlong": 0.0, "accuracy_normalized": 1.0}
+    assert wrong == {"overall": -1.0, "accuracy": -1.0, "overlong": 0.0, "accuracy_normalized": 0.0}
+    assert missing == wrong
+
+
+def test_dapo_normalises_answers_the_minerva_way():
+    # "$1,000$ dollars": spaces and "dollars" go, $...$ unwraps, the commas of a plain integer go -> "1000"
+    assert score("dapo", "answer : $1,000$ dollars", "1000", **DAPO_KWARGS)["accuracy"] == 1.0
+    # the part after the last "=" counts, and \frac12 is shorthand for \frac{1}{2}
+    assert score("dapo", r"Answer: x = \frac12", r"\frac{1}{2}", **DAPO_KWARGS)["accuracy"] == 1.0
+    # no symbolic equivalence: 0.5 is not \frac{1}{2}
+    assert score("dapo", "Answer: 0.5", r"\frac{1}{2}", **DAPO_KWARGS)["accuracy"] == -1.0
+
+
+def test_dapo_only_reads_the_last_300_characters():
+    assert score("dapo", "Answer: 42\n" + "x" * 300, "42", **DAPO_KWARGS)["accuracy"] == -1.0
+    assert score("dapo", "Answer: 42\n" + "x" * 289, "42", **DAPO_KWARGS)["accuracy"] == 1.0
 
 
 def test_dapo_overlong_penalty_is_linear_in_the_buffer():
     # L_max 100, L_cache 20: |y| = 90 is 10 tokens into the buffer -> (80 - 90) / 20 = -0.5, times factor 0.5
-    kwargs = {"max_response_length": 100, "overlong_buffer_length": 20, "overlong_penalty_factor": 0.5}
+    kwargs = {**DAPO_KWARGS, "overlong_penalty_factor": 0.5}
     result = score("dapo", "Answer: 42", "42", response_length=90, **kwargs)
-    assert result["overlong"] == pytest.approx(-0.25)
-    assert result["overall"] == pytest.approx(0.75)
-    # at or past L_max the penalty is the full -1 * factor
-    assert score("dapo", "Answer: 42", "42", response_length=100, **kwargs)["overlong"] == pytest.approx(-0.5)
+    assert result == {"overall": 0.75, "accuracy": 1.0, "overlong": -0.5, "accuracy_normalized": 1.0}
+    assert score("dapo", "Answer: 42", "42", response_length=80, **kwargs)["overlong"] == 0.0
+    assert score("dapo", "Answer: 42", "42", response_length=100, **kwargs)["overlong"] == -1.0
+    assert score("dapo", "Answer: 41", "42", response_length=101, **kwargs)["overall"] == -1.5
+
+
+def test_dapo_without_a_buffer_punishes_only_past_the_maximum():
+    kwargs = {**DAPO_KWARGS, "overlong_buffer_length": 0}
+    assert score("dapo", "Answer: 42", "42", response_length=100, **kwargs)["overlong"] == 0.0
+    assert score("dapo", "Answer: 42", "42", response_length=101, **kwargs)["overlong"] == -1.0
+
+
+def test_dapo_keyword_arguments_are_required_as_in_easyr1():
+    with pytest.raises(RewardFunctionError, match=r"reward_function_kwargs.*max_response_length"):
+        load_reward_function(str(ROOT / "reward_function" / "dapo.py"), {})

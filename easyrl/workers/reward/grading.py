@@ -1,11 +1,17 @@
-"""Answer extraction and grading shared by the shipped reward functions (and free for user reward files).
+"""Answer extraction and grading helpers, free for user reward files (the shipped arithmetic reward uses them).
 
-Math answers are compared with math-verify (symbolic equivalence: 1/2 == 0.5 == \\frac{1}{2}), falling back to
-mathruler's normalise-and-sympy grader when math-verify cannot parse one side.
+`math_equal` compares math answers with math-verify (symbolic equivalence: 1/2 == 0.5 == \\frac{1}{2}), falling
+back to mathruler's normalise-and-sympy grader when math-verify cannot decide. Both graders are imported here, at
+the top: a grader that cannot be imported (mathruler's needs `pylatexenc`) fails when the reward file is loaded,
+with the missing package named, instead of quietly grading every answer wrong. (The shipped math.py, r1v.py and
+dapo.py reproduce EasyR1's scores and grade the way EasyR1's files do, with mathruler alone or DAPO's own rule.)
 """
 
 import re
 import threading
+
+from math_verify import parse, verify
+from mathruler.grader import grade_answer
 
 
 def extract_boxed(text: str) -> str | None:
@@ -60,18 +66,14 @@ def math_equal(prediction: str, ground_truth: str) -> bool:
     if a is not None and b is not None:
         return abs(a - b) <= 1e-6 * max(1.0, abs(b))
     try:
-        from math_verify import parse, verify
-
         timeout = _math_verify_timeout()
         gold = parse(f"\\boxed{{{ground_truth}}}", parsing_timeout=timeout)
         pred = parse(f"\\boxed{{{prediction}}}", parsing_timeout=timeout)
         if gold and pred:
             return bool(verify(gold, pred, timeout_seconds=timeout))
-    except Exception:  # noqa: BLE001 - any failure of the symbolic grader falls through to the simpler one
+    except Exception:  # noqa: BLE001 - an answer math-verify cannot parse or compare goes to the simpler grader
         pass
     try:
-        from mathruler.grader import grade_answer
-
         return bool(grade_answer(prediction, ground_truth))
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - mathruler raises on some malformed answers: those are not equal
         return False
