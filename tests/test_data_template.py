@@ -27,11 +27,11 @@ def test_template_syntax_error_names_file_and_line(tmp_path):
         PromptFormatter(str(path))
 
 
-def test_unknown_template_variable_is_reported(tmp_path):
-    path = tmp_path / "extra.jinja"
-    path.write_text("{{ content }} {{ question }}")
-    with pytest.raises(ValueError, match="rendered with `content` only"):
-        PromptFormatter(str(path))("x")
+def test_template_syntax_error_line_counts_the_stripped_blank_lines(tmp_path):
+    path = tmp_path / "broken.jinja"
+    path.write_text("\n\nline three\n{{ content ")
+    with pytest.raises(ValueError, match=r"broken.jinja' line 4"):
+        PromptFormatter(str(path))
 
 
 def test_placeholders_place_images_and_videos():

@@ -17,7 +17,7 @@ def compute_score(reward_inputs, bonus=0.0):
 """
 
 
-def test_default_function_is_compute_score_and_default_type_is_batch(tmp_path):
+def test_without_main_the_default_function_is_compute_score_and_default_type_is_batch(tmp_path):
     fn = load_reward_function(str(write(tmp_path, BATCH)), {"bonus": 0.5})
     assert fn.reward_type == "batch" and fn.name == "compute_score"
     assert fn.score([{"response": "abc"}, {"response": ""}]) == [

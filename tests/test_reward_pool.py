@@ -1,7 +1,9 @@
-"""Scoring through the pool of Ray reward actors: parallel chunks, and functions that raise, hang or misbehave."""
+"""Scoring through the pool of Ray reward actors: a batch function sees the whole batch in one call, sequential
+calls spread over actors, and functions that raise, hang or misbehave score 0 and are counted."""
 
 import logging
 import time
+from pathlib import Path
 
 import pytest
 
@@ -22,11 +24,24 @@ def compute_score(item):
 HANGS_ON_HANG = """
 import time
 
+REWARD_TYPE = "sequential"
+
+def compute_score(item):
+    if item["ground_truth"] == "hang":
+        time.sleep(3600)
+    return {"overall": float(item["response_length"])}
+"""
+
+BATCH_HANGS_ON_HANG = """
+import time
+
 def compute_score(reward_inputs):
     if any(item["ground_truth"] == "hang" for item in reward_inputs):
         time.sleep(3600)
     return [{"overall": float(item["response_length"])} for item in reward_inputs]
 """
+
+BATCH_NORMALISED = str(Path(__file__).resolve().parent / "data" / "easyr1_batch_reward.py")
 
 WRONG_LENGTH = """
 def compute_score(reward_inputs):
@@ -53,6 +68,7 @@ def test_a_raising_function_scores_zero_for_its_samples_and_training_continues(r
     config = RewardConfig(reward_function=reward_file(RAISES_ON_BOOM), num_cpus=2, timeout_s=30)
     scorer = RewardScorer(config, tokenizer=None)
     try:
+        assert (scorer.pool.num_actors, scorer.pool.actor_num_cpus) == (2, 1)  # sequential calls spread over actors
         with caplog.at_level(logging.WARNING, logger="easyrl.workers.reward.scorer"):
             scores, errors = scorer.score_inputs(inputs("a", "boom", "b", "boom"))
             scorer.score_inputs(inputs("boom"))  # a second failure is not logged again
@@ -64,8 +80,47 @@ def test_a_raising_function_scores_zero_for_its_samples_and_training_continues(r
         scorer.shutdown()
 
 
+@pytest.mark.timeout(180)
+def test_a_batch_function_sees_the_whole_batch_in_the_pool_as_in_process(ray_cluster):
+    # 8 responses, 3 right: overall = accuracy - 3/8 only when one call sees all 8 (chunks would see other means)
+    batch = [
+        {"response": rf"\boxed{{{answer}}}", "response_length": 4, "ground_truth": truth}
+        for answer, truth in [(4, "4"), (5, "4"), ("0.5", "1/2"), (7, "8"), (9, "9"), (1, "2"), (3, "5"), (6, "7")]
+    ]
+    expected = [0.625, -0.375, 0.625, -0.375, 0.625, -0.375, -0.375, -0.375]
+    results = {}
+    for num_cpus in (0, 2):
+        config = RewardConfig(reward_function=BATCH_NORMALISED, num_cpus=num_cpus, timeout_s=60)
+        scorer = RewardScorer(config, tokenizer=None)
+        try:
+            if num_cpus:  # one actor holding both CPUs (EasyR1's meaning of num_cpus), not two actors
+                assert (scorer.pool.num_actors, scorer.pool.actor_num_cpus) == (1, 2)
+            results[num_cpus] = scorer.score_inputs(batch)
+        finally:
+            scorer.shutdown()
+    assert results[2] == results[0]
+    scores, errors = results[2]
+    assert [s["overall"] for s in scores] == expected
+    assert {s["batch_size"] for s in scores} == {8.0} and errors == [0.0] * 8
+
+
 @pytest.mark.timeout(120)
-def test_a_hanging_function_times_out_and_its_actor_is_replaced(ray_cluster, reward_file):
+def test_a_hanging_batch_call_scores_the_whole_batch_zero(ray_cluster, reward_file):
+    config = RewardConfig(reward_function=reward_file(BATCH_HANGS_ON_HANG), num_cpus=2, timeout_s=2)
+    scorer = RewardScorer(config, tokenizer=None)
+    try:
+        scores, errors = scorer.score_inputs(inputs("a", "hang", "b"))
+        assert scores == [{"overall": 0.0}] * 3 and errors == [1.0] * 3
+        assert reduce_reward_metrics({"reward/errors": errors})["reward/errors"] == 3.0
+        assert scorer.pool.num_replaced == 1
+        scores, errors = scorer.score_inputs(inputs("c", "d"))  # the replacement actor serves the next batch
+        assert [s["overall"] for s in scores] == [1.0, 2.0] and errors == [0.0, 0.0]
+    finally:
+        scorer.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_hanging_sequential_call_times_out_and_its_actor_is_replaced(ray_cluster, reward_file):
     config = RewardConfig(reward_function=reward_file(HANGS_ON_HANG), num_cpus=1, timeout_s=2)
     scorer = RewardScorer(config, tokenizer=None, chunks_per_actor=4)  # 4 inputs -> 4 chunks of one
     try:
@@ -85,7 +140,7 @@ def test_a_hanging_function_times_out_and_its_actor_is_replaced(ray_cluster, rew
 @pytest.mark.timeout(120)
 def test_a_wrong_return_shape_stops_with_the_function_and_file_named(ray_cluster, reward_file):
     config = RewardConfig(reward_function=reward_file(WRONG_LENGTH), num_cpus=1, timeout_s=30)
-    scorer = RewardScorer(config, tokenizer=None, chunks_per_actor=1)
+    scorer = RewardScorer(config, tokenizer=None)
     try:
         with pytest.raises(RewardFunctionError, match=r"`compute_score` in .*reward.py.*list of 3 dicts"):
             scorer.score_inputs(inputs("a", "b", "c"))

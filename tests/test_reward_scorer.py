@@ -71,3 +71,27 @@ def test_missing_ground_truth_names_the_dataset_key(tokenizer, arithmetic_scorer
     data.non_tensor_batch.pop("ground_truth")
     with pytest.raises(KeyError, match="data.answer_key"):
         arithmetic_scorer.score(data)
+
+
+def test_reward_inputs_hold_exactly_easyr1s_keys(tokenizer, arithmetic_scorer):
+    inputs = arithmetic_scorer.build_inputs(rollout_batch(tokenizer, ["7", "eight"], ["7", 8]))
+    assert [sorted(item) for item in inputs] == [["ground_truth", "response", "response_length"]] * 2
+    assert inputs[1]["ground_truth"] == 8  # the dataset's answer as stored, not turned into text
+    assert all(type(item["response_length"]) is int for item in inputs)
+
+
+def test_shipped_dapo_scores_carry_easyr1s_filter_key(tokenizer):
+    # EasyR1's DAPO recipe filters groups on algorithm.filter_key=accuracy_normalized
+    kwargs = {"max_response_length": 100, "overlong_buffer_length": 20, "overlong_penalty_factor": 1.0}
+    config = RewardConfig(
+        reward_function=f"{ROOT / 'reward_function' / 'dapo.py'}:compute_score",
+        reward_function_kwargs=kwargs,
+        num_cpus=0,
+    )
+    scores, metrics = RewardScorer(config, tokenizer).score(
+        rollout_batch(tokenizer, ["Answer: 42", "Answer: 41"], ["42", "42"])
+    )
+    columns = scores_to_non_tensor(metrics)
+    assert sorted(columns) == ["accuracy", "accuracy_normalized", "overall", "overlong"]
+    assert columns["accuracy_normalized"].tolist() == [1.0, 0.0]
+    assert scores.sum(-1).tolist() == [1.0, -1.0]

@@ -3,17 +3,26 @@
     prompt text --(data.format_prompt: a Jinja file rendered with `content`)--> user message
     user message --(the chat template: the tokenizer's / processor's, or data.override_chat_template)--> prompt
 
+The prompt file means what it means in EasyR1: the file's text is stripped of surrounding whitespace (leading and
+trailing blank lines and spaces, the final newline) before Jinja compiles it with default settings, and it is
+rendered with `content` only. A variable other than `content` renders as empty text, as in EasyR1; easyrl warns
+once, naming the variables, because it is almost always a typo.
+
 ``<image>`` / ``<video>`` placeholders in the text mark where each image / video of the row goes; a row with
 images but no placeholders gets its images before the text.
 """
 
+import logging
 import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.meta
 
+
+logger = logging.getLogger(__name__)
 
 PLACEHOLDER = re.compile(r"(<image>|<video>)")
 
@@ -26,14 +35,42 @@ def read_template_file(path: str, config_key: str) -> str:
     return file.read_text(encoding="utf-8")
 
 
+_ENVIRONMENT = jinja2.Environment()  # the settings of EasyR1's `jinja2.Template(text)`: undefined renders empty
+
+
+def _source(path: str) -> tuple[str, int]:
+    """(the template text EasyR1 compiles: the file stripped of surrounding whitespace, lines stripped before it)."""
+    text = read_template_file(path, "data.format_prompt")
+    stripped = text.strip()
+    return stripped, text[: len(text) - len(text.lstrip())].count("\n")
+
+
 @lru_cache(maxsize=32)
 def _compile(path: str) -> jinja2.Template:
-    source = read_template_file(path, "data.format_prompt")
+    source, lines_before = _source(path)
     try:
-        # Jinja's default drops the file's final newline, as EasyR1's templates expect.
-        return jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(source)
+        return _ENVIRONMENT.from_string(source)
     except jinja2.TemplateSyntaxError as error:
-        raise ValueError(f"data.format_prompt: {path!r} line {error.lineno}: {error.message}") from error
+        line = (error.lineno or 1) + lines_before
+        raise ValueError(f"data.format_prompt: {path!r} line {line}: {error.message}") from error
+
+
+def undefined_variables(path: str) -> list[str]:
+    """Variables the template reads besides `content` (EasyR1 renders them, and easyrl too, as empty text)."""
+    return sorted(jinja2.meta.find_undeclared_variables(_ENVIRONMENT.parse(_source(path)[0])) - {"content"})
+
+
+@lru_cache(maxsize=32)
+def _warn_undefined_variables(path: str) -> None:
+    # once per file and process: the train and validation datasets share the template
+    unknown = undefined_variables(path)
+    if unknown:
+        logger.warning(
+            "data.format_prompt: %s uses %s, but a prompt template is rendered with `content` only; they render "
+            "as empty text (as in EasyR1). Write {{ content }} for the row's prompt text.",
+            path,
+            ", ".join(f"`{name}`" for name in unknown),
+        )
 
 
 class PromptFormatter:
@@ -44,17 +81,12 @@ class PromptFormatter:
         self.path = str(format_prompt) if format_prompt else None
         if self.path:
             _compile(self.path)  # fail at start-up on a missing file or a syntax error
+            _warn_undefined_variables(self.path)
 
     def __call__(self, content: str) -> str:
         if self.path is None:
             return content
-        try:
-            return _compile(self.path).render(content=content)
-        except jinja2.UndefinedError as error:
-            raise ValueError(
-                f"data.format_prompt: {self.path!r} uses an undefined variable ({error.message}); "
-                "templates are rendered with `content` only."
-            ) from error
+        return _compile(self.path).render(content=content)
 
 
 def build_messages(text: str, num_images: int = 0, num_videos: int = 0) -> list[dict[str, Any]]:

@@ -1,15 +1,11 @@
 """Rewards from user `.py` files: loading (loader), safe calls (actor), the actor pool (pool), batch scoring
-(scorer), and answer grading helpers (grading)."""
+(scorer), and answer grading helpers (grading).
 
-from .loader import RewardFunction, RewardFunctionError, load_reward_function
-from .scorer import RewardScorer, reduce_reward_metrics, scores_to_non_tensor
+Only the loader is imported here: it is light (no torch, no Ray), so the config check can resolve a reward file
+through `resolve_reward_function` without starting the heavy parts; import the scorer from `.scorer`.
+"""
+
+from .loader import RewardFunction, RewardFunctionError, load_reward_function, resolve_reward_function
 
 
-__all__ = [
-    "RewardFunction",
-    "RewardFunctionError",
-    "RewardScorer",
-    "load_reward_function",
-    "reduce_reward_metrics",
-    "scores_to_non_tensor",
-]
+__all__ = ["RewardFunction", "RewardFunctionError", "load_reward_function", "resolve_reward_function"]

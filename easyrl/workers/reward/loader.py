@@ -1,27 +1,37 @@
-"""Loading a reward function from a user `.py` file (EasyR1-compatible).
+"""Loading a reward function from a user `.py` file (EasyR1's contract).
 
-`worker.reward.reward_function` is `path/to/file.py:function` (the function defaults to `compute_score`). The
-module's `REWARD_TYPE` says how the function is called:
-    "batch" (default)  fn(reward_inputs: list[dict], **kwargs) -> list[dict]
-    "sequential"       fn(reward_input: dict, **kwargs) -> dict
-Each input dict holds `response` (decoded text), `response_length` (tokens) and `ground_truth`; each output dict
-holds `overall` (float) and optionally more named scores (`format`, `accuracy`, ...), which become metrics.
-`worker.reward.reward_function_kwargs` are passed as keyword arguments.
+`worker.reward.reward_function` is `path/to/file.py:function`. Without `:function`, EasyR1 calls `main`; easyrl
+calls `main` when the file defines it, else `compute_score` (the name EasyR1's own reward files use), and otherwise
+stops with the list of functions the file defines. The module's `REWARD_TYPE` (default "batch", as in EasyR1) says
+how the function is called:
+    "batch"       fn(reward_inputs: list[dict], **kwargs) -> list[dict]   one call with the whole batch
+    "sequential"  fn(reward_input: dict, **kwargs) -> dict               one call per response
+Each input dict holds exactly EasyR1's keys: `response` (decoded text), `response_length` (tokens) and
+`ground_truth` (the dataset's answer, as stored). Each output dict holds `overall` (a number, the reward placed on
+the last response token) and optionally more named scores (`format`, `accuracy`, ...), which become metrics.
+`worker.reward.reward_function_kwargs` are passed as keyword arguments. `REWARD_NAME` is read for the log only.
+
+This module imports nothing heavy: the config check calls `resolve_reward_function` on the parsed file.
 """
 
+import ast
 import hashlib
 import importlib.util
 import inspect
 import numbers
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...config.shipped import shipped_files_hint
 
-DEFAULT_FUNCTION = "compute_score"
+
+EASYR1_DEFAULT_FUNCTION = "main"  # what EasyR1 calls when the spec names no function
+FALLBACK_FUNCTION = "compute_score"  # what EasyR1's own reward files define
 REWARD_TYPES = ("batch", "sequential")
+DEFAULT_REWARD_TYPE = "batch"  # EasyR1's default for a file without REWARD_TYPE
 CONFIG_KEY = "worker.reward.reward_function"
 
 
@@ -38,10 +48,20 @@ class RewardFunction:
     path: str
     name: str
     kwargs: dict = field(default_factory=dict)
+    reward_name: str = "unknown"  # the file's REWARD_NAME, for the log
+    name_was_given: bool = True  # False when `name` was chosen by the `main` / `compute_score` rule
 
     @property
     def where(self) -> str:
         return f"`{self.name}` in {self.path}"
+
+    def describe(self) -> str:
+        """One line for the log: which function of which file, its REWARD_NAME and REWARD_TYPE."""
+        how = "" if self.name_was_given else f" (no `:function` in `{CONFIG_KEY}`; {_rule_text(self.name)})"
+        return (
+            f"Reward function {self.where}{how}; REWARD_NAME {self.reward_name!r}, REWARD_TYPE {self.reward_type!r}, "
+            f"keyword arguments {self.kwargs}."
+        )
 
     def score(self, inputs: list[dict]) -> list[dict[str, float]]:
         """One score dict per input, checked and converted to floats. Exceptions of the function propagate."""
@@ -80,14 +100,90 @@ class RewardFunction:
         )
 
 
-def parse_spec(spec: str) -> tuple[str, str]:
-    """`path.py:fn` -> (path, fn); `path.py` -> (path, compute_score)."""
+def parse_spec(spec: str) -> tuple[str, str | None]:
+    """`path.py:fn` -> (path, fn); `path.py` -> (path, None): the function is chosen by `choose_function_name`."""
     if not spec:
         raise RewardFunctionError(f"`{CONFIG_KEY}` is empty; give a reward module as path/to/file.py:function.")
     path, sep, name = spec.rpartition(":")
     if not sep or not name.isidentifier():
-        return spec, DEFAULT_FUNCTION
+        return spec, None
     return path, name
+
+
+def _rule_text(chosen: str) -> str:
+    if chosen == EASYR1_DEFAULT_FUNCTION:
+        return "EasyR1 calls `main`"
+    return "the file defines no `main` (EasyR1's default), so its `compute_score` is used"
+
+
+def choose_function_name(
+    path: str, requested: str | None, defined: Collection[str], functions: Collection[str]
+) -> str:
+    """The function to call: the one named in the spec, else `main` (EasyR1), else `compute_score`.
+
+    `defined` is every name the file binds at top level, `functions` the functions among them (listed in the error
+    raised when the choice is missing).
+    """
+    if requested is not None:
+        if requested in defined:
+            return requested
+        missing = f"defines no function `{requested}`"
+    else:
+        for name in (EASYR1_DEFAULT_FUNCTION, FALLBACK_FUNCTION):
+            if name in defined:
+                return name
+        missing = (
+            f"names no function (`path.py:function`) and the file defines neither `{EASYR1_DEFAULT_FUNCTION}` "
+            f"(EasyR1's default) nor `{FALLBACK_FUNCTION}`"
+        )
+    listed = sorted(name for name in functions if not name.startswith("_"))
+    raise RewardFunctionError(
+        f"`{CONFIG_KEY}`: `{path}` {missing}. Functions found: {', '.join(listed) or 'none'}. "
+        f"Name one as {path}:<function>."
+    )
+
+
+def _top_level_names(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """(every name a module binds at top level: functions, classes, assignments, imports; its functions)."""
+    names: set[str] = set()
+    functions: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.add(node.name)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names if alias.name != "*")
+    return names, functions
+
+
+def _existing_file(path_text: str) -> Path:
+    path = Path(path_text).expanduser().resolve()
+    if not path.is_file():
+        raise RewardFunctionError(
+            f"`{CONFIG_KEY}`: reward file `{path_text}` does not exist. Give it as path/to/file.py:function, "
+            f"e.g. reward_function/math.py:compute_score; {shipped_files_hint('reward_function')}"
+        )
+    return path
+
+
+def resolve_reward_function(spec: str) -> tuple[str, str]:
+    """(absolute file path, function name) for `spec`, read from the file's source without importing it.
+
+    For the config check: it applies the same rule as `load_reward_function` (see `choose_function_name`) to the
+    names the file binds at top level, and raises RewardFunctionError for a missing file, a syntax error or a
+    missing function.
+    """
+    path_text, requested = parse_spec(spec)
+    path = _existing_file(path_text)
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except SyntaxError as err:
+        raise RewardFunctionError(f"`{CONFIG_KEY}`: `{path_text}` line {err.lineno}: {err.msg}.") from None
+    return str(path), choose_function_name(path_text, requested, *_top_level_names(tree))
 
 
 def _import_file(path: Path):
@@ -103,32 +199,27 @@ def _import_file(path: Path):
         spec.loader.exec_module(module)
     except Exception as err:
         sys.modules.pop(module_name, None)
+        hint = ""
+        if isinstance(err, ModuleNotFoundError) and err.name:
+            # e.g. mathruler's grader needs pylatexenc, which mathruler does not declare
+            hint = f" Install the missing package into this environment (`pip install {err.name.split('.')[0]}`)."
         raise RewardFunctionError(
-            f"`{CONFIG_KEY}`: importing `{path}` failed with {type(err).__name__}: {err}"
+            f"`{CONFIG_KEY}`: importing `{path}` failed with {type(err).__name__}: {err}.{hint}"
         ) from err
     return module
 
 
 def load_reward_function(spec: str, kwargs: dict | None = None) -> RewardFunction:
-    """Import `path.py:fn`, read REWARD_TYPE, and check that `fn` accepts `kwargs`."""
-    path_text, name = parse_spec(spec)
-    path = Path(path_text).expanduser().resolve()
-    if not path.is_file():
-        raise RewardFunctionError(
-            f"`{CONFIG_KEY}`: reward file `{path_text}` does not exist. Give it as path/to/file.py:function, "
-            "e.g. reward_function/math.py:compute_score."
-        )
+    """Import `path.py[:fn]`, choose the function, read REWARD_TYPE, and check that it accepts `kwargs`."""
+    path_text, requested = parse_spec(spec)
+    path = _existing_file(path_text)
     module = _import_file(path)
-    fn = getattr(module, name, None)
-    if fn is None:
-        functions = sorted(n for n, obj in vars(module).items() if inspect.isfunction(obj) and not n.startswith("_"))
-        raise RewardFunctionError(
-            f"`{CONFIG_KEY}`: `{path_text}` defines no function `{name}`. "
-            f"Functions found: {', '.join(functions) or 'none'}."
-        )
+    functions = {name for name, obj in vars(module).items() if inspect.isfunction(obj)}
+    name = choose_function_name(path_text, requested, set(vars(module)), functions)
+    fn = getattr(module, name)
     if not callable(fn):
         raise RewardFunctionError(f"`{CONFIG_KEY}`: `{name}` in `{path_text}` is not a function.")
-    reward_type = getattr(module, "REWARD_TYPE", "batch")
+    reward_type = getattr(module, "REWARD_TYPE", DEFAULT_REWARD_TYPE)
     if reward_type not in REWARD_TYPES:
         raise RewardFunctionError(
             f"`REWARD_TYPE` in `{path_text}` is {reward_type!r}; use 'batch' (the function takes and returns lists) "
@@ -144,4 +235,12 @@ def load_reward_function(spec: str, kwargs: dict | None = None) -> RewardFunctio
         ) from None
     except ValueError:
         pass  # builtins without a signature: trust them
-    return RewardFunction(fn=fn, reward_type=reward_type, path=str(path), name=name, kwargs=kwargs)
+    return RewardFunction(
+        fn=fn,
+        reward_type=reward_type,
+        path=str(path),
+        name=name,
+        kwargs=kwargs,
+        reward_name=str(getattr(module, "REWARD_NAME", "unknown")),
+        name_was_given=requested is not None,
+    )

@@ -44,6 +44,10 @@ class RewardActorPool:
         self.num_replaced = 0
         self._slots = [self._start_actor() for _ in range(max(1, num_actors))]
 
+    @property
+    def num_actors(self) -> int:
+        return len(self._slots)
+
     def _start_actor(self) -> _Slot:
         actor = RewardActor.options(num_cpus=self.actor_num_cpus).remote(self.spec, self.kwargs)
         return _Slot(actor=actor, ready_ref=actor.ready.remote(), started_at=time.monotonic())

@@ -6,10 +6,14 @@
     batch.non_tensor_batch.update(scores_to_non_tensor(reward_metrics))   # `overall`, `accuracy`... per sample
     metrics.update(reduce_reward_metrics(reward_metrics))       # reward/overall, reward/accuracy, ..., reward/errors
 
-Responses are decoded here, split into chunks, and scored by `worker.reward.num_cpus` Ray actors in parallel (0
-scores in this process, without the timeout). Each sample's `overall` score is placed on its last response token.
-A sample whose scoring raised or timed out scores 0 and is counted in `reward/errors`; the first traceback (and the
-first timeout) is logged once.
+Responses are decoded here and scored with EasyR1's calling convention: a `batch` function is called ONCE with
+the whole batch (so a function that normalises over the batch sees what it sees in EasyR1), a `sequential`
+function once per response. With `worker.reward.num_cpus` >= 1 the calls run in Ray actors under a timeout
+(`worker.reward.timeout_s` per call): a batch function in one actor holding `num_cpus` CPUs (EasyR1's meaning of
+the key), a sequential function's responses spread in chunks over `num_cpus` one-CPU actors. With 0 they run in
+this process, without the timeout. Each sample's `overall` score is placed on its last response token (EasyR1's
+place). A sample whose scoring raised or timed out scores 0 and is counted in `reward/errors` (a batch call that
+fails fails for the whole batch); the first traceback (and the first timeout) is logged once.
 """
 
 import logging
@@ -64,16 +68,19 @@ class RewardScorer:
         self.chunks_per_actor = chunks_per_actor
         # loading here first reports a broken file at once, with the driver's traceback
         self.reward_fn = load_reward_function(config.reward_function, config.reward_function_kwargs)
+        logger.info(self.reward_fn.describe())
         self.pool = None
         if config.num_cpus > 0:
             from .pool import RewardActorPool
 
+            # a batch function runs as one call: one actor with all the CPUs; sequential calls spread over actors
+            whole_batch = self.reward_fn.reward_type == "batch"
             self.pool = RewardActorPool(
                 config.reward_function,
                 config.reward_function_kwargs,
-                num_actors=config.num_cpus,
+                num_actors=1 if whole_batch else config.num_cpus,
                 timeout_s=config.timeout_s,
-                actor_num_cpus=actor_num_cpus,
+                actor_num_cpus=actor_num_cpus * config.num_cpus if whole_batch else actor_num_cpus,
             )
             self.pool.wait_ready()
         self._logged_exception = False
@@ -98,12 +105,13 @@ class RewardScorer:
     def score_inputs(self, inputs: list[dict]) -> tuple[list[dict[str, float]], list[float]]:
         """Per-sample score dicts (failed samples: {"overall": 0.0}) and per-sample error flags."""
         if self.pool is None:
-            results, bounds = [score_chunk(self.reward_fn, inputs)], [(0, len(inputs))]
+            results = [score_chunk(self.reward_fn, inputs)]
+        elif self.reward_fn.reward_type == "batch":
+            results = self.pool.run([inputs])
         else:
             num_chunks = max(1, min(len(inputs), self.config.num_cpus * self.chunks_per_actor))
             splits = np.array_split(np.arange(len(inputs)), num_chunks)
-            bounds = [(int(s[0]), int(s[-1]) + 1) for s in splits if len(s)]
-            results = self.pool.run([inputs[start:stop] for start, stop in bounds])
+            results = self.pool.run([[inputs[i] for i in split] for split in splits if len(split)])
         scores: list[dict[str, float]] = []
         errors: list[float] = []
         for result in results:
