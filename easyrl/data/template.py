@@ -39,7 +39,7 @@ _ENVIRONMENT = jinja2.Environment()  # the settings of EasyR1's `jinja2.Template
 
 
 def _source(path: str) -> tuple[str, int]:
-    """(the template text EasyR1 compiles: the file stripped of surrounding whitespace, lines stripped before it)."""
+    """(the text EasyR1 compiles: the file without surrounding whitespace, the number of lines removed above it)."""
     text = read_template_file(path, "data.format_prompt")
     stripped = text.strip()
     return stripped, text[: len(text) - len(text.lstrip())].count("\n")
