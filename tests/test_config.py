@@ -151,7 +151,9 @@ def test_grpo_needs_more_than_one_sample(valid_args):
 
 
 def test_missing_reward_file(valid_args, tmp_path):
-    with pytest.raises(ConfigError, match=r"`worker\.reward\.reward_function`: file .*nope\.py` does not exist"):
+    with pytest.raises(
+        ConfigError, match=r"`worker\.reward\.reward_function`: reward file .*nope\.py` does not exist"
+    ):
         load_config([*valid_args, f"worker.reward.reward_function={tmp_path}/nope.py:compute_score"])
 
 

@@ -97,7 +97,7 @@ def test_enforce_eager_false_runs_eagerly_on_a_machine_without_cuda_and_says_so(
     from easyrl.utils import device
 
     plan = load_run_plan(BASE + ["worker.rollout.enforce_eager=false"])
-    if device.is_cuda_available():
+    if device.is_cuda_available():  # the compute switch and the config's torch-free probe agree
         assert plan.config.worker.rollout.enforce_eager is False
     else:
         assert plan.config.worker.rollout.enforce_eager is True
@@ -219,3 +219,15 @@ def test_a_step_runs_as_planned(ray_cluster, tiny_model_path, tmp_path, kl, poli
 @pytest.mark.parametrize(("kl", "policy", "critic"), [combo for combo in GRID if combo not in COVERING])
 def test_a_step_runs_as_planned_full_grid(ray_cluster, tiny_model_path, tmp_path, kl, policy, critic):
     _assert_step_follows_the_plan(_run_one_step(tiny_model_path, tmp_path, kl, policy, critic), kl, policy, critic)
+
+
+def test_check_imports_no_torch_so_it_answers_in_well_under_two_seconds():
+    code = (
+        "import sys, easyrl.cli; code = easyrl.cli.main(['check', *sys.argv[1:]]); "
+        "print('TORCH', 'torch' in sys.modules); sys.exit(code)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, *BASE], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "TORCH False" in out.stdout

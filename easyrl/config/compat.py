@@ -24,20 +24,45 @@ def rename_legacy(flat: dict[str, Any]) -> dict[str, Any]:
     return {LEGACY_KEYS.get(key, key): value for key, value in flat.items() if key not in IGNORED_LEGACY_KEYS}
 
 
-# Keys that mean something else in easyrl than in EasyR1, with what differs. Each is announced once when a config
-# sets the key explicitly (a user relying on EasyR1's meaning learns of the difference before the run starts).
+# Keys that mean something else in easyrl than in EasyR1, with what differs and why (docs/config.md lists them all).
+# Those in ANNOUNCED change what a run computes, so a config that sets one gets a note before the run starts; the
+# others give the same numbers or only change the console.
 EASYR1_DIFFERENCES: dict[str, str] = {
-    "worker.rollout.disable_tqdm": (
-        "defaults to true in easyrl (EasyR1: false): the run prints one progress bar of its own instead of one bar "
-        "per generate call"
+    "worker.actor.global_batch_size": (
+        "when a batch makes exactly one optimizer step (ppo_epochs 1, global_batch_size >= rollout_batch_size) and "
+        "the KL is not in the reward, easyrl skips EasyR1's separate old-log-prob pass and uses the update's own "
+        "detached log-probs (the ratio is exactly 1 at that step, so the loss and its gradient are the same); "
+        "algorithm.recompute_old_log_probs=true restores the pass"
     ),
-    "worker.actor.use_torch_compile": (
-        "compiles easyrl's log-prob and entropy kernels on GPUs; on a CPU the eager kernels run (compiling them "
-        "there costs more than it saves)"
+    "worker.rollout.disable_tqdm": (
+        "defaults to true (EasyR1: false): the run prints one progress bar of its own instead of one bar per "
+        "generate call"
+    ),
+    "data.format_prompt": (
+        "a template file that does not exist is an error (EasyR1 prints 'not found' and trains without a "
+        "template, which silently changes every prompt), except EasyR1's own math/r1v/dapo templates, which easyrl "
+        "ships with the same text"
+    ),
+    "worker.reward.reward_function": (
+        "without `:function`, `main` is called when the file defines it and `compute_score` otherwise (EasyR1: always "
+        "`main`, which its own reward files do not define); a score that is not a number, a batch result of the "
+        "wrong length or a missing `overall` is an error instead of a silent 0; a function that raises or exceeds "
+        "worker.reward.timeout_s scores 0 for its samples and is counted in reward/errors instead of stopping the run"
+    ),
+    "data.image_key": (
+        "a row with pictures but no `<image>` placeholder in its prompt gets its pictures before the text (EasyR1's "
+        "processor fails on such rows)"
+    ),
+    "worker.rollout.enforce_eager": (
+        "false on a machine without CUDA runs the engine eagerly all the same (CUDA graphs do not exist there; "
+        "vLLM's CPU backend dies at start otherwise), announced once"
     ),
 }
 
 
+ANNOUNCED: frozenset[str] = frozenset()
+
+
 def easyr1_difference_notes(user_keys: set[str]) -> list[str]:
-    """One note per key the user set whose meaning differs from EasyR1's."""
-    return [f"`{key}` {why}." for key, why in EASYR1_DIFFERENCES.items() if key in user_keys]
+    """One note per key the user set whose meaning differs from EasyR1's in what the run computes."""
+    return [f"`{key}` {EASYR1_DIFFERENCES[key]}." for key in sorted(ANNOUNCED & user_keys)]

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from ..utils import device
+from ..utils.platform import nvidia_gpus_visible
 from .compat import easyr1_difference_notes
 from .load import read_config
 from .schema import PPOConfig
@@ -150,7 +150,7 @@ def make_run_plan(config: PPOConfig, user_keys: frozenset[str] = frozenset()) ->
     generation_batch_size = data.mini_rollout_batch_size or data.rollout_batch_size
     notes = []
     enforce_eager = rollout.enforce_eager
-    if not enforce_eager and rollout.name == "vllm" and not device.is_cuda_available():
+    if not enforce_eager and rollout.name == "vllm" and not nvidia_gpus_visible():
         enforce_eager = True
         notes.append(
             "worker.rollout.enforce_eager=false asks for CUDA graphs, which a machine without CUDA does not have: "

@@ -49,7 +49,10 @@ class DataConfig:
     val_batch_size: int = -1
     """Prompts per validation generation call; -1 means the whole validation set at once."""
     format_prompt: Optional[str] = None
-    """Jinja template file applied to each prompt (rendered with `content`) before the chat template."""
+    """Jinja template file applied to each prompt before the chat template: its text stripped of surrounding
+    whitespace (as EasyR1 does), rendered with `content` = the row's prompt text (other variables render empty, with a
+    warning). A missing `.../format_prompt/{math,r1v,dapo}.jinja` (EasyR1's `./examples/format_prompt/...`) is
+    replaced by easyrl's copy under `format_prompt/` (EasyR1's exact text), with a warning naming both paths."""
     override_chat_template: Optional[str] = None
     """Jinja chat-template file used instead of the tokenizer's own."""
     shuffle: bool = True
@@ -339,15 +342,23 @@ class RolloutConfig:
 @dataclass
 class RewardConfig:
     reward_function: Optional[str] = None
-    """Reward function as `path/to/file.py:function` (function defaults to compute_score)."""
+    """Reward function as `path/to/file.py:function`; without `:function` the file's `main` (EasyR1's default), else
+    its `compute_score`. The file's REWARD_TYPE is `batch` (default: called once with the whole batch, list[dict] ->
+    list[dict]) or `sequential` (dict -> dict); inputs `response`, `response_length`, `ground_truth`; each output
+    needs `overall` (placed on the last response token), other keys become `reward/<key>` metrics and per-sample
+    columns for algorithm.filter_key. A missing `.../reward_function/{math,r1v,dapo}.py` is replaced by easyrl's file
+    of that name (EasyR1's scores and keys), with a warning naming both paths."""
     reward_function_kwargs: dict = field(default_factory=dict)
     """Extra keyword arguments passed to the reward function."""
     skip_special_tokens: bool = True
     """Strip special tokens when decoding responses for the reward function."""
     num_cpus: int = 1
-    """Reward actors scoring in parallel (one CPU each); 0 scores in the driver process, without the timeout."""
+    """CPUs reserved for scoring (EasyR1): a `batch` function runs in one actor holding them and sees the whole batch
+    in one call; a `sequential` function's responses are split over that many one-CPU actors. 0 scores in the driver
+    process, without the timeout."""
     timeout_s: float = 60.0
-    """Seconds one scoring call may take before its samples score 0 and are reported."""
+    """Seconds one scoring call in a reward actor may take (the whole batch for a `batch` function) before its
+    samples score 0, count in reward/errors, and the actor is replaced."""
 
 
 @dataclass

@@ -1,15 +1,15 @@
 """Validation: everything that can be checked before Ray starts, in well under two seconds (nothing heavy is
 imported: no torch, no model, no data). A config that passes runs; the workers check nothing again."""
 
-import ast
 import difflib
 import os
 from pathlib import Path
 from typing import Any, Optional
 
 from ..demo import builtin_models
+from ..workers.reward.loader import RewardFunctionError, resolve_reward_function
 from .schema import ConfigError, PPOConfig
-from .shipped import BUILTIN_PREFIX, looks_local
+from .shipped import BUILTIN_PREFIX, looks_local, shipped_files_hint
 
 
 # Names of the registered algorithms and loggers, listed here so that check needs no torch import; a test asserts
@@ -60,32 +60,6 @@ def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
         close = difflib.get_close_matches(str(value), choices, n=1)
         hint = f" Did you mean `{close[0]}`?" if close else ""
         raise ConfigError(f"`{key}` is `{value}`, which is not one of: {', '.join(choices)}.{hint}")
-
-
-def _check_python_function(key: str, spec: str, default_name: str = "compute_score") -> None:
-    """`path.py:fn` must name an existing file that defines `fn` (checked by parsing, nothing is executed)."""
-    path, _, name = spec.partition(":")
-    name = name or default_name
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ConfigError(f"`{key}`: file `{path}` does not exist. Give a reward module as path/to/file.py:function.")
-    try:
-        tree = ast.parse(file.read_text(), filename=str(file))
-    except SyntaxError as err:
-        raise ConfigError(f"`{key}`: `{path}` has a syntax error at line {err.lineno}: {err.msg}.") from None
-    defined = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            defined.add(node.name)
-        elif isinstance(node, ast.Assign):
-            defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
-    if name not in defined:
-        functions = sorted(n.name for n in tree.body if isinstance(n, ast.FunctionDef))
-        raise ConfigError(
-            f"`{key}`: `{path}` defines no function `{name}`. Functions found: {', '.join(functions) or 'none'}."
-        )
 
 
 def _check_model_path(key: str, path: Optional[str], required: bool) -> None:
@@ -243,8 +217,15 @@ def validate_config(config: PPOConfig) -> None:
             "`worker.reward.reward_function` is not set. Give a reward module as path/to/file.py:function, "
             "e.g. reward_function/math.py:compute_score."
         )
-    _check_python_function("worker.reward.reward_function", config.worker.reward.reward_function)
-    _check_file("data.format_prompt", data.format_prompt, "prompt template")
+    try:  # the loader's own rule (`main`, else `compute_score`), read from the file without running it
+        resolve_reward_function(config.worker.reward.reward_function)
+    except RewardFunctionError as err:
+        raise ConfigError(str(err)) from None
+    if data.format_prompt and not Path(data.format_prompt).expanduser().is_file():
+        raise ConfigError(
+            f"`data.format_prompt`: prompt template file `{data.format_prompt}` does not exist. "
+            f"{shipped_files_hint('format_prompt')}"
+        )
     _check_file("data.override_chat_template", data.override_chat_template, "chat template")
     if not data.train_files and not config.trainer.val_only:
         raise ConfigError("`data.train_files` is not set. Point it at a .jsonl/.json/.parquet file or name@split.")
