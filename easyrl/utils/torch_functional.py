@@ -1,14 +1,29 @@
-"""Memory-efficient token log-probabilities and entropies from logits.
+"""Memory-efficient token log-probabilities and entropies from logits, eager or compiled with torch.compile.
 
 A full-vocabulary fp32 log-softmax over a whole batch costs batch x seq x vocab x 4 bytes (about 2.5 GB for
 8 x 512 tokens with a 152k vocabulary), on top of the logits themselves. Here the fp32 work runs over chunks of
 rows, and the backward pass recomputes the softmax chunk by chunk from the (bf16 or fp32) logits instead of keeping
 fp32 copies alive.
+
+Each chunk's arithmetic is one small function (`_log_probs_chunk`, `_log_probs_grad_chunk`, `_entropy_chunk`).
+`select_logprob_kernels(use_torch_compile=True)` (`worker.actor.use_torch_compile`) runs them compiled: the upcast,
+temperature scaling, log-sum-exp and gather fuse into one pass over the logits with no fp32 copy of a chunk. They are
+compiled lazily, at the first call, with dynamic shapes (a new token count does not recompile), and fall back to the
+eager functions with one warning where compilation is unavailable.
 """
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
+
+logger = logging.getLogger(__name__)
 
 # fp32 elements processed at once (64M elements = 256 MB); rows per chunk = this / vocab size
 _CHUNK_ELEMENTS = 1 << 26
@@ -18,59 +33,173 @@ def _rows_per_chunk(vocab_size: int) -> int:
     return max(1, _CHUNK_ELEMENTS // max(vocab_size, 1))
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# the arithmetic of one chunk of rows
+# ----------------------------------------------------------------------------------------------------------------------
+def _log_probs_chunk(
+    logits: torch.Tensor, labels: torch.Tensor, inv_temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chunk, vocab), (chunk,) -> log softmax(z / T)[label] and logsumexp(z / T), both (chunk,) fp32."""
+    z = logits.float() * inv_temperature
+    lse = torch.logsumexp(z, dim=-1)
+    return z.gather(-1, labels[:, None]).squeeze(-1) - lse, lse
+
+
+def _log_probs_grad_chunk(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    logsumexp: torch.Tensor,
+    grad_output: torch.Tensor,
+    inv_temperature: float,
+) -> torch.Tensor:
+    """d log p(label) / dz = (onehot(label) - softmax(z / T)) / T, times the incoming gradient, in the logits' dtype."""
+    g = grad_output[:, None].float()  # (chunk, 1)
+    probs = torch.exp(logits.float() * inv_temperature - logsumexp[:, None])
+    grad = (-probs * g).scatter_add(-1, labels[:, None], g)
+    return (grad * inv_temperature).to(logits.dtype)
+
+
+def _entropy_chunk(logits: torch.Tensor, inv_temperature: float) -> torch.Tensor:
+    """(chunk, vocab) -> H(softmax(z / T)) = logsumexp(z / T) - sum p * z / T, (chunk,) fp32."""
+    z = logits.float() * inv_temperature
+    lse = torch.logsumexp(z, dim=-1)
+    return lse - (torch.softmax(z, dim=-1) * z).sum(-1)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# eager or compiled
+# ----------------------------------------------------------------------------------------------------------------------
+class _CompileState:
+    """Process-wide: whether compiling failed or is disabled (then every kernel runs eagerly), and how many calls
+    compiled code served (tests and metrics read it through `compiled_kernel_calls`)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.unavailable_reason: str | None = None
+        self.compiled_calls = 0
+
+    def give_up(self, reason: str) -> None:
+        with self.lock:
+            if self.unavailable_reason is None:
+                self.unavailable_reason = reason
+                logger.warning(
+                    "worker.actor.use_torch_compile: %s; the log-prob and entropy kernels run eagerly (same numbers, "
+                    "slower). Set worker.actor.use_torch_compile=false to silence this.",
+                    reason,
+                )
+
+
+_STATE = _CompileState()
+
+
+def _compile_disabled_reason() -> str | None:
+    """torch.compile silently returns the eager function under these switches: say so instead."""
+    if os.environ.get("TORCHDYNAMO_DISABLE") == "1":
+        return "torch.compile is disabled in this process (TORCHDYNAMO_DISABLE=1)"
+    if torch._dynamo.config.disable:
+        return "torch.compile is disabled in this process (TORCH_COMPILE_DISABLE=1)"
+    return None
+
+
+class _LazilyCompiled:
+    """`fn` compiled at its first call (not at import: the process environment at that moment decides, e.g. after
+    vLLM's engine start restored TORCHDYNAMO_DISABLE), with dynamic shapes and no graph breaks."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+        self.compiled: Callable | None = None
+
+    def __call__(self, *args):
+        if _STATE.unavailable_reason is not None:
+            return self.fn(*args)
+        if self.compiled is None:
+            reason = _compile_disabled_reason()
+            if reason is not None:
+                _STATE.give_up(reason)
+                return self.fn(*args)
+            self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
+        try:
+            out = self.compiled(*args)
+        except torch._dynamo.exc.TorchDynamoException as error:
+            # Only compiler errors: others (e.g. activation checkpointing's early stop of a recomputation) are control
+            # flow or the caller's. The eager function raises the same error when the inputs are at fault; when it
+            # succeeds, compiling was the problem (no C++ compiler on a CPU, no Triton for a GPU, an unsupported op).
+            out = self.fn(*args)
+            _STATE.give_up(f"torch.compile failed ({type(error).__name__}: {str(error).strip().splitlines()[0]})")
+            return out
+        with _STATE.lock:
+            _STATE.compiled_calls += 1
+        return out
+
+
+@dataclass(frozen=True)
+class _ChunkKernels:
+    log_probs: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    log_probs_grad: Callable[..., torch.Tensor]
+    entropy: Callable[..., torch.Tensor]
+
+
+_EAGER = _ChunkKernels(_log_probs_chunk, _log_probs_grad_chunk, _entropy_chunk)
+_COMPILED = _ChunkKernels(
+    _LazilyCompiled(_log_probs_chunk), _LazilyCompiled(_log_probs_grad_chunk), _LazilyCompiled(_entropy_chunk)
+)
+
+
+def compiled_kernel_calls() -> int:
+    """How many chunk-kernel calls compiled code served in this process."""
+    return _STATE.compiled_calls
+
+
+def torch_compile_unavailable_reason() -> str | None:
+    """Why the compiled kernels fell back to eager in this process (None while they compile or run compiled)."""
+    return _STATE.unavailable_reason
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the public functions
+# ----------------------------------------------------------------------------------------------------------------------
 class _TokenLogProbs(torch.autograd.Function):
     """log softmax(z / T)[label] per row, with d/dz = (onehot(label) - softmax(z / T)) / T computed in chunks."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, inv_temperature: float) -> torch.Tensor:
+    def forward(
+        ctx, logits: torch.Tensor, labels: torch.Tensor, inv_temperature: float, kernels: _ChunkKernels
+    ) -> torch.Tensor:
         # logits: (rows, vocab) in any float dtype; labels: (rows,) int64 -> (rows,) fp32
         rows, vocab = logits.shape
         step = _rows_per_chunk(vocab)
         log_probs = torch.empty(rows, dtype=torch.float32, device=logits.device)
         logsumexp = torch.empty(rows, dtype=torch.float32, device=logits.device)
         for start in range(0, rows, step):
-            z = logits[start : start + step].float() * inv_temperature
-            lse = torch.logsumexp(z, dim=-1)
-            log_probs[start : start + step] = z.gather(-1, labels[start : start + step, None]).squeeze(-1) - lse
-            logsumexp[start : start + step] = lse
+            end = start + step
+            log_probs[start:end], logsumexp[start:end] = kernels.log_probs(
+                logits[start:end], labels[start:end], inv_temperature
+            )
         ctx.save_for_backward(logits, labels, logsumexp)
         ctx.inv_temperature = inv_temperature
+        ctx.kernels = kernels
         return log_probs
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         logits, labels, logsumexp = ctx.saved_tensors
-        inv_temperature = ctx.inv_temperature
         step = _rows_per_chunk(logits.shape[-1])
         grad_logits = torch.empty_like(logits)
         for start in range(0, logits.shape[0], step):
             end = start + step
-            g = grad_output[start:end, None].float()  # (chunk, 1)
-            probs = torch.exp(logits[start:end].float() * inv_temperature - logsumexp[start:end, None])
-            grad = (-probs * g).scatter_add_(-1, labels[start:end, None], g)
-            grad_logits[start:end] = (grad * inv_temperature).to(logits.dtype)
-        return grad_logits, None, None
+            grad_logits[start:end] = ctx.kernels.log_probs_grad(
+                logits[start:end], labels[start:end], logsumexp[start:end], grad_output[start:end], ctx.inv_temperature
+            )
+        return grad_logits, None, None, None
 
 
-def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log p(label) under softmax(logits / temperature): (..., vocab), (...) -> (...) in fp32, differentiable."""
+def _log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, kernels: _ChunkKernels) -> torch.Tensor:
     vocab = logits.shape[-1]
-    flat = _TokenLogProbs.apply(logits.reshape(-1, vocab), labels.reshape(-1).long(), 1.0 / temperature)
+    flat = _TokenLogProbs.apply(logits.reshape(-1, vocab), labels.reshape(-1).long(), 1.0 / temperature, kernels)
     return flat.view(labels.shape)
 
 
-def _entropy_chunk(z: torch.Tensor, inv_temperature: float) -> torch.Tensor:
-    z = z.float() * inv_temperature
-    lse = torch.logsumexp(z, dim=-1)
-    return lse - (torch.softmax(z, dim=-1) * z).sum(-1)
-
-
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy of softmax(logits / temperature) per position: (..., vocab) -> (...) in fp32.
-
-    Under autograd every chunk is recomputed in the backward pass (activation checkpointing), so an entropy bonus
-    keeps no fp32 vocabulary-sized activations alive.
-    """
+def _entropy(logits: torch.Tensor, temperature: float, kernels: _ChunkKernels) -> torch.Tensor:
     vocab = logits.shape[-1]
     flat = logits.reshape(-1, vocab)
     step = _rows_per_chunk(vocab)
@@ -79,8 +208,35 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
     for start in range(0, flat.shape[0], step):
         chunk = flat[start : start + step]
         if torch.is_grad_enabled() and chunk.requires_grad:
-            chunks.append(checkpoint(_entropy_chunk, chunk, inv_temperature, use_reentrant=False))
+            chunks.append(checkpoint(kernels.entropy, chunk, inv_temperature, use_reentrant=False))
         else:
-            chunks.append(_entropy_chunk(chunk, inv_temperature))
+            chunks.append(kernels.entropy(chunk, inv_temperature))
     entropy = torch.cat(chunks) if chunks else flat.new_zeros(0, dtype=torch.float32)
     return entropy.view(logits.shape[:-1])
+
+
+def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(label) under softmax(logits / temperature): (..., vocab), (...) -> (...) in fp32, differentiable."""
+    return _log_probs(logits, labels, temperature, _EAGER)
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) per position: (..., vocab) -> (...) in fp32.
+
+    Under autograd every chunk is recomputed in the backward pass (activation checkpointing), so an entropy bonus
+    keeps no fp32 vocabulary-sized activations alive.
+    """
+    return _entropy(logits, temperature, _EAGER)
+
+
+def select_logprob_kernels(use_torch_compile: bool) -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]:
+    """`(log_probs_fn, entropy_fn)` with the signatures of `log_probs_from_logits` and `entropy_from_logits`,
+    compiled when `use_torch_compile` (`worker.actor.use_torch_compile`), on GPUs and CPUs alike.
+
+    On 2 CPU cores, (4096, 49152) fp32 logits, quiet machine: log-probs 1.31 s eager vs 0.32 s compiled, forward +
+    backward 6.6 s vs 4.0 s, entropy 4.6 s vs 3.8 s. Compiling costs ~45 s per process with a cold inductor cache
+    and ~12-20 s with a warm one (the cache lives on disk and serves later processes and runs), so a short CPU run
+    can lose time while a long one gains it.
+    """
+    kernels = _COMPILED if use_torch_compile else _EAGER
+    return partial(_log_probs, kernels=kernels), partial(_entropy, kernels=kernels)
