@@ -59,19 +59,25 @@ def test_overlong_prompts_are_filtered_in_parallel_and_counted(tmp_path, tokeniz
     assert all(dataset[i]["ground_truth"] == "1" for i in (0, 99))
 
 
-def test_overlong_prompt_without_filtering_names_the_row(tmp_path, tokenizer):
+def test_overlong_prompt_without_filtering_keeps_its_first_tokens_as_easyr1_does(tmp_path, tokenizer, caplog):
+    # EasyR1 (truncation="right") keeps the first max_prompt_length tokens; the model and vLLM see the same ones
     path = write_jsonl(
         tmp_path / "d.jsonl", [{"problem": "ok", "answer": "1"}, {"problem": "long " * 80, "answer": "2"}]
     )
-    dataset = RLHFDataset(path, tokenizer, None, config())
-    dataset[0]
-    with pytest.raises(ValueError, match=r"row 1 has a \d+-token prompt, longer than data.max_prompt_length=64"):
-        dataset[1]
+    full = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "long " * 80}], add_generation_prompt=True, tokenize=True
+    )
+    full = list(getattr(full, "input_ids", full))
+    assert len(full) > 64
+    item = RLHFDataset(path, tokenizer, None, config())[1]
+    assert item["input_ids"].tolist() == full[:64] and item["raw_prompt_ids"] == full[:64]
+    assert item["attention_mask"].tolist() == [1] * 64 and item["position_ids"].tolist() == list(range(64))
+    assert "cut to their first 64 tokens (data.filter_overlong_prompts=false, as EasyR1 does); row 1" in caplog.text
 
 
 def test_everything_filtered_is_a_clear_error(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "d.jsonl", [{"problem": "long " * 80, "answer": "2"}])
-    with pytest.raises(ValueError, match="no rows left after filtering \\(1 longer than data.max_prompt_length=64"):
+    with pytest.raises(ValueError, match="no rows left after screening \\(1 longer than data.max_prompt_length=64"):
         RLHFDataset(path, tokenizer, None, config(filter_overlong_prompts=True))
 
 

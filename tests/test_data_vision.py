@@ -147,7 +147,7 @@ def test_corrupt_image_row_is_skipped_counted_and_reported(tmp_path, vl_tokenize
     dataset = RLHFDataset(write_jsonl(tmp_path / "d.jsonl", rows), tokenizer, processor, vl_config(tmp_path))
     assert len(dataset) == 1 and dataset.num_unreadable == 1
     assert dataset.unreadable_rows[0][0] == 1 and "broken.png" in dataset.unreadable_rows[0][1]
-    assert "skipped 1 of 2 rows with unreadable media (row 1:" in caplog.text
+    assert "skipped 1 of 2 rows whose pictures/videos or prompts cannot be used (row 1: cannot read image 'broken.png'" in caplog.text
 
 
 def test_overlong_count_includes_vision_tokens(tmp_path, vl_tokenizer_and_processor):

@@ -6,14 +6,22 @@ One item is a dict of
     position_ids    (max_prompt_length,) or (3, max_prompt_length) for Qwen-VL (see rope.py); 0 on padding
     raw_prompt_ids  list[int], unpadded, ONE pad token per image / video (what vLLM expects)
     multi_modal_data {"images": [PIL], "videos": [(frames, 3, H, W) uint8], "video_fps": [float]}  (rows with media
-                    only; video_fps: the rate each video was sampled at, which the rollout engine needs too)
+                    only; images already at the size every processor keeps (vision.PictureSizing); video_fps: the
+                    rate each video was sampled at, which the rollout engine needs too)
     ground_truth, data_source
+
+Rows that cannot be trained on as they stand are skipped when the dataset is built, counted and named in a warning
+(``unusable_rows``): a picture or video that cannot be read or sized, ``<image>`` / ``<video>`` placeholders that do
+not match the row's media, vision tokens written into the prompt text, and (with data.filter_overlong_prompts=false)
+a prompt whose cut at max_prompt_length would fall inside its pictures. Other overlong prompts are dropped
+(filter_overlong_prompts=true) or, as EasyR1 does, cut to their first max_prompt_length tokens.
 """
 
 import logging
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,15 +30,24 @@ from torch.utils.data import Dataset
 
 from ..config import DataConfig
 from .rope import make_position_id_fn
-from .sources import load_rows
+from .sources import load_rows, split_path
+from .synthetic import BUILTIN_PREFIX
 from .template import ChatTemplate, PromptFormatter, build_messages
-from .vision import UnreadableMediaError, load_image, load_video
+from .vision import PictureSizing, UnreadableMediaError, load_image, load_video
 
 
 logger = logging.getLogger(__name__)
 
 # Screening a handful of rows in parallel costs more in process start-up than it saves.
 MIN_ROWS_PER_SCREEN_PROCESS = 64
+# Rows named in a warning about skipped rows (all of them stay in `unusable_rows`).
+ROWS_NAMED_IN_WARNINGS = 5
+# Tokens that belong to a picture or video block in Qwen-VL prompts; a cut must never fall at or before one.
+VISION_BLOCK_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+
+class UnusableRowError(ValueError):
+    """A row that cannot be trained on as it stands; the dataset skips it, counts it and names it."""
 
 
 def _as_list(value: Any) -> list:
@@ -41,6 +58,20 @@ def _as_list(value: Any) -> list:
     if isinstance(value, np.ndarray) and value.dtype == object:
         return list(value)
     return [value]
+
+
+def _vision_token_ids(tokenizer: Any, processor: Any) -> tuple[list[int], dict[str, int]]:
+    """(ids of every vision-block token, {"image": pad id, "video": pad id}) of a multimodal processor."""
+    if processor is None:
+        return [], {}
+    pads = {
+        kind: int(token)
+        for kind in ("image", "video")
+        if (token := getattr(processor, f"{kind}_token_id", None)) is not None
+    }
+    ids = tokenizer.convert_tokens_to_ids(list(VISION_BLOCK_TOKENS))
+    block = {int(i) for i in ids if i is not None and i != tokenizer.unk_token_id}
+    return sorted(block | set(pads.values())), pads
 
 
 @dataclass
@@ -54,25 +85,29 @@ class RowEncoder:
     formatter: PromptFormatter
     chat_template: ChatTemplate
     config_key: str
+    media_dirs: tuple[str, ...] = ()
+    """Folders relative picture/video paths are resolved against, in order: data.image_dir, the data file's."""
+    sizing: PictureSizing | None = None
+    vision_block_ids: list[int] = field(default_factory=list)
+    pad_ids: dict[str, int] = field(default_factory=dict)
 
     def media(self, row: dict) -> tuple[list, list, list[float]]:
         """Loaded images, videos and each video's sampling rate; raises UnreadableMediaError."""
         cfg = self.config
-        images = [
-            load_image(image, cfg.image_dir, cfg.min_pixels, cfg.max_pixels)
-            for image in _as_list(row.get(cfg.image_key))
-        ]
-        videos, fps = [], []
-        for video in _as_list(row.get(cfg.video_key)):
-            frames, sample_fps = load_video(video, cfg.image_dir, cfg.video_fps, cfg.min_pixels, cfg.max_pixels)
-            videos.append(frames)
-            fps.append(sample_fps)
+        images, videos = _as_list(row.get(cfg.image_key)), _as_list(row.get(cfg.video_key))
         if (images or videos) and self.processor is None:
             raise ValueError(
                 f"{self.config_key}: rows have images/videos but the model has no processor; use a vision-language "
                 "model or drop the media columns."
             )
-        return images, videos, fps
+        images = [
+            load_image(image, self.media_dirs, self.sizing, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
+            for image in images
+        ]
+        frames_and_fps = [
+            load_video(video, self.media_dirs, cfg.video_fps, cfg.min_pixels, cfg.max_pixels) for video in videos
+        ]
+        return images, [frames for frames, _ in frames_and_fps], [fps for _, fps in frames_and_fps]
 
     def prompt(self, row: dict, index: int, num_images: int, num_videos: int) -> str:
         text = row.get(self.config.prompt_key)
@@ -83,11 +118,12 @@ class RowEncoder:
             )
         try:
             messages = build_messages(self.formatter(str(text)), num_images, num_videos)
-        except ValueError as error:
-            raise ValueError(f"{self.config_key}: row {index}: {error}.") from error
+        except ValueError as error:  # placeholders that do not match the row's media
+            raise UnusableRowError(str(error)) from error
         return self.chat_template(messages)
 
     def encode(self, row: dict, index: int) -> dict[str, Any]:
+        """The prompt, its model inputs and media; raises UnreadableMediaError / UnusableRowError."""
         images, videos, fps = self.media(row)
         prompt = self.prompt(row, index, len(images), len(videos))
         if images or videos:
@@ -101,21 +137,47 @@ class RowEncoder:
             )
         else:
             model_inputs = self.tokenizer([prompt], add_special_tokens=False, return_tensors="pt")
-        return {
-            "prompt": prompt,
-            "model_inputs": dict(model_inputs),
-            "images": images,
-            "videos": videos,
-            "video_fps": fps,
-        }
+        model_inputs = dict(model_inputs)
+        self._check_vision_pads(model_inputs)
+        return {"prompt": prompt, "model_inputs": model_inputs, "images": images, "videos": videos, "video_fps": fps}
+
+    def _check_vision_pads(self, model_inputs: dict[str, Any]) -> None:
+        """Each picture / video must own exactly its pads: a prompt text that spells out a pad token (or a chat
+        template that drops a picture) would leave the model with pads and features that do not pair up."""
+        if not self.pad_ids:
+            return
+        input_ids = model_inputs["input_ids"][0]
+        merge = self.processor.image_processor.merge_size**2
+        for kind, grid_key in (("image", "image_grid_thw"), ("video", "video_grid_thw")):
+            if kind not in self.pad_ids:
+                continue
+            grids = model_inputs.get(grid_key)
+            needed = int(grids.prod(-1).sum()) // merge if grids is not None else 0
+            found = int((input_ids == self.pad_ids[kind]).sum())
+            if found != needed:
+                raise UnusableRowError(
+                    f"the prompt holds {found} {kind} pad tokens where its {kind}s need {needed}; does the prompt "
+                    f"text contain vision tokens such as <|{kind}_pad|>? Remove them (write <{kind}> where a "
+                    f"{kind} goes)"
+                )
+
+    def shortest_cut(self, input_ids: torch.Tensor) -> int:
+        """The fewest leading tokens that keep every picture / video block whole (0 without media)."""
+        if not self.vision_block_ids:
+            return 0
+        inside = torch.isin(input_ids, torch.tensor(self.vision_block_ids, dtype=input_ids.dtype))
+        positions = torch.nonzero(inside).flatten()
+        return int(positions[-1]) + 1 if len(positions) else 0
 
     def measure(self, row: dict, index: int) -> dict[str, Any]:
-        """Prompt length in tokens (vision tokens included), or the reason the row's media could not be read."""
+        """Prompt length in tokens (vision tokens included), the shortest cut that keeps its pictures whole, or the
+        reason the row cannot be used."""
         try:
             encoded = self.encode(row, index)
-        except UnreadableMediaError as error:
-            return {"length": -1, "unreadable": str(error)}
-        return {"length": int(encoded["model_inputs"]["input_ids"].shape[-1]), "unreadable": ""}
+        except (UnreadableMediaError, UnusableRowError) as error:
+            return {"length": -1, "shortest_cut": -1, "unusable": str(error)}
+        input_ids = encoded["model_inputs"]["input_ids"][0]
+        return {"length": int(input_ids.shape[-1]), "shortest_cut": self.shortest_cut(input_ids), "unusable": ""}
 
 
 def _video_kwargs(videos: list, fps: list[float]) -> dict[str, Any]:
@@ -137,8 +199,20 @@ def _left_pad(values: torch.Tensor, length: int, pad_value: int) -> torch.Tensor
     return torch.nn.functional.pad(values, (pad, 0), value=pad_value)
 
 
+def data_folder(data_path: str) -> str | None:
+    """The folder of a local data file (or the dataset folder itself): relative media paths may start there."""
+    if not data_path or data_path.startswith(BUILTIN_PREFIX):
+        return None
+    local = Path(split_path(data_path)[0]).expanduser()
+    if local.is_file():
+        return str(local.resolve().parent)
+    if local.is_dir():
+        return str(local.resolve())
+    return None
+
+
 class RLHFDataset(Dataset):
-    """Prompts of one data file / dataset, screened once (media readable, length within max_prompt_length)."""
+    """Prompts of one data file / dataset, screened once (media usable, length within max_prompt_length)."""
 
     def __init__(
         self,
@@ -156,6 +230,8 @@ class RLHFDataset(Dataset):
         self.rows = load_rows(data_path, config_key)
         self.source_name = os.path.splitext(os.path.basename(data_path.split("@")[0].rstrip("/")))[0] or data_path
         self._check_columns()
+        media_dirs = tuple(folder for folder in (config.image_dir, data_folder(data_path)) if folder)
+        vision_block_ids, pad_ids = _vision_token_ids(tokenizer, processor)
         self.encoder = RowEncoder(
             tokenizer=tokenizer,
             processor=processor,
@@ -163,16 +239,32 @@ class RLHFDataset(Dataset):
             formatter=PromptFormatter(config.format_prompt),
             chat_template=ChatTemplate(tokenizer, processor, config.override_chat_template),
             config_key=config_key,
+            media_dirs=media_dirs,
+            sizing=PictureSizing.from_processor(processor, config.min_pixels, config.max_pixels)
+            if processor is not None
+            else None,
+            vision_block_ids=vision_block_ids,
+            pad_ids=pad_ids,
         )
         self.position_ids = make_position_id_fn(processor, model_config)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.row_index = np.arange(len(self.rows))  # dataset position -> row number in the source
-        self.num_unreadable = 0
-        self.unreadable_rows: list[tuple[int, str]] = []
+        self.unusable_rows: list[tuple[int, str]] = []
         self.num_filtered_overlong = 0
+        self.num_truncated = 0
+        self._warned_truncation = False
         has_media = any(key in self.rows.column_names for key in (config.image_key, config.video_key))
         if config.filter_overlong_prompts or has_media:
             self._screen()
+
+    @property
+    def num_unreadable(self) -> int:
+        """Rows skipped because they cannot be used (see the module docstring)."""
+        return len(self.unusable_rows)
+
+    @property
+    def unreadable_rows(self) -> list[tuple[int, str]]:
+        return self.unusable_rows
 
     # ------------------------------------------------------------------------------------------------------------------
     # set-up checks
@@ -186,8 +278,17 @@ class RLHFDataset(Dataset):
             if name not in columns:
                 raise KeyError(f"{self.config_key}: no column {name!r} (data.{key}); the columns are {columns}.")
 
+    def _warn_skipped(self, what: str, rows: list[tuple[int, str]], total: int) -> None:
+        if rows:
+            shown = "; ".join(f"row {i}: {message}" for i, message in rows[:ROWS_NAMED_IN_WARNINGS])
+            more = f"; and {len(rows) - ROWS_NAMED_IN_WARNINGS} more" if len(rows) > ROWS_NAMED_IN_WARNINGS else ""
+            logger.warning(
+                "%s: skipped %d of %d rows %s (%s%s).", self.config_key, len(rows), total, what, shown, more
+            )
+
     def _screen(self) -> None:
-        """Measure every prompt in parallel; drop rows with unreadable media and (if enabled) overlong prompts."""
+        """Measure every prompt in parallel; drop unusable rows and overlong prompts (dropped or, without filtering,
+        cut later; a cut that would fall inside a picture drops the row)."""
         total = len(self.rows)
         workers = min(
             self.config.filter_overlong_prompts_workers, os.cpu_count() or 1, total // MIN_ROWS_PER_SCREEN_PROCESS
@@ -203,45 +304,58 @@ class RLHFDataset(Dataset):
             desc=f"Measuring prompts of {self.config_key}",
         )
         lengths = np.asarray(measured["length"])
-        unreadable = np.asarray(measured["unreadable"], dtype=object)
-        bad = np.flatnonzero(unreadable != "")
-        self.num_unreadable = len(bad)
-        self.unreadable_rows = [(int(i), str(unreadable[i])) for i in bad]
-        if len(bad):
-            shown = "; ".join(f"row {i}: {message}" for i, message in self.unreadable_rows[:5])
-            logger.warning(
-                "%s: skipped %d of %d rows with unreadable media (%s).", self.config_key, len(bad), total, shown
-            )
+        shortest_cut = np.asarray(measured["shortest_cut"])
+        reasons = np.asarray(measured["unusable"], dtype=object)
         limit = self.config.max_prompt_length
+        self.unusable_rows = [(int(i), str(reasons[i])) for i in np.flatnonzero(reasons != "")]
+        self._warn_skipped("whose pictures/videos or prompts cannot be used", self.unusable_rows, total)
         overlong = np.flatnonzero(lengths > limit)
-        if len(overlong) and not self.config.filter_overlong_prompts:
-            first = int(overlong[0])
-            raise ValueError(self._overlong_message(first, int(lengths[first])))
-        self.num_filtered_overlong = len(overlong)
-        if len(overlong):
-            logger.warning(
-                "%s: dropped %d of %d prompts longer than data.max_prompt_length=%d tokens.",
-                self.config_key,
-                len(overlong),
-                total,
-                limit,
-            )
-        keep = np.flatnonzero((lengths >= 0) & (lengths <= limit))
-        if len(keep) == 0:
+        if self.config.filter_overlong_prompts:
+            self.num_filtered_overlong = len(overlong)
+            if len(overlong):
+                logger.warning(
+                    "%s: dropped %d of %d prompts longer than data.max_prompt_length=%d tokens.",
+                    self.config_key,
+                    len(overlong),
+                    total,
+                    limit,
+                )
+            keep = (lengths >= 0) & (lengths <= limit)
+        else:
+            cut_inside = np.flatnonzero(shortest_cut > limit)
+            refused = [
+                (
+                    int(i),
+                    f"cutting its {int(lengths[i])}-token prompt to data.max_prompt_length={limit} would cut "
+                    f"into its pictures/videos (they end at token {int(shortest_cut[i])})",
+                )
+                for i in cut_inside
+            ]
+            self._warn_skipped("that truncation would cut through a picture", refused, total)
+            self.unusable_rows = sorted(self.unusable_rows + refused)
+            self.num_truncated = int(len(overlong) - len(cut_inside))
+            if self.num_truncated:
+                self._warned_truncation = True
+                logger.warning(
+                    "%s: %d of %d prompts are longer than data.max_prompt_length=%d tokens and are cut to their "
+                    "first %d tokens (data.filter_overlong_prompts=false, as EasyR1 does).",
+                    self.config_key,
+                    self.num_truncated,
+                    total,
+                    limit,
+                    limit,
+                )
+            keep = (lengths >= 0) & (shortest_cut <= limit)
+        kept = np.flatnonzero(keep)
+        if len(kept) == 0:
             raise ValueError(
-                f"{self.config_key}: no rows left after filtering ({self.num_filtered_overlong} longer than "
-                f"data.max_prompt_length={limit}, {self.num_unreadable} with unreadable media); raise "
-                "data.max_prompt_length or check the data."
+                f"{self.config_key}: no rows left after screening ({self.num_filtered_overlong} longer than "
+                f"data.max_prompt_length={limit}, {len(self.unusable_rows)} unusable: "
+                f"{self.unusable_rows[:1]}); raise data.max_prompt_length or check the data."
             )
-        if len(keep) < total:
-            self.rows = self.rows.select(keep)
-            self.row_index = self.row_index[keep]
-
-    def _overlong_message(self, row: int, length: int) -> str:
-        return (
-            f"{self.config_key}: row {row} has a {length}-token prompt, longer than data.max_prompt_length="
-            f"{self.config.max_prompt_length}; raise data.max_prompt_length or set data.filter_overlong_prompts=true."
-        )
+        if len(kept) < total:
+            self.rows = self.rows.select(kept)
+            self.row_index = self.row_index[kept]
 
     # ------------------------------------------------------------------------------------------------------------------
     # items
@@ -249,23 +363,63 @@ class RLHFDataset(Dataset):
     def __len__(self) -> int:
         return len(self.rows)
 
+    def _truncate(
+        self, index: int, input_ids: torch.Tensor, position_ids: torch.Tensor, raw_prompt_ids: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """The first max_prompt_length tokens (EasyR1's right truncation), never inside a picture / video."""
+        limit = self.config.max_prompt_length
+        shortest = self.encoder.shortest_cut(input_ids)
+        if self.config.filter_overlong_prompts or shortest > limit:
+            reason = (
+                "raise data.max_prompt_length or set data.filter_overlong_prompts=true"
+                if not self.config.filter_overlong_prompts
+                else "raise data.max_prompt_length"
+            )
+            raise UnusableRowError(
+                f"{self.config_key}: row {index} has a {len(input_ids)}-token prompt, longer than "
+                f"data.max_prompt_length={limit}"
+                + (" and its pictures end beyond it" if shortest > limit else "")
+                + f"; {reason}."
+            )
+        if not self._warned_truncation:  # rows that were not screened (text-only data)
+            self._warned_truncation = True
+            logger.warning(
+                "%s: prompts longer than data.max_prompt_length=%d tokens are cut to their first %d tokens "
+                "(data.filter_overlong_prompts=false, as EasyR1 does); row %d is the first.",
+                self.config_key,
+                limit,
+                limit,
+                index,
+            )
+        # vLLM's prompt holds one pad per picture: it is shorter by what the processor expanded, all of it kept
+        expanded_by = len(input_ids) - len(raw_prompt_ids)
+        kept_raw = raw_prompt_ids[: limit - expanded_by]
+        text_after = limit - shortest  # the tokens after the last picture, identical in both encodings
+        if text_after and kept_raw[-text_after:] != input_ids[shortest:limit].tolist():
+            raise UnusableRowError(
+                f"{self.config_key}: row {index}: the prompt's text tokenizes differently next to its pictures; "
+                "it cannot be cut safely. Raise data.max_prompt_length."
+            )
+        return input_ids[:limit], position_ids[..., :limit], kept_raw
+
     def __getitem__(self, item: int) -> dict[str, Any]:
         row, index = self.rows[item], int(self.row_index[item])
         try:
             encoded = self.encoder.encode(row, index)
-        except UnreadableMediaError as error:
-            raise UnreadableMediaError(f"{self.config_key}: row {index}: {error}") from error
+        except (UnreadableMediaError, UnusableRowError) as error:
+            raise type(error)(f"{self.config_key}: row {index}: {error}") from error
         model_inputs = encoded["model_inputs"]
         input_ids = model_inputs["input_ids"][0]  # (prompt_len,)
-        if len(input_ids) > self.config.max_prompt_length:
-            raise ValueError(self._overlong_message(index, len(input_ids)))
         position_ids = self.position_ids(model_inputs)  # (prompt_len,) or (3, prompt_len)
+        raw_prompt_ids = self.tokenizer.encode(encoded["prompt"], add_special_tokens=False)
         length = self.config.max_prompt_length
+        if len(input_ids) > length:
+            input_ids, position_ids, raw_prompt_ids = self._truncate(index, input_ids, position_ids, raw_prompt_ids)
         out: dict[str, Any] = {
             "input_ids": _left_pad(input_ids, length, self.pad_token_id),
             "attention_mask": _left_pad(torch.ones_like(input_ids), length, 0),
             "position_ids": _left_pad(position_ids, length, 0),
-            "raw_prompt_ids": self.tokenizer.encode(encoded["prompt"], add_special_tokens=False),
+            "raw_prompt_ids": raw_prompt_ids,
             "ground_truth": row[self.config.answer_key],
             "data_source": row.get("data_source") or self.source_name,
         }

@@ -1,49 +1,238 @@
-"""Images and videos of a dataset row, loaded and resized the way Qwen-VL models expect.
+"""Images and videos of a dataset row, loaded and sized once, the way every later processor call will keep them.
 
-Images come as a path (absolute, or relative to ``data.image_dir``), a ``{"bytes": ..., "path": ...}`` dict (how
-parquet files store them) or a PIL image. Videos come as a file path or a list of frames, and are sampled at
+Images come as a path (absolute, or relative to ``data.image_dir``, else to the data file's folder, else to the
+working directory), raw bytes, a ``{"bytes": ..., "path": ...}`` dict (how ``datasets`` and parquet files store
+them) or a PIL image. Any PIL mode is converted to RGB once here (transparent pixels over white, 16-bit greyscale
+scaled to 8 bits, EXIF orientation applied). Videos come as a file path or a list of frames, and are sampled at
 ``data.video_fps`` with qwen-vl-utils.
+
+The one sizing rule (``PictureSizing``): the Qwen-VL processors resize every picture with ``smart_resize`` (both
+sides multiples of patch x merge, the area within the processor's [min_pixels, max_pixels]). The dataset resizes
+each picture ONCE to exactly the size that rule gives under the effective limits, and stores that picture. Every
+later processor call -- the dataset's own, the actor's (``easyrl.models.vision``) and vLLM's -- then meets a
+picture that its own ``smart_resize`` leaves as it is: they cannot disagree on the number of vision tokens, and
+they all read the same pixels. The effective limits are ``data.min_pixels`` / ``data.max_pixels`` clamped into the
+processor's own range (``None`` takes the processor's value): the processor runs last on every path, so a value
+outside its range could never take effect anyway (EasyR1's dataset resize followed by the processor's gives the
+same sizes, up to rounding, with two interpolations instead of one).
 """
 
+import importlib
+import inspect
 import io
 import math
 import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
 
 class UnreadableMediaError(ValueError):
-    """An image or video of a row could not be read (missing file, corrupt bytes, unknown format)."""
+    """An image or video of a row cannot be used: missing file, corrupt bytes, unknown format, or a shape the
+    processor rejects. The dataset skips such rows, counts them and names them."""
 
 
-def resolve_path(path: str, media_dir: str | None) -> str:
-    """``path`` itself when absolute (or no folder is set), else ``media_dir/path``."""
+# ----------------------------------------------------------------------------------------------------------------------
+# where a picture is
+# ----------------------------------------------------------------------------------------------------------------------
+def _media_dirs(media_dir: str | Sequence[str | None] | None) -> list[str]:
+    if media_dir is None or isinstance(media_dir, str):
+        return [media_dir] if media_dir else []
+    return [folder for folder in media_dir if folder]
+
+
+def resolve_path(path: str, media_dir: str | Sequence[str | None] | None = None) -> str:
+    """``path`` itself when absolute; a relative path is tried against each folder of ``media_dir`` in turn
+    (``data.image_dir``, then the data file's folder) and then the working directory, and the first that exists
+    wins. When none exists, the first candidate comes back (its open fails with that name)."""
     path = path[len("file://") :] if path.startswith("file://") else path
-    if media_dir and not os.path.isabs(path):
-        return os.path.join(media_dir, path)
-    return path
+    path = os.path.expanduser(path)
+    if os.path.isabs(path):
+        return path
+    candidates = [os.path.join(folder, path) for folder in _media_dirs(media_dir)] + [path]
+    return next((candidate for candidate in candidates if os.path.exists(candidate)), candidates[0])
 
 
-def _open_image(image: Any, image_dir: str | None) -> Image.Image:
+def _open_image(image: Any, media_dir: str | Sequence[str | None] | None) -> Image.Image:
     if isinstance(image, Image.Image):
         return image
     if isinstance(image, dict):
         if image.get("bytes") is not None:
             return Image.open(io.BytesIO(image["bytes"]))
         if image.get("path"):
-            return Image.open(resolve_path(image["path"], image_dir))
+            return Image.open(resolve_path(image["path"], media_dir))
         raise UnreadableMediaError(f"image dict has neither 'bytes' nor 'path' (keys: {sorted(image)})")
-    if isinstance(image, bytes):
+    if isinstance(image, (bytes, bytearray)):
         return Image.open(io.BytesIO(image))
     if isinstance(image, str):
-        return Image.open(resolve_path(image, image_dir))
+        return Image.open(resolve_path(image, media_dir))
     raise UnreadableMediaError(f"unsupported image value of type {type(image).__name__}")
 
 
+def _describe(image: Any) -> str:
+    if isinstance(image, str):
+        return repr(image)
+    if isinstance(image, dict) and image.get("bytes") is None and image.get("path"):
+        return repr(image["path"])
+    return type(image).__name__
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# any PIL mode -> RGB, once
+# ----------------------------------------------------------------------------------------------------------------------
+EXIF_ORIENTATION = 0x0112
+WHITE = (255, 255, 255)
+
+
+def _high_bit_depth_to_8_bit(image: Image.Image) -> Image.Image:
+    """16-bit and 32-bit greyscale (modes I;16*, I, F) scaled to 0-255; PIL's own conversion would clip them."""
+    values = np.asarray(image, dtype=np.float64)
+    if image.mode.startswith("I;16"):
+        top = 65535.0
+    elif image.mode == "F" and values.size and values.max() <= 1.0:
+        top = 1.0
+    else:
+        top = 255.0 if not values.size or values.max() <= 255 else (65535.0 if values.max() <= 65535 else values.max())
+    scaled = np.clip(np.rint(values * (255.0 / top)), 0, 255).astype(np.uint8)
+    return Image.fromarray(scaled, mode="L")
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """An RGB picture as a viewer shows ``image``: EXIF orientation applied, transparency over white (as
+    qwen-vl-utils does), high bit depths scaled rather than clipped, CMYK / palette / greyscale converted."""
+    if image.getexif().get(EXIF_ORIENTATION, 1) != 1:
+        image = ImageOps.exif_transpose(image)
+    if image.mode == "RGB":
+        return image
+    if image.mode.startswith("I") or image.mode == "F":
+        image = _high_bit_depth_to_8_bit(image)
+    has_alpha = image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
+        image.mode == "P" and "transparency" in image.info
+    )
+    if has_alpha:
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, WHITE + (255,))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the one sizing rule
+# ----------------------------------------------------------------------------------------------------------------------
+def _qwen_smart_resize() -> Callable[..., tuple[int, int]]:
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+    return smart_resize
+
+
+def _processor_smart_resize(image_processor: Any) -> Callable[..., tuple[int, int]]:
+    """The ``smart_resize`` of the module that defines the image processor (the rule it really applies), when it
+    takes (height, width, factor, min_pixels, max_pixels); Qwen2-VL's otherwise."""
+    module = importlib.import_module(type(image_processor).__module__)
+    rule = getattr(module, "smart_resize", None)
+    if rule is not None:
+        parameters = set(inspect.signature(rule).parameters)
+        if {"height", "width", "factor", "min_pixels", "max_pixels"} <= parameters:
+            return rule
+    return _qwen_smart_resize()
+
+
+def processor_pixel_limits(image_processor: Any) -> tuple[int, int] | None:
+    """(min_pixels, max_pixels) that a dynamic-resolution (Qwen-VL style) image processor resizes into, or None
+    for processors that resize otherwise."""
+    if getattr(image_processor, "patch_size", None) is None or getattr(image_processor, "merge_size", None) is None:
+        return None
+    size = getattr(image_processor, "size", None)
+    get = size.get if isinstance(size, dict) else (lambda key: getattr(size, key, None))
+    low = get("shortest_edge") if size is not None else None
+    high = get("longest_edge") if size is not None else None
+    low = low if low is not None else getattr(image_processor, "min_pixels", None)
+    high = high if high is not None else getattr(image_processor, "max_pixels", None)
+    if low is None or high is None:
+        return None
+    return int(low), int(high)
+
+
+@dataclass(frozen=True)
+class PictureSizing:
+    """How a picture of a given size becomes the size that every processor call keeps (see the module docstring).
+
+    One object serves a whole dataset; it is small and picklable (the screening runs in worker processes)."""
+
+    factor: int
+    """patch_size x merge_size: both sides of a stored picture are multiples of it (28 for Qwen2/2.5-VL, 32 for
+    Qwen3-VL)."""
+    min_pixels: int
+    """The effective lower limit: data.min_pixels clamped into the processor's range."""
+    max_pixels: int
+    """The effective upper limit: data.max_pixels clamped into the processor's range."""
+    processor_min_pixels: int
+    processor_max_pixels: int
+    resample: int
+    """The PIL resampling filter of the processor (3 = bicubic for Qwen-VL)."""
+    rule: Callable[..., tuple[int, int]]
+
+    @classmethod
+    def from_processor(
+        cls, processor: Any, min_pixels: int | None = None, max_pixels: int | None = None
+    ) -> "PictureSizing | None":
+        """The rule for ``processor`` and the data.* limits; None when the processor does not resize Qwen-style."""
+        image_processor = getattr(processor, "image_processor", processor)
+        limits = processor_pixel_limits(image_processor) if image_processor is not None else None
+        if limits is None:
+            return None
+        low, high = limits
+        if min_pixels is not None and max_pixels is not None and min_pixels > max_pixels:
+            raise ValueError(
+                f"data.min_pixels ({min_pixels}) is larger than data.max_pixels ({max_pixels}); swap or fix them."
+            )
+
+        def clamp(value: int | None, default: int) -> int:
+            return default if value is None else min(max(int(value), low), high)
+
+        resample = getattr(image_processor, "resample", None)
+        return cls(
+            factor=int(image_processor.patch_size) * int(image_processor.merge_size),
+            min_pixels=clamp(min_pixels, low),
+            max_pixels=clamp(max_pixels, high),
+            processor_min_pixels=low,
+            processor_max_pixels=high,
+            resample=int(resample) if resample is not None else int(Image.Resampling.BICUBIC),
+            rule=_processor_smart_resize(image_processor),
+        )
+
+    def _resize(self, height: int, width: int, low: int, high: int) -> tuple[int, int]:
+        try:
+            return self.rule(height=height, width=width, factor=self.factor, min_pixels=low, max_pixels=high)
+        except ValueError as error:  # e.g. "absolute aspect ratio must be smaller than 200"
+            raise UnreadableMediaError(f"a {width}x{height} picture cannot be sized for the model: {error}") from error
+
+    def target_size(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) to store a ``width`` x ``height`` picture at: the processor's rule under the effective
+        limits, then under the processor's own until nothing changes (extreme aspect ratios can round out of the
+        range once), so that the processor keeps it as it is."""
+        new_height, new_width = self._resize(height, width, self.min_pixels, self.max_pixels)
+        for _ in range(4):
+            again = self._resize(new_height, new_width, self.processor_min_pixels, self.processor_max_pixels)
+            if again == (new_height, new_width):
+                return new_width, new_height
+            new_height, new_width = again
+        raise UnreadableMediaError(
+            f"a {width}x{height} picture has no size that the processor keeps (it ends at {new_width}x{new_height})"
+        )
+
+    def __call__(self, image: Image.Image) -> Image.Image:
+        size = self.target_size(*image.size)
+        return image if size == image.size else image.resize(size, resample=Image.Resampling(self.resample))
+
+
 def resize_to_pixel_range(image: Image.Image, min_pixels: int | None, max_pixels: int | None) -> Image.Image:
-    """Scale ``image`` (keeping its aspect ratio) so that width x height lies within [min_pixels, max_pixels]."""
+    """Scale ``image`` (keeping its aspect ratio) so that width x height lies within [min_pixels, max_pixels]: the
+    rule for processors that are not Qwen-style (EasyR1's)."""
     width, height = image.size
     if max_pixels is not None and width * height > max_pixels:
         factor = math.sqrt(max_pixels / (width * height))
@@ -55,20 +244,29 @@ def resize_to_pixel_range(image: Image.Image, min_pixels: int | None, max_pixels
 
 
 def load_image(
-    image: Any, image_dir: str | None = None, min_pixels: int | None = None, max_pixels: int | None = None
+    image: Any,
+    media_dir: str | Sequence[str | None] | None = None,
+    sizing: PictureSizing | None = None,
+    *,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
 ) -> Image.Image:
-    """An RGB PIL image within the pixel range; raises ``UnreadableMediaError`` saying what could not be read."""
+    """An RGB PIL image at its stored size: ``sizing``'s when given (Qwen-VL processors), else scaled into
+    [min_pixels, max_pixels]. Raises ``UnreadableMediaError`` saying what could not be read or used."""
     try:
-        opened = _open_image(image, image_dir)
+        opened = _open_image(image, media_dir)
         opened.load()  # decode now: a truncated file must fail here, not later inside the processor
+        rgb = to_rgb(opened)
     except UnreadableMediaError:
         raise
     except (OSError, ValueError, SyntaxError) as error:  # PIL raises all three for bad files
-        where = image if isinstance(image, str) else type(image).__name__
-        raise UnreadableMediaError(f"cannot read image {where!r}: {error}") from error
-    if opened.mode != "RGB":
-        opened = opened.convert("RGB")
-    return resize_to_pixel_range(opened, min_pixels, max_pixels)
+        raise UnreadableMediaError(f"cannot read image {_describe(image)}: {error}") from error
+    if sizing is not None:
+        try:
+            return sizing(rgb)
+        except UnreadableMediaError as error:
+            raise UnreadableMediaError(f"image {_describe(image)}: {error}") from error
+    return resize_to_pixel_range(rgb, min_pixels, max_pixels)
 
 
 def _decode_video_frames(path: str) -> tuple[list[Image.Image], float]:
@@ -101,7 +299,7 @@ def _to_uint8(frames: torch.Tensor) -> torch.Tensor:
 
 def load_video(
     video: Any,
-    image_dir: str | None = None,
+    media_dir: str | Sequence[str | None] | None = None,
     fps: float = 2.0,
     min_pixels: int | None = None,
     max_pixels: int | None = None,
@@ -114,14 +312,14 @@ def load_video(
     try:
         if isinstance(video, str) and _has_native_video_reader():
             frames, sample_fps = fetch_video(
-                {"video": resolve_path(video, image_dir), "fps": fps, **info}, return_video_sample_fps=True
+                {"video": resolve_path(video, media_dir), "fps": fps, **info}, return_video_sample_fps=True
             )
             return _to_uint8(frames), float(sample_fps)
         if isinstance(video, str):
-            frames, source_fps = _decode_video_frames(resolve_path(video, image_dir))
+            frames, source_fps = _decode_video_frames(resolve_path(video, media_dir))
             frames = _subsample(frames, source_fps, fps)
         else:  # a list of frames (paths, bytes dicts or PIL images), already at the wanted rate
-            frames = [_open_image(frame, image_dir).convert("RGB") for frame in video]
+            frames = [to_rgb(_open_image(frame, media_dir)) for frame in video]
         frames, sample_fps = fetch_video({"video": frames, "sample_fps": fps, **info}, return_video_sample_fps=True)
         return _to_uint8(frames), float(sample_fps)
     except UnreadableMediaError:

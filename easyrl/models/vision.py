@@ -9,6 +9,7 @@ micro-batch and in sample order, so that a sequence only ever meets its own pict
 reordered (micro-batches, dynamic batching).
 """
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,12 @@ def freeze_vision_tower(model: torch.nn.Module, config_key: str) -> None:
 # exactly ONCE: images and videos go through the tower together (the Qwen-VL models encode both with the same
 # function; video pads are renamed image pads, features ordered as their pads appear), and a micro-batch without media
 # encodes a one-token blank picture in an extra sequence of its own whose outputs nobody reads.
+#
+# The dataset stored every picture at the size the processor keeps (easyrl.data.vision.PictureSizing), so the
+# processor here only rescales, normalises and cuts patches: the pads the dataset counted and the patches made here
+# cannot disagree. Each sample's pads are paired with that sample's own pictures, in the order they appear; pads
+# beyond them can only come from the response (a policy may sample a pad token: vLLM reads a sampled token as text),
+# and they are read as text here too instead of asking for pictures that do not exist.
 
 
 @dataclass
@@ -76,7 +83,8 @@ class VisionInputs:
     """What a VLM forward of one micro-batch takes beyond the text inputs."""
 
     input_ids: torch.Tensor
-    """(batch, seq) the token ids with every video pad renamed an image pad."""
+    """(batch, seq) the token ids with every video pad renamed an image pad, and pads sampled in responses renamed
+    a text token."""
     pixel_values: torch.Tensor
     """(patches, channels * temporal_patch * patch * patch) of every picture and video, in pad order."""
     image_grid_thw: torch.Tensor
@@ -84,52 +92,65 @@ class VisionInputs:
     blank_tokens: int
     """Tokens of the blank picture to encode in an extra sequence (0: the batch has media of its own)."""
     image_token_id: int
+    generated_pads: int = 0
+    """Vision pad tokens found beyond the samples' own pictures (sampled by the policy), read as text."""
+
+
+def _row_media(row: Any) -> tuple[list, list]:
+    if not row:
+        return [], []
+    return list(row.get("images") or []), list(row.get("videos") or [])
 
 
 def _media_lists(rows: Any) -> tuple[list, list]:
     """All images and all videos of the rows, in sample order (rows without media contribute nothing)."""
     images, videos = [], []
     for row in rows if rows is not None else []:
-        if not row:
-            continue
-        images.extend(row.get("images") or [])
-        videos.extend(row.get("videos") or [])
+        row_images, row_videos = _row_media(row)
+        images.extend(row_images)
+        videos.extend(row_videos)
     return images, videos
 
 
-def _process_once_each(items: list, run: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Per item (patches, dim) pixels and (3,) grid from ``run(unique items) -> (pixels, grids)``; the n samples of a
-    prompt share one picture object, which is processed once."""
-    firsts: dict[int, Any] = {}
-    for item in items:
-        firsts.setdefault(id(item), item)
-    slot = {key: i for i, key in enumerate(firsts)}
-    pixels, grids = run(list(firsts.values()))
-    patches = torch.split(pixels, [int(g.prod()) for g in grids])
-    return [patches[slot[id(item)]] for item in items], [grids[slot[id(item)]] for item in items]
+# (id(processor), kind, id(picture)) -> ((patches, dim) pixels, (3,) grid), dropped when the picture object dies
+_PIXEL_CACHE: dict[tuple[int, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _processed(
-    processor: Any, images: list, videos: list
-) -> tuple[list[torch.Tensor], list[torch.Tensor], list, list]:
-    """Per item (patches, dim) pixel tensors and (3,) grids, images then videos."""
-    image_patches, image_grids, video_patches, video_grids = [], [], [], []
-    if images:
+def _remember(key: tuple[int, str, int], item: Any, value: tuple[torch.Tensor, torch.Tensor]) -> None:
+    try:
+        weakref.finalize(item, _PIXEL_CACHE.pop, key, None)
+    except TypeError:  # an object without weak references cannot tell when it dies: do not keep its pixels
+        return
+    _PIXEL_CACHE[key] = value
 
-        def run_images(unique: list) -> tuple[torch.Tensor, torch.Tensor]:
+
+def _pixels_once(processor: Any, kind: str, items: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per item its (patches, dim) pixels and (3,) grid. Each picture object is processed once for as long as it
+    lives: the n samples of a prompt share one object, in this micro-batch and in every later micro-batch, pass and
+    epoch of the same call (the call's batch keeps the objects alive)."""
+    keys = [(id(processor), kind, id(item)) for item in items]
+    missing = {key: item for key, item in zip(keys, items) if key not in _PIXEL_CACHE}
+    if missing:
+        unique = list(missing.values())
+        if kind == "image":
             out = processor.image_processor(images=unique, return_tensors="pt")
-            return out["pixel_values"], out["image_grid_thw"]
-
-        image_patches, image_grids = _process_once_each(images, run_images)
-    if videos:
-
-        def run_videos(unique: list) -> tuple[torch.Tensor, torch.Tensor]:
+            pixels, grids = out["pixel_values"], out["image_grid_thw"]
+        else:
             # the dataset sampled the frames already: take every frame, as it did when it counted the video tokens
             out = processor.video_processor(videos=unique, return_tensors="pt", do_sample_frames=False)
-            return out["pixel_values_videos"], out["video_grid_thw"]
+            pixels, grids = out["pixel_values_videos"], out["video_grid_thw"]
+        patches = torch.split(pixels, [int(grid.prod()) for grid in grids])
+        local = {}
+        for (key, item), item_patches, grid in zip(missing.items(), patches, grids):
+            local[key] = (item_patches, grid)
+            _remember(key, item, local[key])
+        return [local[key] if key in local else _PIXEL_CACHE[key] for key in keys]
+    return [_PIXEL_CACHE[key] for key in keys]
 
-        video_patches, video_grids = _process_once_each(videos, run_videos)
-    return image_patches, image_grids, video_patches, video_grids
+
+def clear_pixel_cache() -> None:
+    """Forget every processed picture (tests; pictures normally leave the cache when their objects die)."""
+    _PIXEL_CACHE.clear()
 
 
 def _blank_picture(processor: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,6 +159,14 @@ def _blank_picture(processor: Any) -> tuple[torch.Tensor, torch.Tensor]:
     merge, patch = image_processor.merge_size, image_processor.patch_size
     dim = 3 * image_processor.temporal_patch_size * patch * patch
     return torch.zeros(merge * merge, dim), torch.tensor([1, merge, merge])
+
+
+def _text_token_for_generated_pads(processor: Any) -> int:
+    tokenizer = processor.tokenizer
+    for token in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if token is not None:
+            return int(token)
+    return 0
 
 
 def build_vision_inputs(
@@ -150,31 +179,53 @@ def build_vision_inputs(
     merge = processor.image_processor.merge_size
     if not images and not videos:
         patches, grid = _blank_picture(processor)
-        return VisionInputs(input_ids, patches, grid[None], int(grid.prod()) // merge**2, image_token)
-    image_patches, image_grids, video_patches, video_grids = _processed(processor, images, videos)
-    real = input_ids[attention_mask.bool()]
-    is_video = real[(real == image_token) | (real == video_token)] == video_token  # (vision tokens,) in pad order
-    patches, grids, cursor = [], [], 0
-    queues = {False: list(zip(image_patches, image_grids)), True: list(zip(video_patches, video_grids))}
-    while cursor < len(is_video):
-        queue = queues[bool(is_video[cursor])]
-        if not queue:
-            raise ValueError(
-                "The prompt tokens hold more image/video pads than the row's `multi_modal_data` has pictures/videos; "
-                "were prompts truncated (data.max_prompt_length) or encoded with another processor?"
-            )
-        item_patches, grid = queue.pop(0)
-        patches.append(item_patches)
-        grids.append(grid)
-        cursor += int(grid.prod()) // merge**2
-    if queues[False] or queues[True] or cursor != len(is_video):
-        raise ValueError(
-            "The rows' pictures/videos do not match their image/video pad tokens; the prompts must be encoded by the "
-            "same processor (worker.actor.model.model_path / tokenizer_path) that the data pipeline used."
-        )
+        renamed = input_ids.clone()
+        is_pad = (input_ids == image_token) | (input_ids == video_token)
+        renamed[is_pad] = _text_token_for_generated_pads(processor)  # no pictures: every pad was sampled
+        return VisionInputs(renamed, patches, grid[None], int(grid.prod()) // merge**2, image_token, int(is_pad.sum()))
+    processed = {
+        "image": iter(_pixels_once(processor, "image", images)) if images else iter(()),
+        "video": iter(_pixels_once(processor, "video", videos)) if videos else iter(()),
+    }
     renamed = torch.where(input_ids == video_token, image_token, input_ids)
+    patches, grids, generated = [], [], 0
+    for i, row in enumerate(rows):
+        row_images, row_videos = _row_media(row)
+        queues = {
+            "image": [next(processed["image"]) for _ in row_images],
+            "video": [next(processed["video"]) for _ in row_videos],
+        }
+        pads = torch.nonzero(
+            attention_mask[i].bool() & ((input_ids[i] == image_token) | (input_ids[i] == video_token))
+        ).flatten()
+        cursor = 0
+        while cursor < len(pads) and (queues["image"] or queues["video"]):
+            kind = "video" if int(input_ids[i, pads[cursor]]) == video_token else "image"
+            if not queues[kind]:
+                break
+            item_patches, grid = queues[kind].pop(0)
+            tokens = int(grid.prod()) // merge**2
+            own = input_ids[i, pads[cursor : cursor + tokens]]
+            if len(own) < tokens or not bool((own == (video_token if kind == "video" else image_token)).all()):
+                break
+            patches.append(item_patches)
+            grids.append(grid)
+            cursor += tokens
+        if queues["image"] or queues["video"]:
+            missing = len(queues["image"]) + len(queues["video"])
+            raise ValueError(
+                f"Sample {i} of the micro-batch has {missing} picture(s)/video(s) without their pad tokens in its "
+                "prompt: the prompt was cut (data.max_prompt_length) or encoded by another processor than "
+                "worker.actor.model.model_path's. Rebuild the data with the model's processor."
+            )
+        extra = pads[cursor:]
+        if len(extra):  # sampled by the policy: vLLM read them as text, so does the actor
+            renamed[i, extra] = _text_token_for_generated_pads(processor)
+            generated += len(extra)
     device = input_ids.device
-    return VisionInputs(renamed, torch.cat(patches).to(device), torch.stack(grids).to(device), 0, image_token)
+    return VisionInputs(
+        renamed, torch.cat(patches).to(device), torch.stack(grids).to(device), 0, image_token, generated
+    )
 
 
 def require_processor(rows: Any, processor: Any) -> None:
