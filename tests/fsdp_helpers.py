@@ -67,6 +67,7 @@ def worker_config(
     config.trainer.n_gpus_per_node = n_workers
     config.data.rollout_batch_size = global_batch_size
     config.worker.rollout.n = 1
+    config.worker.rollout.temperature = 0.7  # workers score at the rollout temperature, make_batch's 0.7
     for role in (config.worker.actor, config.worker.critic):
         role.model.model_path = str(model_path)
         role.global_batch_size = global_batch_size

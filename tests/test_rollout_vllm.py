@@ -97,7 +97,8 @@ def test_vllm_follows_the_actor_after_an_update(one_worker, tokenizer, tmp_path)
 
 @pytest.mark.timeout(300)
 def test_rollout_log_probs_match_the_actor_log_probs(one_worker, tokenizer):
-    out = one_worker.generate_sequences(make_prompts(tokenizer, sampling_override={"n": 2, "temperature": 1.0}))
+    # sampled and scored at the worker's rollout.temperature (the actor always scores at that temperature)
+    out = one_worker.generate_sequences(make_prompts(tokenizer, sampling_override={"n": 2}))
     actor = one_worker.compute_log_probs(out).batch["old_log_probs"]
     mismatch = rollout_logprob_mismatch(actor, out.batch["rollout_log_probs"], out.batch["response_mask"])
     print(f"rollout vs actor log-prob |diff|: {mismatch}")

@@ -106,3 +106,13 @@ def test_save_limit_keeps_only_the_newest_checkpoints(tiny_grpo_run):
     for step in (2, 3):
         folder = root / f"global_step_{step}"
         assert {"COMPLETE", "actor", "driver_state.pt", "trainer_state.json"} <= {p.name for p in folder.iterdir()}
+
+
+def test_ray_timeline_is_written_when_the_run_ends(tiny_grpo_run):
+    import json
+
+    events = json.loads((tiny_grpo_run.save_dir.parent / "timeline.json").read_text())
+    # chrome://tracing events of the worker tasks the trainer dispatched
+    names = {event.get("name", "") for event in events}
+    assert any("update_actor" in name for name in names), sorted(names)[:20]
+    assert any("generate_sequences" in name for name in names)
