@@ -2,17 +2,22 @@
 
 import io
 import json
+import random
 
 import datasets
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from transformers import Qwen2VLImageProcessor
 
 from easyrl.config import DataConfig
 from easyrl.data.collate import collate_fn
 from easyrl.data.dataset import RLHFDataset
-from easyrl.data.vision import UnreadableMediaError, load_image, load_video
+from easyrl.data.vision import PictureSizing, UnreadableMediaError, load_image, load_video
+from easyrl.testing.tiny_vl import tiny_vl_processor
+from easyrl.testing.tiny_vlms import tiny_qwen3_vl_processor
+from easyrl.testing.user_vl_data import random_size
 
 
 def picture(width: int, height: int, seed: int = 0) -> Image.Image:
@@ -147,7 +152,10 @@ def test_corrupt_image_row_is_skipped_counted_and_reported(tmp_path, vl_tokenize
     dataset = RLHFDataset(write_jsonl(tmp_path / "d.jsonl", rows), tokenizer, processor, vl_config(tmp_path))
     assert len(dataset) == 1 and dataset.num_unreadable == 1
     assert dataset.unreadable_rows[0][0] == 1 and "broken.png" in dataset.unreadable_rows[0][1]
-    assert "skipped 1 of 2 rows whose pictures/videos or prompts cannot be used (row 1: cannot read image 'broken.png'" in caplog.text
+    assert (
+        "skipped 1 of 2 rows whose pictures/videos or prompts cannot be used (row 1: cannot read image 'broken.png'"
+        in caplog.text
+    )
 
 
 def test_overlong_count_includes_vision_tokens(tmp_path, vl_tokenizer_and_processor):
@@ -234,3 +242,198 @@ def test_text_after_a_vision_block_starts_one_past_its_largest_position():
     out = continue_after_largest(torch.tensor([t, h, w]), vision)
     assert out[:, :11].tolist() == [t[:11], h[:11], w[:11]]  # text and the block itself unchanged
     assert out[:, 11:].tolist() == [[7, 8]] * 3
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the one sizing rule: every picture is stored at the size every processor call keeps
+# ----------------------------------------------------------------------------------------------------------------------
+def issue_image_processor(min_pixels: int = 56 * 56, max_pixels: int = 224 * 224):
+    """A Qwen2.5-VL image processor with patch 14, merge 2 and the given limits (the issue's: 56x56 to 224x224)."""
+    size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
+    return Qwen2VLImageProcessor(size=size, patch_size=14, merge_size=2, temporal_patch_size=2)
+
+
+def test_effective_limits_are_the_data_limits_clamped_into_the_processors_range():
+    processor = issue_image_processor()  # [3136, 50176]
+    inside = PictureSizing.from_processor(processor, 4000, 20000)
+    assert (inside.factor, inside.min_pixels, inside.max_pixels) == (28, 4000, 20000)
+    # EasyR1's defaults lie above this processor's range: its maximum wins on both ends, as it would in EasyR1
+    # (dataset upscale to >= 262144 pixels, then the processor's downscale to <= 50176)
+    easyr1 = PictureSizing.from_processor(processor, 262144, 4194304)
+    assert (easyr1.min_pixels, easyr1.max_pixels) == (50176, 50176)
+    unset = PictureSizing.from_processor(processor, None, None)
+    assert (unset.min_pixels, unset.max_pixels) == (3136, 50176)
+    below = PictureSizing.from_processor(processor, 100, 1000)
+    assert (below.min_pixels, below.max_pixels) == (3136, 3136)
+    with pytest.raises(ValueError, match=r"data.min_pixels \(9000\) is larger than data.max_pixels \(8000\)"):
+        PictureSizing.from_processor(processor, 9000, 8000)
+
+
+@pytest.mark.parametrize(
+    ("size", "stored"),
+    [
+        ((112, 112), (112, 112)),  # already multiples of 28 inside the range: untouched
+        ((16, 16), (56, 56)),  # 28x28 < 3136: scale by sqrt(3136 / 256) = 3.5, ceil(56 / 28) = 2 -> 56
+        ((4000, 3000), (252, 168)),  # beta = sqrt(12e6 / 50176) = 15.46: floor(258.6 / 28) = 9, floor(194.0 / 28) = 6
+        ((1000, 125), (616, 56)),  # 8:1, beta = 1.578: floor(633.5 / 28) = 22 -> 616, floor(79.2 / 28) = 2 -> 56
+        ((16, 128), (28, 140)),  # 1:8, round(16 / 28) = 1, round(128 / 28) = 5: 28 x 140 = 3920 >= 3136
+        ((200, 100), (196, 112)),  # round(200 / 28) = 7, round(100 / 28) = 4: 196 x 112 = 21952 in range
+    ],
+)
+def test_pictures_are_stored_at_the_processors_own_size(size, stored):
+    sizing = PictureSizing.from_processor(issue_image_processor(), 3136, 50176)
+    assert sizing.target_size(*size) == stored
+    assert sizing(picture(*size)).size == stored
+
+
+def test_a_picture_beyond_the_processors_aspect_ratio_is_unusable():
+    sizing = PictureSizing.from_processor(issue_image_processor(), 3136, 50176)
+    with pytest.raises(UnreadableMediaError, match="3000x10 picture cannot be sized.*aspect ratio"):
+        sizing.target_size(3000, 10)
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("limits", [(None, None), (262144, 4194304), (1000, 5000), (3000, 3000)])
+def test_every_processor_call_keeps_the_stored_picture_as_it_is(family, limits):
+    """Random sizes from 16 px to 4k, ratios up to 1:8: the processor's own resize of the stored picture is a no-op
+    (same grid as the stored size, same pixels as with resizing off), so the dataset, the actor and vLLM agree."""
+    image_processor = (tiny_vl_processor() if family == "qwen2_5_vl" else tiny_qwen3_vl_processor()).image_processor
+    sizing = PictureSizing.from_processor(image_processor, *limits)
+    rng = random.Random(str(limits))
+    sizes = [random_size(rng) for _ in range(40)] + [(16, 16), (4096, 4096), (16, 128), (4096, 512), (21, 4096)]
+    for width, height in sizes:
+        stored = sizing.target_size(width, height)
+        assert stored[0] % sizing.factor == 0 and stored[1] % sizing.factor == 0
+        image = picture(*stored, seed=width)
+        out = image_processor(images=[image], return_tensors="pt")
+        patch = image_processor.patch_size
+        assert out["image_grid_thw"].tolist() == [[1, stored[1] // patch, stored[0] // patch]], (width, height)
+        unresized = image_processor(images=[image], return_tensors="pt", do_resize=False)
+        assert torch.equal(out["pixel_values"], unresized["pixel_values"]), (width, height)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# any PIL mode, any container
+# ----------------------------------------------------------------------------------------------------------------------
+def saved(image: Image.Image, file_format: str, **kwargs) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=file_format, **kwargs)
+    return buffer.getvalue()
+
+
+def test_transparent_pixels_become_white_and_opaque_ones_keep_their_colour():
+    rgba = Image.new("RGBA", (3, 1))
+    rgba.putdata([(10, 20, 30, 0), (10, 20, 30, 255), (10, 20, 30, 128)])
+    loaded = np.asarray(load_image({"bytes": saved(rgba, "PNG"), "path": None}))
+    assert loaded[0, 0].tolist() == [255, 255, 255] and loaded[0, 1].tolist() == [10, 20, 30]
+    # half transparent over white: 10 * 128/255 + 255 * 127/255 = 132.0 (and 137.0, 142.0)
+    assert np.abs(loaded[0, 2].astype(int) - [132, 137, 142]).max() <= 1
+
+
+def test_palette_greyscale_bilevel_and_16_bit_pictures_become_rgb():
+    palette = Image.new("P", (2, 1))
+    palette.putpalette([0, 0, 0, 200, 10, 10] + [0] * 762)
+    palette.putdata([0, 1])
+    assert np.asarray(load_image(saved(palette, "PNG", transparency=0))).tolist() == [[[255] * 3, [200, 10, 10]]]
+    assert np.asarray(load_image(saved(palette, "GIF"))).tolist() == [[[0] * 3, [200, 10, 10]]]
+    grey = Image.new("LA", (1, 1), (77, 255))
+    assert np.asarray(load_image(saved(grey, "PNG"))).tolist() == [[[77] * 3]]
+    bilevel = Image.new("1", (2, 1))
+    bilevel.putdata([0, 1])
+    assert np.asarray(load_image(saved(bilevel, "PNG"))).tolist() == [[[0] * 3, [255] * 3]]
+    # 16-bit greyscale is scaled, not clipped: 65535 -> 255, 25700 (= 100 x 257) -> 100
+    deep = Image.new("I;16", (2, 1))
+    deep.putdata([65535, 25700])
+    assert np.asarray(load_image(saved(deep, "PNG"))).tolist() == [[[255] * 3, [100] * 3]]
+
+
+def test_cmyk_jpeg_and_exif_rotated_jpeg_load_as_a_viewer_shows_them():
+    red = Image.new("CMYK", (16, 16), (0, 255, 255, 0))
+    loaded = np.asarray(load_image(saved(red, "JPEG", quality=95)))
+    assert np.abs(loaded.astype(int) - [255, 0, 0]).max() <= 8  # JPEG's rounding of a flat colour
+    # stored 32 wide x 16 high, with a dark left half, and "rotate 90 degrees clockwise to view" (orientation 6)
+    sideways = Image.new("RGB", (32, 16), (250, 250, 250))
+    sideways.paste((0, 0, 0), (0, 0, 16, 16))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    upright = load_image(saved(sideways, "JPEG", exif=exif, quality=95))
+    assert upright.size == (16, 32)
+    pixels = np.asarray(upright).mean(-1)
+    assert pixels[:16].mean() < 20 and pixels[16:].mean() > 230  # the dark half is now on top
+
+
+def test_relative_paths_resolve_against_image_dir_then_the_data_files_folder(tmp_path, vl_tokenizer_and_processor):
+    tokenizer, processor = vl_tokenizer_and_processor
+    data_dir, image_dir = tmp_path / "data", tmp_path / "pictures"
+    (data_dir / "img").mkdir(parents=True)
+    image_dir.mkdir()
+    picture(56, 56, 1).save(data_dir / "img" / "next_to_data.png")
+    picture(56, 56, 2).save(image_dir / "in_image_dir.png")
+    rows = [
+        {"prompt": "a", "answer": "0", "images": ["img/next_to_data.png"]},
+        {"prompt": "b", "answer": "1", "images": [{"path": "in_image_dir.png", "bytes": None}]},
+        {"prompt": "c", "answer": "2", "images": ["missing.png"]},
+    ]
+    path = write_jsonl(data_dir / "d.jsonl", rows)
+    dataset = RLHFDataset(path, tokenizer, processor, vl_config(image_dir))
+    assert len(dataset) == 2 and [row for row, _ in dataset.unusable_rows] == [2]
+    assert str(image_dir / "missing.png") in dataset.unusable_rows[0][1]  # the first place it was looked for
+    for item, seed in zip((dataset[0], dataset[1]), (1, 2)):
+        assert np.array_equal(np.asarray(item["multi_modal_data"]["images"][0]), np.asarray(picture(56, 56, seed)))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# prompts and their pictures
+# ----------------------------------------------------------------------------------------------------------------------
+def test_pictures_without_placeholders_go_before_the_text(tmp_path, vl_tokenizer_and_processor):
+    # EasyR1 splits the text on <image> only: a row without the placeholder reaches the processor with pictures but
+    # no pad, which fails there; easyrl puts the pictures first, in order
+    tokenizer, processor = vl_tokenizer_and_processor
+    picture(56, 56).save(tmp_path / "a.png")
+    picture(112, 56).save(tmp_path / "b.png")
+    rows = [{"prompt": "Which is wider?", "answer": "b", "images": ["a.png", "b.png"]}]
+    item = RLHFDataset(write_jsonl(tmp_path / "d.jsonl", rows), tokenizer, processor, vl_config(tmp_path))[0]
+    pair = "<|vision_start|><|image_pad|><|vision_end|>" * 2
+    assert f"<|im_start|>user\n{pair}Which is wider?<|im_end|>" in tokenizer.decode(item["raw_prompt_ids"])
+    assert pad_counts(item["input_ids"], tokenizer) == (4 + 8, 0)
+
+
+def test_rows_whose_text_does_not_match_their_pictures_are_skipped_and_named(
+    tmp_path, vl_tokenizer_and_processor, caplog
+):
+    tokenizer, processor = vl_tokenizer_and_processor
+    picture(56, 56).save(tmp_path / "a.png")
+    rows = [
+        {"prompt": "<image> fine", "answer": "0", "images": ["a.png"]},
+        {"prompt": "one <image> for two", "answer": "1", "images": ["a.png", "a.png"]},
+        {"prompt": "text that spells <|image_pad|> out", "answer": "2", "images": []},
+    ]
+    dataset = RLHFDataset(write_jsonl(tmp_path / "d.jsonl", rows), tokenizer, processor, vl_config(tmp_path))
+    assert len(dataset) == 1 and [row for row, _ in dataset.unusable_rows] == [1, 2]
+    assert "1 <image> and 0 <video> placeholders but the row has 2 images" in dataset.unusable_rows[0][1]
+    assert "1 image pad tokens where its images need 0" in dataset.unusable_rows[1][1]
+    assert "skipped 2 of 3 rows" in caplog.text
+
+
+def test_without_filtering_a_prompt_is_cut_after_its_pictures_never_inside_them(
+    tmp_path, vl_tokenizer_and_processor, caplog
+):
+    tokenizer, processor = vl_tokenizer_and_processor
+    picture(112, 112).save(tmp_path / "big.png")  # 16 vision tokens
+    rows = [
+        {"prompt": "<image>" + " word" * 60, "answer": "0", "images": ["big.png"]},  # cut in the text after it
+        {"prompt": " word" * 60 + "<image>", "answer": "1", "images": ["big.png"]},  # the cut would hit the picture
+    ]
+    config = vl_config(tmp_path, max_prompt_length=48, filter_overlong_prompts=False)
+    dataset = RLHFDataset(write_jsonl(tmp_path / "d.jsonl", rows), tokenizer, processor, config)
+    assert len(dataset) == 1 and dataset.num_truncated == 1 and [row for row, _ in dataset.unusable_rows] == [1]
+    assert "would cut into its pictures/videos" in dataset.unusable_rows[0][1]
+    full = dataset.encoder.encode(dataset.rows[0], 0)["model_inputs"]["input_ids"][0]
+    item = dataset[0]
+    assert item["input_ids"].tolist() == full[:48].tolist() and item["attention_mask"].all()
+    # vLLM's prompt is the same cut with the picture's 16 pads written as one
+    assert pad_counts(item["raw_prompt_ids"], tokenizer) == (1, 0) and len(item["raw_prompt_ids"]) == 48 - 15
+    image_pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    collapsed = [t for i, t in enumerate(item["input_ids"].tolist()) if t != image_pad or full[i - 1] != image_pad]
+    assert item["raw_prompt_ids"] == collapsed
+    assert "cut to their first 48 tokens" in caplog.text and "skipped 1 of 2 rows that truncation" in caplog.text

@@ -157,6 +157,10 @@ def processor_pixel_limits(image_processor: Any) -> tuple[int, int] | None:
     return int(low), int(high)
 
 
+# passes of the processor's rule until a size is kept (4096 / 28 = 146 is the longest a 4k picture needs)
+MAX_SIZING_PASSES = 256
+
+
 @dataclass(frozen=True)
 class PictureSizing:
     """How a picture of a given size becomes the size that every processor call keeps (see the module docstring).
@@ -213,10 +217,11 @@ class PictureSizing:
 
     def target_size(self, width: int, height: int) -> tuple[int, int]:
         """(width, height) to store a ``width`` x ``height`` picture at: the processor's rule under the effective
-        limits, then under the processor's own until nothing changes (extreme aspect ratios can round out of the
-        range once), so that the processor keeps it as it is."""
+        limits, then under the processor's own until nothing changes, so that the processor keeps it as it is. (A
+        thin picture's short side is held at one factor, which can leave the area above max_pixels; each pass then
+        shortens the long side, so the passes end, after at most long side / factor of them.)"""
         new_height, new_width = self._resize(height, width, self.min_pixels, self.max_pixels)
-        for _ in range(4):
+        for _ in range(MAX_SIZING_PASSES):
             again = self._resize(new_height, new_width, self.processor_min_pixels, self.processor_max_pixels)
             if again == (new_height, new_width):
                 return new_width, new_height
