@@ -10,6 +10,7 @@ import easyrl  # noqa: F401  (process environment before Ray starts)
 from easyrl.controller import RayWorkerGroup, ResourcePool
 from easyrl.testing.vl_batch import VLSample, make_vl_batch, random_image, random_video, reference_log_probs
 from easyrl.workers.fsdp_worker import FSDPWorker
+from tests.fixtures.vl import LOG_PROB_TOLERANCE
 from tests.fsdp_helpers import add_policy_targets, worker_config
 
 
@@ -77,9 +78,9 @@ def test_two_workers_log_probs_equal_plain_hf_forward_on_a_mixed_media_batch(two
     processor, model, data = hf_setup
     out = two_workers.compute_log_probs(data)
     expected = reference_log_probs(model, processor, SAMPLES, data, temperature=1.0)
-    torch.testing.assert_close(out.batch["old_log_probs"], expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.batch["old_log_probs"], expected, **LOG_PROB_TOLERANCE)
     ref = two_workers.compute_ref_log_probs(data)
-    torch.testing.assert_close(ref.batch["ref_log_probs"], expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ref.batch["ref_log_probs"], expected, **LOG_PROB_TOLERANCE)
 
 
 @pytest.mark.timeout(300)

@@ -161,7 +161,9 @@ def _blank_picture(processor: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.zeros(merge * merge, dim), torch.tensor([1, merge, merge])
 
 
-def _text_token_for_generated_pads(processor: Any) -> int:
+def text_token_for_sampled_pads(processor: Any) -> int:
+    """The token a vision pad sampled in a response is read as (the pad / eos token): only the positions after it see
+    the difference, so a response that ends at such a pad is scored exactly."""
     tokenizer = processor.tokenizer
     for token in (tokenizer.pad_token_id, tokenizer.eos_token_id):
         if token is not None:
@@ -181,7 +183,7 @@ def build_vision_inputs(
         patches, grid = _blank_picture(processor)
         renamed = input_ids.clone()
         is_pad = (input_ids == image_token) | (input_ids == video_token)
-        renamed[is_pad] = _text_token_for_generated_pads(processor)  # no pictures: every pad was sampled
+        renamed[is_pad] = text_token_for_sampled_pads(processor)  # no pictures: every pad was sampled
         return VisionInputs(renamed, patches, grid[None], int(grid.prod()) // merge**2, image_token, int(is_pad.sum()))
     processed = {
         "image": iter(_pixels_once(processor, "image", images)) if images else iter(()),
@@ -220,7 +222,7 @@ def build_vision_inputs(
             )
         extra = pads[cursor:]
         if len(extra):  # sampled by the policy: vLLM read them as text, so does the actor
-            renamed[i, extra] = _text_token_for_generated_pads(processor)
+            renamed[i, extra] = text_token_for_sampled_pads(processor)
             generated += len(extra)
     device = input_ids.device
     return VisionInputs(

@@ -112,7 +112,11 @@ def make_vl_batch(processor: Any, model_path: str, samples: list[VLSample], resp
 
 def reference_log_probs(model, processor: Any, samples: list[VLSample], data, temperature: float) -> torch.Tensor:
     """(batch, response_len) log-probs from a plain HF forward of each sequence alone, unpadded, given the batch's
-    rope positions (easyrl's; tests/test_data_vision.py checks them against the model's own)."""
+    rope positions (easyrl's; tests/test_data_vision.py checks them against the model's own). A vision pad token in
+    a response is fed as text (easyrl.models.vision.text_token_for_sampled_pads) and scored as itself."""
+    from ..models.vision import text_token_for_sampled_pads
+
+    pads = torch.tensor([processor.image_token_id, processor.video_token_id])
     response_length = data.batch["responses"].shape[-1]
     prompt_length = data.batch["input_ids"].shape[-1] - response_length
     out = torch.zeros(data.batch["responses"].shape)
@@ -123,7 +127,8 @@ def reference_log_probs(model, processor: Any, samples: list[VLSample], data, te
         positions = data.batch["position_ids"][i, :, prompt_length - n_prompt : prompt_length + n_response]
         inputs["position_ids"] = positions.unsqueeze(1)  # (3, 1, n_prompt + n_response)
         response = data.batch["responses"][i, :n_response]
-        inputs["input_ids"] = torch.cat([inputs["input_ids"], response[None]], dim=-1)
+        fed = torch.where(torch.isin(response, pads), text_token_for_sampled_pads(processor), response)
+        inputs["input_ids"] = torch.cat([inputs["input_ids"], fed[None]], dim=-1)
         inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
         if "mm_token_type_ids" in inputs:
             inputs["mm_token_type_ids"] = torch.nn.functional.pad(inputs["mm_token_type_ids"], (0, n_response))
