@@ -45,15 +45,16 @@ class ConsoleLogger(Logger):
         from tqdm import tqdm
 
         self._tqdm = tqdm
-        self.bar = None  # started at the first step logged, so a resumed run's bar and rate start there
+        # Started when the first step is logged, at that step: the rate and time left count only the steps timed by
+        # the bar (the first step also pays for engine start and compilation; a resumed run starts mid-way).
+        self.bar = None
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._tqdm.write(format_console_line(metrics, step, self.run.total_steps))
         if self.bar is None:
-            initial = self.run.initial_step or max(step - 1, 0)
             self.bar = self._tqdm(
                 total=self.run.total_steps,
-                initial=initial,
+                initial=step,
                 desc=self.run.experiment_name,
                 unit="step",
                 dynamic_ncols=True,

@@ -16,8 +16,20 @@ training adds (torch.compile, activation checkpointing, FSDP1).
 Tied embeddings: the actor yields the shared matrix once, under the embedding's name; vLLM's tied ``lm_head``
 shares that parameter. On CPU vLLM keeps a re-packed copy of the lm_head for its GEMM kernel that reload does not
 refresh, so we re-run the CPU GEMM dispatch on every ``ParallelLMHead`` after each reload.
+
+Expected warnings: after a reload vLLM warns "<Layer>: Failed to load weights" for every layer none of whose tensors
+came in the stream, and puts that layer's current tensors back. Two such layers are expected on every sync and
+harmless, so exactly those two messages are dropped (`ExpectedReloadWarnings`); any other layer still warns, since
+that would be a weight the actor did not send:
+- rotary embeddings (``*RotaryEmbedding``): their cos/sin cache is a buffer computed from the config, in no
+  checkpoint;
+- the LM head of a model with tied embeddings (``ParallelLMHead``): its weight is the embedding's tensor, which the
+  stream fills (vLLM's ``load_weights`` skips ``lm_head.*`` when embeddings are tied), so the tensor put back holds
+  the new values. tests/test_weight_sync_logging.py checks the engine's weights against the actor's after a sync.
 """
 
+import contextlib
+import logging
 import time
 from collections.abc import Iterator
 
@@ -64,6 +76,37 @@ def refresh_cpu_lm_head(model: torch.nn.Module) -> None:
             dispatch_cpu_unquantized_gemm(module, remove_weight=False)
 
 
+# the vLLM logger that reports layers a reload did not fill, and its message
+_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+_NOT_LOADED_MESSAGE = "%s: Failed to load weights"
+
+
+class ExpectedReloadWarnings(logging.Filter):
+    """Drops vLLM's "Failed to load weights" for the layers a reload never fills by design (module docstring)."""
+
+    def __init__(self, tied_embeddings: bool) -> None:
+        super().__init__()
+        self.tied_embeddings = tied_embeddings
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != _NOT_LOADED_MESSAGE or not record.args:
+            return True
+        layer = str(record.args[0])
+        expected = layer.endswith("RotaryEmbedding") or (self.tied_embeddings and layer == "ParallelLMHead")
+        return not expected
+
+
+@contextlib.contextmanager
+def expected_reload_warnings_dropped(tied_embeddings: bool) -> Iterator[None]:
+    reload_logger = logging.getLogger(_RELOAD_LOGGER)
+    log_filter = ExpectedReloadWarnings(tied_embeddings)
+    reload_logger.addFilter(log_filter)
+    try:
+        yield
+    finally:
+        reload_logger.removeFilter(log_filter)
+
+
 class WeightSyncExtension:
     """Mixed into vLLM's worker class (``LLM(worker_extension_cls=...)``); reached through ``collective_rpc``.
 
@@ -76,7 +119,9 @@ class WeightSyncExtension:
 
         stats = SyncStats()
         start = time.perf_counter()
-        self.reload_weights(weights_iterator=stats.stream(buckets))  # vLLM worker method: load + re-pack
+        tied = bool(getattr(self.model_config.hf_text_config, "tie_word_embeddings", False))
+        with expected_reload_warnings_dropped(tied_embeddings=tied):
+            self.reload_weights(weights_iterator=stats.stream(buckets))  # vLLM worker method: load + re-pack
         if current_platform.is_cpu():
             refresh_cpu_lm_head(self.model_runner.get_model())
         seconds = time.perf_counter() - start
