@@ -201,3 +201,15 @@ def ensure_tiny_vlm(family: str, cache_dir: str | Path | None = None) -> Path:
     except OSError:  # another process finished first
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def set_pixel_limits(path: str | Path, min_pixels: int, max_pixels: int) -> Path:
+    """Give the saved processor of the model at ``path`` other picture limits (its image and video processors'
+    ``size`` = {shortest_edge: min_pixels, longest_edge: max_pixels}), as a user's own checkpoint may have."""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(path)
+    for sub in (processor.image_processor, processor.video_processor):
+        sub.size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
+    processor.save_pretrained(path)
+    return Path(path)
