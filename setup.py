@@ -38,7 +38,9 @@ try:  # setuptools >= 64 builds editable installs as a wheel of their own (PEP 6
 except ImportError:  # pragma: no cover - older setuptools: pyproject.toml requires >= 69
     editable_wheel = None
 
-if editable_wheel is not None:
+# _select_strategy is setuptools' hook for the editable layout (setuptools 64 to 84 at least); without it the editable
+# install lacks the .pth, which tests/test_torchvision_shim.py and scripts/install.sh report
+if editable_wheel is not None and hasattr(editable_wheel, "_select_strategy"):
 
     class _StrategyWithPth:
         """Wraps setuptools' editable strategy (which writes its own __editable__ .pth into the wheel) to write ours
