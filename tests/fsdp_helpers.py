@@ -68,6 +68,7 @@ def worker_config(
     config.data.rollout_batch_size = global_batch_size
     config.worker.rollout.n = 1
     config.worker.rollout.temperature = 0.7  # workers score at the rollout temperature, make_batch's 0.7
+    config.worker.actor.use_torch_compile = False  # eager kernels: compiled ones are tested on their own
     for role in (config.worker.actor, config.worker.critic):
         role.model.model_path = str(model_path)
         role.global_batch_size = global_batch_size

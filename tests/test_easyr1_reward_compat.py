@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from easyrl.config.shipped import PROJECT_ROOT, resolve_shipped_file
 from easyrl.data.template import PromptFormatter
+from easyrl.paths import PROJECT_ROOT, resolve_shipped_file
 from easyrl.workers.reward.loader import RewardFunctionError, load_reward_function, resolve_reward_function
 
 

@@ -18,6 +18,7 @@ def _actor_config(**overrides) -> ActorConfig:
         micro_batch_size_per_device_for_update=2,
         micro_batch_size_per_device_for_experience=6,
         max_grad_norm=1e6,
+        use_torch_compile=False,
     )
     for key, value in overrides.items():
         setattr(config, key, value)

@@ -20,7 +20,12 @@ def tiny_lm(tiny_model_path):
 
 
 def actor_config(**overrides) -> ActorConfig:
-    config = ActorConfig(padding_free=False, dynamic_batching=False, micro_batch_size_per_device_for_experience=4)
+    config = ActorConfig(
+        padding_free=False,
+        dynamic_batching=False,
+        micro_batch_size_per_device_for_experience=4,
+        use_torch_compile=False,
+    )
     for key, value in overrides.items():
         setattr(config, key, value)
     return config

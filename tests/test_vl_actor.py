@@ -47,7 +47,7 @@ def _actor_log_probs(processor, model, data, *, padding_free: bool, micro_batch_
     from easyrl.config import ActorConfig
     from easyrl.workers.actor import Actor
 
-    config = ActorConfig()
+    config = ActorConfig(use_torch_compile=False)
     config.padding_free = padding_free
     config.dynamic_batching = dynamic
     config.micro_batch_size_per_device_for_experience = micro_batch_size

@@ -1,6 +1,7 @@
 """The configuration of a run: the typed schema (``schema``), EasyR1 compatibility (``compat``), loading (``load``),
 validation (``validate``) and the run plan every other part reads (``plan``)."""
 
+from ..paths import BUILTIN_PREFIX, PROJECT_ROOT, resolve_shipped_file
 from .load import config_to_dict, config_to_yaml, derive, load_config, read_config, valid_keys
 from .plan import RunPlan, load_run_plan, make_run_plan
 from .schema import (
@@ -22,7 +23,6 @@ from .schema import (
     TrainerConfig,
     WorkerConfig,
 )
-from .shipped import BUILTIN_PREFIX, PROJECT_ROOT, resolve_shipped_file
 from .validate import uses_critic, validate_config
 
 

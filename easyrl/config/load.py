@@ -8,9 +8,9 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from ..paths import absolute_if_local, resolve_shipped_file
 from .compat import LOSS_AVG_MODE_ALIASES, LOSS_TYPE_ALIASES, rename_legacy
 from .schema import ConfigError, PPOConfig
-from .shipped import absolute_if_local, resolve_shipped_file
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -244,7 +244,8 @@ class ActorConfig(TrainableRoleConfig):
     loss_type: str = "default"
     """Policy loss: default (PPO clip), gspo, gspo_token, cispo, sapo."""
     use_torch_compile: bool = True
-    """Compile the log-prob and entropy kernels with torch.compile (GPU; on a CPU the eager kernels run)."""
+    """Compile the log-prob and entropy kernels with torch.compile (dynamic shapes; the first call in each worker
+    process compiles, 12-45 s on a CPU; falls back to eager with one warning where compiling fails)."""
     tau_positive: float = 1.0
     """SAPO temperature of the soft gate for positive advantages."""
     tau_negative: float = 1.05

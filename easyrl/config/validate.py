@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..demo import builtin_models
+from ..paths import BUILTIN_PREFIX, looks_local, shipped_files_hint
 from ..workers.reward.loader import RewardFunctionError, resolve_reward_function
 from .schema import ConfigError, PPOConfig
-from .shipped import BUILTIN_PREFIX, looks_local, shipped_files_hint
 
 
 # Names of the registered algorithms and loggers, listed here so that check needs no torch import; a test asserts

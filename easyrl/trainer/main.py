@@ -11,6 +11,7 @@ from typing import Any
 
 from ..config import RunPlan
 from ..utils import device
+from ..utils.logging import setup_driver_logging
 
 
 logger = logging.getLogger(__name__)
@@ -91,12 +92,15 @@ def build_trainer(plan: RunPlan, data: RunData | None = None) -> Any:
     groups: list[Any] = []
     try:
         # The hybrid engine: actor, rollout and reference share one process per device.
-        actor_rollout = RayWorkerGroup(pool, FSDPWorker, config.worker, plan.worker_role, name_prefix="actor_rollout")
+        run_dir = config.trainer.save_checkpoint_path
+        actor_rollout = RayWorkerGroup(
+            pool, FSDPWorker, config.worker, plan.worker_role, run_dir, name_prefix="actor_rollout"
+        )
         groups.append(actor_rollout)
         actor_rollout.init_model()
         critic = None
         if plan.use_critic:
-            critic = RayWorkerGroup(pool, FSDPWorker, config.worker, "critic", name_prefix="critic")
+            critic = RayWorkerGroup(pool, FSDPWorker, config.worker, "critic", run_dir, name_prefix="critic")
             groups.append(critic)
             critic.init_model()
         reward = RewardScorer(config.worker.reward, data.tokenizer)
@@ -145,7 +149,8 @@ def _write_ray_timeline(path: str | None) -> None:
 
 
 def run_training(plan: RunPlan) -> dict[str, float]:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # the console shows the run; the engine's and libraries' chatter goes to <run dir>/logs
+    setup_driver_logging(plan.config.trainer.save_checkpoint_path)
     for note in plan.notes:
         logger.warning(note)
     data = prepare_run_data(plan)  # bad rows, templates or model paths fail here, before Ray starts

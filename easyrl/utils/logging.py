@@ -172,14 +172,15 @@ def setup_driver_logging(run_dir: str | os.PathLike | None, level: int = logging
     return path
 
 
-def setup_worker_logging(run_dir: str | os.PathLike, rank: int) -> Path:
-    """Configure a worker process (call before vLLM is imported); returns ``<run_dir>/logs/worker_<rank>.log``.
+def setup_worker_logging(run_dir: str | os.PathLike, rank: int, group: str = "worker") -> Path:
+    """Configure a worker process (call before vLLM is imported); returns ``<run_dir>/logs/<group>_<rank>.log``
+    (one file per process: the actor and critic groups each have a rank 0).
 
     File: every record at INFO and above (vLLM at ``VLLM_LOGGING_LEVEL``). Console (stderr, forwarded by Ray):
     easyrl's WARNING+ only.
     """
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    path = log_dir(run_dir) / f"worker_{rank}.log"
+    path = log_dir(run_dir) / f"{group}_{rank}.log"
     console = _redirect_process_output(path)
     file_handler = _file_handler(path)
     root = logging.getLogger()

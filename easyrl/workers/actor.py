@@ -9,7 +9,7 @@ import torch
 
 from ..models.dynamic_batching import restore_order, split_micro_batches
 from ..models.forward import forward_response_outputs, scatter_to_response
-from ..utils.torch_functional import entropy_from_logits, log_probs_from_logits
+from ..utils.torch_functional import select_logprob_kernels
 from .ppo_update import run_ppo_updates
 
 
@@ -37,6 +37,8 @@ class Actor:
         self.mini_batch_size = mini_batch_size
         self.dp_size = dp_size
         self.processor = processor
+        # worker.actor.use_torch_compile (copied to the reference): compiled or eager log-prob / entropy kernels
+        self.log_probs_from_logits, self.entropy_from_logits = select_logprob_kernels(config.use_torch_compile)
 
     def _forward(
         self, micro_batch: "DataProto", temperature: float, calculate_entropy: bool, entropy_grad: bool = True
@@ -46,12 +48,12 @@ class Actor:
             self.module, micro_batch, self.config.padding_free, lm_logits=True, processor=self.processor
         )
         labels = micro_batch.batch["responses"][valid]  # (valid_tokens,)
-        log_probs = scatter_to_response(log_probs_from_logits(logits, labels, temperature), valid)
+        log_probs = scatter_to_response(self.log_probs_from_logits(logits, labels, temperature), valid)
         entropy = None
         if calculate_entropy:
             # an entropy wanted only as a metric keeps no graph
             with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
-                entropy = scatter_to_response(entropy_from_logits(logits, temperature), valid)
+                entropy = scatter_to_response(self.entropy_from_logits(logits, temperature), valid)
         return log_probs, entropy
 
     @torch.no_grad()

@@ -23,6 +23,7 @@ from ..config import WorkerConfig
 from ..controller.dispatch import Dispatch, register
 from ..controller.worker import Worker
 from ..utils import device
+from ..utils.logging import setup_worker_logging
 from . import fsdp_utils
 from .actor import Actor
 from .critic import Critic
@@ -63,8 +64,12 @@ def _reduce_metrics_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
 
 
 class FSDPWorker(Worker):
-    def __init__(self, config: WorkerConfig, role: str) -> None:
+    def __init__(self, config: WorkerConfig, role: str, run_dir: str | None = None) -> None:
+        """``run_dir``: the run's folder; its ``logs/<role>_<rank>.log`` gets everything the engine and libraries
+        print (None: the process's output stays as it is, e.g. in tests)."""
         super().__init__()
+        if run_dir is not None:  # before vLLM is first imported in this process
+            setup_worker_logging(run_dir, self.rank, group=role)
         if role not in ROLES:
             raise ValueError(f"Unknown worker role `{role}`; choose one of: {', '.join(ROLES)}.")
         self.config = config

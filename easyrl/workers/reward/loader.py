@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...config.shipped import shipped_files_hint
+from ...paths import shipped_files_hint
 
 
 EASYR1_DEFAULT_FUNCTION = "main"  # what EasyR1 calls when the spec names no function

@@ -1,4 +1,4 @@
-"""Paths of a config: files easyrl ships under EasyR1's names, and local paths made absolute."""
+"""Paths a run refers to: files easyrl ships under EasyR1's names, built-in ids, local paths made absolute."""
 
 import logging
 import os
@@ -9,7 +9,7 @@ from typing import Optional
 logger = logging.getLogger(__name__)
 
 BUILTIN_PREFIX = "builtin://"
-PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 # Files easyrl ships under the names of EasyR1's examples/ files AND with their contract: the reward functions give
