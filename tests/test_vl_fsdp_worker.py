@@ -74,10 +74,12 @@ def test_workers_load_the_image_text_to_text_model_with_its_processor_and_weight
 
 
 @pytest.mark.timeout(300)
-def test_two_workers_log_probs_equal_plain_hf_forward_on_a_mixed_media_batch(two_workers, hf_setup):
+def test_two_workers_log_probs_equal_plain_hf_forward_on_a_mixed_media_batch(two_workers, hf_setup, model_path):
     processor, model, data = hf_setup
     out = two_workers.compute_log_probs(data)
-    expected = reference_log_probs(model, processor, SAMPLES, data, temperature=1.0)
+    # workers score at the run's rollout temperature (the config's), whatever the batch says
+    temperature = worker_config(model_path, 2).rollout.temperature
+    expected = reference_log_probs(model, processor, SAMPLES, data, temperature=temperature)
     torch.testing.assert_close(out.batch["old_log_probs"], expected, **LOG_PROB_TOLERANCE)
     ref = two_workers.compute_ref_log_probs(data)
     torch.testing.assert_close(ref.batch["ref_log_probs"], expected, **LOG_PROB_TOLERANCE)
