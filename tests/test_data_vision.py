@@ -362,6 +362,13 @@ def test_cmyk_jpeg_and_exif_rotated_jpeg_load_as_a_viewer_shows_them():
     assert pixels[:16].mean() < 20 and pixels[16:].mean() > 230  # the dark half is now on top
 
 
+def test_a_picture_too_large_for_pil_is_unreadable_not_a_crash(monkeypatch):
+    # PIL refuses pictures above 2 x MAX_IMAGE_PIXELS (a decompression bomb); here 100 x 100 against a 1000 limit
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    with pytest.raises(UnreadableMediaError, match="cannot read image bytes"):
+        load_image(saved(picture(100, 100), "PNG"))
+
+
 def test_relative_paths_resolve_against_image_dir_then_the_data_files_folder(tmp_path, vl_tokenizer_and_processor):
     tokenizer, processor = vl_tokenizer_and_processor
     data_dir, image_dir = tmp_path / "data", tmp_path / "pictures"

@@ -101,10 +101,17 @@ def _high_bit_depth_to_8_bit(image: Image.Image) -> Image.Image:
     return Image.fromarray(scaled, mode="L")
 
 
+def _orientation(image: Image.Image) -> int:
+    try:
+        return int(image.getexif().get(EXIF_ORIENTATION, 1))
+    except Exception:  # a damaged EXIF block (PIL raises many types) leaves the picture as it is stored
+        return 1
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
     """An RGB picture as a viewer shows ``image``: EXIF orientation applied, transparency over white (as
     qwen-vl-utils does), high bit depths scaled rather than clipped, CMYK / palette / greyscale converted."""
-    if image.getexif().get(EXIF_ORIENTATION, 1) != 1:
+    if _orientation(image) != 1:
         image = ImageOps.exif_transpose(image)
     if image.mode == "RGB":
         return image
@@ -264,7 +271,7 @@ def load_image(
         rgb = to_rgb(opened)
     except UnreadableMediaError:
         raise
-    except (OSError, ValueError, SyntaxError) as error:  # PIL raises all three for bad files
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:  # PIL's errors for bad files
         raise UnreadableMediaError(f"cannot read image {_describe(image)}: {error}") from error
     if sizing is not None:
         try:
