@@ -444,3 +444,17 @@ def test_without_filtering_a_prompt_is_cut_after_its_pictures_never_inside_them(
     collapsed = [t for i, t in enumerate(item["input_ids"].tolist()) if t != image_pad or full[i - 1] != image_pad]
     assert item["raw_prompt_ids"] == collapsed
     assert "cut to their first 48 tokens" in caplog.text and "skipped 1 of 2 rows that truncation" in caplog.text
+
+
+def test_text_rows_of_a_picture_dataset_carry_an_empty_media_slot(tmp_path, vl_tokenizer_and_processor):
+    # so that a batch of text rows alone still concatenates with batches of pictures (online filtering rounds)
+    from easyrl.protocol import DataProto
+
+    tokenizer, processor = vl_tokenizer_and_processor
+    picture(56, 56).save(tmp_path / "a.png")
+    rows = [{"prompt": "text", "answer": "0", "images": []}, {"prompt": "<image>", "answer": "1", "images": ["a.png"]}]
+    dataset = RLHFDataset(write_jsonl(tmp_path / "d.jsonl", rows), tokenizer, processor, vl_config(tmp_path))
+    text_only, with_picture = collate_fn([dataset[0]]), collate_fn([dataset[1]])
+    assert list(text_only.non_tensor_batch["multi_modal_data"]) == [None]
+    merged = DataProto.concat([text_only, with_picture])
+    assert merged.non_tensor_batch["multi_modal_data"][1]["images"][0].size == (56, 56)

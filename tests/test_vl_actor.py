@@ -216,3 +216,22 @@ def test_pictures_stay_with_their_samples_through_shipping_union_and_concat(fami
     # items in pad order: rows 0 0 1 1 2 2 3 3 (picture 0, -, pictures 1 2, video 3, twice each) then rows 3, 0
     expected = torch.cat([per_item[i] for i in (0, 0, 1, 2, 1, 2, 3, 3, 3, 0)])
     assert torch.equal(inputs.pixel_values, expected)
+
+
+def test_a_prompt_pad_whose_picture_went_missing_is_an_error_not_a_sampled_token(family_setup):
+    from easyrl.models.vision import build_vision_inputs
+
+    processor, _, data, _ = family_setup
+    lost = data.select(deepcopy=False)
+    lost.non_tensor_batch = {MULTI_MODAL_KEY: np.array([None, None, *data.non_tensor_batch[MULTI_MODAL_KEY][2:]])}
+    batch = lost.batch
+    with pytest.raises(ValueError, match="Sample 0 of the micro-batch has 6 vision pad token.*lost media"):
+        build_vision_inputs(
+            batch["input_ids"], batch["attention_mask"], lost.non_tensor_batch[MULTI_MODAL_KEY], processor, 6
+        )
+    # picture 0 (56 x 84) is 2 x 3 merged tokens with patch 14 and 3 x 2 with patch 16: 6 pads either way
+    only_text = lost[[0, 1]]  # a micro-batch without any picture left: the same check
+    with pytest.raises(ValueError, match="Sample 0 of the micro-batch has 6 vision pad token"):
+        build_vision_inputs(
+            only_text.batch["input_ids"], only_text.batch["attention_mask"], [None, None], processor, 6
+        )

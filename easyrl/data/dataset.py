@@ -5,8 +5,8 @@ One item is a dict of
     attention_mask  (max_prompt_length,)
     position_ids    (max_prompt_length,) or (3, max_prompt_length) for Qwen-VL (see rope.py); 0 on padding
     raw_prompt_ids  list[int], unpadded, ONE pad token per image / video (what vLLM expects)
-    multi_modal_data {"images": [PIL], "videos": [(frames, 3, H, W) uint8], "video_fps": [float]}  (rows with media
-                    only; images already at the size every processor keeps (vision.PictureSizing); video_fps: the
+    multi_modal_data {"images": [PIL], "videos": [(frames, 3, H, W) uint8], "video_fps": [float]}  (datasets with
+                    media columns only; None for a row without media; images already at the size every processor keeps (vision.PictureSizing); video_fps: the
                     rate each video was sampled at, which the rollout engine needs too)
     ground_truth, data_source
 
@@ -253,8 +253,8 @@ class RLHFDataset(Dataset):
         self.num_filtered_overlong = 0
         self.num_truncated = 0
         self._warned_truncation = False
-        has_media = any(key in self.rows.column_names for key in (config.image_key, config.video_key))
-        if config.filter_overlong_prompts or has_media:
+        self.has_media = any(key in self.rows.column_names for key in (config.image_key, config.video_key))
+        if config.filter_overlong_prompts or self.has_media:
             self._screen()
 
     @property
@@ -423,7 +423,9 @@ class RLHFDataset(Dataset):
             "ground_truth": row[self.config.answer_key],
             "data_source": row.get("data_source") or self.source_name,
         }
-        if encoded["images"] or encoded["videos"]:
+        if self.has_media:
+            # every item of a dataset with media columns has the key (None for a text row): batches of text rows
+            # alone then still concatenate with batches of pictures (online filtering) without losing the pictures
             media = {"images": encoded["images"], "videos": encoded["videos"], "video_fps": encoded["video_fps"]}
-            out["multi_modal_data"] = {key: value for key, value in media.items() if value}
+            out["multi_modal_data"] = {key: value for key, value in media.items() if value} or None
         return out

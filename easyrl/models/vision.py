@@ -171,19 +171,41 @@ def text_token_for_sampled_pads(processor: Any) -> int:
     return 0
 
 
+def _sampled_pads(pads: torch.Tensor, sample: int, seq_len: int, response_length: int | None) -> torch.Tensor:
+    """``pads`` (positions of vision pads left after a sample's own pictures) if all lie in its response; a pad in
+    the prompt without its picture means the sample lost media on the way, which must not train silently."""
+    if response_length is not None and len(pads) and int(pads[0]) < seq_len - response_length:
+        raise ValueError(
+            f"Sample {sample} of the micro-batch has {int((pads < seq_len - response_length).sum())} vision pad "
+            "token(s) in its prompt beyond the pictures/videos of its `multi_modal_data`: the sample lost media "
+            "between the dataset and the actor (a batch concatenated without its multi_modal_data?)."
+        )
+    return pads
+
+
 def build_vision_inputs(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: Any, processor: Any
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    rows: Any,
+    processor: Any,
+    response_length: int | None = None,
 ) -> VisionInputs:
     """Pixel inputs of exactly these samples (``rows``: their ``multi_modal_data``), ordered as their pad tokens
-    appear in the real tokens of ``input_ids`` read row by row (the order the model fills the pads in)."""
+    appear in the real tokens of ``input_ids`` read row by row (the order the model fills the pads in).
+
+    ``response_length``: the last columns of ``input_ids`` that are responses; pads left over after a sample's own
+    pictures must lie there (they were sampled), else the sample's media went missing and this raises. Without it
+    every left-over pad is taken as sampled."""
     images, videos = _media_lists(rows)
     image_token, video_token = processor.image_token_id, processor.video_token_id
     merge = processor.image_processor.merge_size
     if not images and not videos:
         patches, grid = _blank_picture(processor)
         renamed = input_ids.clone()
-        is_pad = (input_ids == image_token) | (input_ids == video_token)
-        renamed[is_pad] = text_token_for_sampled_pads(processor)  # no pictures: every pad was sampled
+        is_pad = attention_mask.bool() & ((input_ids == image_token) | (input_ids == video_token))
+        for sample in range(input_ids.shape[0]):  # no pictures: every pad must have been sampled
+            _sampled_pads(torch.nonzero(is_pad[sample]).flatten(), sample, input_ids.shape[-1], response_length)
+        renamed[is_pad] = text_token_for_sampled_pads(processor)
         return VisionInputs(renamed, patches, grid[None], int(grid.prod()) // merge**2, image_token, int(is_pad.sum()))
     processed = {
         "image": iter(_pixels_once(processor, "image", images)) if images else iter(()),
@@ -220,7 +242,7 @@ def build_vision_inputs(
                 "prompt: the prompt was cut (data.max_prompt_length) or encoded by another processor than "
                 "worker.actor.model.model_path's. Rebuild the data with the model's processor."
             )
-        extra = pads[cursor:]
+        extra = _sampled_pads(pads[cursor:], i, input_ids.shape[-1], response_length)
         if len(extra):  # sampled by the policy: vLLM read them as text, so does the actor
             renamed[i, extra] = text_token_for_sampled_pads(processor)
             generated += len(extra)
