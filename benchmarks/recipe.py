@@ -87,9 +87,9 @@ class Recorder:
     def attach(self, group: Any) -> None:
         generate, update = group.generate_sequences, group.update_actor
 
-        def recorded_generate(data: Any) -> Any:
+        def recorded_generate(data: Any, request: Any = None) -> Any:
             start = time.perf_counter()
-            out = generate(data)
+            out = generate(data, request)
             self.generate_wall_s.append(time.perf_counter() - start)
             self.prompt_ids.append([list(ids) for ids in data.non_tensor_batch["raw_prompt_ids"]])
             self.rollout_metrics.append(dict(out.meta_info.get("metrics", {})))

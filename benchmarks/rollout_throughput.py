@@ -32,6 +32,7 @@ def easyrl_rounds(args: argparse.Namespace) -> tuple[object, Recorder]:
     from easyrl.protocol import DataProto
     from easyrl.trainer.main import build_trainer, init_ray
     from easyrl.trainer.ray_trainer import GENERATION_KEYS, GENERATION_NON_TENSOR_KEYS
+    from easyrl.workers.rollout.base import GenerationRequest
 
     save_dir = tempfile.mkdtemp(prefix="easyrl_bench_")
     plan = load_run_plan(recipe_overrides(args, save_dir))
@@ -49,8 +50,8 @@ def easyrl_rounds(args: argparse.Namespace) -> tuple[object, Recorder]:
                 batch_keys=list(GENERATION_KEYS),
                 non_tensor_batch_keys=[k for k in GENERATION_NON_TENSOR_KEYS if k in prompts.non_tensor_batch],
             )
-            gen_input.meta_info["seed"] = [config.worker.rollout.seed, 0, round_index]
-            trainer.workers.actor_rollout.generate_sequences(gen_input)
+            seed = [config.worker.rollout.seed, 0, round_index]
+            trainer.workers.actor_rollout.generate_sequences(gen_input, GenerationRequest(seed=seed))
     finally:
         trainer.on_shutdown()
         ray.shutdown()

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from easyrl.utils.logging import setup_worker_logging
+from easyrl.workers.rollout.base import GenerationRequest
 
 
 RESPONSE_LENGTH = 8
@@ -75,9 +76,8 @@ def main(run_dir: str) -> dict:
             "position_ids": torch.arange(len(ids))[None],
         },
         non_tensors={"raw_prompt_ids": raw},
-        meta_info={"sampling_override": {"temperature": 0.0}},
     )
-    output = rollout.generate_sequences(prompts)
+    output = rollout.generate_sequences(prompts, GenerationRequest(sampling_override={"temperature": 0.0}))
     with torch.no_grad():
         hf_greedy = actor.generate(
             torch.tensor([ids]), max_new_tokens=RESPONSE_LENGTH, do_sample=False, eos_token_id=None

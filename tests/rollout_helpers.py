@@ -9,7 +9,7 @@ RESPONSE_LENGTH = 12
 PROMPT_TEXTS = ["What is 2 + 3?", "Tell me a story about a cat", "Hello", "Name three colours."]
 
 
-def make_prompts(tokenizer, texts=PROMPT_TEXTS, **meta_info):
+def make_prompts(tokenizer, texts=PROMPT_TEXTS):
     """A prompt DataProto as the data pipeline produces it: left-padded ids, masks, positions, raw ids."""
     from easyrl.protocol import DataProto
 
@@ -25,7 +25,6 @@ def make_prompts(tokenizer, texts=PROMPT_TEXTS, **meta_info):
     return DataProto.from_dict(
         tensors={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
         non_tensors={"raw_prompt_ids": raw},
-        meta_info=meta_info,
     )
 
 

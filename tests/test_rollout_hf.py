@@ -5,7 +5,7 @@ import pytest
 import easyrl  # noqa: F401  (process environment before Ray starts)
 from easyrl.controller import RayWorkerGroup, ResourcePool
 from easyrl.workers.fsdp_worker import FSDPWorker
-from easyrl.workers.rollout.base import rollout_logprob_mismatch
+from easyrl.workers.rollout.base import GenerationRequest, rollout_logprob_mismatch
 from tests.fsdp_helpers import load_hf_causal_lm
 from tests.rollout_helpers import (
     RESPONSE_LENGTH,
@@ -32,15 +32,15 @@ def two_hf_workers(ray_cluster, tiny_model_path):
 
 @pytest.mark.timeout(300)
 def test_hf_rollout_greedy_equals_plain_hf_greedy(two_hf_workers, tokenizer, tiny_model_path):
-    prompts = make_prompts(tokenizer, sampling_override={"temperature": 0.0})
-    out = two_hf_workers.generate_sequences(prompts)
+    prompts = make_prompts(tokenizer)
+    out = two_hf_workers.generate_sequences(prompts, GenerationRequest(sampling_override={"temperature": 0.0}))
     expected = hf_greedy_responses(load_hf_causal_lm(tiny_model_path), prompts, tokenizer.eos_token_id)
     assert response_lists(out) == expected
 
 
 @pytest.mark.timeout(300)
 def test_hf_rollout_samples_n_per_prompt_with_actor_log_probs(two_hf_workers, tokenizer):
-    out = two_hf_workers.generate_sequences(make_prompts(tokenizer, sampling_override={"n": 2}))
+    out = two_hf_workers.generate_sequences(make_prompts(tokenizer), GenerationRequest(sampling_override={"n": 2}))
     assert out.batch["responses"].shape == (8, RESPONSE_LENGTH)
     actor = two_hf_workers.compute_log_probs(out).batch["old_log_probs"]
     mismatch = rollout_logprob_mismatch(actor, out.batch["rollout_log_probs"], out.batch["response_mask"])
@@ -49,6 +49,6 @@ def test_hf_rollout_samples_n_per_prompt_with_actor_log_probs(two_hf_workers, to
 
 @pytest.mark.timeout(300)
 def test_hf_rollout_call_seed_reproduces_the_samples(two_hf_workers, tokenizer):
-    seeded = make_prompts(tokenizer, sampling_override={"n": 2}, seed=[7, 0, 3, 0])
-    first, again = (response_lists(two_hf_workers.generate_sequences(seeded)) for _ in range(2))
+    prompts, seeded = make_prompts(tokenizer), GenerationRequest(sampling_override={"n": 2}, seed=[7, 0, 3, 0])
+    first, again = (response_lists(two_hf_workers.generate_sequences(prompts, seeded)) for _ in range(2))
     assert first == again

@@ -6,6 +6,7 @@ import torch
 
 from easyrl.config import RolloutConfig
 from easyrl.workers.rollout.base import (
+    GenerationRequest,
     build_rollout_output,
     continue_position_ids,
     generation_metrics,
@@ -108,26 +109,28 @@ def _config(**overrides) -> RolloutConfig:
 
 
 def test_sampling_settings_come_from_the_rollout_config():
-    settings = resolve_sampling(_config(), {})
+    settings = resolve_sampling(_config())
     assert (settings.n, settings.temperature, settings.top_p, settings.max_tokens) == (4, 0.9, 0.95, 16)
 
 
 def test_validation_applies_val_override_config():
-    settings = resolve_sampling(_config(val_override_config={"temperature": 0.0, "n": 1}), {"validate": True})
+    settings = resolve_sampling(
+        _config(val_override_config={"temperature": 0.0, "n": 1}), GenerationRequest(validate=True)
+    )
     assert (settings.n, settings.temperature, settings.greedy) == (1, 0.0, True)
 
 
 def test_greedy_with_n_samples_asks_the_engine_once_and_copies():
-    settings = resolve_sampling(_config(), {"sampling_override": {"temperature": 0.0}})
+    settings = resolve_sampling(_config(), GenerationRequest(sampling_override={"temperature": 0.0}))
     assert settings.engine_n == 1
     assert repeat_greedy([[1], [2]], settings) == [[1]] * 4 + [[2]] * 4
 
 
 def test_unknown_override_key_names_the_config_key():
     with pytest.raises(ValueError, match="worker.rollout.val_override_config"):
-        resolve_sampling(_config(val_override_config={"temprature": 0.0}), {"validate": True})
+        resolve_sampling(_config(val_override_config={"temprature": 0.0}), GenerationRequest(validate=True))
 
 
 def test_unset_response_length_is_reported():
     with pytest.raises(ValueError, match="data.max_response_length"):
-        resolve_sampling(_config(response_length=-1), {})
+        resolve_sampling(_config(response_length=-1))

@@ -10,6 +10,7 @@ import torch
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
 from easyrl.controller import Dispatch, RayWorkerGroup, ResourcePool, Worker, register
+from easyrl.workers.rollout.base import GenerationRequest
 
 
 RESPONSE_LENGTH = 8
@@ -86,9 +87,10 @@ class VisionRolloutProbe(Worker):
                 "position_ids": position_ids.transpose(0, 1),  # (batch, 3, prompt_len)
             },
             non_tensors={"raw_prompt_ids": raw, "multi_modal_data": images},
-            meta_info={"sampling_override": {"temperature": 0.0, "ignore_eos": True}},
         )
-        out = self.rollout.generate_sequences(prompts)
+        out = self.rollout.generate_sequences(
+            prompts, GenerationRequest(sampling_override={"temperature": 0.0, "ignore_eos": True})
+        )
         return {
             "vllm": out.batch["responses"][0].tolist(),
             "hf": hf_ids.tolist(),

@@ -10,7 +10,7 @@ import torch
 import easyrl  # noqa: F401  (process environment before Ray starts)
 from easyrl.controller import RayWorkerGroup, ResourcePool
 from easyrl.workers.fsdp_worker import FSDPWorker
-from easyrl.workers.rollout.base import rollout_logprob_mismatch
+from easyrl.workers.rollout.base import GenerationRequest, rollout_logprob_mismatch
 from tests.fsdp_helpers import load_hf_causal_lm
 from tests.rollout_helpers import (
     RESPONSE_LENGTH,
@@ -24,7 +24,7 @@ from tests.rollout_helpers import (
 
 # fp32 engine vs fp32 actor: measured differences are ~1e-5 (different kernels, same math)
 LOGPROB_TOLERANCE = 1e-4
-GREEDY = {"sampling_override": {"temperature": 0.0}}
+GREEDY = GenerationRequest(sampling_override={"temperature": 0.0})
 
 
 def _start(model_path, n_workers: int, tensor_parallel_size: int = 1):
@@ -77,18 +77,18 @@ def _current_hf_model(group, path):
 
 @pytest.mark.timeout(300)
 def test_vllm_greedy_equals_hf_greedy_on_the_same_weights(one_worker, tokenizer, tmp_path):
-    prompts = make_prompts(tokenizer, **GREEDY)
-    out = one_worker.generate_sequences(prompts)
+    prompts = make_prompts(tokenizer)
+    out = one_worker.generate_sequences(prompts, GREEDY)
     expected = hf_greedy_responses(_current_hf_model(one_worker, tmp_path / "hf"), prompts, tokenizer.eos_token_id)
     assert response_lists(out) == expected
 
 
 @pytest.mark.timeout(300)
 def test_vllm_follows_the_actor_after_an_update(one_worker, tokenizer, tmp_path):
-    prompts = make_prompts(tokenizer, **GREEDY)
-    before = response_lists(one_worker.generate_sequences(prompts))
+    prompts = make_prompts(tokenizer)
+    before = response_lists(one_worker.generate_sequences(prompts, GREEDY))
     update_actor_once(one_worker, seed=1)
-    after = one_worker.generate_sequences(prompts)
+    after = one_worker.generate_sequences(prompts, GREEDY)
     expected = hf_greedy_responses(_current_hf_model(one_worker, tmp_path / "hf"), prompts, tokenizer.eos_token_id)
     assert expected != before  # the update changed the greedy answers, so stale weights would fail below
     assert response_lists(after) == expected
@@ -98,7 +98,7 @@ def test_vllm_follows_the_actor_after_an_update(one_worker, tokenizer, tmp_path)
 @pytest.mark.timeout(300)
 def test_rollout_log_probs_match_the_actor_log_probs(one_worker, tokenizer):
     # sampled and scored at the worker's rollout.temperature (the actor always scores at that temperature)
-    out = one_worker.generate_sequences(make_prompts(tokenizer, sampling_override={"n": 2}))
+    out = one_worker.generate_sequences(make_prompts(tokenizer), GenerationRequest(sampling_override={"n": 2}))
     actor = one_worker.compute_log_probs(out).batch["old_log_probs"]
     mismatch = rollout_logprob_mismatch(actor, out.batch["rollout_log_probs"], out.batch["response_mask"])
     print(f"rollout vs actor log-prob |diff|: {mismatch}")
@@ -107,17 +107,18 @@ def test_rollout_log_probs_match_the_actor_log_probs(one_worker, tokenizer):
 
 @pytest.mark.timeout(300)
 def test_a_call_seed_reproduces_the_samples(one_worker, tokenizer):
-    seeded = make_prompts(tokenizer, sampling_override={"n": 2}, seed=[7, 0, 3, 0])
-    first, again = (response_lists(one_worker.generate_sequences(seeded)) for _ in range(2))
-    unseeded = response_lists(one_worker.generate_sequences(make_prompts(tokenizer, sampling_override={"n": 2})))
+    prompts, two = make_prompts(tokenizer), {"n": 2}
+    seeded = GenerationRequest(sampling_override=two, seed=[7, 0, 3, 0])
+    first, again = (response_lists(one_worker.generate_sequences(prompts, seeded)) for _ in range(2))
+    unseeded = response_lists(one_worker.generate_sequences(prompts, GenerationRequest(sampling_override=two)))
     assert first == again
     assert unseeded != first
 
 
 @pytest.mark.timeout(300)
 def test_n_samples_give_interleaved_rows_with_consistent_masks(one_worker, tokenizer):
-    prompts = make_prompts(tokenizer, sampling_override={"n": 3, "temperature": 1.0})
-    out = one_worker.generate_sequences(prompts)
+    prompts = make_prompts(tokenizer)
+    out = one_worker.generate_sequences(prompts, GenerationRequest(sampling_override={"n": 3, "temperature": 1.0}))
     batch, rows, prompt_length = out.batch, 3 * len(prompts), prompts.batch["input_ids"].shape[1]
     assert batch["responses"].shape == (rows, RESPONSE_LENGTH)
     assert batch["input_ids"].shape == (rows, prompt_length + RESPONSE_LENGTH)
@@ -135,17 +136,17 @@ def test_n_samples_give_interleaved_rows_with_consistent_masks(one_worker, token
 
 @pytest.mark.timeout(420)
 def test_tensor_parallel_engine_matches_hf_before_and_after_an_update(tensor_parallel_pair, tokenizer, tmp_path):
-    prompts = make_prompts(tokenizer, **GREEDY)
-    out = tensor_parallel_pair.generate_sequences(prompts)
+    prompts = make_prompts(tokenizer)
+    out = tensor_parallel_pair.generate_sequences(prompts, GREEDY)
     hf_model = _current_hf_model(tensor_parallel_pair, tmp_path / "before")
     assert response_lists(out) == hf_greedy_responses(hf_model, prompts, tokenizer.eos_token_id)
 
     update_actor_once(tensor_parallel_pair, seed=2)
-    out = tensor_parallel_pair.generate_sequences(prompts)
+    out = tensor_parallel_pair.generate_sequences(prompts, GREEDY)
     hf_model = _current_hf_model(tensor_parallel_pair, tmp_path / "after")
     assert response_lists(out) == hf_greedy_responses(hf_model, prompts, tokenizer.eos_token_id)
     # sampling stays in lockstep across the two ranks of the engine (same seed), else the ranks would hang
-    sampled = tensor_parallel_pair.generate_sequences(make_prompts(tokenizer, sampling_override={"n": 2}))
+    sampled = tensor_parallel_pair.generate_sequences(prompts, GenerationRequest(sampling_override={"n": 2}))
     assert sampled.batch["responses"].shape == (2 * len(prompts), RESPONSE_LENGTH)
 
 
@@ -153,14 +154,14 @@ def test_tensor_parallel_engine_matches_hf_before_and_after_an_update(tensor_par
 def test_data_parallel_engines_split_the_prompts_and_sample_with_different_seeds(
     data_parallel_pair, tokenizer, tmp_path
 ):
-    prompts = make_prompts(tokenizer, texts=["Tell me a story about a cat"] * 4, sampling_override={"n": 1})
-    out = data_parallel_pair.generate_sequences(prompts)
+    prompts = make_prompts(tokenizer, texts=["Tell me a story about a cat"] * 4)
+    out = data_parallel_pair.generate_sequences(prompts, GenerationRequest(sampling_override={"n": 1}))
     rows = response_lists(out)
     assert len(rows) == 4  # rows 0-1 sampled by engine 0, rows 2-3 by engine 1
     assert rows[0] != rows[1] and rows[0] != rows[2] and rows[1] != rows[3]
 
-    greedy = make_prompts(tokenizer, **GREEDY)
+    greedy = make_prompts(tokenizer)
     hf_model = _current_hf_model(data_parallel_pair, tmp_path / "hf")
-    assert response_lists(data_parallel_pair.generate_sequences(greedy)) == hf_greedy_responses(
+    assert response_lists(data_parallel_pair.generate_sequences(greedy, GREEDY)) == hf_greedy_responses(
         hf_model, greedy, tokenizer.eos_token_id
     )

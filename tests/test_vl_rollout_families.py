@@ -9,6 +9,11 @@ import torch
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
 from easyrl.controller import Dispatch, RayWorkerGroup, ResourcePool, Worker, register
+from easyrl.workers.rollout.base import GenerationRequest
+
+
+# greedy and always the full response length: the HF reference runs without an eos
+GREEDY_FULL_LENGTH = GenerationRequest(sampling_override={"temperature": 0.0, "ignore_eos": True})
 
 
 RESPONSE_LENGTH = 8
@@ -91,14 +96,13 @@ class FamilyRolloutProbe(Worker):
         prompts = DataProto.from_dict(
             tensors={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
             non_tensors={"raw_prompt_ids": raw, "multi_modal_data": media},
-            meta_info={"sampling_override": {"temperature": 0.0, "ignore_eos": True}},
         )
         return prompts, encoded
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)
     def generate_both(self, seeds: list[int], video: bool = False, frames: int = 4) -> dict:
         prompts, encoded = self._prompts(seeds, video, frames)
-        out = self.rollout.generate_sequences(prompts)
+        out = self.rollout.generate_sequences(prompts, GREEDY_FULL_LENGTH)
         hf = []
         for inputs in encoded:
             with torch.no_grad():
@@ -111,8 +115,9 @@ class FamilyRolloutProbe(Worker):
         """Sample a response to a video prompt with vLLM, then score it with an HF forward that takes easyrl's
         position ids (the prompt's from the dataset, the response's continued by the rollout) as the actor does."""
         prompts, encoded = self._prompts([seed], video=True, frames=frames)
-        prompts.meta_info["sampling_override"] = {"temperature": 1.0, "ignore_eos": True}
-        out = self.rollout.generate_sequences(prompts)
+        out = self.rollout.generate_sequences(
+            prompts, GenerationRequest(sampling_override={"temperature": 1.0, "ignore_eos": True})
+        )
         inputs = dict(encoded[0])
         response = out.batch["responses"][0]
         inputs["input_ids"] = torch.cat([inputs["input_ids"], response[None]], dim=-1)
@@ -129,7 +134,7 @@ class FamilyRolloutProbe(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)
     def generate_and_count_cache(self, seeds: list[int]) -> tuple[int, int | None]:
         """Generate for new pictures; the vision-encoder outputs and processed pictures the engine then holds."""
-        self.rollout.generate_sequences(self._prompts(seeds)[0])
+        self.rollout.generate_sequences(self._prompts(seeds)[0], GREEDY_FULL_LENGTH)
         return self.cache_entries()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)

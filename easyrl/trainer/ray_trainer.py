@@ -23,6 +23,7 @@ from ..config import RunPlan
 from ..protocol import DataProto
 from ..workers.fsdp_utils import to_dtype
 from ..workers.reward.scorer import reduce_reward_metrics, scores_to_non_tensor
+from ..workers.rollout.base import GenerationRequest
 from .checkpoint import CheckpointManager, checkpoint_step, resolve_resume_path
 from .flops import FlopsCounter, compute_mfu, peak_flops_per_device
 from .metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, timer
@@ -226,19 +227,15 @@ class PPOTrainer:
             batch_keys=list(GENERATION_KEYS),
             non_tensor_batch_keys=[k for k in GENERATION_NON_TENSOR_KEYS if k in prompts.non_tensor_batch],
         )
-        gen_input.meta_info["seed"] = self._sampling_seed(0, round_index)
+        seed = self._sampling_seed(0, round_index)
         with timer("gen", timing):
-            generated = rollout.generate_sequences(gen_input)
+            generated = rollout.generate_sequences(gen_input, GenerationRequest(seed=seed))
         self._rollout_metrics.append(generated.meta_info.pop("metrics", None) or {})
         if self.config.algorithm.adv_estimator == "remax":  # a baseline of its own, not a role: the plan has no say
             # ReMax (arXiv 2310.10505): the reward of each prompt's greedy response is its baseline.
             with timer("gen_baseline", timing):
-                greedy_input = DataProto(
-                    batch=gen_input.batch,
-                    non_tensor_batch=dict(gen_input.non_tensor_batch),
-                    meta_info={**gen_input.meta_info, "sampling_override": {"temperature": 0.0, "n": 1}},
-                )
-                greedy = rollout.generate_sequences(greedy_input)
+                greedy_request = GenerationRequest(sampling_override={"temperature": 0.0, "n": 1}, seed=seed)
+                greedy = rollout.generate_sequences(gen_input, greedy_request)
                 greedy.non_tensor_batch["ground_truth"] = prompts.non_tensor_batch["ground_truth"]
                 baseline_scores, _ = self.reward_scorer.score(greedy)
             prompts.non_tensor_batch["reward_baselines"] = np.array(baseline_scores.sum(-1).tolist(), dtype=object)
@@ -273,9 +270,8 @@ class PPOTrainer:
                 batch_keys=list(GENERATION_KEYS),
                 non_tensor_batch_keys=[k for k in GENERATION_NON_TENSOR_KEYS if k in prompts.non_tensor_batch],
             )
-            gen_input.meta_info["validate"] = True
-            gen_input.meta_info["seed"] = self._sampling_seed(1, batch_index)
-            generated = rollout.generate_sequences(gen_input)
+            request = GenerationRequest(validate=True, seed=self._sampling_seed(1, batch_index))
+            generated = rollout.generate_sequences(gen_input, request)
             # a weight sync that ran before a validation batch is reported with the next training step
             sync = {k: v for k, v in (generated.meta_info.pop("metrics", None) or {}).items() if "weight_sync" in k}
             self._rollout_metrics.append(sync)

@@ -45,7 +45,7 @@ ROLLOUT_MESH = "rollout"
 class RolloutEngine(Protocol):
     """What a rollout engine hosted in the worker provides (``sleep`` / ``wake_up`` are optional)."""
 
-    def generate_sequences(self, prompts: "Any") -> "Any":
+    def generate_sequences(self, prompts: "Any", request: "Any" = None) -> "Any":
         """DataProto of prompts -> DataProto of responses (this rank's share)."""
 
     def update_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]]) -> None:
@@ -270,15 +270,16 @@ class FSDPWorker(Worker):
             self.rollout.update_weights(self.iter_full_params_per_layer(engine_dtype))
 
     @register(dispatch_mode=Dispatch.dp_compute_proto(ROLLOUT_MESH))
-    def generate_sequences(self, prompts: Any) -> Any:
-        """Generate responses with the engine's current weights (the trainer syncs them after each actor update)."""
+    def generate_sequences(self, prompts: Any, request: Any = None) -> Any:
+        """Generate responses with the engine's current weights (the trainer syncs them after each actor update);
+        ``request``: a ``GenerationRequest`` (validation settings, a sampling override, this call's seed)."""
         if self.rollout is None:
             raise RuntimeError(f"This worker (role `{self.role}`) hosts no rollout engine.")
         wake_up, sleep = getattr(self.rollout, "wake_up", None), getattr(self.rollout, "sleep", None)
         if wake_up is not None:
             wake_up()
         try:
-            return self.rollout.generate_sequences(prompts)
+            return self.rollout.generate_sequences(prompts, request)
         finally:
             if sleep is not None:
                 sleep()

@@ -6,8 +6,8 @@ Input (one rank's share of the prompts, a DataProto):
     position_ids    (batch, prompt_len), or (batch, rows, prompt_len) for Qwen-VL multimodal rope
     raw_prompt_ids  non-tensor: list[int] per row, unpadded, ONE pad token per image (what vLLM expects)
     multi_modal_data non-tensor, optional: {"images": [...], "videos": [...]} per row
-    meta_info       optional "validate" (use rollout.val_override_config), "sampling_override" (a dict) and
-                    "seed" (int or list of ints: this call's sampling seed, instead of the engine's running one)
+How to sample is a typed parameter of the call, ``GenerationRequest`` (validation settings, an override such as
+ReMax's greedy baseline, this call's seed), never a loose key of the batch.
 
 Output (batch * n rows, the n samples of a prompt next to each other):
     prompts            (batch*n, prompt_len)            the left-padded prompt
@@ -24,7 +24,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -34,11 +34,24 @@ from ...config import RolloutConfig
 WeightBuckets = Iterable[list[tuple[str, torch.Tensor]]]
 
 
+@dataclass(frozen=True)
+class GenerationRequest:
+    """How one generate call samples, on top of ``worker.rollout``."""
+
+    validate: bool = False
+    """Sample with ``worker.rollout.val_override_config`` applied (validation)."""
+    sampling_override: Optional[dict] = None
+    """Sampling keys replaced for this call (applied last), e.g. {"temperature": 0, "n": 1} for a greedy baseline."""
+    seed: Any = None
+    """This call's sampling seed (an int or a list of ints, e.g. the trainer's (rollout.seed, kind, step, round)):
+    a resumed run samples what the uninterrupted run sampled. None: the engine's running generator."""
+
+
 class BaseRollout(ABC):
     """A generation engine living in the worker process next to the actor (the hybrid engine)."""
 
     @abstractmethod
-    def generate_sequences(self, prompts: Any) -> Any:
+    def generate_sequences(self, prompts: Any, request: Optional[GenerationRequest] = None) -> Any:
         """DataProto of prompts -> DataProto of responses (see the module docstring for the keys)."""
 
     @abstractmethod
@@ -95,9 +108,10 @@ def _apply_overrides(settings: SamplingSettings, overrides: dict, source: str) -
     return replace(settings, **overrides)
 
 
-def resolve_sampling(config: RolloutConfig, meta_info: dict) -> SamplingSettings:
+def resolve_sampling(config: RolloutConfig, request: Optional[GenerationRequest] = None) -> SamplingSettings:
     """Sampling settings of one generate call: the rollout config, then ``val_override_config`` when
-    ``meta_info["validate"]``, then ``meta_info["sampling_override"]``."""
+    ``request.validate``, then ``request.sampling_override``."""
+    request = request or GenerationRequest()
     if config.response_length <= 0:
         raise ValueError(
             f"`worker.rollout.response_length` is {config.response_length}: it is copied from "
@@ -111,10 +125,10 @@ def resolve_sampling(config: RolloutConfig, meta_info: dict) -> SamplingSettings
         max_tokens=config.response_length,
         ignore_eos=config.ignore_eos,
     )
-    if meta_info.get("validate", False):
+    if request.validate:
         settings = _apply_overrides(settings, config.val_override_config, "worker.rollout.val_override_config")
-    if meta_info.get("sampling_override"):
-        settings = _apply_overrides(settings, meta_info["sampling_override"], "meta_info['sampling_override']")
+    if request.sampling_override:
+        settings = _apply_overrides(settings, request.sampling_override, "GenerationRequest.sampling_override")
     return settings
 
 

@@ -17,6 +17,7 @@ from ...config import RolloutConfig
 from ...utils import device
 from .base import (
     BaseRollout,
+    GenerationRequest,
     GenerationTimer,
     SamplingSettings,
     WeightBuckets,
@@ -74,7 +75,7 @@ def _response_lists(
 
 @contextlib.contextmanager
 def _seeded(seed: Any) -> Iterator[None]:
-    """Sample from ``meta_info["seed"]`` (an int or a list of ints; mixed with the rank) when given, leaving the
+    """Sample from the request's seed (an int or a list of ints; mixed with the rank) when given, leaving the
     process RNG of the actor as it was; else from the process RNG."""
     if seed is None:
         yield
@@ -103,18 +104,19 @@ class HFRollout(BaseRollout):
         collective runs on any rank)."""
 
     @torch.no_grad()
-    def generate_sequences(self, prompts: Any) -> Any:
+    def generate_sequences(self, prompts: Any, request: GenerationRequest | None = None) -> Any:
         if prompts.non_tensor_batch.get("multi_modal_data") is not None:
             raise NotImplementedError(
                 "`worker.rollout.name=hf` generates text only; use `worker.rollout.name=vllm` for image/video prompts."
             )
-        settings = resolve_sampling(self.config, prompts.meta_info)
+        request = request or GenerationRequest()
+        settings = resolve_sampling(self.config, request)
         input_ids = prompts.batch["input_ids"].to(device.get_torch_device())  # (batch, prompt_len), left-padded
         attention_mask = prompts.batch["attention_mask"].to(input_ids.device)
         was_training = self.module.training
         self.module.eval()
         try:
-            with _seeded(prompts.meta_info.get("seed")), GenerationTimer() as timer:
+            with _seeded(request.seed), GenerationTimer() as timer:
                 out = self.module.generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,

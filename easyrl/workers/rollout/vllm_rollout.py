@@ -25,6 +25,7 @@ from ...config import RolloutConfig
 from ...utils import device
 from .base import (
     BaseRollout,
+    GenerationRequest,
     GenerationTimer,
     SamplingSettings,
     WeightBuckets,
@@ -289,7 +290,7 @@ class VLLMRollout(BaseRollout):
     def _sampling_params(self, settings: SamplingSettings, num_prompts: int, seed: Any = None) -> list:
         """One SamplingParams per prompt, each with its own seed (its n samples use seed, seed + 1, ...).
 
-        ``seed`` (``meta_info["seed"]``: an int or a list of ints, e.g. the trainer's (rollout.seed, step, round))
+        ``seed`` (``GenerationRequest.seed``: an int or a list of ints, e.g. the trainer's (rollout.seed, step, round))
         replaces the running generator for this call, so that a run resumed from a checkpoint draws the same samples
         as the uninterrupted run whatever was generated before."""
         from vllm import SamplingParams
@@ -321,12 +322,13 @@ class VLLMRollout(BaseRollout):
             inputs.append(item)
         return inputs
 
-    def generate_sequences(self, prompts: Any) -> Any:
-        settings = resolve_sampling(self.config, prompts.meta_info)
+    def generate_sequences(self, prompts: Any, request: GenerationRequest | None = None) -> Any:
+        request = request or GenerationRequest()
+        settings = resolve_sampling(self.config, request)
         self._wake({"weights", "kv_cache"})
         with GenerationTimer() as timer:
             inputs = self._engine_inputs(prompts)
-            sampling_params = self._sampling_params(settings, len(inputs), prompts.meta_info.get("seed"))
+            sampling_params = self._sampling_params(settings, len(inputs), request.seed)
             outputs = self.llm.generate(inputs, sampling_params, use_tqdm=not self.config.disable_tqdm)
         response_ids, response_log_probs = [], []
         for output in outputs:
