@@ -235,3 +235,14 @@ def test_a_prompt_pad_whose_picture_went_missing_is_an_error_not_a_sampled_token
         build_vision_inputs(
             only_text.batch["input_ids"], only_text.batch["attention_mask"], [None, None], processor, 6
         )
+
+
+def test_a_prompt_cut_inside_a_picture_is_an_error_naming_the_sample(family_setup):
+    processor, _, data, _ = family_setup
+    cut = data.select(deepcopy=False)
+    cut.batch = cut.batch.clone()
+    first_pad = int(torch.nonzero(cut.batch["input_ids"][2] == processor.image_token_id)[0])
+    cut.batch["attention_mask"][2, : first_pad + 2] = 0  # two pads of sample 2's first picture gone
+    # the first picture takes the next pads in line, the second finds two too few
+    with pytest.raises(ValueError, match="Sample 2 of the micro-batch has 1 picture\\(s\\)/video\\(s\\) without"):
+        _vision_inputs(cut, processor)

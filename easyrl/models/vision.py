@@ -227,11 +227,12 @@ def build_vision_inputs(
             kind = "video" if int(input_ids[i, pads[cursor]]) == video_token else "image"
             if not queues[kind]:
                 break
-            item_patches, grid = queues[kind].pop(0)
+            item_patches, grid = queues[kind][0]
             tokens = int(grid.prod()) // merge**2
             own = input_ids[i, pads[cursor : cursor + tokens]]
             if len(own) < tokens or not bool((own == (video_token if kind == "video" else image_token)).all()):
-                break
+                break  # fewer pads than this picture needs: reported below with the pictures left
+            queues[kind].pop(0)
             patches.append(item_patches)
             grids.append(grid)
             cursor += tokens
