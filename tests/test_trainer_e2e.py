@@ -2,6 +2,7 @@
 KL loss), 3 GRPO steps. What the run logged, what it saved, and that it trained."""
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -101,7 +102,7 @@ def test_training_changes_the_actor_weights(tiny_grpo_run):
 def test_save_limit_keeps_only_the_newest_checkpoints(tiny_grpo_run):
     root = Path(tiny_grpo_run.save_dir)  # save_freq=1, save_limit=2, 3 steps
     entries = {path.name for path in root.iterdir() if path.is_dir()}
-    assert entries == {"global_step_2", "global_step_3"}
+    assert entries == {"global_step_2", "global_step_3", "logs"}
     assert (root / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
     for step in (2, 3):
         folder = root / f"global_step_{step}"
@@ -116,3 +117,16 @@ def test_ray_timeline_is_written_when_the_run_ends(tiny_grpo_run):
     names = {event.get("name", "") for event in events}
     assert any("update_actor" in name for name in names), sorted(names)[:20]
     assert any("generate_sequences" in name for name in names)
+
+
+def test_console_shows_the_run_and_the_engine_logs_go_to_files(tiny_grpo_run):
+    console = tiny_grpo_run.log_path.read_text()
+    logs = tiny_grpo_run.save_dir / "logs"
+    # one line per step on the console (the progress bar redraws with carriage returns between them), vLLM's INFO
+    # chatter only in the workers' files
+    assert re.findall(r"step (\d)/3 \|", console) == ["1", "2", "3"]
+    assert not [line for line in re.split(r"[\r\n]", console) if " INFO " in line and "vllm" in line]
+    worker_logs = sorted(logs.glob("actor_rollout_ref_*.log"))
+    assert [path.name for path in worker_logs] == ["actor_rollout_ref_0.log", "actor_rollout_ref_1.log"]
+    assert "vllm" in worker_logs[0].read_text()
+    assert (logs / "driver.log").is_file()
