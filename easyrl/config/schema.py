@@ -16,9 +16,6 @@ class ConfigError(ValueError):
     """A configuration problem the user can fix; the message names the key and the fix."""
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# data
-# ----------------------------------------------------------------------------------------------------------------------
 @dataclass
 class DataConfig:
     train_files: str = ""
@@ -71,9 +68,6 @@ class DataConfig:
     """Worker processes preparing batches (0: in the driver; raise it for image/video datasets on big machines)."""
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# algorithm
-# ----------------------------------------------------------------------------------------------------------------------
 @dataclass
 class AlgorithmConfig:
     gamma: float = 1.0
@@ -112,9 +106,6 @@ class AlgorithmConfig:
     """Online filtering keeps a group only when its mean score is strictly below this (EasyR1)."""
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# worker
-# ----------------------------------------------------------------------------------------------------------------------
 @dataclass
 class LoraConfig:
     rank: int = 0
@@ -379,9 +370,6 @@ class WorkerConfig:
     """The generation engine."""
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# trainer
-# ----------------------------------------------------------------------------------------------------------------------
 @dataclass
 class TrainerConfig:
     total_epochs: int = 15
