@@ -22,11 +22,14 @@ online filtering and no run would see a non-zero advantage. The tiny models here
 real model, and the filters keep some groups and drop others.
 """
 
+import functools
 import json
 import math
+import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -550,6 +553,29 @@ def test_android_gui_prompt_refusal_says_where_easyrls_templates_are():
     assert str(PROJECT_ROOT / "format_prompt") in str(refusal.value)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="check accepts trainer.logger wandb/swanlab without credentials; the run then fails when the tracker "
+    "starts (LoggerStartError), after the workers have loaded the model and started the engine",
+)
+@pytest.mark.parametrize("name", ["qwen2_5_7b_math_grpo", "qwen2_5_vl_7b_geo3k_swanlab"])
+def test_check_refuses_a_remote_logger_that_cannot_start(name, tmp_path):
+    # EasyR1's config.yaml logs to wandb, the swanlab example to swanlab; with no login, no API key and no offline
+    # mode neither can start a run, which check can see before anything starts (environment, ~/.netrc)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("WANDB_", "SWANLAB_"))}
+    env["HOME"] = str(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "easyrl", "check", *command_line(BY_NAME[name])],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout[-2000:]
+    assert "trainer.logger" in result.stderr
+
+
 def test_easyrl_check_exits_2_naming_the_key_of_a_refused_example():
     result = subprocess.run(
         [sys.executable, "-m", "easyrl", "check", *command_line(BY_NAME["qwen3_4b_math_grpo_lora"])],
@@ -569,13 +595,16 @@ def test_easyrl_check_exits_2_naming_the_key_of_a_refused_example():
 # The answer each scripted model writes (with probability 1/2, else nothing), in the format of the recipe's reward:
 # math.py wants `<think>...</think>...\boxed{...}`, r1v.py `<think>...</think><answer>...</answer>`, dapo.py a line
 # `Answer: ...`. The shapes pictures mostly hold one shape of the asked kind (answer "1"); the DAPO stand-in data
-# (tests/data/easyr1_examples/sevens: small sums and differences, all equal to 7) is answered right.
+# (`tiny_data`) is answered right.
 SCRIPTED_ANSWERS = {
     "math": "<think>x</think>\\boxed{1}",
-    "r1v": "<think>x</think><answer>1</answer>",
+    # r1v.py matches the response exactly (no whitespace clean-up), and the chain needs a different token for each
+    # of the 4 `>`: the vocabulary has few tokens holding one (`>)`, `><`, `>\\`, `>`), hence the odd spelling
+    "r1v": "<think>) </think><answer>\\boxed{1}</answer>",
     "dapo": "Answer: 7",
 }
 SEVENS = DATA_DIR / "sevens"
+MODEL_KEY = "worker.actor.model.model_path"
 RUN_TIMEOUT_S = 900
 # The two runs of the default suite: EasyR1's config.yaml as it is (GRPO, KL loss, several optimizer steps per batch,
 # validation before and after), and DAPO (mini-batch generation, online filtering on dapo.py's accuracy_normalized,
@@ -643,9 +672,12 @@ def script_model(source: Path, target: Path, answer: str, p_answer: float = 0.5)
     default, scale, end = hidden - 1, math.sqrt(hidden), tokenizer.eos_token_id
     assert len(path) < default
     with torch.no_grad():
-        for name, module in model.named_modules():
-            if "visual" not in name and name.endswith(("self_attn.o_proj", "mlp.down_proj")):
-                module.weight.zero_()
+        for name, param in model.named_parameters():
+            # attention output and MLP down projections of the language model, mixture-of-experts stacks included
+            if "visual" not in name and (
+                name.endswith("self_attn.o_proj.weight") or ("mlp." in name and "down_proj" in name)
+            ):
+                param.zero_()
         embeddings.zero_()
         embeddings[:, default] = 1.0
         for state, token_id in enumerate(path):
@@ -657,36 +689,124 @@ def script_model(source: Path, target: Path, answer: str, p_answer: float = 0.5)
         for state, next_id in enumerate([*path[1:], end]):
             head[next_id, state] = 0.0
     model.save_pretrained(target)
+    save_experts_in_released_layout(target)
     return target
+
+
+VISION_TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+
+
+def build_tiny_qwen3_vl_moe(path: Path, seed: int = 0) -> Path:
+    """A random Qwen3-VL mixture-of-experts (4 experts, 2 per token, every layer sparse) with the tiny Qwen3-VL's
+    processor and sizes: the stand-in for Qwen3-VL-30B-A3B."""
+    import torch
+    from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+
+    from easyrl.testing.tiny_vlms import WEIGHT_STD, ensure_tiny_vlm
+
+    dense = Path(ensure_tiny_vlm("qwen3_vl"))
+    dense_config = json.loads((dense / "config.json").read_text())
+    text = {
+        **dense_config["text_config"],
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        # not the hidden size (a transposed expert cannot pass unnoticed), a multiple of 64 (vLLM pads it otherwise)
+        "moe_intermediate_size": 128,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        # vLLM reads it (the released config carries it); transformers always renormalises the top-k weights
+        "norm_topk_prob": True,
+    }
+    config = Qwen3VLMoeConfig(
+        text_config=text,
+        vision_config=dense_config["vision_config"],
+        tie_word_embeddings=True,
+        **{key: dense_config[key] for key in VISION_TOKEN_KEYS},
+    )
+    torch.manual_seed(seed)
+    model = Qwen3VLMoeForConditionalGeneration(config).to(torch.float32)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, WEIGHT_STD)
+    model.save_pretrained(path)
+    save_experts_in_released_layout(path)
+    from transformers import AutoProcessor
+
+    AutoProcessor.from_pretrained(dense).save_pretrained(path)
+    return path
+
+
+def save_experts_in_released_layout(folder: Path) -> None:
+    """Rewrite a Qwen3-VL-MoE checkpoint saved by transformers 5 in the layout of the released checkpoints.
+
+    transformers 5 keeps the experts as (experts, 2 x intermediate, hidden) and (experts, hidden, intermediate) and
+    saves them so; the released Qwen3-VL-MoE files hold (experts, hidden, 2 x intermediate) and (experts,
+    intermediate, hidden), which transformers transposes on load and vLLM reads as they are."""
+    from safetensors.torch import load_file, save_file
+
+    if json.loads((folder / "config.json").read_text()).get("model_type") != "qwen3_vl_moe":
+        return
+    file = folder / "model.safetensors"
+    tensors = load_file(str(file))
+    for name, tensor in tensors.items():
+        if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+            tensors[name] = tensor.transpose(1, 2).contiguous()
+    save_file(tensors, str(file), metadata={"format": "pt"})
 
 
 @pytest.fixture(scope="module")
 def scripted_models(tiny_model_path, tmp_path_factory):
-    """(family, reward name) -> a scripted tiny model folder, built on first use."""
+    """(model family, reward name, answer probability) -> a scripted tiny model folder, built on first use.
+
+    Families: text (the tiny Qwen2-style model of tests/fixtures/models.py), qwen2_5_vl and qwen3_vl (easyrl's
+    built-in tiny random VLMs), qwen3_vl_moe (`build_tiny_qwen3_vl_moe`)."""
     from easyrl.testing.tiny_vlms import ensure_tiny_vlm
 
     root = tmp_path_factory.mktemp("scripted_models")
-    built: dict[tuple[str, str], Path] = {}
+    sources = {
+        "text": lambda: Path(tiny_model_path),
+        "qwen2_5_vl": lambda: ensure_tiny_vlm("qwen2_5_vl"),
+        "qwen3_vl": lambda: ensure_tiny_vlm("qwen3_vl"),
+        "qwen3_vl_moe": functools.cache(lambda: build_tiny_qwen3_vl_moe(root / "qwen3_vl_moe_random")),
+    }
+    built: dict[tuple[str, str, float], Path] = {}
 
     def get(family: str, reward: str, p_answer: float) -> Path:
         key = (family, reward, p_answer)
         if key not in built:
-            source = Path(tiny_model_path) if family == "text" else ensure_tiny_vlm(family)
             target = root / f"{family}_{reward}_{len(built)}"
-            built[key] = script_model(source, target, SCRIPTED_ANSWERS[reward], p_answer)
+            built[key] = script_model(sources[family](), target, SCRIPTED_ANSWERS[reward], p_answer)
         return built[key]
 
     return get
 
 
-def multi_image_data(root: Path) -> Path:
-    """Rows of two shapes pictures each (the question is about the first), saved as a dataset with train/test."""
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Callable[[str], tuple[str, str]]:
+    """Data kind -> (train_files, val_files) of the shrunk runs, written on first use.
+
+    text: the built-in arithmetic problems (rows `problem`, `answer`, as EasyR1's math12k and dapo17k);
+    vision: the first 64 / 16 rows of the built-in shapes task (`problem` with an `<image>` placeholder, `answer`,
+    one picture in `images`, as geometry3k, clevr_count_70k and GEOQA_8K_R1V): EasyR1's config filters overlong
+    prompts, which measures every row through the processor (a minute for the 1024 rows of shapes@train here);
+    multi_image: rows of two shapes pictures each (the question is about the first), as journeybench-multi-image-vqa;
+    sevens: tests/data/easyr1_examples/sevens, small sums and differences that all equal 7, the stand-in for dapo17k:
+    dapo.py's filter key is the accuracy, and a model that cannot read the problem is right only where every
+    answer is the same."""
     import datasets
 
     from easyrl.data.synthetic import load_builtin
 
-    def pairs(split: str, count: int) -> list[dict]:
-        rows = load_builtin(f"builtin://shapes@{split}")[: 2 * count]
+    root = tmp_path_factory.mktemp("easyr1_examples_data")
+    shapes = functools.cache(lambda split: load_builtin(f"builtin://shapes@{split}"))
+
+    def save(name: str, splits: dict[str, list[dict]]) -> tuple[str, str]:
+        folder = root / name
+        datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in splits.items()}).save_to_disk(str(folder))
+        return f"{folder}@train", f"{folder}@test"
+
+    def pairs(rows: list[dict]) -> list[dict]:
         return [
             {
                 "problem": first["problem"].replace("<image>", "<image><image>").replace("picture", "first picture"),
@@ -696,11 +816,15 @@ def multi_image_data(root: Path) -> Path:
             for first, second in zip(rows[0::2], rows[1::2])
         ]
 
-    target = root / "multi_image"
-    datasets.DatasetDict(
-        {"train": datasets.Dataset.from_list(pairs("train", 32)), "test": datasets.Dataset.from_list(pairs("test", 8))}
-    ).save_to_disk(str(target))
-    return target
+    kinds = {
+        "text": lambda: ("builtin://arithmetic_small@train", "builtin://arithmetic_small@test"),
+        "vision": lambda: save("shapes", {"train": shapes("train")[:64], "test": shapes("test")[:16]}),
+        "multi_image": lambda: save(
+            "multi_image", {"train": pairs(shapes("train")[:128]), "test": pairs(shapes("test")[:32])}
+        ),
+        "sevens": lambda: (f"{SEVENS}@train", f"{SEVENS}@test"),
+    }
+    return functools.cache(lambda kind: kinds[kind]())
 
 
 def tiny_overrides(example: Example, full: RunPlan, model_path: Path, data: tuple[str, str]) -> list[str]:
@@ -759,15 +883,12 @@ def _reward_name(config) -> str:
     return Path(config.worker.reward.reward_function.split(":")[0]).stem
 
 
-def _data_for(example: Example, root: Path) -> tuple[str, str]:
+def _data_kind(example: Example) -> str:
     if example.name == "qwen3_14b_dapo17k_dapo":
-        return f"{SEVENS}@train", f"{SEVENS}@test"
+        return "sevens"
     if example.name == "qwen2_5_vl_7b_multi_image":
-        folder = multi_image_data(root)
-        return f"{folder}@train", f"{folder}@test"
-    if example.vision:
-        return "builtin://shapes@train", "builtin://shapes@test"
-    return "builtin://arithmetic_small@train", "builtin://arithmetic_small@test"
+        return "multi_image"
+    return "vision" if example.vision else "text"
 
 
 def _answer_probability(plan: RunPlan) -> float:
@@ -781,10 +902,14 @@ def _answer_probability(plan: RunPlan) -> float:
 def _family(example: Example) -> str:
     if not example.vision:
         return "text"
-    return "qwen3_vl" if example.name.startswith("qwen3_vl") else "qwen2_5_vl"
+    if example.name.startswith("qwen3_vl"):
+        return "qwen3_vl_moe" if "A3B" in dict(a.split("=", 1) for a in example.args)[MODEL_KEY] else "qwen3_vl"
+    return "qwen2_5_vl"
 
 
-def run_example(example: Example, scripted_models, tmp_path: Path) -> tuple[dict[int, dict], RunPlan, float]:
+def run_example(
+    example: Example, scripted_models, tiny_data, tmp_path: Path
+) -> tuple[dict[int, dict], RunPlan, float]:
     """Train the shrunk example 2 steps in `python -m easyrl train`; (metrics by step, its plan, wall seconds)."""
     from tests.fixtures.trainer_runs import metrics_by_step, run_training
 
@@ -794,7 +919,7 @@ def run_example(example: Example, scripted_models, tmp_path: Path) -> tuple[dict
     args = command_line(
         example,
         *RUN_WITH.get(example.name, ()),
-        *tiny_overrides(example, full, model, _data_for(example, tmp_path)),
+        *tiny_overrides(example, full, model, tiny_data(_data_kind(example))),
         f"trainer.save_checkpoint_path={save_dir}",
     )
     tiny = load_run_plan(args)  # what the run will do, checked before it starts
@@ -827,6 +952,8 @@ def assert_recipe_ran(example: Example, metrics: dict[int, dict], plan: RunPlan)
             assert row["filter/kept_groups"] + row["filter/dropped_groups"] == generated, row
         if algorithm.filter_key != "overall":
             assert f"reward/{algorithm.filter_key}" in row, sorted(row)
+        if "overlong_buffer_length" in plan.config.worker.reward.reward_function_kwargs:
+            assert math.isfinite(row["reward/overlong"]), sorted(row)  # dapo.py got its keyword arguments
     if algorithm.online_filtering:
         # a quarter of the groups have no answer at all (mean score 0 <= filter_low): some must have been dropped
         assert metrics[1]["filter/dropped_low"] + metrics[2]["filter/dropped_low"] > 0, "the filter dropped nothing"
@@ -836,20 +963,47 @@ def assert_recipe_ran(example: Example, metrics: dict[int, dict], plan: RunPlan)
         assert any(key.startswith("val/") for key in metrics.get(0, {})), "no validation before training"
 
 
-def _check_example_runs(example: Example, scripted_models, tmp_path: Path, record_property) -> None:
-    metrics, plan, wall_s = run_example(example, scripted_models, tmp_path)
+def _check_example_runs(example: Example, scripted_models, tiny_data, tmp_path: Path, record_property) -> None:
+    metrics, plan, wall_s = run_example(example, scripted_models, tiny_data, tmp_path)
     record_property("wall_s", round(wall_s, 1))
     assert_recipe_ran(example, metrics, plan)
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 120)
 @pytest.mark.parametrize("name", DEFAULT_SUITE_RUNS)
-def test_example_trains_two_steps_on_cpu(name, scripted_models, tmp_path, record_property):
-    _check_example_runs(BY_NAME[name], scripted_models, tmp_path, record_property)
+def test_example_trains_two_steps_on_cpu(name, scripted_models, tiny_data, tmp_path, record_property):
+    _check_example_runs(BY_NAME[name], scripted_models, tiny_data, tmp_path, record_property)
+
+
+# Examples check accepts that do not run yet: the failure, found by these runs, is easyrl's to fix.
+KNOWN_FAILURES = {
+    "qwen3_vl_30b_geo3k_grpo": (
+        "the first weight sync into vLLM fails (AssertionError in vLLM's fused-MoE weight loader): the actor streams "
+        "transformers 5's in-memory expert stacks, (experts, 2 x intermediate, hidden), under the checkpoint names, "
+        "while vLLM reads the released layout (experts, hidden, 2 x intermediate), which transformers transposes on "
+        "load; streaming them transposed back reloads"
+    ),
+}
+
+
+def _slow_run_params() -> list:
+    return [
+        pytest.param(
+            example,
+            id=example.name,
+            marks=[pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=KNOWN_FAILURES[example.name])]
+            if example.name in KNOWN_FAILURES
+            else [],
+        )
+        for example in RUNS
+        if example.name not in DEFAULT_SUITE_RUNS
+    ]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT_S + 120)
-@pytest.mark.parametrize("example", [e for e in RUNS if e.name not in DEFAULT_SUITE_RUNS], ids=lambda e: e.name)
-def test_every_example_that_runs_trains_two_steps_on_cpu(example, scripted_models, tmp_path, record_property):
-    _check_example_runs(example, scripted_models, tmp_path, record_property)
+@pytest.mark.parametrize("example", _slow_run_params())
+def test_every_example_that_runs_trains_two_steps_on_cpu(
+    example, scripted_models, tiny_data, tmp_path, record_property
+):
+    _check_example_runs(example, scripted_models, tiny_data, tmp_path, record_property)
