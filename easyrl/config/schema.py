@@ -57,11 +57,14 @@ class DataConfig:
     seed: int = 1
     """Seed of the training-data shuffle."""
     min_pixels: Optional[int] = 262144
-    """Images smaller than this many pixels are upscaled."""
+    """Pictures smaller than this many pixels are upscaled. With max_pixels, clamped into the model processor's own
+    range; the dataset stores each picture at exactly the size the processor's resize keeps, so the dataset, the
+    engine and the actor see the same pixels and pad tokens."""
     max_pixels: Optional[int] = 4194304
-    """Images larger than this many pixels are downscaled."""
+    """Pictures larger than this many pixels are downscaled (see min_pixels)."""
     filter_overlong_prompts: bool = True
-    """Drop prompts longer than max_prompt_length (counted and reported) instead of failing."""
+    """Drop prompts longer than max_prompt_length (counted and named); false cuts them to their first
+    max_prompt_length tokens as EasyR1 does, except a cut through a picture, whose row is skipped (counted)."""
     filter_overlong_prompts_workers: int = 16
     """Processes used to measure prompt lengths when filtering."""
     dataloader_num_workers: int = 0
