@@ -17,9 +17,11 @@ replaced by the script's default value) and the outcome: it runs, or check refus
 
 Tiny random models answer nothing right, so every reward would be 0: groups would all be filtered out by DAPO's
 online filtering and no run would see a non-zero advantage. The tiny models here are SCRIPTED instead (see
-`script_model`): each response is, with probability 1/2, a fixed answer written in the recipe's expected format
-(`<think>...</think>\\boxed{1}`, `Answer: 7`, ...), else empty. Rewards then differ within a group, as they do for a
-real model, and the filters keep some groups and drop others.
+`script_model`): each response is, with probability p (1/2; lower under online filtering), a fixed answer written in
+the recipe's expected format (`<think>...</think>\\boxed{1}`, `Answer: 7`, ...), else empty. Rewards then differ
+within a group, as they do for a real model, and the filters keep some groups and drop others. The Qwen3-VL-30B-A3B
+example runs on a tiny Qwen3-VL mixture-of-experts saved in the released checkpoints' layout; `KNOWN_FAILURES` lists
+the examples check accepts that do not run yet (strict xfails, easyrl's to fix).
 """
 
 import functools
