@@ -82,6 +82,16 @@ def build_trainer(plan: RunPlan, data: RunData | None = None) -> Any:
 
     data = data or prepare_run_data(plan)
     plan, config = data.plan, data.plan.config
+    # the trackers first: one that cannot start (no credentials, no network) fails in seconds, before the workers
+    # spend minutes loading models and starting engines
+    tracker = Tracker(
+        loggers=config.trainer.logger,
+        project_name=config.trainer.project_name,
+        experiment_name=config.trainer.experiment_name,
+        config_dict=_config_dict(plan),
+        save_dir=config.trainer.save_checkpoint_path,
+        total_steps=plan.training_steps,
+    )
     colocated_groups = 2 if plan.use_critic else 1
     pool = ResourcePool.from_trainer_config(
         config.trainer.nnodes,
@@ -104,18 +114,11 @@ def build_trainer(plan: RunPlan, data: RunData | None = None) -> Any:
             groups.append(critic)
             critic.init_model()
         reward = RewardScorer(config.worker.reward, data.tokenizer)
-        tracker = Tracker(
-            loggers=config.trainer.logger,
-            project_name=config.trainer.project_name,
-            experiment_name=config.trainer.experiment_name,
-            config_dict=_config_dict(plan),
-            save_dir=config.trainer.save_checkpoint_path,
-            total_steps=plan.training_steps,
-        )
     except BaseException:
         for group in groups:
             group.kill()
         pool.release()
+        tracker.finish()
         raise
     workers = WorkerGroups(
         actor_rollout=actor_rollout, ref=actor_rollout if plan.use_reference else None, critic=critic
