@@ -117,6 +117,7 @@ def test_enforce_eager_false_runs_eagerly_on_a_machine_without_cuda_and_says_so(
         ("worker.actor.global_batch_size_per_device=3", "worker.actor.global_batch_size_per_device"),
         ("worker.rollout.prompt_length=3", "worker.rollout.prompt_length"),
         ("data.mini_rollout_batch_size=0", "data.mini_rollout_batch_size"),
+        ("data.max_pixels=3000", "data.min_pixels"),
     ],
 )
 def test_check_refuses_what_the_workers_cannot_run_naming_the_key(override, key):

@@ -146,6 +146,11 @@ def validate_config(config: PPOConfig) -> None:
         "trainer.n_gpus_per_node",
     ):
         _check_positive(key, _get(config, key))
+    if data.min_pixels is not None and data.max_pixels is not None and data.min_pixels > data.max_pixels:
+        raise ConfigError(
+            f"`data.min_pixels` ({data.min_pixels}) is above `data.max_pixels` ({data.max_pixels}): no picture size "
+            "satisfies both; lower min_pixels or raise max_pixels."
+        )
     if data.mini_rollout_batch_size is not None:
         _check_positive("data.mini_rollout_batch_size", data.mini_rollout_batch_size)
     if config.trainer.max_steps is not None:
