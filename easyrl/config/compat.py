@@ -24,9 +24,8 @@ def rename_legacy(flat: dict[str, Any]) -> dict[str, Any]:
     return {LEGACY_KEYS.get(key, key): value for key, value in flat.items() if key not in IGNORED_LEGACY_KEYS}
 
 
-# Keys that mean something else in easyrl than in EasyR1, with what differs and why (docs/config.md lists them all).
-# Those in ANNOUNCED change what a run computes, so a config that sets one gets a note before the run starts; the
-# others give the same numbers or only change the console.
+# Keys that mean something else in easyrl than in EasyR1, with what differs and why (docs/config.md lists them all;
+# a difference that applies to one run, such as enforce_eager on a machine without CUDA, is a note of its run plan).
 EASYR1_DIFFERENCES: dict[str, str] = {
     "algorithm.adv_estimator": (
         "group and batch statistics (mean, std, leave-one-out sums, whitening) are computed in float64, so a group "
@@ -63,11 +62,3 @@ EASYR1_DIFFERENCES: dict[str, str] = {
         "vLLM's CPU backend dies at start otherwise), announced once"
     ),
 }
-
-
-ANNOUNCED: frozenset[str] = frozenset()
-
-
-def easyr1_difference_notes(user_keys: set[str]) -> list[str]:
-    """One note per key the user set whose meaning differs from EasyR1's in what the run computes."""
-    return [f"`{key}` {EASYR1_DIFFERENCES[key]}." for key in sorted(ANNOUNCED & user_keys)]

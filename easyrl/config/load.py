@@ -146,8 +146,8 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp)).replace("typing.", "")
 
 
-def read_config(args: Optional[list[str]] = None) -> tuple[PPOConfig, set[str]]:
-    """The merged config (derived values filled, not validated) and the dotted keys the user set."""
+def read_config(args: Optional[list[str]] = None) -> PPOConfig:
+    """The merged config (derived values filled, not validated)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -158,17 +158,15 @@ def read_config(args: Optional[list[str]] = None) -> tuple[PPOConfig, set[str]]:
         else:
             overrides.append(arg)
 
-    layers, user_keys = [], set()
+    layers = []
     if config_file:
         flat = rename_legacy(_flatten(_load_yaml(config_file)))
         _check_keys(flat, f"config file {config_file}")
         layers.append(("config file " + config_file, _unflatten(flat)))
-        user_keys.update(flat)
     if overrides:
         flat = rename_legacy(_parse_overrides(overrides))
         _check_keys(flat, "the command line")
         layers.append(("the command line", _unflatten(flat)))
-        user_keys.update(flat)
 
     merged = OmegaConf.structured(PPOConfig)
     for source, layer in layers:
@@ -182,12 +180,12 @@ def read_config(args: Optional[list[str]] = None) -> tuple[PPOConfig, set[str]]:
             raise ConfigError(f"Bad value for `{key}` (from {source}): {message}.{hint}") from None
     config: PPOConfig = OmegaConf.to_object(merged)
     derive(config)
-    return config, user_keys
+    return config
 
 
 def load_config(args: Optional[list[str]] = None, validate: bool = True) -> PPOConfig:
     """Build a PPOConfig from `config=FILE` and `key=value` arguments (defaults <- file <- overrides)."""
-    config, _ = read_config(args)
+    config = read_config(args)
     if validate:
         from .validate import validate_config
 

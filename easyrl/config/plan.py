@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..utils.platform import nvidia_gpus_visible
-from .compat import easyr1_difference_notes
 from .load import read_config
 from .schema import PPOConfig
 from .validate import uses_critic, validate_config
@@ -25,8 +24,6 @@ class RunPlan:
 
     config: PPOConfig
     """The resolved config: defaults <- file <- overrides, derived values filled, validated."""
-    world_size: int
-    """Workers (devices) of the run: trainer.nnodes x trainer.n_gpus_per_node."""
     use_reference: bool
     """A frozen reference policy runs (KL is on, as a loss or in the reward)."""
     use_critic: bool
@@ -54,6 +51,11 @@ class RunPlan:
     """Training steps of the run; known once the training data is read (trainer.max_steps sets it outright)."""
     notes: tuple[str, ...] = ()
     """What the user should know: settings adjusted to the device, keys whose meaning differs from EasyR1's."""
+
+    @property
+    def world_size(self) -> int:
+        """Workers (devices) of the run: trainer.nnodes x trainer.n_gpus_per_node."""
+        return self.config.world_size
 
     @property
     def worker_role(self) -> str:
@@ -140,7 +142,7 @@ def _old_log_prob_decision(config: PPOConfig, kl_in_reward: bool) -> tuple[bool,
     return True, "skipped (one optimizer step per batch: the update's own detached log-probs are the old ones)"
 
 
-def make_run_plan(config: PPOConfig, user_keys: frozenset[str] = frozenset()) -> RunPlan:
+def make_run_plan(config: PPOConfig) -> RunPlan:
     """Validate ``config`` and decide everything about the run that does not need the data or the workers."""
     validate_config(config)
     algorithm, data, actor, rollout = config.algorithm, config.data, config.worker.actor, config.worker.rollout
@@ -157,10 +159,8 @@ def make_run_plan(config: PPOConfig, user_keys: frozenset[str] = frozenset()) ->
             "the engine runs eagerly."
         )
     rollout.enforce_eager = enforce_eager  # the resolved config says what the engine runs with
-    notes += easyr1_difference_notes(set(user_keys))
     return RunPlan(
         config=config,
-        world_size=config.world_size,
         use_reference=use_reference,
         use_critic=uses_critic(config),
         kl_in_reward=kl_in_reward,
@@ -178,5 +178,4 @@ def make_run_plan(config: PPOConfig, user_keys: frozenset[str] = frozenset()) ->
 
 def load_run_plan(args: Optional[list[str]] = None) -> RunPlan:
     """`config=FILE` and `key=value` arguments -> the run plan (raises ConfigError naming the key)."""
-    config, user_keys = read_config(args)
-    return make_run_plan(config, frozenset(user_keys))
+    return make_run_plan(read_config(args))

@@ -79,9 +79,9 @@ def _check_model_path(key: str, path: Optional[str], required: bool) -> None:
         raise ConfigError(f"`{key}`: local model path `{path}` does not exist.")
 
 
-def _check_file(key: str, path: Optional[str], what: str) -> None:
+def _check_file(key: str, path: Optional[str], what: str, hint: str = "") -> None:
     if path and not Path(path).expanduser().is_file():
-        raise ConfigError(f"`{key}`: {what} file `{path}` does not exist.")
+        raise ConfigError(f"`{key}`: {what} file `{path}` does not exist.{' ' + hint if hint else ''}")
 
 
 def _check_positive(key: str, value: int) -> None:
@@ -226,11 +226,7 @@ def validate_config(config: PPOConfig) -> None:
         resolve_reward_function(config.worker.reward.reward_function)
     except RewardFunctionError as err:
         raise ConfigError(str(err)) from None
-    if data.format_prompt and not Path(data.format_prompt).expanduser().is_file():
-        raise ConfigError(
-            f"`data.format_prompt`: prompt template file `{data.format_prompt}` does not exist. "
-            f"{shipped_files_hint('format_prompt')}"
-        )
+    _check_file("data.format_prompt", data.format_prompt, "prompt template", shipped_files_hint("format_prompt"))
     _check_file("data.override_chat_template", data.override_chat_template, "chat template")
     if not data.train_files and not config.trainer.val_only:
         raise ConfigError("`data.train_files` is not set. Point it at a .jsonl/.json/.parquet file or name@split.")
