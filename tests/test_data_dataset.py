@@ -69,10 +69,14 @@ def test_overlong_prompt_without_filtering_keeps_its_first_tokens_as_easyr1_does
     )
     full = list(getattr(full, "input_ids", full))
     assert len(full) > 64
-    item = RLHFDataset(path, tokenizer, None, config())[1]
+    dataset = RLHFDataset(path, tokenizer, None, config())
+    # counted when the dataset is built (before Ray starts), not when the row is first drawn
+    assert dataset.num_truncated == 1
+    assert "1 of 2 prompts are longer than data.max_prompt_length=64 tokens and are cut" in caplog.text
+    assert "(data.filter_overlong_prompts=false, as EasyR1 does; row 1)" in caplog.text
+    item = dataset[1]
     assert item["input_ids"].tolist() == full[:64] and item["raw_prompt_ids"] == full[:64]
     assert item["attention_mask"].tolist() == [1] * 64 and item["position_ids"].tolist() == list(range(64))
-    assert "cut to their first 64 tokens (data.filter_overlong_prompts=false, as EasyR1 does); row 1" in caplog.text
 
 
 def test_everything_filtered_is_a_clear_error(tmp_path, tokenizer):
@@ -81,10 +85,11 @@ def test_everything_filtered_is_a_clear_error(tmp_path, tokenizer):
         RLHFDataset(path, tokenizer, None, config(filter_overlong_prompts=True))
 
 
-def test_row_missing_the_prompt_names_row_and_key(tmp_path, tokenizer):
+def test_row_missing_the_prompt_is_skipped_counted_and_named(tmp_path, tokenizer, caplog):
     path = write_jsonl(tmp_path / "d.jsonl", [{"problem": "ok", "answer": "1"}, {"problem": None, "answer": "2"}])
-    with pytest.raises(KeyError, match=r"row 1 has no value for data.prompt_key='problem'"):
-        RLHFDataset(path, tokenizer, None, config())[1]
+    dataset = RLHFDataset(path, tokenizer, None, config())
+    assert len(dataset) == 1 and dataset.unusable_rows == [(1, "no value for data.prompt_key='problem'")]
+    assert "skipped 1 of 2 rows without a value for data.prompt_key='problem' (row 1)" in caplog.text
 
 
 def test_missing_prompt_column_lists_the_columns(tmp_path, tokenizer):

@@ -10,20 +10,27 @@ One item is a dict of
                     rate each video was sampled at, which the rollout engine needs too)
     ground_truth, data_source
 
-Rows that cannot be trained on as they stand are skipped when the dataset is built, counted and named in a warning
-(``unusable_rows``): a picture or video that cannot be read or sized, ``<image>`` / ``<video>`` placeholders that do
-not match the row's media, vision tokens written into the prompt text, and (with data.filter_overlong_prompts=false)
-a prompt whose cut at max_prompt_length would fall inside its pictures. Other overlong prompts are dropped
-(filter_overlong_prompts=true) or, as EasyR1 does, cut to their first max_prompt_length tokens.
+Every row is read, encoded and measured when the dataset is built (the driver builds the datasets before Ray
+starts), never first when it is drawn. A file that cannot be read is an error (see sources.py). Rows that cannot be
+trained on as they stand are skipped, counted and named in a warning (``unusable_rows``; rows are numbered from 0 in
+the order of the source): a row without a value (null or absent) for data.prompt_key or data.answer_key, a picture or
+video that cannot be read or sized, ``<image>`` / ``<video>`` placeholders that do not match the row's media, vision
+tokens written into the prompt text, and (with data.filter_overlong_prompts=false) a prompt whose cut at
+max_prompt_length would fall inside its pictures. When no row has a value for one of the two keys, that is an error
+naming the key (it names the wrong column). Other overlong prompts are dropped (filter_overlong_prompts=true) or, as
+EasyR1 does, cut to their first max_prompt_length tokens; either way their number is reported when the dataset is
+built.
 """
 
 import logging
+import math
 import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import datasets
 import numpy as np
 import torch
 from torch.utils.data import Dataset
@@ -48,6 +55,19 @@ VISION_BLOCK_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<
 
 class UnusableRowError(ValueError):
     """A row that cannot be trained on as it stands; the dataset skips it, counts it and names it."""
+
+
+class MissingValueError(UnusableRowError):
+    """A row without a value for data.prompt_key or data.answer_key (``key``: "prompt_key" or "answer_key")."""
+
+    def __init__(self, key: str, column: str):
+        super().__init__(f"no value for data.{key}={column!r}")
+        self.key = key
+
+
+def _is_missing(value: Any) -> bool:
+    """Null, or a float NaN (how a CSV reader may fill an empty cell)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def _as_list(value: Any) -> list:
@@ -111,11 +131,8 @@ class RowEncoder:
 
     def prompt(self, row: dict, index: int, num_images: int, num_videos: int) -> str:
         text = row.get(self.config.prompt_key)
-        if text is None:
-            raise KeyError(
-                f"{self.config_key}: row {index} has no value for data.prompt_key={self.config.prompt_key!r}; "
-                f"its keys are {sorted(row)}."
-            )
+        if _is_missing(text):
+            raise MissingValueError("prompt_key", self.config.prompt_key)
         try:
             messages = build_messages(self.formatter(str(text)), num_images, num_videos)
         except ValueError as error:  # placeholders that do not match the row's media
@@ -171,13 +188,21 @@ class RowEncoder:
 
     def measure(self, row: dict, index: int) -> dict[str, Any]:
         """Prompt length in tokens (vision tokens included), the shortest cut that keeps its pictures whole, or the
-        reason the row cannot be used."""
+        reason the row cannot be used (``missing``: the key whose value the row lacks, else "")."""
         try:
+            if _is_missing(row.get(self.config.answer_key)):
+                raise MissingValueError("answer_key", self.config.answer_key)
             encoded = self.encode(row, index)
         except (UnreadableMediaError, UnusableRowError) as error:
-            return {"length": -1, "shortest_cut": -1, "unusable": str(error)}
+            missing = error.key if isinstance(error, MissingValueError) else ""
+            return {"length": -1, "shortest_cut": -1, "unusable": str(error), "missing": missing}
         input_ids = encoded["model_inputs"]["input_ids"][0]
-        return {"length": int(input_ids.shape[-1]), "shortest_cut": self.shortest_cut(input_ids), "unusable": ""}
+        return {
+            "length": int(input_ids.shape[-1]),
+            "shortest_cut": self.shortest_cut(input_ids),
+            "unusable": "",
+            "missing": "",
+        }
 
 
 def _video_kwargs(videos: list, fps: list[float]) -> dict[str, Any]:
@@ -191,6 +216,14 @@ def _video_kwargs(videos: list, fps: list[float]) -> dict[str, Any]:
         for frames, rate in zip(videos, fps)
     ]
     return {"video_metadata": metadata, "do_sample_frames": False}
+
+
+def _name_rows(rows: Any) -> str:
+    """ "row 3" / "rows 1, 4, 9 and 12 more": the first rows of a warning, all of them counted."""
+    rows = [int(i) for i in rows]
+    shown = ", ".join(str(i) for i in rows[:ROWS_NAMED_IN_WARNINGS])
+    more = f" and {len(rows) - ROWS_NAMED_IN_WARNINGS} more" if len(rows) > ROWS_NAMED_IN_WARNINGS else ""
+    return f"{'row' if len(rows) == 1 else 'rows'} {shown}{more}"
 
 
 def _left_pad(values: torch.Tensor, length: int, pad_value: int) -> torch.Tensor:
@@ -212,7 +245,8 @@ def data_folder(data_path: str) -> str | None:
 
 
 class RLHFDataset(Dataset):
-    """Prompts of one data file / dataset, screened once (media usable, length within max_prompt_length)."""
+    """Prompts of one data file / dataset, every row screened once when built (values present, media usable, length
+    measured against max_prompt_length)."""
 
     def __init__(
         self,
@@ -227,6 +261,7 @@ class RLHFDataset(Dataset):
         self.config = config
         self.config_key = config_key
         self.tokenizer = tokenizer
+        self.data_path = data_path
         self.rows = load_rows(data_path, config_key)
         self.source_name = os.path.splitext(os.path.basename(data_path.split("@")[0].rstrip("/")))[0] or data_path
         self._check_columns()
@@ -252,10 +287,8 @@ class RLHFDataset(Dataset):
         self.unusable_rows: list[tuple[int, str]] = []
         self.num_filtered_overlong = 0
         self.num_truncated = 0
-        self._warned_truncation = False
         self.has_media = any(key in self.rows.column_names for key in (config.image_key, config.video_key))
-        if config.filter_overlong_prompts or self.has_media:
-            self._screen()
+        self._screen()
 
     @property
     def num_unreadable(self) -> int:
@@ -271,54 +304,88 @@ class RLHFDataset(Dataset):
     # ------------------------------------------------------------------------------------------------------------------
     def _check_columns(self) -> None:
         if len(self.rows) == 0:
-            raise ValueError(f"{self.config_key}: the dataset is empty.")
+            raise ValueError(
+                f"{self.config_key}: {self.data_path} has no rows; point {self.config_key} at a data file."
+            )
         columns = self.rows.column_names
         for key in ("prompt_key", "answer_key"):
             name = getattr(self.config, key)
             if name not in columns:
                 raise KeyError(f"{self.config_key}: no column {name!r} (data.{key}); the columns are {columns}.")
 
-    def _warn_skipped(self, what: str, rows: list[tuple[int, str]], total: int) -> None:
-        if rows:
+    def _warn_skipped(self, what: str, rows: list[tuple[int, str]], total: int, with_reasons: bool = True) -> None:
+        if not rows:
+            return
+        if with_reasons:
             shown = "; ".join(f"row {i}: {message}" for i, message in rows[:ROWS_NAMED_IN_WARNINGS])
-            more = f"; and {len(rows) - ROWS_NAMED_IN_WARNINGS} more" if len(rows) > ROWS_NAMED_IN_WARNINGS else ""
-            logger.warning(
-                "%s: skipped %d of %d rows %s (%s%s).", self.config_key, len(rows), total, what, shown, more
-            )
+            shown += f"; and {len(rows) - ROWS_NAMED_IN_WARNINGS} more" if len(rows) > ROWS_NAMED_IN_WARNINGS else ""
+        else:
+            shown = _name_rows([i for i, _ in rows])
+        logger.warning("%s: skipped %d of %d rows %s (%s).", self.config_key, len(rows), total, what, shown)
 
-    def _screen(self) -> None:
-        """Measure every prompt in parallel; drop unusable rows and overlong prompts (dropped or, without filtering,
-        cut later; a cut that would fall inside a picture drops the row)."""
+    def _measure_all(self) -> datasets.Dataset:
         total = len(self.rows)
         workers = min(
             self.config.filter_overlong_prompts_workers, os.cpu_count() or 1, total // MIN_ROWS_PER_SCREEN_PROCESS
         )
-        measured = self.rows.map(
-            self.encoder.measure,
-            with_indices=True,
-            remove_columns=self.rows.column_names,
-            num_proc=workers if workers > 1 else None,
-            keep_in_memory=True,
-            load_from_cache_file=False,
-            new_fingerprint=f"screen-{uuid.uuid4().hex}",
-            desc=f"Measuring prompts of {self.config_key}",
-        )
+        try:
+            return self.rows.map(
+                self.encoder.measure,
+                with_indices=True,
+                remove_columns=self.rows.column_names,
+                num_proc=workers if workers > 1 else None,
+                keep_in_memory=True,
+                load_from_cache_file=False,
+                new_fingerprint=f"screen-{uuid.uuid4().hex}",
+                desc=f"Measuring prompts of {self.config_key}",
+            )
+        except UnicodeDecodeError as error:  # text files are checked when read; a parquet/arrow/hub value can be bad
+            raise ValueError(
+                f"{self.config_key}: {self.data_path} holds a value that is not UTF-8 ({error}); re-encode the data."
+            ) from error
+
+    def _screen(self) -> None:
+        """Encode and measure every row (in parallel); drop rows without a prompt or answer, unusable rows and
+        overlong prompts (dropped or, without filtering, counted here and cut when drawn; a cut that would fall inside
+        a picture drops the row)."""
+        total = len(self.rows)
+        measured = self._measure_all()
         lengths = np.asarray(measured["length"])
         shortest_cut = np.asarray(measured["shortest_cut"])
         reasons = np.asarray(measured["unusable"], dtype=object)
+        missing = np.asarray(measured["missing"], dtype=object)
         limit = self.config.max_prompt_length
         self.unusable_rows = [(int(i), str(reasons[i])) for i in np.flatnonzero(reasons != "")]
-        self._warn_skipped("whose pictures/videos or prompts cannot be used", self.unusable_rows, total)
+        for key in ("prompt_key", "answer_key"):
+            lacking = np.flatnonzero(missing == key)
+            column = getattr(self.config, key)
+            if len(lacking) == total:
+                raise ValueError(
+                    f"{self.config_key}: no row of {self.data_path} has a value for data.{key}={column!r}; set "
+                    f"data.{key} to the column that holds it (the columns are {self.rows.column_names})."
+                )
+            self._warn_skipped(
+                f"without a value for data.{key}={column!r}",
+                [(int(i), str(reasons[i])) for i in lacking],
+                total,
+                with_reasons=False,
+            )
+        self._warn_skipped(
+            "whose pictures/videos or prompts cannot be used",
+            [(int(i), str(reasons[i])) for i in np.flatnonzero((reasons != "") & (missing == ""))],
+            total,
+        )
         overlong = np.flatnonzero(lengths > limit)
         if self.config.filter_overlong_prompts:
             self.num_filtered_overlong = len(overlong)
             if len(overlong):
                 logger.warning(
-                    "%s: dropped %d of %d prompts longer than data.max_prompt_length=%d tokens.",
+                    "%s: dropped %d of %d prompts longer than data.max_prompt_length=%d tokens (%s).",
                     self.config_key,
                     len(overlong),
                     total,
                     limit,
+                    _name_rows(overlong),
                 )
             keep = (lengths >= 0) & (lengths <= limit)
         else:
@@ -333,25 +400,27 @@ class RLHFDataset(Dataset):
             ]
             self._warn_skipped("that truncation would cut through a picture", refused, total)
             self.unusable_rows = sorted(self.unusable_rows + refused)
-            self.num_truncated = int(len(overlong) - len(cut_inside))
+            truncated = np.setdiff1d(overlong, cut_inside)
+            self.num_truncated = len(truncated)
             if self.num_truncated:
-                self._warned_truncation = True
                 logger.warning(
                     "%s: %d of %d prompts are longer than data.max_prompt_length=%d tokens and are cut to their "
-                    "first %d tokens (data.filter_overlong_prompts=false, as EasyR1 does).",
+                    "first %d tokens when drawn (data.filter_overlong_prompts=false, as EasyR1 does; %s).",
                     self.config_key,
                     self.num_truncated,
                     total,
                     limit,
                     limit,
+                    _name_rows(truncated),
                 )
             keep = (lengths >= 0) & (shortest_cut <= limit)
         kept = np.flatnonzero(keep)
         if len(kept) == 0:
+            first = f": row {self.unusable_rows[0][0]}: {self.unusable_rows[0][1]}" if self.unusable_rows else ""
             raise ValueError(
                 f"{self.config_key}: no rows left after screening ({self.num_filtered_overlong} longer than "
-                f"data.max_prompt_length={limit}, {len(self.unusable_rows)} unusable: "
-                f"{self.unusable_rows[:1]}); raise data.max_prompt_length or check the data."
+                f"data.max_prompt_length={limit}, {len(self.unusable_rows)} unusable{first}); raise "
+                "data.max_prompt_length or check the data."
             )
         if len(kept) < total:
             self.rows = self.rows.select(kept)
@@ -380,16 +449,6 @@ class RLHFDataset(Dataset):
                 f"data.max_prompt_length={limit}"
                 + (" and its pictures end beyond it" if shortest > limit else "")
                 + f"; {reason}."
-            )
-        if not self._warned_truncation:  # rows that were not screened (text-only data)
-            self._warned_truncation = True
-            logger.warning(
-                "%s: prompts longer than data.max_prompt_length=%d tokens are cut to their first %d tokens "
-                "(data.filter_overlong_prompts=false, as EasyR1 does); row %d is the first.",
-                self.config_key,
-                limit,
-                limit,
-                index,
             )
         # vLLM's prompt holds one pad per picture: it is shorter by what the processor expanded, all of it kept
         expanded_by = len(input_ids) - len(raw_prompt_ids)

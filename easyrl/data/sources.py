@@ -4,8 +4,14 @@ data.jsonl / data.json / data.parquet      one file
 path/to/folder                             a folder written by ``Dataset.save_to_disk`` (or of data files)
 path/to/folder@test, name@split            a split of a saved DatasetDict, of a data folder, or of a hub dataset
 builtin://arithmetic@train                 a generator shipped with easyrl
+
+A data file is read whole before anything else starts, and what cannot be read is an error naming the config key,
+the file and (where there is one) the line: a file with no rows; a byte that is not UTF-8 in a .jsonl/.json/.csv file
+(the readers take UTF-8 only; an error, not a skipped row, because such a byte almost always means the whole file is
+in another encoding); a line of a .jsonl file that is not JSON.
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -15,6 +21,9 @@ from .synthetic import BUILTIN_PREFIX, load_builtin
 
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+TEXT_SUFFIXES = (".jsonl", ".json", ".csv")
+# Bytes read at a time when checking that a text file is UTF-8.
+CHECK_BLOCK_BYTES = 1 << 24
 
 
 def split_path(path: str) -> tuple[str, str | None]:
@@ -34,6 +43,81 @@ def _from_saved(folder: Path, split: str | None, config_key: str) -> datasets.Da
             raise ValueError(f"{config_key}: {str(folder)!r} has no split {split!r}; it has {sorted(loaded)}.")
         return loaded[split]
     return loaded
+
+
+def check_text_file(path: Path, config_key: str) -> None:
+    """Raise ValueError when a .jsonl/.json/.csv file holds nothing but whitespace, or a byte that is not UTF-8 (named
+    by line and byte column, both counted from 1): the readers would otherwise end in a bare StopIteration, or load the
+    byte and fail only when its row is drawn."""
+    line, has_text, carry = 1, False, b""
+    with open(path, "rb") as file:
+        while True:
+            block = file.read(CHECK_BLOCK_BYTES)
+            data = carry + block
+            if not data:
+                break
+            carry = b""
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError as error:
+                split_at_block_end = block and error.reason == "unexpected end of data" and error.end == len(data)
+                if not split_at_block_end:
+                    bad = error.start
+                    bad_line = line + data.count(b"\n", 0, bad)
+                    column = bad - data.rfind(b"\n", 0, bad)  # rfind is -1 on the first line: columns count from 1
+                    raise ValueError(
+                        f"{config_key}: {path} line {bad_line}, byte {column}: 0x{data[bad]:02x} is not UTF-8 (the "
+                        f"{path.suffix} reader takes UTF-8 only). Re-encode the file, e.g. `iconv -f latin1 -t utf-8 "
+                        f"{path.name} > fixed{path.suffix}`, or fix that line."
+                    ) from None
+                carry, data = data[error.start :], data[: error.start]  # a character cut in two by the block's end
+            line += data.count(b"\n")
+            has_text = has_text or bool(data.strip())
+    if not has_text:
+        raise ValueError(f"{config_key}: {path} has no rows (the file is empty); point {config_key} at a data file.")
+
+
+def _first_bad_json_line(path: Path) -> str:
+    """' (line N: why)' for the first line of a .jsonl file that is not a JSON object, else ''."""
+    with open(path, encoding="utf-8") as file:
+        for number, text in enumerate(file, 1):
+            if not text.strip():
+                continue
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as error:
+                return f" (line {number}: {error.msg} at column {error.colno})"
+            if not isinstance(value, dict):
+                return f" (line {number}: a {type(value).__name__}, not an object of column: value pairs)"
+    return ""
+
+
+def _innermost_message(error: BaseException) -> str:
+    while error.__cause__ is not None or error.__context__ is not None:
+        error = error.__cause__ or error.__context__
+    return f"{type(error).__name__}: {error}"
+
+
+def _from_file(local: Path, builder: str, config_key: str) -> datasets.Dataset:
+    if local.suffix.lower() in TEXT_SUFFIXES:
+        check_text_file(local, config_key)
+    elif local.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        if pq.ParquetFile(local).metadata.num_rows == 0:  # the reader fails on it with "BatchSize must be > 0"
+            raise ValueError(f"{config_key}: {local} has no rows; point {config_key} at a data file.")
+    try:
+        rows = datasets.load_dataset(builder, data_files=str(local), split="train")
+    except Exception as error:  # the readers raise many types (ArrowInvalid, DatasetGenerationError, ValueError)
+        if "corresponds to no data" in str(error):  # a CSV header alone, a JSON file holding []
+            raise ValueError(f"{config_key}: {local} has no rows; point {config_key} at a data file.") from None
+        where = _first_bad_json_line(local) if local.suffix.lower() == ".jsonl" else ""
+        raise ValueError(
+            f"{config_key}: cannot read {local} as {builder}{where}: {_innermost_message(error)}"
+        ) from error
+    if len(rows) == 0:
+        raise ValueError(f"{config_key}: {local} has no rows; point {config_key} at a data file.")
+    return rows
 
 
 def _looks_local(path: str) -> bool:
@@ -58,7 +142,7 @@ def load_rows(path: str, config_key: str = "data.train_files") -> datasets.Datas
             raise ValueError(
                 f"{config_key}: cannot read {base!r}; use one of {', '.join(FILE_BUILDERS)} or a dataset folder."
             )
-        return datasets.load_dataset(builder, data_files=str(local), split="train")
+        return _from_file(local, builder, config_key)
     if _looks_local(base):
         raise FileNotFoundError(f"{config_key}: {base!r} does not exist.")
     try:
