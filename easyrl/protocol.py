@@ -240,13 +240,25 @@ class DataProto:
 
     @staticmethod
     def concat(data: list["DataProto"]) -> "DataProto":
-        """Rows of all parts, in order; meta_info of the first part."""
+        """Rows of all parts, in order; meta_info of the first part. A non-tensor key missing from some parts is None
+        for their rows (as ``collate_fn`` does within a batch: a batch of text rows from a dataset mixing text and
+        pictures has no ``multi_modal_data``); tensor keys must be the same in every part."""
         if not data:
             raise ValueError("DataProto.concat needs at least one DataProto.")
-        batches = [d.batch for d in data if d.batch is not None]
-        batch = torch.cat(batches, dim=0) if batches else None
-        keys = data[0].non_tensor_batch.keys()
-        non_tensors = {k: np.concatenate([d.non_tensor_batch[k] for d in data]) for k in keys}
+        tensor_keys = [None if d.batch is None else set(d.batch.keys()) for d in data]
+        if any(keys != tensor_keys[0] for keys in tensor_keys):
+            raise ValueError(f"DataProto.concat: the parts hold different tensors: {tensor_keys}.")
+        batch = torch.cat([d.batch for d in data], dim=0) if tensor_keys[0] is not None else None
+        keys = dict.fromkeys(key for d in data for key in d.non_tensor_batch)
+        non_tensors = {
+            key: np.concatenate(
+                [
+                    d.non_tensor_batch[key] if key in d.non_tensor_batch else as_object_array([None] * len(d))
+                    for d in data
+                ]
+            )
+            for key in keys
+        }
         return DataProto(batch=batch, non_tensor_batch=non_tensors, meta_info=dict(data[0].meta_info))
 
     def repeat(self, repeat_times: int, interleave: bool = True) -> "DataProto":

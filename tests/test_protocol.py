@@ -76,6 +76,22 @@ def test_chunk_split_concat_round_trip():
         data.chunk(4)
 
 
+def test_concat_keeps_a_key_that_only_some_parts_hold():
+    # a text-only mini-batch from a dataset mixing text and pictures has no multi_modal_data; its rows get None
+    text = make(2)
+    pictures = make(3)
+    pictures.non_tensor_batch["multi_modal_data"] = np.array([{"images": [i]} for i in range(3)], dtype=object)
+    for parts, expected in (
+        ([text, pictures], [None, None, {"images": [0]}, {"images": [1]}, {"images": [2]}]),
+        ([pictures, text], [{"images": [0]}, {"images": [1]}, {"images": [2]}, None, None]),
+    ):
+        joined = DataProto.concat(parts)
+        assert list(joined.non_tensor_batch["multi_modal_data"]) == expected
+        assert len(joined.non_tensor_batch["uid"]) == 5
+    with pytest.raises(ValueError, match="different tensors"):
+        DataProto.concat([make(2), make(2).select(batch_keys=["x"], non_tensor_batch_keys=["uid", "ids"])])
+
+
 def test_pad_to_divisor_and_unpad():
     data = make(5)
     padded, pad_size = pad_dataproto_to_divisor(data, 4)
