@@ -238,3 +238,44 @@ def test_swanlab_without_login_says_how_to_log_locally(tmp_path, monkeypatch):
     _no_login(monkeypatch, tmp_path, "SWANLAB_")
     with pytest.raises(LoggerStartError, match="SWANLAB_MODE=local.*remove 'swanlab' from trainer.logger"):
         Tracker(["swanlab"], "proj", "exp", {}, str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize(
+    ("logger", "prefix", "setting", "can_start"),
+    [
+        ("wandb", "WANDB_", {}, False),
+        ("wandb", "WANDB_", {"WANDB_MODE": "offline"}, True),
+        ("wandb", "WANDB_", {"WANDB_MODE": "disabled"}, True),
+        ("wandb", "WANDB_", {"WANDB_API_KEY": "x" * 40}, True),
+        ("wandb", "WANDB_", {"netrc": "machine api.wandb.ai login user password " + "x" * 40}, True),
+        ("wandb", "WANDB_", {"netrc": "machine example.org login user password secret"}, False),
+        ("swanlab", "SWANLAB_", {}, False),
+        ("swanlab", "SWANLAB_", {"SWANLAB_MODE": "local"}, True),
+        ("swanlab", "SWANLAB_", {"SWANLAB_API_KEY": "x" * 21}, True),
+        ("swanlab", "SWANLAB_", {"swanlab_netrc": "machine api.swanlab.cn login user password secret"}, True),
+    ],
+)
+def test_start_problem_is_known_without_starting_the_backend(
+    tmp_path, monkeypatch, logger, prefix, setting, can_start
+):
+    # `easyrl check` asks this (no import of the backend) so that a run that cannot log stops before Ray starts
+    from easyrl.trainer.loggers import get_logger_class
+
+    _no_login(monkeypatch, tmp_path, prefix)
+    monkeypatch.chdir(tmp_path)
+    home = tmp_path / "home"
+    for name, value in setting.items():
+        if name == "netrc":
+            home.mkdir(exist_ok=True)
+            (home / ".netrc").write_text(value + "\n")
+        elif name == "swanlab_netrc":
+            (home / ".swanlab").mkdir(parents=True)
+            (home / ".swanlab" / ".netrc").write_text(value + "\n")
+        else:
+            monkeypatch.setenv(name, value)
+    problem = get_logger_class(logger).start_problem()
+    assert (problem is None) == can_start, problem
+    if problem is not None:
+        assert "MODE" in problem and "API_KEY" in problem
+    for name in ("console", "file", "tensorboard", "mlflow"):
+        assert get_logger_class(name).start_problem() is None

@@ -42,8 +42,30 @@ class Logger:
     def log_generations(self, samples: list[dict], step: int) -> None:
         """Sample generations (e.g. ``{"input", "output", "ground_truth", "score"}``); ignored unless overridden."""
 
+    def rewind_to(self, step: int, row: dict | None = None) -> None:
+        """The run resumes after ``step`` (a checkpoint; -1 when it starts afresh): backends that keep their own
+        history forget what they hold after it, and restore ``row`` (that step's metrics) when it never arrived."""
+
     def finish(self) -> None:
         """Flush and close; called once at the end of the run."""
+
+    @classmethod
+    def start_problem(cls) -> str | None:
+        """Why this backend cannot start a run on this machine, when that is known without starting one (no
+        credentials for a remote service); None when it may start. Read by ``easyrl check``, so it must not import
+        the backend's library."""
+        return None
+
+
+def netrc_has(path: str, host: str | None = None) -> bool:
+    """Whether the netrc file at ``path`` holds a login (for ``host`` when given)."""
+    import netrc
+
+    try:
+        entries = netrc.netrc(path).hosts
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(entries) if host is None else host in entries
 
 
 def import_backend(module: str, logger_name: str, package: str) -> ModuleType:

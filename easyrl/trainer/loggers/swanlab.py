@@ -3,12 +3,27 @@
 import inspect
 import os
 
-from .base import Logger, RunInfo, explain_start_failure, import_backend
+from .base import Logger, RunInfo, explain_start_failure, import_backend, netrc_has
 from .registry import register_logger
+
+
+HOW_TO_FIX = "Log in (`swanlab login` or SWANLAB_API_KEY), or set SWANLAB_MODE=local (or offline)"
 
 
 @register_logger("swanlab")
 class SwanlabLogger(Logger):
+    @classmethod
+    def start_problem(cls) -> str | None:
+        # what `swanlab.init` reads: a local/offline/disabled mode, the API key, then `swanlab login`'s netrc in
+        # ./.swanlab or the user folder ($SWANLAB_ROOT, $SWANLAB_SAVE_DIR or ~/.swanlab)
+        env = os.environ
+        if env.get("SWANLAB_MODE", "").lower() in ("local", "offline", "disabled") or env.get("SWANLAB_API_KEY"):
+            return None
+        user_dir = env.get("SWANLAB_ROOT") or env.get("SWANLAB_SAVE_DIR") or os.path.expanduser("~/.swanlab")
+        if any(netrc_has(os.path.join(folder, ".netrc")) for folder in (".swanlab", user_dir)):
+            return None
+        return f"SwanLab has no login on this machine (no SWANLAB_API_KEY, no saved login). {HOW_TO_FIX}."
+
     def __init__(self, run: RunInfo) -> None:
         super().__init__(run)
         swanlab = import_backend("swanlab", "swanlab", "swanlab")
@@ -19,8 +34,7 @@ class SwanlabLogger(Logger):
         params = inspect.signature(swanlab.init).parameters
         name_key = "name" if "name" in params else "experiment_name"
         dir_key = "log_dir" if "log_dir" in params else "logdir"
-        how_to_fix = "Log in (`swanlab login` or SWANLAB_API_KEY), or set SWANLAB_MODE=local (or offline)"
-        with explain_start_failure("swanlab", how_to_fix):
+        with explain_start_failure("swanlab", HOW_TO_FIX):
             self.swanlab_run = swanlab.init(
                 project=run.project_name, config=run.config, **{name_key: run.experiment_name, dir_key: log_dir}
             )

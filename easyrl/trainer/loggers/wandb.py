@@ -1,20 +1,36 @@
 """Weights & Biases. ``WANDB_MODE=offline`` keeps the run on disk (``<save_dir>/wandb``) for a later ``wandb sync``."""
 
 import os
+from urllib.parse import urlparse
 
-from .base import Logger, RunInfo, explain_start_failure, generation_columns, import_backend
+from .base import Logger, RunInfo, explain_start_failure, generation_columns, import_backend, netrc_has
 from .registry import register_logger
+
+
+HOW_TO_FIX = "Log in (`wandb login` or WANDB_API_KEY), or set WANDB_MODE=offline to keep the run on disk"
 
 
 @register_logger("wandb")
 class WandbLogger(Logger):
+    @classmethod
+    def start_problem(cls) -> str | None:
+        # what `wandb.init` reads, in its order: an offline/disabled mode, the API key, then the netrc login
+        env = os.environ
+        if env.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or env.get("WANDB_API_KEY"):
+            return None
+        if env.get("WANDB_DISABLED", "").lower() in ("1", "true"):
+            return None
+        host = urlparse(env.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
+        if netrc_has(env.get("NETRC") or os.path.expanduser("~/.netrc"), host):
+            return None
+        return f"W&B has no login on this machine (no WANDB_API_KEY, no {host} entry in ~/.netrc). {HOW_TO_FIX}."
+
     def __init__(self, run: RunInfo) -> None:
         super().__init__(run)
         wandb = import_backend("wandb", "wandb", "wandb")
         self._wandb = wandb
         os.makedirs(run.save_dir, exist_ok=True)
-        how_to_fix = "Log in (`wandb login` or WANDB_API_KEY), or set WANDB_MODE=offline to keep the run on disk"
-        with explain_start_failure("wandb", how_to_fix):
+        with explain_start_failure("wandb", HOW_TO_FIX):
             self.wandb_run = wandb.init(
                 project=run.project_name, name=run.experiment_name, config=run.config, dir=run.save_dir
             )
