@@ -8,9 +8,11 @@ builtin://arithmetic@train                 a generator shipped with easyrl
 A data file is read whole before anything else starts, and what cannot be read is an error naming the config key,
 the file and (where there is one) the line: a file with no rows; a byte that is not UTF-8 in a .jsonl/.json/.csv file
 (the readers take UTF-8 only; an error, not a skipped row, because such a byte almost always means the whole file is
-in another encoding); a line of a .jsonl file that is not JSON.
+in another encoding); a line of a .jsonl file that is not JSON. CSV cells are read as the text they hold (an answer
+`06` stays "06", not the number 6.0), an empty cell as null.
 """
 
+import csv
 import json
 import os
 from pathlib import Path
@@ -98,6 +100,16 @@ def _innermost_message(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+def _reader_options(local: Path) -> dict:
+    """CSV: every column as text; the reader would otherwise guess numbers (and turn a column with a gap into
+    floats)."""
+    if local.suffix.lower() != ".csv":
+        return {}
+    with open(local, newline="", encoding="utf-8-sig") as file:  # the reader drops a byte-order mark too
+        header = next(csv.reader(file), [])
+    return {"features": datasets.Features({name: datasets.Value("string") for name in header})}
+
+
 def _from_file(local: Path, builder: str, config_key: str) -> datasets.Dataset:
     if local.suffix.lower() in TEXT_SUFFIXES:
         check_text_file(local, config_key)
@@ -107,7 +119,7 @@ def _from_file(local: Path, builder: str, config_key: str) -> datasets.Dataset:
         if pq.ParquetFile(local).metadata.num_rows == 0:  # the reader fails on it with "BatchSize must be > 0"
             raise ValueError(f"{config_key}: {local} has no rows; point {config_key} at a data file.")
     try:
-        rows = datasets.load_dataset(builder, data_files=str(local), split="train")
+        rows = datasets.load_dataset(builder, data_files=str(local), split="train", **_reader_options(local))
     except Exception as error:  # the readers raise many types (ArrowInvalid, DatasetGenerationError, ValueError)
         if "corresponds to no data" in str(error):  # a CSV header alone, a JSON file holding []
             raise ValueError(f"{config_key}: {local} has no rows; point {config_key} at a data file.") from None

@@ -1,0 +1,226 @@
+"""Bad data files, in every file format: each gives its documented outcome when the datasets are built, which the
+driver does before Ray starts (easyrl/data/sources.py and dataset.py state the rules).
+
+- a file with no rows: an error naming the key and the file
+- a byte that is not UTF-8 (.jsonl/.json/.csv): an error naming the file, line and byte
+- a row without a value for data.prompt_key / data.answer_key: skipped, counted and named; no row with one: an error
+  naming the key
+- prompts longer than data.max_prompt_length: counted (and named) when built, cut or dropped as configured
+"""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from easyrl.config import DataConfig, load_run_plan
+from easyrl.data import sources
+from easyrl.data.dataset import RLHFDataset
+from easyrl.data.sources import load_rows
+
+
+ROOT = Path(__file__).resolve().parent.parent
+FORMATS = ("jsonl", "json", "parquet", "csv")
+TEXT_FORMATS = ("jsonl", "json", "csv")
+
+
+def write_rows(path: Path, rows: list[dict]) -> str:
+    """``rows`` (string or None values) as a file of the format its suffix names."""
+    suffix = path.suffix
+    if suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    elif suffix == ".json":
+        path.write_text(json.dumps(rows, ensure_ascii=False), encoding="utf-8")
+    elif suffix == ".parquet":
+        columns = list(rows[0])
+        table = pa.table({key: pa.array([row[key] for row in rows], pa.string()) for key in columns})
+        pq.write_table(table, path)
+    else:
+        lines = [",".join(rows[0])] + [",".join("" if v is None else v for v in row.values()) for row in rows]
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def data_config(**overrides) -> DataConfig:
+    values = {"prompt_key": "problem", "answer_key": "answer", "max_prompt_length": 64}
+    return DataConfig(**{**values, **overrides})
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_empty_file_is_an_error_naming_key_and_file(tmp_path, fmt):
+    path = tmp_path / f"empty.{fmt}"
+    if fmt == "parquet":  # a parquet file always has columns; this one has no rows
+        pq.write_table(pa.table({"problem": pa.array([], pa.string()), "answer": pa.array([], pa.string())}), path)
+    else:
+        path.write_bytes(b"")
+    with pytest.raises(ValueError, match=rf"^data\.val_files: {path} has no rows"):
+        load_rows(str(path), "data.val_files")
+
+
+@pytest.mark.parametrize(("fmt", "text"), [("jsonl", "\n\n"), ("json", "[]"), ("csv", "problem,answer\n")])
+def test_file_without_rows_is_an_error_naming_the_file(tmp_path, fmt, text):
+    path = tmp_path / f"rows.{fmt}"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"^data\.train_files: {path} has no rows"):
+        load_rows(str(path))
+
+
+@pytest.mark.parametrize("fmt", TEXT_FORMATS)
+def test_non_utf8_byte_is_an_error_naming_file_line_and_byte(tmp_path, fmt):
+    path = tmp_path / f"latin1.{fmt}"
+    write_rows(path, [{"problem": "1 + 1", "answer": "2"}, {"problem": "caf\u00e9", "answer": "3"}])
+    path.write_bytes(path.read_bytes().replace("é".encode(), b"\xe9"))  # the file as latin-1 would write it
+    # jsonl: row 2 is line 2; json: one line; csv: header then rows
+    line, byte = {"jsonl": (2, 17), "json": (1, 55), "csv": (3, 4)}[fmt]
+    assert path.read_bytes().split(b"\n")[line - 1][byte - 1] == 0xE9
+    with pytest.raises(ValueError, match=rf"{path} line {line}, byte {byte}: 0xe9 is not UTF-8.*iconv"):
+        load_rows(str(path))
+
+
+def test_a_character_cut_by_the_check_block_is_valid_utf8(tmp_path, monkeypatch):
+    # the checker reads 7 bytes at a time here: "é" (2 bytes) and "€" (3 bytes) straddle block ends
+    monkeypatch.setattr(sources, "CHECK_BLOCK_BYTES", 7)
+    path = tmp_path / "rows.jsonl"
+    write_rows(path, [{"problem": "caf\u00e9 \u20ac\u20ac", "answer": "\u00e9\u00e9\u00e9"}])
+    assert load_rows(str(path)).to_list() == [{"problem": "café €€", "answer": "ééé"}]
+    path.write_bytes(path.read_bytes()[:-4] + b"\xc3")  # ends inside a character: not UTF-8
+    with pytest.raises(ValueError, match=r"line 1, byte \d+: 0xc3 is not UTF-8"):
+        load_rows(str(path))
+
+
+def test_a_jsonl_line_that_is_not_json_is_named(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"problem": "a", "answer": "1"}\n{"problem": "b", "answer": "2"\n')
+    with pytest.raises(ValueError, match=rf"cannot read {path} as json \(line 2: Expecting ',' delimiter"):
+        load_rows(str(path))
+
+
+def test_csv_cells_are_read_as_written(tmp_path):
+    path = tmp_path / "rows.csv"
+    path.write_text("problem,answer\n1 + 1,2\n3 + 3,06\n4 + 4,\n")
+    assert load_rows(str(path)).to_list() == [
+        {"problem": "1 + 1", "answer": "2"},
+        {"problem": "3 + 3", "answer": "06"},
+        {"problem": "4 + 4", "answer": None},
+    ]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_rows_without_an_answer_are_skipped_counted_and_named(tmp_path, tokenizer, caplog, fmt):
+    rows = [
+        {"problem": "1 + 1", "answer": "2"},
+        {"problem": "2 + 2", "answer": None},
+        {"problem": "3 + 3", "answer": "6"},
+        {"problem": "4 + 4", "answer": None},
+    ]
+    path = write_rows(tmp_path / f"rows.{fmt}", rows)
+    with caplog.at_level(logging.WARNING):
+        dataset = RLHFDataset(path, tokenizer, None, data_config())
+    assert [dataset[i]["ground_truth"] for i in range(len(dataset))] == ["2", "6"]
+    assert [row for row, _ in dataset.unusable_rows] == [1, 3]
+    assert "skipped 2 of 4 rows without a value for data.answer_key='answer' (rows 1, 3)" in caplog.text
+
+
+def test_rows_absent_from_jsonl_lack_the_key_and_are_skipped(tmp_path, tokenizer):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"problem": "a", "answer": "1"}\n{"problem": "b"}\n{"answer": "3"}\n')
+    dataset = RLHFDataset(str(path), tokenizer, None, data_config())
+    assert len(dataset) == 1
+    assert dataset.unusable_rows == [
+        (1, "no value for data.answer_key='answer'"),
+        (2, "no value for data.prompt_key='problem'"),
+    ]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_no_row_with_an_answer_is_an_error_naming_the_key(tmp_path, tokenizer, fmt):
+    path = write_rows(tmp_path / f"rows.{fmt}", [{"problem": "1 + 1", "answer": None}] * 3)
+    with pytest.raises(
+        ValueError, match=r"no row of .* has a value for data\.answer_key='answer'; set data\.answer_key"
+    ):
+        RLHFDataset(path, tokenizer, None, data_config())
+
+
+def test_overlong_prompts_are_counted_and_named_when_built(tmp_path, tokenizer, caplog):
+    rows = [{"problem": "short", "answer": "1"}, {"problem": "long " * 80, "answer": "2"}] * 3
+    path = write_rows(tmp_path / "rows.parquet", rows)
+    with caplog.at_level(logging.WARNING):
+        kept = RLHFDataset(path, tokenizer, None, data_config(filter_overlong_prompts=False))
+    assert (len(kept), kept.num_truncated) == (6, 3)
+    assert "3 of 6 prompts are longer than data.max_prompt_length=64 tokens and are cut" in caplog.text
+    assert "as EasyR1 does; rows 1, 3, 5)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        dropped = RLHFDataset(path, tokenizer, None, data_config(filter_overlong_prompts=True))
+    assert (len(dropped), dropped.num_filtered_overlong) == (3, 3)
+    assert "dropped 3 of 6 prompts longer than data.max_prompt_length=64 tokens (rows 1, 3, 5)" in caplog.text
+
+
+def test_a_parquet_value_that_is_not_utf8_is_named_when_screened(tmp_path, tokenizer):
+    # Arrow stores strings unchecked when cast from binary without validation; reading the row fails
+    path = tmp_path / "rows.parquet"
+    problem = pa.array([b"1 + 1", b"caf\xe9"], pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"problem": problem, "answer": pa.array(["2", "3"])}), path)
+    rows = datasets.load_dataset("parquet", data_files=str(path), split="train")
+    with pytest.raises(UnicodeDecodeError):
+        rows[1]  # what drawing the row would do without screening
+    with pytest.raises(ValueError, match=rf"data\.train_files: {path} holds a value that is not UTF-8"):
+        RLHFDataset(str(path), tokenizer, None, data_config())
+
+
+def test_prepare_run_data_reads_every_row_before_ray(tmp_path, tiny_model_path):
+    from easyrl.trainer.main import prepare_run_data
+
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps({"problem": "1 + 1", "answer": "2"}) + "\n" for _ in range(4)))
+    path.write_bytes(path.read_bytes() + b'{"problem": "\xff", "answer": "2"}\n')
+    plan = load_run_plan(_train_args(tmp_path, tiny_model_path, path))
+    with pytest.raises(ValueError, match=rf"data\.train_files: {path} line 5, byte 14: 0xff is not UTF-8"):
+        prepare_run_data(plan)
+
+
+def _train_args(tmp_path: Path, model_path: Path, train_file: Path) -> list[str]:
+    return [
+        f"data.train_files={train_file}",
+        "data.prompt_key=problem",
+        "data.rollout_batch_size=2",
+        "data.max_prompt_length=64",
+        "data.max_response_length=8",
+        f"worker.actor.model.model_path={model_path}",
+        f"worker.reward.reward_function={ROOT / 'tests' / 'data' / 'word_start_reward.py'}:compute_score",
+        "worker.actor.global_batch_size=2",
+        "worker.actor.micro_batch_size_per_device_for_update=1",
+        "worker.rollout.n=2",
+        "worker.rollout.tensor_parallel_size=1",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.save_checkpoint_path={tmp_path / 'run'}",
+    ]
+
+
+def test_easyrl_train_stops_on_an_empty_file_before_ray_starts(tmp_path, tiny_model_path):
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(b"")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "easyrl", "train", *_train_args(tmp_path, tiny_model_path, path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
+    elapsed = time.monotonic() - start
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"data.train_files: {path} has no rows (the file is empty)" in output
+    assert "Started a local Ray instance" not in output
+    print(f"easyrl train stopped after {elapsed:.1f} s")
