@@ -30,8 +30,8 @@ def rollout_batch(tokenizer, responses, truths, width=24):
 
 @pytest.fixture
 def arithmetic_scorer(tokenizer):
-    config = RewardConfig(reward_function=str(ROOT / "reward_function" / "arithmetic.py"), num_cpus=0)
-    return RewardScorer(config, tokenizer)
+    config = RewardConfig(reward_function=str(ROOT / "reward_function" / "arithmetic.py"))
+    return RewardScorer(config, tokenizer, in_process=True)  # decoding and placement: no actors needed
 
 
 def test_overall_score_sits_on_the_last_response_token(tokenizer, arithmetic_scorer):
@@ -44,7 +44,7 @@ def test_overall_score_sits_on_the_last_response_token(tokenizer, arithmetic_sco
         assert scores[row, length - 1] == scores[row].sum()
     assert metrics["reward/accuracy"] == [1.0, 0.0, 0.0]
     assert metrics["reward/format"] == [1.0, 1.0, 0.0]
-    assert metrics["reward/errors"] == [0.0, 0.0, 0.0]
+    assert metrics["reward/errors"] == metrics["reward/timeouts"] == [0.0, 0.0, 0.0]
 
 
 def test_special_tokens_are_stripped_before_scoring(tokenizer, arithmetic_scorer):
@@ -60,6 +60,7 @@ def test_named_scores_become_metrics_and_non_tensor_columns(tokenizer, arithmeti
         "reward/format": 1.0,
         "reward/accuracy": 0.5,
         "reward/errors": 0.0,
+        "reward/timeouts": 0.0,
     }
     columns = scores_to_non_tensor(metrics)
     assert sorted(columns) == ["accuracy", "format", "overall"]
@@ -86,9 +87,8 @@ def test_shipped_dapo_scores_carry_easyr1s_filter_key(tokenizer):
     config = RewardConfig(
         reward_function=f"{ROOT / 'reward_function' / 'dapo.py'}:compute_score",
         reward_function_kwargs=kwargs,
-        num_cpus=0,
     )
-    scores, metrics = RewardScorer(config, tokenizer).score(
+    scores, metrics = RewardScorer(config, tokenizer, in_process=True).score(
         rollout_batch(tokenizer, ["Answer: 42", "Answer: 41"], ["42", "42"])
     )
     columns = scores_to_non_tensor(metrics)

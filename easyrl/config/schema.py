@@ -348,12 +348,13 @@ class RewardConfig:
     skip_special_tokens: bool = True
     """Strip special tokens when decoding responses for the reward function."""
     num_cpus: int = 1
-    """CPUs reserved for scoring (EasyR1): a `batch` function runs in one actor holding them and sees the whole batch
-    in one call; a `sequential` function's responses are split over that many one-CPU actors. 0 scores in the driver
-    process, without the timeout."""
+    """CPUs reserved for scoring (EasyR1): a `batch` function runs in one Ray actor holding them and sees the whole
+    batch in one call; a `sequential` function's responses are split over that many one-CPU actors. 0 is one actor
+    that reserves no CPU (EasyR1's meaning), under the same timeout."""
     timeout_s: float = 60.0
-    """Seconds one scoring call in a reward actor may take (the whole batch for a `batch` function) before its
-    samples score 0, count in reward/errors, and the actor is replaced."""
+    """Seconds the scoring of one batch may take, all actors together. At the deadline the samples not scored yet
+    score 0 and count in reward/errors and reward/timeouts, and the actors still busy are replaced; samples scored
+    before keep their scores. An actor whose process dies (os._exit, a crash) is replaced the same way."""
 
 
 @dataclass

@@ -1,48 +1,95 @@
-"""Where user reward code runs: `score_chunk` calls the function and turns its failures into data, and
-`RewardActor` is the Ray actor that holds one loaded function.
+"""Where user reward code runs: `score_calls` calls the function and turns its failures into data, and
+`RewardActor` is the Ray actor that holds one loaded function and streams the outcome of each call back.
 
-A failure of the function (an exception) scores the affected samples 0 and is reported back with its traceback,
-so training goes on. A malformed return value is a bug in the reward file: it is reported as `fatal` and the
-driver raises it.
+A sample scores 0 and carries a `SampleFailure` when the function raised on it (any exception, `sys.exit`
+included), returned a NaN or infinite score (in `overall` or any named score), was not scored before the batch's
+deadline, or was being scored when the actor's process died (`os._exit`, a crash, the OOM killer); the last two are
+decided by the pool. A malformed return value is a bug in the reward file: it is reported as `fatal` and the driver
+raises it.
 """
 
+import math
 import traceback
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import ray
 
 from .loader import RewardFunction, RewardFunctionError, load_reward_function
 
 
+# why a sample scores 0
+RAISED = "raised"
+NON_FINITE = "non-finite"
+TIMED_OUT = "timed out"
+DIED = "died"
+
+
+@dataclass(frozen=True)
+class SampleFailure:
+    kind: str  # RAISED, NON_FINITE, TIMED_OUT or DIED
+    detail: str  # the traceback, the offending scores, or what happened to the actor
+
+
 @dataclass
-class ChunkResult:
-    scores: list  # one dict[str, float] per input, None where the function failed
-    num_errors: int = 0
-    traceback: str | None = None  # of the first failure
+class Scored:
+    """The outcome of scoring some samples: one call of the function, a chunk, or a whole batch."""
+
+    scores: list[dict[str, float] | None] = field(default_factory=list)  # None where the sample scores 0
+    failures: list[SampleFailure | None] = field(default_factory=list)  # why, where it scores 0
     fatal: str | None = None  # a RewardFunctionError message: stop training
-    timed_out: bool = False
+
+    def __len__(self) -> int:
+        return len(self.scores)
 
 
-def score_chunk(reward_fn: RewardFunction, inputs: list[dict]) -> ChunkResult:
-    """Score `inputs`; batch functions fail as a whole, sequential ones per sample."""
+def failed(size: int, failure: SampleFailure) -> Scored:
+    return Scored(scores=[None] * size, failures=[failure] * size)
+
+
+def merge(parts: list[Scored]) -> Scored:
+    """The parts one after another; the first fatal message wins."""
+    merged = Scored()
+    for part in parts:
+        merged.scores.extend(part.scores)
+        merged.failures.extend(part.failures)
+        merged.fatal = merged.fatal or part.fatal
+    return merged
+
+
+def _non_finite(score: dict[str, float]) -> SampleFailure | None:
+    # a NaN reward makes every later update non-finite (and skipped): it is an error of its sample, not a score
+    bad = [f"{name}={value}" for name, value in score.items() if not math.isfinite(value)]
+    return SampleFailure(NON_FINITE, ", ".join(bad)) if bad else None
+
+
+def _score_call(reward_fn: RewardFunction, call: list[dict]) -> Scored:
+    try:
+        scores = reward_fn.score(call)
+    except RewardFunctionError as err:
+        return Scored(scores=[None] * len(call), failures=[None] * len(call), fatal=str(err))
+    except (Exception, SystemExit):  # noqa: BLE001 - any failure of user code (sys.exit too) scores 0, reported
+        return failed(len(call), SampleFailure(RAISED, traceback.format_exc()))
+    failures = [_non_finite(score) for score in scores]
+    return Scored(scores=[None if f else s for s, f in zip(scores, failures)], failures=failures)
+
+
+def score_calls(reward_fn: RewardFunction, inputs: list[dict]) -> Iterator[Scored]:
+    """Score `inputs`, yielding the outcome of each call: one for a batch function (it fails as a whole), one per
+    sample for a sequential one. Stops after a fatal outcome."""
     calls = [inputs] if reward_fn.reward_type == "batch" else [[item] for item in inputs]
-    result = ChunkResult(scores=[])
     for call in calls:
-        try:
-            result.scores.extend(reward_fn.score(call))
-        except RewardFunctionError as err:
-            return ChunkResult(scores=[None] * len(inputs), num_errors=len(inputs), fatal=str(err))
-        except Exception:  # noqa: BLE001 - any exception of user code scores 0 and is reported
-            result.scores.extend([None] * len(call))
-            result.num_errors += len(call)
-            if result.traceback is None:
-                result.traceback = traceback.format_exc()
-    return result
+        outcome = _score_call(reward_fn, call)
+        yield outcome
+        if outcome.fatal:
+            return
 
 
 @ray.remote
 class RewardActor:
-    """Holds one reward function; `score` runs in the actor's main thread (so signal-based timeouts work)."""
+    """Holds one reward function. `score` runs in the actor's main thread (so signal-based timeouts, e.g.
+    math-verify's, work) and is a streaming generator: the driver receives each call's outcome as soon as it
+    exists, so the samples scored before a call hangs keep their scores."""
 
     def __init__(self, spec: str, kwargs: dict):
         self.reward_fn = load_reward_function(spec, kwargs)
@@ -50,5 +97,5 @@ class RewardActor:
     def ready(self) -> bool:
         return True
 
-    def score(self, inputs: list[dict]) -> ChunkResult:
-        return score_chunk(self.reward_fn, inputs)
+    def score(self, inputs: list[dict]) -> Iterator[Scored]:
+        yield from score_calls(self.reward_fn, inputs)

@@ -33,6 +33,7 @@ FALLBACK_FUNCTION = "compute_score"  # what EasyR1's own reward files define
 REWARD_TYPES = ("batch", "sequential")
 DEFAULT_REWARD_TYPE = "batch"  # EasyR1's default for a file without REWARD_TYPE
 CONFIG_KEY = "worker.reward.reward_function"
+RESERVED_SCORE_NAMES = ("errors", "timeouts")  # the scorer's own counts, reward/errors and reward/timeouts
 
 
 class RewardFunctionError(ValueError):
@@ -94,9 +95,30 @@ class RewardFunction:
                         f"Reward function {self.where} returned a non-numeric score `{key}`: {value!r}. "
                         "Every score must be a number."
                     ) from None
+            reserved = [name for name in RESERVED_SCORE_NAMES if name in checked]
+            if reserved:
+                raise RewardFunctionError(
+                    f"Reward function {self.where} returned a score named `{reserved[0]}`, the name of easyrl's own "
+                    f"count reward/{reserved[0]} (samples that failed); rename that score."
+                )
             return checked
         raise RewardFunctionError(
             f"Reward function {self.where} must return a dict with at least an `overall` float per response; {hint}."
+        )
+
+
+def check_reward_limits(num_cpus: Any, timeout_s: Any) -> None:
+    """`worker.reward.num_cpus` >= 0 and `worker.reward.timeout_s` a positive, finite number of seconds (for the
+    config check: a timeout of 0 would score every sample 0, an infinite one would let a hung reward stop training)."""
+    if isinstance(num_cpus, bool) or not isinstance(num_cpus, int) or num_cpus < 0:
+        raise RewardFunctionError(
+            f"`worker.reward.num_cpus` is {num_cpus!r}; give the CPUs to reserve for scoring as a whole number >= 0 "
+            "(0: one reward actor that reserves none)."
+        )
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < float("inf"):
+        raise RewardFunctionError(
+            f"`worker.reward.timeout_s` is {timeout_s!r}; give the seconds the scoring of one batch may take as a "
+            "positive number (default 60)."
         )
 
 

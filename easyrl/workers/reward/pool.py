@@ -1,8 +1,12 @@
-"""A pool of reward actors that scores chunks in parallel, with a timeout per call.
+"""A pool of reward actors that scores the chunks of a batch concurrently, under ONE deadline for the whole batch.
 
-Each actor gets one chunk at a time, so a chunk's clock starts when it is handed over. A chunk that takes longer
-than `timeout_s` scores 0; its actor is killed (`ray.kill`) and replaced, because a hung Python call cannot be
-interrupted from outside. An actor that dies is replaced the same way.
+Each actor takes one chunk at a time from a shared queue, so a free actor takes the next chunk while another is
+stuck, and streams back the outcome of every call of the reward function as it finishes. The batch's clock starts
+when the chunks are handed over (every actor ready) and runs `timeout_s`: at the deadline every sample not scored
+yet (the rest of a stuck chunk, a chunk no actor was free to take) scores 0 as timed out, and the actors still busy
+are killed (`ray.kill`) and replaced, because a hung Python call cannot be interrupted from outside. One hung call
+therefore costs about `timeout_s` per batch, however many chunks there are. An actor whose process dies (the reward
+called `os._exit`, crashed, or the OOM killer ended it) is replaced the same way, and its unscored samples score 0.
 """
 
 import time
@@ -10,9 +14,9 @@ from collections import deque
 from dataclasses import dataclass
 
 import ray
-from ray.exceptions import RayActorError, RayError
+from ray.exceptions import RayError
 
-from .actor import ChunkResult, RewardActor
+from .actor import DIED, TIMED_OUT, RewardActor, SampleFailure, Scored, failed, merge
 
 
 @dataclass
@@ -23,8 +27,13 @@ class _Slot:
     busy: bool = False
 
 
-def _failed(size: int, reason: str, timed_out: bool = False) -> ChunkResult:
-    return ChunkResult(scores=[None] * size, num_errors=size, traceback=reason, timed_out=timed_out)
+def _death_reason(err: RayError) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    detail = next((line for line in lines if "exit detail" in line.lower()), "")
+    return (
+        "the reward actor's process died while scoring (the reward function called os._exit or crashed, or the OOM "
+        f"killer ended it); Ray: {lines[0] if lines else type(err).__name__} {detail}".rstrip()
+    )
 
 
 class RewardActorPool:
@@ -58,56 +67,67 @@ class RewardActorPool:
         self.num_replaced += 1
 
     def wait_ready(self) -> None:
-        """Block until every actor has started (raises with a clear message if they cannot)."""
-        while any(slot.ready_ref is not None for slot in self._slots):
-            self._wait_and_handle({}, None, [])
+        """Block until every actor has started (raises with a clear message if one cannot)."""
+        while starting := {slot.ready_ref: i for i, slot in enumerate(self._slots) if slot.ready_ref is not None}:
+            oldest = min(self._slots[i].started_at for i in starting.values())
+            wait_s = max(0.01, oldest + self.startup_timeout_s - time.monotonic())
+            ready, _ = ray.wait(list(starting), num_returns=1, timeout=wait_s)
+            for ref in ready:
+                self._on_started(starting[ref], ref)
+            self._check_startup()
 
-    def run(self, chunks: list[list[dict]]) -> list[ChunkResult]:
-        """Score every chunk; the results come back in the order of `chunks`."""
-        results: list[ChunkResult | None] = [None] * len(chunks)
+    def run(self, chunks: list[list[dict]]) -> list[Scored]:
+        """Score every chunk within `timeout_s` in all; one outcome per chunk, in the order of `chunks`."""
+        self.wait_ready()  # a replacement started after the last batch's deadline: its start-up is not scoring time
+        deadline = time.monotonic() + self.timeout_s
+        parts: list[list[Scored]] = [[] for _ in chunks]
         pending = deque(range(len(chunks)))
-        running: dict = {}  # ObjectRef -> (slot index, chunk index, start time)
+        running: dict = {}  # ObjectRefGenerator -> (slot index, chunk index)
         while pending or running:
             for index, slot in enumerate(self._slots):
                 if pending and slot.ready_ref is None and not slot.busy:
                     chunk = pending.popleft()
-                    running[slot.actor.score.remote(chunks[chunk])] = (index, chunk, time.monotonic())
+                    running[slot.actor.score.remote(chunks[chunk])] = (index, chunk)
                     slot.busy = True
-            self._wait_and_handle(running, results, chunks)
-        return results  # type: ignore[return-value]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            starting = {slot.ready_ref: i for i, slot in enumerate(self._slots) if slot.ready_ref is not None}
+            ready, _ = ray.wait(list(running) + list(starting), num_returns=1, timeout=left)
+            for ref in ready:
+                if ref in starting:
+                    self._on_started(starting[ref], ref)
+                else:
+                    self._take(ref, running, parts, chunks)
+        # outcomes that arrived by the deadline count, even if this loop had not taken them yet
+        while running and (ready := ray.wait(list(running), num_returns=len(running), timeout=0)[0]):
+            for stream in ready:
+                self._take(stream, running, parts, chunks)
+        timeout = SampleFailure(TIMED_OUT, f"not scored within {self.timeout_s:g} s (worker.reward.timeout_s)")
+        for index, chunk in running.values():
+            parts[chunk].append(failed(len(chunks[chunk]) - sum(map(len, parts[chunk])), timeout))
+            self._replace(index)
+        for chunk in pending:
+            parts[chunk].append(failed(len(chunks[chunk]), timeout))
+        return [merge(chunk_parts) for chunk_parts in parts]
 
-    def _wait_and_handle(self, running: dict, results, chunks) -> None:
-        starting = {slot.ready_ref: i for i, slot in enumerate(self._slots) if slot.ready_ref is not None}
-        now = time.monotonic()
-        deadlines = [start + self.timeout_s for _, _, start in running.values()]
-        deadlines += [self._slots[i].started_at + self.startup_timeout_s for i in starting.values()]
-        wait_s = max(0.01, min(deadlines) - now) if deadlines else 0.01
-        ready, _ = ray.wait(list(running) + list(starting), num_returns=1, timeout=wait_s)
-        for ref in ready:
-            if ref in running:
-                index, chunk, _ = running.pop(ref)
-                self._slots[index].busy = False
-                try:
-                    results[chunk] = ray.get(ref)
-                except (RayActorError, RayError) as err:
-                    results[chunk] = _failed(len(chunks[chunk]), f"the reward actor failed: {err}")
-                    self._replace(index)
-            else:
-                self._on_started(starting[ref], ref)
-        now = time.monotonic()
-        for ref, (index, chunk, start) in list(running.items()):
-            if now - start > self.timeout_s:
-                running.pop(ref)
-                reason = f"timed out after {self.timeout_s:g} s (worker.reward.timeout_s)"
-                results[chunk] = _failed(len(chunks[chunk]), reason, timed_out=True)
-                self._replace(index)
-        for slot in self._slots:
-            if slot.ready_ref is not None and now - slot.started_at > self.startup_timeout_s:
-                raise RuntimeError(
-                    f"A reward actor did not start within {self.startup_timeout_s:g} s. Each needs "
-                    f"{self.actor_num_cpus:g} CPU of the Ray cluster (free now: "
-                    f"{ray.available_resources().get('CPU', 0):g}); lower `worker.reward.num_cpus` or give Ray more CPUs."
-                )
+    def _take(self, stream, running: dict, parts: list[list[Scored]], chunks: list[list[dict]]) -> None:
+        """Collect the next outcome of a chunk's stream; on its end or the actor's death the actor is free again."""
+        index, chunk = running[stream]
+        try:
+            parts[chunk].append(ray.get(next(stream)))
+            while stream.next_ready():  # take what has arrived without another ray.wait per sample
+                parts[chunk].append(ray.get(next(stream)))
+            if not stream.is_finished():
+                return
+        except StopIteration:
+            pass
+        except RayError as err:
+            unscored = len(chunks[chunk]) - sum(map(len, parts[chunk]))
+            parts[chunk].append(failed(unscored, SampleFailure(DIED, _death_reason(err))))
+            self._replace(index)
+        running.pop(stream)
+        self._slots[index].busy = False
 
     def _on_started(self, index: int, ref) -> None:
         try:
@@ -115,6 +135,15 @@ class RewardActorPool:
         except RayError as err:
             raise RuntimeError(f"A reward actor failed to start ({self.spec}): {err}") from err
         self._slots[index].ready_ref = None
+
+    def _check_startup(self) -> None:
+        now = time.monotonic()
+        if any(slot.ready_ref is not None and now - slot.started_at > self.startup_timeout_s for slot in self._slots):
+            raise RuntimeError(
+                f"A reward actor did not start within {self.startup_timeout_s:g} s. Each needs "
+                f"{self.actor_num_cpus:g} CPU of the Ray cluster (free now: "
+                f"{ray.available_resources().get('CPU', 0):g}); lower `worker.reward.num_cpus` or give Ray more CPUs."
+            )
 
     def shutdown(self) -> None:
         for slot in self._slots:

@@ -8,12 +8,14 @@
 
 Responses are decoded here and scored with EasyR1's calling convention: a `batch` function is called ONCE with
 the whole batch (so a function that normalises over the batch sees what it sees in EasyR1), a `sequential`
-function once per response. With `worker.reward.num_cpus` >= 1 the calls run in Ray actors under a timeout
-(`worker.reward.timeout_s` per call): a batch function in one actor holding `num_cpus` CPUs (EasyR1's meaning of
-the key), a sequential function's responses spread in chunks over `num_cpus` one-CPU actors. With 0 they run in
-this process, without the timeout. Each sample's `overall` score is placed on its last response token (EasyR1's
-place). A sample whose scoring raised or timed out scores 0 and is counted in `reward/errors` (a batch call that
-fails fails for the whole batch); the first traceback (and the first timeout) is logged once.
+function once per response. The calls run in Ray actors (as in EasyR1, where the reward manager is an actor holding
+`worker.reward.num_cpus` CPUs): a batch function in one actor holding `num_cpus` CPUs, a sequential function's
+responses spread in chunks over `num_cpus` one-CPU actors; 0 is one actor that reserves no CPU. The whole batch is
+scored within `worker.reward.timeout_s` (see pool.py). Each sample's `overall` score is placed on its last response
+token (EasyR1's place). A sample scores 0 and is counted in `reward/errors` when the function raised on it (a batch
+call that fails fails for the whole batch), returned a NaN or infinite score, was not scored by the deadline (also
+counted in `reward/timeouts`), or its actor's process died; the first failure of each kind is logged once, with
+the sample's index in its batch.
 """
 
 import logging
@@ -22,8 +24,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .actor import ChunkResult, score_chunk
-from .loader import RewardFunctionError, load_reward_function
+from .actor import DIED, NON_FINITE, RAISED, TIMED_OUT, SampleFailure, merge, score_calls
+from .loader import RESERVED_SCORE_NAMES, RewardFunctionError, load_reward_function
+from .pool import RewardActorPool
 
 
 if TYPE_CHECKING:
@@ -33,13 +36,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PREFIX = "reward/"
-ERRORS_KEY = "reward/errors"  # per-sample 1.0 where scoring failed (raised or timed out)
+ERRORS_KEY = PREFIX + "errors"  # per-sample 1.0 where scoring failed (raised, non-finite, timed out, actor died)
+TIMEOUTS_KEY = PREFIX + "timeouts"  # per-sample 1.0 where the batch's deadline passed before it was scored
+COUNT_KEYS = tuple(PREFIX + name for name in RESERVED_SCORE_NAMES)  # reduced to a count of samples, not a mean
 
 
 def reduce_reward_metrics(reward_metrics: dict[str, list[float]]) -> dict[str, float]:
-    """Mean of every named score; `reward/errors` is the number of failed samples (a mean would be their share)."""
+    """Mean of every named score; `reward/errors` and `reward/timeouts` are numbers of samples (a mean would be their
+    share)."""
     reduced = {key: float(np.mean(values)) for key, values in reward_metrics.items() if values}
-    reduced[ERRORS_KEY] = float(np.sum(reward_metrics.get(ERRORS_KEY, [0.0])))
+    for key in COUNT_KEYS:
+        reduced[key] = float(np.sum(reward_metrics.get(key, [0.0])))
     return reduced
 
 
@@ -49,7 +56,7 @@ def scores_to_non_tensor(reward_metrics: dict[str, list[float]]) -> dict[str, np
     return {
         key[len(PREFIX) :]: np.asarray(values, dtype=np.float64)
         for key, values in reward_metrics.items()
-        if key.startswith(PREFIX) and key != ERRORS_KEY
+        if key.startswith(PREFIX) and key not in COUNT_KEYS
     }
 
 
@@ -60,7 +67,10 @@ class RewardScorer:
         tokenizer,
         actor_num_cpus: float = 1.0,
         chunks_per_actor: int = 4,
+        in_process: bool = False,
     ):
+        """`in_process=True` calls the function in this process, with no deadline and no protection from a
+        function that hangs or exits the process: for tests and tools that run without Ray, never for training."""
         if not config.reward_function:
             raise RewardFunctionError("`worker.reward.reward_function` is not set; give path/to/file.py:function.")
         self.config = config
@@ -70,21 +80,19 @@ class RewardScorer:
         self.reward_fn = load_reward_function(config.reward_function, config.reward_function_kwargs)
         logger.info(self.reward_fn.describe())
         self.pool = None
-        if config.num_cpus > 0:
-            from .pool import RewardActorPool
-
-            # a batch function runs as one call: one actor with all the CPUs; sequential calls spread over actors
+        if not in_process:
+            # a batch function runs as one call: one actor with all the CPUs; sequential calls spread over actors.
+            # num_cpus 0 (EasyR1: an actor that reserves no CPU) is one actor reserving none, under the same deadline.
             whole_batch = self.reward_fn.reward_type == "batch"
             self.pool = RewardActorPool(
                 config.reward_function,
                 config.reward_function_kwargs,
-                num_actors=1 if whole_batch else config.num_cpus,
+                num_actors=1 if whole_batch else max(1, config.num_cpus),
                 timeout_s=config.timeout_s,
-                actor_num_cpus=actor_num_cpus * config.num_cpus if whole_batch else actor_num_cpus,
+                actor_num_cpus=actor_num_cpus * (config.num_cpus if whole_batch else min(1, config.num_cpus)),
             )
             self.pool.wait_ready()
-        self._logged_exception = False
-        self._logged_timeout = False
+        self._logged: set[str] = set()  # the failure kinds already logged (each is logged once)
 
     def build_inputs(self, data: "DataProto") -> list[dict]:
         """The reward function's inputs: decoded `response`, its `response_length` in tokens, the `ground_truth`."""
@@ -102,49 +110,60 @@ class RewardScorer:
             for text, length, truth in zip(texts, lengths, truths)
         ]
 
-    def score_inputs(self, inputs: list[dict]) -> tuple[list[dict[str, float]], list[float]]:
-        """Per-sample score dicts (failed samples: {"overall": 0.0}) and per-sample error flags."""
+    def score_inputs(self, inputs: list[dict]) -> tuple[list[dict[str, float]], list[SampleFailure | None]]:
+        """Per-sample score dicts (a failed sample: {"overall": 0.0}) and per-sample failures (None where scored)."""
         if self.pool is None:
-            results = [score_chunk(self.reward_fn, inputs)]
+            outcome = merge(list(score_calls(self.reward_fn, inputs)))
         elif self.reward_fn.reward_type == "batch":
-            results = self.pool.run([inputs])
+            outcome = merge(self.pool.run([inputs]))
         else:
-            num_chunks = max(1, min(len(inputs), self.config.num_cpus * self.chunks_per_actor))
+            num_chunks = max(1, min(len(inputs), self.pool.num_actors * self.chunks_per_actor))
             splits = np.array_split(np.arange(len(inputs)), num_chunks)
-            results = self.pool.run([[inputs[i] for i in split] for split in splits if len(split)])
-        scores: list[dict[str, float]] = []
-        errors: list[float] = []
-        for result in results:
-            self._report(result)
-            scores.extend(score if score is not None else {"overall": 0.0} for score in result.scores)
-            errors.extend(0.0 if score is not None else 1.0 for score in result.scores)
-        return scores, errors
+            outcome = merge(self.pool.run([[inputs[i] for i in split] for split in splits if len(split)]))
+        if outcome.fatal:
+            raise RewardFunctionError(outcome.fatal)
+        self._report(outcome.failures)
+        scores = [score if score is not None else {"overall": 0.0} for score in outcome.scores]
+        return scores, outcome.failures
 
-    def _report(self, result: ChunkResult) -> None:
-        if result.fatal:
-            raise RewardFunctionError(result.fatal)
-        if result.timed_out and not self._logged_timeout:
-            self._logged_timeout = True
-            logger.warning(
-                "Reward function %s %s; its %d samples score 0 and the reward actor was replaced "
-                "(counted in reward/errors; logged once).",
-                self.reward_fn.where,
-                result.traceback,
-                result.num_errors,
-            )
-        elif result.num_errors and not result.timed_out and not self._logged_exception:
-            self._logged_exception = True
-            logger.warning(
-                "Reward function %s raised; the affected samples score 0 (counted in reward/errors; logged once):\n%s",
-                self.reward_fn.where,
-                result.traceback,
-            )
+    def _report(self, failures: list[SampleFailure | None]) -> None:
+        """Log the first failure of each kind once per run, naming the sample's index in its batch."""
+        for kind in (RAISED, NON_FINITE, TIMED_OUT, DIED):
+            indices = [i for i, failure in enumerate(failures) if failure is not None and failure.kind == kind]
+            if not indices or kind in self._logged:
+                continue
+            self._logged.add(kind)
+            first, count, size = indices[0], len(indices), len(failures)
+            detail = failures[first].detail
+            where = self.reward_fn.where
+            counted = f"{count} of {size} samples of this batch score 0 (counted in {ERRORS_KEY}"
+            if kind == RAISED:
+                message = f"Reward function {where} raised on sample {first}; {counted}; logged once):\n{detail}"
+            elif kind == NON_FINITE:
+                message = (
+                    f"Reward function {where} returned a non-finite score for sample {first}: {detail}. A NaN or "
+                    f"infinite reward would make every update non-finite, so {counted}; logged once)."
+                )
+            elif kind == TIMED_OUT:
+                message = (
+                    f"Reward function {where}: scoring the batch took longer than worker.reward.timeout_s="
+                    f"{self.config.timeout_s:g} s (first unscored sample: {first}); {counted} and {TIMEOUTS_KEY}; "
+                    "logged once); the reward actors still busy were replaced. Raise worker.reward.timeout_s if the "
+                    "function is slow rather than stuck."
+                )
+            else:
+                message = (
+                    f"Reward function {where}: {detail}. From sample {first} on, {counted}; logged once); the "
+                    "actor was replaced."
+                )
+            logger.warning(message)
 
     def score(self, data: "DataProto") -> tuple[torch.Tensor, dict[str, list[float]]]:
         """(token_level_scores (batch, response_len) with `overall` on each last response token, per-sample
-        metrics {"reward/<score name>": [value per sample], "reward/errors": [1.0 where scoring failed]})."""
+        metrics {"reward/<score name>": [value per sample], "reward/errors": [1.0 where scoring failed],
+        "reward/timeouts": [1.0 where the batch's deadline passed first]})."""
         inputs = self.build_inputs(data)
-        scores, errors = self.score_inputs(inputs)
+        scores, failures = self.score_inputs(inputs)
         responses = data.batch["responses"]
         token_level_scores = torch.zeros(responses.shape, dtype=torch.float32)
         last = (data.batch["response_mask"].sum(-1).long() - 1).clamp(min=0).cpu()
@@ -152,7 +171,10 @@ class RewardScorer:
         token_level_scores[torch.arange(len(scores)), last] = overall
         names = list(dict.fromkeys(name for score in scores for name in score))
         reward_metrics = {PREFIX + name: [score.get(name, 0.0) for score in scores] for name in names}
-        reward_metrics[ERRORS_KEY] = errors
+        reward_metrics[ERRORS_KEY] = [float(failure is not None) for failure in failures]
+        reward_metrics[TIMEOUTS_KEY] = [
+            float(failure is not None and failure.kind == TIMED_OUT) for failure in failures
+        ]
         return token_level_scores.to(responses.device), reward_metrics
 
     def shutdown(self) -> None:

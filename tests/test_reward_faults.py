@@ -1,0 +1,224 @@
+"""Reward functions that misbehave (issue 18): NaN/inf scores are errors of their samples, `worker.reward.timeout_s`
+bounds the scoring of a whole batch, and a reward that ends its process is contained. Real RewardScorer, real Ray
+reward actors wherever training uses them."""
+
+import logging
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from easyrl.config import RewardConfig
+from easyrl.protocol import DataProto
+from easyrl.workers.reward.loader import RewardFunctionError, check_reward_limits, load_reward_function
+from easyrl.workers.reward.scorer import RewardScorer, reduce_reward_metrics
+
+
+SEQUENTIAL_NON_FINITE = """
+REWARD_TYPE = "sequential"
+
+def compute_score(item):
+    truth = item["ground_truth"]
+    if truth == "nan":
+        return {"overall": float("nan")}
+    if truth == "inf-in-accuracy":  # a named score counts as much as overall
+        return {"overall": 1.0, "accuracy": float("-inf")}
+    return {"overall": 1.0, "accuracy": 1.0}
+"""
+
+BATCH_NON_FINITE = """
+import math
+
+def compute_score(reward_inputs):
+    return [
+        {"overall": math.inf if item["ground_truth"] == "inf" else float(item["response_length"])}
+        for item in reward_inputs
+    ]
+"""
+
+SLEEPS_ON_HANG = """
+import time
+
+REWARD_TYPE = "sequential"
+
+def compute_score(item):
+    if item["ground_truth"] == "hang":
+        time.sleep(3600)
+    return {"overall": float(item["response_length"])}
+"""
+
+EXITS_ON_EXIT = """
+import os
+import sys
+
+REWARD_TYPE = "sequential"
+
+def compute_score(item):
+    if item["ground_truth"] == "exit":
+        os._exit(3)
+    if item["ground_truth"] == "sys.exit":
+        sys.exit("reward gave up")
+    return {"overall": float(item["response_length"])}
+"""
+
+
+def inputs(*truths):
+    return [{"response": "r", "response_length": i + 1, "ground_truth": t} for i, t in enumerate(truths)]
+
+
+def kinds(failures):
+    return [failure and failure.kind for failure in failures]
+
+
+@pytest.fixture
+def reward_file(tmp_path):
+    def write(text):
+        path = tmp_path / "reward.py"
+        path.write_text(text)
+        return str(path)
+
+    return write
+
+
+def warnings_of(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "easyrl.workers.reward.scorer"]
+
+
+@pytest.mark.timeout(120)
+def test_non_finite_scores_of_a_sequential_function_score_zero_are_counted_and_the_first_is_logged(
+    ray_cluster, reward_file, caplog
+):
+    config = RewardConfig(reward_function=reward_file(SEQUENTIAL_NON_FINITE), num_cpus=1, timeout_s=30)
+    scorer = RewardScorer(config, tokenizer=None)
+    try:
+        with caplog.at_level(logging.WARNING, logger="easyrl.workers.reward.scorer"):
+            scores, failures = scorer.score_inputs(inputs("a", "inf-in-accuracy", "b", "nan"))
+        assert scores == [{"overall": 1.0, "accuracy": 1.0}, {"overall": 0.0}, scores[0], {"overall": 0.0}]
+        assert kinds(failures) == [None, "non-finite", None, "non-finite"]
+        assert [failures[1].detail, failures[3].detail] == ["accuracy=-inf", "overall=nan"]
+        (logged,) = warnings_of(caplog)
+        assert "non-finite score for sample 1: accuracy=-inf" in logged and "2 of 4 samples" in logged
+        assert "reward/errors" in logged
+    finally:
+        scorer.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_non_finite_score_of_a_batch_function_zeroes_only_its_sample(ray_cluster, reward_file, caplog):
+    # num_cpus 0: one reward actor that reserves no CPU (EasyR1's meaning), not the driver process
+    config = RewardConfig(reward_function=reward_file(BATCH_NON_FINITE), num_cpus=0, timeout_s=30)
+    scorer = RewardScorer(config, tokenizer=None)
+    try:
+        assert (scorer.pool.num_actors, scorer.pool.actor_num_cpus) == (1, 0)
+        with caplog.at_level(logging.WARNING, logger="easyrl.workers.reward.scorer"):
+            scores, failures = scorer.score_inputs(inputs("a", "b", "inf"))
+        assert [s["overall"] for s in scores] == [1.0, 2.0, 0.0]
+        assert kinds(failures) == [None, None, "non-finite"]
+        (logged,) = warnings_of(caplog)
+        assert "non-finite score for sample 2: overall=inf" in logged
+    finally:
+        scorer.shutdown()
+
+
+def test_non_finite_rewards_never_reach_the_token_level_scores(tokenizer, reward_file):
+    config = RewardConfig(reward_function=reward_file(SEQUENTIAL_NON_FINITE))
+    scorer = RewardScorer(config, tokenizer, in_process=True)  # the same score_calls the reward actors run
+    ids = tokenizer.encode("ok", add_special_tokens=False)[:1]
+    data = DataProto.from_dict(
+        tensors={
+            "responses": torch.tensor([ids + ids, ids + [tokenizer.pad_token_id]]),  # (2, 2), right-padded
+            "response_mask": torch.tensor([[1, 1], [1, 0]]),
+        },
+        non_tensors={"ground_truth": np.array(["nan", "a"], dtype=object)},
+    )
+    token_level_scores, metrics = scorer.score(data)
+    assert token_level_scores.tolist() == [[0.0, 0.0], [1.0, 0.0]]  # overall on each last response token
+    assert reduce_reward_metrics(metrics) == {
+        "reward/overall": 0.5,
+        "reward/accuracy": 0.5,
+        "reward/errors": 1.0,
+        "reward/timeouts": 0.0,
+    }
+
+
+@pytest.mark.timeout(120)
+def test_a_hang_in_one_chunk_of_four_costs_one_timeout_and_the_healthy_chunks_keep_their_scores(
+    ray_cluster, reward_file, caplog
+):
+    timeout_s = 3.0
+    config = RewardConfig(reward_function=reward_file(SLEEPS_ON_HANG), num_cpus=4, timeout_s=timeout_s)
+    scorer = RewardScorer(config, tokenizer=None, chunks_per_actor=1)  # 8 samples -> 4 chunks of 2, one per actor
+    try:
+        with caplog.at_level(logging.WARNING, logger="easyrl.workers.reward.scorer"):
+            start = time.monotonic()
+            scores, failures = scorer.score_inputs(inputs("a", "b", "c", "hang", "d", "e", "f", "g"))
+            elapsed = time.monotonic() - start
+        assert timeout_s <= elapsed < 2 * timeout_s
+        # sample 2 was scored before the call on sample 3 hung: its score came back with it
+        assert [s["overall"] for s in scores] == [1.0, 2.0, 3.0, 0.0, 5.0, 6.0, 7.0, 8.0]
+        assert kinds(failures) == [None, None, None, "timed out", None, None, None, None]
+        assert scorer.pool.num_replaced == 1
+        (logged,) = warnings_of(caplog)
+        assert "worker.reward.timeout_s=3 s (first unscored sample: 3)" in logged and "reward/timeouts" in logged
+        scores, failures = scorer.score_inputs(inputs("h", "i", "j", "k"))  # the replacement takes its share
+        assert [s["overall"] for s in scores] == [1.0, 2.0, 3.0, 4.0] and failures == [None] * 4
+    finally:
+        scorer.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_every_chunk_hanging_costs_one_timeout_not_one_per_chunk(ray_cluster, reward_file):
+    # before: the 4 chunks of one actor ran one after another, each with the full timeout (4 x timeout_s a step)
+    timeout_s = 3.0
+    config = RewardConfig(reward_function=reward_file(SLEEPS_ON_HANG), num_cpus=1, timeout_s=timeout_s)
+    scorer = RewardScorer(config, tokenizer=None, chunks_per_actor=4)
+    try:
+        start = time.monotonic()
+        scores, failures = scorer.score_inputs(inputs("hang", "hang", "hang", "hang"))
+        assert timeout_s <= time.monotonic() - start < 2 * timeout_s
+        assert scores == [{"overall": 0.0}] * 4 and kinds(failures) == ["timed out"] * 4
+    finally:
+        scorer.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_reward_that_calls_os_exit_is_contained_named_and_its_actor_replaced(ray_cluster, reward_file, caplog):
+    config = RewardConfig(reward_function=reward_file(EXITS_ON_EXIT), num_cpus=1, timeout_s=60)
+    scorer = RewardScorer(config, tokenizer=None, chunks_per_actor=4)  # 3 inputs -> 3 chunks of one
+    try:
+        with caplog.at_level(logging.WARNING, logger="easyrl.workers.reward.scorer"):
+            scores, failures = scorer.score_inputs(inputs("a", "exit", "b"))
+        # the chunk after the dead actor's waits for its replacement and is scored
+        assert [s["overall"] for s in scores] == [1.0, 0.0, 3.0]
+        assert kinds(failures) == [None, "died", None]
+        assert scorer.pool.num_replaced == 1
+        (logged,) = warnings_of(caplog)
+        assert "process died while scoring" in logged and "os._exit" in logged and "From sample 1 on" in logged
+    finally:
+        scorer.shutdown()
+
+
+def test_sys_exit_in_a_reward_is_a_raised_error_of_its_sample(reward_file):
+    config = RewardConfig(reward_function=reward_file(EXITS_ON_EXIT))
+    scorer = RewardScorer(config, tokenizer=None, in_process=True)
+    scores, failures = scorer.score_inputs(inputs("a", "sys.exit"))
+    assert scores == [{"overall": 1.0}, {"overall": 0.0}]
+    assert kinds(failures) == [None, "raised"] and "SystemExit: reward gave up" in failures[1].detail
+
+
+def test_a_score_named_like_easyrls_own_counts_is_refused(reward_file):
+    fn = load_reward_function(reward_file("def compute_score(items):\n    return [{'overall': 1.0, 'errors': 0}]\n"))
+    with pytest.raises(RewardFunctionError, match=r"score named `errors`.*reward/errors.*rename"):
+        fn.score([{"response": "r", "response_length": 1, "ground_truth": "1"}])
+
+
+@pytest.mark.parametrize(
+    ("num_cpus", "timeout_s", "key"),
+    [(-1, 60.0, "num_cpus"), (1.5, 60.0, "num_cpus"), (1, 0, "timeout_s"), (1, math.inf, "timeout_s")],
+)
+def test_reward_limits_that_cannot_bound_scoring_are_refused_naming_the_key(num_cpus, timeout_s, key):
+    with pytest.raises(RewardFunctionError, match=rf"`worker\.reward\.{key}` is"):
+        check_reward_limits(num_cpus, timeout_s)
+    check_reward_limits(0, 60.0)
