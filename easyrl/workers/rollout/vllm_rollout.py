@@ -62,21 +62,6 @@ def rollout_parallel_layout(rank: int, world_size: int, tensor_parallel_size: in
     return rank // tensor_parallel_size, world_size // tensor_parallel_size, rank % tensor_parallel_size
 
 
-def _run_registry_subprocess_with_easyrl_fixes() -> None:
-    """vLLM inspects model classes in a fresh ``python -m vllm.model_executor.models.registry`` process (on a cache
-    miss). That process never imports easyrl, so it lacks the process fixes of ``easyrl.utils.runtime_env`` (e.g.
-    torchvision's op schemas next to a CPU torch) and dies importing transformers' image utilities. Import easyrl
-    there first."""
-    from vllm.model_executor.models import registry
-
-    command = getattr(registry, "_SUBPROCESS_COMMAND", None)
-    if isinstance(command, list) and command[1:] == ["-m", "vllm.model_executor.models.registry"]:
-        command[1:] = [
-            "-c",
-            "import easyrl, runpy; runpy.run_module('vllm.model_executor.models.registry', run_name='__main__')",
-        ]
-
-
 def _job_unique_cpu_shm_names() -> None:
     """Name the shared-memory segments of vLLM's CPU tensor-parallel communicator after this job's MASTER_PORT.
 
@@ -116,7 +101,6 @@ def _cpu_engine_environment() -> Iterator[None]:
     saved_threads, saved_set_num_threads = torch.get_num_threads(), torch.set_num_threads
     os.environ["TORCHDYNAMO_DISABLE"] = "1"
     try:
-        _run_registry_subprocess_with_easyrl_fixes()
         _job_unique_cpu_shm_names()
         yield
     finally:
