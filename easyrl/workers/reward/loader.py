@@ -107,21 +107,6 @@ class RewardFunction:
         )
 
 
-def check_reward_limits(num_cpus: Any, timeout_s: Any) -> None:
-    """`worker.reward.num_cpus` >= 0 and `worker.reward.timeout_s` a positive, finite number of seconds (for the
-    config check: a timeout of 0 would score every sample 0, an infinite one would let a hung reward stop training)."""
-    if isinstance(num_cpus, bool) or not isinstance(num_cpus, int) or num_cpus < 0:
-        raise RewardFunctionError(
-            f"`worker.reward.num_cpus` is {num_cpus!r}; give the CPUs to reserve for scoring as a whole number >= 0 "
-            "(0: one reward actor that reserves none)."
-        )
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < float("inf"):
-        raise RewardFunctionError(
-            f"`worker.reward.timeout_s` is {timeout_s!r}; give the seconds the scoring of one batch may take as a "
-            "positive number (default 60)."
-        )
-
-
 def parse_spec(spec: str) -> tuple[str, str | None]:
     """`path.py:fn` -> (path, fn); `path.py` -> (path, None): the function is chosen by `choose_function_name`."""
     if not spec:
