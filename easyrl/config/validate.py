@@ -2,7 +2,12 @@
 imported: no torch, no model, no data). A config that passes runs; the workers check nothing again."""
 
 import difflib
+import math
 import os
+import socket
+import threading
+import urllib.parse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -46,6 +51,128 @@ DTYPE_KEYS = (
     "mp_buffer_dtype",
 )
 DTYPES = ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32")
+# The sampling keys worker.rollout.val_override_config may set: the fields of SamplingSettings
+# (easyrl.workers.rollout.base) but max_tokens, listed here so that check needs no torch import; a test asserts they
+# are equal.
+SAMPLING_OVERRIDE_KEYS = ("ignore_eos", "n", "temperature", "top_k", "top_p")
+DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow")
+# A connection to the model hub that takes longer than this counts as no hub (transformers would retry for a minute).
+HUB_PROBE_TIMEOUT_S = 0.8
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The values a numeric key accepts: between ``low`` and ``high`` (either side open or closed, None: unbounded),
+    or one of ``special`` (e.g. -1 for "all"). NaN and infinities are never accepted."""
+
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_open: bool = False
+    high_open: bool = False
+    special: tuple = ()
+    why: str = ""
+    """Said after the range in the error, when the range alone does not explain itself."""
+
+    def admits(self, value: Any) -> bool:
+        if value in self.special:
+            return True
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def __str__(self) -> str:
+        if self.low is not None and self.high is not None:
+            text = f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        elif self.low is not None:
+            text = f"{'>' if self.low_open else '>='} {self.low:g}"
+        else:
+            text = f"{'<' if self.high_open else '<='} {self.high:g}"
+        return text + "".join(f", or {value:g}" for value in self.special)
+
+
+POSITIVE = Interval(0, low_open=True)
+AT_LEAST_ONE = Interval(1)
+NON_NEGATIVE = Interval(0)
+SHARE = Interval(0, 1)
+PROBABILITY = Interval(0, 1, low_open=True)
+
+
+def _trainable_role_ranges(role: str) -> dict[str, Interval]:
+    prefix = f"worker.{role}"
+    return {
+        f"{prefix}.global_batch_size": AT_LEAST_ONE,
+        f"{prefix}.micro_batch_size_per_device_for_update": AT_LEAST_ONE,
+        f"{prefix}.micro_batch_size_per_device_for_experience": AT_LEAST_ONE,
+        f"{prefix}.ppo_epochs": AT_LEAST_ONE,
+        f"{prefix}.ulysses_size": AT_LEAST_ONE,
+        f"{prefix}.model.lora.rank": NON_NEGATIVE,
+        f"{prefix}.model.lora.alpha": POSITIVE,
+        f"{prefix}.optim.lr": Interval(0, low_open=True, why="the optimizer would stand still or climb the loss"),
+        f"{prefix}.optim.weight_decay": NON_NEGATIVE,
+        f"{prefix}.optim.lr_warmup_ratio": SHARE,
+        f"{prefix}.optim.lr_warmup_steps": NON_NEGATIVE,
+        f"{prefix}.optim.min_lr_ratio": SHARE,
+    }
+
+
+# Every numeric key with a domain, checked by `easyrl check` (None passes for keys that may be null). docs/config.md
+# shows each range next to its key.
+RANGES: dict[str, Interval] = {
+    "data.video_fps": POSITIVE,
+    "data.max_prompt_length": AT_LEAST_ONE,
+    "data.max_response_length": AT_LEAST_ONE,
+    "data.rollout_batch_size": AT_LEAST_ONE,
+    "data.mini_rollout_batch_size": AT_LEAST_ONE,
+    "data.val_batch_size": Interval(1, special=(-1,)),
+    "data.min_pixels": AT_LEAST_ONE,
+    "data.max_pixels": AT_LEAST_ONE,
+    "data.filter_overlong_prompts_workers": NON_NEGATIVE,
+    "data.dataloader_num_workers": NON_NEGATIVE,
+    "algorithm.gamma": SHARE,
+    "algorithm.lam": SHARE,
+    "algorithm.kl_coef": NON_NEGATIVE,
+    "algorithm.kl_horizon": POSITIVE,
+    "algorithm.kl_target": POSITIVE,
+    **_trainable_role_ranges("actor"),
+    # 0 leaves the ratio no room on that side (EasyR1's CISPO recipe sets clip_ratio_low=0)
+    "worker.actor.clip_ratio_low": NON_NEGATIVE,
+    "worker.actor.clip_ratio_high": NON_NEGATIVE,
+    "worker.actor.clip_ratio_dual": Interval(
+        1, low_open=True, why="dual-clip PPO bounds the loss by C |A| with C > 1"
+    ),
+    "worker.actor.tau_positive": POSITIVE,
+    "worker.actor.tau_negative": POSITIVE,
+    "worker.actor.tis_cap": POSITIVE,
+    **_trainable_role_ranges("critic"),
+    "worker.critic.cliprange_value": POSITIVE,
+    "worker.ref.micro_batch_size_per_device_for_experience": AT_LEAST_ONE,
+    "worker.rollout.n": AT_LEAST_ONE,
+    "worker.rollout.temperature": Interval(
+        0,
+        low_open=True,
+        why="training samples at this temperature and scores log-probs at it (logits / temperature); for greedy "
+        "validation set worker.rollout.val_override_config.temperature=0",
+    ),
+    "worker.rollout.top_p": PROBABILITY,
+    "worker.rollout.limit_images": NON_NEGATIVE,
+    "worker.rollout.gpu_memory_utilization": PROBABILITY,
+    "worker.rollout.kv_cache_memory_bytes": AT_LEAST_ONE,
+    "worker.rollout.tensor_parallel_size": AT_LEAST_ONE,
+    "worker.rollout.max_model_len": AT_LEAST_ONE,
+    "worker.rollout.max_num_batched_tokens": AT_LEAST_ONE,
+    "worker.reward.num_cpus": NON_NEGATIVE,
+    "worker.reward.timeout_s": POSITIVE,
+    "trainer.total_epochs": AT_LEAST_ONE,
+    "trainer.max_steps": AT_LEAST_ONE,
+    "trainer.nnodes": AT_LEAST_ONE,
+    "trainer.n_gpus_per_node": AT_LEAST_ONE,
+    "trainer.critic_warmup": NON_NEGATIVE,
+    "trainer.val_generations_to_log": NON_NEGATIVE,
+}
+# worker.rollout.val_override_config values, checked like the rollout's own (temperature 0 is greedy there)
+SAMPLING_OVERRIDE_RANGES = {"n": AT_LEAST_ONE, "temperature": NON_NEGATIVE, "top_p": PROBABILITY}
 
 
 def _get(config: PPOConfig, key: str) -> Any:
@@ -75,8 +202,87 @@ def _check_model_path(key: str, path: Optional[str], required: bool) -> None:
             names = ", ".join(BUILTIN_PREFIX + n for n in builtin_models.BUILTIN_MODELS)
             raise ConfigError(f"`{key}`: unknown built-in model `{path}`; built-in models: {names}.")
         return
-    if looks_local(path) and not os.path.exists(os.path.expanduser(path)):
+    local = Path(path).expanduser()
+    if local.is_file():
+        raise ConfigError(f"`{key}`: `{path}` is a file; give the model's folder (the one holding config.json).")
+    if looks_local(path) and not local.exists():
         raise ConfigError(f"`{key}`: local model path `{path}` does not exist.")
+    if not local.exists():
+        # a hub id; check reads no network: only a declared offline mode (the driver probes the hub before Ray)
+        check_hub_model(key, path, probe=False)
+
+
+def _offline_declared() -> Optional[str]:
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"{name}={os.environ[name]}"
+    return None
+
+
+def _hub_cache() -> Path:
+    """The hub client's cache folder, read from the environment now (the client reads it once, at import)."""
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    """A snapshot of the hub model ``repo_id`` with files in it is in the local cache (loading it needs no hub)."""
+    snapshots = _hub_cache() / f"models--{repo_id.replace('/', '--')}" / "snapshots"
+    return snapshots.is_dir() and any(folder.is_dir() and any(folder.iterdir()) for folder in snapshots.iterdir())
+
+
+def _hub_unreachable_reason(probe: bool) -> Optional[str]:
+    """Why the model hub cannot be reached (offline mode declared, or, with ``probe``, no TCP connection to the hub
+    or its proxy within HUB_PROBE_TIMEOUT_S); None when it can, or when unknown without a probe."""
+    offline = _offline_declared()
+    if offline or not probe:
+        return offline
+    endpoint = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    names = ("HTTPS_PROXY", "https_proxy") if endpoint.scheme == "https" else ("HTTP_PROXY", "http_proxy")
+    proxy = next((os.environ[name] for name in (*names, "ALL_PROXY", "all_proxy") if os.environ.get(name)), None)
+    target = urllib.parse.urlsplit(proxy if "://" in (proxy or "") else f"http://{proxy}") if proxy else endpoint
+    host, port = target.hostname or "", target.port or (443 if target.scheme == "https" else 80)
+    connected = threading.Event()
+
+    def connect() -> None:  # in a thread: name resolution has no timeout of its own
+        try:
+            socket.create_connection((host, port), timeout=HUB_PROBE_TIMEOUT_S).close()
+            connected.set()
+        except OSError:
+            pass
+
+    threading.Thread(target=connect, daemon=True).start()
+    if connected.wait(HUB_PROBE_TIMEOUT_S):
+        return None
+    return f"no connection to {host}:{port}{' (the proxy)' if proxy else ''} within {HUB_PROBE_TIMEOUT_S:g} s"
+
+
+def check_hub_model(key: str, path: str, probe: bool = True) -> None:
+    """A hub id must be in the local cache or its hub reachable: raise ConfigError at once instead of the minute of
+    retries transformers spends before an error that does not name the key."""
+    if path.startswith(BUILTIN_PREFIX) or os.path.exists(os.path.expanduser(path)) or _in_hub_cache(path):
+        return
+    reason = _hub_unreachable_reason(probe)
+    if reason:
+        raise ConfigError(
+            f"`{key}={path}`: not a local folder, and the model hub is unreachable ({reason}); give a local path (a "
+            f"folder holding config.json), or download the model where the hub is reachable "
+            f"(e.g. `huggingface-cli download {path}`)."
+        )
+
+
+def check_model_sources(config: PPOConfig) -> None:
+    """Every model and tokenizer the run reads can be read from here (the driver calls this before loading them)."""
+    keys = ["worker.actor.model.model_path", "worker.actor.model.tokenizer_path"]
+    if uses_critic(config):
+        keys.append("worker.critic.model.model_path")
+    for key in keys:
+        path = _get(config, key)
+        if path:
+            check_hub_model(key, path)
 
 
 def _check_file(key: str, path: Optional[str], what: str, hint: str = "") -> None:
@@ -84,9 +290,33 @@ def _check_file(key: str, path: Optional[str], what: str, hint: str = "") -> Non
         raise ConfigError(f"`{key}`: {what} file `{path}` does not exist.{' ' + hint if hint else ''}")
 
 
-def _check_positive(key: str, value: int) -> None:
-    if value <= 0:
-        raise ConfigError(f"`{key}` must be a positive integer, got {value}.")
+def _check_range(key: str, value: Any, interval: Interval) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not interval.admits(value):
+        why = f" ({interval.why})" if interval.why else ""
+        raise ConfigError(f"`{key}` is {value!r}; it must be {interval}{why}.")
+
+
+def _check_ranges(config: PPOConfig) -> None:
+    for key, interval in RANGES.items():
+        _check_range(key, _get(config, key), interval)
+    for role in ("actor", "critic"):
+        betas = _get(config, f"worker.{role}.optim.betas")
+        if len(betas) != 2:
+            raise ConfigError(f"`worker.{role}.optim.betas` is {betas}; give two numbers, e.g. [0.9, 0.999].")
+        for index, beta in enumerate(betas):
+            _check_range(f"worker.{role}.optim.betas[{index}]", beta, Interval(0, 1, high_open=True))
+    overrides = config.worker.rollout.val_override_config
+    unknown = sorted(set(overrides) - set(SAMPLING_OVERRIDE_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"`worker.rollout.val_override_config` has unknown sampling key(s) {unknown}; allowed keys are "
+            f"{list(SAMPLING_OVERRIDE_KEYS)} (the response length is `data.max_response_length`)."
+        )
+    for name, interval in SAMPLING_OVERRIDE_RANGES.items():
+        if name in overrides:
+            _check_range(f"worker.rollout.val_override_config.{name}", overrides[name], interval)
 
 
 def uses_critic(config: PPOConfig) -> bool:
@@ -133,30 +363,12 @@ def validate_config(config: PPOConfig) -> None:
             _check_choice(f"worker.{role}.fsdp.torch_dtype", fsdp.torch_dtype, DTYPES)
 
     data, actor, rollout, critic = config.data, config.worker.actor, config.worker.rollout, config.worker.critic
-    for key in (
-        "data.max_prompt_length",
-        "data.max_response_length",
-        "data.rollout_batch_size",
-        "worker.actor.global_batch_size",
-        "worker.actor.micro_batch_size_per_device_for_update",
-        "worker.actor.micro_batch_size_per_device_for_experience",
-        "worker.rollout.n",
-        "worker.rollout.tensor_parallel_size",
-        "trainer.nnodes",
-        "trainer.n_gpus_per_node",
-    ):
-        _check_positive(key, _get(config, key))
+    _check_ranges(config)
     if data.min_pixels is not None and data.max_pixels is not None and data.min_pixels > data.max_pixels:
         raise ConfigError(
             f"`data.min_pixels` ({data.min_pixels}) is above `data.max_pixels` ({data.max_pixels}): no picture size "
             "satisfies both; lower min_pixels or raise max_pixels."
         )
-    if data.mini_rollout_batch_size is not None:
-        _check_positive("data.mini_rollout_batch_size", data.mini_rollout_batch_size)
-    if config.trainer.max_steps is not None:
-        _check_positive("trainer.max_steps", config.trainer.max_steps)
-    if not 0 <= data.filter_overlong_prompts_workers:
-        raise ConfigError("`data.filter_overlong_prompts_workers` must be >= 0.")
 
     world = config.world_size
     if data.rollout_batch_size % actor.global_batch_size != 0:
@@ -191,6 +403,24 @@ def validate_config(config: PPOConfig) -> None:
                 f"`worker.critic.global_batch_size` x `worker.rollout.n` must split into whole micro-batches of "
                 f"`worker.critic.micro_batch_size_per_device_for_update` on each of the {world} workers."
             )
+    for role in ("actor", "critic", "ref") if uses_critic(config) else ("actor", "ref"):
+        fsdp_size = _get(config, f"worker.{role}.fsdp.fsdp_size")
+        if 0 < fsdp_size < world and world % fsdp_size != 0:
+            raise ConfigError(
+                f"`worker.{role}.fsdp.fsdp_size` ({fsdp_size}) must divide the number of workers ({world} = "
+                "trainer.nnodes x trainer.n_gpus_per_node); -1 shards over all of them."
+            )
+    if (
+        rollout.name == "vllm"
+        and not rollout.enable_chunked_prefill
+        and rollout.max_num_batched_tokens < (rollout.max_model_len or 0)
+    ):
+        raise ConfigError(
+            f"`worker.rollout.max_num_batched_tokens` ({rollout.max_num_batched_tokens}) is smaller than the context "
+            f"length ({rollout.max_model_len}, `worker.rollout.max_model_len`, by default data.max_prompt_length + "
+            "data.max_response_length): a prompt could never be scheduled. Raise it or set "
+            "`worker.rollout.enable_chunked_prefill=true`."
+        )
     if world % rollout.tensor_parallel_size != 0:
         raise ConfigError(
             f"`worker.rollout.tensor_parallel_size` ({rollout.tensor_parallel_size}) must divide the number of "
@@ -232,7 +462,8 @@ def validate_config(config: PPOConfig) -> None:
         raise ConfigError("`data.train_files` is not set. Point it at a .jsonl/.json/.parquet file or name@split.")
     for key in ("data.train_files", "data.val_files"):
         value = _get(config, key)
-        if value and not value.startswith(BUILTIN_PREFIX):
+        if value and not value.startswith(BUILTIN_PREFIX) and not os.path.exists(os.path.expanduser(value)):
             path = value.split("@", 1)[0]
-            if looks_local(path) and not os.path.exists(os.path.expanduser(path)):
+            is_file_name = Path(path).suffix.lower() in DATA_FILE_SUFFIXES
+            if (looks_local(path) or is_file_name) and not os.path.exists(os.path.expanduser(path)):
                 raise ConfigError(f"`{key}`: data file `{path}` does not exist.")

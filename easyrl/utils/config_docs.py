@@ -6,6 +6,7 @@ from dataclasses import MISSING, fields, is_dataclass
 
 from ..config.compat import EASYR1_DIFFERENCES
 from ..config.schema import PPOConfig
+from ..config.validate import RANGES
 
 
 def field_docstrings(cls: type) -> dict[str, str]:
@@ -92,6 +93,8 @@ def render_config_docs() -> str:
         lines += [f"## `{section}`", "", "| key | type | default | description |", "|---|---|---|---|"]
         for f in leaves:
             doc = docs.get(f.name, "").replace("|", "\\|")
+            if f"{section}.{f.name}" in RANGES:  # the range `easyrl check` holds the key to
+                doc += f" Allowed: {RANGES[f'{section}.{f.name}']}."
             row = f"| `{section}.{f.name}` | {_type(f)} | `{_default(f)}` | {doc} |"
             (derived if f.metadata.get("derived") else lines).append(row)
         lines.append("")
