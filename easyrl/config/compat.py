@@ -57,6 +57,22 @@ EASYR1_DIFFERENCES: dict[str, str] = {
         "a row with pictures but no `<image>` placeholder in its prompt gets its pictures before the text (EasyR1's "
         "processor fails on such rows)"
     ),
+    "worker.actor.model.trust_remote_code": (
+        "defaults to false (EasyR1: true): code shipped with a checkpoint runs in the driver and every worker, so it "
+        "runs only when asked for; a model that needs it stops before Ray starts with an error naming this key"
+    ),
+    "data.answer_key": (
+        "a row whose answer is null or absent is skipped, counted and named in a warning (EasyR1 hands None to the "
+        "reward function, which then scores 0 or raises); no row with an answer is an error naming the key. The "
+        "same holds for data.prompt_key"
+    ),
+    "data.train_files": (
+        "every row is read and encoded when the run starts, so a file that cannot be read (no rows, a byte that is "
+        "not UTF-8, a line that is not JSON) stops the run before Ray starts, naming the file and line (EasyR1 "
+        "finds such rows when it draws them); CSV cells are read as the text they hold (EasyR1: numbers where they "
+        "look like numbers, so an answer `06` becomes 6.0). With data.filter_overlong_prompts=false the prompts are "
+        "measured too, and the number that will be cut is reported at the start"
+    ),
     "worker.rollout.enforce_eager": (
         "false on a machine without CUDA runs the engine eagerly all the same (CUDA graphs do not exist there; "
         "vLLM's CPU backend dies at start otherwise), announced once"

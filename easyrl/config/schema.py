@@ -131,8 +131,10 @@ class ModelConfig:
     """Values that override the model's config.json (e.g. {attention_dropout: 0.0})."""
     enable_gradient_checkpointing: bool = True
     """Recompute activations in the backward pass to save memory."""
-    trust_remote_code: bool = True
-    """Allow model code shipped with the checkpoint."""
+    trust_remote_code: bool = False
+    """Run Python code shipped with the checkpoint (`auto_map` in its config.json / tokenizer_config.json) in the
+    driver and every worker. Off by default (EasyR1: on): a model that needs it stops before Ray starts with an
+    error naming this key; read its code, then set true."""
     freeze_vision_tower: bool = False
     """Keep the vision encoder of a VLM frozen."""
     lora: LoraConfig = field(default_factory=LoraConfig)

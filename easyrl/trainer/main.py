@@ -56,17 +56,22 @@ class RunData:
 
 def prepare_run_data(plan: RunPlan) -> RunData:
     """Resolve built-in model paths, load the tokenizer/processor and the data, and count the training steps."""
+    from ..config.validate import check_model_sources
     from ..data.loader import create_dataloaders
     from ..data.tokenizer import load_tokenizer_and_processor
     from ..demo.builtin_models import resolve_model_path
+    from ..workers.fsdp_utils import load_hf_config
 
     config = plan.config
+    check_model_sources(config)  # a hub id with no hub in reach: an error now, not after a minute of retries
     for model in (config.worker.actor.model, config.worker.critic.model):
         model.model_path = resolve_model_path(model.model_path)
         model.tokenizer_path = resolve_model_path(model.tokenizer_path)
     model = config.worker.actor.model
     tokenizer, processor = load_tokenizer_and_processor(model.tokenizer_path, model.trust_remote_code)
-    train_loader, val_loader = create_dataloaders(config.data, tokenizer, processor)
+    # the model's config as the workers load it: a checkpoint that needs its own code stops here, before Ray
+    model_config = load_hf_config(model, "causal_lm")
+    train_loader, val_loader = create_dataloaders(config.data, tokenizer, processor, model_config=model_config)
     plan = plan.with_training_steps(len(train_loader))
     return RunData(plan, tokenizer, processor, train_loader, val_loader)
 

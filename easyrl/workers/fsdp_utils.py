@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor
 from ..config import FSDPConfig, ModelConfig
 from ..models import vision
 from ..utils import device
+from ..utils.remote_code import naming_the_remote_code_key
 
 
 DTYPES = {
@@ -80,9 +81,14 @@ def load_hf_config(model_config: ModelConfig, kind: str):
     overrides = dict(model_config.override_config)
     if kind == "value":
         overrides.update(num_labels=1, classifier_dropout=0.0)
-    return AutoConfig.from_pretrained(
-        resolve_model_path(model_config.model_path), trust_remote_code=model_config.trust_remote_code, **overrides
-    )
+    path = resolve_model_path(model_config.model_path)
+    with naming_the_remote_code_key(path, _role(kind)):
+        return AutoConfig.from_pretrained(path, trust_remote_code=model_config.trust_remote_code, **overrides)
+
+
+def _role(kind: str) -> str:
+    """The config section of a model kind, for errors that name its keys."""
+    return "critic" if kind == "value" else "actor"
 
 
 def load_tokenizer_and_processor(model_config: ModelConfig):
@@ -92,11 +98,14 @@ def load_tokenizer_and_processor(model_config: ModelConfig):
     from ..demo.builtin_models import resolve_model_path
 
     path = resolve_model_path(model_config.tokenizer_path or model_config.model_path)
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_config.trust_remote_code)
-    try:
-        processor = AutoProcessor.from_pretrained(path, trust_remote_code=model_config.trust_remote_code)
-    except (OSError, ValueError, TypeError):
-        processor = None
+    with naming_the_remote_code_key(path):
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_config.trust_remote_code)
+        try:
+            processor = AutoProcessor.from_pretrained(path, trust_remote_code=model_config.trust_remote_code)
+        except (OSError, ValueError, TypeError) as error:
+            if "trust_remote_code" in str(error):
+                raise  # a processor that needs its own code is not a missing one
+            processor = None
     if processor is not None and not hasattr(processor, "image_processor"):
         processor = None  # a plain tokenizer comes back for text-only models
     return tokenizer, processor
@@ -182,11 +191,13 @@ def build_fsdp_model(
     }
     rank = dist.get_rank() if dist.is_initialized() else 0
     broadcast = fsdp_config.enable_rank0_init and mesh.size() > 1
-    if broadcast and rank != 0:
-        with torch.device("meta"):
-            model = model_cls.from_config(hf_config, **common)
-    else:
-        model = model_cls.from_pretrained(resolve_model_path(model_config.model_path), config=hf_config, **common)
+    path = resolve_model_path(model_config.model_path)
+    with naming_the_remote_code_key(path, _role(kind)):
+        if broadcast and rank != 0:
+            with torch.device("meta"):
+                model = model_cls.from_config(hf_config, **common)
+        else:
+            model = model_cls.from_pretrained(path, config=hf_config, **common)
     full_state = model.state_dict() if broadcast and rank == 0 else {}
     model.config.use_cache = False
     model.requires_grad_(trainable)
