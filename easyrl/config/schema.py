@@ -19,13 +19,18 @@ class ConfigError(ValueError):
 @dataclass
 class DataConfig:
     train_files: str = ""
-    """Training data: a .jsonl/.json/.parquet file, a folder saved by `datasets`, `name@split`, or `builtin://NAME@split`."""
+    """Training data: a .jsonl/.json/.parquet/.csv file, a folder saved by `datasets`, `name@split`, or
+    `builtin://NAME@split`. Every row is read and encoded when the run starts, before Ray: a file with no rows, a byte
+    that is not UTF-8 (.jsonl/.json/.csv) or a .jsonl line that is not JSON is an error naming the file and line; CSV
+    cells are read as text."""
     val_files: str = ""
     """Validation data, same forms as `train_files`; empty disables validation."""
     prompt_key: str = "prompt"
-    """Column holding the prompt text."""
+    """Column holding the prompt text. A row without a value (null or absent) is skipped, counted and named in a
+    warning (rows numbered from 0); a file where no row has one is an error naming this key."""
     answer_key: str = "answer"
-    """Column holding the ground truth handed to the reward function."""
+    """Column holding the ground truth handed to the reward function; rows without one are skipped like rows without
+    a prompt (see prompt_key)."""
     image_key: str = "images"
     """Column holding a list of images (paths, {"bytes": ...} dicts or PIL images)."""
     video_key: str = "videos"
@@ -63,10 +68,11 @@ class DataConfig:
     max_pixels: Optional[int] = 4194304
     """Pictures larger than this many pixels are downscaled (see min_pixels)."""
     filter_overlong_prompts: bool = True
-    """Drop prompts longer than max_prompt_length (counted and named); false cuts them to their first
-    max_prompt_length tokens as EasyR1 does, except a cut through a picture, whose row is skipped (counted)."""
+    """Drop prompts longer than max_prompt_length; false cuts them to their first max_prompt_length tokens as EasyR1
+    does, except a cut through a picture, whose row is skipped. Either way every prompt is measured when the run
+    starts and the rows dropped or cut are counted and named then."""
     filter_overlong_prompts_workers: int = 16
-    """Processes used to measure prompt lengths when filtering."""
+    """Processes used to read and measure the prompts when the run starts."""
     dataloader_num_workers: int = 0
     """Worker processes preparing batches (0: in the driver; raise it for image/video datasets on big machines)."""
 
