@@ -173,4 +173,4 @@ def test_rng_state_round_trip_replays_the_same_random_numbers(tmp_path):
     load_rng_state(str(tmp_path / "actor"), rank=3)
     again = (random.random(), np.random.rand(), torch.rand(2))
     assert first[0] == again[0] and first[1] == again[1] and torch.equal(first[2], again[2])
-    assert os.listdir(tmp_path / "actor") == ["rng_state_rank_3.pt"]
+    assert os.listdir(tmp_path / "actor") == ["rng_state_rank_3.json"]

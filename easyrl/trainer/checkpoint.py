@@ -3,10 +3,9 @@
 Layout under ``trainer.save_checkpoint_path``::
 
     global_step_<N>/
-        actor/ critic/ ...        model + optimizer state (torch.distributed.checkpoint) and
-                                  rng_state_rank_<r>.pt, written by the workers
-        dataloader.pt             the driver's dataloader state
-        trainer_state.json        {"global_step": N, ...}
+        actor/ critic/ ...        model + optimizer state (torch.distributed.checkpoint), written by the workers
+        dataloader_state.json     the driver's dataloader position
+        trainer_state.json        {"global_step": N, "epoch", "kl_coef", "metrics": the step's metrics row}
         COMPLETE                  written last, just before the folder gets its final name
     latest_checkpointed_iteration.txt   N of the newest complete checkpoint
     .tmp_global_step_<N>/         a save in progress, or one a crash interrupted: never loaded
@@ -15,9 +14,11 @@ A save goes into ``.tmp_global_step_<N>`` and is renamed to ``global_step_<N>`` 
 there, so a crash at any moment leaves either the previous checkpoints or the new complete one. Workers on
 every node write their shards into the same folder: ``save_checkpoint_path`` must be on a filesystem all
 nodes see at the same path (NFS, Lustre, a mounted bucket...). One run saves into a folder at a time.
+
+Nothing the driver writes or reads here is a pickle (``easyrl.utils.state_file``): loading a checkpoint someone else
+made runs no code. Checkpoints of easyrl versions that wrote ``driver_state.pt`` are refused with that explanation.
 """
 
-import json
 import os
 import random
 import re
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 
 from easyrl.utils import device
+from easyrl.utils.state_file import load_state, save_state
 
 
 STEP_DIR_PREFIX = "global_step_"
@@ -37,7 +39,9 @@ TMP_DIR_PREFIX = ".tmp_" + STEP_DIR_PREFIX
 OLD_DIR_PREFIX = ".old_"
 COMPLETE_MARKER = "COMPLETE"
 TRAINER_STATE_FILE = "trainer_state.json"
-DATALOADER_FILE = "dataloader.pt"
+DATALOADER_FILE = "dataloader_state.json"
+# What easyrl wrote before its state files were pickle-free; never loaded (a pickle can run code).
+LEGACY_DRIVER_FILE = "driver_state.pt"
 LATEST_POINTER_FILE = "latest_checkpointed_iteration.txt"
 _STEP_DIR_PATTERN = re.compile(rf"^{STEP_DIR_PREFIX}(\d+)$")
 
@@ -86,8 +90,7 @@ def read_latest_pointer(root: str) -> int | None:
 
 
 def load_trainer_state(path: str) -> dict:
-    with open(os.path.join(path, TRAINER_STATE_FILE), encoding="utf-8") as handle:
-        return json.load(handle)
+    return load_state(os.path.join(path, TRAINER_STATE_FILE))
 
 
 def checkpoint_step(path: str) -> int:
@@ -98,7 +101,16 @@ def checkpoint_step(path: str) -> int:
 def load_dataloader_state(path: str) -> dict | None:
     """The driver's dataloader state, or None for a checkpoint saved without one (save_model_only)."""
     file = os.path.join(path, DATALOADER_FILE)
-    return torch.load(file, weights_only=False) if os.path.isfile(file) else None
+    if os.path.isfile(file):
+        return load_state(file)
+    if os.path.isfile(os.path.join(path, LEGACY_DRIVER_FILE)):
+        raise CheckpointError(
+            f"{path} was written by an older easyrl that stored the driver's state as a pickle "
+            f"({LEGACY_DRIVER_FILE}), which this version does not load (a pickle can run code). Start the run afresh "
+            "(a new trainer.save_checkpoint_path, or trainer.find_last_checkpoint=false), or continue it with the "
+            "easyrl version that wrote it."
+        )
+    return None
 
 
 def resolve_resume_path(config: Any) -> str | None:
@@ -207,12 +219,8 @@ class CheckpointManager:
                 "same path (e.g. NFS); set it to such a folder."
             )
         if dataloader_state is not None:
-            with open(os.path.join(tmp_dir, DATALOADER_FILE), "wb") as handle:
-                torch.save(dataloader_state, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-        state = {"global_step": step, **(trainer_state or {})}
-        _write_durably(os.path.join(tmp_dir, TRAINER_STATE_FILE), json.dumps(state, indent=2).encode())
+            save_state(os.path.join(tmp_dir, DATALOADER_FILE), dataloader_state)
+        save_state(os.path.join(tmp_dir, TRAINER_STATE_FILE), {"global_step": step, **(trainer_state or {})})
         _write_durably(os.path.join(tmp_dir, COMPLETE_MARKER), f"{step} {time.time():.0f}\n".encode())
         _fsync_dir(tmp_dir)
 
@@ -265,16 +273,15 @@ def set_rng_state(state: dict) -> None:
 
 
 def rng_state_file(folder: str, rank: int) -> str:
-    return os.path.join(folder, f"rng_state_rank_{rank}.pt")
+    return os.path.join(folder, f"rng_state_rank_{rank}.json")
 
 
 def save_rng_state(folder: str, rank: int) -> str:
     os.makedirs(folder, exist_ok=True)
     path = rng_state_file(folder, rank)
-    torch.save(get_rng_state(), path)
+    save_state(path, get_rng_state())
     return path
 
 
 def load_rng_state(folder: str, rank: int) -> None:
-    # weights_only=False: the state holds Python tuples and numpy arrays; the file is one this code wrote.
-    set_rng_state(torch.load(rng_state_file(folder, rank), weights_only=False))
+    set_rng_state(load_state(rng_state_file(folder, rank)))

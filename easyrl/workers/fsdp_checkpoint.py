@@ -1,7 +1,8 @@
 """Per-role training state on disk with torch Distributed Checkpoint (DCP).
 
 A role folder holds the sharded model and optimizer (every rank writes its own shards; any world size can load
-them back), ``extra_state.pt`` (lr scheduler, written by rank 0), and ``huggingface/`` (config and tokenizer, so
+them back), ``extra_state.json`` (lr scheduler, written by rank 0; JSON, never a pickle: see
+``easyrl.utils.state_file``), and ``huggingface/`` (config and tokenizer, so
 that the folder can be merged into a Hugging Face model offline). On several nodes the folder must be on a
 filesystem every node sees.
 """
@@ -20,10 +21,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from ..models.checkpoint_layout import save_pretrained_in_released_layout
+from ..utils.state_file import load_state, save_state
 from .fsdp_utils import unwrapped_class
 
 
-EXTRA_STATE_FILE = "extra_state.pt"
+EXTRA_STATE_FILE = "extra_state.json"
+# What easyrl wrote before its state files were pickle-free; never loaded (a pickle can run code).
+LEGACY_EXTRA_STATE_FILE = "extra_state.pt"
 HF_FOLDER = "huggingface"
 
 
@@ -47,7 +52,7 @@ def save_role_checkpoint(
     dcp.save(state, checkpoint_id=path)
     if _is_rank_zero():
         if lr_scheduler is not None and not model_only:
-            torch.save({"lr_scheduler": lr_scheduler.state_dict()}, os.path.join(path, EXTRA_STATE_FILE))
+            save_state(os.path.join(path, EXTRA_STATE_FILE), {"lr_scheduler": lr_scheduler.state_dict()})
         hf_path = os.path.join(path, HF_FOLDER)
         config = copy.deepcopy(model.config)
         config.architectures = [unwrapped_class(model).__name__]  # e.g. the critic's TokenClassification head
@@ -79,7 +84,13 @@ def load_role_checkpoint(
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
         extra_file = os.path.join(path, EXTRA_STATE_FILE)
         if lr_scheduler is not None and os.path.isfile(extra_file):
-            lr_scheduler.load_state_dict(torch.load(extra_file, weights_only=False)["lr_scheduler"])
+            lr_scheduler.load_state_dict(load_state(extra_file)["lr_scheduler"])
+        elif lr_scheduler is not None and os.path.isfile(os.path.join(path, LEGACY_EXTRA_STATE_FILE)):
+            raise FileNotFoundError(
+                f"`{path}` holds its lr scheduler state as a pickle ({LEGACY_EXTRA_STATE_FILE}, written by an older "
+                "easyrl), which this version does not load (a pickle can run code). Start the run afresh, or continue "
+                "it with the easyrl version that wrote it."
+            )
 
 
 def merge_checkpoint_to_hf(role_path: str, output_path: str) -> None:
@@ -106,7 +117,7 @@ def merge_checkpoint_to_hf(role_path: str, output_path: str) -> None:
         model = model_cls._from_config(config)
     model.load_state_dict(weights, assign=True)
     model.tie_weights()
-    model.save_pretrained(output_path)
+    save_pretrained_in_released_layout(model, output_path)
     for name in os.listdir(hf_path):
         if name != "config.json" and not os.path.exists(os.path.join(output_path, name)):
             shutil.copy(os.path.join(hf_path, name), output_path)
