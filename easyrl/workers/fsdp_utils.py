@@ -17,6 +17,7 @@ from torch.distributed.tensor import DTensor
 
 from ..config import FSDPConfig, ModelConfig
 from ..models import vision
+from ..models.checkpoint_layout import save_pretrained_in_released_layout
 from ..utils import device
 from ..utils.remote_code import naming_the_remote_code_key
 
@@ -309,7 +310,7 @@ def save_hf_pretrained(model: torch.nn.Module, path: str, tokenizer=None, proces
         plain.load_state_dict(state, assign=True)
         plain.tie_weights()
         plain.config.use_cache = True
-        plain.save_pretrained(path)
+        save_pretrained_in_released_layout(plain, path)
         for extra in (tokenizer, processor):
             if extra is not None:
                 extra.save_pretrained(path)

@@ -7,22 +7,33 @@ layer's tensors until the layer is complete, then loads and re-packs it for its 
 alone fails on CPU, where linear weights are already re-packed), so a bucket must hold whole modules, which
 per-layer buckets do.
 
-Names: the stream carries the Hugging Face checkpoint names. The vLLM model's own ``load_weights`` applies its
-``hf_to_vllm_mapper`` (e.g. Qwen2.5-VL: ``model.language_model.*`` -> ``language_model.model.*``,
-``model.visual.*`` -> ``visual.*``, ``lm_head.*`` -> ``language_model.lm_head.*``) and stacks q/k/v and gate/up
-into its fused parameters, exactly as when reading a checkpoint from disk. We only strip wrapper prefixes that
-training adds (torch.compile, activation checkpointing, FSDP1).
+Names and layout: the actor hands over its parameters as its Hugging Face module holds them; the engine reads the
+released checkpoint's names and layout. Names agree once the wrapper prefixes training adds (torch.compile,
+activation checkpointing, FSDP1) are stripped: the vLLM model's own ``load_weights`` applies its
+``hf_to_vllm_mapper`` (e.g. Qwen2.5-VL: ``model.language_model.*`` -> ``language_model.model.*``, ``model.visual.*``
+-> ``visual.*``, ``lm_head.*`` -> ``language_model.lm_head.*``) and stacks q/k/v and gate/up into its fused
+parameters, exactly as when reading a checkpoint from disk. Layouts differ where transformers transposes a tensor on
+load (Qwen3-VL-MoE's expert stacks): ``easyrl.models.checkpoint_layout`` undoes that with a transposed view (no copy).
+transformers' stacked experts of Qwen2-MoE / Qwen3-MoE go in as they are: vLLM's fused-expert loader reads them.
+
+Mixture-of-experts on CPU: vLLM re-packs the expert stacks for its CPU kernel (and pads the intermediate size to its
+alignment) when the model is first loaded, but skips that step when a reload finds the layer's kernel already built:
+the reloaded experts would be read in the wrong layout (wrong outputs, or a shape error where padding applies).
+Before each reload we drop the kernel of every unquantized expert layer (`rebuild_cpu_expert_kernels`), so that the
+reload processes the layer exactly as the first load did.
 
 Tied embeddings: the actor yields the shared matrix once, under the embedding's name; vLLM's tied ``lm_head``
 shares that parameter. On CPU vLLM keeps a re-packed copy of the lm_head for its GEMM kernel that reload does not
 refresh, so we re-run the CPU GEMM dispatch on every ``ParallelLMHead`` after each reload.
 
 Expected warnings: after a reload vLLM warns "<Layer>: Failed to load weights" for every layer none of whose tensors
-came in the stream, and puts that layer's current tensors back. Two such layers are expected on every sync and
-harmless, so exactly those two messages are dropped (`ExpectedReloadWarnings`); any other layer still warns, since
-that would be a weight the actor did not send:
+came in the stream, and puts that layer's current tensors back. Three such layers are expected and harmless, so
+exactly those messages are dropped (`ExpectedReloadWarnings`); any other layer still warns, since that would be a
+weight the actor did not send:
 - rotary embeddings (``*RotaryEmbedding``): their cos/sin cache is a buffer computed from the config, in no
   checkpoint;
+- the picture normalisation of Qwen3-VL-style models (``FusedMMInputNorm``): its scale and shift are computed from
+  the processor's mean and std, in no checkpoint;
 - the LM head of a model with tied embeddings (``ParallelLMHead``): its weight is the embedding's tensor, which the
   stream fills (vLLM's ``load_weights`` skips ``lm_head.*`` when embeddings are tied), so the tensor put back holds
   the new values. tests/test_weight_sync_logging.py checks the engine's weights against the actor's after a sync.
@@ -35,6 +46,7 @@ from collections.abc import Iterator
 
 import torch
 
+from ...models.checkpoint_layout import to_released_layout
 from .base import WeightBuckets
 
 
@@ -76,6 +88,17 @@ def refresh_cpu_lm_head(model: torch.nn.Module) -> None:
             dispatch_cpu_unquantized_gemm(module, remove_weight=False)
 
 
+def rebuild_cpu_expert_kernels(model: torch.nn.Module) -> None:
+    """Make the next reload re-pack every unquantized expert layer for vLLM's CPU kernel (module docstring)."""
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+    for module in model.modules():
+        if isinstance(module, RoutedExperts) and isinstance(module.quant_method, UnquantizedFusedMoEMethod):
+            # with no kernel, processing after the load pads, re-packs and builds the kernel, as on the first load
+            module.quant_method.moe_kernel = None
+
+
 # the vLLM logger that reports layers a reload did not fill, and its message
 _RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 _NOT_LOADED_MESSAGE = "%s: Failed to load weights"
@@ -92,7 +115,11 @@ class ExpectedReloadWarnings(logging.Filter):
         if record.msg != _NOT_LOADED_MESSAGE or not record.args:
             return True
         layer = str(record.args[0])
-        expected = layer.endswith("RotaryEmbedding") or (self.tied_embeddings and layer == "ParallelLMHead")
+        expected = (
+            layer.endswith("RotaryEmbedding")
+            or layer == "FusedMMInputNorm"
+            or (self.tied_embeddings and layer == "ParallelLMHead")
+        )
         return not expected
 
 
@@ -107,6 +134,16 @@ def expected_reload_warnings_dropped(tied_embeddings: bool) -> Iterator[None]:
         reload_logger.removeFilter(log_filter)
 
 
+def tied_embeddings(model_config) -> bool:
+    """Whether the engine's model ties its LM head to the embeddings. A VL model may say it only at the top of its
+    config (Qwen3-VL: ``tie_word_embeddings`` is absent from the text config)."""
+    for config in (model_config.hf_text_config, model_config.hf_config):
+        tied = getattr(config, "tie_word_embeddings", None)
+        if tied is not None:
+            return bool(tied)
+    return False
+
+
 class WeightSyncExtension:
     """Mixed into vLLM's worker class (``LLM(worker_extension_cls=...)``); reached through ``collective_rpc``.
 
@@ -119,11 +156,14 @@ class WeightSyncExtension:
 
         stats = SyncStats()
         start = time.perf_counter()
-        tied = bool(getattr(self.model_config.hf_text_config, "tie_word_embeddings", False))
-        with expected_reload_warnings_dropped(tied_embeddings=tied):
-            self.reload_weights(weights_iterator=stats.stream(buckets))  # vLLM worker method: load + re-pack
+        model = self.model_runner.get_model()
         if current_platform.is_cpu():
-            refresh_cpu_lm_head(self.model_runner.get_model())
+            rebuild_cpu_expert_kernels(model)
+        weights = to_released_layout(self.model_config.hf_config.model_type, stats.stream(buckets))
+        with expected_reload_warnings_dropped(tied_embeddings=tied_embeddings(self.model_config)):
+            self.reload_weights(weights_iterator=weights)  # vLLM worker method: load + re-pack
+        if current_platform.is_cpu():
+            refresh_cpu_lm_head(model)
         seconds = time.perf_counter() - start
         return {
             "rollout/weight_sync_s": seconds,
