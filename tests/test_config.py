@@ -172,7 +172,10 @@ def test_missing_local_model_path(valid_args, tmp_path):
         load_config([*valid_args, f"worker.actor.model.model_path={tmp_path}/no_model"])
 
 
-def test_hub_model_id_is_accepted_without_download(valid_args):
+def test_hub_model_id_is_accepted_without_download(valid_args, monkeypatch):
+    # check reads no network; only a declared offline mode refuses a hub id (tests/test_config_ranges.py)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     config = load_config([*valid_args, "worker.actor.model.model_path=Qwen/Qwen2.5-0.5B-Instruct"])
     assert config.worker.actor.model.model_path == "Qwen/Qwen2.5-0.5B-Instruct"
 
