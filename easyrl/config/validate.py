@@ -170,6 +170,8 @@ RANGES: dict[str, Interval] = {
     "trainer.n_gpus_per_node": AT_LEAST_ONE,
     "trainer.critic_warmup": NON_NEGATIVE,
     "trainer.val_generations_to_log": NON_NEGATIVE,
+    "trainer.save_every_minutes": NON_NEGATIVE,
+    "trainer.max_restarts": NON_NEGATIVE,
 }
 # worker.rollout.val_override_config values, checked like the rollout's own (temperature 0 is greedy there)
 SAMPLING_OVERRIDE_RANGES = {"n": AT_LEAST_ONE, "temperature": NON_NEGATIVE, "top_p": PROBABILITY}
@@ -295,7 +297,8 @@ def _check_range(key: str, value: Any, interval: Interval) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not interval.admits(value):
         why = f" ({interval.why})" if interval.why else ""
-        raise ConfigError(f"`{key}` is {value!r}; it must be {interval}{why}.")
+        two_sided = interval.low is not None and interval.high is not None
+        raise ConfigError(f"`{key}` is {value!r}; it must be {'in ' if two_sided else ''}{interval}{why}.")
 
 
 def _check_ranges(config: PPOConfig) -> None:
