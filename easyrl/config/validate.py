@@ -272,7 +272,7 @@ def check_hub_model(key: str, path: str, probe: bool = True) -> None:
         raise ConfigError(
             f"`{key}={path}`: not a local folder, and the model hub is unreachable ({reason}); give a local path (a "
             f"folder holding config.json), or download the model where the hub is reachable "
-            f"(e.g. `huggingface-cli download {path}`)."
+            f"(e.g. `hf download {path}`)."
         )
 
 
