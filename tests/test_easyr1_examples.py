@@ -658,6 +658,8 @@ def script_model(source: Path, target: Path, answer: str, p_answer: float = 0.5)
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
+    from easyrl.models.checkpoint_layout import save_pretrained_in_released_layout
+
     shutil.copytree(source, target)
     config = AutoConfig.from_pretrained(target)
     config.tie_word_embeddings = False
@@ -690,71 +692,8 @@ def script_model(source: Path, target: Path, answer: str, p_answer: float = 0.5)
         head[end, default] = math.log(1.0 - p_answer) / scale
         for state, next_id in enumerate([*path[1:], end]):
             head[next_id, state] = 0.0
-    model.save_pretrained(target)
-    save_experts_in_released_layout(target)
+    save_pretrained_in_released_layout(model, str(target))  # vLLM starts from it: the layout it reads
     return target
-
-
-VISION_TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-
-
-def build_tiny_qwen3_vl_moe(path: Path, seed: int = 0) -> Path:
-    """A random Qwen3-VL mixture-of-experts (4 experts, 2 per token, every layer sparse) with the tiny Qwen3-VL's
-    processor and sizes: the stand-in for Qwen3-VL-30B-A3B."""
-    import torch
-    from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
-
-    from easyrl.testing.tiny_vlms import WEIGHT_STD, ensure_tiny_vlm
-
-    dense = Path(ensure_tiny_vlm("qwen3_vl"))
-    dense_config = json.loads((dense / "config.json").read_text())
-    text = {
-        **dense_config["text_config"],
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        # not the hidden size (a transposed expert cannot pass unnoticed), a multiple of 64 (vLLM pads it otherwise)
-        "moe_intermediate_size": 128,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        # vLLM reads it (the released config carries it); transformers always renormalises the top-k weights
-        "norm_topk_prob": True,
-    }
-    config = Qwen3VLMoeConfig(
-        text_config=text,
-        vision_config=dense_config["vision_config"],
-        tie_word_embeddings=True,
-        **{key: dense_config[key] for key in VISION_TOKEN_KEYS},
-    )
-    torch.manual_seed(seed)
-    model = Qwen3VLMoeForConditionalGeneration(config).to(torch.float32)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() >= 2:
-                param.normal_(0.0, WEIGHT_STD)
-    model.save_pretrained(path)
-    save_experts_in_released_layout(path)
-    from transformers import AutoProcessor
-
-    AutoProcessor.from_pretrained(dense).save_pretrained(path)
-    return path
-
-
-def save_experts_in_released_layout(folder: Path) -> None:
-    """Rewrite a Qwen3-VL-MoE checkpoint saved by transformers 5 in the layout of the released checkpoints.
-
-    transformers 5 keeps the experts as (experts, 2 x intermediate, hidden) and (experts, hidden, intermediate) and
-    saves them so; the released Qwen3-VL-MoE files hold (experts, hidden, 2 x intermediate) and (experts,
-    intermediate, hidden), which transformers transposes on load and vLLM reads as they are."""
-    from safetensors.torch import load_file, save_file
-
-    if json.loads((folder / "config.json").read_text()).get("model_type") != "qwen3_vl_moe":
-        return
-    file = folder / "model.safetensors"
-    tensors = load_file(str(file))
-    for name, tensor in tensors.items():
-        if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
-            tensors[name] = tensor.transpose(1, 2).contiguous()
-    save_file(tensors, str(file), metadata={"format": "pt"})
 
 
 @pytest.fixture(scope="module")
@@ -762,7 +701,8 @@ def scripted_models(tiny_model_path, tmp_path_factory):
     """(model family, reward name, answer probability) -> a scripted tiny model folder, built on first use.
 
     Families: text (the tiny Qwen2-style model of tests/fixtures/models.py), qwen2_5_vl and qwen3_vl (easyrl's
-    built-in tiny random VLMs), qwen3_vl_moe (`build_tiny_qwen3_vl_moe`)."""
+    built-in tiny random VLMs), qwen3_vl_moe (easyrl.testing.tiny_moe's `build_tiny_qwen3_vl_moe`)."""
+    from easyrl.testing.tiny_moe import build_tiny_qwen3_vl_moe
     from easyrl.testing.tiny_vlms import ensure_tiny_vlm
 
     root = tmp_path_factory.mktemp("scripted_models")
@@ -978,14 +918,7 @@ def test_example_trains_two_steps_on_cpu(name, scripted_models, tiny_data, tmp_p
 
 
 # Examples check accepts that do not run yet: the failure, found by these runs, is easyrl's to fix.
-KNOWN_FAILURES = {
-    "qwen3_vl_30b_geo3k_grpo": (
-        "the first weight sync into vLLM fails (AssertionError in vLLM's fused-MoE weight loader): the actor streams "
-        "transformers 5's in-memory expert stacks, (experts, 2 x intermediate, hidden), under the checkpoint names, "
-        "while vLLM reads the released layout (experts, hidden, 2 x intermediate), which transformers transposes on "
-        "load; streaming them transposed back reloads"
-    ),
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def _slow_run_params() -> list:
