@@ -106,7 +106,9 @@ def test_save_limit_keeps_only_the_newest_checkpoints(tiny_grpo_run):
     assert (root / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
     for step in (2, 3):
         folder = root / f"global_step_{step}"
-        assert {"COMPLETE", "actor", "driver_state.pt", "trainer_state.json"} <= {p.name for p in folder.iterdir()}
+        assert {"COMPLETE", "actor", "dataloader_state.json", "trainer_state.json"} <= {
+            p.name for p in folder.iterdir()
+        }
 
 
 def test_ray_timeline_is_written_when_the_run_ends(tiny_grpo_run):

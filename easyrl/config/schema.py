@@ -416,6 +416,13 @@ class TrainerConfig:
     """Checkpoints kept; the oldest are deleted; -1 keeps all."""
     save_model_only: bool = False
     """Save only model weights (no optimizer or dataloader state)."""
+    save_every_minutes: float = 0.0
+    """Also save a checkpoint after any step that ends this many minutes after the last save (or the start), so a
+    job killed without warning loses at most about that much work; 0 turns it off. Counts toward save_limit."""
+    max_restarts: int = 0
+    """When a worker process dies (killed, out of memory, crashed), kill every worker, start new ones and resume
+    from the last complete checkpoint, up to this many times per `easyrl train` (logged as trainer/restarts); 0 ends
+    the run with a message naming the worker."""
     save_checkpoint_path: Optional[str] = None
     """Checkpoint folder; null means checkpoints/<project_name>/<experiment_name>."""
     load_checkpoint_path: Optional[str] = None

@@ -4,8 +4,9 @@ of every checkpoint: ``state_dict()`` / ``load_state_dict()`` resume exactly mid
 from typing import Any
 
 import torch
-from torch.utils.data import RandomSampler, SequentialSampler
+from torch.utils.data import SequentialSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.sampler import RandomSampler
 
 from ..config import DataConfig
 from .collate import collate_fn
@@ -28,6 +29,8 @@ def create_dataloaders(
     if config.shuffle:
         generator = torch.Generator()
         generator.manual_seed(config.seed)
+        # torchdata's RandomSampler draws torch's permutations and also saves the generator's state at the start of
+        # the epoch (torch's only counts samples: a resume after the first epoch drew another permutation)
         sampler = RandomSampler(train, generator=generator)
     else:
         sampler = SequentialSampler(train)

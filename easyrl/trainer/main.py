@@ -18,7 +18,9 @@ logger = logging.getLogger(__name__)
 
 
 def init_ray(plan: RunPlan) -> None:
-    """Join the cluster named by RAY_ADDRESS (multi-node), or start a local one sized for this machine."""
+    """Join the cluster named by RAY_ADDRESS; else, for one node, start a new private local cluster every time (never
+    an older one still shutting down, nor a `ray start` cluster of someone else); for several nodes, join the cluster
+    `ray start` made on this node."""
     import ray
 
     if ray.is_initialized():
@@ -26,11 +28,24 @@ def init_ray(plan: RunPlan) -> None:
     env_vars = {k: v for k, v in os.environ.items() if k.startswith(("EASYRL_", "VLLM_", "HF_", "TORCHDYNAMO_"))}
     env_vars.setdefault("TOKENIZERS_PARALLELISM", "false")
     runtime_env = {"env_vars": env_vars}
+    nnodes = plan.config.trainer.nnodes
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env)
+    elif nnodes > 1:
+        try:
+            ray.init(address="auto", runtime_env=runtime_env)
+        except ConnectionError as error:
+            raise RuntimeError(
+                f"trainer.nnodes={nnodes} needs a running Ray cluster of {nnodes} nodes, and none was found on this "
+                "node: run `ray start --head` here and `ray start --address=<this node>:6379` on the others, or set "
+                "RAY_ADDRESS to the cluster's address."
+            ) from error
     else:
-        # Oversubscribe logical CPUs on small machines: workers, reward actors and the driver mostly take turns.
-        ray.init(num_cpus=max(os.cpu_count() or 1, 4), include_dashboard=False, runtime_env=runtime_env)
+        # address="local": a plain ray.init() would join the cluster recorded by an earlier `ray start` (even a dead
+        # one). Oversubscribe logical CPUs on small machines: workers, reward actors and the driver take turns.
+        ray.init(
+            address="local", num_cpus=max(os.cpu_count() or 1, 4), include_dashboard=False, runtime_env=runtime_env
+        )
 
 
 def cpus_per_worker(plan: RunPlan, colocated_groups: int) -> int:
@@ -76,14 +91,72 @@ def prepare_run_data(plan: RunPlan) -> RunData:
     return RunData(plan, tokenizer, processor, train_loader, val_loader)
 
 
-def build_trainer(plan: RunPlan, data: RunData | None = None) -> Any:
-    """Everything a run needs, wired together; the caller owns shutdown via `trainer.shutdown()`."""
-    from ..controller.resource_pool import ResourcePool
-    from ..controller.worker_group import RayWorkerGroup
-    from ..workers.fsdp_worker import FSDPWorker
+class RunWorkers:
+    """The worker groups of a run in their resource pool: started together, killed together, and started afresh
+    when a worker dies and trainer.max_restarts allows (``restart``, which the trainer calls)."""
+
+    def __init__(self, plan: RunPlan) -> None:
+        from ..controller.resource_pool import ResourcePool
+
+        self.plan = plan
+        colocated_groups = 2 if plan.use_critic else 1
+        self.pool = ResourcePool.from_trainer_config(
+            plan.config.trainer.nnodes,
+            plan.config.trainer.n_gpus_per_node,
+            max_colocate_count=colocated_groups,
+            cpus_per_worker=cpus_per_worker(plan, colocated_groups),
+        )
+        self.groups: list[Any] = []
+
+    def start(self) -> Any:
+        """Start and initialise every group; returns the trainer's ``WorkerGroups``."""
+        from ..controller.worker_group import RayWorkerGroup
+        from ..workers.fsdp_worker import FSDPWorker
+        from .ray_trainer import WorkerGroups
+
+        plan, config = self.plan, self.plan.config
+        run_dir = config.trainer.save_checkpoint_path
+        try:
+            # The hybrid engine: actor, rollout and reference share one process per device.
+            actor_rollout = RayWorkerGroup(
+                self.pool, FSDPWorker, config.worker, plan.worker_role, run_dir, name_prefix="actor_rollout"
+            )
+            self.groups.append(actor_rollout)
+            actor_rollout.init_model()
+            critic = None
+            if plan.use_critic:
+                critic = RayWorkerGroup(self.pool, FSDPWorker, config.worker, "critic", run_dir, name_prefix="critic")
+                self.groups.append(critic)
+                critic.init_model()
+        except BaseException:
+            self.kill()
+            raise
+        return WorkerGroups(
+            actor_rollout=actor_rollout, ref=actor_rollout if plan.use_reference else None, critic=critic
+        )
+
+    def kill(self, graceful_timeout_s: float = 10.0) -> None:
+        for group in self.groups:
+            group.kill(graceful_timeout_s)
+        self.groups = []
+
+    def restart(self) -> Any:
+        # the survivors of a death are idle (their calls failed) or stuck in a collective: no long goodbye
+        self.kill(graceful_timeout_s=2.0)
+        return self.start()
+
+    def release(self) -> None:
+        self.kill()
+        self.pool.release()
+
+
+def build_trainer(plan: RunPlan, data: RunData | None = None, stop: Any = None) -> Any:
+    """Everything a run needs, wired together; the caller owns shutdown via `trainer.on_shutdown()`.
+
+    ``stop``: a ``StopRequest`` the trainer reads between steps (see ``easyrl.trainer.faults``)."""
     from ..workers.reward.scorer import RewardScorer
     from .loggers import Tracker
-    from .ray_trainer import PPOTrainer, WorkerGroups
+    from .ray_trainer import PPOTrainer
 
     data = data or prepare_run_data(plan)
     plan, config = data.plan, data.plan.config
@@ -97,44 +170,27 @@ def build_trainer(plan: RunPlan, data: RunData | None = None) -> Any:
         save_dir=config.trainer.save_checkpoint_path,
         total_steps=plan.training_steps,
     )
-    colocated_groups = 2 if plan.use_critic else 1
-    pool = ResourcePool.from_trainer_config(
-        config.trainer.nnodes,
-        config.trainer.n_gpus_per_node,
-        max_colocate_count=colocated_groups,
-        cpus_per_worker=cpus_per_worker(plan, colocated_groups),
-    )
-    groups: list[Any] = []
+    run_workers = RunWorkers(plan)
     try:
-        # The hybrid engine: actor, rollout and reference share one process per device.
-        run_dir = config.trainer.save_checkpoint_path
-        actor_rollout = RayWorkerGroup(
-            pool, FSDPWorker, config.worker, plan.worker_role, run_dir, name_prefix="actor_rollout"
-        )
-        groups.append(actor_rollout)
-        actor_rollout.init_model()
-        critic = None
-        if plan.use_critic:
-            critic = RayWorkerGroup(pool, FSDPWorker, config.worker, "critic", run_dir, name_prefix="critic")
-            groups.append(critic)
-            critic.init_model()
+        workers = run_workers.start()
         reward = RewardScorer(config.worker.reward, data.tokenizer)
     except BaseException:
-        for group in groups:
-            group.kill()
-        pool.release()
+        run_workers.release()
         tracker.finish()
         raise
-    workers = WorkerGroups(
-        actor_rollout=actor_rollout, ref=actor_rollout if plan.use_reference else None, critic=critic
+    trainer = PPOTrainer(
+        plan,
+        data.tokenizer,
+        data.train_loader,
+        data.val_loader,
+        workers,
+        reward,
+        reward,
+        tracker,
+        stop=stop,
+        restart_workers=run_workers.restart,
     )
-    trainer = PPOTrainer(plan, data.tokenizer, data.train_loader, data.val_loader, workers, reward, reward, tracker)
-    trainer.on_shutdown = lambda: (
-        [g.kill() for g in groups],
-        pool.release(),
-        reward.shutdown(),
-        tracker.finish(),
-    )
+    trainer.on_shutdown = lambda: (run_workers.release(), reward.shutdown(), tracker.finish())
     return trainer
 
 
@@ -157,6 +213,10 @@ def _write_ray_timeline(path: str | None) -> None:
 
 
 def run_training(plan: RunPlan) -> dict[str, float]:
+    """`easyrl train`. A stop signal or a worker that died (with no restart left) ends it with one line saying what
+    happened and where the last checkpoint is, and ``SystemExit`` with a non-zero status (see ``faults``)."""
+    from .faults import RunInterrupted, StopRequest, print_interruption
+
     # the console shows the run; the engine's and libraries' chatter goes to <run dir>/logs
     setup_driver_logging(plan.config.trainer.save_checkpoint_path)
     for note in plan.notes:
@@ -165,14 +225,22 @@ def run_training(plan: RunPlan) -> dict[str, float]:
     plan = data.plan
     logger.info("Run plan:\n%s", plan.describe())
     init_ray(plan)
-    trainer = build_trainer(plan, data)
-    try:
-        metrics = trainer.fit()
-    finally:
+    interrupted: RunInterrupted | None = None
+    # after ray.init, whose own SIGTERM handler would tear the cluster down at once
+    with StopRequest().installed() as stop:
+        trainer = build_trainer(plan, data, stop)
         try:
-            _write_ray_timeline(plan.config.trainer.ray_timeline)
+            metrics = trainer.fit()
+        except RunInterrupted as error:
+            interrupted = error
         finally:
-            trainer.on_shutdown()
+            try:
+                _write_ray_timeline(plan.config.trainer.ray_timeline)
+            finally:
+                trainer.on_shutdown()
+    if interrupted is not None:
+        print_interruption(interrupted)
+        raise SystemExit(interrupted.exit_code)
     save_dir = plan.config.trainer.save_checkpoint_path
     print(f"Checkpoints are in {save_dir}")
     metrics_file = os.path.join(save_dir, "metrics.jsonl")

@@ -4,11 +4,17 @@ One step reads top to bottom in ``train_step``: generate -> reward -> [online fi
 reference log-probs -> values -> advantages -> critic update -> actor update -> weight sync into the rollout engine.
 Everything numeric happens in the workers or in ``easyrl.algorithms``; this file only decides the order of events,
 and the run plan (``easyrl.config.plan``) has already decided which of them happen.
+
+``fit`` wraps the steps in what keeps a run's work safe: a checkpoint every ``save_freq`` steps or
+``save_every_minutes`` minutes, one on a stop signal (``easyrl.trainer.faults``), and, when a worker process dies,
+a restart of every worker from the last complete checkpoint (``max_restarts``). Each step's metrics row is written
+into its checkpoint too, so ``metrics.jsonl`` can be made to agree with the checkpoint a run resumes from.
 """
 
 import logging
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +26,21 @@ from ..algorithms.filtering import GroupCollector
 from ..algorithms.kl import apply_kl_penalty, get_kl_controller
 from ..algorithms.masked import masked_mean
 from ..config import RunPlan
+from ..controller.worker_group import WorkerDiedError
 from ..protocol import DataProto
 from ..workers.fsdp_utils import to_dtype
 from ..workers.reward.scorer import reduce_reward_metrics, scores_to_non_tensor
 from ..workers.rollout.base import GenerationRequest
-from .checkpoint import CheckpointManager, checkpoint_step, resolve_resume_path
+from .checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    load_dataloader_state,
+    load_trainer_state,
+    resolve_resume_path,
+)
+from .faults import RunStopped, StopRequest, WorkerDied, resume_hint
 from .flops import FlopsCounter, compute_mfu, peak_flops_per_device
+from .loggers.base import to_scalar
 from .metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, timer
 
 
@@ -45,6 +60,10 @@ class WorkerGroups:
     critic: Any = None
 
 
+def _timing_metrics(seconds_by_phase: dict[str, float]) -> dict[str, float]:
+    return {f"timing/{name}": seconds for name, seconds in seconds_by_phase.items()}
+
+
 class PPOTrainer:
     def __init__(
         self,
@@ -56,7 +75,11 @@ class PPOTrainer:
         reward_scorer: Any,
         val_reward_scorer: Any,
         tracker: Any,
+        stop: StopRequest | None = None,
+        restart_workers: Callable[[], WorkerGroups] | None = None,
     ) -> None:
+        """``stop``: set by a stop signal, read between steps. ``restart_workers``: kills the worker groups and
+        starts new ones (for ``trainer.max_restarts``); None: a dead worker always ends the run."""
         if plan.training_steps is None:
             raise ValueError("The run plan has no step count yet: build it with plan.with_training_steps(...).")
         self.plan = plan
@@ -68,6 +91,9 @@ class PPOTrainer:
         self.reward_scorer = reward_scorer
         self.val_reward_scorer = val_reward_scorer
         self.tracker = tracker
+        self.stop = stop or StopRequest()
+        self.restart_workers = restart_workers
+        self.restarts = 0  # worker restarts so far in this process (trainer.max_restarts)
         self.checkpoints = CheckpointManager(config.trainer.save_checkpoint_path, config.trainer.save_limit)
         self.kl_controller = get_kl_controller(config.algorithm)
         self.use_reference = plan.use_reference
@@ -77,12 +103,48 @@ class PPOTrainer:
         self._actor_flops: FlopsCounter | None = None  # built on first use from the actor's HF config
         self._actor_peak_flops: float | None = None
         self._rollout_metrics: list[dict[str, float]] = []  # the engine's own, per generate call, until logged
+        self.last_checkpoint: str | None = None  # the newest complete checkpoint of this run (resumed or saved)
+        self._saved_step = 0  # the step last_checkpoint holds (0: none)
+        self._last_save_time = time.monotonic()
+        # what a restart before the first checkpoint starts again from
+        self._initial_loader_state = train_loader.state_dict()
+        self._initial_kl_coef = self.kl_controller.value
 
     # ------------------------------------------------------------------------------------------------------------------
     # the loop
     # ------------------------------------------------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
-        """Train until total_epochs or max_steps; return the last step's metrics."""
+        """Train until total_epochs or max_steps; return the last step's metrics.
+
+        A worker process that dies ends the run with a message naming it (``WorkerDied``) or, while
+        ``trainer.max_restarts`` allows, has every worker started again and the run resumed from the last complete
+        checkpoint. A stop signal ends the run after the current step, with a checkpoint (``RunStopped``).
+        """
+        max_restarts = self.config.trainer.max_restarts
+        restart = False
+        while True:
+            try:
+                if restart:
+                    self.workers = self.restart_workers()
+                return self._train()
+            except WorkerDiedError as died:
+                if self.restarts >= max_restarts or self.restart_workers is None or self.stop.requested:
+                    hint = self._resume_hint()
+                    raise WorkerDied(died, self.global_step, self.restarts, max_restarts, hint) from died
+                self.restarts += 1
+                restart = True
+                logger.warning(
+                    "In step %d, %s. Restarting every worker and resuming from %s (restart %d of "
+                    "trainer.max_restarts=%d).",
+                    self.global_step,
+                    died,
+                    self.last_checkpoint or "the beginning (no checkpoint yet)",
+                    self.restarts,
+                    max_restarts,
+                )
+
+    def _train(self) -> dict[str, float]:
+        """From the last complete checkpoint (or the beginning) to the last step."""
         trainer_config = self.config.trainer
         if self._resume():
             self.workers.actor_rollout.sync_rollout_weights()  # the engine started from the model path
@@ -94,21 +156,48 @@ class PPOTrainer:
             return last_metrics
 
         batches = self._train_batches()
+        self._last_save_time = time.monotonic()
         while self.global_step < self.training_steps:
+            if self.stop.requested:
+                self._stop_now(last_metrics)
             self.global_step += 1
             metrics = self.train_step(batches)
+            metrics["trainer/restarts"] = self.restarts
             is_last = self.global_step == self.training_steps
             after_step: dict[str, float] = {}  # outside timing/step: the phases that do not run every step
             if self._validates_after(self.global_step, is_last):
                 with timer("validation", after_step):
                     metrics.update(self.validate())
-            if (trainer_config.save_freq > 0 and self.global_step % trainer_config.save_freq == 0) or is_last:
+            if self._saves_after(self.global_step, is_last):
                 with timer("save_checkpoint", after_step):
-                    self.save_checkpoint()
-            metrics.update({f"timing/{name}": seconds for name, seconds in after_step.items()})
+                    # the row goes into the checkpoint before it is logged (all of it but this save's duration)
+                    self.save_checkpoint({**metrics, **_timing_metrics(after_step)})
+            metrics.update(_timing_metrics(after_step))
             self.tracker.log(metrics, step=self.global_step)
             last_metrics = metrics
         return last_metrics
+
+    def _saves_after(self, step: int, is_last: bool) -> bool:
+        """After the last step, every save_freq steps, once save_every_minutes have passed since the last save, and
+        when a stop signal came during the step."""
+        trainer = self.config.trainer
+        minutes = trainer.save_every_minutes
+        return (
+            is_last
+            or (trainer.save_freq > 0 and step % trainer.save_freq == 0)
+            or (minutes > 0 and time.monotonic() - self._last_save_time >= 60 * minutes)
+            or self.stop.requested
+        )
+
+    def _stop_now(self, last_metrics: dict[str, float]) -> None:
+        """End the run for a stop signal: checkpoint the last trained step unless it has one, then raise."""
+        if self.global_step > self._saved_step:  # the signal came after the step's save decision
+            self.save_checkpoint(last_metrics)
+        hint = self._resume_hint()
+        raise RunStopped(self.stop.signal_name, self.stop.signum, self.global_step, self.last_checkpoint, hint)
+
+    def _resume_hint(self) -> str:
+        return resume_hint(self.last_checkpoint, self.config.trainer)
 
     def _validates_after(self, step: int, is_last: bool) -> bool:
         """Every val_freq steps, and after the last step whatever val_freq says (EasyR1 validates at the end)."""
@@ -365,35 +454,51 @@ class PPOTrainer:
     _start_epoch = 0
     epoch = 0
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self, metrics: dict[str, Any] | None = None) -> None:
+        """Checkpoint the current step; ``metrics``, the step's row, is kept in it so that a crash between the save
+        and the row's logging cannot lose the row (``_resume`` restores it)."""
         tmp_dir = self.checkpoints.begin(self.global_step)
         save_model_only = self.config.trainer.save_model_only
         self.workers.actor_rollout.save_checkpoint(f"{tmp_dir}/actor", save_model_only)
         if self.use_critic:
             self.workers.critic.save_checkpoint(f"{tmp_dir}/critic", save_model_only)
-        if not save_model_only:
-            torch.save(
-                {
-                    "dataloader": self.train_loader.state_dict(),
-                    "epoch": self.epoch,
-                    "kl_coef": self.kl_controller.value,
-                },
-                f"{tmp_dir}/driver_state.pt",
-            )
-        self.checkpoints.commit(self.global_step, required=("actor", "critic") if self.use_critic else ("actor",))
+        row = {name: to_scalar(name, value) for name, value in (metrics or {}).items()}
+        self.last_checkpoint = self.checkpoints.commit(
+            self.global_step,
+            trainer_state={"epoch": self.epoch, "kl_coef": self.kl_controller.value, "metrics": row},
+            dataloader_state=None if save_model_only else self.train_loader.state_dict(),
+            required=("actor", "critic") if self.use_critic else ("actor",),
+        )
+        self._saved_step = self.global_step
+        self._last_save_time = time.monotonic()
 
     def _resume(self) -> bool:
-        """Restore the latest (or the named) checkpoint; True when one was loaded."""
-        path = resolve_resume_path(self.config.trainer)
+        """Restore the newest checkpoint of this run (after a worker restart) or, at the start, the one the config
+        asks for; with none, the state the run started from. True when a checkpoint was loaded."""
+        self._rollout_metrics = []
+        path = self.last_checkpoint or resolve_resume_path(self.config.trainer)
         if path is None:
+            self.train_loader.load_state_dict(self._initial_loader_state)
+            self.kl_controller.value = self._initial_kl_coef
+            self._start_epoch = self.global_step = self._saved_step = 0
+            self.tracker.rewind_to(-1)  # rows of an earlier attempt at this run are trained again
             return False
         logger.warning("Resuming from %s", path)
+        state = load_trainer_state(path)
+        loader_state = load_dataloader_state(path)
+        if loader_state is None:
+            raise CheckpointError(
+                f"{path} holds no dataloader or optimizer state (saved with trainer.save_model_only=true): training "
+                "cannot resume from it. Start afresh (trainer.find_last_checkpoint=false, or another "
+                "trainer.save_checkpoint_path), or merge it into a model with `easyrl merge`."
+            )
         self.workers.actor_rollout.load_checkpoint(f"{path}/actor")
         if self.use_critic:
             self.workers.critic.load_checkpoint(f"{path}/critic")
-        state = torch.load(f"{path}/driver_state.pt", weights_only=False)
-        self.train_loader.load_state_dict(state["dataloader"])
+        self.train_loader.load_state_dict(loader_state)
         self._start_epoch = state["epoch"]
         self.kl_controller.value = state["kl_coef"]
-        self.global_step = checkpoint_step(path)
+        self.global_step = self._saved_step = int(state["global_step"])
+        self.last_checkpoint = path
+        self.tracker.rewind_to(self.global_step, state.get("metrics"))
         return True

@@ -1,18 +1,61 @@
 """JSON lines on disk: ``metrics.jsonl`` and ``generations.jsonl`` under ``trainer.save_checkpoint_path``.
 
-Files are appended to, so a resumed run continues the same files (readers keep the last row per step).
-Every line is flushed at once: a crashed run keeps everything logged before the crash.
+Every line is flushed at once: a crashed run keeps everything logged before the crash. A resumed run continues the
+same files after ``rewind_to`` made them agree with the checkpoint it resumes from, so ``metrics.jsonl`` holds
+exactly one row per step however often the run was interrupted.
 """
 
 import json
+import logging
 import os
 
 from .base import Logger, RunInfo, json_default
 from .registry import register_logger
 
 
+logger = logging.getLogger(__name__)
+
 METRICS_FILE = "metrics.jsonl"
 GENERATIONS_FILE = "generations.jsonl"
+
+
+def rewind_jsonl(path: str, last_step: int, restore_row: dict | None = None) -> tuple[int, int, bool]:
+    """Keep the rows of ``path`` whose step is at most ``last_step``; returns (rows dropped, unreadable lines dropped,
+    whether ``restore_row`` was appended).
+
+    ``restore_row`` (a row of step ``last_step``) is appended when no row of that step is left: the run died between
+    saving that step's checkpoint and writing its row. A line that does not parse (a write cut short by the crash) is
+    dropped. The file is replaced atomically: a crash during the rewind leaves the old file.
+    """
+    kept: list[str] = []
+    kept_steps: set[int] = set()
+    dropped = unreadable = 0
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                if not line.strip():
+                    continue
+                try:
+                    step = int(json.loads(line)["step"])
+                except (ValueError, KeyError, TypeError):
+                    unreadable += 1
+                    continue
+                if step > last_step:
+                    dropped += 1
+                    continue
+                kept.append(line if line.endswith("\n") else line + "\n")
+                kept_steps.add(step)
+    restored = restore_row is not None and last_step not in kept_steps
+    if restored:
+        kept.append(json.dumps({**restore_row, "step": last_step}, default=json_default) + "\n")
+    if dropped or unreadable or restored:
+        staging = f"{path}.tmp.{os.getpid()}"
+        with open(staging, "w", encoding="utf-8") as handle:
+            handle.writelines(kept)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staging, path)
+    return dropped, unreadable, restored
 
 
 @register_logger("file")
@@ -37,7 +80,28 @@ class FileLogger(Logger):
             self._generations_file.write(line + "\n")
         self._generations_file.flush()
 
+    def rewind_to(self, step: int, row: dict | None = None) -> None:
+        """Drop the rows of steps after ``step`` from both files (they are trained again) and restore ``row``, the
+        metrics of ``step`` kept in its checkpoint, when the crash came before it was written. Each drop is said."""
+        self.finish()
+        for path, restore in ((self.metrics_path, row), (self.generations_path, None)):
+            dropped, unreadable, restored = rewind_jsonl(path, step, restore)
+            if dropped:
+                logger.warning(
+                    "%s: dropped %d row(s) of steps after %d: the run resumes after step %d and trains them again.",
+                    path,
+                    dropped,
+                    step,
+                    step,
+                )
+            if unreadable:
+                logger.warning("%s: dropped %d unreadable line(s) (a write cut short by a crash).", path, unreadable)
+            if restored:
+                logger.warning("%s: restored the row of step %d from its checkpoint.", path, step)
+        self._metrics_file = open(self.metrics_path, "a", encoding="utf-8")
+
     def finish(self) -> None:
         for handle in (self._metrics_file, self._generations_file):
             if handle is not None:
                 handle.close()
+        self._metrics_file = self._generations_file = None

@@ -45,6 +45,12 @@ class Tracker:
         for backend in self.backends.values():
             backend.log_generations(samples, step)
 
+    def rewind_to(self, step: int, row: dict | None = None) -> None:
+        """The run resumes after ``step`` (-1: afresh); ``row`` is that step's metrics as its checkpoint kept them."""
+        scalars = None if row is None else {name: to_scalar(name, value) for name, value in row.items()}
+        for backend in self.backends.values():
+            backend.rewind_to(step, scalars)
+
     def finish(self) -> None:
         for backend in self.backends.values():
             backend.finish()

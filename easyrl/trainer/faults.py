@@ -1,0 +1,124 @@
+"""How a run ends when it cannot finish: a stop signal, or a worker process that died.
+
+SIGTERM (what SLURM and Kubernetes send before they stop a job) and SIGINT (Ctrl-C) ask the driver to stop: the
+current step finishes, a checkpoint is written, and the run exits with 128 + the signal number (143, 130) and one
+line saying where the checkpoint is. A second signal exits at once, without a checkpoint. The handlers replace Ray's
+own SIGTERM handler in the driver, which would otherwise tear the local cluster down (workers included) at once.
+Only the driver gets a signal sent to its pid; a signal sent to the whole process group also reaches Ray's own
+processes (SIGINT is blocked in them; SIGTERM ends them), and the run then ends as if a worker died.
+
+Every message names the last complete checkpoint and how to resume from it.
+"""
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+
+logger = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopRequest:
+    """Set by the first SIGTERM / SIGINT while ``installed()``; the trainer reads it between steps."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    def request(self, signum: int) -> None:
+        """What the first signal does (also callable directly, e.g. from a test or an embedding program)."""
+        self.signum = signum
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None:
+            # a handler must not take locks (logging's) the interrupted code may hold: write straight to stderr
+            os.write(
+                2, f"\neasyrl: second {signal.Signals(signum).name}: exiting now, without a checkpoint.\n".encode()
+            )
+            os._exit(128 + signum)
+        self.request(signum)
+        os.write(
+            2,
+            f"\neasyrl: {signal.Signals(signum).name} received: finishing the current step, then saving a "
+            "checkpoint and exiting (send it again to exit at once, without a checkpoint).\n".encode(),
+        )
+
+    @contextmanager
+    def installed(self) -> Iterator["StopRequest"]:
+        """Handle SIGTERM and SIGINT in this (the main) thread until the block ends, then restore the handlers."""
+        previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._handle)
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+def resume_hint(checkpoint: str | None, trainer: Any) -> str:
+    """How to continue a run whose last complete checkpoint is ``checkpoint`` (``trainer``: its TrainerConfig)."""
+    if checkpoint is None:
+        return "No checkpoint was written yet: rerunning the same command starts from the beginning."
+    if trainer.save_model_only:
+        return (
+            f"The last checkpoint is {checkpoint}, with model weights only (trainer.save_model_only=true): training "
+            "cannot resume from it; `easyrl merge` turns it into a model."
+        )
+    if trainer.load_checkpoint_path:
+        same_command_resumes = os.path.abspath(trainer.load_checkpoint_path) == checkpoint
+    else:
+        same_command_resumes = trainer.find_last_checkpoint
+    if same_command_resumes:
+        return f"The last complete checkpoint is {checkpoint}; rerun the same command to resume from it."
+    return (
+        f"The last complete checkpoint is {checkpoint}; resume from it with trainer.load_checkpoint_path={checkpoint}."
+    )
+
+
+class RunInterrupted(Exception):
+    """The run ended before its last step; ``str()`` is the one message the user reads, ``exit_code`` the status."""
+
+    exit_code = 1
+
+
+class RunStopped(RunInterrupted):
+    """A stop signal arrived; the checkpoint of the last trained step was written."""
+
+    def __init__(self, signal_name: str, signum: int, step: int, checkpoint: str | None, hint: str) -> None:
+        self.exit_code = 128 + signum
+        self.checkpoint = checkpoint
+        what = f"after step {step}" if step else "before the first step"
+        super().__init__(f"easyrl: stopped by {signal_name} {what}. {hint}")
+
+
+class WorkerDied(RunInterrupted):
+    """A worker process died and no restart was left (``trainer.max_restarts``)."""
+
+    def __init__(self, cause: Exception, step: int, restarts: int, max_restarts: int, hint: str) -> None:
+        self.cause = cause
+        if max_restarts == 0:
+            tried = "; set trainer.max_restarts to have easyrl restart the workers and resume on its own"
+        else:
+            tried = f" after {restarts} restart(s) (trainer.max_restarts={max_restarts})"
+        super().__init__(f"easyrl: in step {step}, {cause}{tried}. {hint}")
+
+
+def print_interruption(interrupted: RunInterrupted) -> None:
+    """The last line of the console: what happened and how to resume."""
+    logger.debug("run interrupted", exc_info=interrupted)
+    print(str(interrupted), file=sys.stderr, flush=True)

@@ -1,0 +1,216 @@
+"""Real `easyrl train` runs (tiny model, 2 FSDP2 workers, vLLM rollout) interrupted the ways jobs die: SIGTERM
+(preemption), a worker SIGKILLed (the kernel's OOM killer), the driver SIGKILLed, Ctrl-C twice. After each, the run
+continues from its last checkpoint, metrics.jsonl holds exactly one row per step, and the steps trained after the
+interruption equal the uninterrupted run's (``tiny_grpo_run``, the same command).
+
+Two runs are in the default suite (SIGTERM, worker death with a restart); the others are marked slow.
+"""
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from easyrl.trainer.checkpoint import list_checkpoints
+from tests.fixtures.trainer_runs import (
+    GRPO_RUN_OVERRIDES,
+    RUN_TIMEOUT_S,
+    kill_process_group,
+    launch_training,
+    log_tail,
+    metrics_by_step,
+    run_training,
+    train_args,
+    wait_for_path,
+)
+from tests.test_trainer_resume import TIME_DEPENDENT_PREFIXES, _same
+
+
+def _logged_steps(save_dir: Path) -> list[int]:
+    with open(save_dir / "metrics.jsonl", encoding="utf-8") as handle:
+        return [int(json.loads(line)["step"]) for line in handle]
+
+
+def _checkpoint_steps(save_dir: Path) -> list[int]:
+    return [step for step, _ in list_checkpoints(str(save_dir))]
+
+
+def _wait_for_row(save_dir: Path, step: int, proc, log_path, timeout: float = RUN_TIMEOUT_S) -> None:
+    """Until metrics.jsonl has the row of ``step`` (the next step has then begun)."""
+    deadline = time.monotonic() + timeout
+    while not ((save_dir / "metrics.jsonl").exists() and step in _logged_steps(save_dir)):
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended (exit {proc.returncode}) before step {step} was logged:\n{log_tail(log_path)}")
+        if time.monotonic() > deadline:
+            kill_process_group(proc)
+            pytest.fail(f"step {step} was not logged in {timeout} s:\n{log_tail(log_path)}")
+        time.sleep(0.1)
+
+
+def _wait_for_exit(proc, log_path, timeout: float = RUN_TIMEOUT_S) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except Exception:
+        kill_process_group(proc)
+        pytest.fail(f"the run did not exit in {timeout} s:\n{log_tail(log_path)}")
+    finally:
+        kill_process_group(proc)  # Ray stragglers of the run's process group
+
+
+def _worker_pids(session_leader: int) -> list[int]:
+    """The FSDP worker processes (Ray actors) a run started: same session as its driver, titled ``ray::FSDPWorker``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                title = handle.read().split(b"\0")[0].decode(errors="replace")
+            if title.startswith("ray::FSDPWorker") and os.getsid(int(entry)) == session_leader:
+                pids.append(int(entry))
+        except (OSError, ProcessLookupError):
+            continue
+    return sorted(pids)
+
+
+def _assert_steps_equal_the_uninterrupted_run(save_dir: Path, reference: dict, steps: list[int]) -> None:
+    resumed = metrics_by_step(save_dir)
+    for step in steps:
+        compared = sorted(
+            name
+            for name in reference[step]
+            if not name.startswith(TIME_DEPENDENT_PREFIXES) and name != "trainer/restarts"
+        )
+        assert set(compared) <= set(resumed[step])
+        different = {
+            name: (resumed[step][name], reference[step][name])
+            for name in compared
+            if not _same(name, resumed[step][name], reference[step][name])
+        }
+        assert not different, f"step {step} after the interruption differs from the uninterrupted run: {different}"
+        for name in ("reward/overall", "actor/pg_loss", "actor/grad_norm"):
+            assert name in compared
+
+
+@pytest.mark.timeout(1800)
+def test_sigterm_checkpoints_the_step_in_progress_and_the_rerun_continues_exactly(tiny_grpo_run, tmp_path):
+    save_dir = tmp_path / "checkpoints"
+    # no periodic saves: the only checkpoints are the one SIGTERM asks for and the last step's
+    args = train_args(tiny_grpo_run.model_path, save_dir, GRPO_RUN_OVERRIDES + ["trainer.save_freq=-1"])
+    stopped_log = tmp_path / "stopped.log"
+    proc = launch_training(args, stopped_log)
+    _wait_for_row(save_dir, 1, proc, stopped_log)  # step 2 is under way
+    os.kill(proc.pid, signal.SIGTERM)  # the driver only, as Kubernetes does
+    returncode = _wait_for_exit(proc, stopped_log)
+
+    checkpoint = save_dir / "global_step_2"
+    text = stopped_log.read_text(errors="replace")
+    assert returncode == 128 + signal.SIGTERM, log_tail(stopped_log)
+    assert "SIGTERM received: finishing the current step" in text
+    assert (
+        f"easyrl: stopped by SIGTERM after step 2. The last complete checkpoint is {checkpoint}; rerun the same "
+        "command to resume from it." in text
+    )
+    assert _checkpoint_steps(save_dir) == [2] and _logged_steps(save_dir) == [1, 2]
+
+    resumed_log = tmp_path / "resumed.log"
+    run_training(args, resumed_log)
+    assert f"Resuming from {checkpoint}" in resumed_log.read_text(errors="replace")
+    assert _logged_steps(save_dir) == [1, 2, 3]
+    _assert_steps_equal_the_uninterrupted_run(save_dir, tiny_grpo_run.metrics, [3])
+
+
+@pytest.mark.timeout(1800)
+def test_a_killed_worker_is_restarted_from_the_last_checkpoint_and_the_run_finishes_exactly(tiny_grpo_run, tmp_path):
+    save_dir = tmp_path / "checkpoints"
+    args = train_args(tiny_grpo_run.model_path, save_dir, GRPO_RUN_OVERRIDES + ["trainer.max_restarts=1"])
+    log_path = tmp_path / "train.log"
+    proc = launch_training(args, log_path)
+    wait_for_path(save_dir / "global_step_1" / "COMPLETE", proc, log_path)
+    victim = _worker_pids(proc.pid)[-1]
+    os.kill(victim, signal.SIGKILL)  # what the kernel's out-of-memory killer sends
+    returncode = _wait_for_exit(proc, log_path)
+    assert returncode == 0, log_tail(log_path)
+
+    text = log_path.read_text(errors="replace")
+    assert f"(pid {victim}) died during `" in text
+    assert "its last resident memory was " in text
+    assert f"Restarting every worker and resuming from {save_dir / 'global_step_1'} (restart 1 of" in text
+    assert f"Resuming from {save_dir / 'global_step_1'}" in text
+    assert _logged_steps(save_dir) == [1, 2, 3]
+    rows = metrics_by_step(save_dir)
+    assert [rows[step]["trainer/restarts"] for step in (1, 2, 3)] == [0, 1, 1]
+    _assert_steps_equal_the_uninterrupted_run(save_dir, tiny_grpo_run.metrics, [2, 3])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_dead_worker_without_restarts_ends_the_run_naming_it_and_the_rerun_resumes(tiny_grpo_run, tmp_path):
+    save_dir = tmp_path / "checkpoints"
+    # time-based saves only (after every step at this rate): the checkpoint the message names comes from them
+    overrides = GRPO_RUN_OVERRIDES + ["trainer.save_freq=-1", "trainer.save_every_minutes=0.0001"]
+    args = train_args(tiny_grpo_run.model_path, save_dir, overrides)
+    log_path = tmp_path / "died.log"
+    proc = launch_training(args, log_path)
+    wait_for_path(save_dir / "global_step_1" / "COMPLETE", proc, log_path)
+    victim = _worker_pids(proc.pid)[0]
+    os.kill(victim, signal.SIGKILL)
+    returncode = _wait_for_exit(proc, log_path)
+
+    text = log_path.read_text(errors="replace")
+    assert returncode == 1, log_tail(log_path)
+    line = next(line for line in text.splitlines() if line.startswith("easyrl: in step "))
+    assert f"(pid {victim}) died during `" in line
+    assert "killed by a signal (SIGKILL; the kernel's out-of-memory killer sends it) or crashed" in line
+    assert "its last resident memory was " in line and " GiB (" in line
+    assert "set trainer.max_restarts to have easyrl restart the workers" in line
+    last = save_dir / f"global_step_{_checkpoint_steps(save_dir)[-1]}"
+    assert line.endswith(f"The last complete checkpoint is {last}; rerun the same command to resume from it.")
+
+    run_training(args, tmp_path / "resumed.log")
+    assert _logged_steps(save_dir) == [1, 2, 3]
+    _assert_steps_equal_the_uninterrupted_run(save_dir, tiny_grpo_run.metrics, [3])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_rerun_right_after_the_driver_is_killed_starts_its_own_ray_and_resumes(tiny_grpo_run, tmp_path):
+    save_dir = tmp_path / "checkpoints"
+    args = train_args(tiny_grpo_run.model_path, save_dir, GRPO_RUN_OVERRIDES)
+    log_path = tmp_path / "killed.log"
+    proc = launch_training(args, log_path)
+    try:
+        wait_for_path(save_dir / "global_step_1" / "COMPLETE", proc, log_path)
+        os.kill(proc.pid, signal.SIGKILL)  # the driver only: Ray's agents of that run linger for a while
+        proc.wait(timeout=60)
+        resumed_log = tmp_path / "resumed.log"
+        run_training(args, resumed_log)  # at once, while they are still there
+    finally:
+        kill_process_group(proc)
+    assert "Resuming from" in resumed_log.read_text(errors="replace")
+    assert _logged_steps(save_dir) == [1, 2, 3]
+    _assert_steps_equal_the_uninterrupted_run(save_dir, tiny_grpo_run.metrics, [3])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_second_ctrl_c_exits_at_once_without_a_checkpoint(tiny_grpo_run, tmp_path):
+    save_dir = tmp_path / "checkpoints"
+    args = train_args(tiny_grpo_run.model_path, save_dir, GRPO_RUN_OVERRIDES + ["trainer.save_freq=-1"])
+    log_path = tmp_path / "interrupted.log"
+    proc = launch_training(args, log_path)
+    _wait_for_row(save_dir, 1, proc, log_path)
+    os.kill(proc.pid, signal.SIGINT)
+    time.sleep(0.5)
+    sent = time.monotonic()
+    os.kill(proc.pid, signal.SIGINT)
+    returncode = _wait_for_exit(proc, log_path, timeout=60)
+    assert time.monotonic() - sent < 10
+    assert returncode == 128 + signal.SIGINT
+    text = log_path.read_text(errors="replace")
+    assert "second SIGINT: exiting now, without a checkpoint." in text
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text
+    assert _checkpoint_steps(save_dir) == []

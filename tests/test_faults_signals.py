@@ -1,0 +1,64 @@
+"""Stop signals: the first asks for a checkpoint and a clean exit, the second exits at once; the messages say where
+to resume from. The real trainer under SIGTERM: tests/test_faults_runs.py."""
+
+import os
+import signal
+import subprocess
+import sys
+
+from easyrl.config import TrainerConfig
+from easyrl.trainer.faults import RunStopped, StopRequest, WorkerDied, resume_hint
+
+
+def test_the_first_signal_sets_the_request_and_the_old_handlers_come_back():
+    before = signal.getsignal(signal.SIGTERM)
+    with StopRequest().installed() as stop:
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested and stop.signal_name == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_second_signal_exits_at_once_with_128_plus_its_number():
+    program = (
+        "import os, signal, time\n"
+        "from easyrl.trainer.faults import StopRequest\n"
+        "with StopRequest().installed():\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(30)\n"
+        "print('not reached')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130
+    assert "SIGINT received: finishing the current step" in done.stderr
+    assert "second SIGINT: exiting now, without a checkpoint" in done.stderr
+    assert "not reached" not in done.stdout
+
+
+def test_the_resume_hint_says_whether_the_same_command_resumes(tmp_path):
+    ckpt = str(tmp_path / "global_step_4")
+    assert resume_hint(ckpt, TrainerConfig()) == (
+        f"The last complete checkpoint is {ckpt}; rerun the same command to resume from it."
+    )
+    assert f"resume from it with trainer.load_checkpoint_path={ckpt}" in resume_hint(
+        ckpt, TrainerConfig(find_last_checkpoint=False)
+    )
+    # a command naming an older checkpoint would go back to it
+    older = TrainerConfig(load_checkpoint_path=str(tmp_path / "global_step_2"))
+    assert f"trainer.load_checkpoint_path={ckpt}" in resume_hint(ckpt, older)
+    assert "rerun the same command" in resume_hint(ckpt, TrainerConfig(load_checkpoint_path=ckpt))
+    assert "starts from the beginning" in resume_hint(None, TrainerConfig())
+    assert "cannot resume from it" in resume_hint(ckpt, TrainerConfig(save_model_only=True))
+
+
+def test_interruptions_exit_non_zero_with_one_line():
+    stopped = RunStopped("SIGTERM", signal.SIGTERM, 7, "/ckpt/global_step_7", "HINT.")
+    assert stopped.exit_code == 143 and str(stopped) == "easyrl: stopped by SIGTERM after step 7. HINT."
+    died = WorkerDied(RuntimeError("worker actor_rollout rank 1 died"), 3, 0, 0, "HINT.")
+    assert died.exit_code == 1
+    assert str(died) == (
+        "easyrl: in step 3, worker actor_rollout rank 1 died; set trainer.max_restarts to have easyrl restart the "
+        "workers and resume on its own. HINT."
+    )
+    assert "after 2 restart(s) (trainer.max_restarts=2)" in str(WorkerDied(RuntimeError("x"), 3, 2, 2, "H."))
