@@ -1,5 +1,6 @@
 """The `easyrl` command as a user types it (a real subprocess)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +12,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_easyrl(*args: str) -> subprocess.CompletedProcess:
+    # EasyR1's config logs to wandb: the user here can (offline mode stands for a login)
+    env = {**os.environ, "WANDB_MODE": "offline"}
     return subprocess.run(
-        [sys.executable, "-m", "easyrl", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
+        [sys.executable, "-m", "easyrl", *args], capture_output=True, text=True, cwd=ROOT, timeout=120, env=env
     )
 
 

@@ -76,7 +76,8 @@ def test_derived_values_are_filled(valid_args):
     assert config.trainer.save_checkpoint_path.endswith("checkpoints/easy_r1/demo")
 
 
-def test_easyr1_config_loads_unchanged():
+def test_easyr1_config_loads_unchanged(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")  # its logger is wandb: a user who can log (a login, or offline)
     config = load_config([f"config={EASYR1_CONFIG}"])
     assert config.worker.actor.loss_avg_mode == "token-mean"  # EasyR1 spelling `token` is an alias
     assert config.worker.rollout.val_override_config == {"temperature": 0.6, "top_p": 0.95, "n": 1}

@@ -349,6 +349,17 @@ def _check_unsupported(config: PPOConfig) -> None:
         )
 
 
+def _check_loggers_can_start(names: Any) -> None:
+    """A tracker that cannot start (a remote service without a login) would stop the run after the workers loaded
+    the model; its backend knows without being imported (the loggers package imports no backend library)."""
+    from ..trainer.loggers import get_logger_class
+
+    for name in names if isinstance(names, list) else [names]:
+        problem = get_logger_class(name).start_problem()
+        if problem is not None:
+            raise ConfigError(f"`trainer.logger` includes '{name}': {problem} Or remove '{name}' from trainer.logger.")
+
+
 def validate_config(config: PPOConfig) -> None:
     """Raise ConfigError for the first problem found; nothing heavy is imported or started."""
     for key, allowed in CHOICES.items():
@@ -364,6 +375,7 @@ def validate_config(config: PPOConfig) -> None:
             _check_choice(f"worker.{role}.fsdp.{name}", getattr(fsdp, name), DTYPES)
         if fsdp.torch_dtype is not None:
             _check_choice(f"worker.{role}.fsdp.torch_dtype", fsdp.torch_dtype, DTYPES)
+    _check_loggers_can_start(config.trainer.logger)
 
     data, actor, rollout, critic = config.data, config.worker.actor, config.worker.rollout, config.worker.critic
     _check_ranges(config)
