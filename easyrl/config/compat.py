@@ -50,8 +50,14 @@ EASYR1_DIFFERENCES: dict[str, str] = {
     "worker.reward.reward_function": (
         "without `:function`, `main` is called when the file defines it and `compute_score` otherwise (EasyR1: always "
         "`main`, which its own reward files do not define); a score that is not a number, a batch result of the "
-        "wrong length or a missing `overall` is an error instead of a silent 0; a function that raises or exceeds "
-        "worker.reward.timeout_s scores 0 for its samples and is counted in reward/errors instead of stopping the run"
+        "wrong length or a missing `overall` is an error instead of a silent 0; a function that raises, returns "
+        "NaN/inf (EasyR1 passes it to the update), ends its process or is still running when worker.reward.timeout_s "
+        "(one deadline for the whole batch; EasyR1 has none) runs out scores 0 for its samples and is counted in "
+        "reward/errors (timeouts also in reward/timeouts) instead of stopping the run"
+    ),
+    "worker.reward.num_cpus": (
+        "0 scores in one reward actor that reserves no CPU, as EasyR1 does, under the same timeout and protection as "
+        "any other number"
     ),
     "data.image_key": (
         "a row with pictures but no `<image>` placeholder in its prompt gets its pictures before the text (EasyR1's "
