@@ -113,20 +113,9 @@ def _cpu_engine_environment() -> Iterator[None]:
 
 
 def _engine_kwargs(config: RolloutConfig, tensor_parallel_size: int, seed: int) -> dict[str, Any]:
-    if config.dtype not in VLLM_DTYPES:
-        raise ValueError(f"`worker.rollout.dtype` is `{config.dtype}`; use one of: {', '.join(VLLM_DTYPES)}.")
-    max_model_len = config.max_model_len or (config.prompt_length + config.response_length)
-    if max_model_len <= 0:
-        raise ValueError(
-            "`worker.rollout.max_model_len` is unset and data.max_prompt_length + data.max_response_length is not "
-            "positive; set one of them."
-        )
-    if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
-        raise ValueError(
-            f"`worker.rollout.max_num_batched_tokens` ({config.max_num_batched_tokens}) is smaller than the context "
-            f"length ({max_model_len}, `worker.rollout.max_model_len`): a prompt could never be scheduled. Raise it "
-            "or set `worker.rollout.enable_chunked_prefill=true`."
-        )
+    # the config check (easyrl/config/validate.py) has refused every value this could not run with; a RolloutConfig
+    # built in code rather than loaded has no derived max_model_len yet
+    max_model_len = config.max_model_len or config.prompt_length + config.response_length
     kwargs: dict[str, Any] = {
         "distributed_executor_backend": "external_launcher",
         "tensor_parallel_size": tensor_parallel_size,
