@@ -3,7 +3,8 @@
 continues from its last checkpoint, metrics.jsonl holds exactly one row per step, and the steps trained after the
 interruption equal the uninterrupted run's (``tiny_grpo_run``, the same command).
 
-Two runs are in the default suite (SIGTERM, worker death with a restart); the others are marked slow.
+Two runs are in the default suite (SIGTERM, worker death with a restart); the others are marked slow. The signal
+goes to the driver only, as Kubernetes sends it, except in the test of a signal to every process of the job.
 """
 
 import json
@@ -214,3 +215,28 @@ def test_a_second_ctrl_c_exits_at_once_without_a_checkpoint(tiny_grpo_run, tmp_p
     assert "second SIGINT: exiting now, without a checkpoint." in text
     assert "Traceback" not in text and "KeyboardInterrupt" not in text
     assert _checkpoint_steps(save_dir) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_sigterm_to_every_process_of_the_job_exits_at_once_naming_the_last_checkpoint(tiny_grpo_run, tmp_path):
+    save_dir = tmp_path / "checkpoints"
+    args = train_args(tiny_grpo_run.model_path, save_dir, GRPO_RUN_OVERRIDES)
+    log_path = tmp_path / "group.log"
+    proc = launch_training(args, log_path)
+    wait_for_path(save_dir / "global_step_1" / "COMPLETE", proc, log_path)
+    os.killpg(proc.pid, signal.SIGTERM)  # Ray's own processes get it too, as under a scheduler that signals them all
+    sent = time.monotonic()
+    returncode = _wait_for_exit(proc, log_path, timeout=120)
+    assert time.monotonic() - sent < 30  # not Ray's minute of reconnection attempts
+    assert returncode == 128 + signal.SIGTERM, log_tail(log_path)
+    last = save_dir / f"global_step_{_checkpoint_steps(save_dir)[-1]}"
+    assert (
+        "easyrl: SIGTERM also ended the Ray cluster's own processes (it was sent to every process of the job, not "
+        f"to easyrl alone), so no checkpoint could be written. The last complete checkpoint is {last}; rerun the "
+        "same command to resume from it." in log_path.read_text(errors="replace")
+    )
+
+    run_training(args, tmp_path / "resumed.log")
+    assert _logged_steps(save_dir) == [1, 2, 3]
+    _assert_steps_equal_the_uninterrupted_run(save_dir, tiny_grpo_run.metrics, [3])

@@ -100,3 +100,28 @@ def test_no_source_file_loads_a_pickle():
         if re.search(r"weights_only\s*=\s*False", text) or re.search(r"\bpickle\.loads?\(", text):
             offenders.append(str(path.relative_to(REPO_ROOT)))
     assert offenders == []
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_dcp_metadata_is_read_without_running_code(tmp_path):
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    from easyrl.workers.fsdp_checkpoint import SafeFileSystemReader
+
+    torch.manual_seed(0)
+    saved = {"model": torch.nn.Linear(4, 3).state_dict(), "step": torch.tensor(5, dtype=torch.int64)}
+    dcp.save(saved, checkpoint_id=str(tmp_path / "actor"))
+    loaded = {"model": {k: torch.zeros_like(v) for k, v in saved["model"].items()}, "step": torch.tensor(0)}
+    dcp.load(loaded, storage_reader=SafeFileSystemReader(str(tmp_path / "actor")))
+    assert all(torch.equal(loaded["model"][k], saved["model"][k]) for k in saved["model"]) and loaded["step"] == 5
+
+    class Payload:
+        def __reduce__(self):
+            return (os.mkdir, (str(tmp_path / "pwned"),))
+
+    (tmp_path / "actor" / ".metadata").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(pickle.UnpicklingError, match=r"names `posix\.mkdir`.*refused"):
+        SafeFileSystemReader(str(tmp_path / "actor")).read_metadata()
+    assert not (tmp_path / "pwned").exists()

@@ -4,8 +4,10 @@ SIGTERM (what SLURM and Kubernetes send before they stop a job) and SIGINT (Ctrl
 current step finishes, a checkpoint is written, and the run exits with 128 + the signal number (143, 130) and one
 line saying where the checkpoint is. A second signal exits at once, without a checkpoint. The handlers replace Ray's
 own SIGTERM handler in the driver, which would otherwise tear the local cluster down (workers included) at once.
-Only the driver gets a signal sent to its pid; a signal sent to the whole process group also reaches Ray's own
-processes (SIGINT is blocked in them; SIGTERM ends them), and the run then ends as if a worker died.
+Only the driver gets a signal sent to its pid. A signal sent to every process of the job (a process-group kill,
+SLURM's scancel) also reaches the local Ray cluster's own processes: SIGINT is blocked in them, SIGTERM ends them.
+Without its cluster the driver can save nothing, and Ray would end it only after a minute of reconnection attempts:
+a watch notices the cluster's death at once and exits with the same kind of message.
 
 Every message names the last complete checkpoint and how to resume from it.
 """
@@ -14,7 +16,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -25,11 +28,34 @@ logger = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+# How often, once a stop was asked, the driver checks that the local Ray cluster survived the signal.
+CLUSTER_WATCH_INTERVAL_S = 0.5
+
+
+def _local_cluster_processes() -> list:
+    """The GCS and raylet processes (``subprocess.Popen``) of the Ray cluster this driver started; [] when it joined
+    an existing cluster, or when this Ray version keeps them elsewhere (the watch is then off)."""
+    try:
+        import ray
+        from ray._private import ray_constants
+
+        node = ray._private.worker._global_node
+        kinds = (ray_constants.PROCESS_TYPE_GCS_SERVER, ray_constants.PROCESS_TYPE_RAYLET)
+        return [info.process for kind in kinds for info in node.all_processes.get(kind, [])]
+    except Exception:
+        return []
+
+
 class StopRequest:
-    """Set by the first SIGTERM / SIGINT while ``installed()``; the trainer reads it between steps."""
+    """Set by the first SIGTERM / SIGINT while ``installed()``; the trainer reads it between steps.
+
+    ``resume_hint`` (set by the trainer) says where a run can resume from; the watch's message ends with it.
+    """
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.resume_hint: Callable[[], str] | None = None
+        self._disarmed = threading.Event()
 
     @property
     def requested(self) -> bool:
@@ -56,6 +82,21 @@ class StopRequest:
             f"\neasyrl: {signal.Signals(signum).name} received: finishing the current step, then saving a "
             "checkpoint and exiting (send it again to exit at once, without a checkpoint).\n".encode(),
         )
+        processes = _local_cluster_processes()
+        if processes:
+            threading.Thread(target=self._watch_cluster, args=(processes,), daemon=True).start()
+
+    def _watch_cluster(self, processes: list) -> None:
+        """Exit at once, saying why, if the signal ended the local Ray cluster too (nothing can be saved then)."""
+        while not self._disarmed.wait(CLUSTER_WATCH_INTERVAL_S):
+            if any(process.poll() is not None for process in processes):
+                hint = self.resume_hint() if self.resume_hint else ""
+                message = (
+                    f"easyrl: {self.signal_name} also ended the Ray cluster's own processes (it was sent to every "
+                    "process of the job, not to easyrl alone), so no checkpoint could be written. "
+                )
+                os.write(2, f"\n{message}{hint}\n".encode())
+                os._exit(128 + (self.signum or 0))
 
     @contextmanager
     def installed(self) -> Iterator["StopRequest"]:
@@ -66,6 +107,7 @@ class StopRequest:
         try:
             yield self
         finally:
+            self._disarmed.set()  # the run handles the stop from here on, its cluster shutdown included
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 

@@ -92,6 +92,7 @@ class PPOTrainer:
         self.val_reward_scorer = val_reward_scorer
         self.tracker = tracker
         self.stop = stop or StopRequest()
+        self.stop.resume_hint = self._resume_hint
         self.restart_workers = restart_workers
         self.restarts = 0  # worker restarts so far in this process (trainer.max_restarts)
         self.checkpoints = CheckpointManager(config.trainer.save_checkpoint_path, config.trainer.save_limit)

@@ -5,15 +5,22 @@ them back), ``extra_state.json`` (lr scheduler, written by rank 0; JSON, never a
 ``easyrl.utils.state_file``), and ``huggingface/`` (config and tokenizer, so
 that the folder can be merged into a Hugging Face model offline). On several nodes the folder must be on a
 filesystem every node sees.
+
+DCP's own ``.metadata`` file is a pickle, which torch loads with plain ``pickle.load``: easyrl reads it with
+``SafeFileSystemReader``, which rebuilds only the types checkpoint metadata is made of, so a checkpoint from someone
+else cannot run code when loaded.
 """
 
 import copy
 import os
+import pickle
 import shutil
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -30,6 +37,47 @@ EXTRA_STATE_FILE = "extra_state.json"
 # What easyrl wrote before its state files were pickle-free; never loaded (a pickle can run code).
 LEGACY_EXTRA_STATE_FILE = "extra_state.pt"
 HF_FOLDER = "huggingface"
+
+
+# What DCP metadata is made of, besides the classes of torch.distributed.checkpoint.metadata and torch dtypes.
+_METADATA_TYPES = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),  # looks a layout up by name
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict"),
+}
+_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if (module, name) in _METADATA_TYPES:
+            return super().find_class(module, name)
+        if module == _METADATA_MODULE:
+            found = super().find_class(module, name)
+            if isinstance(found, type) and found.__module__ == _METADATA_MODULE:
+                return found
+        raise pickle.UnpicklingError(
+            f"a DCP .metadata file names `{module}.{name}`, which checkpoint metadata never holds: refused (a pickle "
+            "naming a function can run code). Load only checkpoints written by easyrl."
+        )
+
+
+class SafeFileSystemReader(dcp.FileSystemReader):
+    """``dcp.FileSystemReader`` whose ``.metadata`` unpickling rebuilds checkpoint metadata types only."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as metadata_file:
+            metadata = _MetadataUnpickler(metadata_file).load()
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
 
 
 def _is_rank_zero() -> bool:
@@ -78,7 +126,7 @@ def load_role_checkpoint(
     with_optimizer = optimizer is not None and not model_only
     if with_optimizer:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
-    dcp.load(state, checkpoint_id=path)
+    dcp.load(state, storage_reader=SafeFileSystemReader(path))
     set_model_state_dict(model, state["model"])
     if with_optimizer:
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
@@ -104,12 +152,12 @@ def merge_checkpoint_to_hf(role_path: str, output_path: str) -> None:
     hf_path = os.path.join(role_path, HF_FOLDER)
     if not os.path.isfile(os.path.join(hf_path, "config.json")):
         raise FileNotFoundError(f"`{role_path}` is not a role checkpoint folder (no {HF_FOLDER}/config.json).")
-    metadata = dcp.FileSystemReader(role_path).read_metadata()
+    metadata = SafeFileSystemReader(role_path).read_metadata()
     weights = {}
     for key, meta in metadata.state_dict_metadata.items():
         if key.startswith("model.") and hasattr(meta, "size"):
             weights[key[len("model.") :]] = torch.empty(meta.size, dtype=meta.properties.dtype)
-    dcp.load({"model": weights}, checkpoint_id=role_path, no_dist=True)
+    dcp.load({"model": weights}, storage_reader=SafeFileSystemReader(role_path), no_dist=True)
 
     config = transformers.AutoConfig.from_pretrained(hf_path)
     model_cls = getattr(transformers, (config.architectures or ["AutoModelForCausalLM"])[0])
