@@ -23,8 +23,6 @@ from types import FrameType
 from typing import Any
 
 
-logger = logging.getLogger(__name__)
-
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -161,6 +159,7 @@ class WorkerDied(RunInterrupted):
 
 
 def print_interruption(interrupted: RunInterrupted) -> None:
-    """The last line of the console: what happened and how to resume."""
-    logger.debug("run interrupted", exc_info=interrupted)
+    """The last line of the console: what happened and how to resume. The traceback (Ray's own error included) goes
+    to the driver's log file only: the root logger's console handler shows WARNING and above."""
+    logging.getLogger().info("The run was interrupted:", exc_info=interrupted)
     print(str(interrupted), file=sys.stderr, flush=True)
