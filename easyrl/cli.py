@@ -31,9 +31,13 @@ def _train(args: list[str]) -> int:
     except ConfigError as err:
         print(f"easyrl train: invalid config: {err}", file=sys.stderr)
         return 2
-    from .trainer.main import run_training
+    from .trainer.main import RunSetupError, run_training
 
-    run_training(plan)
+    try:
+        run_training(plan)
+    except RunSetupError as err:
+        print(f"easyrl train: cannot start: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -6,6 +6,7 @@ Everything that can fail on the user's input (config, model path, data rows, tem
 
 import logging
 import os
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,16 +213,28 @@ def _write_ray_timeline(path: str | None) -> None:
     print(f"Ray timeline written to {path}")
 
 
+class RunSetupError(RuntimeError):
+    """The run cannot start with this data or model (found before Ray starts); the message names the key and fix."""
+
+
 def run_training(plan: RunPlan) -> dict[str, float]:
     """`easyrl train`. A stop signal or a worker that died (with no restart left) ends it with one line saying what
     happened and where the last checkpoint is, and ``SystemExit`` with a non-zero status (see ``faults``)."""
     from .faults import RunInterrupted, StopRequest, print_interruption
 
     # the console shows the run; the engine's and libraries' chatter goes to <run dir>/logs
-    setup_driver_logging(plan.config.trainer.save_checkpoint_path)
+    log_file = setup_driver_logging(plan.config.trainer.save_checkpoint_path)
     for note in plan.notes:
         logger.warning(note)
-    data = prepare_run_data(plan)  # bad rows, templates or model paths fail here, before Ray starts
+    try:
+        data = prepare_run_data(plan)  # bad rows, templates or model paths fail here, before Ray starts
+    except (ValueError, KeyError, OSError) as error:  # the data/model errors name their key, file and row
+        message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+        if log_file is not None:  # the traceback, for a bug report, in the log rather than on the console
+            with open(log_file, "a", encoding="utf-8") as log:
+                traceback.print_exc(file=log)
+            message += f" (traceback in {log_file})"
+        raise RunSetupError(message) from error
     plan = data.plan
     logger.info("Run plan:\n%s", plan.describe())
     init_ray(plan)
