@@ -8,26 +8,12 @@ transposed expert stack cannot pass for the right one. Weights are fp32 N(0, ``W
 import json
 from pathlib import Path
 
-import torch
-
-from ..models.checkpoint_layout import save_pretrained_in_released_layout
 from .tiny_models import tiny_tokenizer
-from .tiny_vlms import WEIGHT_STD, ensure_tiny_vlm
+from .tiny_vlms import ensure_tiny_vlm, save_random_model
 
 
 MOE_KEYS = {"num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": []}
 VISION_TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-
-
-def _save_random(model_cls: type, config, path: Path, seed: int) -> None:
-    """Build ``model_cls(config)`` with N(0, WEIGHT_STD) matrices (the rest as constructed, under ``seed``), save it."""
-    torch.manual_seed(seed)
-    model = model_cls(config).to(torch.float32)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() >= 2:
-                param.normal_(0.0, WEIGHT_STD)
-    save_pretrained_in_released_layout(model, str(path))
 
 
 def build_tiny_qwen3_moe(path: str | Path, *, moe_intermediate_size: int = 48, seed: int = 0) -> Path:
@@ -55,7 +41,7 @@ def build_tiny_qwen3_moe(path: str | Path, *, moe_intermediate_size: int = 48, s
         **MOE_KEYS,
     )
     path = Path(path)
-    _save_random(Qwen3MoeForCausalLM, config, path, seed)
+    save_random_model(Qwen3MoeForCausalLM, config, path, seed)
     tokenizer.save_pretrained(path)
     return path
 
@@ -80,6 +66,6 @@ def build_tiny_qwen3_vl_moe(path: str | Path, *, moe_intermediate_size: int = 12
         **{key: dense_config[key] for key in VISION_TOKEN_KEYS},
     )
     path = Path(path)
-    _save_random(Qwen3VLMoeForConditionalGeneration, config, path, seed)
+    save_random_model(Qwen3VLMoeForConditionalGeneration, config, path, seed)
     AutoProcessor.from_pretrained(dense).save_pretrained(path)
     return path

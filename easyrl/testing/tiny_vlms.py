@@ -44,8 +44,11 @@ def _special_token_ids(tokenizer) -> dict:
     }
 
 
-def _save(model_cls: type, config, processor, path: Path, seed: int) -> Path:
-    """Build ``model_cls(config)`` with N(0, WEIGHT_STD) matrices (norms stay 1, biases 0) and save it."""
+def save_random_model(model_cls: type, config, path: Path, seed: int, processor=None) -> Path:
+    """Build ``model_cls(config)`` with N(0, WEIGHT_STD) matrices (norms stay 1, biases 0, under ``seed``) and save
+    it (with ``processor``) as a released checkpoint is laid out."""
+    from ..models.checkpoint_layout import save_pretrained_in_released_layout
+
     torch.manual_seed(seed)
     model = model_cls(config).to(torch.float32)
     with torch.no_grad():
@@ -53,8 +56,9 @@ def _save(model_cls: type, config, processor, path: Path, seed: int) -> Path:
             if param.dim() >= 2:
                 param.normal_(0.0, WEIGHT_STD)
     path = Path(path)
-    model.save_pretrained(path)
-    processor.save_pretrained(path)
+    save_pretrained_in_released_layout(model, str(path))
+    if processor is not None:
+        processor.save_pretrained(path)
     return path
 
 
@@ -110,7 +114,7 @@ def build_tiny_qwen2_vl(path: str | Path, *, seed: int = 0) -> Path:
         tie_word_embeddings=True,
         **_special_token_ids(tokenizer),
     )
-    return _save(Qwen2VLForConditionalGeneration, config, processor, path, seed)
+    return save_random_model(Qwen2VLForConditionalGeneration, config, path, seed, processor)
 
 
 def build_tiny_qwen2_5_vl(path: str | Path, *, seed: int = 0) -> Path:
@@ -138,7 +142,7 @@ def build_tiny_qwen2_5_vl(path: str | Path, *, seed: int = 0) -> Path:
         tie_word_embeddings=True,
         **_special_token_ids(tokenizer),
     )
-    return _save(Qwen2_5_VLForConditionalGeneration, config, processor, path, seed)
+    return save_random_model(Qwen2_5_VLForConditionalGeneration, config, path, seed, processor)
 
 
 def build_tiny_qwen3_vl(path: str | Path, *, seed: int = 0) -> Path:
@@ -166,7 +170,7 @@ def build_tiny_qwen3_vl(path: str | Path, *, seed: int = 0) -> Path:
         tie_word_embeddings=True,
         **_special_token_ids(tokenizer),
     )
-    return _save(Qwen3VLForConditionalGeneration, config, processor, path, seed)
+    return save_random_model(Qwen3VLForConditionalGeneration, config, path, seed, processor)
 
 
 # family -> builder(path, seed=...) -> path

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from easyrl.utils import device
+from easyrl.utils.files import replace_file
 from easyrl.utils.state_file import load_state, save_state
 
 
@@ -239,9 +240,7 @@ class CheckpointManager:
 
     def _write_latest_pointer(self, step: int) -> None:
         pointer = os.path.join(self.root, LATEST_POINTER_FILE)
-        staging = f"{pointer}.tmp.{os.getpid()}"
-        _write_durably(staging, f"{step}\n".encode())
-        os.replace(staging, pointer)
+        replace_file(pointer, f"{step}\n")
         _fsync_dir(self.root)
 
     def _rotate(self, keep: str) -> None:

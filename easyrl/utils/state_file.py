@@ -11,12 +11,13 @@ Loading rebuilds exactly those types and nothing else; anything else is refused 
 import base64
 import json
 import math
-import os
 import sys
 from typing import Any
 
 import numpy as np
 import torch
+
+from .files import replace_file
 
 
 _TAGS = ("__tuple__", "__items__", "__bytes__", "__tensor__", "__ndarray__", "__float__")
@@ -96,13 +97,7 @@ def from_json_value(value: Any) -> Any:
 
 def save_state(path: str, state: Any) -> None:
     """Write ``state`` to ``path`` (JSON) durably: a temporary file, fsync, then a rename over ``path``."""
-    text = json.dumps(to_json_value(state), indent=1, allow_nan=False)
-    staging = f"{path}.tmp.{os.getpid()}"
-    with open(staging, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(staging, path)
+    replace_file(path, json.dumps(to_json_value(state), indent=1, allow_nan=False))
 
 
 def load_state(path: str) -> Any:

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 
+from ...utils.files import replace_file
 from .base import Logger, RunInfo, json_default
 from .registry import register_logger
 
@@ -49,12 +50,7 @@ def rewind_jsonl(path: str, last_step: int, restore_row: dict | None = None) -> 
     if restored:
         kept.append(json.dumps({**restore_row, "step": last_step}, default=json_default) + "\n")
     if dropped or unreadable or restored:
-        staging = f"{path}.tmp.{os.getpid()}"
-        with open(staging, "w", encoding="utf-8") as handle:
-            handle.writelines(kept)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(staging, path)
+        replace_file(path, "".join(kept))
     return dropped, unreadable, restored
 
 
