@@ -35,7 +35,8 @@ def _series(by_step: dict[int, dict[str, float]], key: str) -> tuple[list[int], 
 
 def _val_keys(by_step: dict[int, dict[str, float]]) -> list[str]:
     keys = {key for row in by_step.values() for key in row}
-    return sorted(key for key in keys if key.startswith("val/") and any(w in key for w in VAL_CURVE_WORDS))
+    scores = (key for key in keys if key.startswith("val/") and any(word in key for word in VAL_CURVE_WORDS))
+    return sorted(key for key in scores if not key.endswith(("/errors", "/timeouts")))  # counts, not scores
 
 
 # Train scores summarised at the end of a run, averaged over this many first and last steps (one step is noisy).

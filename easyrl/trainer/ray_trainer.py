@@ -381,7 +381,7 @@ class PPOTrainer:
                 samples.extend(self._decode_samples(batch, overall)[: self.config.trainer.val_generations_to_log])
         if samples:
             self.tracker.log_generations(samples, step=self.global_step)
-        metrics = {f"val/{key}": float(np.mean(v)) for key, v in named.items()}
+        metrics = {f"val/{key}": value for key, value in reduce_reward_metrics(named).items()}  # errors: counts
         for source, values in scores_by_source.items():
             metrics[f"val/{source}/reward"] = float(np.mean(values))
         metrics["val/response_length/mean"] = float(np.mean(lengths)) if lengths else 0.0
