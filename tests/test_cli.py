@@ -46,3 +46,12 @@ def test_unknown_subcommand_exits_2():
     result = run_easyrl("fly")
     assert result.returncode == 2
     assert "unknown command `fly`" in result.stderr
+
+
+def test_train_with_no_arguments_names_what_a_run_needs_and_the_default_recipe():
+    result = run_easyrl("train")
+    assert result.returncode == 2
+    for key in ("worker.actor.model.model_path", "data.train_files", "worker.reward.reward_function"):
+        assert f"`{key}`" in result.stderr
+    assert "easyrl train config=examples/smollm2_arithmetic_grpo.yaml" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -360,8 +360,25 @@ def _check_loggers_can_start(names: Any) -> None:
             raise ConfigError(f"`trainer.logger` includes '{name}': {problem} Or remove '{name}' from trainer.logger.")
 
 
+def _check_required(config: PPOConfig) -> None:
+    """The three things every run needs, all named at once (the bare defaults have none of them)."""
+    needed = {
+        "worker.actor.model.model_path": config.worker.actor.model.model_path,
+        "data.train_files": config.data.train_files or config.trainer.val_only,
+        "worker.reward.reward_function": config.worker.reward.reward_function,
+    }
+    missing = [key for key, value in needed.items() if not value]
+    if missing:
+        raise ConfigError(
+            f"a run needs a model, data and a reward; set {', '.join(f'`{key}`' for key in missing)} (in a "
+            "config=FILE.yaml or as key=value). `easyrl train config=examples/smollm2_arithmetic_grpo.yaml` runs the "
+            "embedded default: a small model, built-in data and its reward."
+        )
+
+
 def validate_config(config: PPOConfig) -> None:
     """Raise ConfigError for the first problem found; nothing heavy is imported or started."""
+    _check_required(config)
     for key, allowed in CHOICES.items():
         value = _get(config, key)
         if isinstance(value, list):
