@@ -18,6 +18,8 @@ class ConfigError(ValueError):
 
 @dataclass
 class DataConfig:
+    """`data.*`: where the rows come from, how they become prompts, and the picture / length limits."""
+
     train_files: str = ""
     """Training data: a .jsonl/.json/.parquet/.csv file, a folder saved by `datasets`, `name@split`, or
     `builtin://NAME@split`. Every row is read and encoded when the run starts, before Ray: a file with no rows, a byte
@@ -79,6 +81,8 @@ class DataConfig:
 
 @dataclass
 class AlgorithmConfig:
+    """`algorithm.*`: advantage estimator, KL to the reference, and online filtering."""
+
     gamma: float = 1.0
     """Discount factor of GAE and REINFORCE++ returns."""
     lam: float = 1.0
@@ -117,6 +121,8 @@ class AlgorithmConfig:
 
 @dataclass
 class LoraConfig:
+    """`worker.actor.model.lora.*`: low-rank adapters (refused by check until LoRA training exists)."""
+
     rank: int = 0
     """LoRA rank; 0 trains all parameters."""
     alpha: int = 64
@@ -129,6 +135,8 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
+    """`worker.<role>.model.*`: the checkpoint a role loads and how."""
+
     model_path: Optional[str] = None
     """Hugging Face model folder or hub id; `builtin://SmolLM2-135M-Instruct` is the embedded default model."""
     tokenizer_path: Optional[str] = None
@@ -149,6 +157,8 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
+    """`worker.<role>.optim.*`: optimizer and learning-rate schedule."""
+
     lr: float = 1e-6
     """Peak learning rate."""
     betas: list = field(default_factory=lambda: [0.9, 0.999])
@@ -171,6 +181,8 @@ class OptimConfig:
 
 @dataclass
 class FSDPConfig:
+    """`worker.<role>.fsdp.*`: sharding and mixed precision."""
+
     enable_full_shard: bool = True
     """Shard parameters, gradients and optimizer states (false keeps parameters replicated)."""
     enable_cpu_offload: bool = False
@@ -193,6 +205,8 @@ class FSDPConfig:
 
 @dataclass
 class OffloadConfig:
+    """`worker.<role>.offload.*`: parameters / optimizer state in host memory between phases (GPU only)."""
+
     offload_params: bool = False
     """Move parameters to the CPU while the role is idle (GPU only)."""
     offload_optimizer: bool = False
@@ -237,6 +251,8 @@ class TrainableRoleConfig:
 
 @dataclass
 class ActorConfig(TrainableRoleConfig):
+    """`worker.actor.*`: the policy and its loss."""
+
     clip_ratio_low: float = 0.2
     """PPO clip: lower bound of the ratio is 1 - clip_ratio_low."""
     clip_ratio_high: float = 0.3
@@ -268,6 +284,8 @@ class ActorConfig(TrainableRoleConfig):
 
 @dataclass
 class CriticConfig(TrainableRoleConfig):
+    """`worker.critic.*`: the value model (GAE runs only)."""
+
     padding_free: bool = False
     """Pack sequences without padding in forward passes."""
     cliprange_value: float = 0.5
@@ -276,6 +294,8 @@ class CriticConfig(TrainableRoleConfig):
 
 @dataclass
 class RefConfig:
+    """`worker.ref.*`: the frozen reference policy the KL is measured against."""
+
     strategy: str = "fsdp"
     """Backend of the reference model; fsdp (FSDP2)."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
@@ -296,6 +316,8 @@ class RefConfig:
 
 @dataclass
 class RolloutConfig:
+    """`worker.rollout.*`: the generation engine and sampling."""
+
     name: str = "vllm"
     """Rollout engine: vllm (SPMD, on the training devices) or hf (transformers generate)."""
     n: int = 1
@@ -344,6 +366,8 @@ class RolloutConfig:
 
 @dataclass
 class RewardConfig:
+    """`worker.reward.*`: the reward function and how it runs."""
+
     reward_function: Optional[str] = None
     """Reward function as `path/to/file.py:function`; without `:function` the file's `main` (EasyR1's default), else
     its `compute_score`. The file's REWARD_TYPE is `batch` (default: called once with the whole batch, list[dict] ->
@@ -367,6 +391,8 @@ class RewardConfig:
 
 @dataclass
 class WorkerConfig:
+    """`worker.*`: the roles of the SPMD workers."""
+
     hybrid_engine: bool = True
     """Actor, rollout and reference share the same devices and processes; the only layout easyrl has (false is
     refused by check)."""
@@ -384,6 +410,8 @@ class WorkerConfig:
 
 @dataclass
 class TrainerConfig:
+    """`trainer.*`: schedule, validation, checkpoints, logging, devices."""
+
     total_epochs: int = 15
     """Passes over the training data."""
     max_steps: Optional[int] = None
