@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.fixtures.models",
     "tests.fixtures.vl",
     "tests.fixtures.trainer_runs",
+    "tests.fixtures.configs",
 ]

@@ -11,38 +11,6 @@ ROOT = Path(__file__).resolve().parent.parent
 EASYR1_CONFIG = ROOT / "tests" / "data" / "easyr1_config.yaml"
 
 
-@pytest.fixture
-def reward_file(tmp_path):
-    path = tmp_path / "my_reward.py"
-    path.write_text("REWARD_TYPE = 'batch'\n\ndef compute_score(reward_inputs):\n    return [{'overall': 1.0}]\n")
-    return path
-
-
-@pytest.fixture
-def model_dir(tmp_path):
-    path = tmp_path / "model"
-    path.mkdir()
-    (path / "config.json").write_text("{}")
-    return path
-
-
-@pytest.fixture
-def valid_args(reward_file, model_dir, tmp_path):
-    data = tmp_path / "train.jsonl"
-    data.write_text('{"prompt": "1+1", "answer": "2"}\n')
-    return [
-        f"data.train_files={data}",
-        f"worker.actor.model.model_path={model_dir}",
-        f"worker.reward.reward_function={reward_file}:compute_score",
-        "worker.rollout.n=4",
-        "data.rollout_batch_size=8",
-        "worker.actor.global_batch_size=4",
-        "worker.actor.micro_batch_size_per_device_for_update=2",
-        "trainer.n_gpus_per_node=2",
-        "worker.rollout.tensor_parallel_size=1",
-    ]
-
-
 def test_defaults_need_no_file():
     config = load_config([], validate=False)
     assert isinstance(config, PPOConfig)
@@ -158,7 +126,8 @@ def test_missing_reward_file(valid_args, tmp_path):
         load_config([*valid_args, f"worker.reward.reward_function={tmp_path}/nope.py:compute_score"])
 
 
-def test_missing_reward_function_lists_the_ones_found(valid_args, reward_file):
+def test_missing_reward_function_lists_the_ones_found(valid_args):
+    reward_file = next(arg for arg in valid_args if arg.startswith("worker.reward.")).split("=", 1)[1].split(":")[0]
     with pytest.raises(ConfigError, match=r"defines no function `score_it`\. Functions found: compute_score"):
         load_config([*valid_args, f"worker.reward.reward_function={reward_file}:score_it"])
 

@@ -20,26 +20,6 @@ HUB_ID = "no-such-org/no-such-model"
 
 
 @pytest.fixture
-def valid_args(tmp_path):
-    data = tmp_path / "train.jsonl"
-    data.write_text('{"prompt": "1+1", "answer": "2"}\n')
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    return [
-        f"data.train_files={data}",
-        f"worker.actor.model.model_path={model}",
-        f"worker.reward.reward_function={ROOT / 'tests' / 'data' / 'word_start_reward.py'}:compute_score",
-        "worker.rollout.n=4",
-        "data.rollout_batch_size=8",
-        "worker.actor.global_batch_size=4",
-        "worker.actor.micro_batch_size_per_device_for_update=2",
-        "trainer.n_gpus_per_node=2",
-        "worker.rollout.tensor_parallel_size=1",
-    ]
-
-
-@pytest.fixture
 def no_hub_settings(monkeypatch, tmp_path):
     """No offline flag, no proxy, an empty hub cache: what each test sets is all there is."""
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT", "HF_HOME", "HUGGINGFACE_HUB_CACHE"):

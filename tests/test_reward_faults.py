@@ -13,6 +13,7 @@ from easyrl.config import RewardConfig
 from easyrl.protocol import DataProto
 from easyrl.workers.reward.loader import RewardFunctionError, load_reward_function
 from easyrl.workers.reward.scorer import RewardScorer, reduce_reward_metrics
+from tests.test_reward_pool import HANGS_ON_HANG  # the same sequential reward that sleeps on "hang"
 
 
 SEQUENTIAL_NON_FINITE = """
@@ -37,16 +38,6 @@ def compute_score(reward_inputs):
     ]
 """
 
-SLEEPS_ON_HANG = """
-import time
-
-REWARD_TYPE = "sequential"
-
-def compute_score(item):
-    if item["ground_truth"] == "hang":
-        time.sleep(3600)
-    return {"overall": float(item["response_length"])}
-"""
 
 EXITS_ON_EXIT = """
 import os
@@ -147,7 +138,7 @@ def test_a_hang_in_one_chunk_of_four_costs_one_timeout_and_the_healthy_chunks_ke
     ray_cluster, reward_file, caplog
 ):
     timeout_s = 3.0
-    config = RewardConfig(reward_function=reward_file(SLEEPS_ON_HANG), num_cpus=4, timeout_s=timeout_s)
+    config = RewardConfig(reward_function=reward_file(HANGS_ON_HANG), num_cpus=4, timeout_s=timeout_s)
     scorer = RewardScorer(config, tokenizer=None, chunks_per_actor=1)  # 8 samples -> 4 chunks of 2, one per actor
     try:
         with caplog.at_level(logging.WARNING, logger="easyrl.workers.reward.scorer"):
@@ -171,7 +162,7 @@ def test_a_hang_in_one_chunk_of_four_costs_one_timeout_and_the_healthy_chunks_ke
 def test_every_chunk_hanging_costs_one_timeout_not_one_per_chunk(ray_cluster, reward_file):
     # before: the 4 chunks of one actor ran one after another, each with the full timeout (4 x timeout_s a step)
     timeout_s = 3.0
-    config = RewardConfig(reward_function=reward_file(SLEEPS_ON_HANG), num_cpus=1, timeout_s=timeout_s)
+    config = RewardConfig(reward_function=reward_file(HANGS_ON_HANG), num_cpus=1, timeout_s=timeout_s)
     scorer = RewardScorer(config, tokenizer=None, chunks_per_actor=4)
     try:
         start = time.monotonic()
