@@ -62,16 +62,6 @@ def kinds(failures):
     return [failure and failure.kind for failure in failures]
 
 
-@pytest.fixture
-def reward_file(tmp_path):
-    def write(text):
-        path = tmp_path / "reward.py"
-        path.write_text(text)
-        return str(path)
-
-    return write
-
-
 def warnings_of(caplog):
     return [r.getMessage() for r in caplog.records if r.name == "easyrl.workers.reward.scorer"]
 

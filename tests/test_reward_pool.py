@@ -59,16 +59,6 @@ def inputs(*truths):
     return [{"response": "r", "response_length": i + 1, "ground_truth": t} for i, t in enumerate(truths)]
 
 
-@pytest.fixture
-def reward_file(tmp_path):
-    def write(text):
-        path = tmp_path / "reward.py"
-        path.write_text(text)
-        return str(path)
-
-    return write
-
-
 @pytest.mark.timeout(120)
 def test_a_raising_function_scores_zero_for_its_samples_and_training_continues(ray_cluster, reward_file, caplog):
     config = RewardConfig(reward_function=reward_file(RAISES_ON_BOOM), num_cpus=2, timeout_s=30)
