@@ -479,19 +479,12 @@ def validate_config(config: PPOConfig) -> None:
     _check_model_path("worker.actor.model.tokenizer_path", actor.model.tokenizer_path, required=False)
     if uses_critic(config):
         _check_model_path("worker.critic.model.model_path", critic.model.model_path, required=True)
-    if config.worker.reward.reward_function is None:
-        raise ConfigError(
-            "`worker.reward.reward_function` is not set. Give a reward module as path/to/file.py:function, "
-            "e.g. reward_function/math.py:compute_score."
-        )
     try:  # the loader's own rule (`main`, else `compute_score`), read from the file without running it
         resolve_reward_function(config.worker.reward.reward_function)
     except RewardFunctionError as err:
         raise ConfigError(str(err)) from None
     _check_file("data.format_prompt", data.format_prompt, "prompt template", shipped_files_hint("format_prompt"))
     _check_file("data.override_chat_template", data.override_chat_template, "chat template")
-    if not data.train_files and not config.trainer.val_only:
-        raise ConfigError("`data.train_files` is not set. Point it at a .jsonl/.json/.parquet file or name@split.")
     for key in ("data.train_files", "data.val_files"):
         value = _get(config, key)
         if value and not value.startswith(BUILTIN_PREFIX) and not os.path.exists(os.path.expanduser(value)):

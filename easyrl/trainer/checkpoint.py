@@ -156,13 +156,6 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _write_durably(path: str, data: bytes) -> None:
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
 def _remove_checkpoint(path: str, root: str) -> None:
     """Rename out of sight first, so a crash halfway through a delete never leaves a half-deleted "checkpoint"."""
     doomed = os.path.join(root, f"{OLD_DIR_PREFIX}{os.path.basename(path)}.{os.getpid()}")
@@ -222,7 +215,7 @@ class CheckpointManager:
         if dataloader_state is not None:
             save_state(os.path.join(tmp_dir, DATALOADER_FILE), dataloader_state)
         save_state(os.path.join(tmp_dir, TRAINER_STATE_FILE), {"global_step": step, **(trainer_state or {})})
-        _write_durably(os.path.join(tmp_dir, COMPLETE_MARKER), f"{step} {time.time():.0f}\n".encode())
+        replace_file(os.path.join(tmp_dir, COMPLETE_MARKER), f"{step} {time.time():.0f}\n")
         _fsync_dir(tmp_dir)
 
         final_dir = checkpoint_dir(self.root, step)
