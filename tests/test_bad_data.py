@@ -223,5 +223,8 @@ def test_easyrl_train_stops_on_an_empty_file_before_ray_starts(tmp_path, tiny_mo
     assert result.returncode == 2
     assert f"easyrl train: cannot start: data.train_files: {path} has no rows (the file is empty)" in result.stderr
     assert "Traceback" not in output  # one line on the console; the traceback is in the driver log
+    driver_log = tmp_path / "run" / "logs" / "driver.log"
+    assert f"(traceback in {driver_log})" in result.stderr
+    assert "Traceback (most recent call last)" in driver_log.read_text()
     assert "Started a local Ray instance" not in output
     print(f"easyrl train stopped after {elapsed:.1f} s")

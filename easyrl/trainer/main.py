@@ -6,7 +6,6 @@ Everything that can fail on the user's input (config, model path, data rows, tem
 
 import logging
 import os
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,11 +229,9 @@ def run_training(plan: RunPlan) -> dict[str, float]:
         data = prepare_run_data(plan)  # bad rows, templates or model paths fail here, before Ray starts
     except (ValueError, KeyError, OSError) as error:  # the data/model errors name their key, file and row
         message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
-        if log_file is not None:  # the traceback, for a bug report, in the log rather than on the console
-            with open(log_file, "a", encoding="utf-8") as log:
-                traceback.print_exc(file=log)
-            message += f" (traceback in {log_file})"
-        raise RunSetupError(message) from error
+        # the traceback, for a bug report: INFO reaches the log file only (as for an interrupted run)
+        logging.getLogger().info("The run could not start:", exc_info=True)
+        raise RunSetupError(message + (f" (traceback in {log_file})" if log_file is not None else "")) from error
     plan = data.plan
     logger.info("Run plan:\n%s", plan.describe())
     init_ray(plan)
