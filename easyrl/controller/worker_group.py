@@ -46,8 +46,8 @@ class WorkerDiedError(RuntimeError):
         super().__init__(f"{where} died during `{method}`: {cause}; {memory}{log}")
 
 
-def _describe_death(error: Exception) -> str:
-    """Ray's reason, in a few words: its messages run to a paragraph of possible causes."""
+def describe_death(error: Exception) -> str:
+    """Why Ray says an actor's process died, in a few words: its messages run to a paragraph of possible causes."""
     text = str(error)
     if "memory monitor" in text.lower() or "low on memory" in text.lower():
         return "Ray's memory monitor killed it because the node ran low on memory (out of memory)"
@@ -251,7 +251,7 @@ class RayWorkerGroup:
         if self._memory_watch is not None:
             self._memory_watch.stop()  # keep the samples from before the death
         process = self.processes[rank] if rank < len(self.processes) else None
-        return WorkerDiedError(self.role, rank, method, process, _describe_death(error))
+        return WorkerDiedError(self.role, rank, method, process, describe_death(error))
 
     def dispatch_info(self, mesh_name: str) -> list[tuple[int, int, bool]]:
         """(dp_rank, dp_size, is_collect) of every rank for a layout the workers registered (cached)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import ray
 from ray.exceptions import RayError
 
+from ...controller.worker_group import describe_death
 from .actor import DIED, TIMED_OUT, RewardActor, SampleFailure, Scored, failed, merge
 
 
@@ -28,11 +29,9 @@ class _Slot:
 
 
 def _death_reason(err: RayError) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    detail = next((line for line in lines if "exit detail" in line.lower()), "")
     return (
         "the reward actor's process died while scoring (the reward function called os._exit or crashed, or the OOM "
-        f"killer ended it); Ray: {lines[0] if lines else type(err).__name__} {detail}".rstrip()
+        f"killer ended it): {describe_death(err)}"
     )
 
 
