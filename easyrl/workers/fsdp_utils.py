@@ -93,23 +93,13 @@ def _role(kind: str) -> str:
 
 
 def load_tokenizer_and_processor(model_config: ModelConfig):
-    """The tokenizer, and the multimodal processor when the checkpoint has one (else None)."""
-    from transformers import AutoProcessor, AutoTokenizer
-
+    """The tokenizer, and the multimodal processor when the checkpoint has one (else None): the driver's rule
+    (``easyrl.data.tokenizer``), so workers and driver pad and process alike."""
+    from ..data.tokenizer import load_tokenizer_and_processor as load
     from ..demo.builtin_models import resolve_model_path
 
     path = resolve_model_path(model_config.tokenizer_path or model_config.model_path)
-    with naming_the_remote_code_key(path):
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_config.trust_remote_code)
-        try:
-            processor = AutoProcessor.from_pretrained(path, trust_remote_code=model_config.trust_remote_code)
-        except (OSError, ValueError, TypeError) as error:
-            if "trust_remote_code" in str(error):
-                raise  # a processor that needs its own code is not a missing one
-            processor = None
-    if processor is not None and not hasattr(processor, "image_processor"):
-        processor = None  # a plain tokenizer comes back for text-only models
-    return tokenizer, processor
+    return load(path, model_config.trust_remote_code)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
