@@ -189,16 +189,18 @@ class RowEncoder:
         positions = torch.nonzero(inside).flatten()
         return int(positions[-1]) + 1 if len(positions) else 0
 
+    def _check_answer(self, row: dict) -> None:
+        if _is_missing(row.get(self.config.answer_key)):
+            raise MissingValueError("answer_key", self.config.answer_key)
+
     def measure(self, row: dict, index: int) -> dict[str, Any]:
         """Prompt length in tokens (vision tokens included), the shortest cut that keeps its pictures whole, or the
         reason the row cannot be used (``missing``: the key whose value the row lacks, else "")."""
         try:
-            if _is_missing(row.get(self.config.answer_key)):
-                raise MissingValueError("answer_key", self.config.answer_key)
+            self._check_answer(row)
             encoded = self.encode(row, index)
         except (UnreadableMediaError, UnusableRowError) as error:
-            missing = error.key if isinstance(error, MissingValueError) else ""
-            return {"length": -1, "shortest_cut": -1, "unusable": str(error), "missing": missing}
+            return _unusable(error)
         input_ids = encoded["model_inputs"]["input_ids"][0]
         return _measured(int(input_ids.shape[-1]), self.shortest_cut(input_ids))
 
@@ -210,15 +212,13 @@ class RowEncoder:
         prompts, positions = [], []
         for row, index in zip(rows, indices):
             try:
-                if _is_missing(row.get(self.config.answer_key)):
-                    raise MissingValueError("answer_key", self.config.answer_key)
+                self._check_answer(row)
                 self.media(row)  # rows with media are refused here: a text-only model has no processor
                 prompts.append(self.prompt(row, index, 0, 0))
                 positions.append(len(results))
                 results.append({})
             except (UnreadableMediaError, UnusableRowError) as error:
-                missing = error.key if isinstance(error, MissingValueError) else ""
-                results.append({"length": -1, "shortest_cut": -1, "unusable": str(error), "missing": missing})
+                results.append(_unusable(error))
         if prompts:
             for position, ids in zip(positions, self.tokenizer(prompts, add_special_tokens=False)["input_ids"]):
                 results[position] = _measured(len(ids), 0)
@@ -227,6 +227,12 @@ class RowEncoder:
 
 def _measured(length: int, shortest_cut: int) -> dict[str, Any]:
     return {"length": length, "shortest_cut": shortest_cut, "unusable": "", "missing": ""}
+
+
+def _unusable(error: Exception) -> dict[str, Any]:
+    """The measurement of a row that cannot be used; ``missing`` names the key whose value it lacks, if that is why."""
+    missing = error.key if isinstance(error, MissingValueError) else ""
+    return {"length": -1, "shortest_cut": -1, "unusable": str(error), "missing": missing}
 
 
 def _video_kwargs(videos: list, fps: list[float]) -> dict[str, Any]:
