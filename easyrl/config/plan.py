@@ -50,7 +50,8 @@ class RunPlan:
     training_steps: Optional[int] = None
     """Training steps of the run; known once the training data is read (trainer.max_steps sets it outright)."""
     notes: tuple[str, ...] = ()
-    """What the user should know: settings adjusted to the device, keys whose meaning differs from EasyR1's."""
+    """What the user should know about this run: settings adjusted to the device (the keys whose meaning differs from
+    EasyR1's are listed, with the reason, in docs/config.md)."""
 
     @property
     def world_size(self) -> int:
