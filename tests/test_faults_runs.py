@@ -26,6 +26,7 @@ from tests.fixtures.trainer_runs import (
     run_training,
     train_args,
     wait_for_path,
+    wait_until,
 )
 from tests.test_trainer_resume import TIME_DEPENDENT_PREFIXES, _same
 
@@ -41,14 +42,11 @@ def _checkpoint_steps(save_dir: Path) -> list[int]:
 
 def _wait_for_row(save_dir: Path, step: int, proc, log_path, timeout: float = RUN_TIMEOUT_S) -> None:
     """Until metrics.jsonl has the row of ``step`` (the next step has then begun)."""
-    deadline = time.monotonic() + timeout
-    while not ((save_dir / "metrics.jsonl").exists() and step in _logged_steps(save_dir)):
-        if proc.poll() is not None:
-            pytest.fail(f"the run ended (exit {proc.returncode}) before step {step} was logged:\n{log_tail(log_path)}")
-        if time.monotonic() > deadline:
-            kill_process_group(proc)
-            pytest.fail(f"step {step} was not logged in {timeout} s:\n{log_tail(log_path)}")
-        time.sleep(0.1)
+
+    def logged() -> bool:
+        return (save_dir / "metrics.jsonl").exists() and step in _logged_steps(save_dir)
+
+    wait_until(logged, f"the row of step {step} was logged", proc, log_path, timeout)
 
 
 def _wait_for_exit(proc, log_path, timeout: float = RUN_TIMEOUT_S) -> int:
