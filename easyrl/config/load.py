@@ -230,6 +230,7 @@ def derive(config: PPOConfig) -> None:
     ref.dynamic_batching = actor.dynamic_batching
     ref.ulysses_size = actor.ulysses_size
     ref.use_torch_compile = actor.use_torch_compile
+    ref.use_fused_kernels = actor.model.use_fused_kernels
 
     world_size = max(config.world_size, 1)
     actor.global_batch_size_per_device = actor.global_batch_size * rollout.n // world_size

@@ -151,6 +151,12 @@ class ModelConfig:
     error naming this key; read its code, then set true."""
     freeze_vision_tower: bool = False
     """Keep the vision encoder of a VLM frozen."""
+    use_fused_kernels: bool = False
+    """Actor and reference (the reference loads worker.actor.model): compute token log-probs and entropies inside the
+    LM head from hidden states, a chunk of rows x vocabulary at a time, so the (response tokens x vocabulary) logits
+    never exist (4.9 GB in bf16 for 16k tokens and a 152k vocabulary, as much again for their gradient). Costs one
+    more LM-head matmul in the backward pass (each chunk's logits are recomputed). Not for the critic (check refuses
+    worker.critic.model.use_fused_kernels=true)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters."""
 
@@ -312,6 +318,8 @@ class RefConfig:
     """Copied from the actor (derived)."""
     use_torch_compile: bool = field(default=True, metadata=DERIVED)
     """Copied from the actor (derived)."""
+    use_fused_kernels: bool = field(default=False, metadata=DERIVED)
+    """Copied from worker.actor.model.use_fused_kernels: the reference loads the actor's model (derived)."""
 
 
 @dataclass

@@ -342,6 +342,12 @@ def _check_unsupported(config: PPOConfig) -> None:
                 f"`worker.{role}.ulysses_size` is {role_config.ulysses_size}: Ulysses sequence parallelism is not "
                 f"supported yet; set worker.{role}.ulysses_size=1 (long prompts: lower the micro-batch sizes instead)."
             )
+    if worker.critic.model.use_fused_kernels:
+        raise ConfigError(
+            "`worker.critic.model.use_fused_kernels` is true: the fused kernels compute token log-probs in a language "
+            "model's head, and the critic has a value head instead; set it false (the actor and the reference use "
+            "worker.actor.model.use_fused_kernels)."
+        )
     if not worker.hybrid_engine:
         raise ConfigError(
             "`worker.hybrid_engine` is false: easyrl always colocates actor, rollout and reference on the same "

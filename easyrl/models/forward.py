@@ -9,7 +9,9 @@ import inspect
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 
+from .fused_head import FusedHeadRequest, run_with_fused_head
 from .padding_free import pack_batch, response_prediction_positions
 from .vision import (
     MULTI_MODAL_KEY,
@@ -32,17 +34,25 @@ def _accepts_logits_to_keep(module: torch.nn.Module) -> bool:
 
 
 def forward_response_outputs(
-    module: torch.nn.Module, data: "DataProto", padding_free: bool, lm_logits: bool, processor=None
+    module: torch.nn.Module,
+    data: "DataProto",
+    padding_free: bool,
+    lm_logits: bool,
+    processor=None,
+    fused: FusedHeadRequest | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Outputs (``.logits`` of the model) at the positions that predict each existing response token.
 
     Returns ``outputs`` (valid_tokens, ...) in row-major order and ``valid`` (batch, response_len) bool.
     ``lm_logits`` asks causal LMs for logits at those positions only (``logits_to_keep``), so the vocabulary
     projection never runs on prompt tokens. ``processor`` (VLMs) turns the samples' images/videos into pixel inputs.
+    ``fused`` (`worker.actor.model.use_fused_kernels`) has the LM head return the response tokens' log-probs (and
+    entropies) instead of logits (models/fused_head.py): ``outputs`` is then (valid_tokens, 1 or 2) fp32.
     """
     batch = data.batch
     input_ids, attention_mask, position_ids = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
-    batch_size, response_length = input_ids.shape[0], batch["responses"].shape[-1]
+    responses = batch["responses"]
+    batch_size, response_length = input_ids.shape[0], responses.shape[-1]
     rows = data.non_tensor_batch.get(MULTI_MODAL_KEY)
     require_processor(rows, processor)
     vision = None
@@ -54,6 +64,11 @@ def forward_response_outputs(
     extra = {"pixel_values": vision.pixel_values, "image_grid_thw": vision.image_grid_thw} if vision else {}
     blank_tokens = vision.blank_tokens if vision else 0
     keep_supported = lm_logits and _accepts_logits_to_keep(module)
+    if fused is not None and not keep_supported:
+        raise ValueError(
+            f"`worker.actor.model.use_fused_kernels` needs a causal LM whose forward takes `logits_to_keep`; "
+            f"{type(module).__name__}'s does not. Set worker.actor.model.use_fused_kernels=false for this model."
+        )
     if padding_free:
         packed = pack_batch(input_ids, attention_mask, position_ids)
         packed_ids, packed_positions = packed.input_ids, packed.position_ids
@@ -64,30 +79,35 @@ def forward_response_outputs(
                 packed_ids, packed_positions, blank_tokens, vision.image_token_id
             )
         valid, positions = response_prediction_positions(attention_mask, response_length)
-        kwargs = {"logits_to_keep": positions} if keep_supported else {}
+        keep = positions
         # no attention mask: transformers separates the packed sequences by their restarting position ids
-        out = module(input_ids=packed_ids, position_ids=packed_positions, use_cache=False, **kwargs, **extra)
-        logits = out.logits[0]  # (kept or total_tokens, ...)
-        return (logits if keep_supported else logits[positions]), valid
+        inputs = {"input_ids": packed_ids, "position_ids": packed_positions}
+        # (1, kept): the i-th kept position predicts the i-th valid response token
+        kept_labels = responses[valid][None] if fused is not None else None
+    else:
+        valid = attention_mask[:, -response_length:].bool()  # (batch, response_len)
+        keep = response_length + 1
+        if position_ids.dim() == 3:  # (batch, 3, seq) -> (3, batch, seq), the layout Qwen-VL models take
+            position_ids = position_ids.transpose(0, 1)
+        if blank_tokens:
+            input_ids, attention_mask, position_ids = append_blank_row(
+                input_ids, attention_mask, position_ids, blank_tokens, vision.image_token_id
+            )
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        # (rows, response_len + 1): kept column t predicts responses[:, t]; the last column and the blank row, if
+        # any, predict nothing (label 0, dropped below)
+        kept_labels = F.pad(responses, (0, 1, 0, input_ids.shape[0] - batch_size)) if fused is not None else None
+    kwargs = {"logits_to_keep": keep} if keep_supported else {}
 
-    valid = attention_mask[:, -response_length:].bool()  # (batch, response_len)
-    kwargs = {"logits_to_keep": response_length + 1} if keep_supported else {}
-    if position_ids.dim() == 3:  # (batch, 3, seq) -> (3, batch, seq), the layout Qwen-VL models take
-        position_ids = position_ids.transpose(0, 1)
-    if blank_tokens:
-        input_ids, attention_mask, position_ids = append_blank_row(
-            input_ids, attention_mask, position_ids, blank_tokens, vision.image_token_id
-        )
-    out = module(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-        **kwargs,
-        **extra,
-    )
+    def run_model():
+        return module(**inputs, use_cache=False, **kwargs, **extra)
+
+    logits = run_model().logits if fused is None else run_with_fused_head(module, kept_labels, fused, run_model)
+    if padding_free:
+        logits = logits[0]  # (kept or total_tokens, ...)
+        return (logits if keep_supported else logits[positions]), valid
     # (batch, response_len, ...): position t predicts token t + 1 (the blank row, if any, is dropped)
-    logits = out.logits[:batch_size, -response_length - 1 : -1]
+    logits = logits[:batch_size, -response_length - 1 : -1]
     return logits[valid], valid
 
 

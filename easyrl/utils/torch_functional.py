@@ -29,7 +29,8 @@ logger = logging.getLogger(__name__)
 _CHUNK_ELEMENTS = 1 << 26
 
 
-def _rows_per_chunk(vocab_size: int) -> int:
+def rows_per_chunk(vocab_size: int) -> int:
+    """Rows of a (rows, vocab) chunk that keep it near `_CHUNK_ELEMENTS` fp32 elements."""
     return max(1, _CHUNK_ELEMENTS // max(vocab_size, 1))
 
 
@@ -133,14 +134,16 @@ class _LazilyCompiled:
 
 
 @dataclass(frozen=True)
-class _ChunkKernels:
+class ChunkKernels:
+    """The arithmetic of one chunk of rows, eager or compiled (`select_chunk_kernels`)."""
+
     log_probs: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     log_probs_grad: Callable[..., torch.Tensor]
     entropy: Callable[..., torch.Tensor]
 
 
-_EAGER = _ChunkKernels(_log_probs_chunk, _log_probs_grad_chunk, _entropy_chunk)
-_COMPILED = _ChunkKernels(
+_EAGER = ChunkKernels(_log_probs_chunk, _log_probs_grad_chunk, _entropy_chunk)
+_COMPILED = ChunkKernels(
     _LazilyCompiled(_log_probs_chunk), _LazilyCompiled(_log_probs_grad_chunk), _LazilyCompiled(_entropy_chunk)
 )
 
@@ -163,11 +166,11 @@ class _TokenLogProbs(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, logits: torch.Tensor, labels: torch.Tensor, inv_temperature: float, kernels: _ChunkKernels
+        ctx, logits: torch.Tensor, labels: torch.Tensor, inv_temperature: float, kernels: ChunkKernels
     ) -> torch.Tensor:
         # logits: (rows, vocab) in any float dtype; labels: (rows,) int64 -> (rows,) fp32
         rows, vocab = logits.shape
-        step = _rows_per_chunk(vocab)
+        step = rows_per_chunk(vocab)
         log_probs = torch.empty(rows, dtype=torch.float32, device=logits.device)
         logsumexp = torch.empty(rows, dtype=torch.float32, device=logits.device)
         for start in range(0, rows, step):
@@ -183,7 +186,7 @@ class _TokenLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         logits, labels, logsumexp = ctx.saved_tensors
-        step = _rows_per_chunk(logits.shape[-1])
+        step = rows_per_chunk(logits.shape[-1])
         grad_logits = torch.empty_like(logits)
         for start in range(0, logits.shape[0], step):
             end = start + step
@@ -193,16 +196,16 @@ class _TokenLogProbs(torch.autograd.Function):
         return grad_logits, None, None, None
 
 
-def _log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, kernels: _ChunkKernels) -> torch.Tensor:
+def _log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, kernels: ChunkKernels) -> torch.Tensor:
     vocab = logits.shape[-1]
     flat = _TokenLogProbs.apply(logits.reshape(-1, vocab), labels.reshape(-1).long(), 1.0 / temperature, kernels)
     return flat.view(labels.shape)
 
 
-def _entropy(logits: torch.Tensor, temperature: float, kernels: _ChunkKernels) -> torch.Tensor:
+def _entropy(logits: torch.Tensor, temperature: float, kernels: ChunkKernels) -> torch.Tensor:
     vocab = logits.shape[-1]
     flat = logits.reshape(-1, vocab)
-    step = _rows_per_chunk(vocab)
+    step = rows_per_chunk(vocab)
     inv_temperature = 1.0 / temperature
     chunks = []
     for start in range(0, flat.shape[0], step):
@@ -229,6 +232,12 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
     return _entropy(logits, temperature, _EAGER)
 
 
+def select_chunk_kernels(use_torch_compile: bool) -> ChunkKernels:
+    """The per-chunk kernels themselves, compiled when `use_torch_compile`, for callers that run their own loop over
+    chunks (easyrl/models/fused_head.py computes each chunk's logits from hidden states)."""
+    return _COMPILED if use_torch_compile else _EAGER
+
+
 def select_logprob_kernels(use_torch_compile: bool) -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]:
     """`(log_probs_fn, entropy_fn)` with the signatures of `log_probs_from_logits` and `entropy_from_logits`,
     compiled when `use_torch_compile` (`worker.actor.use_torch_compile`), on GPUs and CPUs alike.
@@ -238,5 +247,5 @@ def select_logprob_kernels(use_torch_compile: bool) -> tuple[Callable[..., torch
     and ~12-20 s with a warm one (the cache lives on disk and serves later processes and runs), so a short CPU run
     can lose time while a long one gains it.
     """
-    kernels = _COMPILED if use_torch_compile else _EAGER
+    kernels = select_chunk_kernels(use_torch_compile)
     return partial(_log_probs, kernels=kernels), partial(_entropy, kernels=kernels)

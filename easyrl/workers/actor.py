@@ -7,14 +7,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..config import RefConfig
 from ..models.dynamic_batching import restore_order, split_micro_batches
 from ..models.forward import forward_response_outputs, scatter_to_response
-from ..utils.torch_functional import select_logprob_kernels
+from ..models.fused_head import FusedHeadRequest
+from ..utils.torch_functional import select_chunk_kernels, select_logprob_kernels
 from .ppo_update import run_ppo_updates
 
 
 if TYPE_CHECKING:
-    from ..config import ActorConfig, RefConfig
+    from ..config import ActorConfig
     from ..protocol import DataProto
 
 
@@ -39,11 +41,32 @@ class Actor:
         self.processor = processor
         # worker.actor.use_torch_compile (copied to the reference): compiled or eager log-prob / entropy kernels
         self.log_probs_from_logits, self.entropy_from_logits = select_logprob_kernels(config.use_torch_compile)
+        # worker.actor.model.use_fused_kernels (the reference, built from the actor's model config, has a copy):
+        # log-probs from hidden states in the LM head, no (tokens, vocab) logits
+        self.use_fused_kernels = (
+            config.use_fused_kernels if isinstance(config, RefConfig) else config.model.use_fused_kernels
+        )
+        self.chunk_kernels = select_chunk_kernels(config.use_torch_compile)
 
     def _forward(
         self, micro_batch: "DataProto", temperature: float, calculate_entropy: bool, entropy_grad: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(batch, response_len) fp32 log-probs (and entropies) of the response tokens; 0 past each response."""
+        if self.use_fused_kernels:
+            request = FusedHeadRequest(temperature, self.chunk_kernels, calculate_entropy, entropy_grad)
+            outputs, valid = forward_response_outputs(  # (valid_tokens, 1 or 2): log-prob, entropy
+                self.module,
+                micro_batch,
+                self.config.padding_free,
+                lm_logits=True,
+                processor=self.processor,
+                fused=request,
+            )
+            log_probs = scatter_to_response(outputs[:, 0], valid)
+            entropy = None
+            if calculate_entropy:
+                entropy = scatter_to_response(outputs[:, 1] if entropy_grad else outputs[:, 1].detach(), valid)
+            return log_probs, entropy
         logits, valid = forward_response_outputs(
             self.module, micro_batch, self.config.padding_free, lm_logits=True, processor=self.processor
         )
