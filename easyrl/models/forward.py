@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from .attention import packed_attention_kwargs
 from .fused_head import FusedHeadRequest, run_with_fused_head
 from .padding_free import pack_batch, response_prediction_positions
 from .vision import (
@@ -74,14 +75,22 @@ def forward_response_outputs(
         packed_ids, packed_positions = packed.input_ids, packed.position_ids
         if position_ids.dim() == 3:  # 3-D rope: (3, 1, total) -> (4, 1, total) with the restarting text row first
             packed_positions = packed_mrope_position_ids(packed_positions, attention_mask.sum(-1))
+        cu_seqlens, max_seqlen = packed.cu_seqlens, packed.max_seqlen
         if blank_tokens:
             packed_ids, packed_positions = append_blank_sequence(
                 packed_ids, packed_positions, blank_tokens, vision.image_token_id
             )
+            cu_seqlens = torch.cat([cu_seqlens, cu_seqlens[-1:] + blank_tokens])
+            max_seqlen = max(max_seqlen, blank_tokens)
         valid, positions = response_prediction_positions(attention_mask, response_length)
         keep = positions
-        # no attention mask: transformers separates the packed sequences by their restarting position ids
-        inputs = {"input_ids": packed_ids, "position_ids": packed_positions}
+        # no attention mask: the sequence boundaries go to the attention kernels (varlen), which would otherwise
+        # read them from the restarting position ids in every layer
+        inputs = {
+            "input_ids": packed_ids,
+            "position_ids": packed_positions,
+            **packed_attention_kwargs(cu_seqlens.to(packed_ids.device), max_seqlen),
+        }
         # (1, kept): the i-th kept position predicts the i-th valid response token
         kept_labels = responses[valid][None] if fused is not None else None
     else:
