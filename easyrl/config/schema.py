@@ -157,6 +157,10 @@ class ModelConfig:
     never exist (4.9 GB in bf16 for 16k tokens and a 152k vocabulary, as much again for their gradient). Costs one
     more LM-head matmul in the backward pass (each chunk's logits are recomputed). Not for the critic (check refuses
     worker.critic.model.use_fused_kernels=true)."""
+    use_liger: bool = False
+    """GPU only: Liger's Triton kernels (RMSNorm, SwiGLU MLP, RoPE; liger-kernel, in the `gpu` extra) replace the
+    model's own layers, for less activation memory and fewer kernel launches. The patch is process-wide: every model
+    of that type a worker loads afterwards uses it (the reference too)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters."""
 

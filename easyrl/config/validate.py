@@ -327,6 +327,18 @@ def uses_critic(config: PPOConfig) -> bool:
     return config.algorithm.adv_estimator in CRITIC_ESTIMATORS
 
 
+def _check_liger(config: PPOConfig) -> None:
+    """`use_liger` needs liger-kernel where the driver runs (the workers share its environment)."""
+    import importlib.util
+
+    for role in ("actor", "critic"):
+        if getattr(config.worker, role).model.use_liger and importlib.util.find_spec("liger_kernel") is None:
+            raise ConfigError(
+                f"`worker.{role}.model.use_liger` is true but liger-kernel is not installed: pip install "
+                f"'easyrl[gpu]' (or liger-kernel) on a GPU machine, or set worker.{role}.model.use_liger=false."
+            )
+
+
 def _check_unsupported(config: PPOConfig) -> None:
     """Settings easyrl accepts as EasyR1 keys but cannot run yet: refused here, naming the key, never at worker start."""
     worker = config.worker
@@ -470,6 +482,7 @@ def validate_config(config: PPOConfig) -> None:
             "needs `worker.rollout.n` > 1 (e.g. worker.rollout.n=8); with n=1 every advantage would be 0."
         )
     _check_unsupported(config)
+    _check_liger(config)
     if config.algorithm.kl_penalty == "full" and not config.algorithm.disable_kl:
         raise ConfigError(
             "`algorithm.kl_penalty=full` needs the reference model's full next-token distributions, which the "

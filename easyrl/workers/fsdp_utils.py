@@ -6,6 +6,8 @@ also lists the vision blocks), then on a VLM's vision tower (its patch embedding
 """
 
 import importlib.util
+import inspect
+import logging
 from collections.abc import Callable, Iterator
 
 import torch
@@ -16,10 +18,13 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 
 from ..config import FSDPConfig, ModelConfig
-from ..models import vision
+from ..models import attention, vision
 from ..models.checkpoint_layout import save_pretrained_in_released_layout
 from ..utils import device
 from ..utils.remote_code import naming_the_remote_code_key
+
+
+logger = logging.getLogger(__name__)
 
 
 DTYPES = {
@@ -41,9 +46,12 @@ def to_dtype(name: str | None, default: torch.dtype = torch.float32) -> torch.dt
 
 
 def attention_implementation() -> str:
-    """flash_attention_2 where it is installed (GPU), sdpa otherwise; both handle padding-free packing."""
+    """flash_attention_2 where it is installed (GPU); else PyTorch's own varlen kernel on GPU (models/attention.py);
+    sdpa on CPU. All three run padding-free packing without attention across the packed sequences."""
     if device.is_cuda_available() and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
+    if attention.varlen_available():
+        return attention.register()
     return "sdpa"
 
 
@@ -100,6 +108,42 @@ def load_tokenizer_and_processor(model_config: ModelConfig):
 
     path = resolve_model_path(model_config.tokenizer_path or model_config.model_path)
     return load(path, model_config.trust_remote_code)
+
+
+def apply_liger_kernels(hf_config, key: str) -> None:
+    """Patch Liger's kernels (RMSNorm, SwiGLU, RoPE) into this model type's transformers classes, before loading.
+
+    Liger's fused linear cross-entropy stays off: easyrl needs per-token log-probs and entropies, not a loss
+    (``use_fused_kernels`` covers the LM head).
+    """
+    if not device.is_cuda_available():
+        raise RuntimeError(
+            f"`{key}` is true but this worker has no GPU (Liger's kernels are GPU kernels); set it false."
+        )
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError as error:
+        raise RuntimeError(
+            f"`{key}` is true but liger-kernel is not installed in the workers' environment: "
+            f"pip install 'easyrl[gpu]' (or liger-kernel), or set {key}=false."
+        ) from error
+    model_type = getattr(hf_config, "model_type", None)
+    apply = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
+    if apply is None:
+        raise RuntimeError(
+            f"`{key}` is true but liger-kernel has no kernels for model type {model_type!r} (it has: "
+            f"{', '.join(sorted(MODEL_TYPE_TO_APPLY_LIGER_FN))}); set {key}=false."
+        )
+    accepted = inspect.signature(apply).parameters
+    wanted = {
+        "rope": True,
+        "rms_norm": True,
+        "swiglu": True,
+        "cross_entropy": False,
+        "fused_linear_cross_entropy": False,
+    }
+    apply(**{name: value for name, value in wanted.items() if name in accepted})
+    logger.info("%s: Liger kernels applied to %s models in this process", key, model_type)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -174,6 +218,8 @@ def build_fsdp_model(
 
     hf_config = load_hf_config(model_config, kind)
     model_cls = resolve_model_class(hf_config, kind)
+    if model_config.use_liger:
+        apply_liger_kernels(hf_config, f"worker.{_role(kind)}.model.use_liger")
     dtype = to_dtype(fsdp_config.torch_dtype, default_dtype)
     common = {
         "dtype": dtype,
