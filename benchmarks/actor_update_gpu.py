@@ -1,13 +1,14 @@
-"""Actor-update tokens/s and MFU on one GPU: a ~0.5B random Qwen2 model, bf16 compute, padding-free on and off.
+"""Actor-update tokens/s and MFU on one GPU: a ~0.5B random Qwen2 model, bf16 compute, in several variants.
 
-    .venv/bin/python -m benchmarks.actor_update_gpu [--batch 64 --prompt-length 512 --response-length 1024]
+    python -m benchmarks.actor_update_gpu [--batch 64 --micro-batch 64 --variants padding_free+fused+liger --profile]
 
-The update is easyrl's own: the model built by ``build_fsdp_model`` (FSDP2 on a one-rank group, fp32 master weights,
-bf16 compute, fp32 gradient reduction) and ``Actor.update_policy`` (PPO clipped loss, token mean, one optimizer step
-over the batch in micro-batches). The batch is rollout-shaped: left-padded prompts and right-padded responses of
-random lengths, so padding-free packing has padding to skip. Variants: padded, padding-free, and padding-free with
-Liger kernels (``apply_liger_kernel_to_qwen2``) when liger-kernel is installed (applied last: it patches the model
-classes for the rest of the process).
+The update is easyrl's own, built as a worker builds it (``easyrl.testing.single_rank.build_actor``: FSDP2 on a
+one-rank group, fp32 master weights, bf16 compute, fp32 gradient reduction, then ``Actor.update_policy``: PPO clipped
+loss, token mean, one optimizer step over the batch in micro-batches), in a plain process without Ray. The batch is
+rollout-shaped: left-padded prompts and right-padded responses of random lengths, so padding-free packing has padding
+to skip. Variants (``VARIANTS``): padded, padding-free, without gradient checkpointing, with the fused LM head
+(``use_fused_kernels``) and with Liger's kernels (``use_liger``, when liger-kernel is installed; its patch is
+process-wide, so the Liger variants come last).
 
 Tokens/s counts real (non-padding) tokens; MFU uses easyrl.trainer.flops (PaLM's 6N + attention formula) against
 the GPU's dense bf16 peak. Needs an NVIDIA GPU: on a CPU-only machine it stops with a message.
@@ -15,7 +16,6 @@ the GPU's dense bf16 peak. Needs an NVIDIA GPU: on a CPU-only machine it stops w
 
 import argparse
 import importlib.util
-import os
 import sys
 import tempfile
 import time
@@ -37,6 +37,27 @@ QWEN2_0_5B = {
 }
 
 
+# variant -> worker.actor overrides
+VARIANTS = {
+    "padded": ["worker.actor.padding_free=false"],
+    "padding_free": ["worker.actor.padding_free=true"],
+    "padding_free-ckpt": ["worker.actor.padding_free=true", "worker.actor.model.enable_gradient_checkpointing=false"],
+    "padding_free+fused": ["worker.actor.padding_free=true", "worker.actor.model.use_fused_kernels=true"],
+    "padding_free+liger": ["worker.actor.padding_free=true", "worker.actor.model.use_liger=true"],
+    "padding_free+fused+liger": [
+        "worker.actor.padding_free=true",
+        "worker.actor.model.use_fused_kernels=true",
+        "worker.actor.model.use_liger=true",
+    ],
+    "padding_free-ckpt+fused+liger": [
+        "worker.actor.padding_free=true",
+        "worker.actor.model.enable_gradient_checkpointing=false",
+        "worker.actor.model.use_fused_kernels=true",
+        "worker.actor.model.use_liger=true",
+    ],
+}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64, help="sequences per optimizer step")
@@ -44,7 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-length", type=int, default=512, help="prompt padding width")
     parser.add_argument("--response-length", type=int, default=1024, help="response padding width")
     parser.add_argument("--repeats", type=int, default=3, help="timed updates per variant (after one warm-up)")
-    parser.add_argument("--variants", nargs="+", default=["padded", "padding_free", "padding_free+liger"])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    parser.add_argument("--profile", action="store_true", help="print the top GPU kernels of one timed update")
     return parser.parse_args(argv)
 
 
@@ -86,42 +108,29 @@ def rollout_batch(args: argparse.Namespace, vocab: int, seed: int = 0):
     return DataProto.from_dict(tensors=tensors, meta_info={"temperature": 1.0})
 
 
-def run_variant(args: argparse.Namespace, model_path: str, padding_free: bool, data) -> dict:
+def run_variant(args: argparse.Namespace, model_path: str, overrides: list[str], data) -> dict:
     import torch
 
-    from easyrl.config import load_config
+    from easyrl.testing.single_rank import build_actor
     from easyrl.trainer.flops import FlopsCounter, compute_mfu, peak_flops_per_device
     from easyrl.utils import device
-    from easyrl.workers.actor import Actor
-    from easyrl.workers.fsdp_utils import build_device_mesh, build_fsdp_model
-    from easyrl.workers.optim import build_optimizer
 
-    # through load_config so that aliases (loss_avg_mode=token, loss_type=default) resolve as in a real run
-    actor_config = load_config(
+    actor, module, optimizer = build_actor(
+        model_path,
         [
-            f"worker.actor.model.model_path={model_path}",
             f"worker.actor.global_batch_size={args.batch}",
             f"worker.actor.micro_batch_size_per_device_for_update={args.micro_batch}",
-            f"worker.actor.padding_free={padding_free}",
             "worker.actor.dynamic_batching=false",
-            "worker.actor.use_torch_compile=false",
             "worker.actor.fsdp.torch_dtype=fp32",
             "worker.actor.fsdp.mp_param_dtype=bf16",
             "worker.actor.fsdp.mp_reduce_dtype=fp32",
+            *overrides,
         ],
-        validate=False,
-    ).worker.actor
-    fsdp = actor_config.fsdp
-    module = build_fsdp_model(
-        actor_config.model,
-        fsdp,
-        build_device_mesh(1, -1),
-        kind="causal_lm",
-        trainable=True,
-        default_dtype=torch.float32,
+        batch_size=args.batch,
     )
-    optimizer = build_optimizer(module, actor_config.optim, "worker.actor.optim")
-    actor = Actor(actor_config, module, optimizer, mini_batch_size=args.batch)
+    accelerator = torch.get_device_module(device.get_device_name())
+    if hasattr(accelerator, "reset_peak_memory_stats"):
+        accelerator.reset_peak_memory_stats()
     batch = data.to(device.get_torch_device())
     actor.update_policy(batch)  # warm-up: kernels, allocator, optimizer states
     device.synchronize()
@@ -130,11 +139,19 @@ def run_variant(args: argparse.Namespace, model_path: str, padding_free: bool, d
         actor.update_policy(batch)
     device.synchronize()
     seconds = (time.perf_counter() - start) / args.repeats
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            actor.update_policy(batch)
+            device.synchronize()
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20, max_name_column_width=60))
     seq_lens = data.batch["attention_mask"].sum(-1).tolist()
     flops = FlopsCounter(module.config).flops(seq_lens)
     peak = peak_flops_per_device(torch.bfloat16)
     accelerator = torch.get_device_module(device.get_device_name())
     result = {
+        "attention": module.config._attn_implementation,
         "s/update": seconds,
         "tokens/s": sum(seq_lens) / seconds,
         "MFU_%": 100 * compute_mfu(flops, seconds, 1, peak) if peak else None,
@@ -156,32 +173,26 @@ def main(argv: list[str] | None = None) -> None:
             "actor_update_gpu needs an NVIDIA GPU (none is visible here); it measures bf16 actor-update throughput "
             "and MFU. Run it on a GPU machine."
         )
-    import torch.distributed as dist
+    from easyrl.testing.single_rank import one_rank_process_group
 
     from .common import append_result, describe_machine, print_table
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group(device.get_dist_backend(), rank=0, world_size=1)
-    device.set_device(0)
-    has_liger = importlib.util.find_spec("liger_kernel") is not None
     table = []
-    try:
-        with tempfile.TemporaryDirectory(prefix="easyrl_bench_qwen2_") as folder:
-            model_path = build_model_folder(folder)
-            data = rollout_batch(args, QWEN2_0_5B["vocab_size"])
-            for variant in args.variants:
-                if "liger" in variant:
-                    if not has_liger:
-                        print(f"{variant}: skipped, liger-kernel is not installed")
-                        continue
-                    from liger_kernel.transformers import apply_liger_kernel_to_qwen2
-
-                    apply_liger_kernel_to_qwen2()
-                result = run_variant(args, model_path, padding_free=variant.startswith("padding_free"), data=data)
-                table.append({"variant": variant, **result})
-    finally:
-        dist.destroy_process_group()
+    with one_rank_process_group(), tempfile.TemporaryDirectory(prefix="easyrl_bench_qwen2_") as folder:
+        model_path = build_model_folder(folder)
+        data = rollout_batch(args, QWEN2_0_5B["vocab_size"])
+        for variant in args.variants:
+            if variant not in VARIANTS:
+                sys.exit(f"--variants: unknown {variant!r}; choose from {', '.join(VARIANTS)}")
+            if "liger" in variant and importlib.util.find_spec("liger_kernel") is None:
+                print(f"{variant}: skipped, liger-kernel is not installed")
+                continue
+            try:
+                result = run_variant(args, model_path, VARIANTS[variant], data=data)
+            except Exception as error:  # one variant failing (e.g. out of memory) leaves the others' numbers
+                print(f"{variant}: failed: {type(error).__name__}: {error}")
+                continue
+            table.append({"variant": variant, **result})
     print_table(
         table,
         title=f"Actor update, Qwen2.5-0.5B shape (random), bf16 compute: {args.batch} sequences, prompts <= "
