@@ -399,6 +399,11 @@ class RewardConfig:
     """Seconds the scoring of one batch may take, all actors together. At the deadline the samples not scored yet
     score 0 and count in reward/errors and reward/timeouts, and the actors still busy are replaced; samples scored
     before keep their scores. An actor whose process dies (os._exit, a crash) is replaced the same way."""
+    overlap: bool = True
+    """Score a step's responses while the workers compute old, reference and value log-probs, and wait for the
+    scores only where the advantages need them (EasyR1's async reward); timing/reward is the scoring's wall time,
+    timing/reward_wait the time the step waited for it. Online filtering (algorithm.online_filtering) filters by the
+    scores before those passes, so it always waits; false waits in every step."""
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 One step reads top to bottom in ``train_step``: generate -> reward -> [online filter] -> old log-probs ->
 reference log-probs -> values -> advantages -> critic update -> actor update -> weight sync into the rollout engine.
+The reward is scored on the driver's side while the log-prob passes run on the workers, and awaited at the
+advantages (``worker.reward.overlap``), unless online filtering needs the scores before those passes.
 Everything numeric happens in the workers or in ``easyrl.algorithms``; this file only decides the order of events,
 and the run plan (``easyrl.config.plan``) has already decided which of them happen.
 
@@ -29,7 +31,7 @@ from ..config import RunPlan
 from ..controller.worker_group import WorkerDiedError
 from ..protocol import DataProto
 from ..workers.fsdp_utils import to_dtype
-from ..workers.reward.scorer import reduce_reward_metrics, scores_to_non_tensor
+from ..workers.reward.scorer import PendingScores, reduce_reward_metrics, scores_to_non_tensor
 from ..workers.rollout.base import GenerationRequest
 from .checkpoint import (
     CheckpointError,
@@ -129,6 +131,7 @@ class PPOTrainer:
                     self.workers = self.restart_workers()
                 return self._train()
             except WorkerDiedError as died:
+                self.reward_scorer.cancel_pending()  # the step that was scoring is lost with the worker
                 if self.restarts >= max_restarts or self.restart_workers is None or self.stop.requested:
                     hint = self._resume_hint()
                     raise WorkerDied(died, self.global_step, self.restarts, max_restarts, hint) from died
@@ -213,10 +216,11 @@ class PPOTrainer:
         timing: dict[str, float] = {}
         metrics: dict[str, Any] = {}
         with timer("step", timing):
-            # 1. generate n responses per prompt and score them (refilled until enough groups survive filtering)
+            # 1. generate n responses per prompt and score them (refilled until enough groups survive filtering);
+            #    without online filtering the scores are awaited in 3, with `worker.reward.overlap`
             with timer("gen_and_reward", timing):
-                batch, reward_metrics = self._make_batch(batches, timing)
-            metrics.update(reward_metrics)
+                batch, scoring, batch_metrics = self._make_batch(batches, timing)
+            metrics.update(batch_metrics)
             metrics.update(self._reduce_rollout_metrics())
 
             # 2. log-probs of the sampled tokens under the current (old) policy, the reference, and the critic;
@@ -237,6 +241,9 @@ class PPOTrainer:
 
             # 3. rewards (minus the KL penalty when KL lives in the reward) and advantages, on the driver
             with timer("adv", timing):
+                if scoring:  # the first use of the scores: wait for the scoring that ran during 2
+                    batch, reward_metrics = self._await_scores(batch, scoring, timing)
+                    metrics.update(reduce_reward_metrics(reward_metrics))
                 if self.plan.kl_in_reward:
                     batch, kl_metrics = apply_kl_penalty(batch, self.kl_controller, algo.kl_penalty)
                     metrics.update(kl_metrics)
@@ -274,12 +281,20 @@ class PPOTrainer:
     # ------------------------------------------------------------------------------------------------------------------
     # generation + reward, with DAPO online filtering
     # ------------------------------------------------------------------------------------------------------------------
-    def _make_batch(self, batches: Iterator[DataProto], timing: dict[str, float]) -> tuple[DataProto, dict[str, Any]]:
+    def _make_batch(
+        self, batches: Iterator[DataProto], timing: dict[str, float]
+    ) -> tuple[DataProto, list[tuple[np.ndarray, PendingScores]], dict[str, Any]]:
         """Generate and score loader batches (``data.mini_rollout_batch_size`` prompts, else rollout_batch_size)
         until ``data.rollout_batch_size`` prompt groups are collected, as EasyR1 does; with online filtering only the
-        groups that survive the filter count, for at most ``trainer.max_try_make_batch`` rounds."""
+        groups that survive the filter count, for at most ``trainer.max_try_make_batch`` rounds.
+
+        Returns the batch, the scorings still running for it (each round's ``uid`` column and scoring, in order;
+        empty when the scores are on the batch already) and the step's reward and filter metrics known so far."""
         algo, data_cfg, trainer_cfg = self.config.algorithm, self.config.data, self.config.trainer
         collector = GroupCollector(target_groups=data_cfg.rollout_batch_size, group_size=self.config.worker.rollout.n)
+        # the filter keeps groups by their scores: with it they are needed now, without it first by the advantages
+        overlap = self.config.worker.reward.overlap and not algo.online_filtering
+        scoring: list[tuple[np.ndarray, PendingScores]] = []
         all_reward_metrics: dict[str, list[float]] = {}
         rounds = 0
         while not collector.full:
@@ -291,17 +306,45 @@ class PPOTrainer:
                     f"group's mean `{algo.filter_key}` is outside ({algo.filter_low}, {algo.filter_high}). Widen "
                     "the filter, raise max_try_make_batch, or use easier/harder data."
                 )
-            scored, reward_metrics = self._generate_and_score(next(batches), timing, round_index=rounds)
-            for key, values in reward_metrics.items():
-                all_reward_metrics.setdefault(key, []).extend(values)
-            if algo.online_filtering:
-                collector.add(scored, filter_key=algo.filter_key, low=algo.filter_low, high=algo.filter_high)
+            batch, pending = self._generate_and_score(next(batches), timing, round_index=rounds)
+            round_scoring = [(batch.non_tensor_batch["uid"], pending)]
+            if overlap:
+                scoring += round_scoring
             else:
-                collector.add(scored)
-        out = reduce_reward_metrics(all_reward_metrics)
+                batch, reward_metrics = self._await_scores(batch, round_scoring, timing)
+                for key, values in reward_metrics.items():
+                    all_reward_metrics.setdefault(key, []).extend(values)
+            if algo.online_filtering:
+                collector.add(batch, filter_key=algo.filter_key, low=algo.filter_low, high=algo.filter_high)
+            else:
+                collector.add(batch)
+        out = reduce_reward_metrics(all_reward_metrics) if not overlap else {}
         if algo.online_filtering or rounds > 1:
             out.update({"filter/rounds": rounds, **collector.metrics()})
-        return collector.take(), out
+        return collector.take(), scoring, out
+
+    def _await_scores(
+        self, batch: DataProto, scoring: list[tuple[np.ndarray, PendingScores]], timing: dict[str, float]
+    ) -> tuple[DataProto, dict[str, list[float]]]:
+        """Wait for the scorings of ``batch``'s rounds and put their scores on it (token_level_scores and each named
+        score per sample); returns it with the per-sample reward metrics of every round.
+
+        ``batch`` holds the first rows of the rounds, in order: without a filter the collector keeps the first
+        rollout_batch_size groups, each whole (a group's samples are adjacent). The ``uid`` columns must agree."""
+        parts, all_reward_metrics = [], {}
+        for uids, pending in scoring:
+            with timer("reward_wait", timing):
+                scores, reward_metrics = pending.result()
+            timing["reward"] = timing.get("reward", 0.0) + pending.seconds
+            for key, values in reward_metrics.items():
+                all_reward_metrics.setdefault(key, []).extend(values)
+            parts.append(
+                DataProto.from_dict(
+                    {"token_level_scores": scores}, {"uid": uids, **scores_to_non_tensor(reward_metrics)}
+                )
+            )
+        scores = DataProto.concat(parts) if len(parts) > 1 else parts[0]
+        return batch.union(scores[: len(batch)] if len(scores) > len(batch) else scores), all_reward_metrics
 
     def _sampling_seed(self, kind: int, index: int) -> list[int]:
         """The rollout seed of one generation call, a function of (rollout.seed, kind, step, index) only: a resumed
@@ -310,7 +353,8 @@ class PPOTrainer:
 
     def _generate_and_score(
         self, prompts: DataProto, timing: dict[str, float], round_index: int
-    ) -> tuple[DataProto, dict[str, list]]:
+    ) -> tuple[DataProto, PendingScores]:
+        """One round: the generated batch, and its scoring, started (decoded here, scored in the scorer's thread)."""
         rollout = self.workers.actor_rollout
         prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
         gen_input = prompts.select(
@@ -337,12 +381,9 @@ class PPOTrainer:
             batch.batch["reward_baselines"] = torch.tensor(
                 batch.non_tensor_batch.pop("reward_baselines").astype(float)
             )
-        with timer("reward", timing):
-            scores, reward_metrics = self.reward_scorer.score(batch)
-        batch.batch["token_level_scores"] = scores
-        for key, values in scores_to_non_tensor(reward_metrics).items():
-            batch.non_tensor_batch[key] = values
-        return batch, {k: list(v) for k, v in reward_metrics.items()}
+        with timer("reward_wait", timing):  # the step waits for the decoding
+            pending = self.reward_scorer.score_async(batch)
+        return batch, pending
 
     # ------------------------------------------------------------------------------------------------------------------
     # validation

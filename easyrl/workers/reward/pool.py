@@ -7,8 +7,13 @@ yet (the rest of a stuck chunk, a chunk no actor was free to take) scores 0 as t
 are killed (`ray.kill`) and replaced, because a hung Python call cannot be interrupted from outside. One hung call
 therefore costs about `timeout_s` per batch, however many chunks there are. An actor whose process dies (the reward
 called `os._exit`, crashed, or the OOM killer ended it) is replaced the same way, and its unscored samples score 0.
+
+`run` may be called from a thread other than the driver's main one (the scorer overlaps scoring with the rest of the
+step), one call at a time. A `cancel` event set by another thread ends a run within `CANCEL_POLL_S`: what is not
+scored yet counts as timed out and the busy actors are replaced, as at the deadline.
 """
 
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -18,6 +23,9 @@ from ray.exceptions import RayError
 
 from ...controller.worker_group import describe_death
 from .actor import DIED, TIMED_OUT, RewardActor, SampleFailure, Scored, failed, merge
+
+
+CANCEL_POLL_S = 0.1  # how often a run waiting on its actors looks at its cancel event
 
 
 @dataclass
@@ -75,8 +83,9 @@ class RewardActorPool:
                 self._on_started(starting[ref], ref)
             self._check_startup()
 
-    def run(self, chunks: list[list[dict]]) -> list[Scored]:
-        """Score every chunk within `timeout_s` in all; one outcome per chunk, in the order of `chunks`."""
+    def run(self, chunks: list[list[dict]], cancel: threading.Event | None = None) -> list[Scored]:
+        """Score every chunk within `timeout_s` in all; one outcome per chunk, in the order of `chunks`. A set
+        `cancel` ends the run early, its unscored samples timed out."""
         self.wait_ready()  # a replacement started after the last batch's deadline: its start-up is not scoring time
         deadline = time.monotonic() + self.timeout_s
         parts: list[list[Scored]] = [[] for _ in chunks]
@@ -89,10 +98,11 @@ class RewardActorPool:
                     running[slot.actor.score.remote(chunks[chunk])] = (index, chunk)
                     slot.busy = True
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or (cancel is not None and cancel.is_set()):
                 break
             starting = {slot.ready_ref: i for i, slot in enumerate(self._slots) if slot.ready_ref is not None}
-            ready, _ = ray.wait(list(running) + list(starting), num_returns=1, timeout=left)
+            wait_s = left if cancel is None else min(left, CANCEL_POLL_S)
+            ready, _ = ray.wait(list(running) + list(starting), num_returns=1, timeout=wait_s)
             for ref in ready:
                 if ref in starting:
                     self._on_started(starting[ref], ref)

@@ -6,6 +6,9 @@
     batch.non_tensor_batch.update(scores_to_non_tensor(reward_metrics))   # `overall`, `accuracy`... per sample
     metrics.update(reduce_reward_metrics(reward_metrics))       # reward/overall, reward/accuracy, ..., reward/errors
 
+    pending = scorer.score_async(batch)   # decodes, then scores in the scorer's thread while the caller goes on
+    token_level_scores, reward_metrics = pending.result()       # what score returns; pending.seconds: its wall time
+
 Responses are decoded here and scored with EasyR1's calling convention: a `batch` function is called ONCE with
 the whole batch (so a function that normalises over the batch sees what it sees in EasyR1), a `sequential`
 function once per response. The calls run in Ray actors (as in EasyR1, where the reward manager is an actor holding
@@ -16,9 +19,16 @@ token (EasyR1's place). A sample scores 0 and is counted in `reward/errors` when
 call that fails fails for the whole batch), returned a NaN or infinite score, was not scored by the deadline (also
 counted in `reward/timeouts`), or its actor's process died; the first failure of each kind is logged once, with
 the sample's index in its batch.
+
+Scoring runs in one thread of the driver, one batch after another in the order they were handed over, so that the
+trainer can score a batch while the workers compute log-probs (`worker.reward.overlap`); `score` is `score_async`
+waited for at once. The deadline runs from the start of a batch's scoring, not from when it was handed over.
 """
 
 import logging
+import threading
+import time
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -60,6 +70,48 @@ def scores_to_non_tensor(reward_metrics: dict[str, list[float]]) -> dict[str, np
     }
 
 
+def _timed(fn, *args):
+    start = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - start
+
+
+class ScoringCancelled(RuntimeError):
+    """Raised by `PendingScores.result` after `cancel`."""
+
+
+class PendingScores:
+    """A batch being scored (`RewardScorer.score_async`). `result()` waits for what `RewardScorer.score` returns (and
+    raises what it raises); `seconds` is then the scoring's wall time: decoding plus scoring, without the time it
+    waited behind earlier batches."""
+
+    def __init__(self, future: Future, decode_s: float, cancel_event: threading.Event):
+        self._future = future  # of (what score returns, seconds the scoring took)
+        self._decode_s = decode_s
+        self._cancel_event = cancel_event
+        self._scoring_s = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self._decode_s + self._scoring_s
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self) -> tuple[torch.Tensor, dict[str, list[float]]]:
+        try:
+            scored, self._scoring_s = self._future.result()
+        except CancelledError:  # cancelled before its turn came
+            raise ScoringCancelled("The scoring of this batch was cancelled; its scores are not known.") from None
+        return scored
+
+    def cancel(self) -> None:
+        """Give the scores up: a batch still waiting is never scored; one being scored stops within
+        `pool.CANCEL_POLL_S`, its busy reward actors replaced. `result()` then raises `ScoringCancelled`."""
+        self._cancel_event.set()
+        self._future.cancel()
+
+
 class RewardScorer:
     def __init__(
         self,
@@ -92,6 +144,9 @@ class RewardScorer:
                 actor_num_cpus=actor_num_cpus * (config.num_cpus if whole_batch else min(1, config.num_cpus)),
             )
             self.pool.wait_ready()
+        # one thread: the pool scores one batch at a time, and a reward function sees batches in the order given
+        self._executor = None if in_process else ThreadPoolExecutor(1, thread_name_prefix="reward-scoring")
+        self._pending: list[PendingScores] = []
         self._logged: set[str] = set()  # the failure kinds already logged (each is logged once)
 
     def build_inputs(self, data: "DataProto") -> list[dict]:
@@ -110,16 +165,20 @@ class RewardScorer:
             for text, length, truth in zip(texts, lengths, truths)
         ]
 
-    def score_inputs(self, inputs: list[dict]) -> tuple[list[dict[str, float]], list[SampleFailure | None]]:
+    def score_inputs(
+        self, inputs: list[dict], cancel: threading.Event | None = None
+    ) -> tuple[list[dict[str, float]], list[SampleFailure | None]]:
         """Per-sample score dicts (a failed sample: {"overall": 0.0}) and per-sample failures (None where scored)."""
         if self.pool is None:
             outcome = merge(list(score_calls(self.reward_fn, inputs)))
         elif self.reward_fn.reward_type == "batch":
-            outcome = merge(self.pool.run([inputs]))
+            outcome = merge(self.pool.run([inputs], cancel))
         else:
             num_chunks = max(1, min(len(inputs), self.pool.num_actors * self.chunks_per_actor))
             splits = np.array_split(np.arange(len(inputs)), num_chunks)
-            outcome = merge(self.pool.run([[inputs[i] for i in split] for split in splits if len(split)]))
+            outcome = merge(self.pool.run([[inputs[i] for i in split] for split in splits if len(split)], cancel))
+        if cancel is not None and cancel.is_set():
+            raise ScoringCancelled("The scoring of this batch was cancelled; its scores are not known.")
         if outcome.fatal:
             raise RewardFunctionError(outcome.fatal)
         self._report(outcome.failures)
@@ -162,11 +221,45 @@ class RewardScorer:
         """(token_level_scores (batch, response_len) with `overall` on each last response token, per-sample
         metrics {"reward/<score name>": [value per sample], "reward/errors": [1.0 where scoring failed],
         "reward/timeouts": [1.0 where the batch's deadline passed first]})."""
+        return self.score_async(data).result()
+
+    def score_async(self, data: "DataProto") -> PendingScores:
+        """Start scoring `data` and return without waiting for the scores: see `PendingScores`. The responses are
+        decoded here, before it returns, so the caller may change `data` (union other keys into it) meanwhile."""
+        start = time.perf_counter()
         inputs = self.build_inputs(data)
-        scores, failures = self.score_inputs(inputs)
-        responses = data.batch["responses"]
+        args = (data.batch["responses"], data.batch["response_mask"], inputs)
+        decode_s = time.perf_counter() - start
+        cancel_event = threading.Event()
+        if self._executor is None:  # in-process: scored here (a signal-based timeout needs the main thread)
+            future: Future = Future()
+            try:
+                future.set_result(_timed(self._score_decoded, *args))
+            except Exception as error:  # noqa: BLE001 - raised again by result(), as score raised it
+                future.set_exception(error)
+            return PendingScores(future, decode_s, cancel_event)
+        pending = PendingScores(
+            self._executor.submit(_timed, self._score_decoded, *args, cancel_event), decode_s, cancel_event
+        )
+        self._pending = [*(earlier for earlier in self._pending if not earlier.done()), pending]
+        return pending
+
+    def cancel_pending(self) -> None:
+        """Cancel every scoring not finished (their step is lost, e.g. to a worker that died)."""
+        for pending in self._pending:
+            pending.cancel()
+        self._pending = []
+
+    def _score_decoded(
+        self,
+        responses: torch.Tensor,
+        response_mask: torch.Tensor,
+        inputs: list[dict],
+        cancel: threading.Event | None = None,
+    ) -> tuple[torch.Tensor, dict[str, list[float]]]:
+        scores, failures = self.score_inputs(inputs, cancel)
         token_level_scores = torch.zeros(responses.shape, dtype=torch.float32)
-        last = (data.batch["response_mask"].sum(-1).long() - 1).clamp(min=0).cpu()
+        last = (response_mask.sum(-1).long() - 1).clamp(min=0).cpu()
         overall = torch.tensor([score["overall"] for score in scores], dtype=torch.float32)
         token_level_scores[torch.arange(len(scores)), last] = overall
         names = list(dict.fromkeys(name for score in scores for name in score))
@@ -178,6 +271,12 @@ class RewardScorer:
         return token_level_scores.to(responses.device), reward_metrics
 
     def shutdown(self) -> None:
+        """Stop a scoring still running (within pool.CANCEL_POLL_S) before the reward actors go, so that none is
+        started again behind the shutdown."""
+        if self._executor is not None:
+            self.cancel_pending()
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
         if self.pool is not None:
             self.pool.shutdown()
             self.pool = None

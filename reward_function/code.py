@@ -1,0 +1,194 @@
+"""Code reward: run the model's program against the row's test cases, each test in its own sandbox.
+
+    program   = the last ```python (or ```py / ```python3) fenced block of the response; without one, the whole text
+    format    = 1 if the response has such a block, else 0
+    pass_rate = tests passed / tests
+    all_pass  = 1 if every test passed, else 0
+    overall   = pass_rate (`reward: pass_rate`, the default) or all_pass (`reward: all_pass`)
+
+`ground_truth` holds the tests as a JSON string or a dict, in either style of the public code-RL data sets:
+    standard input / output (APPS, TACO, CodeContests, DeepCoder):
+        {"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}
+        the program reads the input on stdin; it passes when its stdout equals the output line by line, with the
+        whitespace inside each line collapsed and blank lines at the start and end ignored.
+    function call (LeetCode-style sets):
+        {"fn_name": "add", "inputs": [[1, 2], ...], "outputs": [3, ...]}
+        the program defines `add` (or a class `Solution` with a method `add`); it passes when add(*inputs[i])
+        equals outputs[i] after a JSON round trip (tuples compare as lists; floats to 1e-6 relative), or equals
+        outputs[i][0] when that is a one-element list (APPS and TACO wrap function outputs so).
+
+Each test is one sandboxed run (easyrl.workers.reward.sandbox: a separate process with CPU, wall, memory, output
+and file limits, no network, a throwaway folder, no access to the trainer's environment or files where the host
+supports it). A program that crashes, hangs, floods its output or misbehaves fails that test, so it scores 0 for it;
+the training run never sees its exceptions. Tests of the whole batch run concurrently on `max_workers` threads.
+After a program hits its time limit its remaining tests are failed without being run (`skip_after_timeout`), so an
+infinite loop costs one time-out, not one per test.
+
+Keyword arguments (`worker.reward.reward_function_kwargs`): reward, max_workers, cpu_seconds, wall_seconds,
+memory_mb, skip_after_timeout, require (sandbox layers that must be present, e.g. ["namespaces", "landlock",
+"seccomp"] or ["all"]; without them the run stops instead of scoring with less isolation).
+"""
+
+import json
+import math
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from easyrl.workers.reward.sandbox import Limits, run_program
+
+
+REWARD_NAME = "code"
+REWARD_TYPE = "batch"
+
+REWARDS = ("pass_rate", "all_pass")
+_FENCED_PYTHON = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_RESULT_MARKER = "__easyrl_result__:"
+
+# Runs the program as a module, then calls its function on the JSON arguments read from stdin and prints the JSON
+# result after a marker line (the program's own prints come before it). `typing` names are predefined, as LeetCode
+# does, so `List[int]` annotations work without an import.
+_CALL_HARNESS = """\
+import json, sys
+namespace = {"__name__": "solution"}
+exec("from typing import *", namespace)
+exec(compile(open("solution.py", encoding="utf-8").read(), "solution.py", "exec"), namespace)
+function = namespace.get(FN_NAME)
+if not callable(function) and isinstance(namespace.get("Solution"), type):
+    function = getattr(namespace["Solution"](), FN_NAME, None)
+if not callable(function):
+    sys.exit(f"the program defines no function {FN_NAME!r} (nor a Solution class with that method)")
+result = function(*json.loads(sys.stdin.read()))
+sys.stdout.write("\\nMARKER" + json.dumps(result) + "\\n")
+"""
+
+
+def extract_program(response: str) -> tuple[str, bool]:
+    """(program, True) from the last fenced python block, else (the whole response, False)."""
+    blocks = _FENCED_PYTHON.findall(response)
+    if blocks:
+        return blocks[-1], True
+    return response, False
+
+
+def parse_tests(ground_truth, row: int) -> dict:
+    """The row's tests as {"inputs", "outputs", "fn_name" (or None)}; a malformed spec raises, naming the row."""
+    spec = ground_truth
+    if isinstance(spec, (str, bytes)):
+        try:
+            spec = json.loads(spec)
+        except ValueError as err:
+            raise ValueError(
+                f"code reward: ground_truth of row {row} is not JSON ({err}); store the tests as "
+                '{"inputs": [...], "outputs": [...]} (add "fn_name" for function-call tests).'
+            ) from None
+    if (
+        not isinstance(spec, dict)
+        or not isinstance(spec.get("inputs"), list)
+        or not isinstance(spec.get("outputs"), list)
+    ):
+        raise ValueError(
+            f"code reward: ground_truth of row {row} must hold lists `inputs` and `outputs` (and `fn_name` for "
+            f"function-call tests); got {str(spec)[:200]!r}."
+        )
+    if len(spec["inputs"]) != len(spec["outputs"]) or not spec["inputs"]:
+        raise ValueError(
+            f"code reward: ground_truth of row {row} has {len(spec['inputs'])} inputs and {len(spec['outputs'])} "
+            "outputs; give one output per input, at least one test."
+        )
+    return {"inputs": spec["inputs"], "outputs": spec["outputs"], "fn_name": spec.get("fn_name") or None}
+
+
+def normalize_lines(text: str) -> list[str]:
+    """Lines with their whitespace runs collapsed, without blank lines at the start and end."""
+    lines = [" ".join(line.split()) for line in text.strip().splitlines()]
+    return lines
+
+
+def values_equal(actual, expected) -> bool:
+    """JSON values equal, floats within 1e-6 relative (1e-9 absolute)."""
+    if isinstance(actual, bool) or isinstance(expected, bool):
+        return actual is expected
+    if isinstance(actual, (int, float)) and isinstance(expected, (int, float)):
+        return math.isclose(actual, expected, rel_tol=1e-6, abs_tol=1e-9)
+    if isinstance(actual, list) and isinstance(expected, list):
+        return len(actual) == len(expected) and all(values_equal(a, e) for a, e in zip(actual, expected))
+    if isinstance(actual, dict) and isinstance(expected, dict):
+        return actual.keys() == expected.keys() and all(values_equal(actual[k], expected[k]) for k in actual)
+    return actual == expected
+
+
+def _stdin_text(test_input) -> str:
+    return "\n".join(map(str, test_input)) + "\n" if isinstance(test_input, list) else str(test_input)
+
+
+def run_test(program: str, tests: dict, index: int, limits: Limits, require=()) -> tuple[bool, str | None]:
+    """(passed, the limit the run hit or None) for test `index` of `tests`."""
+    expected = tests["outputs"][index]
+    if tests["fn_name"] is None:
+        result = run_program(program, _stdin_text(tests["inputs"][index]), limits, require=require)
+        passed = result.ok and normalize_lines(result.stdout) == normalize_lines(_stdin_text(expected))
+        return passed, result.limit
+    harness = _CALL_HARNESS.replace("FN_NAME", repr(str(tests["fn_name"]))).replace("MARKER", _RESULT_MARKER)
+    arguments = tests["inputs"][index]
+    arguments = arguments if isinstance(arguments, list) else [arguments]
+    result = run_program(harness, json.dumps(arguments), limits, files={"solution.py": program}, require=require)
+    if not result.ok:
+        return False, result.limit
+    marked = [line for line in result.stdout.splitlines() if line.startswith(_RESULT_MARKER)]
+    try:
+        actual = json.loads(marked[-1][len(_RESULT_MARKER) :])
+    except (IndexError, ValueError):
+        return False, None
+    expected = json.loads(json.dumps(expected))
+    wrapped = isinstance(expected, list) and len(expected) == 1 and values_equal(actual, expected[0])
+    return values_equal(actual, expected) or wrapped, None
+
+
+def compute_score(
+    reward_inputs: list[dict],
+    reward: str = "pass_rate",
+    max_workers: int = 4,
+    cpu_seconds: float = 2.0,
+    wall_seconds: float = 6.0,
+    memory_mb: int = 1024,
+    skip_after_timeout: bool = True,
+    require: list[str] | tuple[str, ...] = (),
+) -> list[dict[str, float]]:
+    if reward not in REWARDS:
+        raise ValueError(f"code reward: `reward` is {reward!r}; use one of {REWARDS} (reward_function_kwargs).")
+    limits = Limits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_mb=memory_mb)
+    programs = [extract_program(item["response"]) for item in reward_inputs]
+    tests = [parse_tests(item["ground_truth"], row) for row, item in enumerate(reward_inputs)]
+    first_timeout = [math.inf] * len(reward_inputs)  # per row: the index of its first test that ran out of time
+    lock = threading.Lock()
+
+    def one_test(row: int, index: int) -> tuple[bool, str | None]:
+        if skip_after_timeout and first_timeout[row] < index:
+            return False, "skipped"
+        passed, limit = run_test(programs[row][0], tests[row], index, limits, require)
+        if limit in ("cpu_time", "wall_time"):
+            with lock:
+                first_timeout[row] = min(first_timeout[row], index)
+        return passed, limit
+
+    jobs = [(row, index) for row in range(len(reward_inputs)) for index in range(len(tests[row]["inputs"]))]
+    with ThreadPoolExecutor(max_workers=max(1, int(max_workers)), thread_name_prefix="code-reward") as pool:
+        outcomes = list(pool.map(lambda job: one_test(*job), jobs))
+    passed = [0] * len(reward_inputs)
+    for (row, index), (ok, _limit) in zip(jobs, outcomes):
+        # tests after a time-out fail whether or not they had already started: the score does not depend on timing
+        passed[row] += ok and not (skip_after_timeout and index > first_timeout[row])
+    scores = []
+    for row, (_program, fenced) in enumerate(programs):
+        pass_rate = passed[row] / len(tests[row]["inputs"])
+        all_pass = 1.0 if passed[row] == len(tests[row]["inputs"]) else 0.0
+        scores.append(
+            {
+                "overall": pass_rate if reward == "pass_rate" else all_pass,
+                "pass_rate": pass_rate,
+                "all_pass": all_pass,
+                "format": 1.0 if fenced else 0.0,
+            }
+        )
+    return scores
