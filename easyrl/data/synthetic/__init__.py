@@ -20,6 +20,12 @@ def _arithmetic_small(split: str) -> list[dict]:
     return generate_arithmetic(split, size=SMALL_SPLIT_SIZES[split], spec=SMALL_SPEC)
 
 
+def _code(split: str) -> list[dict]:
+    from .code import generate_code
+
+    return generate_code(split)
+
+
 def _shapes(split: str) -> list[dict]:
     from .shapes import generate_shapes
 
@@ -30,6 +36,7 @@ def _shapes(split: str) -> list[dict]:
 BUILTIN_DATASETS: dict[str, Callable[[str], list[dict]]] = {
     "arithmetic": _arithmetic,
     "arithmetic_small": _arithmetic_small,
+    "code": _code,
     "shapes": _shapes,
 }
 
