@@ -377,6 +377,53 @@ class RolloutConfig:
 
 
 @dataclass
+class JudgeConfig:
+    """`worker.reward.judge.*`: a model's grade added to the rule reward, `overall` = worker.reward.rule_weight x rule
+    overall + weight x judge score. `http` asks an OpenAI-compatible chat-completions endpoint from the driver."""
+
+    kind: str = "none"
+    """`none` (no judge: the reward function alone, as in EasyR1) or `http`: an OpenAI-compatible chat-completions
+    endpoint (`vllm serve`, SGLang, OpenAI) asked once per sample. With a judge, each step logs reward/rule (the
+    function's overall), reward/judge (its score in [0, 1]) and reward/judge_errors (a count), and reward/overall is
+    the weighted sum; every other key of this section serves the kinds that grade text, and later kinds (a judge
+    engine in its own worker, a sequence-classification reward model) are meant to join under this key."""
+    weight: float = 1.0
+    """The judge score's weight in `overall` (the score itself is in [0, 1])."""
+    base_url: Optional[str] = None
+    """The server's OpenAI base URL, e.g. `http://127.0.0.1:8000/v1` (easyrl posts to `<base_url>/chat/completions`).
+    When no request of the first judged batch gets any reply (a wrong base_url, model or key), the run stops with the
+    first error; later failures score 0 and count in reward/judge_errors."""
+    model: Optional[str] = None
+    """The model name sent with each request (one the server serves)."""
+    api_key_env: Optional[str] = None
+    """NAME of the environment variable holding the API key, sent as `Authorization: Bearer`; null sends no key. The
+    key itself never goes into the config; check refuses a name that is not set in the environment."""
+    prompt_template: Optional[str] = None
+    """Jinja file rendered into the judge's user message with `prompt` (the prompt as the policy saw it, special
+    tokens removed), `response` and `ground_truth`; it must use `response` and no other variables. null: the built-in
+    template (easyrl/workers/reward/judge.py), which asks for a 0-10 grade on a last line `Score: N`."""
+    score_pattern: str = "([0-9]+(?:[.][0-9]+)?)"
+    """Regex with exactly one group, read from the judge's reply: the group of its LAST match is the score (the
+    default reads the last number). No match, or a number outside score_range, scores 0 as a judge error."""
+    score_range: list = field(default_factory=lambda: [0, 10])
+    """[min, max] of the judge's scale, mapped onto [0, 1]."""
+    concurrency: int = 16
+    """Requests in flight at once at most."""
+    max_retries: int = 3
+    """Retries of a request that met a connection error, HTTP 429 or 5xx, each after a random wait of up to
+    retry_backoff_s x 2^attempt (exponential backoff with full jitter; a longer Retry-After is honoured, 60 s at
+    most). Other statuses and timeouts are not retried."""
+    retry_backoff_s: float = 1.0
+    """The bound of the first retry's random wait (doubled for each next retry)."""
+    timeout_s: float = 60.0
+    """Seconds one request may take; a sample whose request takes longer scores 0 as a judge error (not retried)."""
+    temperature: float = 0.0
+    """Sampling temperature of the judge's reply."""
+    max_tokens: int = 512
+    """Longest judge reply in tokens; a reply cut there (finish_reason `length`) scores 0 as a judge error."""
+
+
+@dataclass
 class RewardConfig:
     """`worker.reward.*`: the reward function and how it runs."""
 
@@ -404,6 +451,11 @@ class RewardConfig:
     scores only where the advantages need them (EasyR1's async reward); timing/reward is the scoring's wall time,
     timing/reward_wait the time the step waited for it. Online filtering (algorithm.online_filtering) filters by the
     scores before those passes, so it always waits; false waits in every step."""
+    rule_weight: float = 1.0
+    """The reward function's weight in `overall` when a judge is on (worker.reward.judge.kind); with no judge it
+    must stay 1 (the function's `overall` is the reward, as in EasyR1)."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """A model's grade combined with the reward function's (off by default)."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from ..demo import builtin_models
 from ..paths import BUILTIN_PREFIX, looks_local, shipped_files_hint
+from ..workers.reward.judge import CHAT_PATH, compile_score_pattern, load_template
 from ..workers.reward.loader import RewardFunctionError, resolve_reward_function
 from .schema import ConfigError, PPOConfig
 
@@ -44,6 +45,7 @@ CHOICES = {
     "worker.actor.strategy": ("fsdp",),
     "worker.critic.strategy": ("fsdp",),
     "worker.ref.strategy": ("fsdp",),
+    "worker.reward.judge.kind": ("none", "http"),
 }
 DTYPE_KEYS = (
     "mp_param_dtype",
@@ -164,6 +166,14 @@ RANGES: dict[str, Interval] = {
     "worker.rollout.max_num_batched_tokens": AT_LEAST_ONE,
     "worker.reward.num_cpus": NON_NEGATIVE,
     "worker.reward.timeout_s": POSITIVE,
+    "worker.reward.rule_weight": NON_NEGATIVE,
+    "worker.reward.judge.weight": NON_NEGATIVE,
+    "worker.reward.judge.concurrency": AT_LEAST_ONE,
+    "worker.reward.judge.max_retries": NON_NEGATIVE,
+    "worker.reward.judge.retry_backoff_s": NON_NEGATIVE,
+    "worker.reward.judge.timeout_s": POSITIVE,
+    "worker.reward.judge.temperature": NON_NEGATIVE,
+    "worker.reward.judge.max_tokens": AT_LEAST_ONE,
     "trainer.total_epochs": AT_LEAST_ONE,
     "trainer.max_steps": AT_LEAST_ONE,
     "trainer.nnodes": AT_LEAST_ONE,
@@ -378,6 +388,78 @@ def _check_loggers_can_start(names: Any) -> None:
             raise ConfigError(f"`trainer.logger` includes '{name}': {problem} Or remove '{name}' from trainer.logger.")
 
 
+def _check_judge(config: PPOConfig) -> None:
+    """`worker.reward.judge`: everything a judge needs that can be known without asking it (no request is sent)."""
+    reward, prefix = config.worker.reward, "worker.reward.judge"
+    judge = reward.judge
+    if judge.kind == "none":
+        if reward.rule_weight != 1:
+            raise ConfigError(
+                f"`worker.reward.rule_weight` is {reward.rule_weight:g} but no judge is set ({prefix}.kind=none): "
+                "the weight balances the reward function against a judge, and alone it would only rescale the reward. "
+                f"Set {prefix}.kind or remove rule_weight."
+            )
+        return
+    if judge.weight == 0:
+        raise ConfigError(
+            f"`{prefix}.weight` is 0: the judge would be asked for every sample and its score never used; give it a "
+            f"weight, or set {prefix}.kind=none."
+        )
+    for key in ("base_url", "model"):
+        if not getattr(judge, key):
+            example = "http://127.0.0.1:8000/v1" if key == "base_url" else "Qwen/Qwen2.5-7B-Instruct"
+            raise ConfigError(f"`{prefix}.{key}` is not set; {prefix}.kind={judge.kind} needs it (e.g. {example}).")
+    url = urllib.parse.urlsplit(judge.base_url)
+    if url.scheme not in ("http", "https") or not url.hostname or url.query or url.fragment:
+        raise ConfigError(
+            f"`{prefix}.base_url` is `{judge.base_url}`; give an http:// or https:// URL with a host and no query, "
+            "e.g. http://127.0.0.1:8000/v1 (the server's OpenAI base URL)."
+        )
+    try:
+        url.port  # noqa: B018 (reading it validates it)
+    except ValueError as err:
+        raise ConfigError(f"`{prefix}.base_url` is `{judge.base_url}`: {err}.") from None
+    if url.path.rstrip("/").endswith(CHAT_PATH):
+        raise ConfigError(
+            f"`{prefix}.base_url` is `{judge.base_url}`; give the base URL without `{CHAT_PATH}` (easyrl appends it)."
+        )
+    if judge.api_key_env:
+        name = judge.api_key_env
+        # a long mixed-case/digit value is a key pasted in by mistake: refused without repeating it
+        looks_like_key = len(name) >= 24 and any(c.islower() for c in name) and any(c.isdigit() for c in name)
+        if looks_like_key or not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise ConfigError(
+                f"`{prefix}.api_key_env` is not a variable name; it holds the NAME of the environment variable with "
+                "the key (e.g. OPENAI_API_KEY), never the key itself."
+            )
+        if not os.environ.get(name):
+            raise ConfigError(
+                f"`{prefix}.api_key_env` is {name}, but {name} is not set in this environment (the driver, which "
+                f"sends the requests, runs here); export {name}=<key>, or set {prefix}.api_key_env=null for a server "
+                "that needs no key."
+            )
+    _check_file(f"{prefix}.prompt_template", judge.prompt_template, "judge prompt template")
+    try:
+        load_template(judge.prompt_template)
+    except ValueError as err:
+        raise ConfigError(f"`{prefix}.prompt_template` (`{judge.prompt_template}`): {err}.") from None
+    try:
+        compile_score_pattern(judge.score_pattern)
+    except ValueError as err:
+        raise ConfigError(f"`{prefix}.score_pattern` ({judge.score_pattern!r}): {err}.") from None
+    low_high = judge.score_range
+    if (
+        not isinstance(low_high, (list, tuple))
+        or len(low_high) != 2
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in low_high)
+        or not low_high[0] < low_high[1]
+    ):
+        raise ConfigError(
+            f"`{prefix}.score_range` is {low_high!r}; give [min, max] of the judge's scale with min < max, e.g. "
+            "[0, 10]."
+        )
+
+
 def _check_required(config: PPOConfig) -> None:
     """The three things every run needs, all named at once (the bare defaults have none of them)."""
     needed = {
@@ -502,6 +584,7 @@ def validate_config(config: PPOConfig) -> None:
         resolve_reward_function(config.worker.reward.reward_function)
     except RewardFunctionError as err:
         raise ConfigError(str(err)) from None
+    _check_judge(config)
     _check_file("data.format_prompt", data.format_prompt, "prompt template", shipped_files_hint("format_prompt"))
     _check_file("data.override_chat_template", data.override_chat_template, "chat template")
     for key in ("data.train_files", "data.val_files"):

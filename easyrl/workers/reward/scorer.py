@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from .actor import DIED, NON_FINITE, RAISED, TIMED_OUT, SampleFailure, merge, score_calls
+from .judge import HttpJudge, combine_scores, decode_prompts
 from .loader import RESERVED_SCORE_NAMES, RewardFunctionError, load_reward_function
 from .pool import RewardActorPool
 
@@ -48,7 +49,9 @@ logger = logging.getLogger(__name__)
 PREFIX = "reward/"
 ERRORS_KEY = PREFIX + "errors"  # per-sample 1.0 where scoring failed (raised, non-finite, timed out, actor died)
 TIMEOUTS_KEY = PREFIX + "timeouts"  # per-sample 1.0 where the batch's deadline passed before it was scored
-COUNT_KEYS = tuple(PREFIX + name for name in RESERVED_SCORE_NAMES)  # reduced to a count of samples, not a mean
+JUDGE_ERRORS_KEY = PREFIX + "judge_errors"  # per-sample 1.0 where the judge gave no score (only with a judge)
+# reduced to a count of samples, not a mean
+COUNT_KEYS = tuple(PREFIX + name for name in RESERVED_SCORE_NAMES) + (JUDGE_ERRORS_KEY,)
 
 
 def reduce_reward_metrics(reward_metrics: dict[str, list[float]]) -> dict[str, float]:
@@ -56,7 +59,8 @@ def reduce_reward_metrics(reward_metrics: dict[str, list[float]]) -> dict[str, f
     share)."""
     reduced = {key: float(np.mean(values)) for key, values in reward_metrics.items() if values}
     for key in COUNT_KEYS:
-        reduced[key] = float(np.sum(reward_metrics.get(key, [0.0])))
+        if key != JUDGE_ERRORS_KEY or key in reward_metrics:  # no judge, no judge count
+            reduced[key] = float(np.sum(reward_metrics.get(key, [0.0])))
     return reduced
 
 
@@ -131,6 +135,8 @@ class RewardScorer:
         # loading here first reports a broken file at once, with the driver's traceback
         self.reward_fn = load_reward_function(config.reward_function, config.reward_function_kwargs)
         logger.info(self.reward_fn.describe())
+        # worker.reward.judge (see judge.py): asked from here, while the rule reward is scored
+        self.judge = HttpJudge(config.judge) if config.judge.kind == "http" else None
         self.pool = None
         if not in_process:
             # a batch function runs as one call: one actor with all the CPUs; sequential calls spread over actors.
@@ -220,7 +226,9 @@ class RewardScorer:
     def score(self, data: "DataProto") -> tuple[torch.Tensor, dict[str, list[float]]]:
         """(token_level_scores (batch, response_len) with `overall` on each last response token, per-sample
         metrics {"reward/<score name>": [value per sample], "reward/errors": [1.0 where scoring failed],
-        "reward/timeouts": [1.0 where the batch's deadline passed first]})."""
+        "reward/timeouts": [1.0 where the batch's deadline passed first]}). With a judge (worker.reward.judge),
+        `overall` is the weighted sum of the function's `overall` (also kept as reward/rule) and the judge's score
+        (reward/judge), and reward/judge_errors marks the samples the judge gave no score."""
         return self.score_async(data).result()
 
     def score_async(self, data: "DataProto") -> PendingScores:
@@ -228,7 +236,10 @@ class RewardScorer:
         decoded here, before it returns, so the caller may change `data` (union other keys into it) meanwhile."""
         start = time.perf_counter()
         inputs = self.build_inputs(data)
-        args = (data.batch["responses"], data.batch["response_mask"], inputs)
+        judging = None
+        if self.judge is not None:  # its requests run while the rule reward is scored
+            judging = self.judge.submit(decode_prompts(data, self.tokenizer, self.config.skip_special_tokens), inputs)
+        args = (data.batch["responses"], data.batch["response_mask"], inputs, judging)
         decode_s = time.perf_counter() - start
         cancel_event = threading.Event()
         if self._executor is None:  # in-process: scored here (a signal-based timeout needs the main thread)
@@ -255,9 +266,14 @@ class RewardScorer:
         responses: torch.Tensor,
         response_mask: torch.Tensor,
         inputs: list[dict],
+        judging,
         cancel: threading.Event | None = None,
     ) -> tuple[torch.Tensor, dict[str, list[float]]]:
         scores, failures = self.score_inputs(inputs, cancel)
+        judge_errors = None
+        if judging is not None:
+            verdicts = self.judge.collect(judging)
+            scores, judge_errors = combine_scores(scores, verdicts, self.config.rule_weight, self.config.judge.weight)
         token_level_scores = torch.zeros(responses.shape, dtype=torch.float32)
         last = (response_mask.sum(-1).long() - 1).clamp(min=0).cpu()
         overall = torch.tensor([score["overall"] for score in scores], dtype=torch.float32)
@@ -268,6 +284,8 @@ class RewardScorer:
         reward_metrics[TIMEOUTS_KEY] = [
             float(failure is not None and failure.kind == TIMED_OUT) for failure in failures
         ]
+        if judge_errors is not None:
+            reward_metrics[JUDGE_ERRORS_KEY] = judge_errors
         return token_level_scores.to(responses.device), reward_metrics
 
     def shutdown(self) -> None:
@@ -277,6 +295,9 @@ class RewardScorer:
             self.cancel_pending()
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
+        if self.judge is not None:
+            self.judge.close()
+            self.judge = None
         if self.pool is not None:
             self.pool.shutdown()
             self.pool = None

@@ -1,0 +1,440 @@
+"""The HTTP judge (worker.reward.judge.kind=http) against a real chat-completions server on 127.0.0.1 started here:
+retries, timeouts, unreadable replies, the concurrency limit, the weighted sum with the rule reward, the config
+check, and a 2-step GRPO run through `easyrl train` with the judge on."""
+
+import json
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from easyrl.config import ConfigError, RewardConfig, load_config
+from easyrl.config.schema import JudgeConfig
+from easyrl.protocol import DataProto
+from easyrl.workers.reward.judge import (
+    REQUEST_FAILED,
+    TIMED_OUT,
+    UNPARSABLE,
+    HttpJudge,
+    JudgeUnreachableError,
+    compile_score_pattern,
+    parse_score,
+)
+from easyrl.workers.reward.scorer import RewardScorer, reduce_reward_metrics, scores_to_non_tensor
+from tests.fixtures.trainer_runs import TINY_RUN_OVERRIDES, metrics_by_step, run_training, train_args
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a chat-completions server whose answer each test scripts
+# ----------------------------------------------------------------------------------------------------------------------
+class Answer:
+    def __init__(
+        self, text: str = "", status: int = 200, delay_s: float = 0.0, finish_reason: str = "stop", **headers
+    ):
+        self.text, self.status, self.delay_s, self.finish_reason = text, status, delay_s, finish_reason
+        self.headers = {key.replace("_", "-"): value for key, value in headers.items()}
+
+
+class JudgeServer:
+    """`script(message, attempt) -> Answer` decides each reply (attempt: 1 for the first request with this message).
+    Counts requests per message and the most requests in flight at once."""
+
+    def __init__(self, script: Callable[[str, int], Answer]):
+        self.script = script
+        self.attempts: Counter = Counter()
+        self.requests: list[dict] = []
+        self.headers: list[dict] = []
+        self.in_flight = self.max_in_flight = 0
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                message = body["messages"][0]["content"]
+                with server.lock:
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                    server.attempts[message] += 1
+                    server.requests.append({"path": self.path, **body})
+                    server.headers.append(dict(self.headers))
+                    answer = server.script(message, server.attempts[message])
+                try:
+                    time.sleep(answer.delay_s)
+                    reply = {"choices": [{"message": {"role": "assistant", "content": answer.text}}]}
+                    reply["choices"][0]["finish_reason"] = answer.finish_reason
+                    payload = json.dumps(reply).encode() if answer.status == 200 else b'{"error": "scripted"}'
+                    self.send_response(answer.status)
+                    for key, value in answer.headers.items():
+                        self.send_header(key, value)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout): nothing to send
+                    pass
+                finally:
+                    with server.lock:
+                        server.in_flight -= 1
+
+            def log_message(self, *args):  # quiet
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def scores_from_message(message: str, attempt: int) -> Answer:
+    """The default script: `flaky` fails with 503 once, `garbage` has no number, `slow` answers after 3 s, `cut` is
+    cut at max_tokens, `high` is off the scale, `refused` is a 400; else the grade is the message's length mod 11."""
+    if "flaky" in message and attempt == 1:
+        return Answer(status=503)
+    if "busy" in message and attempt == 1:
+        return Answer(status=429, retry_after="0")
+    if "down" in message:
+        return Answer(status=503)
+    if "refused" in message:
+        return Answer(status=400)
+    if "garbage" in message:
+        return Answer("I would rather not grade this.")
+    if "slow" in message:
+        return Answer("Score: 9", delay_s=3.0)
+    if "cut" in message:
+        return Answer("The answer is close to 7 but", finish_reason="length")
+    if "high" in message:
+        return Answer("Score: 15")
+    if "grade=" in message:
+        return Answer(f"Reasoning. Score: {message.split('grade=')[1].split()[0]}")
+    return Answer(f"It is fine.\nScore: {len(message) % 11}")
+
+
+@pytest.fixture
+def server():
+    judge_server = JudgeServer(scores_from_message)
+    yield judge_server
+    judge_server.close()
+
+
+@pytest.fixture
+def response_only_template(tmp_path):
+    path = tmp_path / "judge.jinja"
+    path.write_text("{{ response }}")
+    return str(path)
+
+
+def make_judge(server, template, **overrides) -> HttpJudge:
+    settings = {"kind": "http", "base_url": server.base_url, "model": "judge-model", "prompt_template": template}
+    settings.update(max_retries=2, retry_backoff_s=0.01, timeout_s=1.0)
+    settings.update(overrides)
+    return HttpJudge(JudgeConfig(**settings))
+
+
+def judge_responses(judge: HttpJudge, responses: list[str]):
+    inputs = [{"response": text, "response_length": 1, "ground_truth": "5"} for text in responses]
+    return judge.score(["the question"] * len(responses), inputs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the client
+# ----------------------------------------------------------------------------------------------------------------------
+def test_scores_are_read_from_the_last_number_and_mapped_from_score_range(server, response_only_template):
+    judge = make_judge(server, response_only_template)
+    try:
+        verdicts = judge_responses(judge, ["grade=7", "grade=0", "grade=10", "grade=2.5"])
+    finally:
+        judge.close()
+    assert [v.score for v in verdicts] == [0.7, 0.0, 1.0, 0.25]
+    assert all(v.failure is None for v in verdicts)
+    request = server.requests[0]
+    assert request["path"] == "/v1/chat/completions"
+    assert (request["model"], request["temperature"], request["max_tokens"]) == ("judge-model", 0.0, 512)
+
+
+def test_a_503_or_429_is_retried_and_then_scores(server, response_only_template):
+    judge = make_judge(server, response_only_template)
+    try:
+        verdicts = judge_responses(judge, ["flaky grade=6", "busy grade=4"])
+    finally:
+        judge.close()
+    assert [v.score for v in verdicts] == [0.6, 0.4]
+    assert all(v.failure is None for v in verdicts)
+    assert server.attempts == {"flaky grade=6": 2, "busy grade=4": 2}
+
+
+def test_a_request_failing_after_every_retry_or_refused_scores_zero(server, response_only_template):
+    judge = make_judge(server, response_only_template, max_retries=2)
+    try:
+        verdicts = judge_responses(judge, ["down", "refused", "grade=3"])
+    finally:
+        judge.close()
+    assert [v.score for v in verdicts] == [0.0, 0.0, 0.3]
+    assert verdicts[0].failure.kind == verdicts[1].failure.kind == REQUEST_FAILED
+    assert "HTTP 503" in verdicts[0].failure.detail and "after 3 attempts" in verdicts[0].failure.detail
+    assert "HTTP 400" in verdicts[1].failure.detail
+    assert server.attempts["down"] == 3  # max_retries=2: one try and two retries
+    assert server.attempts["refused"] == 1  # a 4xx other than 429 is not retried
+
+
+def test_unreadable_replies_score_zero_as_unparsable_and_are_logged_once(server, response_only_template, caplog):
+    judge = make_judge(server, response_only_template)
+    try:
+        with caplog.at_level("WARNING", logger="easyrl.workers.reward.judge"):
+            verdicts = judge_responses(judge, ["garbage", "high", "cut", "grade=8"])
+            judge_responses(judge, ["garbage again"])  # the same kind again: not logged again
+    finally:
+        judge.close()
+    assert len(caplog.records) == 1
+    assert "sample 0 unparsable" in caplog.text and "3 of 4 samples of this batch" in caplog.text
+    assert [v.score for v in verdicts] == [0.0, 0.0, 0.0, 0.8]
+    assert [v.failure.kind for v in verdicts[:3]] == [UNPARSABLE] * 3
+    assert "no match" in verdicts[0].failure.detail
+    assert "15 is outside score_range [0, 10]" in verdicts[1].failure.detail
+    assert "max_tokens=512" in verdicts[2].failure.detail
+
+
+def test_a_slow_answer_times_out_without_retry_and_the_rest_is_scored(server, response_only_template):
+    judge = make_judge(server, response_only_template, timeout_s=0.5)
+    try:
+        start = time.monotonic()
+        verdicts = judge_responses(judge, ["slow", "grade=5"])
+        elapsed = time.monotonic() - start
+    finally:
+        judge.close()
+    assert verdicts[0].score == 0.0 and verdicts[0].failure.kind == TIMED_OUT
+    assert verdicts[1].score == 0.5
+    assert server.attempts["slow"] == 1
+    assert elapsed < 2.5  # the 3 s answer was not waited for
+
+
+def test_no_more_requests_than_concurrency_are_in_flight(server, response_only_template):
+    server.script = lambda message, attempt: Answer("Score: 1", delay_s=0.3)
+    judge = make_judge(server, response_only_template, concurrency=3)
+    try:
+        verdicts = judge_responses(judge, [f"sample {i}" for i in range(12)])
+    finally:
+        judge.close()
+    assert [v.score for v in verdicts] == [0.1] * 12
+    assert server.max_in_flight == 3
+
+
+def test_the_key_is_read_from_the_named_variable(server, response_only_template):
+    config = JudgeConfig(
+        kind="http",
+        base_url=server.base_url,
+        model="m",
+        prompt_template=response_only_template,
+        api_key_env="JUDGE_KEY",
+    )
+    judge = HttpJudge(config, environ={"JUDGE_KEY": "s3cret"})
+    try:
+        judge_responses(judge, ["grade=1"])
+    finally:
+        judge.close()
+    assert server.headers[0]["Authorization"] == "Bearer s3cret"
+
+
+def test_a_first_batch_with_no_reply_at_all_stops_but_later_failures_only_count(server, response_only_template):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    unreachable = make_judge(server, response_only_template, base_url=f"http://127.0.0.1:{closed_port}/v1")
+    try:
+        with pytest.raises(JudgeUnreachableError, match=f"127.0.0.1:{closed_port}/v1/chat/completions"):
+            judge_responses(unreachable, ["grade=1", "grade=2"])
+    finally:
+        unreachable.close()
+
+    judge = make_judge(server, response_only_template)
+    try:
+        assert [v.score for v in judge_responses(judge, ["grade=1"])] == [0.1]
+        server.script = lambda message, attempt: Answer(status=404)
+        verdicts = judge_responses(judge, ["grade=1", "grade=2"])  # not the first batch: counted, not raised
+    finally:
+        judge.close()
+    assert [v.failure.kind for v in verdicts] == [REQUEST_FAILED] * 2
+
+
+def test_score_pattern_uses_its_last_match_and_one_group():
+    pattern = compile_score_pattern(r"Score: (\d+)")
+    assert parse_score("Score: 3 at first, then Score: 8", pattern, [0, 10]) == 0.8
+    assert parse_score("0.5", compile_score_pattern(r"([0-9.]+)"), [0, 1]) == 0.5
+    with pytest.raises(ValueError, match="exactly one"):
+        compile_score_pattern(r"(\d+)/(\d+)")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the scorer: the weighted sum with the rule reward
+# ----------------------------------------------------------------------------------------------------------------------
+def judged_batch(tokenizer, prompts, responses, truths, width=24) -> DataProto:
+    """Left-padded prompts and right-padded responses with their attention mask, as the rollout returns them."""
+
+    def pad(rows, left):
+        ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, row in enumerate(rows):
+            span = slice(width - len(row), width) if left else slice(0, len(row))
+            ids[i, span], mask[i, span] = torch.tensor(row), 1
+        return ids, mask
+
+    prompt_ids, prompt_mask = pad([tokenizer.encode(text, add_special_tokens=False) for text in prompts], left=True)
+    response_rows = [tokenizer.encode(t, add_special_tokens=False) + [tokenizer.eos_token_id] for t in responses]
+    response_ids, response_mask = pad(response_rows, left=False)
+    return DataProto.from_dict(
+        tensors={
+            "prompts": prompt_ids,
+            "responses": response_ids,
+            "response_mask": response_mask,
+            "attention_mask": torch.cat([prompt_mask, response_mask], dim=-1),
+        },
+        non_tensors={"ground_truth": np.array(truths, dtype=object)},
+    )
+
+
+def test_overall_is_the_weighted_sum_of_rule_and_judge(tokenizer, server, tmp_path):
+    template = tmp_path / "judge.jinja"
+    template.write_text("Q: {{ prompt }} | A: {{ response }} | R: {{ ground_truth }}")
+    grades = {r"\boxed{12}": "Score: 8", r"\boxed{7}": "Score: 3", "no idea": "I cannot tell."}
+    server.script = lambda message, attempt: Answer(next(g for r, g in grades.items() if f"A: {r} |" in message))
+    config = RewardConfig(
+        reward_function=str(ROOT / "reward_function" / "arithmetic.py"),
+        rule_weight=0.5,
+        judge=JudgeConfig(
+            kind="http", weight=2.0, base_url=server.base_url, model="m", prompt_template=str(template), max_retries=0
+        ),
+    )
+    scorer = RewardScorer(config, tokenizer, in_process=True)
+    data = judged_batch(tokenizer, ["5 + 7 = ?", "3 + 5 = ?", "1 + 2 = ?"], list(grades), ["12", "8", "3"])
+    try:
+        token_level_scores, metrics = scorer.score(data)
+    finally:
+        scorer.shutdown()
+    # rule (arithmetic.py): 0.1 x format + 0.9 x accuracy = 1.0, 0.1, 0.0; judge: 8/10, 3/10, unreadable -> 0
+    # overall = 0.5 x rule + 2.0 x judge = 0.5 + 1.6, 0.05 + 0.6, 0 + 0
+    assert metrics["reward/rule"] == pytest.approx([1.0, 0.1, 0.0])
+    assert metrics["reward/judge"] == pytest.approx([0.8, 0.3, 0.0])
+    assert metrics["reward/overall"] == pytest.approx([2.1, 0.65, 0.0])
+    assert token_level_scores.sum(-1).tolist() == pytest.approx([2.1, 0.65, 0.0])
+    assert metrics["reward/judge_errors"] == [0.0, 0.0, 1.0]
+    assert metrics["reward/accuracy"] == [1.0, 0.0, 0.0]  # the function's other scores are kept
+    assert reduce_reward_metrics(metrics) == {
+        "reward/overall": pytest.approx(2.75 / 3),
+        "reward/rule": pytest.approx(1.1 / 3),
+        "reward/judge": pytest.approx(1.1 / 3),
+        "reward/format": pytest.approx(2 / 3),
+        "reward/accuracy": pytest.approx(1 / 3),
+        "reward/errors": 0.0,
+        "reward/timeouts": 0.0,
+        "reward/judge_errors": 1.0,
+    }
+    assert "judge_errors" not in scores_to_non_tensor(metrics)
+    # the judge saw the decoded prompt, the response and the answer
+    assert sorted(r["messages"][0]["content"] for r in server.requests)[0] == r"Q: 1 + 2 = ? | A: no idea | R: 3"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the config check
+# ----------------------------------------------------------------------------------------------------------------------
+def http_judge_args(valid_args, base_url="http://127.0.0.1:8000/v1", *extra):
+    return [*valid_args, "worker.reward.judge.kind=http", f"worker.reward.judge.base_url={base_url}",
+            "worker.reward.judge.model=judge", *extra]  # fmt: skip
+
+
+def test_check_accepts_an_http_judge_with_the_builtin_template(valid_args):
+    config = load_config(http_judge_args(valid_args, "https://api.example.com/v1", "worker.reward.rule_weight=0.3"))
+    assert (config.worker.reward.rule_weight, config.worker.reward.judge.score_range) == (0.3, [0, 10])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["worker.reward.judge.kind=vllm"], "`worker.reward.judge.kind` is `vllm`, which is not one of: none, http"),
+        (["worker.reward.judge.model=null"], "`worker.reward.judge.model` is not set"),
+        (["worker.reward.judge.base_url=localhost:8000"], "give an http:// or https:// URL"),
+        (["worker.reward.judge.base_url=http://h:8000/v1/chat/completions"], "without `/chat/completions`"),
+        (["worker.reward.judge.weight=0"], "its score never used"),
+        (["worker.reward.judge.concurrency=0"], "`worker.reward.judge.concurrency` is 0; it must be >= 1"),
+        (["worker.reward.judge.score_pattern=Score \\d+"], "it has 0 groups; it needs exactly one"),
+        (["worker.reward.judge.score_pattern=(unclosed"], "not a valid regular expression"),
+        (["worker.reward.judge.score_range=[10,0]"], "give [min, max] of the judge's scale"),
+        (["worker.reward.judge.api_key_env=EASYRL_TEST_UNSET_KEY"], "EASYRL_TEST_UNSET_KEY is not set"),
+        (["worker.reward.judge.api_key_env=sk-live-1234"], "never the key itself"),
+        (["worker.reward.judge.prompt_template=/nowhere/judge.jinja"], "judge prompt template file"),
+    ],
+)
+def test_check_refuses_a_judge_it_cannot_run(valid_args, extra, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        load_config(http_judge_args(valid_args, "http://127.0.0.1:8000/v1", *extra))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{{ prompt }}", "never uses `{{ response }}`"),
+        ("{{ response }} {{ answer }}", "it uses ['answer']"),
+        ("{{ response ", "not a valid Jinja template"),
+    ],
+)
+def test_check_refuses_a_template_it_cannot_render(valid_args, tmp_path, text, message):
+    template = tmp_path / "judge.jinja"
+    template.write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        load_config(http_judge_args(valid_args, "http://h:1/v1", f"worker.reward.judge.prompt_template={template}"))
+    assert f"`worker.reward.judge.prompt_template` (`{template}`)" in str(refused.value)
+    assert message in str(refused.value)
+
+
+def test_check_refuses_a_rule_weight_without_a_judge(valid_args):
+    with pytest.raises(ConfigError, match="no judge is set"):
+        load_config([*valid_args, "worker.reward.rule_weight=0.5"])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# end to end
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.mark.timeout(600)
+def test_two_grpo_steps_train_with_the_judge_in_the_reward(tiny_model_path, tmp_path, server):
+    """`easyrl train` on the tiny model (one worker) with the judge at the local server: every step's reward is the
+    weighted sum of the rule reward and the judge's grade, and the judge saw every sample."""
+    save_dir, log_path = tmp_path / "run", tmp_path / "train.log"
+    overrides = TINY_RUN_OVERRIDES + [
+        "trainer.n_gpus_per_node=1",
+        "trainer.max_steps=2",
+        "trainer.save_model_only=true",
+        "trainer.find_last_checkpoint=false",
+        "data.val_files=",
+        "worker.reward.rule_weight=0.5",
+        "worker.reward.judge.kind=http",
+        "worker.reward.judge.weight=0.25",
+        f"worker.reward.judge.base_url={server.base_url}",
+        "worker.reward.judge.model=tiny-judge",
+        "worker.reward.judge.retry_backoff_s=0.01",
+    ]
+    run_training(train_args(tiny_model_path, save_dir, overrides), log_path, timeout=540)
+    rows = metrics_by_step(save_dir)
+    assert sorted(rows) == [1, 2]
+    for step, row in rows.items():
+        # 4 prompts x 4 samples per step; the means combine like the samples: 0.5 x rule + 0.25 x judge
+        assert row["reward/overall"] == pytest.approx(0.5 * row["reward/rule"] + 0.25 * row["reward/judge"]), step
+        assert row["reward/word_share"] == pytest.approx(row["reward/rule"])
+        assert row["reward/judge_errors"] == 0.0
+        assert 0.0 <= row["reward/judge"] <= 1.0
+    assert len(server.requests) == 2 * 16
+    assert all(request["model"] == "tiny-judge" for request in server.requests)
+    assert all("Answer to grade:" in request["messages"][0]["content"] for request in server.requests)  # built-in
