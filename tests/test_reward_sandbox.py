@@ -3,6 +3,7 @@ on. Where this host lacks an isolation layer, the test asserts the documented fa
 
 import logging
 import os
+import signal
 import socket
 import tempfile
 import time
@@ -254,3 +255,18 @@ def test_a_layer_that_fails_to_apply_stops_the_program_before_it_runs(monkeypatc
     result = run_program("print('ran unprotected')", "", FAST)
     assert result.limit == "sandbox_error" and result.stdout == "" and result.exit_code is None
     assert "ModuleNotFoundError" in result.error
+
+
+def test_signal_to_the_trainer_process_never_arrives():
+    received = []
+    previous = signal.signal(signal.SIGUSR1, lambda *_: received.append(True))
+    try:
+        program = f"import os, signal\nos.kill({os.getpid()}, signal.SIGUSR1)\nprint('sent')"
+        result = run_program(program, "", FAST)
+        time.sleep(0.2)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    if HOST.namespaces or HOST.seccomp:  # its own pid namespace has no such process; seccomp refuses the call
+        assert received == [] and "sent" not in result.stdout
+    else:
+        assert "signal (kill) every process" in HOST.describe_missing()

@@ -35,7 +35,7 @@ logs, once, every layer that is missing and what that means; `run_program(..., r
                    are out of reach, even for a trainer running as root.
     seccomp        a seccomp filter (libseccomp through the `pyseccomp` package): no process creation (fork, vfork,
                    non-thread clone: a fork bomb cannot start), no sockets of any family (no network, no host UNIX
-                   sockets such as a container runtime's), and no ptrace, mount, namespace, keyring, BPF, perf,
+                   sockets such as a container runtime's), no signals to other processes, and no ptrace, mount, namespace, keyring, BPF, perf,
                    io_uring, userfaultfd, module or clock calls (EPERM): less of the kernel to attack.
 Install the two packages with `pip install "easyrl[sandbox]"`.
 
@@ -49,6 +49,9 @@ What a missing layer leaves open (the limits above and the killing still hold):
     no seccomp     process creation is bounded only by RLIMIT_NPROC (`max_processes`), which Linux does not enforce
                    for root and counts per user (every process and thread of that user, sandboxed or not); without
                    namespaces, sockets work (the network is open).
+    neither        namespaces nor seccomp: the program can signal every process of the trainer's user (for root:
+                   every process on the host, the trainer included). Do not train as root on such a host, or
+                   `require` a layer.
 
 What it does not protect against, even with every layer: it is not a virtual machine. A kernel vulnerability
 reachable through the allowed system calls (file, memory, thread calls) can break out; CPU caches, timing and other
@@ -140,7 +143,8 @@ class HostProtections:
             + "; host processes visible",
             "landlock": "no Landlock: the program can read and write every file the trainer's user can",
             "seccomp": "no seccomp filter: process creation is limited only by RLIMIT_NPROC"
-            + (", which Linux does not enforce for root" if self.root else ""),
+            + (", which Linux does not enforce for root" if self.root else "")
+            + ("" if self.namespaces else "; the program can signal (kill) every process of the trainer's user"),
         }
         return "; ".join(f"{consequences[layer]} ({self.reasons.get(layer, 'unavailable')})" for layer in self.missing)
 
@@ -152,6 +156,7 @@ class SandboxUnavailableError(RuntimeError):
 # ----------------------------------------------------------------------------------------------------------------------
 # host probe
 # ----------------------------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
 def _library_paths() -> list[str]:
     """The site-packages folders holding `landlock` and `pyseccomp`, for the launcher (which runs without site)."""
     paths = []

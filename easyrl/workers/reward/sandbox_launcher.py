@@ -92,7 +92,8 @@ def apply_landlock(read_paths: list[str], write_paths: list[str]) -> None:
 
 
 def apply_seccomp(deny_processes: bool) -> None:
-    """A seccomp filter (libseccomp through pyseccomp): the calls above fail with EPERM, process creation too."""
+    """A seccomp filter (libseccomp through pyseccomp): the calls above fail with EPERM, so do signals to other
+    processes and process creation."""
     import pyseccomp as seccomp
 
     syscall_filter = seccomp.SyscallFilter(seccomp.ALLOW)
@@ -101,6 +102,11 @@ def apply_seccomp(deny_processes: bool) -> None:
             syscall_filter.add_rule(seccomp.ERRNO(errno.EPERM), name)
         except (OSError, ValueError):
             pass  # a call this architecture or libseccomp does not know cannot be made either
+    # signals only to itself (its threads included): no kill(-1), nothing to the launcher, the trainer or others
+    own_pid = os.getpid()  # execve keeps the pid
+    for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
+        syscall_filter.add_rule(seccomp.ERRNO(errno.EPERM), name, seccomp.Arg(0, seccomp.NE, own_pid))
+    syscall_filter.add_rule(seccomp.ERRNO(errno.EPERM), "tkill")
     if deny_processes:
         for name in PROCESS_CREATION:
             syscall_filter.add_rule(seccomp.ERRNO(errno.EPERM), name)
