@@ -14,11 +14,12 @@ the projection has to run where the model runs it. `run_with_fused_head` sets an
 entropy) out as its ``.logits``.
 
 Why a custom autograd Function and not activation checkpointing per chunk: the backward pass needs each chunk's
-logits once, for the log-prob and the entropy gradient together, and the log-sum-exp of the forward pass is kept
-(one float per row), so the softmax normaliser is not recomputed; checkpointing would re-run the whole chunk forward
-(log-sum-exp and entropy passes over rows x vocab) before differentiating it. The arithmetic itself is
-`torch_functional`'s chunk kernels (eager or compiled by ``worker.actor.use_torch_compile``): the log-prob gradient
-is its hand-written `_log_probs_grad_chunk`, the entropy gradient comes from autograd through `_entropy_chunk`.
+logits once, for the log-prob and the entropy gradient together, and the forward pass's log-sum-exp and entropy are
+kept (two floats per row), so neither is recomputed; checkpointing would re-run the whole chunk forward (log-sum-exp
+and entropy passes over rows x vocab) and then differentiate the entropy through autograd, with several fp32
+rows x vocab temporaries alive at once. The arithmetic is `torch_functional`'s chunk kernels, eager or compiled by
+``worker.actor.use_torch_compile``: `_log_probs_chunk` and `_entropy_chunk` forward, their closed-form gradients
+`_log_probs_grad_chunk` and `_entropy_grad_chunk` backward.
 """
 
 from collections.abc import Callable, Iterator
@@ -71,7 +72,7 @@ class _FusedHeadLogProbs(torch.autograd.Function):
             log_probs[start:end], logsumexp[start:end] = kernels.log_probs(logits, labels[start:end], inv_temperature)
             if with_entropy:
                 entropy[start:end] = kernels.entropy(logits, inv_temperature)
-        ctx.save_for_backward(hidden, weight, bias, labels, logsumexp)
+        ctx.save_for_backward(hidden, weight, bias, labels, logsumexp, entropy)
         ctx.inv_temperature = inv_temperature
         ctx.kernels = kernels
         # an output the loss does not use arrives as None in backward, not as zeros to multiply through
@@ -82,7 +83,7 @@ class _FusedHeadLogProbs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_log_probs: torch.Tensor | None, grad_entropy: torch.Tensor | None):
-        hidden, weight, bias, labels, logsumexp = ctx.saved_tensors
+        hidden, weight, bias, labels, logsumexp, entropy = ctx.saved_tensors
         needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.zeros_like(hidden) if needs_hidden else None
         # accumulated over chunks in the weight's dtype, as autograd accumulates a parameter used several times
@@ -102,11 +103,9 @@ class _FusedHeadLogProbs(torch.autograd.Function):
                     logits, labels[start:end], logsumexp[start:end], grad_log_probs[start:end], inv_temperature
                 )
             if grad_entropy is not None:
-                with torch.enable_grad():
-                    leaf = logits.detach().requires_grad_()
-                    (grad_from_entropy,) = torch.autograd.grad(
-                        kernels.entropy(leaf, inv_temperature), leaf, grad_entropy[start:end]
-                    )
+                grad_from_entropy = kernels.entropy_grad(
+                    logits, logsumexp[start:end], entropy[start:end], grad_entropy[start:end], inv_temperature
+                )
                 grad_logits = grad_from_entropy if grad_logits is None else grad_logits + grad_from_entropy
             if needs_hidden:
                 grad_hidden[start:end] = grad_logits @ weight

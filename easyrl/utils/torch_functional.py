@@ -5,7 +5,8 @@ A full-vocabulary fp32 log-softmax over a whole batch costs batch x seq x vocab 
 rows, and the backward pass recomputes the softmax chunk by chunk from the (bf16 or fp32) logits instead of keeping
 fp32 copies alive.
 
-Each chunk's arithmetic is one small function (`_log_probs_chunk`, `_log_probs_grad_chunk`, `_entropy_chunk`).
+Each chunk's arithmetic is one small function (`_log_probs_chunk`, `_log_probs_grad_chunk`, `_entropy_chunk`,
+`_entropy_grad_chunk`).
 `select_logprob_kernels(use_torch_compile=True)` (`worker.actor.use_torch_compile`) runs them compiled: the upcast,
 temperature scaling, log-sum-exp and gather fuse into one pass over the logits with no fp32 copy of a chunk. They are
 compiled lazily, at the first call, with dynamic shapes (a new token count does not recompile), and fall back to the
@@ -65,6 +66,21 @@ def _entropy_chunk(logits: torch.Tensor, inv_temperature: float) -> torch.Tensor
     z = logits.float() * inv_temperature
     lse = torch.logsumexp(z, dim=-1)
     return lse - (torch.softmax(z, dim=-1) * z).sum(-1)
+
+
+def _entropy_grad_chunk(
+    logits: torch.Tensor,
+    logsumexp: torch.Tensor,
+    entropy: torch.Tensor,
+    grad_output: torch.Tensor,
+    inv_temperature: float,
+) -> torch.Tensor:
+    """dH / dz = -p * (z' - E_p[z']) / T with z' = z / T, p = softmax(z') and E_p[z'] = logsumexp(z') - H, times the
+    incoming gradient, in the logits' dtype (``logsumexp`` and ``entropy``: the forward pass's (chunk,) fp32 values)."""
+    z = logits.float() * inv_temperature
+    probs = torch.exp(z - logsumexp[:, None])
+    mean = (logsumexp - entropy)[:, None]  # (chunk, 1)
+    return (-probs * (z - mean) * (grad_output[:, None].float() * inv_temperature)).to(logits.dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -140,11 +156,15 @@ class ChunkKernels:
     log_probs: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     log_probs_grad: Callable[..., torch.Tensor]
     entropy: Callable[..., torch.Tensor]
+    entropy_grad: Callable[..., torch.Tensor]
 
 
-_EAGER = ChunkKernels(_log_probs_chunk, _log_probs_grad_chunk, _entropy_chunk)
+_EAGER = ChunkKernels(_log_probs_chunk, _log_probs_grad_chunk, _entropy_chunk, _entropy_grad_chunk)
 _COMPILED = ChunkKernels(
-    _LazilyCompiled(_log_probs_chunk), _LazilyCompiled(_log_probs_grad_chunk), _LazilyCompiled(_entropy_chunk)
+    _LazilyCompiled(_log_probs_chunk),
+    _LazilyCompiled(_log_probs_grad_chunk),
+    _LazilyCompiled(_entropy_chunk),
+    _LazilyCompiled(_entropy_grad_chunk),
 )
 
 
