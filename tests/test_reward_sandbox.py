@@ -217,12 +217,43 @@ def test_socket_connect_to_a_listening_local_server_never_arrives():
         assert "NETWORK IS OPEN" in HOST.describe_missing()
 
 
-def test_without_namespaces_seccomp_still_refuses_sockets(monkeypatch):
-    if not HOST.seccomp:
-        pytest.skip("this host has no seccomp layer to fall back on (documented: the network is then open)")
-    with_layers(monkeypatch, namespaces=False, private_proc=False)
-    result = run_program("import socket\nsocket.socket()", "", FAST)
-    assert "PermissionError" in result.stderr
+@pytest.mark.parametrize(
+    "switched_off", [{"seccomp": False}, {"namespaces": False, "private_proc": False}], ids=["namespaces", "seccomp"]
+)
+def test_either_layer_alone_keeps_the_network_closed(monkeypatch, switched_off):
+    remaining = "namespaces" if "seccomp" in switched_off else "seccomp"
+    if not getattr(HOST, remaining):
+        pytest.skip(f"this host has no {remaining} layer (documented in the module docstring)")
+    with_layers(monkeypatch, **switched_off)
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.3)
+    program = f"import socket\nsocket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=2)"
+    try:
+        result = run_program(program, "", FAST)
+        with pytest.raises(TimeoutError):
+            server.accept()
+    finally:
+        server.close()
+    assert result.exit_code == 1 and ("PermissionError" in result.stderr or "unreachable" in result.stderr)
+
+
+@pytest.mark.parametrize(
+    "switched_off",
+    [{"landlock": False}, {"namespaces": False, "private_proc": False}],
+    ids=["private_proc", "landlock"],
+)
+def test_either_layer_alone_keeps_the_trainers_environment_out_of_reach(monkeypatch, switched_off):
+    remaining = "private_proc" if "landlock" in switched_off else "landlock"
+    if not getattr(HOST, remaining):
+        pytest.skip(f"this host has no {remaining} layer (documented in the module docstring)")
+    with_layers(monkeypatch, **switched_off)
+    monkeypatch.setenv("EASYRL_TEST_SECRET_TOKEN", "s3cr3t-env-value")
+    program = (
+        "import os\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n    try:\n"
+        "        print(open(f'/proc/{pid}/environ', 'rb').read())\n    except OSError:\n        pass"
+    )
+    result = run_program(program, "", FAST)
+    assert "s3cr3t-env-value" not in result.stdout + result.stderr
 
 
 # ----------------------------------------------------------------------------------------------------------------------

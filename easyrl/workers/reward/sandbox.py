@@ -146,7 +146,14 @@ class HostProtections:
             + (", which Linux does not enforce for root" if self.root else "")
             + ("" if self.namespaces else "; the program can signal (kill) every process of the trainer's user"),
         }
-        return "; ".join(f"{consequences[layer]} ({self.reasons.get(layer, 'unavailable')})" for layer in self.missing)
+        described = [f"{consequences[layer]} ({self.reasons.get(layer, 'unavailable')})" for layer in self.missing]
+        if self.namespaces and not self.private_proc:
+            described.append(
+                "no private /proc: host processes visible"
+                + ("" if self.landlock else ", and the environment of the trainer's user's processes readable")
+                + f" ({self.reasons.get('private_proc', 'unavailable')})"
+            )
+        return "; ".join(described)
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -207,7 +214,7 @@ def host_protections() -> HostProtections:
     except (IndexError, ValueError):
         reason = f"the probe failed (exit {completed.returncode}): {completed.stderr.decode(errors='replace')[-500:]}"
         return HostProtections(False, False, False, 0, False, os.geteuid() == 0, dict.fromkeys(LAYERS, reason))
-    reasons = {layer: found[layer] for layer in LAYERS if found.get(layer)}
+    reasons = {layer: found[layer] for layer in (*LAYERS, "private_proc") if found.get(layer)}
     return HostProtections(
         namespaces=found["namespaces"] is None,
         private_proc=found["private_proc"] is None,
@@ -241,7 +248,7 @@ def check_protections(require: Iterable[str] = ()) -> HostProtections:
             "kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu >= 24.04) and a container that allows unshare."
         )
     with _warned:
-        if protections.missing and not _warned_once:
+        if (protections.missing or not protections.private_proc) and not _warned_once:
             _warned_once.append(True)
             logger.warning(
                 "Code sandbox runs with reduced isolation on this host: %s.", protections.describe_missing()
@@ -340,7 +347,8 @@ def _classify(status: dict, stderr: str, limits: Limits, limit: str | None) -> s
         return "cpu_time"
     if sig == signal.SIGXFSZ or "[Errno 27] File too large" in stderr[-2000:]:  # CPython ignores SIGXFSZ
         return "file_size"
-    if status.get("exit_code") not in (0, None) and ("MemoryError" in stderr[-2000:] or "memory" in stderr[-300:]):
+    tail = stderr[-2000:]
+    if status.get("exit_code") not in (0, None) and ("MemoryError" in tail or "Cannot allocate memory" in tail):
         return "memory"
     return None
 
