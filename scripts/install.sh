@@ -6,7 +6,7 @@ set -euo pipefail
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 DEVICE=${DEVICE:-cpu}
-EXTRAS=${EXTRAS:-$DEVICE,test,demo,dev,loggers}
+EXTRAS=${EXTRAS:-$DEVICE,test,demo,dev,loggers,sandbox}
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 VENV_PYTHON=$(cd "$(dirname "$VENV/bin/python")" && pwd)/python
