@@ -46,3 +46,12 @@ def test_progress_summary_compares_first_and_last_validation_and_train_windows(t
     # train windows: mean of steps 1-3 = 0.2, mean of steps 6-8 = 0.7
     assert "reward/overall: 0.200 (steps 1-3) -> 0.700 (steps 6-8)" in lines
     assert "reward/accuracy: 0.100 (steps 1-3) -> 0.350 (steps 6-8)" in lines
+
+
+def test_progress_summary_leaves_out_failure_counts(tmp_path):
+    metrics_path = tmp_path / "metrics.jsonl"
+    counts = {"val/reward/errors": 1.0, "val/reward/timeouts": 0.0, "val/reward/judge_errors": 2.0}
+    rows = [{"step": 0, "val/reward/overall": 0.1, **counts}, {"step": 4, "val/reward/overall": 0.3, **counts}]
+    _write_metrics(metrics_path, rows)
+    lines = summarize_progress(str(metrics_path))
+    assert lines == ["val/reward/overall: 0.100 (step 0) -> 0.300 (step 4)"]

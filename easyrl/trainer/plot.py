@@ -36,7 +36,7 @@ def _series(by_step: dict[int, dict[str, float]], key: str) -> tuple[list[int], 
 def _val_keys(by_step: dict[int, dict[str, float]]) -> list[str]:
     keys = {key for row in by_step.values() for key in row}
     scores = (key for key in keys if key.startswith("val/") and any(word in key for word in VAL_CURVE_WORDS))
-    return sorted(key for key in scores if not key.endswith(("/errors", "/timeouts")))  # counts, not scores
+    return sorted(key for key in scores if not key.endswith(("errors", "/timeouts")))  # counts, not scores
 
 
 # Train scores summarised at the end of a run, averaged over this many first and last steps (one step is noisy).
@@ -49,8 +49,6 @@ def summarize_progress(metrics_path: str) -> list[str]:
     by_step = read_metrics(metrics_path)
     lines = []
     for key in _val_keys(by_step):
-        if key.endswith("/errors"):
-            continue  # reward-function failures are reported by the scorer; no progress to show
         steps, values = _series(by_step, key)
         if len(values) >= 2:
             lines.append(f"{key}: {values[0]:.3f} (step {steps[0]}) -> {values[-1]:.3f} (step {steps[-1]})")
