@@ -364,7 +364,7 @@ def test_check_accepts_an_http_judge_with_the_builtin_template(valid_args):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["worker.reward.judge.kind=vllm"], "`worker.reward.judge.kind` is `vllm`, which is not one of: none, http"),
+        (["worker.reward.judge.kind=grade"], "`worker.reward.judge.kind` is `grade`, which is not one of: none, http"),
         (["worker.reward.judge.model=null"], "`worker.reward.judge.model` is not set"),
         (["worker.reward.judge.base_url=localhost:8000"], "give an http:// or https:// URL"),
         (["worker.reward.judge.base_url=http://h:8000/v1/chat/completions"], "without `/chat/completions`"),

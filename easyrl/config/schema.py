@@ -382,11 +382,13 @@ class JudgeConfig:
     overall + weight x judge score. `http` asks an OpenAI-compatible chat-completions endpoint from the driver."""
 
     kind: str = "none"
-    """`none` (no judge: the reward function alone, as in EasyR1) or `http`: an OpenAI-compatible chat-completions
-    endpoint (`vllm serve`, SGLang, OpenAI) asked once per sample. With a judge, each step logs reward/rule (the
-    function's overall), reward/judge (its score in [0, 1]) and reward/judge_errors (a count), and reward/overall is
-    the weighted sum; every other key of this section serves the kinds that grade text, and later kinds (a judge
-    engine in its own worker, a sequence-classification reward model) are meant to join under this key."""
+    """`none` (no judge: the reward function alone, as in EasyR1), `http`: an OpenAI-compatible chat-completions
+    endpoint (`vllm serve`, SGLang, OpenAI) asked once per sample, or `vllm`: a vLLM engine of `model_path` in its own
+    Ray actor, started with the run, that generates the judge replies batch by batch (same template, parsing and
+    counting as `http`). With a judge, each step logs reward/rule (the function's overall), reward/judge (its score in
+    [0, 1]) and reward/judge_errors (a count), and reward/overall is the weighted sum; every other key of this section
+    serves the kinds that grade text, and later kinds (a sequence-classification reward model) are meant to join
+    under this key."""
     weight: float = 1.0
     """The judge score's weight in `overall` (the score itself is in [0, 1])."""
     base_url: Optional[str] = None
@@ -421,6 +423,19 @@ class JudgeConfig:
     """Sampling temperature of the judge's reply."""
     max_tokens: int = 512
     """Longest judge reply in tokens; a reply cut there (finish_reason `length`) scores 0 as a judge error."""
+    model_path: Optional[str] = None
+    """The judge model's folder, hub id or `builtin://NAME` (kinds `vllm`, `classifier`)."""
+    dtype: str = "bf16"
+    """Dtype of the `vllm` judge engine's weights (bf16, fp16, fp32); on a CPU without AMX bf16 is slower than fp32."""
+    num_gpus: float = 0.0
+    """GPUs the `vllm` judge engine's Ray actor reserves, apart from the training workers': 0 runs it on CPU (vLLM's
+    CPU backend); on a GPU cluster give it 1 (a GPU of its own, so the cluster needs one more than the workers take)
+    or a fraction of a free GPU shared with other Ray actors (then lower gpu_memory_utilization to that share)."""
+    gpu_memory_utilization: float = 0.9
+    """Share of its GPU's memory the `vllm` judge engine may use (GPU only)."""
+    kv_cache_memory_bytes: Optional[int] = None
+    """KV-cache size of the `vllm` judge engine in bytes; null: 1 GiB on CPU (vLLM needs an explicit size there),
+    gpu_memory_utilization's share on GPU."""
 
 
 @dataclass

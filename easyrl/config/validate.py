@@ -15,7 +15,7 @@ from ..demo import builtin_models
 from ..paths import BUILTIN_PREFIX, looks_local, shipped_files_hint
 from ..workers.reward.judge import CHAT_PATH, compile_score_pattern, load_template
 from ..workers.reward.loader import RewardFunctionError, resolve_reward_function
-from .schema import ConfigError, PPOConfig
+from .schema import ConfigError, JudgeConfig, PPOConfig
 
 
 # Names of the registered algorithms and loggers, listed here so that check needs no torch import; a test asserts
@@ -45,7 +45,8 @@ CHOICES = {
     "worker.actor.strategy": ("fsdp",),
     "worker.critic.strategy": ("fsdp",),
     "worker.ref.strategy": ("fsdp",),
-    "worker.reward.judge.kind": ("none", "http"),
+    "worker.reward.judge.kind": ("none", "http", "vllm"),
+    "worker.reward.judge.dtype": ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32"),
 }
 DTYPE_KEYS = (
     "mp_param_dtype",
@@ -174,6 +175,9 @@ RANGES: dict[str, Interval] = {
     "worker.reward.judge.timeout_s": POSITIVE,
     "worker.reward.judge.temperature": NON_NEGATIVE,
     "worker.reward.judge.max_tokens": AT_LEAST_ONE,
+    "worker.reward.judge.num_gpus": NON_NEGATIVE,
+    "worker.reward.judge.gpu_memory_utilization": PROBABILITY,
+    "worker.reward.judge.kv_cache_memory_bytes": AT_LEAST_ONE,
     "trainer.total_epochs": AT_LEAST_ONE,
     "trainer.max_steps": AT_LEAST_ONE,
     "trainer.nnodes": AT_LEAST_ONE,
@@ -388,23 +392,8 @@ def _check_loggers_can_start(names: Any) -> None:
             raise ConfigError(f"`trainer.logger` includes '{name}': {problem} Or remove '{name}' from trainer.logger.")
 
 
-def _check_judge(config: PPOConfig) -> None:
-    """`worker.reward.judge`: everything a judge needs that can be known without asking it (no request is sent)."""
-    reward, prefix = config.worker.reward, "worker.reward.judge"
-    judge = reward.judge
-    if judge.kind == "none":
-        if reward.rule_weight != 1:
-            raise ConfigError(
-                f"`worker.reward.rule_weight` is {reward.rule_weight:g} but no judge is set ({prefix}.kind=none): "
-                "the weight balances the reward function against a judge, and alone it would only rescale the reward. "
-                f"Set {prefix}.kind or remove rule_weight."
-            )
-        return
-    if judge.weight == 0:
-        raise ConfigError(
-            f"`{prefix}.weight` is 0: the judge would be asked for every sample and its score never used; give it a "
-            f"weight, or set {prefix}.kind=none."
-        )
+def _check_http_judge(judge: JudgeConfig, prefix: str) -> None:
+    """`worker.reward.judge.kind=http`: the endpoint and the key's variable."""
     for key in ("base_url", "model"):
         if not getattr(judge, key):
             example = "http://127.0.0.1:8000/v1" if key == "base_url" else "Qwen/Qwen2.5-7B-Instruct"
@@ -438,6 +427,29 @@ def _check_judge(config: PPOConfig) -> None:
                 f"sends the requests, runs here); export {name}=<key>, or set {prefix}.api_key_env=null for a server "
                 "that needs no key."
             )
+
+
+def _check_judge(config: PPOConfig) -> None:
+    """`worker.reward.judge`: everything a judge needs that can be known without asking it (no request is sent)."""
+    reward, prefix = config.worker.reward, "worker.reward.judge"
+    judge = reward.judge
+    if judge.kind == "none":
+        if reward.rule_weight != 1:
+            raise ConfigError(
+                f"`worker.reward.rule_weight` is {reward.rule_weight:g} but no judge is set ({prefix}.kind=none): "
+                "the weight balances the reward function against a judge, and alone it would only rescale the reward. "
+                f"Set {prefix}.kind or remove rule_weight."
+            )
+        return
+    if judge.weight == 0:
+        raise ConfigError(
+            f"`{prefix}.weight` is 0: the judge would be asked for every sample and its score never used; give it a "
+            f"weight, or set {prefix}.kind=none."
+        )
+    if judge.kind == "http":
+        _check_http_judge(judge, prefix)
+    elif judge.kind == "vllm":
+        _check_model_path(f"{prefix}.model_path", judge.model_path, required=True)
     _check_file(f"{prefix}.prompt_template", judge.prompt_template, "judge prompt template")
     try:
         load_template(judge.prompt_template)

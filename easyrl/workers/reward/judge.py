@@ -172,6 +172,46 @@ def combine_scores(
     return combined, [float(verdict.failure is not None) for verdict in verdicts]
 
 
+def render_messages(template: jinja2.Template, prompts: Sequence[str], inputs: Sequence[dict]) -> list[str]:
+    """The judge's user message for each sample: `prompts[i]` with the reward input `inputs[i]`."""
+    return [
+        template.render(prompt=prompt, response=item["response"], ground_truth=item["ground_truth"])
+        for prompt, item in zip(prompts, inputs, strict=True)
+    ]
+
+
+def read_verdict(reply: str, cut: bool, pattern: re.Pattern, config: "JudgeConfig") -> JudgeResult:
+    """A judge reply's verdict, the same for every kind that generates text: a reply `cut` at max_tokens (it never
+    reached the score it was asked to end with) or with no score in score_range is UNPARSABLE."""
+    if cut:
+        detail = f"the reply was cut at max_tokens={config.max_tokens} before its end: {reply[-200:]!r}"
+        return JudgeResult(0.0, JudgeFailure(UNPARSABLE, detail), reply)
+    try:
+        return JudgeResult(parse_score(reply, pattern, config.score_range), None, reply)
+    except ValueError as err:
+        return JudgeResult(0.0, JudgeFailure(UNPARSABLE, f"{err} in the reply {reply[-300:]!r}"), reply)
+
+
+def report_failures(verdicts: list[JudgeResult], logged: set[str], judge: str) -> None:
+    """Log the first failure of each kind once per run (`logged` holds the kinds done), naming the sample's index in
+    its batch; `judge` names the judge (its URL or model)."""
+    for kind in (REQUEST_FAILED, TIMED_OUT, UNPARSABLE):
+        indices = [i for i, verdict in enumerate(verdicts) if verdict.failure and verdict.failure.kind == kind]
+        if not indices or kind in logged:
+            continue
+        logged.add(kind)
+        logger.warning(
+            "%s: sample %d %s: %s. %d of %d samples of this batch get judge score 0 (counted in reward/judge_errors; "
+            "logged once).",
+            judge,
+            indices[0],
+            kind,
+            verdicts[indices[0]].failure.detail,
+            len(indices),
+            len(verdicts),
+        )
+
+
 def decode_prompts(data: "DataProto", tokenizer, skip_special_tokens: bool = True) -> list[str]:
     """Each sample's prompt as the policy saw it (format_prompt and chat template applied), decoded from the
     rollout's left-padded `prompts` with their part of `attention_mask` (special tokens, image pads among them,
@@ -224,14 +264,10 @@ class HttpJudge:
         )
         return httpx.AsyncClient(timeout=httpx.Timeout(self.config.timeout_s), limits=limits)
 
-    def render(self, prompt: str, item: dict) -> str:
-        return self.template.render(prompt=prompt, response=item["response"], ground_truth=item["ground_truth"])
-
     def submit(self, prompts: Sequence[str], inputs: Sequence[dict]) -> concurrent.futures.Future:
         """Start judging one batch (`prompts[i]` with the reward input `inputs[i]`); the future's result is the list
         of JudgeResult, in order. Failures are logged and counted by `collect`, not raised by the future."""
-        messages = [self.render(prompt, item) for prompt, item in zip(prompts, inputs, strict=True)]
-        return self._on_loop(self._score_all(messages))
+        return self._on_loop(self._score_all(render_messages(self.template, prompts, inputs)))
 
     def collect(self, pending: concurrent.futures.Future) -> list[JudgeResult]:
         """The results of a submitted batch, its failures logged (first of each kind, once per run); raises
@@ -303,32 +339,10 @@ class HttpJudge:
             return JudgeResult(0.0, JudgeFailure(UNPARSABLE, detail))
         if not isinstance(reply, str):
             return JudgeResult(0.0, JudgeFailure(UNPARSABLE, f"the reply has no text content: {choice!r:.300}"))
-        if choice.get("finish_reason") == "length":
-            detail = f"the reply was cut at max_tokens={self.config.max_tokens} before its end: {reply[-200:]!r}"
-            return JudgeResult(0.0, JudgeFailure(UNPARSABLE, detail), reply)
-        try:
-            return JudgeResult(parse_score(reply, self.pattern, self.config.score_range), None, reply)
-        except ValueError as err:
-            return JudgeResult(0.0, JudgeFailure(UNPARSABLE, f"{err} in the reply {reply[-300:]!r}"), reply)
+        return read_verdict(reply, choice.get("finish_reason") == "length", self.pattern, self.config)
 
     def _report(self, verdicts: list[JudgeResult]) -> None:
-        """Log the first failure of each kind once per run, naming the sample's index in its batch."""
-        for kind in (REQUEST_FAILED, TIMED_OUT, UNPARSABLE):
-            indices = [i for i, verdict in enumerate(verdicts) if verdict.failure and verdict.failure.kind == kind]
-            if not indices or kind in self._logged:
-                continue
-            self._logged.add(kind)
-            logger.warning(
-                "Judge %s (model %s): sample %d %s: %s. %d of %d samples of this batch get judge score 0 (counted "
-                "in reward/judge_errors; logged once).",
-                self.url,
-                self.config.model,
-                indices[0],
-                kind,
-                verdicts[indices[0]].failure.detail,
-                len(indices),
-                len(verdicts),
-            )
+        report_failures(verdicts, self._logged, f"Judge {self.url} (model {self.config.model})")
 
     def close(self) -> None:
         if self._loop.is_closed():

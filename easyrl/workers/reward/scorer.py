@@ -36,6 +36,7 @@ import torch
 
 from .actor import DIED, NON_FINITE, RAISED, TIMED_OUT, SampleFailure, merge, score_calls
 from .judge import HttpJudge, combine_scores, decode_prompts
+from .judge_engine import VllmJudge
 from .loader import RESERVED_SCORE_NAMES, RewardFunctionError, load_reward_function
 from .pool import RewardActorPool
 
@@ -136,7 +137,8 @@ class RewardScorer:
         self.reward_fn = load_reward_function(config.reward_function, config.reward_function_kwargs)
         logger.info(self.reward_fn.describe())
         # worker.reward.judge (see judge.py): asked from here, while the rule reward is scored
-        self.judge = HttpJudge(config.judge) if config.judge.kind == "http" else None
+        judges = {"http": HttpJudge, "vllm": VllmJudge}
+        self.judge = judges[config.judge.kind](config.judge) if config.judge.kind in judges else None
         self.pool = None
         if not in_process:
             # a batch function runs as one call: one actor with all the CPUs; sequential calls spread over actors.

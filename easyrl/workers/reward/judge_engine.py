@@ -1,0 +1,164 @@
+"""A generative judge on a vLLM engine of its own (`worker.reward.judge.kind=vllm`).
+
+The engine runs in one Ray actor, started with the run (before the first step) and apart from the training workers:
+it never sleeps, never receives weights, and on GPU holds a device share of its own (`judge.num_gpus`,
+`judge.gpu_memory_utilization`); with `num_gpus: 0` it runs on vLLM's CPU backend. The driver talks to it as to the
+HTTP judge (judge.py), so the scorer overlaps it with the rule reward the same way:
+
+    judge = VllmJudge(config.worker.reward.judge)
+    pending = judge.submit(prompts, reward_inputs)      # the whole batch goes to the engine at once
+    ...                                                 # the rule reward is scored meanwhile
+    verdicts = judge.collect(pending)                   # list[JudgeResult], failures counted and logged once
+
+Each sample's message is the same Jinja judge template as for `http`, sent through the judge model's chat template as
+one user turn when its tokenizer has one (as a chat server would), else as plain text. The replies are read with
+`score_pattern` / `score_range` by judge.read_verdict, like the HTTP judge's: a reply cut at `max_tokens` or without
+a score in range scores 0 and counts in reward/judge_errors, and so does a message longer than the judge model's
+context (vLLM would refuse the whole batch for one such prompt). A dead engine stops the run.
+"""
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Optional
+
+import ray
+from ray.exceptions import GetTimeoutError, RayError
+
+from ...controller.worker_group import describe_death
+from ...utils import device
+from .judge import (
+    REQUEST_FAILED,
+    JudgeFailure,
+    JudgeResult,
+    compile_score_pattern,
+    load_template,
+    read_verdict,
+    render_messages,
+    report_failures,
+)
+
+
+if TYPE_CHECKING:
+    from ...config.schema import JudgeConfig
+
+logger = logging.getLogger(__name__)
+
+JUDGE_SEED = 0  # the engine's sampling seed: a judge sampling at temperature > 0 grades reproducibly
+STARTUP_TIMEOUT_S = 600.0
+
+
+@ray.remote
+class JudgeEngine:
+    """The vLLM engine of a judge model; `generate` returns one (reply, cut, refusal) per message: the reply text,
+    whether it stopped at max_tokens, and why it was not generated (None when it was)."""
+
+    def __init__(self, config: "JudgeConfig"):
+        from ...demo.builtin_models import resolve_model_path
+        from ..rollout.vllm_rollout import DEFAULT_CPU_KV_CACHE_BYTES, VLLM_DTYPES, _cpu_engine_environment
+
+        cuda = device.is_cuda_available()
+        kwargs = {
+            "dtype": VLLM_DTYPES[config.dtype],
+            "seed": JUDGE_SEED,
+            "enforce_eager": not cuda,  # CUDA graphs on GPU; a CPU has none
+            "gpu_memory_utilization": config.gpu_memory_utilization,
+            "disable_log_stats": True,
+        }
+        if config.kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
+        elif not cuda:  # on CPU gpu_memory_utilization would be read as a share of host RAM
+            kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
+        path = resolve_model_path(config.model_path)
+        with _cpu_engine_environment():
+            from vllm import LLM, SamplingParams
+
+            self.llm = LLM(model=path, **kwargs)
+        self.sampling = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+
+    def ready(self) -> bool:
+        return True
+
+    def encode(self, message: str) -> list[int]:
+        """The message's token ids: one user turn of the judge model's chat template with the assistant's turn
+        opened, or the plain text (with the tokenizer's own special tokens) when it has no chat template."""
+        if getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+            )
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(message)["input_ids"]
+
+    def generate(self, messages: list[str]) -> list[tuple[str, bool, Optional[str]]]:
+        ids = [self.encode(message) for message in messages]
+        fits = [i for i, row in enumerate(ids) if len(row) < self.max_model_len]
+        outputs = self.llm.generate([{"prompt_token_ids": ids[i]} for i in fits], self.sampling, use_tqdm=False)
+        replies: list[tuple[str, bool, Optional[str]]] = [
+            ("", False, f"the judge message has {len(row)} tokens; the judge model takes {self.max_model_len - 1} at most")
+            for row in ids
+        ]
+        for i, output in zip(fits, outputs, strict=True):
+            completion = output.outputs[0]
+            replies[i] = (completion.text, completion.finish_reason == "length", None)
+        return replies
+
+
+class JudgeEngineError(RuntimeError):
+    """The judge engine could not start or died (`worker.reward.judge.kind=vllm`)."""
+
+
+class VllmJudge:
+    """The driver's side of the judge engine: renders the messages, hands a batch to the engine (`submit`), and
+    reads the replies into verdicts (`collect`)."""
+
+    def __init__(self, config: "JudgeConfig", startup_timeout_s: float = STARTUP_TIMEOUT_S):
+        self.config = config
+        self.template = load_template(config.prompt_template)
+        self.pattern = compile_score_pattern(config.score_pattern)
+        self.name = f"Judge engine {config.model_path}"
+        self._logged: set[str] = set()
+        # one CPU drives the engine (on CPU its vLLM backend computes with it); a GPU share when num_gpus > 0
+        self.engine = JudgeEngine.options(num_cpus=1, num_gpus=config.num_gpus).remote(config)
+        try:
+            ray.get(self.engine.ready.remote(), timeout=startup_timeout_s)
+        except GetTimeoutError:
+            ray.kill(self.engine, no_restart=True)
+            raise JudgeEngineError(
+                f"The judge engine (worker.reward.judge.model_path={config.model_path}) did not start within "
+                f"{startup_timeout_s:g} s. Its actor needs 1 CPU and worker.reward.judge.num_gpus={config.num_gpus:g} "
+                f"GPUs besides the training workers' (free now: {ray.available_resources()}); give Ray more, or "
+                "lower worker.reward.judge.num_gpus."
+            ) from None
+        except RayError as err:
+            raise JudgeEngineError(
+                f"The judge engine (worker.reward.judge.model_path={config.model_path}) failed to start: {err}"
+            ) from err
+
+    def submit(self, prompts: Sequence[str], inputs: Sequence[dict]) -> "ray.ObjectRef":
+        """Start judging one batch (`prompts[i]` with the reward input `inputs[i]`); `collect` reads the result."""
+        return self.engine.generate.remote(render_messages(self.template, prompts, inputs))
+
+    def collect(self, pending: "ray.ObjectRef") -> list[JudgeResult]:
+        """The verdicts of a submitted batch, in order, the first failure of each kind logged once per run."""
+        try:
+            replies = ray.get(pending)
+        except RayError as err:
+            raise JudgeEngineError(
+                f"The judge engine (worker.reward.judge.model_path={self.config.model_path}) died while judging a "
+                f"batch: {describe_death(err)}"
+            ) from err
+        verdicts = [
+            JudgeResult(0.0, JudgeFailure(REQUEST_FAILED, refusal))
+            if refusal is not None
+            else read_verdict(reply, cut, self.pattern, self.config)
+            for reply, cut, refusal in replies
+        ]
+        report_failures(verdicts, self._logged, self.name)
+        return verdicts
+
+    def score(self, prompts: Sequence[str], inputs: Sequence[dict]) -> list[JudgeResult]:
+        return self.collect(self.submit(prompts, inputs))
+
+    def close(self) -> None:
+        ray.kill(self.engine, no_restart=True)

@@ -1,0 +1,166 @@
+"""The generative judge on its own vLLM engine (worker.reward.judge.kind=vllm): a tiny random judge model (fixed seed,
+its head shaped so that replies end and hold digits; easyrl/testing/tiny_judge.py) in a Ray actor, its replies read
+by a regex as the HTTP judge reads them, the weighted sum with the rule reward, the config check, and a 2-step GRPO
+run through `easyrl train` with the judge engine on."""
+
+import re
+from pathlib import Path
+
+import pytest
+import ray
+
+from easyrl.config import ConfigError, RewardConfig, load_config
+from easyrl.config.schema import JudgeConfig
+from easyrl.workers.reward.judge import REQUEST_FAILED, UNPARSABLE
+from easyrl.workers.reward.judge_engine import VllmJudge
+from easyrl.workers.reward.scorer import RewardScorer
+from tests.fixtures.trainer_runs import TINY_RUN_OVERRIDES, metrics_by_step, run_training, train_args
+from tests.test_reward_judge import judged_batch
+
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGIT = re.compile("([0-9])")
+
+
+@pytest.fixture(scope="module")
+def tiny_judge_path(tmp_path_factory):
+    from easyrl.testing.tiny_judge import build_tiny_judge_lm
+
+    return build_tiny_judge_lm(tmp_path_factory.mktemp("tiny_judge"))
+
+
+def engine_config(model_path, template=None, **overrides) -> JudgeConfig:
+    """The judge samples (temperature 1) up to 24 tokens; the last digit of its reply, 0-9, is the grade."""
+    settings = {
+        "kind": "vllm",
+        "model_path": str(model_path),
+        "prompt_template": template,
+        "dtype": "fp32",
+        "kv_cache_memory_bytes": 64 << 20,
+        "temperature": 1.0,
+        "max_tokens": 24,
+        "score_pattern": DIGIT.pattern,
+        "score_range": [0, 9],
+    }
+    return JudgeConfig(**{**settings, **overrides})
+
+
+@pytest.mark.timeout(300)
+def test_the_engine_judges_a_batch_and_its_replies_are_read_by_the_regex(ray_cluster, tiny_judge_path, tmp_path):
+    template = tmp_path / "judge.jinja"
+    template.write_text("Grade this answer to {{ prompt }}: {{ response }}")
+    judge = VllmJudge(engine_config(tiny_judge_path, str(template)))
+    try:
+        responses = [f"{a} + {b} = {a + b}" for a, b in zip(range(11), range(3, 14))]
+        responses.append("word " * 3000)  # longer than the judge model's 2048 positions
+        inputs = [{"response": text, "ground_truth": ""} for text in responses]
+        verdicts = judge.score(["a sum"] * len(inputs), inputs)
+        # the message went through the judge model's chat template as one user turn, the assistant's turn opened
+        ids = ray.get(judge.engine.encode.remote("Grade this answer to a sum: 1 + 4 = 5"))
+    finally:
+        judge.close()
+    assert len(verdicts) == 12
+    parsed = [v for v in verdicts if v.failure is None]
+    cut = [
+        v for v in verdicts if v.failure and v.failure.kind == UNPARSABLE and "cut at max_tokens" in v.failure.detail
+    ]
+    no_digit = [v for v in verdicts if v.failure and v.failure.kind == UNPARSABLE and "no match" in v.failure.detail]
+    refused = [v for v in verdicts if v.failure and v.failure.kind == REQUEST_FAILED]
+    assert len(parsed) + len(cut) + len(no_digit) + len(refused) == 12
+    assert parsed and no_digit  # the fixed seed gives both, so that both paths are checked
+    for verdict in parsed:  # the score is what the regex reads from the engine's own text: its last digit / 9
+        assert verdict.score == pytest.approx(int(DIGIT.findall(verdict.reply)[-1]) / 9)
+    for verdict in no_digit:
+        assert verdict.score == 0.0 and not DIGIT.search(verdict.reply)
+    assert [verdicts.index(v) for v in refused] == [11]
+    assert "the judge model takes 2047 at most" in refused[0].failure.detail
+    from easyrl.testing.tiny_models import tiny_tokenizer
+
+    chat = tiny_tokenizer().apply_chat_template(
+        [{"role": "user", "content": "Grade this answer to a sum: 1 + 4 = 5"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert chat.endswith("<|im_start|>assistant\n")
+    assert ids == tiny_tokenizer()(chat, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.slow  # a second engine start (~30 s); the weighted sum itself is tested with the HTTP judge
+@pytest.mark.timeout(300)
+def test_the_scorer_adds_the_engine_grade_to_the_rule_reward(ray_cluster, tiny_judge_path, tokenizer):
+    config = RewardConfig(
+        reward_function=str(ROOT / "reward_function" / "arithmetic.py"),
+        rule_weight=0.5,
+        judge=engine_config(tiny_judge_path, weight=2.0),
+    )
+    scorer = RewardScorer(config, tokenizer, in_process=True)
+    prompts, truths = ["5 + 7 = ?", "3 + 5 = ?", "1 + 2 = ?", "2 + 2 = ?"], ["12", "8", "3", "4"]
+    responses = [r"\boxed{12}", r"\boxed{7}", "no idea", r"\boxed{4}"]
+    try:
+        token_level_scores, metrics = scorer.score(judged_batch(tokenizer, prompts, responses, truths))
+    finally:
+        scorer.shutdown()
+    # rule (arithmetic.py): 0.1 x format + 0.9 x accuracy
+    assert metrics["reward/rule"] == pytest.approx([1.0, 0.1, 0.0, 1.0])
+    judge = metrics["reward/judge"]
+    assert all(0.0 <= score <= 1.0 for score in judge)
+    assert metrics["reward/overall"] == pytest.approx(
+        [0.5 * r + 2.0 * j for r, j in zip(metrics["reward/rule"], judge)]
+    )
+    assert token_level_scores.sum(-1).tolist() == pytest.approx(metrics["reward/overall"])
+    assert len(metrics["reward/judge_errors"]) == 4
+    # a failed sample scores 0: every judge error has judge score 0
+    assert all(score == 0.0 for score, error in zip(judge, metrics["reward/judge_errors"]) if error)
+
+
+def vllm_judge_args(valid_args, *extra):
+    return [*valid_args, "worker.reward.judge.kind=vllm", *extra]
+
+
+def test_check_accepts_a_judge_engine_and_refuses_one_it_cannot_run(valid_args, tmp_path):
+    config = load_config(vllm_judge_args(valid_args, "worker.reward.judge.model_path=builtin://SmolLM2-135M-Instruct"))
+    assert config.worker.reward.judge.num_gpus == 0  # a CPU engine unless told
+    for extra, message in [
+        ([], "`worker.reward.judge.model_path` is not set"),
+        ([f"worker.reward.judge.model_path={tmp_path / 'nowhere'}"], "does not exist"),
+        (["worker.reward.judge.model_path=builtin://Nope"], "unknown built-in model"),
+        ([f"worker.reward.judge.model_path={tmp_path}", "worker.reward.judge.dtype=int8"], "which is not one of"),
+        ([f"worker.reward.judge.model_path={tmp_path}", "worker.reward.judge.num_gpus=-1"], "must be >= 0"),
+        ([f"worker.reward.judge.model_path={tmp_path}", "worker.reward.judge.score_pattern=x"], "0 groups"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config(vllm_judge_args(valid_args, *extra))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_grpo_steps_train_with_the_judge_engine_in_the_reward(tiny_model_path, tiny_judge_path, tmp_path):
+    """`easyrl train` on the tiny model (one worker) with the tiny judge's engine in its own actor: every step's
+    reward is the weighted sum of the rule reward and the engine's grade, every sample judged or counted."""
+    save_dir, log_path = tmp_path / "run", tmp_path / "train.log"
+    overrides = TINY_RUN_OVERRIDES + [
+        "trainer.n_gpus_per_node=1",
+        "trainer.max_steps=2",
+        "trainer.save_model_only=true",
+        "trainer.find_last_checkpoint=false",
+        "data.val_files=",
+        "worker.reward.rule_weight=0.5",
+        "worker.reward.judge.kind=vllm",
+        "worker.reward.judge.weight=0.25",
+        f"worker.reward.judge.model_path={tiny_judge_path}",
+        "worker.reward.judge.dtype=fp32",
+        "worker.reward.judge.kv_cache_memory_bytes=67108864",
+        "worker.reward.judge.temperature=1.0",
+        "worker.reward.judge.max_tokens=24",
+        "worker.reward.judge.score_pattern=([0-9])",
+        "worker.reward.judge.score_range=[0,9]",
+    ]
+    run_training(train_args(tiny_model_path, save_dir, overrides), log_path, timeout=540)
+    rows = metrics_by_step(save_dir)
+    assert sorted(rows) == [1, 2]
+    for step, row in rows.items():
+        # 4 prompts x 4 samples per step; the means combine like the samples: 0.5 x rule + 0.25 x judge
+        assert row["reward/overall"] == pytest.approx(0.5 * row["reward/rule"] + 0.25 * row["reward/judge"]), step
+        assert 0.0 <= row["reward/judge"] <= 1.0
+        assert 0 <= row["reward/judge_errors"] <= 16 and row["reward/judge_errors"] == int(row["reward/judge_errors"])
+        assert all(value == value and abs(value) != float("inf") for value in row.values() if isinstance(value, float))
