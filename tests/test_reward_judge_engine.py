@@ -164,3 +164,6 @@ def test_two_grpo_steps_train_with_the_judge_engine_in_the_reward(tiny_model_pat
         assert 0.0 <= row["reward/judge"] <= 1.0
         assert 0 <= row["reward/judge_errors"] <= 16 and row["reward/judge_errors"] == int(row["reward/judge_errors"])
         assert all(value == value and abs(value) != float("inf") for value in row.values() if isinstance(value, float))
+    # the engine's own output went to the run's logs, not to the console
+    assert "Qwen2ForCausalLM" in (save_dir / "logs" / "judge_engine_0.log").read_text()
+    assert "Qwen2ForCausalLM" not in log_path.read_text()

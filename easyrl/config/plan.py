@@ -59,9 +59,16 @@ class RunPlan:
         return self.config.world_size
 
     @property
+    def use_reward_model(self) -> bool:
+        """A sequence-classification reward model scores the responses (worker.reward.judge.kind=classifier)."""
+        return self.config.worker.reward.judge.kind == "classifier"
+
+    @property
     def worker_role(self) -> str:
-        """The role set of the hybrid-engine worker group (the reference shares the actor's processes)."""
-        return "actor_rollout_ref" if self.use_reference else "actor_rollout"
+        """The role set of the hybrid-engine worker group (the reference and the reward model share the actor's
+        processes)."""
+        role = "actor_rollout_ref" if self.use_reference else "actor_rollout"
+        return role + "_rm" if self.use_reward_model else role
 
     def with_training_steps(self, generation_batches_per_epoch: int) -> "RunPlan":
         """The plan completed with the step count, from the training loader's length (batches of
@@ -87,7 +94,10 @@ class RunPlan:
         """The plan as the lines `easyrl check` prints."""
         config, actor = self.config, self.config.worker.actor
         roles = (
-            ["actor", "rollout"] + (["ref"] if self.use_reference else []) + (["critic"] if self.use_critic else [])
+            ["actor", "rollout"]
+            + (["ref"] if self.use_reference else [])
+            + (["reward model"] if self.use_reward_model else [])
+            + (["critic"] if self.use_critic else [])
         )
         kl = "in the reward" if self.kl_in_reward else "as an actor loss" if self.kl_loss else "off"
         steps = str(self.training_steps) if self.training_steps is not None else "set when the training data is read"

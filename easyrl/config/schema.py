@@ -385,10 +385,12 @@ class JudgeConfig:
     """`none` (no judge: the reward function alone, as in EasyR1), `http`: an OpenAI-compatible chat-completions
     endpoint (`vllm serve`, SGLang, OpenAI) asked once per sample, or `vllm`: a vLLM engine of `model_path` in its own
     Ray actor, started with the run, that generates the judge replies batch by batch (same template, parsing and
-    counting as `http`). With a judge, each step logs reward/rule (the function's overall), reward/judge (its score in
-    [0, 1]) and reward/judge_errors (a count), and reward/overall is the weighted sum; every other key of this section
-    serves the kinds that grade text, and later kinds (a sequence-classification reward model) are meant to join
-    under this key."""
+    counting as `http`), or `classifier`: a sequence-classification reward model of `model_path` (one output, e.g.
+    Skywork-Reward) that scores [user: prompt, assistant: response] in its own chat template, FSDP2-sharded in the
+    training workers beside the reference (worker.ref's fsdp, offload and micro-batch settings serve it too; uses
+    max_length and score_transform, no template). With a judge, each step logs reward/rule (the function's overall),
+    reward/judge (its score in [0, 1]; a `linear` classifier score is unbounded) and reward/judge_errors (a count),
+    and reward/overall is the weighted sum."""
     weight: float = 1.0
     """The judge score's weight in `overall` (the score itself is in [0, 1])."""
     base_url: Optional[str] = None
@@ -436,6 +438,18 @@ class JudgeConfig:
     kv_cache_memory_bytes: Optional[int] = None
     """KV-cache size of the `vllm` judge engine in bytes; null: 1 GiB on CPU (vLLM needs an explicit size there),
     gpu_memory_utilization's share on GPU."""
+    max_length: int = 4096
+    """`classifier`: longest reward-model input in tokens (the chat-templated prompt and response); a longer one is
+    cut at its end (the start, with the prompt, is kept), scored as cut, and counted in a warning."""
+    score_transform: str = "sigmoid"
+    """`classifier`: how the reward model's raw score r (unbounded) becomes the judge score: `sigmoid`:
+    sigmoid(score_scale x (r - score_offset)), in (0, 1) like the other kinds' scores; `linear`:
+    score_scale x (r - score_offset), unbounded."""
+    score_scale: float = 1.0
+    """`classifier`: the factor of score_transform (a temperature's inverse for `sigmoid`)."""
+    score_offset: float = 0.0
+    """`classifier`: subtracted from the raw score before score_scale (the raw score that maps to 0.5 with
+    `sigmoid`, to 0 with `linear`)."""
 
 
 @dataclass

@@ -2,6 +2,7 @@
 imported: no torch, no model, no data). A config that passes runs; the workers check nothing again."""
 
 import difflib
+import json
 import math
 import os
 import socket
@@ -45,7 +46,8 @@ CHOICES = {
     "worker.actor.strategy": ("fsdp",),
     "worker.critic.strategy": ("fsdp",),
     "worker.ref.strategy": ("fsdp",),
-    "worker.reward.judge.kind": ("none", "http", "vllm"),
+    "worker.reward.judge.kind": ("none", "http", "vllm", "classifier"),
+    "worker.reward.judge.score_transform": ("sigmoid", "linear"),
     "worker.reward.judge.dtype": ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32"),
 }
 DTYPE_KEYS = (
@@ -175,6 +177,7 @@ RANGES: dict[str, Interval] = {
     "worker.reward.judge.timeout_s": POSITIVE,
     "worker.reward.judge.temperature": NON_NEGATIVE,
     "worker.reward.judge.max_tokens": AT_LEAST_ONE,
+    "worker.reward.judge.max_length": AT_LEAST_ONE,
     "worker.reward.judge.num_gpus": NON_NEGATIVE,
     "worker.reward.judge.gpu_memory_utilization": PROBABILITY,
     "worker.reward.judge.kv_cache_memory_bytes": AT_LEAST_ONE,
@@ -429,6 +432,29 @@ def _check_http_judge(judge: JudgeConfig, prefix: str) -> None:
             )
 
 
+def _check_classifier_judge(judge, prefix: str) -> None:
+    """`worker.reward.judge.kind=classifier`: a reward model with one output, and a usable score mapping."""
+    _check_model_path(f"{prefix}.model_path", judge.model_path, required=True)
+    config_file = Path(judge.model_path).expanduser() / "config.json"
+    if config_file.is_file():  # a local folder: its head must give one number per text
+        try:
+            hf_config = json.loads(config_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"`{prefix}.model_path`: {config_file} cannot be read ({err}).") from None
+        labels = hf_config.get("num_labels", len(hf_config.get("id2label") or {}) or 2)
+        if labels != 1:
+            raise ConfigError(
+                f"`{prefix}.model_path` ({judge.model_path}) has {labels} labels; a classifier reward model has one "
+                "output (num_labels: 1 in its config.json, as Skywork-Reward-style models do)."
+            )
+    if not (math.isfinite(judge.score_scale) and judge.score_scale != 0):
+        raise ConfigError(
+            f"`{prefix}.score_scale` is {judge.score_scale!r}; give a finite, non-zero factor (1: the raw score)."
+        )
+    if not math.isfinite(judge.score_offset):
+        raise ConfigError(f"`{prefix}.score_offset` is {judge.score_offset!r}; give a finite number.")
+
+
 def _check_judge(config: PPOConfig) -> None:
     """`worker.reward.judge`: everything a judge needs that can be known without asking it (no request is sent)."""
     reward, prefix = config.worker.reward, "worker.reward.judge"
@@ -450,6 +476,9 @@ def _check_judge(config: PPOConfig) -> None:
         _check_http_judge(judge, prefix)
     elif judge.kind == "vllm":
         _check_model_path(f"{prefix}.model_path", judge.model_path, required=True)
+    elif judge.kind == "classifier":
+        _check_classifier_judge(judge, prefix)
+        return  # it reads no template and parses no text
     _check_file(f"{prefix}.prompt_template", judge.prompt_template, "judge prompt template")
     try:
         load_template(judge.prompt_template)

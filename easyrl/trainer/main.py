@@ -135,6 +135,12 @@ class RunWorkers:
             actor_rollout=actor_rollout, ref=actor_rollout if plan.use_reference else None, critic=critic
         )
 
+    def reward_model_group(self) -> Any:
+        """The group whose workers host the reward model (the hybrid engine's; a new one after each restart)."""
+        if not self.groups:
+            raise RuntimeError("The workers are not running: no reward model to score with.")
+        return self.groups[0]
+
     def kill(self, graceful_timeout_s: float = 10.0) -> None:
         for group in self.groups:
             group.kill(graceful_timeout_s)
@@ -173,7 +179,13 @@ def build_trainer(plan: RunPlan, data: RunData | None = None, stop: Any = None) 
     run_workers = RunWorkers(plan)
     try:
         workers = run_workers.start()
-        reward = RewardScorer(config.worker.reward, data.tokenizer)
+        reward_model_group = run_workers.reward_model_group if plan.use_reward_model else None
+        reward = RewardScorer(
+            config.worker.reward,
+            data.tokenizer,
+            run_dir=config.trainer.save_checkpoint_path,
+            reward_model_group=reward_model_group,
+        )
     except BaseException:
         run_workers.release()
         tracker.finish()

@@ -58,7 +58,8 @@ def attention_implementation() -> str:
 # ----------------------------------------------------------------------------------------------------------------------
 # which Hugging Face class a checkpoint loads into
 # ----------------------------------------------------------------------------------------------------------------------
-# resolver(hf_config, kind) -> model class or None; kind is "causal_lm" (actor/ref) or "value" (critic).
+# resolver(hf_config, kind) -> model class or None; kind is "causal_lm" (actor/ref), "value" (critic) or "reward"
+# (a sequence-classification reward model, worker.reward.judge.kind=classifier).
 ModelClassResolver = Callable[[object, str], type | None]
 _MODEL_CLASS_RESOLVERS: list[ModelClassResolver] = []
 
@@ -70,12 +71,14 @@ def register_model_class_resolver(resolver: ModelClassResolver) -> ModelClassRes
 
 
 def resolve_model_class(hf_config: object, kind: str) -> type:
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
     for resolver in _MODEL_CLASS_RESOLVERS:
         model_cls = resolver(hf_config, kind)
         if model_cls is not None:
             return model_cls
+    if kind == "reward":
+        return AutoModelForSequenceClassification
     return AutoModelForTokenClassification if kind == "value" else AutoModelForCausalLM
 
 

@@ -2,6 +2,8 @@
 
 Roles named together (``actor_rollout_ref``) live in one process and share its device: the hybrid engine. The
 driver reaches the worker through a ``RayWorkerGroup``; every public method below is tagged with its dispatch mode.
+The ``rm`` part is a frozen sequence-classification reward model (``worker.reward.judge.kind=classifier``), built
+like the reference: its own FSDP2 module on the same devices, no optimizer (see ``reward_model.py``).
 
 Batch sizes (EasyR1 semantics): ``global_batch_size`` counts PROMPTS per optimizer step over all devices; each
 prompt has ``rollout.n`` responses, so one device's mini-batch holds ``global_batch_size * rollout.n / world``
@@ -20,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import WorkerConfig
+from ..config.schema import ModelConfig
 from ..controller.dispatch import Dispatch, register
 from ..controller.worker import Worker
 from ..utils import device
@@ -29,6 +32,7 @@ from .actor import Actor
 from .critic import Critic
 from .fsdp_checkpoint import load_role_checkpoint, save_role_checkpoint
 from .optim import build_lr_scheduler, build_optimizer
+from .reward_model import RewardModel
 
 
 ROLES: dict[str, frozenset[str]] = {
@@ -38,6 +42,9 @@ ROLES: dict[str, frozenset[str]] = {
     "actor_ref": frozenset({"actor", "ref"}),
     "actor_rollout": frozenset({"actor", "rollout"}),
     "actor_rollout_ref": frozenset({"actor", "rollout", "ref"}),
+    "actor_rollout_rm": frozenset({"actor", "rollout", "rm"}),
+    "actor_rollout_ref_rm": frozenset({"actor", "rollout", "ref", "rm"}),
+    "rm": frozenset({"rm"}),
 }
 ROLLOUT_MESH = "rollout"
 
@@ -81,6 +88,8 @@ class FSDPWorker(Worker):
         self.actor_module: torch.nn.Module | None = None
         self.ref_module: torch.nn.Module | None = None
         self.critic_module: torch.nn.Module | None = None
+        self.rm_module: torch.nn.Module | None = None
+        self.reward_model: RewardModel | None = None
         self.actor: Actor | None = None
         self.ref: Actor | None = None
         self.critic: Critic | None = None
@@ -132,6 +141,18 @@ class FSDPWorker(Worker):
                 default_dtype=torch.bfloat16,
             )  # fmt: skip
             self.ref = Actor(ref_config, self.ref_module, processor=self.processor)
+        if "rm" in self.parts:
+            # the reference's sharding, dtype and micro-batch settings: both are frozen models scored in the same phase
+            judge, ref_config = self.config.reward.judge, self.config.ref
+            rm_model = ModelConfig(model_path=judge.model_path, enable_gradient_checkpointing=False)
+            self.rm_module = fsdp_utils.build_fsdp_model(
+                rm_model, ref_config.fsdp, self.device_mesh, kind="reward", trainable=False,
+                default_dtype=torch.bfloat16,
+            )  # fmt: skip
+            rm_tokenizer, _ = fsdp_utils.load_tokenizer_and_processor(rm_model)
+            self.reward_model = RewardModel(
+                self.rm_module, rm_tokenizer, judge.max_length, ref_config.micro_batch_size_per_device_for_experience
+            )
         if "critic" in self.parts:
             self.critic_module = self._build_trainable("critic", critic_config, kind="value")
             self.critic = Critic(
@@ -155,11 +176,13 @@ class FSDPWorker(Worker):
     # device placement between phases (GPU only)
     # ------------------------------------------------------------------------------------------------------------------
     def _role_state(self, role: str) -> tuple[torch.nn.Module | None, Any]:
-        module = {"actor": self.actor_module, "ref": self.ref_module, "critic": self.critic_module}[role]
-        return module, getattr(self.config, role).offload
+        modules = {"actor": self.actor_module, "ref": self.ref_module, "critic": self.critic_module}
+        if role == "rm":  # offloaded as the reference is
+            return self.rm_module, self.config.ref.offload
+        return modules[role], getattr(self.config, role).offload
 
     def _offload_idle(self) -> None:
-        for role in ("actor", "ref", "critic"):
+        for role in ("actor", "ref", "critic", "rm"):
             module, offload = self._role_state(role)
             if module is None:
                 continue
@@ -226,6 +249,20 @@ class FSDPWorker(Worker):
         with self._on_device("critic"):
             values = self.critic.compute_values(data.to(device.get_torch_device()))
         return DataProto.from_dict(tensors={"values": values.cpu()})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def compute_rm_scores(self, data: Any) -> Any:
+        """Raw reward-model scores of texts: ``data.non_tensor_batch`` ``rm_prompts`` / ``rm_responses`` (str) ->
+        DataProto with ``rm_scores`` (batch,) fp32. Non-blocking: the driver's reward scorer starts it and collects
+        it while the rule reward is scored; it runs on the workers in the order the driver called."""
+        from ..protocol import DataProto
+
+        if self.reward_model is None:
+            raise RuntimeError(f"This worker (role `{self.role}`) hosts no reward model.")
+        prompts, responses = data.non_tensor_batch["rm_prompts"], data.non_tensor_batch["rm_responses"]
+        with self._on_device("rm"):
+            scores = self.reward_model.score([str(p) for p in prompts], [str(r) for r in responses])
+        return DataProto.from_dict(tensors={"rm_scores": scores})
 
     # ------------------------------------------------------------------------------------------------------------------
     # updates

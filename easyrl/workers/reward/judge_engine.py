@@ -25,7 +25,10 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError
 
 from ...controller.worker_group import describe_death
+from ...demo.builtin_models import resolve_model_path
 from ...utils import device
+from ...utils.logging import setup_worker_logging
+from ..rollout.vllm_rollout import DEFAULT_CPU_KV_CACHE_BYTES, VLLM_DTYPES, _cpu_engine_environment
 from .judge import (
     REQUEST_FAILED,
     JudgeFailure,
@@ -45,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 JUDGE_SEED = 0  # the engine's sampling seed: a judge sampling at temperature > 0 grades reproducibly
 STARTUP_TIMEOUT_S = 600.0
+LOG_GROUP = "judge_engine"  # its output goes to <run_dir>/logs/judge_engine_0.log
 
 
 @ray.remote
@@ -52,9 +56,9 @@ class JudgeEngine:
     """The vLLM engine of a judge model; `generate` returns one (reply, cut, refusal) per message: the reply text,
     whether it stopped at max_tokens, and why it was not generated (None when it was)."""
 
-    def __init__(self, config: "JudgeConfig"):
-        from ...demo.builtin_models import resolve_model_path
-        from ..rollout.vllm_rollout import DEFAULT_CPU_KV_CACHE_BYTES, VLLM_DTYPES, _cpu_engine_environment
+    def __init__(self, config: "JudgeConfig", run_dir: Optional[str] = None):
+        if run_dir is not None:  # vLLM's and the libraries' output to the run's logs, before vLLM is imported
+            setup_worker_logging(run_dir, 0, group=LOG_GROUP)
 
         cuda = device.is_cuda_available()
         kwargs = {
@@ -95,7 +99,11 @@ class JudgeEngine:
         fits = [i for i, row in enumerate(ids) if len(row) < self.max_model_len]
         outputs = self.llm.generate([{"prompt_token_ids": ids[i]} for i in fits], self.sampling, use_tqdm=False)
         replies: list[tuple[str, bool, Optional[str]]] = [
-            ("", False, f"the judge message has {len(row)} tokens; the judge model takes {self.max_model_len - 1} at most")
+            (
+                "",
+                False,
+                f"the judge message has {len(row)} tokens; the judge model takes {self.max_model_len - 1} at most",
+            )
             for row in ids
         ]
         for i, output in zip(fits, outputs, strict=True):
@@ -112,14 +120,17 @@ class VllmJudge:
     """The driver's side of the judge engine: renders the messages, hands a batch to the engine (`submit`), and
     reads the replies into verdicts (`collect`)."""
 
-    def __init__(self, config: "JudgeConfig", startup_timeout_s: float = STARTUP_TIMEOUT_S):
+    def __init__(
+        self, config: "JudgeConfig", run_dir: Optional[str] = None, startup_timeout_s: float = STARTUP_TIMEOUT_S
+    ):
+        """`run_dir`: the run's folder, whose logs/judge_engine_0.log gets the engine's output (None: the console)."""
         self.config = config
         self.template = load_template(config.prompt_template)
         self.pattern = compile_score_pattern(config.score_pattern)
         self.name = f"Judge engine {config.model_path}"
         self._logged: set[str] = set()
         # one CPU drives the engine (on CPU its vLLM backend computes with it); a GPU share when num_gpus > 0
-        self.engine = JudgeEngine.options(num_cpus=1, num_gpus=config.num_gpus).remote(config)
+        self.engine = JudgeEngine.options(num_cpus=1, num_gpus=config.num_gpus).remote(config, run_dir)
         try:
             ray.get(self.engine.ready.remote(), timeout=startup_timeout_s)
         except GetTimeoutError:

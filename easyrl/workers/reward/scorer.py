@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from .actor import DIED, NON_FINITE, RAISED, TIMED_OUT, SampleFailure, merge, score_calls
+from .classifier import ClassifierJudge
 from .judge import HttpJudge, combine_scores, decode_prompts
 from .judge_engine import VllmJudge
 from .loader import RESERVED_SCORE_NAMES, RewardFunctionError, load_reward_function
@@ -125,9 +126,15 @@ class RewardScorer:
         actor_num_cpus: float = 1.0,
         chunks_per_actor: int = 4,
         in_process: bool = False,
+        run_dir: str | None = None,
+        reward_model_group=None,
     ):
         """`in_process=True` calls the function in this process, with no deadline and no protection from a
-        function that hangs or exits the process: for tests and tools that run without Ray, never for training."""
+        function that hangs or exits the process: for tests and tools that run without Ray, never for training.
+        `reward_model_group`: a callable returning the worker group that hosts the reward model (judge kind
+        `classifier`; the current group, also after a restart of the workers).
+        `run_dir`: the run's folder; logs/judge_engine_0.log in it gets the output of a `vllm` judge's engine
+        (None: it stays on the console)."""
         if not config.reward_function:
             raise RewardFunctionError("`worker.reward.reward_function` is not set; give path/to/file.py:function.")
         self.config = config
@@ -137,8 +144,15 @@ class RewardScorer:
         self.reward_fn = load_reward_function(config.reward_function, config.reward_function_kwargs)
         logger.info(self.reward_fn.describe())
         # worker.reward.judge (see judge.py): asked from here, while the rule reward is scored
-        judges = {"http": HttpJudge, "vllm": VllmJudge}
-        self.judge = judges[config.judge.kind](config.judge) if config.judge.kind in judges else None
+        self.judge = None
+        if config.judge.kind == "http":
+            self.judge = HttpJudge(config.judge)
+        elif config.judge.kind == "vllm":
+            self.judge = VllmJudge(config.judge, run_dir=run_dir)
+        if config.judge.kind == "classifier":  # the reward model runs in the training workers (reward_model.py)
+            if reward_model_group is None:
+                raise ValueError("judge kind `classifier` needs the worker group that hosts the reward model.")
+            self.judge = ClassifierJudge(config.judge, reward_model_group)
         self.pool = None
         if not in_process:
             # a batch function runs as one call: one actor with all the CPUs; sequential calls spread over actors.

@@ -1,0 +1,194 @@
+"""The sequence-classification reward model (`worker.reward.judge.kind=classifier`): the score mapping, the config
+check, the FSDP2-sharded worker's scores against a plain HF forward, the scorer's weighted sum, and a 2-step GRPO run
+through `easyrl train` with the reward model in the reward."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import easyrl  # noqa: F401  (process environment before Ray starts)
+from easyrl.config import ConfigError, RewardConfig, load_config
+from easyrl.config.plan import make_run_plan
+from easyrl.config.schema import JudgeConfig
+from easyrl.controller import RayWorkerGroup, ResourcePool
+from easyrl.protocol import DataProto
+from easyrl.testing.tiny_models import build_tiny_reward_model
+from easyrl.workers.fsdp_worker import FSDPWorker
+from easyrl.workers.reward.classifier import reward_model_score
+from easyrl.workers.reward.scorer import RewardScorer
+from tests.fixtures.trainer_runs import TINY_RUN_OVERRIDES, metrics_by_step, run_training, train_args
+from tests.fsdp_helpers import worker_config
+from tests.test_reward_judge import judged_batch
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model_path(tmp_path_factory):
+    return build_tiny_reward_model(tmp_path_factory.mktemp("tiny_rm"), seed=0)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# raw score -> judge score
+# ----------------------------------------------------------------------------------------------------------------------
+def test_sigmoid_and_linear_map_the_raw_score_with_scale_and_offset():
+    assert reward_model_score(0.0, "sigmoid", 1.0, 0.0) == 0.5
+    assert reward_model_score(3.0, "sigmoid", 2.0, 3.0) == 0.5  # the offset is the raw score mapped to 0.5
+    assert reward_model_score(1.0, "sigmoid", 1.0, 0.0) == pytest.approx(1 / (1 + math.exp(-1)))
+    assert reward_model_score(-1.0, "sigmoid", 0.5, 1.0) == pytest.approx(1 / (1 + math.exp(1)))  # 0.5 x (-2)
+    assert reward_model_score(-1000.0, "sigmoid", 1.0, 0.0) == 0.0  # no overflow at either end
+    assert reward_model_score(1000.0, "sigmoid", 1.0, 0.0) == 1.0
+    assert reward_model_score(4.0, "linear", 0.25, 2.0) == 0.5  # 0.25 x (4 - 2)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the config check
+# ----------------------------------------------------------------------------------------------------------------------
+def classifier_args(valid_args, model_path, *extra):
+    return [*valid_args, "worker.reward.judge.kind=classifier", f"worker.reward.judge.model_path={model_path}", *extra]
+
+
+def test_check_accepts_a_classifier_and_the_plan_adds_the_reward_model_role(valid_args, tiny_reward_model_path):
+    config = load_config(classifier_args(valid_args, tiny_reward_model_path, "worker.reward.judge.max_length=512"))
+    plan = make_run_plan(config)
+    assert plan.use_reward_model
+    assert plan.worker_role in ("actor_rollout_rm", "actor_rollout_ref_rm")
+    assert "reward model" in plan.describe()
+
+
+def test_check_refuses_a_classifier_it_cannot_run(valid_args, tiny_reward_model_path, tmp_path):
+    two_labels = tmp_path / "two_labels"
+    two_labels.mkdir()
+    (two_labels / "config.json").write_text(json.dumps({"model_type": "qwen2", "id2label": {"0": "a", "1": "b"}}))
+    cases = [
+        ([*valid_args, "worker.reward.judge.kind=classifier"], "`worker.reward.judge.model_path` is not set"),
+        (classifier_args(valid_args, two_labels), "has 2 labels; a classifier reward model has one output"),
+        (classifier_args(valid_args, tmp_path / "absent"), "does not exist"),
+        (classifier_args(valid_args, tiny_reward_model_path, "worker.reward.judge.score_scale=0"), "non-zero"),
+        (classifier_args(valid_args, tiny_reward_model_path, "worker.reward.judge.score_transform=tanh"), "sigmoid"),
+        (classifier_args(valid_args, tiny_reward_model_path, "worker.reward.judge.max_length=0"), ">= 1"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            load_config(args)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the worker: two ranks, one FSDP2-sharded reward model
+# ----------------------------------------------------------------------------------------------------------------------
+MAX_LENGTH = 48
+
+
+@pytest.fixture(scope="module")
+def rm_workers(ray_cluster, tiny_model_path, tiny_reward_model_path):
+    config = worker_config(tiny_model_path, 2, micro_batch_size=2)  # fp32 reference settings serve the reward model
+    config.reward.judge.kind = "classifier"
+    config.reward.judge.model_path = str(tiny_reward_model_path)
+    config.reward.judge.max_length = MAX_LENGTH
+    pool = ResourcePool(process_on_nodes=[2])
+    group = RayWorkerGroup(pool, FSDPWorker, config, "rm", name_prefix="rm")
+    group.init_model()
+    yield group
+    group.kill()
+    pool.release()
+
+
+PROMPTS = ["What is 2 + 3?", "Name a prime number.", "Spell cat.", "What is 2 + 3?", "Write a long story. " * 6]
+RESPONSES = ["5", "7 is prime.", "c-a-t", "It is 6.", "Once upon a time"]
+
+
+def plain_hf_scores(model_path, prompts, responses, max_length):
+    """Each text alone through AutoModelForSequenceClassification (fp32, no padding): its pooled logit."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(model_path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    scores, lengths = [], []
+    for prompt, response in zip(prompts, responses):
+        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+        ids = tokenizer(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
+        lengths.append(len(ids))
+        ids = ids[:max_length]
+        assert ids[-1] != model.config.pad_token_id  # HF pools at the last non-pad token: here, the last token
+        with torch.no_grad():
+            scores.append(model(torch.tensor([ids])).logits[0, 0].item())
+    return torch.tensor(scores), lengths
+
+
+@pytest.mark.timeout(300)
+def test_worker_scores_equal_a_plain_hf_forward_of_the_same_texts(rm_workers, tiny_reward_model_path):
+    texts = DataProto.from_dict(
+        non_tensors={"rm_prompts": np.array(PROMPTS, dtype=object), "rm_responses": np.array(RESPONSES, dtype=object)}
+    )
+    scores = rm_workers.compute_rm_scores(texts).get().batch["rm_scores"]  # 5 texts: padded to 6 over 2 ranks
+    expected, lengths = plain_hf_scores(tiny_reward_model_path, PROMPTS, RESPONSES, MAX_LENGTH)
+    assert lengths[-1] > MAX_LENGTH >= max(lengths[:-1])  # the last text is cut, the others are whole
+    torch.testing.assert_close(scores, expected, atol=1e-5, rtol=0)
+    assert scores[0] != scores[3]  # the same prompt, another answer, another score
+
+
+@pytest.mark.timeout(300)
+def test_the_scorer_adds_the_mapped_reward_model_score_to_the_rule_reward(
+    rm_workers, tokenizer, tiny_reward_model_path
+):
+    from tests.fixtures.trainer_runs import REPO_ROOT
+
+    config = RewardConfig(
+        reward_function=str(REPO_ROOT / "reward_function" / "arithmetic.py"),
+        rule_weight=0.5,
+        judge=JudgeConfig(
+            kind="classifier", weight=2.0, model_path=str(tiny_reward_model_path), score_scale=0.5, score_offset=1.0
+        ),
+    )
+    scorer = RewardScorer(config, tokenizer, in_process=True, reward_model_group=lambda: rm_workers)
+    prompts, responses = ["5 + 7 = ?", "3 + 5 = ?"], [r"\boxed{12}", r"\boxed{7}"]
+    data = judged_batch(tokenizer, prompts, responses, ["12", "8"])
+    try:
+        token_level_scores, metrics = scorer.score(data)
+    finally:
+        scorer.shutdown()
+    # the reward model saw the decoded prompt and the response (eos removed with the special tokens)
+    raw, _ = plain_hf_scores(tiny_reward_model_path, prompts, responses, 4096)
+    judge = [1 / (1 + math.exp(-0.5 * (r - 1.0))) for r in raw.tolist()]
+    assert metrics["reward/judge"] == pytest.approx(judge, abs=1e-5)
+    assert metrics["reward/rule"] == pytest.approx([1.0, 0.1])  # arithmetic.py: 0.1 format + 0.9 accuracy
+    overall = [0.5 * 1.0 + 2.0 * judge[0], 0.5 * 0.1 + 2.0 * judge[1]]
+    assert metrics["reward/overall"] == pytest.approx(overall, abs=1e-5)
+    assert token_level_scores.sum(-1).tolist() == pytest.approx(overall, abs=1e-5)
+    assert metrics["reward/judge_errors"] == [0.0, 0.0]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# end to end
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # ~75 s on 2 busy cores; the worker and scorer tests above are its fast representatives
+@pytest.mark.timeout(600)
+def test_two_grpo_steps_train_with_the_reward_model_in_the_reward(tiny_model_path, tiny_reward_model_path, tmp_path):
+    """`easyrl train` on the tiny policy (two workers, with the reference and the KL loss) with the tiny reward model
+    sharded beside them: its calls interleave with the log-prob passes in the same order on both ranks, every step's
+    reward is the weighted sum of the rule reward and the reward model's sigmoid score, and every metric is finite."""
+    save_dir, log_path = tmp_path / "run", tmp_path / "train.log"
+    overrides = TINY_RUN_OVERRIDES + [
+        "trainer.n_gpus_per_node=2",
+        "algorithm.disable_kl=false",
+        "algorithm.use_kl_loss=true",
+        "trainer.max_steps=2",
+        "trainer.save_model_only=true",
+        "trainer.find_last_checkpoint=false",
+        "data.val_files=",
+        "worker.reward.rule_weight=0.5",
+        "worker.reward.judge.kind=classifier",
+        "worker.reward.judge.weight=0.25",
+        f"worker.reward.judge.model_path={tiny_reward_model_path}",
+        "worker.reward.judge.max_length=256",
+    ]
+    run_training(train_args(tiny_model_path, save_dir, overrides), log_path, timeout=540)
+    rows = metrics_by_step(save_dir)
+    assert sorted(rows) == [1, 2]
+    for step, row in rows.items():
+        assert all(math.isfinite(value) for value in row.values() if isinstance(value, float)), step
+        assert row["reward/overall"] == pytest.approx(0.5 * row["reward/rule"] + 0.25 * row["reward/judge"]), step
+        assert row["reward/judge_errors"] == 0.0
+        assert 0.0 < row["reward/judge"] < 1.0
+        assert math.isfinite(row["actor/kl_loss"]), step
