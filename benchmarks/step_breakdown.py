@@ -9,7 +9,9 @@ worker's metrics returned with each generation:
     weight sync           streaming the updated actor weights into the engine after the actor update
                           (``timing/sync_weights``, called by the trainer)
     generate (dispatch)   the rest of ``timing/gen``: Ray calls, splitting/gathering the batch, padding the output
-    reward                scoring the responses (``timing/reward``)
+    reward                scoring the responses (``timing/reward``); with ``worker.reward.overlap`` (the default)
+                          scoring runs beside the log-prob passes and the row is what the step waited for it
+                          (``timing/reward_wait``: the decoding, plus the wait counted inside ``adv``)
     data                  the rest of ``timing/gen_and_reward``: the next batch from the loader and the driver's
                           bookkeeping (repeat n times, union with the responses)
     old_log_probs, ref_log_probs, values, adv, update_critic, update_actor   the trainer's phases as timed
@@ -46,9 +48,13 @@ def step_phases(row: dict, rollout: dict) -> dict[str, float]:
     phases = {
         "generate (engine)": engine,
         "generate (dispatch)": timing.get("gen", 0.0) - engine,
-        "reward": timing.get("reward", 0.0),
-        "data": timing.get("gen_and_reward", 0.0) - timing.get("gen", 0.0) - timing.get("reward", 0.0),
     }
+    if "reward_wait" in timing:  # overlapped scoring: the step pays only its wait (part of it inside adv)
+        phases["reward (waited)"] = timing["reward_wait"]
+        phases["data"] = timing.get("gen_and_reward", 0.0) - timing.get("gen", 0.0)
+    else:
+        phases["reward"] = timing.get("reward", 0.0)
+        phases["data"] = timing.get("gen_and_reward", 0.0) - timing.get("gen", 0.0) - timing.get("reward", 0.0)
     for name in TOP_LEVEL_PHASES[1:]:
         if name in timing:
             phases["weight sync" if name == "sync_weights" else name] = timing[name]
