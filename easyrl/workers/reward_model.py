@@ -84,7 +84,8 @@ class RewardModel:
                 attention_mask[i, : len(row)] = 1
             self.module(input_ids=input_ids.to(torch_device), attention_mask=attention_mask.to(torch_device))
             per_token = self._head_output[..., 0].float()  # (micro, width)
-            last = attention_mask.sum(-1) - 1
-            scores.append(per_token[torch.arange(len(micro)), last.to(per_token.device)].cpu())
+            last = (attention_mask.sum(-1) - 1).to(per_token.device)
+            rows_index = torch.arange(len(micro), device=per_token.device)
+            scores.append(per_token[rows_index, last].cpu())
             self._head_output = None
         return torch.cat(scores) if scores else torch.zeros(0)
