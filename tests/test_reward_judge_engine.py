@@ -12,7 +12,7 @@ import ray
 from easyrl.config import ConfigError, RewardConfig, load_config
 from easyrl.config.schema import JudgeConfig
 from easyrl.workers.reward.judge import REQUEST_FAILED, UNPARSABLE
-from easyrl.workers.reward.judge_engine import VllmJudge
+from easyrl.workers.reward.judge_engine import JudgeEngineError, VllmJudge
 from easyrl.workers.reward.scorer import RewardScorer
 from tests.fixtures.trainer_runs import TINY_RUN_OVERRIDES, metrics_by_step, run_training, train_args
 from tests.test_reward_judge import judged_batch
@@ -57,6 +57,10 @@ def test_the_engine_judges_a_batch_and_its_replies_are_read_by_the_regex(ray_clu
         verdicts = judge.score(["a sum"] * len(inputs), inputs)
         # the message went through the judge model's chat template as one user turn, the assistant's turn opened
         ids = ray.get(judge.engine.encode.remote("Grade this answer to a sum: 1 + 4 = 5"))
+        # an engine that died stops the run with the key to look at, instead of scoring every sample 0
+        ray.kill(judge.engine, no_restart=True)
+        with pytest.raises(JudgeEngineError, match=r"judge engine \(worker.reward.judge.model_path=.*\) died while"):
+            judge.score(["a sum"], inputs[:1])
     finally:
         judge.close()
     assert len(verdicts) == 12
@@ -83,6 +87,13 @@ def test_the_engine_judges_a_batch_and_its_replies_are_read_by_the_regex(ray_clu
     )
     assert chat.endswith("<|im_start|>assistant\n")
     assert ids == tiny_tokenizer()(chat, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.slow  # vLLM's import in a fresh actor (~20 s)
+@pytest.mark.timeout(300)
+def test_an_engine_that_cannot_start_names_the_model_path(ray_cluster, tmp_path):
+    with pytest.raises(JudgeEngineError, match=r"judge engine \(worker.reward.judge.model_path=.*\) failed to start"):
+        VllmJudge(engine_config(tmp_path))  # an empty folder: no config.json
 
 
 @pytest.mark.slow  # a second engine start (~30 s); the weighted sum itself is tested with the HTTP judge

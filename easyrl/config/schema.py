@@ -412,15 +412,16 @@ class JudgeConfig:
     score_range: list = field(default_factory=lambda: [0, 10])
     """[min, max] of the judge's scale, mapped onto [0, 1]."""
     concurrency: int = 16
-    """Requests in flight at once at most."""
+    """`http`: requests in flight at once at most (a `vllm` engine takes each batch whole)."""
     max_retries: int = 3
-    """Retries of a request that met a connection error, HTTP 429 or 5xx, each after a random wait of up to
+    """`http`: retries of a request that met a connection error, HTTP 429 or 5xx, each after a random wait of up to
     retry_backoff_s x 2^attempt (exponential backoff with full jitter; a longer Retry-After is honoured, 60 s at
     most). Other statuses and timeouts are not retried."""
     retry_backoff_s: float = 1.0
     """The bound of the first retry's random wait (doubled for each next retry)."""
     timeout_s: float = 60.0
-    """Seconds one request may take; a sample whose request takes longer scores 0 as a judge error (not retried)."""
+    """`http`: seconds one request may take; a sample whose request takes longer scores 0 as a judge error (not
+    retried). A `vllm` engine has no deadline: its batch ends when every reply reaches its end or max_tokens."""
     temperature: float = 0.0
     """Sampling temperature of the judge's reply."""
     max_tokens: int = 512
