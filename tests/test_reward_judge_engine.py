@@ -137,6 +137,7 @@ def test_check_accepts_a_judge_engine_and_refuses_one_it_cannot_run(valid_args, 
         (["worker.reward.judge.model_path=builtin://Nope"], "unknown built-in model"),
         ([f"worker.reward.judge.model_path={tmp_path}", "worker.reward.judge.dtype=int8"], "which is not one of"),
         ([f"worker.reward.judge.model_path={tmp_path}", "worker.reward.judge.num_gpus=-1"], "must be >= 0"),
+        ([f"worker.reward.judge.model_path={tmp_path}", "worker.reward.judge.num_gpus=1"], "has no NVIDIA GPU"),
         ([f"worker.reward.judge.model_path={tmp_path}", "worker.reward.judge.score_pattern=x"], "0 groups"),
     ]:
         with pytest.raises(ConfigError, match=re.escape(message)):

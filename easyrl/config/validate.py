@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from ..demo import builtin_models
 from ..paths import BUILTIN_PREFIX, looks_local, shipped_files_hint
+from ..utils.platform import nvidia_gpus_visible
 from ..workers.reward.judge import CHAT_PATH, compile_score_pattern, load_template
 from ..workers.reward.loader import RewardFunctionError, resolve_reward_function
 from .schema import ConfigError, JudgeConfig, PPOConfig
@@ -455,6 +456,23 @@ def _check_classifier_judge(judge, prefix: str) -> None:
         raise ConfigError(f"`{prefix}.score_offset` is {judge.score_offset!r}; give a finite number.")
 
 
+def _check_judge_engine_device(judge: JudgeConfig, prefix: str, nnodes: int) -> None:
+    """`worker.reward.judge.kind=vllm`: the engine's device must exist (a GPU build of vLLM has no CPU backend, and
+    Ray would wait forever for a GPU that no node has)."""
+    gpus = nvidia_gpus_visible()
+    if judge.num_gpus == 0 and gpus:
+        raise ConfigError(
+            f"`{prefix}.num_gpus` is 0 on a machine with NVIDIA GPUs: the judge engine would run on the CPU, which a "
+            f"GPU build of vLLM cannot do. Give it 1 (a GPU besides the training workers') or the share of a GPU "
+            f"other actors leave free (with {prefix}.gpu_memory_utilization at most that share)."
+        )
+    if judge.num_gpus > 0 and not gpus and nnodes == 1:
+        raise ConfigError(
+            f"`{prefix}.num_gpus` is {judge.num_gpus:g}, but this machine has no NVIDIA GPU; set it to 0 to run the "
+            "judge engine on the CPU (vLLM's CPU backend)."
+        )
+
+
 def _check_judge(config: PPOConfig) -> None:
     """`worker.reward.judge`: everything a judge needs that can be known without asking it (no request is sent)."""
     reward, prefix = config.worker.reward, "worker.reward.judge"
@@ -476,6 +494,7 @@ def _check_judge(config: PPOConfig) -> None:
         _check_http_judge(judge, prefix)
     elif judge.kind == "vllm":
         _check_model_path(f"{prefix}.model_path", judge.model_path, required=True)
+        _check_judge_engine_device(judge, prefix, config.trainer.nnodes)
     elif judge.kind == "classifier":
         _check_classifier_judge(judge, prefix)
         return  # it reads no template and parses no text
