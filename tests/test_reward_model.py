@@ -17,7 +17,8 @@ from easyrl.controller import RayWorkerGroup, ResourcePool
 from easyrl.protocol import DataProto
 from easyrl.testing.tiny_models import build_tiny_reward_model
 from easyrl.workers.fsdp_worker import FSDPWorker
-from easyrl.workers.reward.classifier import reward_model_score
+from easyrl.workers.reward.classifier import ClassifierJudge, reward_model_score
+from easyrl.workers.reward.judge import combine_scores
 from easyrl.workers.reward.scorer import RewardScorer
 from tests.fixtures.trainer_runs import TINY_RUN_OVERRIDES, metrics_by_step, run_training, train_args
 from tests.fsdp_helpers import worker_config
@@ -40,6 +41,29 @@ def test_sigmoid_and_linear_map_the_raw_score_with_scale_and_offset():
     assert reward_model_score(-1000.0, "sigmoid", 1.0, 0.0) == 0.0  # no overflow at either end
     assert reward_model_score(1000.0, "sigmoid", 1.0, 0.0) == 1.0
     assert reward_model_score(4.0, "linear", 0.25, 2.0) == 0.5  # 0.25 x (4 - 2)
+
+
+class AnsweredCall:
+    """What the worker group's non-blocking call returns, already answered with these raw scores."""
+
+    def __init__(self, raw_scores):
+        self.raw_scores = raw_scores
+
+    def get(self):
+        return DataProto.from_dict(tensors={"rm_scores": torch.tensor(self.raw_scores, dtype=torch.float32)})
+
+
+def test_a_non_finite_raw_score_scores_zero_and_counts_as_a_judge_error(caplog):
+    config = JudgeConfig(kind="classifier", model_path="rm", score_transform="linear", score_scale=2.0, score_offset=1)
+    judge = ClassifierJudge(config, reward_model_group=lambda: None)
+    verdicts = judge.collect(AnsweredCall([3.0, math.nan, math.inf, -1.0]))
+    assert [verdict.score for verdict in verdicts] == [4.0, 0.0, 0.0, -4.0]  # 2 x (r - 1)
+    rule = [{"overall": 1.0}] * 4
+    combined, judge_errors = combine_scores(rule, verdicts, rule_weight=1.0, judge_weight=0.5)
+    assert [score["overall"] for score in combined] == [3.0, 1.0, 1.0, -1.0]
+    assert judge_errors == [0.0, 1.0, 1.0, 0.0]
+    judge.collect(AnsweredCall([math.nan]))
+    assert caplog.text.count("non-finite raw score") == 1  # logged once per run
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ class ClassifierJudge:
         self.config = config
         self.reward_model_group = reward_model_group
         self._logged = False
+        self._described = False  # the first batch's raw scores are logged once, to help choose scale and offset
 
     def submit(self, prompts: Sequence[str], inputs: Sequence[dict]) -> Any:
         """Queue one batch on the workers (`prompts[i]` with the reward input `inputs[i]`); returns their pending
@@ -80,6 +81,21 @@ class ClassifierJudge:
                 continue
             score = reward_model_score(raw, config.score_transform, config.score_scale, config.score_offset)
             verdicts.append(JudgeResult(score, None, None))
+        finite = [raw for raw in raw_scores if math.isfinite(raw)]
+        if finite and not self._described:
+            self._described = True
+            logger.info(
+                "Reward model %s: raw scores of the first batch: min %.4g, mean %.4g, max %.4g; judge scores (%s, "
+                "score_scale %g, score_offset %g): mean %.4g.",
+                config.model_path,
+                min(finite),
+                sum(finite) / len(finite),
+                max(finite),
+                config.score_transform,
+                config.score_scale,
+                config.score_offset,
+                sum(verdict.score for verdict in verdicts) / len(verdicts),
+            )
         failed = [i for i, verdict in enumerate(verdicts) if verdict.failure is not None]
         if failed and not self._logged:
             self._logged = True
