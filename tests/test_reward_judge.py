@@ -28,7 +28,7 @@ from easyrl.workers.reward.judge import (
     parse_score,
 )
 from easyrl.workers.reward.scorer import RewardScorer, reduce_reward_metrics, scores_to_non_tensor
-from tests.fixtures.trainer_runs import TINY_RUN_OVERRIDES, metrics_by_step, run_training, train_args
+from tests.fixtures.trainer_runs import TWO_STEP_HALF_RULE_OVERRIDES, metrics_by_step, run_training, train_args
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -413,13 +413,7 @@ def test_two_grpo_steps_train_with_the_judge_in_the_reward(tiny_model_path, tmp_
     """`easyrl train` on the tiny model (one worker) with the judge at the local server: every step's reward is the
     weighted sum of the rule reward and the judge's grade, and the judge saw every sample."""
     save_dir, log_path = tmp_path / "run", tmp_path / "train.log"
-    overrides = TINY_RUN_OVERRIDES + [
-        "trainer.n_gpus_per_node=1",
-        "trainer.max_steps=2",
-        "trainer.save_model_only=true",
-        "trainer.find_last_checkpoint=false",
-        "data.val_files=",
-        "worker.reward.rule_weight=0.5",
+    overrides = TWO_STEP_HALF_RULE_OVERRIDES + [
         "worker.reward.judge.kind=http",
         "worker.reward.judge.weight=0.25",
         f"worker.reward.judge.base_url={server.base_url}",

@@ -14,7 +14,7 @@ from easyrl.config.schema import JudgeConfig
 from easyrl.workers.reward.judge import REQUEST_FAILED, UNPARSABLE
 from easyrl.workers.reward.judge_engine import JudgeEngineError, VllmJudge
 from easyrl.workers.reward.scorer import RewardScorer
-from tests.fixtures.trainer_runs import TINY_RUN_OVERRIDES, metrics_by_step, run_training, train_args
+from tests.fixtures.trainer_runs import TWO_STEP_HALF_RULE_OVERRIDES, metrics_by_step, run_training, train_args
 from tests.test_reward_judge import judged_batch
 
 
@@ -150,13 +150,7 @@ def test_two_grpo_steps_train_with_the_judge_engine_in_the_reward(tiny_model_pat
     """`easyrl train` on the tiny model (one worker) with the tiny judge's engine in its own actor: every step's
     reward is the weighted sum of the rule reward and the engine's grade, every sample judged or counted."""
     save_dir, log_path = tmp_path / "run", tmp_path / "train.log"
-    overrides = TINY_RUN_OVERRIDES + [
-        "trainer.n_gpus_per_node=1",
-        "trainer.max_steps=2",
-        "trainer.save_model_only=true",
-        "trainer.find_last_checkpoint=false",
-        "data.val_files=",
-        "worker.reward.rule_weight=0.5",
+    overrides = TWO_STEP_HALF_RULE_OVERRIDES + [
         "worker.reward.judge.kind=vllm",
         "worker.reward.judge.weight=0.25",
         f"worker.reward.judge.model_path={tiny_judge_path}",

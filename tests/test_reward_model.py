@@ -20,7 +20,7 @@ from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.reward.classifier import ClassifierJudge, reward_model_score
 from easyrl.workers.reward.judge import combine_scores
 from easyrl.workers.reward.scorer import RewardScorer
-from tests.fixtures.trainer_runs import TINY_RUN_OVERRIDES, metrics_by_step, run_training, train_args
+from tests.fixtures.trainer_runs import TWO_STEP_HALF_RULE_OVERRIDES, metrics_by_step, run_training, train_args
 from tests.fsdp_helpers import worker_config
 from tests.test_reward_judge import judged_batch
 
@@ -193,15 +193,10 @@ def test_two_grpo_steps_train_with_the_reward_model_in_the_reward(tiny_model_pat
     sharded beside them: its calls interleave with the log-prob passes in the same order on both ranks, every step's
     reward is the weighted sum of the rule reward and the reward model's sigmoid score, and every metric is finite."""
     save_dir, log_path = tmp_path / "run", tmp_path / "train.log"
-    overrides = TINY_RUN_OVERRIDES + [
+    overrides = TWO_STEP_HALF_RULE_OVERRIDES + [
         "trainer.n_gpus_per_node=2",
         "algorithm.disable_kl=false",
         "algorithm.use_kl_loss=true",
-        "trainer.max_steps=2",
-        "trainer.save_model_only=true",
-        "trainer.find_last_checkpoint=false",
-        "data.val_files=",
-        "worker.reward.rule_weight=0.5",
         "worker.reward.judge.kind=classifier",
         "worker.reward.judge.weight=0.25",
         f"worker.reward.judge.model_path={tiny_reward_model_path}",
