@@ -1,4 +1,4 @@
-"""The `easyrl` command: train, check, merge."""
+"""The `easyrl` command: train, check, merge, generate, eval."""
 
 import argparse
 import sys
@@ -41,6 +41,46 @@ def _train(args: list[str]) -> int:
     return 0
 
 
+def _generation_plan(command: str, args: list[str]):
+    """The run plan of `easyrl generate` / `easyrl eval`: a train config as it is, read as a validation-only run (no
+    training data needed); None after printing why the config is invalid."""
+    from .config import ConfigError
+    from .config.load import read_config
+    from .config.plan import make_run_plan
+
+    try:
+        config = read_config(args)
+        config.trainer.val_only = True  # nothing is trained: data.train_files may be absent
+        return make_run_plan(config)
+    except ConfigError as err:
+        print(f"easyrl {command}: invalid config: {err}", file=sys.stderr)
+        return None
+
+
+def _generate_or_eval(command: str, args: list[str]) -> int:
+    plan = _generation_plan(command, args)
+    if plan is None:
+        return 2
+    if command == "generate":
+        from .trainer.generate import run_generate as run
+    else:
+        from .trainer.evaluate import run_eval as run
+    try:
+        run(plan)
+    except (ValueError, KeyError, OSError) as err:  # data, model and output-file errors name their key/file/row
+        print(f"easyrl {command}: {err.args[0] if isinstance(err, KeyError) and err.args else err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _generate(args: list[str]) -> int:
+    return _generate_or_eval("generate", args)
+
+
+def _eval(args: list[str]) -> int:
+    return _generate_or_eval("eval", args)
+
+
 def _merge(args: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="easyrl merge", description="Turn a checkpoint's sharded actor state into a Hugging Face folder."
@@ -60,13 +100,16 @@ def _merge(args: list[str]) -> int:
 COMMANDS = {
     "train": (_train, f"train with PPO-family RL: easyrl train {USAGE_KEYS}"),
     "check": (_check, f"validate, then print the resolved config and the run plan: easyrl check {USAGE_KEYS}"),
+    "generate": (_generate, f"n samples per prompt of data.val_files into jsonl: easyrl generate {USAGE_KEYS}"),
+    "eval": (_eval, f"mean@k and pass@k per data source of data.val_files: easyrl eval {USAGE_KEYS}"),
     "merge": (_merge, "write a Hugging Face folder from a checkpoint: easyrl merge --local_dir CKPT/actor"),
 }
 
 
 def _help() -> str:
     lines = ["usage: easyrl <command> [arguments]", "", "commands:"]
-    lines += [f"  {name:<7}{text}" for name, (_, text) in COMMANDS.items()]
+    width = max(len(name) for name in COMMANDS) + 2
+    lines += [f"  {name:<{width}}{text}" for name, (_, text) in COMMANDS.items()]
     lines += ["", "Configuration: defaults <- config=FILE.yaml <- key=value overrides (e.g. worker.rollout.n=8)."]
     return "\n".join(lines)
 

@@ -70,6 +70,14 @@ class RunPlan:
         role = "actor_rollout_ref" if self.use_reference else "actor_rollout"
         return role + "_rm" if self.use_reward_model else role
 
+    @property
+    def generation_worker_role(self) -> str:
+        """The role set of `easyrl generate` / `easyrl eval`: the rollout engine alone (vLLM loads the weights from
+        the model path), plus the actor only for the hf engine, which generates with the actor's module; never an
+        optimizer step, so no reference or critic."""
+        role = "rollout" if self.config.worker.rollout.name == "vllm" else "actor_rollout"
+        return role + "_rm" if self.use_reward_model else role
+
     def with_training_steps(self, generation_batches_per_epoch: int) -> "RunPlan":
         """The plan completed with the step count, from the training loader's length (batches of
         ``generation_batch_size`` prompts). EasyR1's rule: max_steps when set, else whole rollout batches per epoch

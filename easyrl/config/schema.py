@@ -561,6 +561,39 @@ class TrainerConfig:
 
 
 @dataclass
+class GenerateConfig:
+    """`generate.*`: `easyrl generate`, n samples per prompt of `data.val_files` written to a jsonl file."""
+
+    output: Optional[str] = None
+    """The jsonl file the rows go to (one per prompt: index, data_source, prompt, ground_truth, responses, scores);
+    null: `<trainer.save_checkpoint_path>/generations.jsonl`. Rows are appended batch by batch; a run with an existing
+    file generates only the prompts it lacks (a killed run continues, no row twice)."""
+    val_sampling: bool = False
+    """Sample with `worker.rollout.val_override_config` applied (the trainer's validation sampling); false: the
+    rollout's own sampling (`worker.rollout.n`, temperature, top_p, top_k)."""
+
+
+@dataclass
+class EvalConfig:
+    """`eval.*`: `easyrl eval`, k samples per prompt of `data.val_files`, scored, reported as mean@k and pass@k."""
+
+    k: Optional[int] = None
+    """Samples per prompt (replaces `worker.rollout.n`; the other sampling keys are the rollout's); null:
+    worker.rollout.n. pass@j is reported for every power of two j up to k, and for k."""
+    output: Optional[str] = None
+    """The JSON file of the results (per data source: prompts, mean@k, pass@j); null:
+    `<trainer.save_checkpoint_path>/eval.json`."""
+    generations: Optional[str] = None
+    """The jsonl file of the samples and their scores (as `easyrl generate` writes; a re-run resumes it); null:
+    `<trainer.save_checkpoint_path>/eval_generations.jsonl`."""
+    correct_key: Optional[str] = None
+    """The reward score that decides whether a sample is correct (pass@k); null: `accuracy` when the reward function
+    returns it, else `overall`."""
+    correct_threshold: float = 1.0
+    """A sample is correct when its `correct_key` score is at least this (the rule rewards give 0 or 1 accuracy)."""
+
+
+@dataclass
 class PPOConfig:
     data: DataConfig = field(default_factory=DataConfig)
     """Datasets, prompt formatting and lengths."""
@@ -570,6 +603,10 @@ class PPOConfig:
     """Advantage estimator, KL and online filtering."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """The loop: steps, validation, logging, checkpoints, cluster size."""
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    """`easyrl generate`: where the samples go and how they are drawn."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """`easyrl eval`: samples per prompt, what counts as correct, where the results go."""
 
     @property
     def world_size(self) -> int:

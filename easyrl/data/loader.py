@@ -44,10 +44,17 @@ def create_dataloaders(
     )
     if not config.val_files:
         return train_loader, None
+    return train_loader, create_val_loader(config, tokenizer, processor, model_config=model_config)
+
+
+def create_val_loader(
+    config: DataConfig, tokenizer: Any, processor: Any = None, *, model_config: Any = None
+) -> StatefulDataLoader:
+    """The loader of ``data.val_files``: every prompt once, in file order (also what `easyrl generate` reads)."""
     val = RLHFDataset(
         config.val_files, tokenizer, processor, config, config_key="data.val_files", model_config=model_config
     )
-    val_loader = StatefulDataLoader(
+    return StatefulDataLoader(
         val,
         batch_size=len(val) if config.val_batch_size == -1 else config.val_batch_size,
         shuffle=False,
@@ -55,4 +62,3 @@ def create_dataloaders(
         collate_fn=collate_fn,
         drop_last=False,  # validation covers every prompt
     )
-    return train_loader, val_loader

@@ -69,10 +69,9 @@ class RunData:
     val_loader: Any
 
 
-def prepare_run_data(plan: RunPlan) -> RunData:
-    """Resolve built-in model paths, load the tokenizer/processor and the data, and count the training steps."""
+def load_model_side(plan: RunPlan) -> tuple[Any, Any, Any]:
+    """Resolve built-in model paths; (tokenizer, processor, the actor's HF config), read on the driver."""
     from ..config.validate import check_model_sources
-    from ..data.loader import create_dataloaders
     from ..data.tokenizer import load_tokenizer_and_processor
     from ..demo.builtin_models import resolve_model_path
     from ..workers.fsdp_utils import load_hf_config
@@ -85,7 +84,15 @@ def prepare_run_data(plan: RunPlan) -> RunData:
     model = config.worker.actor.model
     tokenizer, processor = load_tokenizer_and_processor(model.tokenizer_path, model.trust_remote_code)
     # the model's config as the workers load it: a checkpoint that needs its own code stops here, before Ray
-    model_config = load_hf_config(model, "causal_lm")
+    return tokenizer, processor, load_hf_config(model, "causal_lm")
+
+
+def prepare_run_data(plan: RunPlan) -> RunData:
+    """Resolve built-in model paths, load the tokenizer/processor and the data, and count the training steps."""
+    from ..data.loader import create_dataloaders
+
+    config = plan.config
+    tokenizer, processor, model_config = load_model_side(plan)
     train_loader, val_loader = create_dataloaders(config.data, tokenizer, processor, model_config=model_config)
     plan = plan.with_training_steps(len(train_loader))
     return RunData(plan, tokenizer, processor, train_loader, val_loader)
@@ -95,11 +102,13 @@ class RunWorkers:
     """The worker groups of a run in their resource pool: started together, killed together, and started afresh
     when a worker dies and trainer.max_restarts allows (``restart``, which the trainer calls)."""
 
-    def __init__(self, plan: RunPlan) -> None:
+    def __init__(self, plan: RunPlan, generation_only: bool = False) -> None:
+        """``generation_only``: one group of ``plan.generation_worker_role`` (`easyrl generate` / `easyrl eval`)."""
         from ..controller.resource_pool import ResourcePool
 
         self.plan = plan
-        colocated_groups = 2 if plan.use_critic else 1
+        self.generation_only = generation_only
+        colocated_groups = 2 if plan.use_critic and not generation_only else 1
         self.pool = ResourcePool.from_trainer_config(
             plan.config.trainer.nnodes,
             plan.config.trainer.n_gpus_per_node,
@@ -118,13 +127,16 @@ class RunWorkers:
         run_dir = config.trainer.save_checkpoint_path
         try:
             # The hybrid engine: actor, rollout and reference share one process per device.
-            actor_rollout = RayWorkerGroup(
-                self.pool, FSDPWorker, config.worker, plan.worker_role, run_dir, name_prefix="actor_rollout"
+            role, prefix = (
+                (plan.generation_worker_role, "rollout")
+                if self.generation_only
+                else (plan.worker_role, "actor_rollout")
             )
+            actor_rollout = RayWorkerGroup(self.pool, FSDPWorker, config.worker, role, run_dir, name_prefix=prefix)
             self.groups.append(actor_rollout)
             actor_rollout.init_model()
             critic = None
-            if plan.use_critic:
+            if plan.use_critic and not self.generation_only:
                 critic = RayWorkerGroup(self.pool, FSDPWorker, config.worker, "critic", run_dir, name_prefix="critic")
                 self.groups.append(critic)
                 critic.init_model()

@@ -45,6 +45,9 @@ ROLES: dict[str, frozenset[str]] = {
     "actor_rollout_rm": frozenset({"actor", "rollout", "rm"}),
     "actor_rollout_ref_rm": frozenset({"actor", "rollout", "ref", "rm"}),
     "rm": frozenset({"rm"}),
+    # generation alone (`easyrl generate` / `easyrl eval`): the vLLM engine loads the weights from the model path
+    "rollout": frozenset({"rollout"}),
+    "rollout_rm": frozenset({"rollout", "rm"}),
 }
 ROLLOUT_MESH = "rollout"
 

@@ -1,0 +1,300 @@
+"""`easyrl generate` (and the sampling of `easyrl eval`): n responses per prompt of ``data.val_files`` from the
+rollout engine, scored by the configured reward, written to a jsonl file one batch at a time.
+
+Only what generation needs runs: the worker group of ``plan.generation_worker_role`` (the vLLM engine loads the
+model itself; no optimizer, reference or critic) and the reward scorer. One row per prompt::
+
+    {"index": 3, "data_source": "...", "prompt": "<templated prompt text>", "ground_truth": "...",
+     "responses": ["...", ...], "scores": [{"overall": 1.0, "accuracy": 1.0, ...}, ...]}
+
+``index`` is the prompt's position in the validation data (stable for the same data and data.* keys). Each batch's
+rows are appended in one write, flushed and fsynced before the next batch starts: a run killed at any moment leaves
+whole rows plus at most one partial last line. A run with an existing output drops that partial line (with a
+warning), keeps every whole row, and generates only the prompts that have none: no row twice. Each batch samples
+with a seed of (worker.rollout.seed, batch index) only, so a resumed batch draws what the uninterrupted run drew.
+"""
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..config import RunPlan
+from ..protocol import DataProto
+from ..utils.logging import setup_driver_logging
+from ..workers.reward.scorer import scores_to_non_tensor
+from ..workers.rollout.base import GenerationRequest
+from .ray_trainer import GENERATION_KEYS, GENERATION_NON_TENSOR_KEYS
+
+
+logger = logging.getLogger(__name__)
+
+# the kind number of the sampling seed (rollout.seed, kind, batch): the trainer uses 0 (training) and 1 (validation)
+GENERATE_SEED_KIND, EVAL_SEED_KIND = 2, 3
+
+
+class GenerationFileError(ValueError):
+    """An existing output file that cannot be continued (the message names the file, the row and the fix)."""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the output file
+# ----------------------------------------------------------------------------------------------------------------------
+def read_rows(path: str, repair: bool = False) -> list[dict[str, Any]]:
+    """The whole rows of a generation file (none when it does not exist). A last line without its newline is what a
+    killed write leaves: with ``repair`` it is cut off the file (a warning says so), else it is skipped with a warning.
+    Any other line that is not a JSON object is an error naming the line."""
+    if not os.path.exists(path):
+        return []
+    with open(path, "rb") as handle:
+        data = handle.read()
+    whole_end = data.rfind(b"\n") + 1  # bytes up to the end of the last whole line
+    if whole_end < len(data):
+        logger.warning(
+            "%s: the last line (%d bytes) is incomplete, the trace of a run that was stopped while writing: %s.",
+            path,
+            len(data) - whole_end,
+            "dropped, its prompts are generated again" if repair else "skipped",
+        )
+        if repair:
+            os.truncate(path, whole_end)
+    rows = []
+    for number, line in enumerate(data[:whole_end].decode("utf-8").splitlines(), start=1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise GenerationFileError(
+                f"{path}: line {number} is not JSON ({error}); the file was not written by `easyrl generate`. "
+                "Delete it or choose another output file."
+            ) from None
+        if not isinstance(row, dict) or "index" not in row or "responses" not in row:
+            raise GenerationFileError(
+                f"{path}: line {number} is not a generation row (an object with `index` and `responses`); "
+                "delete the file or choose another output file."
+            )
+        rows.append(row)
+    return rows
+
+
+def append_rows(path: str, rows: list[dict[str, Any]]) -> None:
+    """Append ``rows`` as jsonl in one write, flushed and fsynced: after a kill the file holds whole batches plus at
+    most one partial line, which ``read_rows`` detects."""
+    data = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
+    with open(path, "ab") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# generation
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass
+class GenerationSummary:
+    """What one `easyrl generate` run did."""
+
+    path: str
+    prompts: int
+    """Prompts of the validation data."""
+    generated: int
+    """Prompts generated by this run."""
+    resumed: int
+    """Prompts whose rows an earlier run had written."""
+
+
+def _decode_responses(tokenizer: Any, batch: DataProto) -> list[str]:
+    responses, mask = batch.batch["responses"], batch.batch["response_mask"].bool()
+    return [tokenizer.decode(responses[i][mask[i]], skip_special_tokens=True) for i in range(len(batch))]
+
+
+def _check_resumed_row(path: str, row: dict[str, Any], prompt: str, samples: int) -> None:
+    """A row of an earlier run must be the one this run would write: same prompt, same number of samples."""
+    if row.get("prompt") != prompt:
+        raise GenerationFileError(
+            f"{path}: the row of prompt index {row['index']} holds another prompt than data.val_files has at that "
+            "position: the file was written for other data or data.* settings. Delete it or choose another output."
+        )
+    if len(row["responses"]) != samples:
+        raise GenerationFileError(
+            f"{path}: the row of prompt index {row['index']} has {len(row['responses'])} responses, this run samples "
+            f"{samples} per prompt: the file was written with another worker.rollout.n / eval.k. Delete it or choose "
+            "another output."
+        )
+
+
+def generate_to_file(
+    plan: RunPlan,
+    tokenizer: Any,
+    val_loader: Any,
+    rollout: Any,
+    reward: Any,
+    path: str,
+    request_for_batch: Callable[[int], GenerationRequest],
+    samples_per_prompt: int,
+) -> GenerationSummary:
+    """Generate (and score, when ``reward`` is given) every prompt of ``val_loader`` that ``path`` has no row for;
+    append each batch's rows to ``path``. ``rollout``: the worker group hosting the engine."""
+    done = {int(row["index"]): row for row in read_rows(path, repair=True)}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    position, generated, errors = 0, 0, 0
+    for batch_index, prompts in enumerate(_batches(val_loader)):
+        indices = list(range(position, position + len(prompts)))
+        position += len(prompts)
+        texts = [tokenizer.decode(ids) for ids in prompts.non_tensor_batch["raw_prompt_ids"]]
+        for index, text in zip(indices, texts):
+            if index in done:
+                _check_resumed_row(path, done[index], text, samples_per_prompt)
+        todo = [i for i, index in enumerate(indices) if index not in done]
+        if not todo:
+            continue
+        if len(todo) < len(prompts):
+            prompts = prompts[np.array(todo)]
+        gen_input = prompts.select(
+            batch_keys=list(GENERATION_KEYS),
+            non_tensor_batch_keys=[k for k in GENERATION_NON_TENSOR_KEYS if k in prompts.non_tensor_batch],
+        )
+        generated_batch = rollout.generate_sequences(gen_input, request_for_batch(batch_index))
+        generated_batch.meta_info.pop("metrics", None)
+        repeat = len(generated_batch) // len(prompts)
+        if repeat != samples_per_prompt:
+            raise RuntimeError(f"The engine returned {repeat} samples per prompt, {samples_per_prompt} expected.")
+        batch = prompts.repeat(repeat, interleave=True)  # a prompt's samples are adjacent
+        batch.pop(batch_keys=list(GENERATION_KEYS))
+        batch = batch.union(generated_batch)
+        responses = _decode_responses(tokenizer, batch)
+        scores: list[dict[str, float]] | None = None
+        if reward is not None:
+            token_scores, reward_metrics = reward.score(batch)
+            named = scores_to_non_tensor(reward_metrics)
+            overall = token_scores.sum(-1).tolist()  # what the trainer's validation averages
+            scores = [{**{k: float(v[i]) for k, v in named.items()}, "overall": overall[i]} for i in range(len(batch))]
+            errors += int(sum(reward_metrics.get("reward/errors", [])))
+        sources = batch.non_tensor_batch.get("data_source", np.array(["val"] * len(batch), dtype=object))
+        rows = []
+        for j, i in enumerate(todo):
+            samples = slice(j * repeat, (j + 1) * repeat)
+            row = {
+                "index": indices[i],
+                "data_source": str(sources[j * repeat]),
+                "prompt": texts[i],
+                "ground_truth": _jsonable(batch.non_tensor_batch["ground_truth"][j * repeat]),
+                "responses": responses[samples],
+            }
+            if scores is not None:
+                row["scores"] = scores[samples]
+            rows.append(row)
+        append_rows(path, rows)
+        generated += len(rows)
+        logger.info("batch %d: %d prompts x %d samples written to %s", batch_index, len(rows), repeat, path)
+    if errors:
+        logger.warning("%d samples could not be scored and score 0 (reward/errors; see the log for why).", errors)
+    return GenerationSummary(path=path, prompts=position, generated=generated, resumed=position - generated)
+
+
+def _batches(loader: Any) -> Iterator[DataProto]:
+    for batch in loader:
+        yield batch if isinstance(batch, DataProto) else DataProto.from_single_dict(batch)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the run: data, Ray, workers, reward
+# ----------------------------------------------------------------------------------------------------------------------
+class GenerationRun:
+    """The driver's side of `easyrl generate` / `easyrl eval`: the tokenizer and the validation loader (read before
+    Ray starts, so bad data fails first), then the generation workers and the reward scorer; ``close`` releases
+    them."""
+
+    def __init__(self, plan: RunPlan) -> None:
+        from ..data.loader import create_val_loader
+        from .main import init_ray, load_model_side
+
+        if not plan.config.data.val_files:
+            raise ValueError(
+                "data.val_files is empty: set the prompts to generate for, e.g. data.val_files=FILE.jsonl."
+            )
+        self.plan = plan
+        setup_driver_logging(plan.config.trainer.save_checkpoint_path)
+        self.tokenizer, processor, model_config = load_model_side(plan)
+        self.val_loader = create_val_loader(plan.config.data, self.tokenizer, processor, model_config=model_config)
+        init_ray(plan)
+        self.workers = None
+        self.reward = None
+        self._start()
+
+    def _start(self) -> None:
+        from ..workers.reward.scorer import RewardScorer
+        from .main import RunWorkers
+
+        config = self.plan.config
+        self.workers = RunWorkers(self.plan, generation_only=True)
+        try:
+            groups = self.workers.start()
+            self.rollout = groups.actor_rollout
+            if config.worker.reward.reward_function:
+                group = self.workers.reward_model_group if self.plan.use_reward_model else None
+                self.reward = RewardScorer(
+                    config.worker.reward,
+                    self.tokenizer,
+                    run_dir=config.trainer.save_checkpoint_path,
+                    reward_model_group=group,
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    def generate(
+        self, path: str, request_for_batch: Callable[[int], GenerationRequest], samples: int
+    ) -> GenerationSummary:
+        return generate_to_file(
+            self.plan, self.tokenizer, self.val_loader, self.rollout, self.reward, path, request_for_batch, samples
+        )
+
+    def close(self) -> None:
+        if self.reward is not None:
+            self.reward.shutdown()
+            self.reward = None
+        if self.workers is not None:
+            self.workers.release()
+            self.workers = None
+
+
+def default_path(plan: RunPlan, configured: str | None, name: str) -> str:
+    """``configured``, else ``<trainer.save_checkpoint_path>/<name>``, as an absolute path."""
+    return os.path.abspath(
+        os.path.expanduser(configured or os.path.join(plan.config.trainer.save_checkpoint_path, name))
+    )
+
+
+def run_generate(plan: RunPlan) -> GenerationSummary:
+    """`easyrl generate`."""
+    from ..workers.rollout.base import resolve_sampling
+
+    config = plan.config
+    path = default_path(plan, config.generate.output, "generations.jsonl")
+    validate = config.generate.val_sampling
+    samples = resolve_sampling(config.worker.rollout, GenerationRequest(validate=validate)).n
+    seed = config.worker.rollout.seed
+    run = GenerationRun(plan)
+    try:
+        summary = run.generate(
+            path, lambda batch: GenerationRequest(validate=validate, seed=[seed, GENERATE_SEED_KIND, batch]), samples
+        )
+    finally:
+        run.close()
+    print(
+        f"{summary.prompts} prompts x {samples} samples in {summary.path} ({summary.generated} generated now"
+        + (f", {summary.resumed} by an earlier run)" if summary.resumed else ")")
+    )
+    return summary
