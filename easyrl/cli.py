@@ -1,4 +1,4 @@
-"""The `easyrl` command: train, check, merge, generate, eval."""
+"""The `easyrl` command: train, sft, check, merge, generate, eval."""
 
 import argparse
 import sys
@@ -81,6 +81,26 @@ def _eval(args: list[str]) -> int:
     return _generate_or_eval("eval", args)
 
 
+def _sft(args: list[str]) -> int:
+    from .config import ConfigError
+    from .config.sft_plan import load_sft_plan
+
+    try:
+        plan = load_sft_plan(args)
+    except ConfigError as err:
+        print(f"easyrl sft: invalid config: {err}", file=sys.stderr)
+        return 2
+    from .trainer.main import RunSetupError
+    from .trainer.sft_trainer import run_sft
+
+    try:
+        run_sft(plan)
+    except RunSetupError as err:
+        print(f"easyrl sft: cannot start: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _merge(args: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="easyrl merge", description="Turn a checkpoint's sharded actor state into a Hugging Face folder."
@@ -99,6 +119,7 @@ def _merge(args: list[str]) -> int:
 
 COMMANDS = {
     "train": (_train, f"train with PPO-family RL: easyrl train {USAGE_KEYS}"),
+    "sft": (_sft, f"supervised fine-tuning, loss on the assistant's tokens: easyrl sft {USAGE_KEYS}"),
     "check": (_check, f"validate, then print the resolved config and the run plan: easyrl check {USAGE_KEYS}"),
     "generate": (_generate, f"n samples per prompt of data.val_files into jsonl: easyrl generate {USAGE_KEYS}"),
     "eval": (_eval, f"mean@k and pass@k per data source of data.val_files: easyrl eval {USAGE_KEYS}"),

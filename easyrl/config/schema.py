@@ -594,6 +594,24 @@ class EvalConfig:
 
 
 @dataclass
+class SFTConfig:
+    """`sft.*`: `easyrl sft`, supervised fine-tuning on the training workers (the actor's model, optimizer, FSDP2 and
+    micro-batch keys; `worker.actor.global_batch_size` counts conversations per optimizer step, and the RL-only keys
+    rollout.n, ppo_epochs and loss_avg_mode do not apply: one pass, token-mean cross-entropy over the assistant's
+    tokens). Data comes from data.train_files; the Hugging Face model is written to
+    <trainer.save_checkpoint_path>/huggingface, ready as worker.actor.model.model_path of an RL run."""
+
+    messages_key: str = "messages"
+    """Column holding a conversation: an OpenAI-style list of {role, content}; the loss falls on every assistant
+    message (and its end-of-turn token) only. Rows without it use data.prompt_key and sft.response_key."""
+    response_key: str = "response"
+    """Column holding the assistant's reply to data.prompt_key (a one-exchange conversation; the prompt goes through
+    data.format_prompt as in RL)."""
+    max_length: int = 2048
+    """Longest conversation in tokens (pictures' tokens included); longer rows are skipped, counted and named."""
+
+
+@dataclass
 class PPOConfig:
     data: DataConfig = field(default_factory=DataConfig)
     """Datasets, prompt formatting and lengths."""
@@ -603,6 +621,8 @@ class PPOConfig:
     """Advantage estimator, KL and online filtering."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """The loop: steps, validation, logging, checkpoints, cluster size."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """`easyrl sft`: the conversation columns and the length limit."""
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     """`easyrl generate`: where the samples go and how they are drawn."""
     eval: EvalConfig = field(default_factory=EvalConfig)

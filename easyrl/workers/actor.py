@@ -3,6 +3,7 @@
 Works on an FSDP2-wrapped model inside a worker and on a plain Hugging Face model in one process alike.
 """
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -156,4 +157,31 @@ class Actor:
             mini_batch_size=self.mini_batch_size,
             dp_size=self.dp_size,
             prefix="actor",
+        )
+
+    def _sft_micro_loss(self, micro_batch: "DataProto", denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """Cross-entropy of the labelled tokens: -sum log p(y_t | y_<t) over ``response_mask`` / ``denominator`` (the
+        mini-batch's labelled tokens over all ranks / dp_size: the token mean of the whole mini-batch)."""
+        log_probs, _ = self._forward(micro_batch, 1.0, calculate_entropy=False)  # (batch, response_len)
+        mask = micro_batch.batch["response_mask"]
+        loss = -(log_probs * mask).sum() / denominator
+        return loss, {"loss": loss.item()}
+
+    def update_sft(self, data: "DataProto") -> dict[str, float]:
+        """One optimizer step per mini-batch of ``data`` (this rank's share of SFT conversations; ``response_mask`` is
+        the loss mask): token-mean cross-entropy, one pass, the actor's micro-batches and gradient clipping. Returns
+        this rank's ``sft/*`` metrics (``sft/loss``: the mean over the step's labelled tokens)."""
+        if self.optimizer is None or self.mini_batch_size is None:
+            raise RuntimeError("This actor was built without an optimizer (a reference model cannot be updated).")
+        # SFT is one pass over each batch with the token mean, whatever the RL keys ppo_epochs / loss_avg_mode say
+        schedule = dataclasses.replace(self.config, ppo_epochs=1, loss_avg_mode="token-mean")
+        return run_ppo_updates(
+            self.module,
+            self.optimizer,
+            data,
+            self._sft_micro_loss,
+            schedule,
+            mini_batch_size=self.mini_batch_size,
+            dp_size=self.dp_size,
+            prefix="sft",
         )

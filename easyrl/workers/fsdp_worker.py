@@ -294,6 +294,13 @@ class FSDPWorker(Worker):
         """One value update; returns DataProto(meta_info={"metrics": {"critic/...": float}})."""
         return self._update("critic", data, self.critic.update_critic)
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_sft(self, data: Any) -> Any:
+        """One supervised fine-tuning step of the actor on this rank's conversations (``easyrl sft``: the batch's
+        ``response_mask`` marks the assistant's tokens); returns DataProto(meta_info={"metrics": {"sft/...": float}})
+        with metrics averaged over ranks."""
+        return self._update("actor", data, self.actor.update_sft)
+
     # ------------------------------------------------------------------------------------------------------------------
     # rollout (hybrid engine)
     # ------------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,338 @@
+"""Supervised fine-tuning data: conversations -> token ids with a loss mask on the assistant's tokens only.
+
+A row is either a conversation, ``sft.messages_key`` (default ``messages``): an OpenAI-style list of
+``{"role": ..., "content": ...}``, or a single exchange: ``data.prompt_key`` (the user's turn, passed through
+``data.format_prompt`` as in RL, so the model learns the prompt the RL run will show it) and ``sft.response_key``
+(the assistant's reply). Pictures come from ``data.image_key`` as in RL data: ``<image>`` placeholders in a message's
+text (or ``{"type": "image"}`` parts) mark where each goes; with no placeholder at all they go before the first
+user message's text.
+
+Where the loss falls (the labels): the chat template is rendered turn by turn. For the assistant message i,
+``render(messages[:i], add_generation_prompt=True)`` is what the model reads before it answers (exactly the prompt an
+RL rollout or a chat server gives it), and ``render(messages[:i + 1])`` adds the answer; the text between the two is
+the model's own. Each piece is tokenized on its own, so the tokens are the ones the model reads and writes at
+inference (the prompt tokenized alone, the reply token by token), and a multi-turn conversation has every assistant
+reply labelled and nothing else. Inside a reply's piece the labels stop at its last special token (the end-of-turn
+token, e.g. ``<|im_end|>``, which the model must learn to write to stop); what the template adds after it (ChatML's
+newline) is glue that the next prompt starts with, never generated, so not labelled. A template that renders earlier
+turns differently once later turns follow (one that drops earlier reasoning) cannot be split this way: its rows are
+skipped and named.
+
+One item: ``input_ids`` (L,), ``loss_mask`` (L,) 0/1, ``position_ids`` (L,) or (3, L) for Qwen-VL, and
+``multi_modal_data`` for datasets with a media column. ``sft_collate`` turns items into the actor's layout: the part
+before the first labelled token is the "prompt" (left-padded), the rest the "response" (right-padded) whose
+``response_mask`` is the loss mask, so the actor's padding-free forward pass and its token-mean denominator serve
+SFT unchanged.
+"""
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..config.schema import DataConfig, SFTConfig
+from ..protocol import DataProto, as_object_array
+from .dataset import _as_list, _is_missing, _name_rows, data_folder
+from .rope import make_position_id_fn
+from .sources import load_rows
+from .template import PLACEHOLDER, ChatTemplate, PromptFormatter
+from .vision import PictureSizing, UnreadableMediaError, load_image
+
+
+logger = logging.getLogger(__name__)
+
+
+class UnusableConversationError(ValueError):
+    """A row that cannot be trained on as it stands; the dataset skips it, counts it and names it."""
+
+
+def _text_parts(text: str) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = []
+    for piece in PLACEHOLDER.split(text):
+        if piece == "<image>":
+            parts.append({"type": "image"})
+        elif piece == "<video>":
+            raise UnusableConversationError("videos are not supported in SFT data yet; remove the <video> placeholder")
+        elif piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
+
+
+def normalize_messages(messages: Any, num_images: int) -> list[dict[str, Any]]:
+    """Messages with plain string content where there is no picture, typed parts where there are; checks that the
+    number of picture places equals ``num_images`` (placeholders absent: the pictures go before the first user
+    message's text)."""
+    messages = _as_list(messages)
+    if not messages:
+        raise UnusableConversationError("the conversation has no messages")
+    out = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or _is_missing(message.get("role")) or "content" not in message:
+            raise UnusableConversationError(f"message {index} is not a {{role, content}} dict")
+        content = message["content"]
+        if isinstance(content, str):
+            parts = _text_parts(content) if PLACEHOLDER.search(content) else content
+        else:  # typed parts; a column read by `datasets` fills the keys a part lacks with None
+            parts = []
+            for part in _as_list(content):
+                kind = part.get("type")
+                if kind == "text":
+                    parts.extend(_text_parts(str(part.get("text") or "")))
+                elif kind == "image":
+                    parts.append({"type": "image"})
+                else:
+                    raise UnusableConversationError(f"message {index} has a content part of type {kind!r}")
+        out.append({"role": str(message["role"]), "content": parts})
+    places = sum(
+        part["type"] == "image"
+        for message in out
+        if isinstance(message["content"], list)
+        for part in message["content"]
+    )
+    if places == 0 and num_images:
+        first_user = next((m for m in out if m["role"] == "user"), None)
+        if first_user is None:
+            raise UnusableConversationError("the row has images but no user message to put them in")
+        text = first_user["content"]
+        first_user["content"] = [{"type": "image"}] * num_images + _as_list(
+            [{"type": "text", "text": text}] if isinstance(text, str) else text
+        )
+    elif places != num_images:
+        raise UnusableConversationError(
+            f"the conversation has {places} image places but the row has {num_images} images"
+        )
+    for message in out:
+        if message["role"] == "assistant" and isinstance(message["content"], list):
+            if any(part["type"] == "image" for part in message["content"]):
+                raise UnusableConversationError("an assistant message holds an image; pictures go in user messages")
+            message["content"] = "".join(part["text"] for part in message["content"])
+    return out
+
+
+def labelled_pieces(messages: list[dict[str, Any]], render) -> list[tuple[str, bool]]:
+    """The rendered conversation cut into (text, is an assistant reply) pieces, turn by turn (module docstring).
+    ``render(messages, add_generation_prompt) -> str``."""
+    if messages[0]["role"] == "assistant":
+        raise UnusableConversationError("the conversation starts with an assistant message: nothing prompts it")
+    pieces: list[tuple[str, bool]] = []
+    done = ""
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = render(messages[:i], True)
+        after = render(messages[: i + 1], False)
+        if not before.startswith(done) or not after.startswith(before):
+            raise UnusableConversationError(
+                f"the chat template renders the turns before message {i} differently once it follows (it rewrites "
+                "earlier turns, e.g. drops their reasoning), so the assistant's tokens cannot be told apart; set "
+                "data.override_chat_template to a template that renders each turn the same way"
+            )
+        pieces += [(before[len(done) :], False), (after[len(before) :], True)]
+        done = after
+    if not pieces:
+        raise UnusableConversationError("the conversation has no assistant message: nothing to learn")
+    return [(text, labelled) for text, labelled in pieces if text]
+
+
+class ConversationEncoder:
+    """One row -> its SFT item (see the module docstring)."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        processor: Any,
+        data: DataConfig,
+        sft: SFTConfig,
+        config_key: str,
+        media_dirs: tuple[str, ...] = (),
+        model_config: Any = None,
+    ):
+        self.tokenizer, self.processor, self.data, self.sft = tokenizer, processor, data, sft
+        self.config_key, self.media_dirs = config_key, media_dirs
+        chat_template = ChatTemplate(tokenizer, processor, data.override_chat_template)
+        self._renderer, self._template = chat_template.renderer, chat_template.template
+        self.formatter = PromptFormatter(data.format_prompt)
+        self.sizing = PictureSizing.from_processor(processor, data.min_pixels, data.max_pixels) if processor else None
+        self.position_ids = make_position_id_fn(processor, model_config)
+        # tokens that end a reply: the special tokens of the vocabulary (<|im_end|>, <|eot_id|>, eos ...)
+        self.special_ids = {int(i) for i, token in tokenizer.added_tokens_decoder.items() if token.special}
+        self.special_ids |= {int(i) for i in tokenizer.all_special_ids}
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        return self._renderer.apply_chat_template(
+            messages, chat_template=self._template, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+
+    def messages(self, row: dict, num_images: int) -> list[dict[str, Any]]:
+        conversation = row.get(self.sft.messages_key)
+        if not _is_missing(conversation):
+            return normalize_messages(conversation, num_images)
+        prompt, response = row.get(self.data.prompt_key), row.get(self.sft.response_key)
+        if _is_missing(prompt) or _is_missing(response):
+            raise UnusableConversationError(
+                f"no value for sft.messages_key={self.sft.messages_key!r}, nor for both "
+                f"data.prompt_key={self.data.prompt_key!r} and sft.response_key={self.sft.response_key!r}"
+            )
+        user = {"role": "user", "content": self.formatter(str(prompt))}
+        return normalize_messages([user, {"role": "assistant", "content": str(response)}], num_images)
+
+    def images(self, row: dict) -> list:
+        images = _as_list(row.get(self.data.image_key))
+        if _as_list(row.get(self.data.video_key)):
+            raise UnusableConversationError("videos are not supported in SFT data yet")
+        if images and self.processor is None:
+            raise ValueError(
+                f"{self.config_key}: rows have images but the model has no processor; use a vision-language model "
+                "or drop the image column."
+            )
+        return [
+            load_image(
+                image, self.media_dirs, self.sizing, min_pixels=self.data.min_pixels, max_pixels=self.data.max_pixels
+            )
+            for image in images
+        ]
+
+    def _tokenize(self, text: str, images: list) -> dict[str, Any]:
+        if images:
+            out = self.processor(text=[text], images=images, add_special_tokens=False, return_tensors="pt")
+            return {"input_ids": out["input_ids"][0], "image_grid_thw": out["image_grid_thw"]}
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return {"input_ids": torch.tensor(ids, dtype=torch.long)}
+
+    def encode(self, row: dict) -> dict[str, Any]:
+        images = self.images(row)
+        pieces = labelled_pieces(self.messages(row, len(images)), self.render)
+        image_token = getattr(self.processor, "image_token", None)
+        ids, labels, grids = [], [], []
+        next_image = 0
+        for text, labelled in pieces:
+            count = text.count(image_token) if image_token and images else 0
+            out = self._tokenize(text, images[next_image : next_image + count])
+            next_image += count
+            piece_ids = out["input_ids"]
+            mask = torch.zeros_like(piece_ids)
+            if labelled:
+                special = torch.tensor([int(t) in self.special_ids for t in piece_ids.tolist()], dtype=torch.bool)
+                ends = torch.nonzero(special).flatten()
+                # up to and including the last special token (the end of turn); no special token: all of it
+                mask[: int(ends[-1]) + 1 if len(ends) else len(piece_ids)] = 1
+            ids.append(piece_ids)
+            labels.append(mask)
+            if "image_grid_thw" in out:
+                grids.append(out["image_grid_thw"])
+        if next_image != len(images):
+            raise UnusableConversationError(
+                f"the rendered conversation holds {next_image} image tokens for {len(images)} images"
+            )
+        input_ids, loss_mask = torch.cat(ids), torch.cat(labels)
+        model_inputs = {"input_ids": input_ids[None], "image_grid_thw": torch.cat(grids) if grids else None}
+        item = {"input_ids": input_ids, "loss_mask": loss_mask, "position_ids": self.position_ids(model_inputs)}
+        if images:
+            item["multi_modal_data"] = {"images": images}
+        return item
+
+
+class SFTDataset(Dataset):
+    """The conversations of one data file, every row encoded once when built: rows that cannot be used or are longer
+    than ``sft.max_length`` tokens are skipped, counted and named in a warning; no usable row is an error."""
+
+    def __init__(
+        self,
+        data_path: str,
+        tokenizer: Any,
+        processor: Any,
+        data: DataConfig,
+        sft: SFTConfig,
+        *,
+        config_key: str = "data.train_files",
+        model_config: Any = None,
+    ):
+        self.config_key = config_key
+        self.rows = load_rows(data_path, config_key)
+        media_dirs = tuple(folder for folder in (data.image_dir, data_folder(data_path)) if folder)
+        self.encoder = ConversationEncoder(tokenizer, processor, data, sft, config_key, media_dirs, model_config)
+        self.has_media = data.image_key in self.rows.column_names
+        self.unusable_rows: list[tuple[int, str]] = []
+        self.overlong_rows: list[int] = []
+        kept = []
+        for index in range(len(self.rows)):
+            try:
+                length = len(self.encoder.encode(self.rows[index])["input_ids"])
+            except (UnusableConversationError, UnreadableMediaError) as error:
+                self.unusable_rows.append((index, str(error)))
+                continue
+            if length > sft.max_length:
+                self.overlong_rows.append(index)
+            else:
+                kept.append(index)
+        self.row_index = np.array(kept, dtype=np.int64)
+        total = len(self.rows)
+        if self.unusable_rows:
+            shown = "; ".join(f"row {i}: {message}" for i, message in self.unusable_rows[:5])
+            logger.warning("%s: skipped %d of %d rows (%s).", config_key, len(self.unusable_rows), total, shown)
+        if self.overlong_rows:
+            logger.warning(
+                "%s: skipped %d of %d rows longer than sft.max_length=%d tokens (%s).",
+                config_key, len(self.overlong_rows), total, sft.max_length, _name_rows(self.overlong_rows),
+            )  # fmt: skip
+        if not kept:
+            first = (
+                f" First problem: row {self.unusable_rows[0][0]}: {self.unusable_rows[0][1]}."
+                if self.unusable_rows
+                else ""
+            )
+            raise ValueError(
+                f"{config_key}: none of the {total} rows of {data_path} is a usable conversation within "
+                f"sft.max_length={sft.max_length} tokens.{first}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.row_index)
+
+    def __getitem__(self, item: int) -> dict[str, Any]:
+        index = int(self.row_index[item])
+        try:
+            out = self.encoder.encode(self.rows[index])
+        except (UnusableConversationError, UnreadableMediaError) as error:
+            raise type(error)(f"{self.config_key}: row {index}: {error}") from error
+        if self.has_media:
+            out.setdefault("multi_modal_data", None)
+        return out
+
+
+def sft_collate(items: list[dict[str, Any]], pad_token_id: int) -> DataProto:
+    """SFT items -> the actor's batch: ``input_ids`` / ``attention_mask`` / ``position_ids`` (batch, P + R) with the
+    part before each row's first labelled token left-padded to P and the rest right-padded to R, ``responses`` and
+    ``response_mask`` (batch, R) (the loss mask), and ``multi_modal_data`` when the items have it."""
+    starts = [int(torch.nonzero(item["loss_mask"]).flatten()[0]) for item in items]
+    prompt_len = max(starts)
+    response_len = max(len(item["input_ids"]) - start for item, start in zip(items, starts))
+    batch = len(items)
+    multi_axis = items[0]["position_ids"].dim() == 2
+    input_ids = torch.full((batch, prompt_len + response_len), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    loss_mask = torch.zeros_like(input_ids)
+    position_ids = torch.zeros(
+        (batch, 3, prompt_len + response_len) if multi_axis else input_ids.shape, dtype=torch.long
+    )
+    for row, (item, start) in enumerate(zip(items, starts)):
+        length = len(item["input_ids"])
+        # tokens [0, start) end at column prompt_len; tokens [start, length) begin there
+        columns = slice(prompt_len - start, prompt_len - start + length)
+        input_ids[row, columns] = item["input_ids"]
+        attention_mask[row, columns] = 1
+        loss_mask[row, columns] = item["loss_mask"]
+        position_ids[row, ..., columns] = item["position_ids"]
+    tensors = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "responses": input_ids[:, prompt_len:],
+        "response_mask": loss_mask[:, prompt_len:],
+    }
+    non_tensors = {}
+    if any("multi_modal_data" in item for item in items):
+        non_tensors["multi_modal_data"] = as_object_array([item.get("multi_modal_data") for item in items])
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)

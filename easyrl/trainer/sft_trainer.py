@@ -1,0 +1,192 @@
+"""`easyrl sft`: supervised fine-tuning of the actor on conversations, on the RL run's workers and checkpoints.
+
+The driver reads and encodes the data before Ray starts (bad rows are named then), starts one worker group in the
+`actor` role of ``FSDPWorker`` (the FSDP2 model, optimizer and lr schedule of the actor), and runs one optimizer
+step per batch of ``worker.actor.global_batch_size`` conversations. Checkpoints are the RL trainer's
+(``global_step_N/actor`` + the loader's position: ``trainer.save_freq``, ``save_limit``, resume from the newest or
+``trainer.load_checkpoint_path``), the metrics go to ``trainer.logger``, and the last step's weights are written as a
+Hugging Face folder (``SFTPlan.hf_output_dir``) that an RL run takes as ``worker.actor.model.model_path``.
+"""
+
+import logging
+from functools import partial
+from typing import Any
+
+import torch
+from torch.utils.data import SequentialSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.sampler import RandomSampler
+
+from ..config.sft_plan import SFTPlan
+from ..data.sft import SFTDataset, sft_collate
+from ..utils.logging import setup_driver_logging
+from .checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    load_dataloader_state,
+    load_trainer_state,
+    resolve_resume_path,
+)
+from .main import RunSetupError, _write_ray_timeline, cpus_per_worker, init_ray
+from .metrics import timer
+
+
+logger = logging.getLogger(__name__)
+
+
+def build_sft_loader(plan: SFTPlan, tokenizer: Any, processor: Any, model_config: Any) -> StatefulDataLoader:
+    """The training conversations in batches of worker.actor.global_batch_size (a resumable loader)."""
+    config = plan.config
+    dataset = SFTDataset(
+        config.data.train_files, tokenizer, processor, config.data, config.sft, model_config=model_config
+    )
+    batch_size = config.worker.actor.global_batch_size
+    if len(dataset) < batch_size:
+        raise ValueError(
+            f"data.train_files has {len(dataset)} usable conversations, fewer than one batch "
+            f"(worker.actor.global_batch_size={batch_size}); lower the batch size or add data."
+        )
+    if config.data.shuffle:
+        generator = torch.Generator()
+        generator.manual_seed(config.data.seed)
+        sampler = RandomSampler(dataset, generator=generator)
+    else:
+        sampler = SequentialSampler(dataset)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return StatefulDataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=config.data.dataloader_num_workers,
+        collate_fn=partial(sft_collate, pad_token_id=pad),
+        drop_last=True,
+    )
+
+
+class SFTTrainer:
+    """The SFT loop: batches -> ``update_sft`` on the workers -> metrics, checkpoints; the HF folder at the end."""
+
+    def __init__(self, plan: SFTPlan, loader: StatefulDataLoader, workers: Any, tracker: Any) -> None:
+        self.plan, self.config = plan, plan.config
+        self.loader, self.workers, self.tracker = loader, workers, tracker
+        self.checkpoints = CheckpointManager(self.config.trainer.save_checkpoint_path, self.config.trainer.save_limit)
+        self.global_step = 0
+        self.epoch = 0
+
+    def _resume(self) -> None:
+        path = resolve_resume_path(self.config.trainer)
+        if path is None:
+            self.tracker.rewind_to(-1)
+            return
+        loader_state = load_dataloader_state(path)
+        if loader_state is None:
+            raise CheckpointError(
+                f"{path} holds no dataloader or optimizer state (saved with trainer.save_model_only=true): SFT cannot "
+                "resume from it. Start afresh (trainer.find_last_checkpoint=false or another save_checkpoint_path)."
+            )
+        logger.warning("Resuming from %s", path)
+        state = load_trainer_state(path)
+        self.workers.load_checkpoint(f"{path}/actor")
+        self.loader.load_state_dict(loader_state)
+        self.global_step, self.epoch = int(state["global_step"]), int(state.get("epoch", 0))
+        self.tracker.rewind_to(self.global_step, state.get("metrics"))
+
+    def _batches(self):
+        while True:
+            yield from self.loader
+            self.epoch += 1
+
+    def save_checkpoint(self, metrics: dict[str, float]) -> str:
+        tmp_dir = self.checkpoints.begin(self.global_step)
+        model_only = self.config.trainer.save_model_only
+        self.workers.save_checkpoint(f"{tmp_dir}/actor", model_only)
+        return self.checkpoints.commit(
+            self.global_step,
+            trainer_state={"epoch": self.epoch, "metrics": metrics},
+            dataloader_state=None if model_only else self.loader.state_dict(),
+            required=("actor",),
+        )
+
+    def fit(self) -> dict[str, float]:
+        """Train to the last step, save, and write the Hugging Face folder; returns the last step's metrics."""
+        self._resume()
+        steps, save_freq = self.plan.training_steps, self.config.trainer.save_freq
+        batches = self._batches()
+        metrics: dict[str, float] = {}
+        while self.global_step < steps:
+            self.global_step += 1
+            timing: dict[str, float] = {}
+            with timer("step", timing):
+                batch = next(batches)
+                output = self.workers.update_sft(batch)
+            metrics = dict(output.meta_info["metrics"])
+            metrics["sft/tokens"] = float(batch.batch["response_mask"].sum())
+            metrics["sft/epoch"] = float(self.epoch)
+            metrics.update({f"timing/{key}": value for key, value in timing.items()})
+            if self.global_step == steps or (save_freq > 0 and self.global_step % save_freq == 0):
+                self.save_checkpoint(metrics)
+            self.tracker.log(metrics, step=self.global_step)
+        self.workers.save_hf_model(self.plan.hf_output_dir)
+        return metrics
+
+
+def run_sft(plan: SFTPlan) -> dict[str, float]:
+    """`easyrl sft`: data and model read before Ray, then the workers, the loop and the Hugging Face folder."""
+    from ..config import config_to_dict
+    from ..config.validate import check_model_sources
+    from ..controller.resource_pool import ResourcePool
+    from ..controller.worker_group import RayWorkerGroup
+    from ..data.tokenizer import load_tokenizer_and_processor
+    from ..demo.builtin_models import resolve_model_path
+    from ..workers.fsdp_utils import load_hf_config
+    from ..workers.fsdp_worker import FSDPWorker
+    from .loggers import Tracker
+
+    config = plan.config
+    log_file = setup_driver_logging(config.trainer.save_checkpoint_path)
+    model = config.worker.actor.model
+    try:
+        check_model_sources(config)
+        model.model_path = resolve_model_path(model.model_path)
+        model.tokenizer_path = resolve_model_path(model.tokenizer_path)
+        tokenizer, processor = load_tokenizer_and_processor(model.tokenizer_path, model.trust_remote_code)
+        loader = build_sft_loader(plan, tokenizer, processor, load_hf_config(model, "causal_lm"))
+        plan = plan.with_training_steps(len(loader))
+    except (ValueError, KeyError, OSError) as error:  # the data/model errors name their key, file and row
+        message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+        logging.getLogger().info("The run could not start:", exc_info=True)
+        raise RunSetupError(message + (f" (traceback in {log_file})" if log_file is not None else "")) from error
+    logger.info("SFT plan:\n%s", plan.describe())
+    init_ray(plan)
+    tracker = Tracker(
+        loggers=config.trainer.logger,
+        project_name=config.trainer.project_name,
+        experiment_name=config.trainer.experiment_name,
+        config_dict=config_to_dict(config),
+        save_dir=config.trainer.save_checkpoint_path,
+        total_steps=plan.training_steps,
+    )
+    pool = ResourcePool.from_trainer_config(
+        config.trainer.nnodes,
+        config.trainer.n_gpus_per_node,
+        max_colocate_count=1,
+        cpus_per_worker=cpus_per_worker(plan, 1),
+    )
+    group = None
+    try:
+        group = RayWorkerGroup(
+            pool, FSDPWorker, config.worker, "actor", config.trainer.save_checkpoint_path, name_prefix="sft"
+        )
+        group.init_model()
+        metrics = SFTTrainer(plan, loader, group, tracker).fit()
+    finally:
+        try:
+            _write_ray_timeline(config.trainer.ray_timeline)
+        finally:
+            if group is not None:
+                group.kill()
+            pool.release()
+            tracker.finish()
+    print(f"Checkpoints are in {config.trainer.save_checkpoint_path}")
+    print(f"The fine-tuned model is in {plan.hf_output_dir} (use it as worker.actor.model.model_path)")
+    return metrics

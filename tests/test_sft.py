@@ -1,0 +1,247 @@
+"""`easyrl sft`: the loss mask (token by token, text and with a picture), the batch layout, and a real run on two
+FSDP2 workers whose loss falls and whose output folder is an RL actor's model_path."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from easyrl.config.schema import DataConfig, SFTConfig
+from easyrl.data.sft import ConversationEncoder, UnusableConversationError, labelled_pieces, sft_collate
+from tests.fixtures.trainer_runs import REPO_ROOT, kill_process_group, log_tail
+
+
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "2+2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "and 3+3?"},
+    {"role": "assistant", "content": "6"},
+]
+
+
+def labelled(encoder, item) -> list[tuple[int, str]]:
+    ids, mask = item["input_ids"].tolist(), item["loss_mask"].tolist()
+    return [(i, encoder.tokenizer.decode([t])) for i, (t, m) in enumerate(zip(ids, mask)) if m]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the loss mask
+# ----------------------------------------------------------------------------------------------------------------------
+def test_only_the_assistant_replies_and_their_end_of_turn_tokens_are_labelled(tokenizer):
+    encoder = ConversationEncoder(tokenizer, None, DataConfig(), SFTConfig(), "data.train_files")
+    item = encoder.encode({"messages": CONVERSATION})
+    # ChatML: <|im_start|>system\nBe brief.<|im_end|>\n (8 tokens) <|im_start|>user\n2+2?<|im_end|>\n (9)
+    # <|im_start|>assistant\n (4) | 4<|im_end|> | \n <|im_start|>user\nand 3+3?<|im_end|>\n (11)
+    # <|im_start|>assistant\n (4) | 6<|im_end|> | \n
+    assert len(item["input_ids"]) == 42
+    assert labelled(encoder, item) == [(21, "4"), (22, "<|im_end|>"), (39, "6"), (40, "<|im_end|>")]
+    # the tokens are the rendered conversation's, and the text before each reply is the generation prompt
+    assert tokenizer.decode(item["input_ids"]) == encoder.render(CONVERSATION, False)
+    assert tokenizer.decode(item["input_ids"][:21]) == encoder.render(CONVERSATION[:2], True)
+    assert item["position_ids"].tolist() == list(range(42))
+
+
+def test_prompt_and_response_columns_make_one_exchange_through_the_prompt_template(tokenizer, tmp_path):
+    template = tmp_path / "boxed.jinja"
+    template.write_text("{{ content }} Put the answer in \\boxed{}.")
+    data = DataConfig(prompt_key="problem", format_prompt=str(template))
+    encoder = ConversationEncoder(tokenizer, None, data, SFTConfig(response_key="solution"), "data.train_files")
+    item = encoder.encode({"problem": "1+1?", "solution": "\\boxed{2}"})
+    reply = [text for _, text in labelled(encoder, item)]
+    assert "".join(reply) == "\\boxed{2}<|im_end|>"
+    prompt = encoder.render([{"role": "user", "content": "1+1? Put the answer in \\boxed{}."}], True)
+    assert tokenizer.decode(item["input_ids"][: labelled(encoder, item)[0][0]]) == prompt
+
+
+def test_a_picture_takes_its_pads_in_the_prompt_and_the_labels_stay_on_the_replies(tmp_path):
+    from PIL import Image
+    from transformers import AutoConfig
+
+    from easyrl.data.tokenizer import load_tokenizer_and_processor
+    from easyrl.testing.tiny_vl import build_tiny_qwen2_5_vl
+
+    path = build_tiny_qwen2_5_vl(tmp_path / "vl")
+    tokenizer, processor = load_tokenizer_and_processor(str(path))
+    data = DataConfig(min_pixels=28 * 28, max_pixels=56 * 56)
+    encoder = ConversationEncoder(
+        tokenizer, processor, data, SFTConfig(), "data.train_files", model_config=AutoConfig.from_pretrained(path)
+    )
+    messages = [
+        {"role": "user", "content": "<image>How many?"},
+        {"role": "assistant", "content": "2"},
+        {"role": "user", "content": "Sure?"},
+        {"role": "assistant", "content": "yes"},
+    ]
+    item = encoder.encode({"messages": messages, "images": [Image.new("RGB", (56, 56), (255, 0, 0))]})
+    ids = item["input_ids"]
+    # system (11 tokens) + <|im_start|>user\n (3) + <|vision_start|> + 4 pads (56x56 px: 2x2 merged patches) + ...
+    assert int((ids == processor.image_token_id).sum()) == 4
+    assert torch.nonzero(ids == processor.image_token_id).flatten().tolist() == [15, 16, 17, 18]
+    assert labelled(encoder, item) == [(29, "2"), (30, "<|im_end|>"), (43, "yes"), (44, "<|im_end|>")]
+    assert len(ids) == 46
+    # 3-D rope: the 2x2 picture advances the text positions by 2, not 4 -> the last token sits at 46 - 4 + 2 - 1
+    assert item["position_ids"].shape == (3, 46)
+    assert item["position_ids"][:, -1].tolist() == [43, 43, 43]
+    assert len(item["multi_modal_data"]["images"]) == 1
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused_with_the_key_to_change():
+    def render(messages, add_generation_prompt):  # drops earlier replies once a later turn follows
+        shown = [m for i, m in enumerate(messages) if m["role"] != "assistant" or i == len(messages) - 1]
+        return "".join(f"[{m['role']}]{m['content']}" for m in shown) + (
+            "[assistant]" if add_generation_prompt else ""
+        )
+
+    with pytest.raises(UnusableConversationError, match="data.override_chat_template"):
+        labelled_pieces(CONVERSATION, render)
+    with pytest.raises(UnusableConversationError, match="no assistant message"):
+        labelled_pieces(CONVERSATION[:2], render)
+
+
+def test_collate_puts_each_first_labelled_token_at_the_response_start():
+    items = [
+        {
+            "input_ids": torch.tensor([5, 6, 7, 8]),
+            "loss_mask": torch.tensor([0, 0, 1, 1]),
+            "position_ids": torch.arange(4),
+        },
+        {
+            "input_ids": torch.tensor([9, 10, 11]),
+            "loss_mask": torch.tensor([0, 1, 0]),
+            "position_ids": torch.arange(3),
+        },
+    ]
+    batch = sft_collate(items, pad_token_id=0).batch
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8], [0, 9, 10, 11]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [0, 1, 1, 1]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3], [0, 0, 1, 2]]
+    assert batch["responses"].tolist() == [[7, 8], [10, 11]]
+    assert batch["response_mask"].tolist() == [[1, 1], [1, 0]]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a real run
+# ----------------------------------------------------------------------------------------------------------------------
+def _sum_rows(a: int, b: int) -> dict:
+    return {
+        "messages": [
+            {"role": "user", "content": f"What is {a}+{b}?"},
+            {"role": "assistant", "content": f"The answer is \\boxed{{{a + b}}}."},
+        ]
+    }
+
+
+def _run(command: str, args: list[str], log_path, timeout: float = 400) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "easyrl", command, *args],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    kill_process_group(proc)  # Ray's stragglers go with the run
+    if code != 0:
+        pytest.fail(f"`easyrl {command}` ended with {code}; end of its log:\n{log_tail(log_path)}")
+
+
+def _assistant_nll(model, tokenizer, rows) -> float:
+    """Token-mean cross-entropy of the rows' labelled tokens under a plain Hugging Face model (fp32)."""
+    encoder = ConversationEncoder(tokenizer, None, DataConfig(), SFTConfig(), "test")
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for row in rows:
+            item = encoder.encode(row)
+            logits = model(item["input_ids"][None]).logits[0, :-1]
+            nll = torch.nn.functional.cross_entropy(logits, item["input_ids"][1:], reduction="none")
+            mask = item["loss_mask"][1:].bool()
+            total, count = total + float(nll[mask].sum()), count + int(mask.sum())
+    return total / count
+
+
+@pytest.fixture(scope="module")
+def sft_run(tiny_model_path, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sft_run")
+    rows = [_sum_rows(a, b) for a in range(4) for b in range(2)]
+    data = folder / "data.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = [
+        f"worker.actor.model.model_path={tiny_model_path}",
+        f"data.train_files={data}",
+        "data.shuffle=false",
+        "trainer.n_gpus_per_node=2",
+        "worker.actor.global_batch_size=4",
+        "worker.actor.micro_batch_size_per_device_for_update=1",
+        "worker.actor.optim.lr=3e-3",
+        "worker.actor.fsdp.mp_param_dtype=fp32",
+        "worker.actor.use_torch_compile=false",
+        "trainer.max_steps=8",
+        "trainer.save_freq=4",
+        f"trainer.save_checkpoint_path={folder / 'ckpt'}",
+    ]
+    _run("sft", args, folder / "sft.log")
+    metrics = {}
+    for line in (folder / "ckpt" / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        metrics[row["step"]] = row
+    return folder, rows, args, metrics
+
+
+def test_sft_loss_falls_and_matches_a_plain_forward_at_the_first_step(sft_run, tiny_model_path, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    folder, rows, _, metrics = sft_run
+    assert sorted(metrics) == list(range(1, 9))
+    losses = [metrics[step]["sft/loss"] for step in range(1, 9)]
+    assert losses[-1] < losses[0] - 1.0, losses
+    # step 1 (no shuffle: rows 0-3, micro-batches of 1 on 2 workers) is the token mean at the initial weights
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    assert metrics[1]["sft/loss"] == pytest.approx(_assistant_nll(initial, tokenizer, rows[:4]), abs=1e-4)
+    # "The answer is \boxed{N}." + <|im_end|>: 10 labelled tokens per conversation, 4 conversations per step
+    assert metrics[1]["sft/tokens"] == 40
+    assert (folder / "ckpt" / "global_step_4" / "actor").is_dir()
+    assert (folder / "ckpt" / "global_step_8" / "actor").is_dir()
+
+
+def test_sft_output_folder_is_an_rl_actor_model_path(sft_run, tiny_model_path, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    folder, rows, _, _ = sft_run
+    output = folder / "ckpt" / "huggingface"
+    trained = AutoModelForCausalLM.from_pretrained(output, dtype=torch.float32)
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    assert _assistant_nll(trained, tokenizer, rows) < _assistant_nll(initial, tokenizer, rows) - 1.0
+    check = subprocess.run(
+        [
+            sys.executable, "-m", "easyrl", "check",
+            f"config={REPO_ROOT / 'examples' / 'smollm2_arithmetic_grpo.yaml'}",
+            f"worker.actor.model.model_path={output}",
+        ],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stderr
+    assert f"model_path: {output}" in check.stdout
+
+
+@pytest.mark.slow
+def test_sft_resumes_from_its_last_checkpoint(sft_run, tmp_path):
+    folder, _, args, metrics = sft_run
+    extended = [a for a in args if not a.startswith("trainer.max_steps=")] + ["trainer.max_steps=10"]
+    _run("sft", extended, tmp_path / "resume.log")
+    assert "Resuming from" in (tmp_path / "resume.log").read_text()
+    rows = [json.loads(line) for line in (folder / "ckpt" / "metrics.jsonl").read_text().splitlines()]
+    steps = [row["step"] for row in rows]
+    assert steps == list(range(1, 11))  # steps 1-8 kept once, 9 and 10 appended
+    # the loader continued: the batches of steps 9 and 10 are those an unbroken run would draw (rows 0-3, 4-7)
+    assert rows[8]["sft/epoch"] == 4 and rows[9]["sft/epoch"] == 4
+    assert rows[8]["sft/loss"] < metrics[1]["sft/loss"]
