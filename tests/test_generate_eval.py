@@ -1,0 +1,297 @@
+"""`easyrl generate` and `easyrl eval`: the pass@k estimator against hand-worked numbers, the resumable jsonl file,
+and real runs of both commands on the tiny model (Ray, one worker, vLLM rollout, the word-share reward)."""
+
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from easyrl.trainer.evaluate import format_table, k_values, pass_at_k, summarize
+from easyrl.trainer.generate import GenerationFileError, append_rows, read_rows
+from tests.fixtures.trainer_runs import (
+    REPO_ROOT,
+    TINY_RUN_OVERRIDES,
+    kill_process_group,
+    log_tail,
+    metrics_by_step,
+    run_training,
+    wait_until,
+)
+
+
+RUN_TIMEOUT_S = 540
+SLEEPY_REWARD = REPO_ROOT / "tests" / "data" / "sleepy_word_start_reward.py"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# pass@k (Chen et al., arXiv 2107.03374)
+# ----------------------------------------------------------------------------------------------------------------------
+def test_pass_at_k_matches_the_hand_worked_example():
+    # n=5 samples, c=2 correct: pass@k = 1 - C(3, k) / C(5, k)
+    assert pass_at_k(5, 2, 1) == pytest.approx(0.4)  # 1 - 3/5
+    assert pass_at_k(5, 2, 2) == pytest.approx(0.7)  # 1 - 3/10
+    assert pass_at_k(5, 2, 3) == pytest.approx(0.9)  # 1 - 1/10
+    assert pass_at_k(5, 2, 4) == 1.0  # C(3, 4) = 0: every draw of 4 holds a correct one
+    assert pass_at_k(5, 2, 5) == 1.0
+
+
+def test_pass_at_k_equals_the_binomial_formula_for_every_n_c_k_up_to_16():
+    for n in range(1, 17):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                expected = 1 - math.comb(n - c, k) / math.comb(n, k)
+                assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_edge_cases_none_correct_all_correct_and_too_few_samples():
+    assert [pass_at_k(8, 0, k) for k in (1, 2, 8)] == [0.0, 0.0, 0.0]
+    assert [pass_at_k(8, 8, k) for k in (1, 2, 8)] == [1.0, 1.0, 1.0]
+    assert pass_at_k(1000, 1, 1) == pytest.approx(0.001)  # a product, not C(1000, k): no overflow
+    with pytest.raises(ValueError, match=r"pass@8 needs between 1 and n=4 samples"):
+        pass_at_k(4, 1, 8)
+    with pytest.raises(ValueError, match="0 <= c <= n"):
+        pass_at_k(4, 5, 1)
+
+
+def test_reported_k_are_the_powers_of_two_up_to_n_and_n():
+    assert k_values(1) == [1]
+    assert k_values(8) == [1, 2, 4, 8]
+    assert k_values(6) == [1, 2, 4, 6]
+
+
+def _row(index, source, accuracies, overall=None):
+    overall = overall or accuracies
+    scores = [{"overall": o, "accuracy": a} for o, a in zip(overall, accuracies)]
+    return {
+        "index": index,
+        "data_source": source,
+        "prompt": f"p{index}",
+        "responses": ["r"] * len(scores),
+        "scores": scores,
+    }
+
+
+def test_summary_per_source_mean_and_pass_at_k_by_hand():
+    rows = [
+        _row(0, "math", [1, 1, 0, 0], overall=[1.0, 1.0, 0.1, 0.0]),  # c=2 of n=4
+        _row(1, "math", [0, 0, 0, 0]),  # c=0
+        _row(2, "code", [1, 0, 0, 0]),  # c=1
+    ]
+    results = summarize(rows)
+    assert results["n"] == 4 and results["correct"] == "accuracy >= 1"
+    math_ = results["sources"]["math"]
+    assert math_["prompts"] == 2
+    assert math_["mean@4"] == pytest.approx(2.1 / 8)
+    assert math_["accuracy@4"] == pytest.approx(2 / 8)
+    # prompt 0: pass@1 = 1/2, pass@2 = 1 - C(2,2)/C(4,2) = 5/6, pass@4 = 1; prompt 1: 0
+    assert math_["pass@1"] == pytest.approx(0.25)
+    assert math_["pass@2"] == pytest.approx(5 / 12)
+    assert math_["pass@4"] == pytest.approx(0.5)
+    code = results["sources"]["code"]
+    assert (code["pass@1"], code["pass@2"], code["pass@4"]) == pytest.approx((0.25, 0.5, 1.0))
+    table = format_table(results)
+    assert table.splitlines()[0].split() == ["source", "prompts", "mean@4", "accuracy@4", "pass@1", "pass@2", "pass@4"]
+    assert table.splitlines()[1].split() == ["code", "1", "0.2500", "0.2500", "0.2500", "0.5000", "1.0000"]
+
+
+def test_summary_without_accuracy_uses_overall_and_the_threshold():
+    rows = [{"index": 0, "data_source": "s", "responses": ["a", "b"], "scores": [{"overall": 0.5}, {"overall": 0.2}]}]
+    assert summarize(rows)["sources"]["s"]["pass@2"] == 0.0  # overall >= 1 by default
+    results = summarize(rows, threshold=0.5)
+    assert results["correct"] == "overall >= 0.5"
+    assert results["sources"]["s"]["pass@1"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="eval.correct_key: the reward gives no `accuracy` score"):
+        summarize(rows, correct_key="accuracy")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the resumable file
+# ----------------------------------------------------------------------------------------------------------------------
+def test_a_partial_last_line_is_dropped_with_a_warning_and_cut_off_the_file(tmp_path, caplog):
+    path = str(tmp_path / "out.jsonl")
+    append_rows(path, [_row(0, "s", [1]), _row(1, "s", [0])])
+    whole = Path(path).read_bytes()
+    with open(path, "ab") as handle:  # what a kill in the middle of a write leaves
+        handle.write(b'{"index": 2, "data_source": "s", "resp')
+    with caplog.at_level(logging.WARNING):
+        rows = read_rows(path, repair=True)
+    assert [row["index"] for row in rows] == [0, 1]
+    assert "the last line (38 bytes) is incomplete" in caplog.text
+    assert Path(path).read_bytes() == whole  # the next batch appends after the last whole row
+
+
+def test_a_line_that_is_not_a_generation_row_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "out.jsonl"
+    path.write_text('{"index": 0, "responses": []}\nnot json\n{"index": 1, "responses": []}\n')
+    with pytest.raises(GenerationFileError, match=r"out.jsonl: line 2 is not JSON"):
+        read_rows(str(path))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# real runs on the tiny model
+# ----------------------------------------------------------------------------------------------------------------------
+PROMPTS = [(1, 2), (3, 4), (5, 6), (2, 9), (4, 4), (6, 1)]
+
+
+@pytest.fixture(scope="module")
+def val_file(tmp_path_factory) -> Path:
+    """Six arithmetic prompts in two data sources of three (odd and even first operand)."""
+    path = tmp_path_factory.mktemp("generate_data") / "val.jsonl"
+    rows = [
+        {"problem": f"What is {a} + {b}?", "answer": str(a + b), "data_source": ("odd", "even")[a % 2 == 0]}
+        for a, b in PROMPTS
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _args(model_path, val_file, save_dir, *extra) -> list[str]:
+    # one worker, one prompt per generate call: a batch per prompt
+    return [
+        *TINY_RUN_OVERRIDES,
+        f"worker.actor.model.model_path={model_path}",
+        f"trainer.save_checkpoint_path={save_dir}",
+        f"data.val_files={val_file}",
+        "data.val_batch_size=1",
+        "trainer.n_gpus_per_node=1",
+        "worker.rollout.n=4",
+        "worker.rollout.temperature=1.0",
+        *extra,
+    ]
+
+
+def _launch(command: str, args: list[str], log_path: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray, never the tests' cluster
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "easyrl", command, *args],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # the Ray processes share its group: one killpg ends them all
+        )
+
+
+def _run(command: str, args: list[str], log_path: Path) -> str:
+    proc = _launch(command, args, log_path)
+    try:
+        returncode = proc.wait(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        kill_process_group(proc)
+        pytest.fail(f"`easyrl {command}` did not finish in {RUN_TIMEOUT_S} s:\n{log_tail(log_path)}")
+    kill_process_group(proc)  # Ray stragglers
+    assert returncode == 0, f"`easyrl {command}` exited with {returncode}:\n{log_tail(log_path)}"
+    return log_path.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def generated(tiny_model_path, val_file, tmp_path_factory) -> Path:
+    """An uninterrupted `easyrl generate`: 6 prompts x 4 samples at temperature 1."""
+    root = tmp_path_factory.mktemp("generate")
+    _run("generate", _args(tiny_model_path, val_file, root), root / "generate.log")
+    return root / "generations.jsonl"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_generate_writes_n_scored_samples_per_prompt_once_each(generated):
+    rows = [json.loads(line) for line in generated.read_text().splitlines()]
+    assert [row["index"] for row in rows] == list(range(len(PROMPTS)))
+    for row, (a, b) in zip(rows, PROMPTS):
+        assert f"What is {a} + {b}?" in row["prompt"] and row["prompt"].startswith("<|im_start|>")
+        assert row["ground_truth"] == str(a + b)
+        assert row["data_source"] == ("odd", "even")[a % 2 == 0]
+        assert len(row["responses"]) == 4 and all(isinstance(text, str) for text in row["responses"])
+        assert len(row["scores"]) == 4
+        for score in row["scores"]:  # the word-share reward's two scores, equal by its definition
+            assert 0.0 <= score["overall"] <= 1.0 and score["overall"] == pytest.approx(score["word_share"])
+    assert len({text for row in rows for text in row["responses"]}) > len(rows)  # sampled, not copies
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
+def test_generate_killed_after_a_batch_resumes_without_duplicates_and_samples_as_the_uninterrupted_run(
+    tiny_model_path, val_file, generated, tmp_path
+):
+    # each batch's scoring sleeps 3 s: the run is killed (SIGKILL, its Ray processes with it) between batches
+    args = _args(
+        tiny_model_path,
+        val_file,
+        tmp_path,
+        f"worker.reward.reward_function={SLEEPY_REWARD}:compute_score",
+        "worker.reward.reward_function_kwargs={sleep_s: 3.0}",
+    )
+    output = tmp_path / "generations.jsonl"
+    proc = _launch("generate", args, tmp_path / "first.log")
+    wait_until(
+        lambda: output.exists() and output.read_text().count("\n") >= 1,
+        "a batch written",
+        proc,
+        tmp_path / "first.log",
+    )
+    kill_process_group(proc)
+    before = output.read_text()
+    written = before.count("\n")
+    assert 1 <= written < len(PROMPTS), "the kill came after the last batch: nothing left to resume"
+    with open(output, "a") as handle:  # as if the kill had cut the next batch's write short
+        handle.write('{"index": 5, "respo')
+
+    log = _run("generate", args, tmp_path / "second.log")
+    assert "is incomplete, the trace of a run that was stopped while writing" in log
+    assert f"({len(PROMPTS) - written} generated now, {written} by an earlier run)" in log
+    text = output.read_text()
+    assert text.startswith(before)  # the rows of the killed run stay as they were
+    rows = [json.loads(line) for line in text.splitlines()]
+    assert sorted(row["index"] for row in rows) == list(range(len(PROMPTS)))
+    # each batch samples with a seed of (rollout.seed, batch) only: the same responses as the uninterrupted run
+    reference = {row["index"]: row for row in map(json.loads, generated.read_text().splitlines())}
+    for row in rows:
+        assert row["responses"] == reference[row["index"]]["responses"]
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_eval_prints_the_table_and_writes_per_source_mean_and_pass_at_k(tiny_model_path, val_file, tmp_path):
+    extra = ["eval.k=4", "eval.correct_key=word_share", "eval.correct_threshold=0.8"]
+    log = _run("eval", _args(tiny_model_path, val_file, tmp_path, *extra), tmp_path / "eval.log")
+    results = json.loads((tmp_path / "eval.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "eval_generations.jsonl").read_text().splitlines()]
+    assert sorted(row["index"] for row in rows) == list(range(len(PROMPTS)))
+    assert all(len(row["responses"]) == 4 and len(row["scores"]) == 4 for row in rows)
+    assert results["n"] == 4 and results["correct"] == "word_share >= 0.8"
+    assert sorted(results["sources"]) == ["even", "odd"]
+    for source, entry in results["sources"].items():
+        mine = [row for row in rows if row["data_source"] == source]
+        shares = [[score["word_share"] for score in row["scores"]] for row in mine]
+        correct = [sum(share >= 0.8 for share in row) for row in shares]
+        assert entry["prompts"] == len(mine) == 3
+        assert entry["mean@4"] == pytest.approx(sum(map(sum, shares)) / 12)
+        for k in (1, 2, 4):
+            by_formula = sum(1 - math.comb(4 - c, k) / math.comb(4, k) for c in correct) / 3
+            assert entry[f"pass@{k}"] == pytest.approx(by_formula)
+        line = next(line for line in log.splitlines() if line.startswith(source + " "))
+        assert line.split()[1:] == [str(entry["prompts"])] + [f"{entry[c]:.4f}" for c in list(entry)[1:]]
+    assert "source" in log and "pass@4" in log
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
+def test_eval_at_k_1_greedy_equals_the_trainers_validation_reward(tiny_model_path, val_file, tmp_path):
+    greedy = ["worker.rollout.temperature=0", "data.val_batch_size=4"]
+    _run("eval", _args(tiny_model_path, val_file, tmp_path / "eval", "eval.k=1", *greedy), tmp_path / "eval.log")
+    results = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    train = _args(tiny_model_path, val_file, tmp_path / "train", *greedy) + [
+        f"data.train_files={val_file}",
+        "trainer.val_only=true",
+        "trainer.val_before_train=true",
+        "worker.rollout.val_override_config={temperature: 0, n: 1}",
+    ]
+    run_training(train, tmp_path / "train.log")
+    validation = metrics_by_step(tmp_path / "train")[0]
+    for source in ("odd", "even"):
+        assert results["sources"][source]["mean@1"] == pytest.approx(validation[f"val/{source}/reward"], abs=1e-6)
