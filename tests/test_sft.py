@@ -245,3 +245,73 @@ def test_sft_resumes_from_its_last_checkpoint(sft_run, tmp_path):
     # the loader continued: the batches of steps 9 and 10 are those an unbroken run would draw (rows 0-3, 4-7)
     assert rows[8]["sft/epoch"] == 4 and rows[9]["sft/epoch"] == 4
     assert rows[8]["sft/loss"] < metrics[1]["sft/loss"]
+
+
+@pytest.mark.slow
+def test_sft_of_a_vision_language_model_matches_a_plain_forward_with_pictures_in_two_turns(tmp_path):
+    """Pictures in the first and a later user turn: the workers' first-step loss (padding-free, pixel inputs built per
+    micro-batch) equals a plain Hugging Face forward of each conversation with its pictures."""
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText
+
+    from easyrl.data.tokenizer import load_tokenizer_and_processor
+    from easyrl.testing.tiny_vl import build_tiny_qwen2_5_vl
+
+    model_path = build_tiny_qwen2_5_vl(tmp_path / "vl")
+    colours = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0)]
+    for n, colour in enumerate(colours):
+        Image.new("RGB", (56, 56), colour).save(tmp_path / f"img{n}.png")
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": "<image>What colour?"},
+                {"role": "assistant", "content": f"Colour {n}."},
+                {"role": "user", "content": "And this one? <image>"},
+                {"role": "assistant", "content": f"Colour {(n + 1) % 4}."},
+            ],
+            "images": [f"img{n}.png", f"img{(n + 1) % 4}.png"],
+        }
+        for n in range(4)
+    ]
+    data = tmp_path / "vl.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = [
+        f"worker.actor.model.model_path={model_path}",
+        f"data.train_files={data}",
+        "data.shuffle=false",
+        "data.min_pixels=784",
+        "data.max_pixels=3136",
+        "trainer.n_gpus_per_node=2",
+        "worker.actor.global_batch_size=4",
+        "worker.actor.micro_batch_size_per_device_for_update=2",
+        "worker.actor.fsdp.mp_param_dtype=fp32",
+        "worker.actor.use_torch_compile=false",
+        "trainer.max_steps=2",
+        f"trainer.save_checkpoint_path={tmp_path / 'ckpt'}",
+    ]
+    _run("sft", args, tmp_path / "sft.log")
+    first = json.loads((tmp_path / "ckpt" / "metrics.jsonl").read_text().splitlines()[0])
+
+    tokenizer, processor = load_tokenizer_and_processor(str(model_path))
+    data_config = DataConfig(min_pixels=784, max_pixels=3136)
+    encoder = ConversationEncoder(tokenizer, processor, data_config, SFTConfig(), "test", media_dirs=(str(tmp_path),))
+    model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=torch.float32)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for row in rows:
+            item = encoder.encode(row)
+            pixels = processor.image_processor(images=item["multi_modal_data"]["images"], return_tensors="pt")
+            logits = model(
+                input_ids=item["input_ids"][None],
+                pixel_values=pixels["pixel_values"],
+                image_grid_thw=pixels["image_grid_thw"],
+            ).logits[0, :-1]
+            nll = torch.nn.functional.cross_entropy(logits, item["input_ids"][1:], reduction="none")
+            mask = item["loss_mask"][1:].bool()
+            total, count = total + float(nll[mask].sum()), count + int(mask.sum())
+    # "Colour", " ", "N", ".", <|im_end|>: 5 labelled tokens per reply, 2 replies per conversation
+    assert first["sft/tokens"] == count == 4 * 2 * 5
+    assert first["sft/loss"] == pytest.approx(total / count, abs=1e-4)
+    # the output folder has everything the model folder had (processor included): an RL run can start from it
+    output = tmp_path / "ckpt" / "huggingface"
+    assert {p.name for p in model_path.iterdir()} <= {p.name for p in output.iterdir()}
