@@ -282,14 +282,14 @@ def test_eval_prints_the_table_and_writes_per_source_mean_and_pass_at_k(tiny_mod
 @pytest.mark.slow
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
 def test_eval_at_k_1_greedy_equals_the_trainers_validation_reward(tiny_model_path, val_file, tmp_path):
-    greedy = ["worker.rollout.temperature=0", "data.val_batch_size=4"]
-    _run("eval", _args(tiny_model_path, val_file, tmp_path / "eval", "eval.k=1", *greedy), tmp_path / "eval.log")
+    greedy = ["worker.rollout.val_override_config={temperature: 0, n: 1}", "data.val_batch_size=4"]
+    args = _args(tiny_model_path, val_file, tmp_path / "eval", "eval.k=1", "eval.val_sampling=true", *greedy)
+    _run("eval", args, tmp_path / "eval.log")
     results = json.loads((tmp_path / "eval" / "eval.json").read_text())
     train = _args(tiny_model_path, val_file, tmp_path / "train", *greedy) + [
         f"data.train_files={val_file}",
         "trainer.val_only=true",
         "trainer.val_before_train=true",
-        "worker.rollout.val_override_config={temperature: 0, n: 1}",
     ]
     run_training(train, tmp_path / "train.log")
     validation = metrics_by_step(tmp_path / "train")[0]

@@ -591,6 +591,9 @@ class EvalConfig:
     returns it, else `overall`."""
     correct_threshold: float = 1.0
     """A sample is correct when its `correct_key` score is at least this (the rule rewards give 0 or 1 accuracy)."""
+    val_sampling: bool = False
+    """Sample with `worker.rollout.val_override_config` applied, then k samples (greedy with the usual
+    {temperature: 0}: k = 1 reproduces the trainer's val/<source>/reward); false: the rollout's sampling keys."""
 
 
 @dataclass

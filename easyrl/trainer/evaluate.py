@@ -120,7 +120,9 @@ def run_eval(plan: RunPlan) -> dict:
     try:
         summary = run.generate(
             generations,
-            lambda batch: GenerationRequest(sampling_override={"n": k}, seed=[seed, EVAL_SEED_KIND, batch]),
+            lambda batch: GenerationRequest(
+                validate=config.eval.val_sampling, sampling_override={"n": k}, seed=[seed, EVAL_SEED_KIND, batch]
+            ),
             k,
         )
     finally:
