@@ -3,6 +3,7 @@ FSDP2 workers whose loss falls and whose output folder is an RL actor's model_pa
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ import torch
 
 from easyrl.config.schema import DataConfig, SFTConfig
 from easyrl.data.sft import ConversationEncoder, UnusableConversationError, labelled_pieces, sft_collate
-from tests.fixtures.trainer_runs import REPO_ROOT, kill_process_group, log_tail
+from tests.fixtures.trainer_runs import REPO_ROOT, kill_process_group, log_tail, metrics_by_step, wait_until
 
 
 CONVERSATION = [
@@ -135,10 +136,10 @@ def _sum_rows(a: int, b: int) -> dict:
     }
 
 
-def _run(command: str, args: list[str], log_path, timeout: float = 400) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+def _launch(command: str, args: list[str], log_path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # never join the tests' own Ray cluster
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "easyrl", command, *args],
             cwd=REPO_ROOT,
             env=env,
@@ -146,6 +147,10 @@ def _run(command: str, args: list[str], log_path, timeout: float = 400) -> subpr
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+def _run(command: str, args: list[str], log_path, timeout: float = 400) -> None:
+    proc = _launch(command, args, log_path)
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -315,3 +320,27 @@ def test_sft_of_a_vision_language_model_matches_a_plain_forward_with_pictures_in
     # the output folder has everything the model folder had (processor included): an RL run can start from it
     output = tmp_path / "ckpt" / "huggingface"
     assert {p.name for p in model_path.iterdir()} <= {p.name for p in output.iterdir()}
+
+
+@pytest.mark.slow
+def test_a_stop_signal_ends_sft_after_the_step_with_a_checkpoint_it_resumes_from(sft_run, tmp_path):
+    _, _, args, _ = sft_run
+    save_dir = tmp_path / "ckpt"
+    args = [a for a in args if not a.startswith(("trainer.max_steps=", "trainer.save_checkpoint_path="))]
+    args += ["trainer.max_steps=400", "trainer.save_freq=-1", f"trainer.save_checkpoint_path={save_dir}"]
+    log_path = tmp_path / "stopped.log"
+    proc = _launch("sft", args, log_path)
+    metrics_file = save_dir / "metrics.jsonl"
+    wait_until(
+        lambda: metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 2, "step 2", proc, log_path
+    )
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=120)
+    finally:
+        kill_process_group(proc)
+    assert code == 128 + signal.SIGTERM, log_tail(log_path)
+    step = max(metrics_by_step(save_dir))
+    assert step < 400
+    assert (save_dir / f"global_step_{step}" / "actor").is_dir()
+    assert "stopped by SIGTERM" in log_tail(log_path)

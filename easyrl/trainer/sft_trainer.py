@@ -27,6 +27,7 @@ from .checkpoint import (
     load_trainer_state,
     resolve_resume_path,
 )
+from .faults import RunInterrupted, RunStopped, StopRequest, print_interruption, resume_hint
 from .main import RunSetupError, _write_ray_timeline, cpus_per_worker, init_ray
 from .metrics import timer
 
@@ -66,9 +67,15 @@ def build_sft_loader(plan: SFTPlan, tokenizer: Any, processor: Any, model_config
 class SFTTrainer:
     """The SFT loop: batches -> ``update_sft`` on the workers -> metrics, checkpoints; the HF folder at the end."""
 
-    def __init__(self, plan: SFTPlan, loader: StatefulDataLoader, workers: Any, tracker: Any) -> None:
+    def __init__(
+        self, plan: SFTPlan, loader: StatefulDataLoader, workers: Any, tracker: Any, stop: StopRequest | None = None
+    ) -> None:
+        """``stop``: read between steps; a stop signal ends the run after the current step, with a checkpoint."""
         self.plan, self.config = plan, plan.config
         self.loader, self.workers, self.tracker = loader, workers, tracker
+        self.stop = stop or StopRequest()
+        self.last_checkpoint: str | None = None
+        self._saved_step = 0
         self.checkpoints = CheckpointManager(self.config.trainer.save_checkpoint_path, self.config.trainer.save_limit)
         self.global_step = 0
         self.epoch = 0
@@ -89,6 +96,7 @@ class SFTTrainer:
         self.workers.load_checkpoint(f"{path}/actor")
         self.loader.load_state_dict(loader_state)
         self.global_step, self.epoch = int(state["global_step"]), int(state.get("epoch", 0))
+        self.last_checkpoint, self._saved_step = path, self.global_step
         self.tracker.rewind_to(self.global_step, state.get("metrics"))
 
     def _batches(self):
@@ -100,12 +108,14 @@ class SFTTrainer:
         tmp_dir = self.checkpoints.begin(self.global_step)
         model_only = self.config.trainer.save_model_only
         self.workers.save_checkpoint(f"{tmp_dir}/actor", model_only)
-        return self.checkpoints.commit(
+        self.last_checkpoint = self.checkpoints.commit(
             self.global_step,
             trainer_state={"epoch": self.epoch, "metrics": metrics},
             dataloader_state=None if model_only else self.loader.state_dict(),
             required=("actor",),
         )
+        self._saved_step = self.global_step
+        return self.last_checkpoint
 
     def fit(self) -> dict[str, float]:
         """Train to the last step, save, and write the Hugging Face folder; returns the last step's metrics."""
@@ -114,6 +124,11 @@ class SFTTrainer:
         batches = self._batches()
         metrics: dict[str, float] = {}
         while self.global_step < steps:
+            if self.stop.requested:
+                if self.global_step > self._saved_step:
+                    self.save_checkpoint(metrics)
+                hint = resume_hint(self.last_checkpoint, self.config.trainer)
+                raise RunStopped(self.stop.signal_name, self.stop.signum, self.global_step, self.last_checkpoint, hint)
             self.global_step += 1
             timing: dict[str, float] = {}
             with timer("step", timing):
@@ -172,21 +187,28 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
         max_colocate_count=1,
         cpus_per_worker=cpus_per_worker(plan, 1),
     )
-    group = None
-    try:
-        group = RayWorkerGroup(
-            pool, FSDPWorker, config.worker, "actor", config.trainer.save_checkpoint_path, name_prefix="sft"
-        )
-        group.init_model()
-        metrics = SFTTrainer(plan, loader, group, tracker).fit()
-    finally:
+    group, interrupted = None, None
+    # after ray.init, whose own SIGTERM handler would tear the cluster down at once
+    with StopRequest().installed() as stop:
         try:
-            _write_ray_timeline(config.trainer.ray_timeline)
+            group = RayWorkerGroup(
+                pool, FSDPWorker, config.worker, "actor", config.trainer.save_checkpoint_path, name_prefix="sft"
+            )
+            group.init_model()
+            metrics = SFTTrainer(plan, loader, group, tracker, stop).fit()
+        except RunInterrupted as error:
+            interrupted = error
         finally:
-            if group is not None:
-                group.kill()
-            pool.release()
-            tracker.finish()
+            try:
+                _write_ray_timeline(config.trainer.ray_timeline)
+            finally:
+                if group is not None:
+                    group.kill()
+                pool.release()
+                tracker.finish()
+    if interrupted is not None:
+        print_interruption(interrupted)
+        raise SystemExit(interrupted.exit_code)
     print(f"Checkpoints are in {config.trainer.save_checkpoint_path}")
     print(f"The fine-tuned model is in {plan.hf_output_dir} (use it as worker.actor.model.model_path)")
     return metrics
