@@ -124,6 +124,48 @@ def test_collate_puts_each_first_labelled_token_at_the_response_start():
     assert batch["response_mask"].tolist() == [[1, 1], [1, 0]]
 
 
+def test_unusable_and_overlong_rows_are_skipped_counted_and_named(tokenizer, tmp_path, caplog):
+    from easyrl.data.sft import SFTDataset
+
+    rows = [
+        {"messages": CONVERSATION},
+        {"messages": CONVERSATION[:2]},  # no reply
+        {"messages": [{"role": "user", "content": "long " * 300}, {"role": "assistant", "content": "ok"}]},
+        {"messages": [{"role": "assistant", "content": "hello"}]},  # nothing prompts it
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with caplog.at_level("WARNING"):
+        dataset = SFTDataset(str(path), tokenizer, None, DataConfig(), SFTConfig(max_length=100))
+    assert len(dataset) == 1
+    assert [index for index, _ in dataset.unusable_rows] == [1, 3]
+    assert dataset.overlong_rows == [2]
+    assert "skipped 2 of 4 rows (row 1: the conversation has no assistant message" in caplog.text
+    assert "skipped 1 of 4 rows longer than sft.max_length=100 tokens (row 2)" in caplog.text
+    with pytest.raises(ValueError, match="none of the 4 rows"):
+        SFTDataset(str(path), tokenizer, None, DataConfig(), SFTConfig(max_length=5))
+
+
+def test_sft_plan_counts_conversations_per_device_and_names_the_keys_it_needs(tiny_model_path, tmp_path):
+    from easyrl.config import ConfigError
+    from easyrl.config.sft_plan import load_sft_plan
+
+    with pytest.raises(ConfigError, match="`worker.actor.model.model_path`, `data.train_files`"):
+        load_sft_plan([])
+    with pytest.raises(ConfigError, match="data file `missing.jsonl` does not exist"):
+        load_sft_plan([f"worker.actor.model.model_path={tiny_model_path}", "data.train_files=missing.jsonl"])
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"messages": CONVERSATION}) + "\n")
+    base = [f"worker.actor.model.model_path={tiny_model_path}", f"data.train_files={rows}"]
+    plan = load_sft_plan([*base, "trainer.n_gpus_per_node=2", "worker.actor.global_batch_size=8"])
+    assert plan.config.worker.actor.global_batch_size_per_device == 4  # no rollout.n factor in SFT
+    assert plan.with_training_steps(5).training_steps == 5 * plan.config.trainer.total_epochs
+    with pytest.raises(ConfigError, match="over 2 workers"):
+        load_sft_plan([*base, "trainer.n_gpus_per_node=2", "worker.actor.global_batch_size=3"])
+    with pytest.raises(ConfigError, match="micro_batch_size_per_device_for_update"):
+        load_sft_plan([*base, "trainer.n_gpus_per_node=1", "worker.actor.global_batch_size=6"])
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # a real run
 # ----------------------------------------------------------------------------------------------------------------------
