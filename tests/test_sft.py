@@ -146,6 +146,22 @@ def test_unusable_and_overlong_rows_are_skipped_counted_and_named(tokenizer, tmp
         SFTDataset(str(path), tokenizer, None, DataConfig(), SFTConfig(max_length=5))
 
 
+def test_typed_text_parts_read_from_a_file_render_as_plain_text(tokenizer, tmp_path):
+    from easyrl.data.sft import SFTDataset
+
+    def typed(role, text):
+        return {"role": role, "content": [{"type": "text", "text": text}]}
+
+    path = tmp_path / "typed.jsonl"
+    path.write_text(json.dumps({"messages": [typed("user", "2+2?"), typed("assistant", "4")]}) + "\n")
+    item = SFTDataset(str(path), tokenizer, None, DataConfig(), SFTConfig())[0]
+    plain = ConversationEncoder(tokenizer, None, DataConfig(), SFTConfig(), "test").encode(
+        {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
+    )
+    assert item["input_ids"].tolist() == plain["input_ids"].tolist()
+    assert item["loss_mask"].tolist() == plain["loss_mask"].tolist()
+
+
 def test_sft_plan_counts_conversations_per_device_and_names_the_keys_it_needs(tiny_model_path, tmp_path):
     from easyrl.config import ConfigError
     from easyrl.config.sft_plan import load_sft_plan

@@ -77,38 +77,37 @@ def normalize_messages(messages: Any, num_images: int) -> list[dict[str, Any]]:
         else:  # typed parts; a column read by `datasets` fills the keys a part lacks with None
             parts = []
             for part in _as_list(content):
-                kind = part.get("type")
+                kind = part.get("type") if isinstance(part, dict) else None
                 if kind == "text":
                     parts.extend(_text_parts(str(part.get("text") or "")))
                 elif kind == "image":
                     parts.append({"type": "image"})
                 else:
-                    raise UnusableConversationError(f"message {index} has a content part of type {kind!r}")
+                    raise UnusableConversationError(f"message {index} has a content part {part!r}: not text or image")
         out.append({"role": str(message["role"]), "content": parts})
-    places = sum(
-        part["type"] == "image"
-        for message in out
-        if isinstance(message["content"], list)
-        for part in message["content"]
-    )
+    places = sum(_picture_places(message["content"]) for message in out)
     if places == 0 and num_images:
         first_user = next((m for m in out if m["role"] == "user"), None)
         if first_user is None:
             raise UnusableConversationError("the row has images but no user message to put them in")
         text = first_user["content"]
-        first_user["content"] = [{"type": "image"}] * num_images + _as_list(
-            [{"type": "text", "text": text}] if isinstance(text, str) else text
-        )
+        text_parts = [{"type": "text", "text": text}] if isinstance(text, str) else text
+        first_user["content"] = [{"type": "image"}] * num_images + text_parts
     elif places != num_images:
         raise UnusableConversationError(
             f"the conversation has {places} image places but the row has {num_images} images"
         )
     for message in out:
-        if message["role"] == "assistant" and isinstance(message["content"], list):
-            if any(part["type"] == "image" for part in message["content"]):
-                raise UnusableConversationError("an assistant message holds an image; pictures go in user messages")
+        if message["role"] == "assistant" and _picture_places(message["content"]):
+            raise UnusableConversationError("an assistant message holds an image; pictures go in user messages")
+        if isinstance(message["content"], list) and not _picture_places(message["content"]):
+            # text alone is a plain string: what every chat template (text-only ones too) renders
             message["content"] = "".join(part["text"] for part in message["content"])
     return out
+
+
+def _picture_places(content: str | list[dict[str, Any]]) -> int:
+    return 0 if isinstance(content, str) else sum(part["type"] == "image" for part in content)
 
 
 def labelled_pieces(messages: list[dict[str, Any]], render) -> list[tuple[str, bool]]:
