@@ -151,13 +151,13 @@ def val_file(tmp_path_factory) -> Path:
 
 
 def _args(model_path, val_file, save_dir, *extra) -> list[str]:
-    # one worker, one prompt per generate call: a batch per prompt
+    # one worker, two prompts per generate call: three batches
     return [
         *TINY_RUN_OVERRIDES,
         f"worker.actor.model.model_path={model_path}",
         f"trainer.save_checkpoint_path={save_dir}",
         f"data.val_files={val_file}",
-        "data.val_batch_size=1",
+        "data.val_batch_size=2",
         "trainer.n_gpus_per_node=1",
         "worker.rollout.n=4",
         "worker.rollout.temperature=1.0",
@@ -230,17 +230,18 @@ def test_generate_killed_after_a_batch_resumes_without_duplicates_and_samples_as
     output = tmp_path / "generations.jsonl"
     proc = _launch("generate", args, tmp_path / "first.log")
     wait_until(
-        lambda: output.exists() and output.read_text().count("\n") >= 1,
+        lambda: output.exists() and output.read_text().count("\n") >= 2,
         "a batch written",
         proc,
         tmp_path / "first.log",
     )
     kill_process_group(proc)
-    before = output.read_text()
-    written = before.count("\n")
-    assert 1 <= written < len(PROMPTS), "the kill came after the last batch: nothing left to resume"
-    with open(output, "a") as handle:  # as if the kill had cut the next batch's write short
-        handle.write('{"index": 5, "respo')
+    lines = output.read_text().splitlines(keepends=True)
+    assert 2 <= len(lines) < len(PROMPTS), "the kill came after the last batch: nothing left to resume"
+    # as if the kill had cut a batch's write short: its first row whole, its second cut off
+    before = "".join(lines[:-1])
+    written = len(lines) - 1
+    output.write_text(before + lines[-1][:20])
 
     log = _run("generate", args, tmp_path / "second.log")
     assert "is incomplete, the trace of a run that was stopped while writing" in log
@@ -249,7 +250,8 @@ def test_generate_killed_after_a_batch_resumes_without_duplicates_and_samples_as
     assert text.startswith(before)  # the rows of the killed run stay as they were
     rows = [json.loads(line) for line in text.splitlines()]
     assert sorted(row["index"] for row in rows) == list(range(len(PROMPTS)))
-    # each batch samples with a seed of (rollout.seed, batch) only: the same responses as the uninterrupted run
+    # each batch samples with a seed of (rollout.seed, batch) only, and the batch whose second row was lost is
+    # generated whole again: the same responses as the uninterrupted run
     reference = {row["index"]: row for row in map(json.loads, generated.read_text().splitlines())}
     for row in rows:
         assert row["responses"] == reference[row["index"]]["responses"]

@@ -151,8 +151,8 @@ def generate_to_file(
         todo = [i for i, index in enumerate(indices) if index not in done]
         if not todo:
             continue
-        if len(todo) < len(prompts):
-            prompts = prompts[np.array(todo)]
+        # the whole batch, even when a kill left some of its rows: the seeds are drawn per batch, so its missing rows
+        # get the samples the uninterrupted run gave them
         gen_input = prompts.select(
             batch_keys=list(GENERATION_KEYS),
             non_tensor_batch_keys=[k for k in GENERATION_NON_TENSOR_KEYS if k in prompts.non_tensor_batch],
@@ -175,13 +175,13 @@ def generate_to_file(
             errors += int(sum(reward_metrics.get("reward/errors", [])))
         sources = batch.non_tensor_batch.get("data_source", np.array(["val"] * len(batch), dtype=object))
         rows = []
-        for j, i in enumerate(todo):
-            samples = slice(j * repeat, (j + 1) * repeat)
+        for i in todo:
+            samples = slice(i * repeat, (i + 1) * repeat)
             row = {
                 "index": indices[i],
-                "data_source": str(sources[j * repeat]),
+                "data_source": str(sources[i * repeat]),
                 "prompt": texts[i],
-                "ground_truth": _jsonable(batch.non_tensor_batch["ground_truth"][j * repeat]),
+                "ground_truth": _jsonable(batch.non_tensor_batch["ground_truth"][i * repeat]),
                 "responses": responses[samples],
             }
             if scores is not None:
