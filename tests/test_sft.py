@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from easyrl.config.schema import DataConfig, SFTConfig
-from easyrl.data.sft import ConversationEncoder, UnusableConversationError, labelled_pieces, sft_collate
+from easyrl.data.collate import sft_collate
+from easyrl.data.sft import ConversationEncoder, UnusableConversationError, labelled_pieces
 from tests.fixtures.trainer_runs import REPO_ROOT, kill_process_group, log_tail, metrics_by_step, wait_until
 
 

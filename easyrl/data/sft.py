@@ -19,10 +19,10 @@ turns differently once later turns follow (one that drops earlier reasoning) can
 skipped and named.
 
 One item: ``input_ids`` (L,), ``loss_mask`` (L,) 0/1, ``position_ids`` (L,) or (3, L) for Qwen-VL, and
-``multi_modal_data`` for datasets with a media column. ``sft_collate`` turns items into the actor's layout: the part
-before the first labelled token is the "prompt" (left-padded), the rest the "response" (right-padded) whose
-``response_mask`` is the loss mask, so the actor's padding-free forward pass and its token-mean denominator serve
-SFT unchanged.
+``multi_modal_data`` for datasets with a media column. ``collate.sft_collate`` turns items into the actor's layout:
+the part before the first labelled token is the "prompt" (left-padded), the rest the "response" (right-padded) whose
+``response_mask`` is the loss mask, so the actor's padding-free forward pass and its token-mean denominator serve SFT
+unchanged.
 """
 
 import logging
@@ -33,7 +33,6 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config.schema import DataConfig, SFTConfig
-from ..protocol import DataProto, as_object_array
 from .dataset import _as_list, _is_missing, _name_rows, data_folder
 from .rope import make_position_id_fn
 from .sources import load_rows
@@ -299,39 +298,3 @@ class SFTDataset(Dataset):
         if self.has_media:
             out.setdefault("multi_modal_data", None)
         return out
-
-
-def sft_collate(items: list[dict[str, Any]], pad_token_id: int) -> DataProto:
-    """SFT items -> the actor's batch: ``input_ids`` / ``attention_mask`` / ``position_ids`` (batch, P + R) with the
-    part before each row's first labelled token left-padded to P and the rest right-padded to R, ``responses`` and
-    ``response_mask`` (batch, R) (the loss mask), and ``multi_modal_data`` when the items have it."""
-    starts = [int(torch.nonzero(item["loss_mask"]).flatten()[0]) for item in items]
-    prompt_len = max(starts)
-    response_len = max(len(item["input_ids"]) - start for item, start in zip(items, starts))
-    batch = len(items)
-    multi_axis = items[0]["position_ids"].dim() == 2
-    input_ids = torch.full((batch, prompt_len + response_len), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    loss_mask = torch.zeros_like(input_ids)
-    position_ids = torch.zeros(
-        (batch, 3, prompt_len + response_len) if multi_axis else input_ids.shape, dtype=torch.long
-    )
-    for row, (item, start) in enumerate(zip(items, starts)):
-        length = len(item["input_ids"])
-        # tokens [0, start) end at column prompt_len; tokens [start, length) begin there
-        columns = slice(prompt_len - start, prompt_len - start + length)
-        input_ids[row, columns] = item["input_ids"]
-        attention_mask[row, columns] = 1
-        loss_mask[row, columns] = item["loss_mask"]
-        position_ids[row, ..., columns] = item["position_ids"]
-    tensors = {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "position_ids": position_ids,
-        "responses": input_ids[:, prompt_len:],
-        "response_mask": loss_mask[:, prompt_len:],
-    }
-    non_tensors = {}
-    if any("multi_modal_data" in item for item in items):
-        non_tensors["multi_modal_data"] = as_object_array([item.get("multi_modal_data") for item in items])
-    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)

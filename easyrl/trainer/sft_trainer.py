@@ -18,7 +18,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler
 
 from ..config.sft_plan import SFTPlan
-from ..data.sft import SFTDataset, sft_collate
+from ..data.collate import sft_collate
+from ..data.sft import SFTDataset
 from ..utils.logging import setup_driver_logging
 from .checkpoint import (
     CheckpointError,
