@@ -23,54 +23,67 @@ def _check(args: list[str]) -> int:
     return 0
 
 
-def _train(args: list[str]) -> int:
-    from .config import ConfigError, load_run_plan
-
-    try:
-        plan = load_run_plan(args)
-    except ConfigError as err:
-        print(f"easyrl train: invalid config: {err}", file=sys.stderr)
-        return 2
-    from .trainer.main import RunSetupError, run_training
-
-    try:
-        run_training(plan)
-    except RunSetupError as err:
-        print(f"easyrl train: cannot start: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def _generation_plan(command: str, args: list[str]):
-    """The run plan of `easyrl generate` / `easyrl eval`: a train config as it is, read as a validation-only run (no
-    training data needed); None after printing why the config is invalid."""
+def _run_command(command: str, load_plan, load_runner, run_errors: tuple = ()) -> int:
+    """Read the plan (an invalid config: one line, exit 2) before importing the runner (torch, Ray), then run it (a
+    setup error, or one of ``run_errors``, which name their key/file/row: one line, exit 2)."""
     from .config import ConfigError
-    from .config.load import read_config
-    from .config.plan import make_run_plan
 
     try:
-        config = read_config(args)
-        config.trainer.val_only = True  # nothing is trained: data.train_files may be absent
-        return make_run_plan(config)
+        plan = load_plan()
     except ConfigError as err:
         print(f"easyrl {command}: invalid config: {err}", file=sys.stderr)
-        return None
-
-
-def _generate_or_eval(command: str, args: list[str]) -> int:
-    plan = _generation_plan(command, args)
-    if plan is None:
         return 2
-    if command == "generate":
-        from .trainer.generate import run_generate as run
-    else:
-        from .trainer.evaluate import run_eval as run
+    from .trainer.main import RunSetupError
+
+    run = load_runner()
     try:
         run(plan)
-    except (ValueError, KeyError, OSError) as err:  # data, model and output-file errors name their key/file/row
+    except RunSetupError as err:
+        print(f"easyrl {command}: cannot start: {err}", file=sys.stderr)
+        return 2
+    except run_errors as err:
         print(f"easyrl {command}: {err.args[0] if isinstance(err, KeyError) and err.args else err}", file=sys.stderr)
         return 2
     return 0
+
+
+def _train(args: list[str]) -> int:
+    def load_plan():
+        from .config import load_run_plan
+
+        return load_run_plan(args)
+
+    def load_runner():
+        from .trainer.main import run_training
+
+        return run_training
+
+    return _run_command("train", load_plan, load_runner)
+
+
+def _generation_plan(args: list[str]):
+    """The run plan of `easyrl generate` / `easyrl eval`: a train config as it is, read as a validation-only run (no
+    training data needed)."""
+    from .config.load import read_config
+    from .config.plan import make_run_plan
+
+    config = read_config(args)
+    config.trainer.val_only = True  # nothing is trained: data.train_files may be absent
+    return make_run_plan(config)
+
+
+def _generate_or_eval(command: str, args: list[str]) -> int:
+    def load_runner():
+        if command == "generate":
+            from .trainer.generate import run_generate
+
+            return run_generate
+        from .trainer.evaluate import run_eval
+
+        return run_eval
+
+    # data, model and output-file errors name their key/file/row
+    return _run_command(command, lambda: _generation_plan(args), load_runner, (ValueError, KeyError, OSError))
 
 
 def _generate(args: list[str]) -> int:
@@ -82,23 +95,17 @@ def _eval(args: list[str]) -> int:
 
 
 def _sft(args: list[str]) -> int:
-    from .config import ConfigError
-    from .config.sft_plan import load_sft_plan
+    def load_plan():
+        from .config.sft_plan import load_sft_plan
 
-    try:
-        plan = load_sft_plan(args)
-    except ConfigError as err:
-        print(f"easyrl sft: invalid config: {err}", file=sys.stderr)
-        return 2
-    from .trainer.main import RunSetupError
-    from .trainer.sft_trainer import run_sft
+        return load_sft_plan(args)
 
-    try:
-        run_sft(plan)
-    except RunSetupError as err:
-        print(f"easyrl sft: cannot start: {err}", file=sys.stderr)
-        return 2
-    return 0
+    def load_runner():
+        from .trainer.sft_trainer import run_sft
+
+        return run_sft
+
+    return _run_command("sft", load_plan, load_runner)
 
 
 def _merge(args: list[str]) -> int:
