@@ -20,6 +20,12 @@ def _arithmetic_small(split: str) -> list[dict]:
     return generate_arithmetic(split, size=SMALL_SPLIT_SIZES[split], spec=SMALL_SPEC)
 
 
+def _arithmetic_sft(split: str) -> list[dict]:
+    from .arithmetic import generate_arithmetic_sft
+
+    return generate_arithmetic_sft(split)
+
+
 def _code(split: str) -> list[dict]:
     from .code import generate_code
 
@@ -36,6 +42,7 @@ def _shapes(split: str) -> list[dict]:
 BUILTIN_DATASETS: dict[str, Callable[[str], list[dict]]] = {
     "arithmetic": _arithmetic,
     "arithmetic_small": _arithmetic_small,
+    "arithmetic_sft": _arithmetic_sft,
     "code": _code,
     "shapes": _shapes,
 }

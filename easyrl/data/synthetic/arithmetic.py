@@ -97,3 +97,23 @@ def write_jsonl(rows: list[dict], path: str | Path) -> Path:
         for row in rows:
             file.write(json.dumps(row) + "\n")
     return path
+
+
+def worked_answer(problem: str) -> str:
+    """A short worked answer in the form the arithmetic reward gives full credit: ``7 + 5 = 12. The answer is
+    \\boxed{12}.``"""
+    a, op, b = _parse(problem)
+    result = OPERATIONS[op](a, b)
+    return f"{a} {op} {b} = {result}. The answer is \\boxed{{{result}}}."
+
+
+def generate_arithmetic_sft(split: str = "train") -> list[dict]:
+    """The `builtin://arithmetic_small` problems of ``split`` with a `response` column (:func:`worked_answer`): the
+    supervised cold start that teaches the model the boxed format before GRPO. Only the train split exists: its
+    problems are those of `arithmetic_small@train`, so none repeats a test problem."""
+    if split != "train":
+        raise ValueError(
+            f"Unknown arithmetic_sft split {split!r}; it has only 'train' (validate on arithmetic_small)."
+        )
+    rows = generate_arithmetic("train", size=SMALL_SPLIT_SIZES["train"], spec=SMALL_SPEC)
+    return [{**row, "response": worked_answer(row["problem"])} for row in rows]
