@@ -33,7 +33,7 @@ def _run_command(command: str, load_plan, load_runner, run_errors: tuple = ()) -
     except ConfigError as err:
         print(f"easyrl {command}: invalid config: {err}", file=sys.stderr)
         return 2
-    from .trainer.main import RunSetupError
+    from .trainer.main import RunSetupError, error_text
 
     run = load_runner()
     try:
@@ -42,7 +42,7 @@ def _run_command(command: str, load_plan, load_runner, run_errors: tuple = ()) -
         print(f"easyrl {command}: cannot start: {err}", file=sys.stderr)
         return 2
     except run_errors as err:
-        print(f"easyrl {command}: {err.args[0] if isinstance(err, KeyError) and err.args else err}", file=sys.stderr)
+        print(f"easyrl {command}: {error_text(err)}", file=sys.stderr)
         return 2
     return 0
 

@@ -234,7 +234,6 @@ class GenerationRun:
         self._start()
 
     def _start(self) -> None:
-        from ..workers.reward.scorer import RewardScorer
         from .main import RunWorkers
 
         config = self.plan.config
@@ -243,13 +242,7 @@ class GenerationRun:
             groups = self.workers.start()
             self.rollout = groups.actor_rollout
             if config.worker.reward.reward_function:
-                group = self.workers.reward_model_group if self.plan.use_reward_model else None
-                self.reward = RewardScorer(
-                    config.worker.reward,
-                    self.tokenizer,
-                    run_dir=config.trainer.save_checkpoint_path,
-                    reward_model_group=group,
-                )
+                self.reward = self.workers.reward_scorer(self.tokenizer)
         except BaseException:
             self.close()
             raise

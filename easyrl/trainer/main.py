@@ -6,6 +6,8 @@ Everything that can fail on the user's input (config, model path, data rows, tem
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,6 +155,18 @@ class RunWorkers:
             raise RuntimeError("The workers are not running: no reward model to score with.")
         return self.groups[0]
 
+    def reward_scorer(self, tokenizer: Any) -> Any:
+        """The run's `RewardScorer`, scoring with the reward model on these workers when the plan has one."""
+        from ..workers.reward.scorer import RewardScorer
+
+        config = self.plan.config
+        return RewardScorer(
+            config.worker.reward,
+            tokenizer,
+            run_dir=config.trainer.save_checkpoint_path,
+            reward_model_group=self.reward_model_group if self.plan.use_reward_model else None,
+        )
+
     def kill(self, graceful_timeout_s: float = 10.0) -> None:
         for group in self.groups:
             group.kill(graceful_timeout_s)
@@ -168,36 +182,35 @@ class RunWorkers:
         self.pool.release()
 
 
+def start_tracker(config: Any, config_dict: dict, total_steps: int | None) -> Any:
+    """The loggers of `trainer.logger`, writing under `trainer.save_checkpoint_path`."""
+    from .loggers import Tracker
+
+    return Tracker(
+        loggers=config.trainer.logger,
+        project_name=config.trainer.project_name,
+        experiment_name=config.trainer.experiment_name,
+        config_dict=config_dict,
+        save_dir=config.trainer.save_checkpoint_path,
+        total_steps=total_steps,
+    )
+
+
 def build_trainer(plan: RunPlan, data: RunData | None = None, stop: Any = None) -> Any:
     """Everything a run needs, wired together; the caller owns shutdown via `trainer.on_shutdown()`.
 
     ``stop``: a ``StopRequest`` the trainer reads between steps (see ``easyrl.trainer.faults``)."""
-    from ..workers.reward.scorer import RewardScorer
-    from .loggers import Tracker
     from .ray_trainer import PPOTrainer
 
     data = data or prepare_run_data(plan)
     plan, config = data.plan, data.plan.config
     # the trackers first: one that cannot start (no credentials, no network) fails in seconds, before the workers
     # spend minutes loading models and starting engines
-    tracker = Tracker(
-        loggers=config.trainer.logger,
-        project_name=config.trainer.project_name,
-        experiment_name=config.trainer.experiment_name,
-        config_dict=_config_dict(plan),
-        save_dir=config.trainer.save_checkpoint_path,
-        total_steps=plan.training_steps,
-    )
+    tracker = start_tracker(config, _config_dict(plan), plan.training_steps)
     run_workers = RunWorkers(plan)
     try:
         workers = run_workers.start()
-        reward_model_group = run_workers.reward_model_group if plan.use_reward_model else None
-        reward = RewardScorer(
-            config.worker.reward,
-            data.tokenizer,
-            run_dir=config.trainer.save_checkpoint_path,
-            reward_model_group=reward_model_group,
-        )
+        reward = run_workers.reward_scorer(data.tokenizer)
     except BaseException:
         run_workers.release()
         tracker.finish()
@@ -240,6 +253,23 @@ class RunSetupError(RuntimeError):
     """The run cannot start with this data or model (found before Ray starts); the message names the key and fix."""
 
 
+def error_text(error: BaseException) -> str:
+    """An error's message; a KeyError's without the quotes ``str`` adds."""
+    return error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+
+
+@contextmanager
+def setup_errors_reported(log_file: str | None) -> Iterator[None]:
+    """Data and model errors (which name their key, file and row) raised inside become one `RunSetupError` line; the
+    traceback, for a bug report, goes at INFO to the log file only (as for an interrupted run)."""
+    try:
+        yield
+    except (ValueError, KeyError, OSError) as error:
+        logging.getLogger().info("The run could not start:", exc_info=True)
+        where = f" (traceback in {log_file})" if log_file is not None else ""
+        raise RunSetupError(error_text(error) + where) from error
+
+
 def run_training(plan: RunPlan) -> dict[str, float]:
     """`easyrl train`. A stop signal or a worker that died (with no restart left) ends it with one line saying what
     happened and where the last checkpoint is, and ``SystemExit`` with a non-zero status (see ``faults``)."""
@@ -249,13 +279,8 @@ def run_training(plan: RunPlan) -> dict[str, float]:
     log_file = setup_driver_logging(plan.config.trainer.save_checkpoint_path)
     for note in plan.notes:
         logger.warning(note)
-    try:
+    with setup_errors_reported(log_file):
         data = prepare_run_data(plan)  # bad rows, templates or model paths fail here, before Ray starts
-    except (ValueError, KeyError, OSError) as error:  # the data/model errors name their key, file and row
-        message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
-        # the traceback, for a bug report: INFO reaches the log file only (as for an interrupted run)
-        logging.getLogger().info("The run could not start:", exc_info=True)
-        raise RunSetupError(message + (f" (traceback in {log_file})" if log_file is not None else "")) from error
     plan = data.plan
     logger.info("Run plan:\n%s", plan.describe())
     init_ray(plan)

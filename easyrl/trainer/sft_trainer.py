@@ -29,7 +29,7 @@ from .checkpoint import (
     resolve_resume_path,
 )
 from .faults import RunInterrupted, RunStopped, StopRequest, print_interruption, resume_hint
-from .main import RunSetupError, _write_ray_timeline, cpus_per_worker, init_ray
+from .main import _write_ray_timeline, cpus_per_worker, init_ray, setup_errors_reported, start_tracker
 from .metrics import timer
 
 
@@ -156,32 +156,20 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
     from ..demo.builtin_models import resolve_model_path
     from ..workers.fsdp_utils import load_hf_config
     from ..workers.fsdp_worker import FSDPWorker
-    from .loggers import Tracker
 
     config = plan.config
     log_file = setup_driver_logging(config.trainer.save_checkpoint_path)
     model = config.worker.actor.model
-    try:
+    with setup_errors_reported(log_file):
         check_model_sources(config)
         model.model_path = resolve_model_path(model.model_path)
         model.tokenizer_path = resolve_model_path(model.tokenizer_path)
         tokenizer, processor = load_tokenizer_and_processor(model.tokenizer_path, model.trust_remote_code)
         loader = build_sft_loader(plan, tokenizer, processor, load_hf_config(model, "causal_lm"))
         plan = plan.with_training_steps(len(loader))
-    except (ValueError, KeyError, OSError) as error:  # the data/model errors name their key, file and row
-        message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
-        logging.getLogger().info("The run could not start:", exc_info=True)
-        raise RunSetupError(message + (f" (traceback in {log_file})" if log_file is not None else "")) from error
     logger.info("SFT plan:\n%s", plan.describe())
     init_ray(plan)
-    tracker = Tracker(
-        loggers=config.trainer.logger,
-        project_name=config.trainer.project_name,
-        experiment_name=config.trainer.experiment_name,
-        config_dict=config_to_dict(config),
-        save_dir=config.trainer.save_checkpoint_path,
-        total_steps=plan.training_steps,
-    )
+    tracker = start_tracker(config, config_to_dict(config), plan.training_steps)
     pool = ResourcePool.from_trainer_config(
         config.trainer.nnodes,
         config.trainer.n_gpus_per_node,
