@@ -4,9 +4,6 @@ and real runs of both commands on the tiny model (Ray, one worker, vLLM rollout,
 import json
 import logging
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,16 +12,16 @@ from easyrl.trainer.evaluate import format_table, k_values, pass_at_k, summarize
 from easyrl.trainer.generate import GenerationFileError, append_rows, read_rows
 from tests.fixtures.trainer_runs import (
     REPO_ROOT,
+    RUN_TIMEOUT_S,
     TINY_RUN_OVERRIDES,
     kill_process_group,
-    log_tail,
+    launch_training,
     metrics_by_step,
     run_training,
     wait_until,
 )
 
 
-RUN_TIMEOUT_S = 540
 SLEEPY_REWARD = REPO_ROOT / "tests" / "data" / "sleepy_word_start_reward.py"
 
 
@@ -165,28 +162,8 @@ def _args(model_path, val_file, save_dir, *extra) -> list[str]:
     ]
 
 
-def _launch(command: str, args: list[str], log_path: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray, never the tests' cluster
-    with open(log_path, "wb") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "easyrl", command, *args],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # the Ray processes share its group: one killpg ends them all
-        )
-
-
 def _run(command: str, args: list[str], log_path: Path) -> str:
-    proc = _launch(command, args, log_path)
-    try:
-        returncode = proc.wait(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        kill_process_group(proc)
-        pytest.fail(f"`easyrl {command}` did not finish in {RUN_TIMEOUT_S} s:\n{log_tail(log_path)}")
-    kill_process_group(proc)  # Ray stragglers
-    assert returncode == 0, f"`easyrl {command}` exited with {returncode}:\n{log_tail(log_path)}"
+    run_training(args, log_path, command=command)
     return log_path.read_text(errors="replace")
 
 
@@ -228,7 +205,7 @@ def test_generate_killed_after_a_batch_resumes_without_duplicates_and_samples_as
         "worker.reward.reward_function_kwargs={sleep_s: 3.0}",
     )
     output = tmp_path / "generations.jsonl"
-    proc = _launch("generate", args, tmp_path / "first.log")
+    proc = launch_training(args, tmp_path / "first.log", "generate")
     wait_until(
         lambda: output.exists() and output.read_text().count("\n") >= 2,
         "a batch written",

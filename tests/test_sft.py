@@ -13,7 +13,15 @@ import torch
 from easyrl.config.schema import DataConfig, SFTConfig
 from easyrl.data.collate import sft_collate
 from easyrl.data.sft import ConversationEncoder, UnusableConversationError, labelled_pieces
-from tests.fixtures.trainer_runs import REPO_ROOT, kill_process_group, log_tail, metrics_by_step, wait_until
+from tests.fixtures.trainer_runs import (
+    REPO_ROOT,
+    kill_process_group,
+    launch_training,
+    log_tail,
+    metrics_by_step,
+    run_training,
+    wait_until,
+)
 
 
 CONVERSATION = [
@@ -195,28 +203,8 @@ def _sum_rows(a: int, b: int) -> dict:
     }
 
 
-def _launch(command: str, args: list[str], log_path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # never join the tests' own Ray cluster
-    with open(log_path, "wb") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "easyrl", command, *args],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
 def _run(command: str, args: list[str], log_path, timeout: float = 400) -> None:
-    proc = _launch(command, args, log_path)
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        code = None
-    kill_process_group(proc)  # Ray's stragglers go with the run
-    if code != 0:
-        pytest.fail(f"`easyrl {command}` ended with {code}; end of its log:\n{log_tail(log_path)}")
+    run_training(args, log_path, timeout, command)
 
 
 def _assistant_nll(model, tokenizer, rows) -> float:
@@ -388,7 +376,7 @@ def test_a_stop_signal_ends_sft_after_the_step_with_a_checkpoint_it_resumes_from
     args = [a for a in args if not a.startswith(("trainer.max_steps=", "trainer.save_checkpoint_path="))]
     args += ["trainer.max_steps=400", "trainer.save_freq=-1", f"trainer.save_checkpoint_path={save_dir}"]
     log_path = tmp_path / "stopped.log"
-    proc = _launch("sft", args, log_path)
+    proc = launch_training(args, log_path, "sft")
     metrics_file = save_dir / "metrics.jsonl"
     wait_until(
         lambda: metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 2, "step 2", proc, log_path
