@@ -121,16 +121,24 @@ class AlgorithmConfig:
 
 @dataclass
 class LoraConfig:
-    """`worker.actor.model.lora.*`: low-rank adapters (refused by check until LoRA training exists)."""
+    """`worker.actor.model.lora.*`: low-rank adapters (LoRA, arXiv 2106.09685) on the actor, trained instead of its
+    weights. The base weights stay frozen; the reference policy is the same model with the adapters switched off."""
 
     rank: int = 0
     """LoRA rank; 0 trains all parameters."""
     alpha: int = 64
     """LoRA alpha (scaling = alpha / rank)."""
     target_modules: Any = "all-linear"
-    """Modules that get adapters: `all-linear` or a list / comma-separated names."""
+    """Modules that get adapters: `all-linear` (every linear layer of the language model except the LM head) or a
+    list / comma-separated names (module names or their last component, e.g. `q_proj,v_proj`)."""
     exclude_modules: Optional[str] = None
-    """Regex of module names that never get adapters (e.g. the vision tower)."""
+    """Regex (matched against the whole module name) of modules that never get adapters."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input in training passes."""
+    vision_tower: bool = False
+    """VLMs: adapters on the vision encoder's linear layers too (false: the vision encoder stays frozen as it is)."""
+    lr: Optional[float] = None
+    """Learning rate of the adapters; null means `optim.lr`. LoRA usually wants a larger rate than full training."""
 
 
 @dataclass

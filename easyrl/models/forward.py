@@ -30,7 +30,10 @@ if TYPE_CHECKING:
 
 
 def _accepts_logits_to_keep(module: torch.nn.Module) -> bool:
-    # FSDP2 wraps by subclassing, so the original forward signature is still visible on the type
+    # FSDP2 wraps by subclassing, so the original forward signature is still visible on the type; a peft wrapper
+    # (models/lora.py) passes every argument on to the model it wraps
+    if hasattr(type(module), "get_base_model"):
+        module = module.get_base_model()
     return "logits_to_keep" in inspect.signature(type(module).forward).parameters
 
 

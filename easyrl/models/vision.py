@@ -40,6 +40,8 @@ def resolve_vision_language_class(hf_config: Any, kind: str) -> type | None:
 
 def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
     """The image/video encoder of a VLM (``model.visual`` for Qwen-VL), or None for a text model."""
+    if hasattr(type(model), "get_base_model"):  # a peft wrapper (models/lora.py): the tower is the wrapped model's
+        model = model.get_base_model()
     get_encoder = getattr(model, "get_encoder", None)
     if get_encoder is None:
         return None

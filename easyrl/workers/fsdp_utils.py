@@ -18,7 +18,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 
 from ..config import FSDPConfig, ModelConfig
-from ..models import attention, vision
+from ..models import attention, lora, vision
 from ..models.checkpoint_layout import save_pretrained_in_released_layout
 from ..utils import device
 from ..utils.remote_code import naming_the_remote_code_key
@@ -238,13 +238,18 @@ def build_fsdp_model(
                 model = model_cls.from_config(hf_config, **common)
         else:
             model = model_cls.from_pretrained(path, config=hf_config, **common)
-    full_state = model.state_dict() if broadcast and rank == 0 else {}
     model.config.use_cache = False
     model.requires_grad_(trainable)
     if trainable and model_config.freeze_vision_tower:
         vision.freeze_vision_tower(model, "worker.actor.model.freeze_vision_tower")
     if trainable and model_config.enable_gradient_checkpointing:
+        # non-reentrant checkpointing also carries gradients to adapters whose layer inputs need none (LoRA)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if trainable and model_config.lora.rank > 0:  # before sharding: the adapters are sharded like the rest
+        model = lora.apply_lora(
+            model, model_config.lora, is_vision_language=vision.is_vision_language_config(hf_config)
+        )
+    full_state = model.state_dict() if broadcast and rank == 0 else {}
     buffer_dtype = to_dtype(fsdp_config.mp_buffer_dtype)
     for module in model.modules():
         for name, buffer in module.named_buffers(recurse=False):

@@ -1,0 +1,170 @@
+"""LoRA on one process (easyrl.models.lora): which modules get adapters, what is frozen, the adapter's names and
+config, and the reference policy as the adapters switched off."""
+
+import json
+
+import pytest
+import torch
+from peft import PeftModel, set_peft_model_state_dict
+from safetensors.torch import save_file
+
+from easyrl.config.schema import LoraConfig
+from easyrl.models import lora
+
+
+PROJECTIONS = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+
+
+def _text_model(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+
+
+def _vl_model(path):
+    from transformers import AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+
+
+def _adapted_modules(model) -> set[str]:
+    """Module names (the wrapped model's) that carry an adapter."""
+    names = lora.lora_state_dict(model)
+    return {name.split(".lora_A.")[0].removeprefix("base_model.model.") for name in names if ".lora_A." in name}
+
+
+def _randomise_b(model, seed: int = 1) -> None:
+    """peft starts B at zero (the adapter is a no-op); a random B makes it matter."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_B." in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
+
+
+def test_text_model_gets_adapters_on_every_projection_and_nothing_else(tiny_model_path):
+    model = lora.apply_lora(_text_model(tiny_model_path), LoraConfig(rank=4, alpha=8), is_vision_language=False)
+
+    assert lora.has_lora(model)
+    expected = {f"model.layers.{i}.{part}.{p}" for i in range(2) for part, ps in
+                (("self_attn", ["q_proj", "k_proj", "v_proj", "o_proj"]), ("mlp", ["gate_proj", "up_proj", "down_proj"]))
+                for p in ps}  # fmt: skip
+    assert _adapted_modules(model) == expected
+    assert model.peft_config["default"].target_modules == set(PROJECTIONS)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {n for n, _ in model.named_parameters() if ".lora_A." in n or ".lora_B." in n}
+    assert len(trainable) == 2 * 14
+    assert {p.shape for n, p in model.named_parameters() if "layers.0.self_attn.k_proj.lora_" in n} == {
+        torch.Size([4, 64]),  # A: (rank, hidden)
+        torch.Size([32, 4]),  # B: (one kv head x head_dim 32, rank)
+    }
+
+
+def test_adapter_output_is_base_plus_scaled_low_rank_product(tiny_model_path):
+    """W x + (alpha / r) B A x, with alpha / r = 16 / 4 = 4."""
+    model = lora.apply_lora(_text_model(tiny_model_path), LoraConfig(rank=4, alpha=16), is_vision_language=False)
+    _randomise_b(model)
+    q_proj = model.base_model.model.model.layers[0].self_attn.q_proj
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+    a, b = q_proj.lora_A["default"].weight, q_proj.lora_B["default"].weight
+    expected = x @ q_proj.base_layer.weight.T + q_proj.base_layer.bias + 4.0 * (x @ a.T @ b.T)
+    torch.testing.assert_close(q_proj(x), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_adapters_off_is_the_base_model(tiny_model_path):
+    base = _text_model(tiny_model_path)
+    model = lora.apply_lora(_text_model(tiny_model_path), LoraConfig(rank=4, alpha=8), is_vision_language=False)
+    _randomise_b(model)
+    ids = torch.tensor([[5, 17, 300, 42, 9]])
+    with torch.no_grad():
+        base_logits = base(ids).logits
+        adapted = model(input_ids=ids).logits
+        with lora.adapter_disabled(model):
+            reference = model(input_ids=ids).logits
+    torch.testing.assert_close(reference, base_logits, rtol=0, atol=0)
+    assert (adapted - base_logits).abs().max() > 1e-3
+
+
+def test_state_dict_and_config_load_back_as_a_peft_adapter(tiny_model_path, tmp_path):
+    model = lora.apply_lora(_text_model(tiny_model_path), LoraConfig(rank=4, alpha=8), is_vision_language=False)
+    _randomise_b(model)
+    state = lora.lora_state_dict(model)
+    assert len(state) == 28
+    assert "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight" in state
+    assert all(".default." not in name for name in state)
+
+    # into a fresh wrapper with set_peft_model_state_dict
+    other = lora.apply_lora(_text_model(tiny_model_path), LoraConfig(rank=4, alpha=8), is_vision_language=False)
+    result = set_peft_model_state_dict(other, state)
+    assert not result.unexpected_keys
+    ids = torch.tensor([[5, 17, 300, 42, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(other(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
+
+    # as a folder, through PeftModel.from_pretrained
+    config = lora.lora_peft_config(model)
+    assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8, "LORA")
+    (tmp_path / "adapter_config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in state.items()}, tmp_path / "adapter_model.safetensors")
+    loaded = PeftModel.from_pretrained(_text_model(tiny_model_path), tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
+
+
+def test_target_modules_subset_and_exclusion_regex(tiny_model_path):
+    config = LoraConfig(rank=2, alpha=2, target_modules="q_proj, v_proj", exclude_modules=r".*layers\.1\..*")
+    model = lora.apply_lora(_text_model(tiny_model_path), config, is_vision_language=False)
+    assert _adapted_modules(model) == {"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj"}
+
+
+def test_target_module_naming_nothing_is_refused_with_the_names_there_are(tiny_model_path):
+    with pytest.raises(ValueError) as error:
+        lora.apply_lora(
+            _text_model(tiny_model_path), LoraConfig(rank=4, target_modules=["qkv"]), is_vision_language=False
+        )
+    message = str(error.value)
+    assert "`worker.actor.model.lora.target_modules` names `qkv`" in message
+    assert "down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj" in message
+    with pytest.raises(ValueError, match="names `lm_head`"):  # the head never gets an adapter
+        lora.apply_lora(
+            _text_model(tiny_model_path), LoraConfig(rank=4, target_modules="lm_head"), is_vision_language=False
+        )
+
+
+def test_adapter_init_is_the_same_on_every_call(tiny_model_path):
+    """Every FSDP rank wraps its own copy: the A matrices must agree without a broadcast."""
+    torch.manual_seed(1)
+    first = lora.lora_state_dict(
+        lora.apply_lora(_text_model(tiny_model_path), LoraConfig(rank=4), is_vision_language=False)
+    )
+    torch.manual_seed(2)
+    second = lora.lora_state_dict(
+        lora.apply_lora(_text_model(tiny_model_path), LoraConfig(rank=4), is_vision_language=False)
+    )
+    assert all(torch.equal(first[name], second[name]) for name in first)
+
+
+def test_vl_model_vision_tower_frozen_and_adapter_free_by_default(tiny_vl_model_path):
+    model = lora.apply_lora(_vl_model(tiny_vl_model_path), LoraConfig(rank=4, alpha=8), is_vision_language=True)
+    adapted = _adapted_modules(model)
+    assert len(adapted) == 14
+    assert all(name.startswith("model.language_model.layers.") for name in adapted)
+    tower = model.get_base_model().model.visual
+    assert not any(p.requires_grad for p in tower.parameters())
+    assert not any("lora_" in name for name, _ in tower.named_parameters())
+
+
+def test_vl_model_vision_tower_adapters_when_asked(tiny_vl_model_path):
+    config = LoraConfig(rank=4, alpha=8, vision_tower=True)
+    model = lora.apply_lora(_vl_model(tiny_vl_model_path), config, is_vision_language=True)
+    adapted = _adapted_modules(model)
+    tower = {name for name in adapted if name.startswith("model.visual.")}
+    # two blocks x (qkv, proj, gate/up/down) + the merger's two linear layers
+    assert tower == {
+        *(f"model.visual.blocks.{i}.{p}" for i in range(2) for p in
+          ("attn.qkv", "attn.proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")),
+        "model.visual.merger.mlp.0",
+        "model.visual.merger.mlp.2",
+    }  # fmt: skip
+    assert len(adapted - tower) == 14
+    assert "model.visual.patch_embed.proj" not in adapted  # a convolution, whatever its name
