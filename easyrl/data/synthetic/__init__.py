@@ -38,6 +38,12 @@ def _shapes(split: str) -> list[dict]:
     return generate_shapes(split)
 
 
+def _shapes_sft(split: str) -> list[dict]:
+    from .shapes import generate_shapes_sft
+
+    return generate_shapes_sft(split)
+
+
 # name -> split -> rows
 BUILTIN_DATASETS: dict[str, Callable[[str], list[dict]]] = {
     "arithmetic": _arithmetic,
@@ -45,6 +51,7 @@ BUILTIN_DATASETS: dict[str, Callable[[str], list[dict]]] = {
     "arithmetic_sft": _arithmetic_sft,
     "code": _code,
     "shapes": _shapes,
+    "shapes_sft": _shapes_sft,
 }
 
 

@@ -14,6 +14,8 @@ from PIL import Image, ImageDraw
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 30)}
 SHAPES = ("circle", "square", "triangle")
 SPLITS = {"train": (4321, 1024), "test": (8765, 64)}
+# the SFT cold start draws more pictures from the train split's seed: its first 1024 rows are `shapes@train`
+SFT_ROWS = 8192
 
 
 @dataclass(frozen=True)
@@ -51,25 +53,50 @@ def _picture(rng: random.Random, spec: ShapesSpec) -> tuple[Image.Image, list[tu
     return image, shapes
 
 
-def generate_shapes(split: str = "train", size: int | None = None, spec: ShapesSpec = ShapesSpec()) -> list[dict]:
-    """Rows ``{"problem", "answer", "images": [{"bytes": png}], "data_source"}``."""
+def _questions(split: str, size: int | None, spec: ShapesSpec) -> list[tuple[dict, str, str]]:
+    """(row, colour, kind) per picture of ``split``: the row and what its question asks to count."""
     if split not in SPLITS:
         raise ValueError(f"Unknown shapes split {split!r}; choose one of {sorted(SPLITS)}.")
     seed, default_size = SPLITS[split]
     rng = random.Random(seed)
-    rows = []
+    questions = []
     for _ in range(size or default_size):
         image, shapes = _picture(rng, spec)
         colour, kind = rng.choice(shapes)
         count = sum(shape == (colour, kind) for shape in shapes)
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")
-        rows.append(
-            {
-                "problem": f"<image>How many {colour} {kind}s are in the picture?",
-                "answer": str(count),
-                "images": [{"bytes": buffer.getvalue(), "path": None}],
-                "data_source": "shapes",
-            }
-        )
-    return rows
+        row = {
+            "problem": f"<image>How many {colour} {kind}s are in the picture?",
+            "answer": str(count),
+            "images": [{"bytes": buffer.getvalue(), "path": None}],
+            "data_source": "shapes",
+        }
+        questions.append((row, colour, kind))
+    return questions
+
+
+def generate_shapes(split: str = "train", size: int | None = None, spec: ShapesSpec = ShapesSpec()) -> list[dict]:
+    """Rows ``{"problem", "answer", "images": [{"bytes": png}], "data_source"}``."""
+    return [row for row, _, _ in _questions(split, size, spec)]
+
+
+def worked_answer(colour: str, kind: str, count: str) -> str:
+    """The answer an SFT row teaches, in the form reward_function/r1v.py gives full format credit: a short
+    ``<think>`` naming what is counted, then the count in ``<answer>`` (short, so a tiny model can learn it)."""
+    return f"<think>{colour} {kind}s: {count}</think><answer>{count}</answer>"
+
+
+def generate_shapes_sft(split: str = "train") -> list[dict]:
+    """`builtin://shapes_sft`: SFT_ROWS pictures from the train split's seed (the first 1024 are `shapes@train`) with
+    a `response` column (:func:`worked_answer`), for the supervised cold start before GRPO. Only a train split: the
+    test pictures come from another seed, and a picture that happens to repeat a test row (same image and question)
+    is left out, so none is trained on."""
+    if split != "train":
+        raise ValueError(f"Unknown shapes_sft split {split!r}; it has only 'train' (validate on shapes@test).")
+    test = {(row["images"][0]["bytes"], row["problem"]) for row in generate_shapes("test")}
+    return [
+        {**row, "response": worked_answer(colour, kind, row["answer"])}
+        for row, colour, kind in _questions("train", SFT_ROWS, ShapesSpec())
+        if (row["images"][0]["bytes"], row["problem"]) not in test
+    ]

@@ -1,0 +1,65 @@
+"""`builtin://shapes_sft`: the shapes training pictures with worked answers, for the vision-language cold start."""
+
+import importlib.util
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from easyrl.data.sources import load_rows
+from easyrl.data.synthetic.shapes import SFT_ROWS, generate_shapes, generate_shapes_sft, worked_answer
+
+
+def _r1v():
+    path = Path(__file__).resolve().parents[1] / "reward_function" / "r1v.py"
+    spec = importlib.util.spec_from_file_location("r1v_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def sft_rows():
+    return generate_shapes_sft("train")
+
+
+def test_worked_answer_is_short_and_in_r1v_form():
+    assert worked_answer("red", "circle", "2") == "<think>red circles: 2</think><answer>2</answer>"
+
+
+def test_rows_are_the_train_pictures_minus_those_repeating_a_test_row(sft_rows):
+    # 8192 pictures drawn from the train seed; 36 of them (small pictures: one or two shapes) repeat a test row's
+    # picture and question exactly and are left out
+    assert len(sft_rows) == SFT_ROWS - 36 == 8156
+    train = generate_shapes("train")
+    assert [(r["problem"], r["answer"], r["images"]) for r in sft_rows[:5]] == [
+        (r["problem"], r["answer"], r["images"]) for r in train[:5]
+    ]
+    test = {(row["images"][0]["bytes"], row["problem"]) for row in generate_shapes("test")}
+    assert not any((row["images"][0]["bytes"], row["problem"]) in test for row in sft_rows)
+
+
+def test_each_response_gets_r1v_full_score_for_its_own_answer(sft_rows):
+    r1v = _r1v()
+    scores = [r1v.compute_score({"response": row["response"], "ground_truth": row["answer"]}) for row in sft_rows]
+    assert all(score == {"overall": 1.0, "format": 1.0, "accuracy": 1.0} for score in scores)
+    # and a wrong count keeps the format credit only
+    wrong = r1v.compute_score({"response": worked_answer("red", "circle", "3"), "ground_truth": "2"})
+    assert wrong == {"overall": 0.5, "format": 1.0, "accuracy": 0.0}
+
+
+def test_response_names_what_the_question_asks(sft_rows):
+    row = sft_rows[0]
+    colour, kind = row["problem"].removeprefix("<image>How many ").split(" ")[:2]
+    assert row["response"] == f"<think>{colour} {kind}: {row['answer']}</think><answer>{row['answer']}</answer>"
+    assert Counter(row["answer"] for row in sft_rows) == {"1": 6106, "2": 1748, "3": 271, "4": 29, "5": 2}
+
+
+def test_builtin_shapes_sft_loads_as_a_dataset(sft_rows):
+    rows = load_rows("builtin://shapes_sft@train")
+    assert len(rows) == len(sft_rows) and rows[0]["response"] == sft_rows[0]["response"]
+
+
+def test_only_a_train_split():
+    with pytest.raises(ValueError, match="only 'train'"):
+        generate_shapes_sft("test")
