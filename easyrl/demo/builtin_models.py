@@ -3,6 +3,7 @@
 from collections.abc import Callable
 from pathlib import Path
 
+from .small_vlm import ensure_small_qwen2_5_vl
 from .smollm2 import ensure_smollm2
 
 
@@ -25,6 +26,8 @@ BUILTIN_MODELS.update(
         "Tiny-Qwen2-VL": _tiny_vlm("qwen2_vl"),
         "Tiny-Qwen2.5-VL": _tiny_vlm("qwen2_5_vl"),
         "Tiny-Qwen3-VL": _tiny_vlm("qwen3_vl"),
+        # untrained, standard initialisation, sized to learn a picture task on a CPU (the shapes cold start)
+        "Small-Qwen2.5-VL": ensure_small_qwen2_5_vl,
     }
 )
 
