@@ -116,10 +116,18 @@ def _merge(args: list[str]) -> int:
         "--local_dir", required=True, help="the checkpoint's actor folder, e.g. .../global_step_10/actor"
     )
     parser.add_argument("--output_dir", default=None, help="where to write; defaults to <local_dir>/huggingface")
+    parser.add_argument(
+        "--merge_lora",
+        action="store_true",
+        help="LoRA checkpoints: write the full model with the adapters merged in (default: the adapter folder)",
+    )
+    parser.add_argument(
+        "--base_model", default=None, help="with --merge_lora: the base model folder (default: the adapter's own)"
+    )
     ns = parser.parse_args(args)
     from .trainer.merge import merge_checkpoint
 
-    out = merge_checkpoint(ns.local_dir, ns.output_dir)
+    out = merge_checkpoint(ns.local_dir, ns.output_dir, merge_lora=ns.merge_lora, base_model=ns.base_model)
     print(f"Hugging Face model written to {out}")
     return 0
 

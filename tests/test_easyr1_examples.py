@@ -402,10 +402,13 @@ EXAMPLES = [
             "trainer.experiment_name=qwen3_4b_math_grpo_lora",
             "trainer.n_gpus_per_node=1",
         ),
-        refused_key="worker.actor.model.lora.rank",
-        refused_fix="set worker.actor.model.lora.rank=0",
-        accepted_with=("worker.actor.model.lora.rank=0",),
-        plan={"world_size": 1, "config.worker.actor.global_batch_size_per_device": 640},
+        # the reference policy is the actor with its adapters off: no reference model in the worker
+        plan={
+            "world_size": 1,
+            "config.worker.actor.global_batch_size_per_device": 640,
+            "ref_from_actor": True,
+            "worker_role": "actor_rollout",
+        },
     ),
     Example(
         "examples/qwen3_vl_30b_geo3k_grpo.sh",
@@ -439,10 +442,7 @@ EXAMPLES = [
             "trainer.experiment_name=qwen3_vl_4b_geo_grpo_lora",
             "trainer.n_gpus_per_node=2",
         ),
-        refused_key="worker.actor.model.lora.rank",
-        refused_fix="set worker.actor.model.lora.rank=0",
-        accepted_with=("worker.actor.model.lora.rank=0",),
-        plan={"world_size": 2},
+        plan={"world_size": 2, "ref_from_actor": True, "worker_role": "actor_rollout"},
     ),
 ]
 RUNS = [example for example in EXAMPLES if example.refused_key is None]
@@ -583,15 +583,15 @@ def test_check_refuses_a_remote_logger_that_cannot_start(name, tmp_path):
 
 def test_easyrl_check_exits_2_naming_the_key_of_a_refused_example():
     result = subprocess.run(
-        [sys.executable, "-m", "easyrl", "check", *command_line(BY_NAME["qwen3_4b_math_grpo_lora"])],
+        [sys.executable, "-m", "easyrl", "check", *command_line(BY_NAME["qwen2_5_vl_3b_android_gui_grpo"])],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 2, result.stderr
-    assert "worker.actor.model.lora.rank" in result.stderr
-    assert "lora.rank=0" in result.stderr
+    assert "worker.reward.reward_function" in result.stderr
+    assert "android_gui.py" in result.stderr
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ def test_enforce_eager_false_runs_eagerly_on_a_machine_without_cuda_and_says_so(
 @pytest.mark.parametrize(
     ("override", "key"),
     [
-        ("worker.actor.model.lora.rank=64", "worker.actor.model.lora.rank"),
+        ("worker.actor.model.lora.alpha=0", "worker.actor.model.lora.alpha"),
         ("worker.actor.ulysses_size=8", "worker.actor.ulysses_size"),
         ("worker.actor.ulysses_sequence_parallel_size=2", "worker.actor.ulysses_size"),
         ("worker.hybrid_engine=false", "worker.hybrid_engine"),

@@ -64,10 +64,16 @@ class RunPlan:
         return self.config.worker.reward.judge.kind == "classifier"
 
     @property
+    def ref_from_actor(self) -> bool:
+        """The reference policy is the actor with its LoRA adapters switched off (worker.actor.model.lora.rank > 0):
+        no reference model is built, the actor's module scores the reference log-probs."""
+        return self.use_reference and self.config.worker.actor.model.lora.rank > 0
+
+    @property
     def worker_role(self) -> str:
         """The role set of the hybrid-engine worker group (the reference and the reward model share the actor's
         processes)."""
-        role = "actor_rollout_ref" if self.use_reference else "actor_rollout"
+        role = "actor_rollout_ref" if self.use_reference and not self.ref_from_actor else "actor_rollout"
         return role + "_rm" if self.use_reward_model else role
 
     @property
@@ -103,7 +109,11 @@ class RunPlan:
         config, actor = self.config, self.config.worker.actor
         roles = (
             ["actor", "rollout"]
-            + (["ref"] if self.use_reference else [])
+            + (
+                ["ref (the actor with its LoRA adapters off)" if self.ref_from_actor else "ref"]
+                if self.use_reference
+                else []
+            )
             + (["reward model"] if self.use_reward_model else [])
             + (["critic"] if self.use_critic else [])
         )

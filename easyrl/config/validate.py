@@ -115,6 +115,8 @@ def _trainable_role_ranges(role: str) -> dict[str, Interval]:
         f"{prefix}.ulysses_size": AT_LEAST_ONE,
         f"{prefix}.model.lora.rank": NON_NEGATIVE,
         f"{prefix}.model.lora.alpha": POSITIVE,
+        f"{prefix}.model.lora.dropout": Interval(0, 1, high_open=True),
+        f"{prefix}.model.lora.lr": POSITIVE,
         f"{prefix}.optim.lr": Interval(0, low_open=True, why="the optimizer would stand still or climb the loss"),
         f"{prefix}.optim.weight_decay": NON_NEGATIVE,
         f"{prefix}.optim.lr_warmup_ratio": SHARE,
@@ -362,10 +364,10 @@ def _check_unsupported(config: PPOConfig) -> None:
     worker = config.worker
     for role in ("actor", "critic") if uses_critic(config) else ("actor",):
         role_config = getattr(worker, role)
-        if role_config.model.lora.rank > 0:
+        if role == "critic" and role_config.model.lora.rank > 0:
             raise ConfigError(
-                f"`worker.{role}.model.lora.rank` is {role_config.model.lora.rank}: LoRA training is not supported "
-                f"yet; set worker.{role}.model.lora.rank=0 to train all parameters."
+                f"`worker.critic.model.lora.rank` is {role_config.model.lora.rank}: LoRA trains the actor only (the "
+                "critic's value head is new and needs all its weights trained); set worker.critic.model.lora.rank=0."
             )
         if role_config.ulysses_size != 1:
             raise ConfigError(

@@ -11,6 +11,7 @@ Adapter names are peft's (``base_model.model.<module>.lora_A.weight``): what ``g
 
 import enum
 import json
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +30,9 @@ ADAPTER_NAME = "default"
 TARGET_KEY = "worker.actor.model.lora.target_modules"
 ALL_LINEAR = "all-linear"
 ADAPTER_INIT_SEED = 0
+# the files of a peft adapter folder (PeftModel.from_pretrained, vLLM's LoRARequest)
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 
 
 def _module_name(model: torch.nn.Module, module: torch.nn.Module | None) -> str | None:
@@ -123,7 +127,7 @@ def apply_lora(model: torch.nn.Module, lora_config: LoraConfig, *, is_vision_lan
         torch.manual_seed(ADAPTER_INIT_SEED)
         peft_model = get_peft_model(model, peft_config, adapter_name=ADAPTER_NAME)
     for name, param in peft_model.named_parameters():
-        param.requires_grad_(".lora_A." in name or ".lora_B." in name)
+        param.requires_grad_(is_adapter_key(name))
     return peft_model
 
 
@@ -141,7 +145,7 @@ def adapter_disabled(model: torch.nn.Module) -> Iterator[None]:
 
 def adapter_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The trainable adapter parameters (sharded under FSDP2)."""
-    return [param for name, param in model.named_parameters() if ".lora_A." in name or ".lora_B." in name]
+    return [param for name, param in model.named_parameters() if is_adapter_key(name)]
 
 
 @torch.no_grad()
@@ -174,3 +178,27 @@ def lora_peft_config(model: torch.nn.Module) -> dict:
     config = _json_able(model.peft_config[ADAPTER_NAME].to_dict())
     json.dumps(config)  # fails here, naming the value, rather than in a writer later
     return config
+
+
+def is_adapter_key(name: str) -> bool:
+    """A parameter (or state dict key) of an adapter, e.g. ``...q_proj.lora_A.default.weight``."""
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def peft_name(module_key: str) -> str:
+    """A module's state-dict key of an adapter tensor -> its name in an adapter folder (the adapter name dropped):
+    ``...q_proj.lora_A.default.weight`` -> ``...q_proj.lora_A.weight``."""
+    return re.sub(rf"\.(lora_[AB])\.{ADAPTER_NAME}\.", r".\1.", module_key)
+
+
+def write_adapter_folder(path: str, tensors: dict[str, torch.Tensor], peft_config: dict) -> None:
+    """``adapter_config.json`` + ``adapter_model.safetensors``: a folder ``PeftModel.from_pretrained(base, path)``
+    and vLLM load."""
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, ADAPTER_CONFIG_FILE), "w", encoding="utf-8") as file:
+        json.dump(peft_config, file, indent=2)
+    save_file(
+        {name: t.detach().cpu().contiguous() for name, t in tensors.items()}, os.path.join(path, ADAPTER_WEIGHTS_FILE)
+    )

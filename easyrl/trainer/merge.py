@@ -3,10 +3,14 @@
 import os
 
 
-def merge_checkpoint(local_dir: str, output_dir: str | None = None) -> str:
+def merge_checkpoint(
+    local_dir: str, output_dir: str | None = None, merge_lora: bool = False, base_model: str | None = None
+) -> str:
     """Write `<local_dir>/huggingface` (or `output_dir`): safetensors, config, generation config, tokenizer/processor.
 
-    `local_dir` is a role folder of a checkpoint, e.g. `checkpoints/proj/exp/global_step_40/actor`.
+    `local_dir` is a role folder of a checkpoint, e.g. `checkpoints/proj/exp/global_step_40/actor`. A LoRA
+    checkpoint gives a peft adapter folder, or with `merge_lora` the full model with the adapters merged in
+    (`base_model`: the base model's folder, when it is not where the adapter config says).
     """
     from ..workers.fsdp_checkpoint import HF_FOLDER, merge_checkpoint_to_hf
 
@@ -14,5 +18,5 @@ def merge_checkpoint(local_dir: str, output_dir: str | None = None) -> str:
         raise FileNotFoundError(f"--local_dir `{local_dir}` is not a folder; give a checkpoint's actor folder.")
     output_dir = output_dir or os.path.join(local_dir, HF_FOLDER)
     os.makedirs(output_dir, exist_ok=True)
-    merge_checkpoint_to_hf(local_dir, output_dir)
+    merge_checkpoint_to_hf(local_dir, output_dir, merge_lora=merge_lora, base_model=base_model)
     return output_dir

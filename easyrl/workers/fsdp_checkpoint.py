@@ -15,6 +15,7 @@ import copy
 import os
 import pickle
 import shutil
+import tempfile
 from typing import Any
 
 import torch
@@ -22,12 +23,14 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
 
+from ..models import lora
 from ..models.checkpoint_layout import save_pretrained_in_released_layout
 from ..utils.state_file import load_state, save_state
 from .fsdp_utils import unwrapped_class
@@ -93,23 +96,55 @@ def save_role_checkpoint(
     tokenizer=None,
     processor=None,
 ) -> None:
-    """Save one role's state under ``path`` (a collective: every rank calls it)."""
-    state = {"model": get_model_state_dict(model)}
+    """Save one role's state under ``path`` (a collective: every rank calls it).
+
+    With LoRA only the adapters and their optimizer state are saved (the base weights are the model path's, never
+    changed), and ``huggingface/`` is also a peft adapter folder of the current adapters."""
+    state = {"model": _model_state(model)}
     if optimizer is not None and not model_only:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
     dcp.save(state, checkpoint_id=path)
+    if _is_rank_zero() and lr_scheduler is not None and not model_only:
+        save_state(os.path.join(path, EXTRA_STATE_FILE), {"lr_scheduler": lr_scheduler.state_dict()})
+    save_config_folder(os.path.join(path, HF_FOLDER), model, tokenizer, processor)
+
+
+def save_config_folder(path: str, model: torch.nn.Module, tokenizer=None, processor=None) -> None:
+    """The model's config (its class in ``architectures``) and tokenizer/processor in folder ``path``; with LoRA
+    also the adapters as a peft adapter folder. A collective (the adapters are gathered); rank 0 writes."""
+    adapters = lora.lora_state_dict(model) if lora.has_lora(model) else None
     if _is_rank_zero():
-        if lr_scheduler is not None and not model_only:
-            save_state(os.path.join(path, EXTRA_STATE_FILE), {"lr_scheduler": lr_scheduler.state_dict()})
-        hf_path = os.path.join(path, HF_FOLDER)
         config = copy.deepcopy(model.config)
         config.architectures = [unwrapped_class(model).__name__]  # e.g. the critic's TokenClassification head
-        config.save_pretrained(hf_path)
+        config.save_pretrained(path)
         for extra in (tokenizer, processor):
             if extra is not None:
-                extra.save_pretrained(hf_path)
+                extra.save_pretrained(path)
+        if adapters is not None:
+            lora.write_adapter_folder(path, adapters, lora.lora_peft_config(model))
     if dist.is_initialized():
         dist.barrier()
+
+
+def _model_state(model: torch.nn.Module) -> dict[str, Any]:
+    """The model's training state: every weight, or with LoRA the adapters alone (the frozen base stays out)."""
+    state = get_model_state_dict(model)
+    if lora.has_lora(model):
+        state = {key: value for key, value in state.items() if lora.is_adapter_key(key)}
+    return state
+
+
+def _check_same_kind(path: str, model: torch.nn.Module) -> None:
+    """A LoRA run resumes from LoRA checkpoints only, a full-weight run from full ones: say so before DCP would fail
+    on the first missing tensor."""
+    keys = SafeFileSystemReader(path).read_metadata().state_dict_metadata
+    saved_adapters = any(key.startswith("model.") and lora.is_adapter_key(key) for key in keys)
+    if saved_adapters != lora.has_lora(model):
+        saved, wanted = ("LoRA adapters", "full weights") if saved_adapters else ("full weights", "LoRA adapters")
+        raise ValueError(
+            f"The checkpoint `{path}` holds {saved} but this run trains {wanted}: set "
+            f"worker.actor.model.lora.rank as in the run that wrote it, or start without trainer.load_checkpoint_path."
+        )
 
 
 def load_role_checkpoint(
@@ -122,12 +157,14 @@ def load_role_checkpoint(
     """Load one role's state saved by ``save_role_checkpoint`` (a collective)."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"No checkpoint of this role at `{path}` (check trainer.load_checkpoint_path).")
-    state = {"model": get_model_state_dict(model)}
+    _check_same_kind(path, model)
+    state = {"model": _model_state(model)}
     with_optimizer = optimizer is not None and not model_only
     if with_optimizer:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
     dcp.load(state, storage_reader=SafeFileSystemReader(path))
-    set_model_state_dict(model, state["model"])
+    # with LoRA the base weights are absent from the checkpoint: they stay as loaded from the model path
+    set_model_state_dict(model, state["model"], options=StateDictOptions(strict=not lora.has_lora(model)))
     if with_optimizer:
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
         extra_file = os.path.join(path, EXTRA_STATE_FILE)
@@ -141,23 +178,50 @@ def load_role_checkpoint(
             )
 
 
-def merge_checkpoint_to_hf(role_path: str, output_path: str) -> None:
-    """Turn one role folder of a DCP checkpoint into a Hugging Face model folder, in one process, offline.
-
-    Reads the tensor shapes from the checkpoint metadata, loads the ``model`` entries onto the CPU, and saves them
-    with the config and tokenizer kept in ``huggingface/``.
-    """
-    import transformers
-
-    hf_path = os.path.join(role_path, HF_FOLDER)
-    if not os.path.isfile(os.path.join(hf_path, "config.json")):
-        raise FileNotFoundError(f"`{role_path}` is not a role checkpoint folder (no {HF_FOLDER}/config.json).")
+def _checkpoint_model_weights(role_path: str) -> dict[str, torch.Tensor]:
+    """The ``model`` entries of a DCP role folder, loaded onto the CPU in this process (no process group)."""
     metadata = SafeFileSystemReader(role_path).read_metadata()
     weights = {}
     for key, meta in metadata.state_dict_metadata.items():
         if key.startswith("model.") and hasattr(meta, "size"):
             weights[key[len("model.") :]] = torch.empty(meta.size, dtype=meta.properties.dtype)
     dcp.load({"model": weights}, storage_reader=SafeFileSystemReader(role_path), no_dist=True)
+    return weights
+
+
+def is_lora_checkpoint(role_path: str) -> bool:
+    """The role folder was written by a LoRA run (its ``huggingface/`` is an adapter folder)."""
+    return os.path.isfile(os.path.join(role_path, HF_FOLDER, lora.ADAPTER_CONFIG_FILE))
+
+
+def _copy_extras(hf_path: str, output_path: str, skip: set[str]) -> None:
+    """Tokenizer, processor and generation files kept next to the checkpoint's config."""
+    for name in os.listdir(hf_path):
+        if name not in skip and not os.path.exists(os.path.join(output_path, name)):
+            shutil.copy(os.path.join(hf_path, name), output_path)
+
+
+def merge_checkpoint_to_hf(
+    role_path: str, output_path: str, merge_lora: bool = False, base_model: str | None = None
+) -> None:
+    """Turn one role folder of a DCP checkpoint into a Hugging Face folder, in one process, offline.
+
+    Reads the tensor shapes from the checkpoint metadata, loads the ``model`` entries onto the CPU, and saves them
+    with the config and tokenizer kept in ``huggingface/``. A LoRA checkpoint gives a peft adapter folder
+    (``adapter_config.json`` + ``adapter_model.safetensors``), or with ``merge_lora`` the base model (``base_model``,
+    else the one the adapter config names) with the adapters merged into its weights.
+    """
+    import transformers
+
+    hf_path = os.path.join(role_path, HF_FOLDER)
+    if not os.path.isfile(os.path.join(hf_path, "config.json")):
+        raise FileNotFoundError(f"`{role_path}` is not a role checkpoint folder (no {HF_FOLDER}/config.json).")
+    weights = _checkpoint_model_weights(role_path)
+    if is_lora_checkpoint(role_path):
+        _merge_lora_checkpoint(hf_path, weights, output_path, merge_lora, base_model)
+        return
+    if merge_lora:
+        raise ValueError(f"`{role_path}` holds full weights, not LoRA adapters: drop --merge_lora.")
 
     config = transformers.AutoConfig.from_pretrained(hf_path)
     model_cls = getattr(transformers, (config.architectures or ["AutoModelForCausalLM"])[0])
@@ -166,6 +230,39 @@ def merge_checkpoint_to_hf(role_path: str, output_path: str) -> None:
     model.load_state_dict(weights, assign=True)
     model.tie_weights()
     save_pretrained_in_released_layout(model, output_path)
-    for name in os.listdir(hf_path):
-        if name != "config.json" and not os.path.exists(os.path.join(output_path, name)):
-            shutil.copy(os.path.join(hf_path, name), output_path)
+    _copy_extras(hf_path, output_path, skip={"config.json"})
+
+
+def _merge_lora_checkpoint(
+    hf_path: str, weights: dict[str, torch.Tensor], output_path: str, merge_lora: bool, base_model: str | None
+) -> None:
+    import json
+
+    import transformers
+    from peft import PeftModel
+
+    with open(os.path.join(hf_path, lora.ADAPTER_CONFIG_FILE), encoding="utf-8") as file:
+        peft_config = json.load(file)
+    adapters = {lora.peft_name(name): tensor for name, tensor in weights.items()}
+    adapter_files = {lora.ADAPTER_CONFIG_FILE, lora.ADAPTER_WEIGHTS_FILE}
+    if not merge_lora:
+        lora.write_adapter_folder(output_path, adapters, peft_config)
+        _copy_extras(hf_path, output_path, skip={"config.json", *adapter_files})
+        return
+    base_path = base_model or peft_config.get("base_model_name_or_path")
+    if not base_path or not os.path.isdir(base_path):
+        raise FileNotFoundError(
+            f"--merge_lora needs the base model the adapters were trained on: `{base_path}` (base_model_name_or_path "
+            f"in {os.path.join(hf_path, lora.ADAPTER_CONFIG_FILE)}) is not a folder here; pass --base_model PATH."
+        )
+    config = transformers.AutoConfig.from_pretrained(hf_path)
+    model_cls = getattr(transformers, (config.architectures or ["AutoModelForCausalLM"])[0])
+    # the sum W + (alpha / r) B A in fp32, stored in the base's own dtype
+    base = model_cls.from_pretrained(base_path, dtype=torch.float32)
+    saved_dtype = getattr(transformers.AutoConfig.from_pretrained(base_path), "dtype", None) or torch.float32
+    with tempfile.TemporaryDirectory() as adapter_dir:
+        lora.write_adapter_folder(adapter_dir, adapters, peft_config)
+        merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+    merged.to(saved_dtype if isinstance(saved_dtype, torch.dtype) else getattr(torch, str(saved_dtype)))
+    save_pretrained_in_released_layout(merged, output_path)
+    _copy_extras(hf_path, output_path, skip={"config.json", *adapter_files})

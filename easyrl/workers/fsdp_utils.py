@@ -256,7 +256,9 @@ def build_fsdp_model(
             if buffer.is_floating_point() and buffer.dtype != buffer_dtype:
                 module._buffers[name] = buffer.to(buffer_dtype)
 
-    apply_fsdp2(model, mesh, fsdp_config)
+    # with LoRA the Hugging Face model inside the peft wrapper is the FSDP root: its generate (the hf rollout) reaches
+    # the root's forward, which gathers the root's own weights (the wrapper's forward reaches it too)
+    apply_fsdp2(model.get_base_model() if lora.has_lora(model) else model, mesh, fsdp_config)
     if broadcast:
         uses_cpu_offload = fsdp_config.enable_cpu_offload and device.is_cuda_available()
         if rank != 0:
@@ -339,6 +341,8 @@ def get_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def unwrapped_class(model: torch.nn.Module) -> type:
     """FSDP2 swaps the class for a dynamic ``FSDP<Name>`` subclass; return the Hugging Face class under it."""
+    if lora.has_lora(model):  # a peft wrapper around the Hugging Face model
+        model = model.get_base_model()
     cls = type(model)
     if isinstance(model, FSDPModule):
         cls = next(base for base in cls.__bases__ if base is not FSDPModule)

@@ -25,12 +25,13 @@ from ..config import WorkerConfig
 from ..config.schema import ModelConfig
 from ..controller.dispatch import Dispatch, register
 from ..controller.worker import Worker
+from ..models import lora
 from ..utils import device
 from ..utils.logging import setup_worker_logging
 from . import fsdp_utils
 from .actor import Actor
 from .critic import Critic
-from .fsdp_checkpoint import load_role_checkpoint, save_role_checkpoint
+from .fsdp_checkpoint import load_role_checkpoint, save_config_folder, save_role_checkpoint
 from .optim import build_lr_scheduler, build_optimizer
 from .reward_model import RewardModel
 
@@ -112,7 +113,8 @@ class FSDPWorker(Worker):
             trainable=True,
             default_dtype=torch.float32,
         )
-        optimizer = build_optimizer(module, role_config.optim, f"worker.{role}.optim")
+        lora_lr = role_config.model.lora.lr if role_config.model.lora.rank > 0 else None
+        optimizer = build_optimizer(module, role_config.optim, f"worker.{role}.optim", lr=lora_lr)
         self.optimizers[role] = optimizer
         self.lr_schedulers[role] = build_lr_scheduler(optimizer, role_config.optim, f"worker.{role}.optim")
         return module
@@ -240,8 +242,13 @@ class FSDPWorker(Worker):
         from ..protocol import DataProto
 
         data = self._with_temperature(data)
-        with self._on_device("ref"):
-            log_probs, _ = self.ref.compute_log_probs(data.to(device.get_torch_device()))
+        if self.ref is None and self.actor_module is not None and lora.has_lora(self.actor_module):
+            # the run plan's ref_from_actor: the reference policy is the base weights, the actor without its adapters
+            with self._on_device("actor"), lora.adapter_disabled(self.actor_module):
+                log_probs, _ = self.actor.compute_log_probs(data.to(device.get_torch_device()))
+        else:
+            with self._on_device("ref"):
+                log_probs, _ = self.ref.compute_log_probs(data.to(device.get_torch_device()))
         return DataProto.from_dict(tensors={"ref_log_probs": log_probs.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -367,9 +374,13 @@ class FSDPWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_hf_model(self, path: str, role: str = "actor") -> None:
-        """Write ``role``'s current weights as a Hugging Face folder at ``path`` (rank 0 writes)."""
+        """Write ``role``'s current weights as a Hugging Face folder at ``path`` (rank 0 writes); with LoRA a peft
+        adapter folder (the base model is the model path's, unchanged)."""
         with self._on_device(role) as module:
-            fsdp_utils.save_hf_pretrained(module, path, self.tokenizer, self.processor)
+            if lora.has_lora(module):
+                save_config_folder(path, module, self.tokenizer, self.processor)
+            else:
+                fsdp_utils.save_hf_pretrained(module, path, self.tokenizer, self.processor)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)
     def get_full_state_dict(self, role: str = "actor") -> dict[str, torch.Tensor]:

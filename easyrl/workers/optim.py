@@ -3,6 +3,7 @@
 Every optimizer works on FSDP2's sharded parameters (DTensors): each rank updates only its own shard.
 """
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable
 
@@ -84,11 +85,17 @@ OPTIMIZERS: dict[str, Callable[[list, OptimConfig], torch.optim.Optimizer]] = {
 }
 
 
-def build_optimizer(module: torch.nn.Module, config: OptimConfig, key: str) -> torch.optim.Optimizer:
-    """The optimizer named by ``config.strategy`` over the trainable parameters of ``module``."""
+def build_optimizer(
+    module: torch.nn.Module, config: OptimConfig, key: str, lr: float | None = None
+) -> torch.optim.Optimizer:
+    """The optimizer named by ``config.strategy`` over the trainable parameters of ``module`` (with LoRA: the
+    adapters alone; frozen weights get no optimizer state). ``lr``: a peak learning rate other than ``config.lr``
+    (``worker.actor.model.lora.lr``)."""
     if config.strategy not in OPTIMIZERS:
         raise ValueError(f"`{key}.strategy` is `{config.strategy}`; choose one of: {', '.join(OPTIMIZERS)}.")
     params = [p for p in module.parameters() if p.requires_grad]
+    if lr is not None:
+        config = dataclasses.replace(config, lr=lr)
     return OPTIMIZERS[config.strategy](params, config)
 
 
