@@ -182,6 +182,10 @@ def test_sft_plan_counts_conversations_per_device_and_names_the_keys_it_needs(ti
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"messages": CONVERSATION}) + "\n")
     base = [f"worker.actor.model.model_path={tiny_model_path}", f"data.train_files={rows}"]
+    with pytest.raises(ConfigError, match="`data.val_files`: data file `held_out.jsonl` does not exist"):
+        load_sft_plan([*base, "data.val_files=held_out.jsonl"])
+    # the validation loss reads log-probs at the rollout temperature: SFT fixes it at 1, the training loss's
+    assert load_sft_plan([*base, "worker.rollout.temperature=0.7"]).config.worker.rollout.temperature == 1.0
     plan = load_sft_plan([*base, "trainer.n_gpus_per_node=2", "worker.actor.global_batch_size=8"])
     assert plan.config.worker.actor.global_batch_size_per_device == 4  # no rollout.n factor in SFT
     assert plan.with_training_steps(5).training_steps == 5 * plan.config.trainer.total_epochs
@@ -221,15 +225,22 @@ def _assistant_nll(model, tokenizer, rows) -> float:
     return total / count
 
 
+VAL_ROWS = [_sum_rows(5, 1), _sum_rows(6, 2), _sum_rows(7, 0)]
+
+
 @pytest.fixture(scope="module")
 def sft_run(tiny_model_path, tmp_path_factory):
     folder = tmp_path_factory.mktemp("sft_run")
     rows = [_sum_rows(a, b) for a in range(4) for b in range(2)]
     data = folder / "data.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    # three held-out conversations: an odd count over two workers (the dispatch pads and drops a row)
+    (folder / "val.jsonl").write_text("".join(json.dumps(row) + "\n" for row in VAL_ROWS))
     args = [
         f"worker.actor.model.model_path={tiny_model_path}",
         f"data.train_files={data}",
+        f"data.val_files={folder / 'val.jsonl'}",
+        "trainer.val_freq=4",
         "data.shuffle=false",
         "trainer.n_gpus_per_node=2",
         "worker.actor.global_batch_size=4",
@@ -263,6 +274,17 @@ def test_sft_loss_falls_and_matches_a_plain_forward_at_the_first_step(sft_run, t
     assert metrics[1]["sft/tokens"] == 40
     assert (folder / "ckpt" / "global_step_4" / "actor").is_dir()
     assert (folder / "ckpt" / "global_step_8" / "actor").is_dir()
+
+
+def test_sft_validation_loss_is_the_held_out_token_mean_every_val_freq_steps(sft_run, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    folder, _, _, metrics = sft_run
+    assert [step for step in sorted(metrics) if "val/loss" in metrics[step]] == [4, 8]
+    # at the last step the workers' validation loss is the trained model's token mean over the three rows
+    trained = AutoModelForCausalLM.from_pretrained(folder / "ckpt" / "huggingface", dtype=torch.float32)
+    assert metrics[8]["val/loss"] == pytest.approx(_assistant_nll(trained, tokenizer, VAL_ROWS), abs=1e-4)
+    assert metrics[8]["val/loss"] < metrics[4]["val/loss"]
 
 
 def test_sft_output_folder_is_an_rl_actor_model_path(sft_run, tiny_model_path, tokenizer):

@@ -2,8 +2,9 @@
 
 SFT runs on the RL workers' actor code (FSDP2 model, optimizer, scheduler, micro-batches, padding-free forward), so
 it reads the `worker.actor.*` keys; `worker.actor.global_batch_size` counts conversations per optimizer step (there
-is no rollout, so no rollout.n factor). The RL-only keys (reward, rollout, algorithm, ppo_epochs, loss_avg_mode) are
-not read, and not required.
+is no rollout, so no rollout.n factor). With `data.val_files` the same loss is scored on those conversations, without
+an update, every `trainer.val_freq` steps and at the end (`val/loss`). The RL-only keys (reward, rollout, algorithm,
+ppo_epochs, loss_avg_mode) are not read, and not required.
 """
 
 import dataclasses
@@ -121,14 +122,18 @@ def validate_sft_config(config: PPOConfig) -> None:
     _check_model_path("worker.actor.model.tokenizer_path", actor.model.tokenizer_path, required=False)
     _check_file("data.format_prompt", data.format_prompt, "prompt template")
     _check_file("data.override_chat_template", data.override_chat_template, "chat template")
-    path = data.train_files.split("@", 1)[0]
-    if not data.train_files.startswith(BUILTIN_PREFIX) and os.path.splitext(path)[1] and not os.path.exists(path):
-        raise ConfigError(f"`data.train_files`: data file `{path}` does not exist.")
+    for key, files in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
+        path = (files or "").split("@", 1)[0]
+        if files and not files.startswith(BUILTIN_PREFIX) and os.path.splitext(path)[1] and not os.path.exists(path):
+            raise ConfigError(f"`{key}`: data file `{path}` does not exist.")
 
 
 def make_sft_plan(config: PPOConfig) -> SFTPlan:
     """Check ``config`` for SFT and fill what SFT derives: the conversations per device and optimizer step."""
     config.worker.actor.global_batch_size_per_device = config.worker.actor.global_batch_size // config.world_size
+    # SFT samples nothing: the validation loss (data.val_files) reads the actor's log-probs, which the workers score
+    # at the rollout temperature; at 1 they are the model's own, as in the training loss
+    config.worker.rollout.temperature = 1.0
     validate_sft_config(config)
     return SFTPlan(config=config)
 

@@ -65,15 +65,47 @@ def build_sft_loader(plan: SFTPlan, tokenizer: Any, processor: Any, model_config
     )
 
 
+def build_sft_val_loader(
+    plan: SFTPlan, tokenizer: Any, processor: Any, model_config: Any
+) -> StatefulDataLoader | None:
+    """The conversations of data.val_files in order, data.val_batch_size at a time (-1: all at once); None without
+    val_files."""
+    config = plan.config
+    if not config.data.val_files:
+        return None
+    dataset = SFTDataset(
+        config.data.val_files,
+        tokenizer,
+        processor,
+        config.data,
+        config.sft,
+        config_key="data.val_files",
+        model_config=model_config,
+    )
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batch_size = config.data.val_batch_size if config.data.val_batch_size > 0 else len(dataset)
+    return StatefulDataLoader(
+        dataset, batch_size=batch_size, shuffle=False, collate_fn=partial(sft_collate, pad_token_id=pad)
+    )
+
+
 class SFTTrainer:
     """The SFT loop: batches -> ``update_sft`` on the workers -> metrics, checkpoints; the HF folder at the end."""
 
     def __init__(
-        self, plan: SFTPlan, loader: StatefulDataLoader, workers: Any, tracker: Any, stop: StopRequest | None = None
+        self,
+        plan: SFTPlan,
+        loader: StatefulDataLoader,
+        workers: Any,
+        tracker: Any,
+        stop: StopRequest | None = None,
+        val_loader: StatefulDataLoader | None = None,
     ) -> None:
-        """``stop``: read between steps; a stop signal ends the run after the current step, with a checkpoint."""
+        """``stop``: read between steps; a stop signal ends the run after the current step, with a checkpoint.
+        ``val_loader``: the data.val_files conversations, scored every trainer.val_freq steps and at the end."""
         self.plan, self.config = plan, plan.config
         self.loader, self.workers, self.tracker = loader, workers, tracker
+        self.val_loader = val_loader
         self.stop = stop or StopRequest()
         self.last_checkpoint: str | None = None
         self._saved_step = 0
@@ -104,6 +136,17 @@ class SFTTrainer:
         while True:
             yield from self.loader
             self.epoch += 1
+
+    def validate(self) -> float:
+        """Token-mean cross-entropy of the validation conversations' labelled tokens: the training loss, without an
+        update (the actor's log-probs at temperature 1, which the SFT plan fixes)."""
+        nll, tokens = 0.0, 0.0
+        for batch in self.val_loader:
+            log_probs = self.workers.compute_log_probs(batch).batch["old_log_probs"]  # (batch, response_len)
+            mask = batch.batch["response_mask"]
+            nll -= float((log_probs * mask).sum())
+            tokens += float(mask.sum())
+        return nll / tokens
 
     def save_checkpoint(self, metrics: dict[str, float]) -> str:
         tmp_dir = self.checkpoints.begin(self.global_step)
@@ -139,6 +182,11 @@ class SFTTrainer:
             metrics["sft/tokens"] = float(batch.batch["response_mask"].sum())
             metrics["sft/epoch"] = float(self.epoch)
             metrics.update({f"timing/{key}": value for key, value in timing.items()})
+            val_freq = self.config.trainer.val_freq
+            if self.val_loader is not None and (
+                self.global_step == steps or (val_freq > 0 and self.global_step % val_freq == 0)
+            ):
+                metrics["val/loss"] = self.validate()
             if self.global_step == steps or (save_freq > 0 and self.global_step % save_freq == 0):
                 self.save_checkpoint(metrics)
             self.tracker.log(metrics, step=self.global_step)
@@ -165,7 +213,9 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
         model.model_path = resolve_model_path(model.model_path)
         model.tokenizer_path = resolve_model_path(model.tokenizer_path)
         tokenizer, processor = load_tokenizer_and_processor(model.tokenizer_path, model.trust_remote_code)
-        loader = build_sft_loader(plan, tokenizer, processor, load_hf_config(model, "causal_lm"))
+        model_config = load_hf_config(model, "causal_lm")
+        loader = build_sft_loader(plan, tokenizer, processor, model_config)
+        val_loader = build_sft_val_loader(plan, tokenizer, processor, model_config)
         plan = plan.with_training_steps(len(loader))
     logger.info("SFT plan:\n%s", plan.describe())
     init_ray(plan)
@@ -184,7 +234,7 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
                 pool, FSDPWorker, config.worker, "actor", config.trainer.save_checkpoint_path, name_prefix="sft"
             )
             group.init_model()
-            metrics = SFTTrainer(plan, loader, group, tracker, stop).fit()
+            metrics = SFTTrainer(plan, loader, group, tracker, stop, val_loader).fit()
         except RunInterrupted as error:
             interrupted = error
         finally:
