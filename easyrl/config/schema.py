@@ -376,6 +376,11 @@ class RolloutConfig:
     """Hide vLLM's progress bar of each generate call (the run shows its own progress bar)."""
     val_override_config: dict = field(default_factory=dict)
     """Sampling values used for validation, e.g. {temperature: 0, n: 1}."""
+    lora_sync: str = "auto"
+    """With LoRA (`worker.actor.model.lora.rank` > 0) and vllm, how the engine gets the actor after each update:
+    `adapter` (the engine keeps the base weights and takes only the adapter, in memory), `merged` (merged weights,
+    a full-model sync) or `auto` (adapter where vLLM's LoRA serves the model and every adapted module, else merged,
+    with a warning naming why)."""
     trust_remote_code: bool = field(default=False, metadata=DERIVED)
     """Copied from the actor model (derived)."""
     prompt_length: int = field(default=-1, metadata=DERIVED)

@@ -39,6 +39,7 @@ CHOICES = {
     "worker.critic.loss_avg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
     "worker.rollout.name": ("vllm", "hf"),
     "worker.rollout.dtype": ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32"),
+    "worker.rollout.lora_sync": ("auto", "adapter", "merged"),
     "worker.actor.optim.strategy": ("adamw", "adamw_bf16"),
     "worker.critic.optim.strategy": ("adamw", "adamw_bf16"),
     "worker.actor.optim.lr_scheduler_type": ("constant", "cosine"),

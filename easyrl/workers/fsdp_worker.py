@@ -34,6 +34,7 @@ from .critic import Critic
 from .fsdp_checkpoint import load_role_checkpoint, save_config_folder, save_role_checkpoint
 from .optim import build_lr_scheduler, build_optimizer
 from .reward_model import RewardModel
+from .rollout.lora_sync import sync_actor_weights
 
 
 ROLES: dict[str, frozenset[str]] = {
@@ -318,10 +319,14 @@ class FSDPWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_rollout_weights(self) -> None:
         """Stream the actor's current weights into the rollout engine, cast layer by layer to the engine's dtype
-        (fp32 master weights into a bf16 engine: half the bytes, and no dtype-mismatch loads in the engine)."""
+        (fp32 master weights into a bf16 engine: half the bytes, and no dtype-mismatch loads in the engine).
+
+        With LoRA the engine's route decides (easyrl/workers/rollout/lora_sync.py): "adapter" hands over only the
+        gathered adapter tensors (the engine keeps the base weights it loaded); otherwise the merged weights go
+        through the same per-layer stream."""
         with self._on_device("actor"):
             engine_dtype = fsdp_utils.to_dtype(self.config.rollout.dtype)
-            self.rollout.update_weights(self.iter_full_params_per_layer(engine_dtype))
+            sync_actor_weights(self.actor_module, self.rollout, engine_dtype)
 
     @register(dispatch_mode=Dispatch.dp_compute_proto(ROLLOUT_MESH))
     def generate_sequences(self, prompts: Any, request: Any = None) -> Any:

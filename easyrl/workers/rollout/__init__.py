@@ -34,6 +34,7 @@ def build_rollout(worker: Any) -> BaseRollout:
 def _build_vllm(worker: Any) -> BaseRollout:
     from ...demo.builtin_models import resolve_model_path
     from ..fsdp_worker import ROLLOUT_MESH
+    from .lora_sync import actor_lora
     from .vllm_rollout import VLLMRollout, rollout_parallel_layout
 
     config, model_config = worker.config.rollout, worker.config.actor.model
@@ -47,6 +48,7 @@ def _build_vllm(worker: Any) -> BaseRollout:
         rank=worker.rank,
         world_size=worker.world_size,
         tokenizer_path=resolve_model_path(model_config.tokenizer_path or model_config.model_path),
+        lora=actor_lora(getattr(worker, "actor_module", None)),
     )
 
 

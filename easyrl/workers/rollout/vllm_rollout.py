@@ -15,7 +15,8 @@ group. It also makes rollouts reproducible for a given seed.
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,17 @@ from .base import (
     prompt_token_lists,
     resolve_sampling,
 )
+from .lora_sync import (
+    ADAPTER_ID,
+    ADAPTER_NAME,
+    IN_MEMORY_PATH,
+    LORA_SYNC_KEY,
+    ActorLora,
+    adapter_refusal_before_start,
+    check_lora_sync_mode,
+    engine_max_lora_rank,
+)
+from .weight_sync import sync_metrics
 
 
 logger = logging.getLogger(__name__)
@@ -49,7 +61,7 @@ VLLM_DTYPES = {
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 # DataProto multi_modal_data keys -> vLLM multi_modal_data keys
 MULTI_MODAL_KEYS = {"images": "image", "videos": "video"}
-WEIGHT_SYNC_EXTENSION = "easyrl.workers.rollout.weight_sync.WeightSyncExtension"
+WEIGHT_SYNC_EXTENSION = "easyrl.workers.rollout.lora_sync.LoraSyncExtension"
 
 
 def rollout_parallel_layout(rank: int, world_size: int, tensor_parallel_size: int) -> tuple[int, int, int]:
@@ -112,7 +124,9 @@ def _cpu_engine_environment() -> Iterator[None]:
         torch.set_num_threads(saved_threads)
 
 
-def _engine_kwargs(config: RolloutConfig, tensor_parallel_size: int, seed: int) -> dict[str, Any]:
+def _engine_kwargs(
+    config: RolloutConfig, tensor_parallel_size: int, seed: int, max_lora_rank: int | None = None
+) -> dict[str, Any]:
     # the config check (easyrl/config/validate.py) has refused every value this could not run with; a RolloutConfig
     # built in code rather than loaded has no derived max_model_len yet
     max_model_len = config.max_model_len or config.prompt_length + config.response_length
@@ -133,6 +147,8 @@ def _engine_kwargs(config: RolloutConfig, tensor_parallel_size: int, seed: int) 
         "logprobs_mode": "processed_logprobs",
         "enable_sleep_mode": device.supports_sleep_mode(),
     }
+    if max_lora_rank is not None:  # one adapter: the actor's (easyrl/workers/rollout/lora_sync.py)
+        kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
     if config.limit_images > 0:
         kwargs["limit_mm_per_prompt"] = {"image": config.limit_images}
     if config.kv_cache_memory_bytes is not None:
@@ -185,12 +201,17 @@ class VLLMRollout(BaseRollout):
         world_size: int,
         tokenizer_path: str | None = None,
         load_format: str = "auto",
+        lora: ActorLora | None = None,
     ) -> None:
         """Start this rank's engine from the checkpoint folder.
 
         ``load_format="dummy"`` (random weights, no disk read) is only safe for tests that sync every weight in: it
         also randomises persistent buffers that no checkpoint holds (e.g. Qwen2.5-VL's fused image normalisation),
         which a weight sync never repairs.
+
+        ``lora``: the actor's adapters. ``lora_route`` then says how the actor reaches the engine: "adapter" (the
+        engine serves the base weights from ``model_path`` and takes the adapter after each update,
+        ``update_adapter``) or "merged" (merged weights through ``update_weights``); see lora_sync.py.
         """
         self.config = config
         self.tokenizer = tokenizer
@@ -201,19 +222,61 @@ class VLLMRollout(BaseRollout):
         self._request_seeds = np.random.default_rng(config.seed + self.dp_rank)
         self._sleeping_tags: set[str] = set()
         self._last_sync_metrics: dict[str, float] = {}
+        self.lora = lora
+        self.lora_route: str | None = None
+        self._lora_request: Any = None  # set once an adapter is in the engine
         with _cpu_engine_environment():
             from vllm import LLM
 
+            max_lora_rank = self._lora_rank_before_start(model_path, config)
             self.llm = LLM(
                 model=model_path,
                 tokenizer=tokenizer_path or model_path,
                 load_format=load_format,
                 # same seed inside a tensor-parallel group (identical sampling), different across groups
-                **_engine_kwargs(config, config.tensor_parallel_size, seed=config.seed + self.dp_rank),
+                **_engine_kwargs(config, config.tensor_parallel_size, config.seed + self.dp_rank, max_lora_rank),
             )
+        if self.lora_route == "adapter":
+            (unserved,) = self.llm.collective_rpc("easyrl_unserved_lora_modules", args=(list(lora.module_names),))
+            if unserved:
+                shown = ", ".join(unserved[:5]) + (f" and {len(unserved) - 5} more" if len(unserved) > 5 else "")
+                self._lora_falls_back(f"vLLM's LoRA does not serve the adapters of {shown}")
         self.is_multimodal = self.llm.llm_engine.model_config.is_multimodal_model
         self.stop_token_ids = self._eos_token_ids()
         self.sleep()
+
+    def _lora_rank_before_start(self, model_path: str, config: RolloutConfig) -> int | None:
+        """Pick the LoRA route from what is known before the engine starts; the ``max_lora_rank`` to start the engine
+        with (None: an engine without LoRA)."""
+        if self.lora is None:
+            return None
+        check_lora_sync_mode(config.lora_sync)
+        if config.lora_sync == "merged":
+            self.lora_route = "merged"
+            logger.info("`%s=merged`: the engine gets merged weights after each update.", LORA_SYNC_KEY)
+            return None
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.trust_remote_code)
+        reason = adapter_refusal_before_start(self.lora, hf_config)
+        if reason is not None:
+            self._lora_falls_back(reason)
+            return None
+        self.lora_route = "adapter"
+        return engine_max_lora_rank(self.lora.rank)
+
+    def _lora_falls_back(self, reason: str) -> None:
+        if self.config.lora_sync == "adapter":
+            raise ValueError(
+                f"`{LORA_SYNC_KEY}=adapter`, but {reason}. Set {LORA_SYNC_KEY}=auto (or merged) to stream merged "
+                "weights into the engine instead."
+            )
+        logger.warning(
+            "LoRA: the rollout engine gets MERGED weights after each update (a full-model sync), not the adapter: "
+            "%s. The adapter route would need that fixed.",
+            reason,
+        )
+        self.lora_route = "merged"
 
     def _eos_token_ids(self) -> list[int]:
         """The tokenizer's eos plus any extra eos of the model's generation config (e.g. Qwen's <|endoftext|>)."""
@@ -254,6 +317,26 @@ class VLLMRollout(BaseRollout):
             self.llm.llm_engine.reset_encoder_cache()
             # processed pixels are still valid, but an RL step rarely shows a picture again: without this, every
             # engine keeps up to mm_processor_cache_gb (4 GiB by default) of old pictures in host memory
+            self.llm.llm_engine.reset_mm_cache()
+        device.empty_cache()
+
+    def update_adapter(self, gather: Callable[[], dict[str, torch.Tensor]]) -> None:
+        """Replace the engine's adapter by the actor's current one (the "adapter" route). ``gather()`` returns the full
+        adapter tensors under peft's names (a collective: every rank calls this together); the base weights stay as
+        the engine loaded them."""
+        from vllm.lora.request import LoRARequest
+
+        if self.lora_route != "adapter":
+            raise RuntimeError(f"This engine's LoRA route is {self.lora_route!r}: it takes no adapter.")
+        self._wake({"weights"})
+        start = time.perf_counter()
+        tensors = gather()
+        (num_bytes,) = self.llm.collective_rpc("easyrl_load_lora", args=(self.lora.peft_config, tensors))
+        self._last_sync_metrics = sync_metrics(time.perf_counter() - start, num_bytes, num_buckets=1)
+        self._lora_request = LoRARequest(ADAPTER_NAME, ADAPTER_ID, IN_MEMORY_PATH)
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old adapter
+        if self.is_multimodal:
+            self.llm.llm_engine.reset_encoder_cache()
             self.llm.llm_engine.reset_mm_cache()
         device.empty_cache()
 
@@ -302,7 +385,9 @@ class VLLMRollout(BaseRollout):
         with GenerationTimer() as timer:
             inputs = self._engine_inputs(prompts)
             sampling_params = self._sampling_params(settings, len(inputs), request.seed)
-            outputs = self.llm.generate(inputs, sampling_params, use_tqdm=not self.config.disable_tqdm)
+            outputs = self.llm.generate(
+                inputs, sampling_params, use_tqdm=not self.config.disable_tqdm, lora_request=self._lora_request
+            )
         response_ids, response_log_probs = [], []
         for output in outputs:
             for completion in sorted(output.outputs, key=lambda c: c.index):

@@ -78,6 +78,17 @@ class SyncStats:
                 yield checkpoint_name(name), tensor
 
 
+def sync_metrics(seconds: float, num_bytes: float, num_buckets: int) -> dict[str, float]:
+    """What one weight sync reports, whatever went over (the full weights, merged LoRA weights or an adapter)."""
+    return {
+        "rollout/weight_sync_s": seconds,
+        "rollout/weight_sync_bytes": float(num_bytes),
+        "rollout/weight_sync_gb": num_bytes / 1e9,
+        "rollout/weight_sync_gb_per_s": num_bytes / 1e9 / max(seconds, 1e-9),
+        "rollout/weight_sync_buckets": float(num_buckets),
+    }
+
+
 def refresh_cpu_lm_head(model: torch.nn.Module) -> None:
     """Re-pack every LM head for vLLM's CPU GEMM after a reload (a tied head is otherwise left stale)."""
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
@@ -164,10 +175,4 @@ class WeightSyncExtension:
             self.reload_weights(weights_iterator=weights)  # vLLM worker method: load + re-pack
         if current_platform.is_cpu():
             refresh_cpu_lm_head(model)
-        seconds = time.perf_counter() - start
-        return {
-            "rollout/weight_sync_s": seconds,
-            "rollout/weight_sync_gb": stats.num_bytes / 1e9,
-            "rollout/weight_sync_gb_per_s": stats.num_bytes / 1e9 / max(seconds, 1e-9),
-            "rollout/weight_sync_buckets": float(stats.num_buckets),
-        }
+        return sync_metrics(time.perf_counter() - start, stats.num_bytes, stats.num_buckets)
