@@ -360,6 +360,24 @@ def _check_liger(config: PPOConfig) -> None:
             )
 
 
+def _check_ulysses(config: PPOConfig, role: str, role_config) -> None:
+    """Ulysses (models/ulysses.py) needs whole sequence-parallel groups and a packed row to split. The head counts
+    (both must be divisible by the size) are in the model's config: the worker checks them when it starts."""
+    size, world = role_config.ulysses_size, config.world_size
+    if size == 1:
+        return
+    if world % size != 0:
+        raise ConfigError(
+            f"`worker.{role}.ulysses_size` ({size}) must divide the number of workers ({world} = trainer.nnodes x "
+            f"trainer.n_gpus_per_node): each sequence-parallel group is {size} workers. Choose a divisor of {world}."
+        )
+    if not role_config.padding_free:
+        raise ConfigError(
+            f"`worker.{role}.ulysses_size` is {size}, which splits the padding-free packed row of each micro-batch "
+            f"over {size} workers; set worker.{role}.padding_free=true (or worker.{role}.ulysses_size=1)."
+        )
+
+
 def _check_unsupported(config: PPOConfig) -> None:
     """Settings easyrl accepts as EasyR1 keys but cannot run yet: refused here, naming the key, never at worker start."""
     worker = config.worker
@@ -370,11 +388,7 @@ def _check_unsupported(config: PPOConfig) -> None:
                 f"`worker.critic.model.lora.rank` is {role_config.model.lora.rank}: LoRA trains the actor only (the "
                 "critic's value head is new and needs all its weights trained); set worker.critic.model.lora.rank=0."
             )
-        if role_config.ulysses_size != 1:
-            raise ConfigError(
-                f"`worker.{role}.ulysses_size` is {role_config.ulysses_size}: Ulysses sequence parallelism is not "
-                f"supported yet; set worker.{role}.ulysses_size=1 (long prompts: lower the micro-batch sizes instead)."
-            )
+        _check_ulysses(config, role, role_config)
     if worker.critic.model.use_fused_kernels:
         raise ConfigError(
             "`worker.critic.model.use_fused_kernels` is true: the fused kernels compute token log-probs in a language "

@@ -139,6 +139,10 @@ def varlen_attention_forward(
     cu_seqlens, max_seqlen = packed
     varlen_attn = _varlen_attn()
     if varlen_attn is None or not query.is_cuda or query.dtype not in (torch.float16, torch.bfloat16) or dropout:
+        if cu_seqlens.numel() == 2:  # one sequence: plain (causal) attention, no (tokens x tokens) mask
+            return sdpa_attention_forward(
+                module, query, key, value, None, dropout, scaling, is_causal=causal, **kwargs
+            )
         mask = _segment_mask(cu_seqlens, query.shape[2], causal, query.device)
         return sdpa_attention_forward(module, query, key, value, mask, dropout, scaling, is_causal=False, **kwargs)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (tokens, heads, dim)

@@ -6,11 +6,13 @@ put them back into (batch, response_len) with ``scatter_to_response``.
 """
 
 import inspect
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from . import ulysses
 from .attention import packed_attention_kwargs
 from .fused_head import FusedHeadRequest, run_with_fused_head
 from .padding_free import pack_batch, response_prediction_positions
@@ -28,6 +30,9 @@ from .vision import (
 if TYPE_CHECKING:
     from ..protocol import DataProto
 
+# per_token(outputs of some valid tokens (n, ...), which valid tokens (a slice of the row-major order)) -> (n, ...)
+PerToken = Callable[[torch.Tensor, slice], torch.Tensor]
+
 
 def _accepts_logits_to_keep(module: torch.nn.Module) -> bool:
     # FSDP2 wraps by subclassing, so the original forward signature is still visible on the type; a peft wrapper
@@ -44,6 +49,8 @@ def forward_response_outputs(
     lm_logits: bool,
     processor=None,
     fused: FusedHeadRequest | None = None,
+    per_token: PerToken | None = None,
+    sp: ulysses.SequenceParallel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Outputs (``.logits`` of the model) at the positions that predict each existing response token.
 
@@ -52,6 +59,10 @@ def forward_response_outputs(
     projection never runs on prompt tokens. ``processor`` (VLMs) turns the samples' images/videos into pixel inputs.
     ``fused`` (`worker.actor.model.use_fused_kernels`) has the LM head return the response tokens' log-probs (and
     entropies) instead of logits (models/fused_head.py): ``outputs`` is then (valid_tokens, 1 or 2) fp32.
+    ``per_token(outputs, rows)`` reduces the outputs of the valid tokens ``rows`` (a slice of the row-major order)
+    to what the caller keeps (log-probs and entropies instead of vocabulary logits); ``outputs`` is then its result.
+    ``sp`` (Ulysses, models/ulysses.py): this rank computes its slice of the packed row and the per-token results
+    are gathered from the group, so every rank of it returns the whole micro-batch's outputs.
     """
     batch = data.batch
     input_ids, attention_mask, position_ids = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
@@ -87,6 +98,18 @@ def forward_response_outputs(
             max_seqlen = max(max_seqlen, blank_tokens)
         valid, positions = response_prediction_positions(attention_mask, response_length)
         keep = positions
+        rows = slice(None)
+        if sp is not None:
+            # pad the row to a multiple of the group, then keep this rank's slice of the tokens and of the FULL row's
+            # position ids; the boundaries stay those of the whole row (the attention sees it whole)
+            cut = ulysses.plan_slice(packed_ids.shape[-1], positions, sp)
+            max_seqlen = max(max_seqlen, cut.padded_tokens - packed_ids.shape[-1])
+            packed_ids, packed_positions, cu_seqlens = ulysses.pad_packed_row(
+                packed_ids, packed_positions, cu_seqlens, cut.padded_tokens, pad_id=0
+            )
+            packed_ids = packed_ids[..., cut.start : cut.end]
+            packed_positions = packed_positions[..., cut.start : cut.end]
+            positions, keep, rows = cut.keep, cut.keep, cut.rows
         # no attention mask: the sequence boundaries go to the attention kernels (varlen), which would otherwise
         # read them from the restarting position ids in every layer
         inputs = {
@@ -94,9 +117,14 @@ def forward_response_outputs(
             "position_ids": packed_positions,
             **packed_attention_kwargs(cu_seqlens.to(packed_ids.device), max_seqlen),
         }
+        if sp is not None:
+            inputs[ulysses.KWARG] = sp  # read by the attention wrapper of every decoder layer
         # (1, kept): the i-th kept position predicts the i-th valid response token
-        kept_labels = responses[valid][None] if fused is not None else None
+        kept_labels = responses[valid][rows][None] if fused is not None else None
     else:
+        if sp is not None:
+            raise ValueError("Ulysses sequence parallelism needs padding_free=true for the role that uses it.")
+        rows = slice(None)
         valid = attention_mask[:, -response_length:].bool()  # (batch, response_len)
         keep = response_length + 1
         if position_ids.dim() == 3:  # (batch, 3, seq) -> (3, batch, seq), the layout Qwen-VL models take
@@ -117,10 +145,15 @@ def forward_response_outputs(
     logits = run_model().logits if fused is None else run_with_fused_head(module, kept_labels, fused, run_model)
     if padding_free:
         logits = logits[0]  # (kept or total_tokens, ...)
-        return (logits if keep_supported else logits[positions]), valid
-    # (batch, response_len, ...): position t predicts token t + 1 (the blank row, if any, is dropped)
-    logits = logits[:batch_size, -response_length - 1 : -1]
-    return logits[valid], valid
+        outputs = logits if keep_supported else logits[positions]
+    else:
+        # (batch, response_len, ...): position t predicts token t + 1 (the blank row, if any, is dropped)
+        outputs = logits[:batch_size, -response_length - 1 : -1][valid]
+    if per_token is not None:
+        outputs = per_token(outputs, rows)
+    if sp is not None:
+        outputs = ulysses.gather_rows(outputs, cut.counts, sp)
+    return outputs, valid
 
 
 def scatter_to_response(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

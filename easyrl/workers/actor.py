@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..config import RefConfig
+from ..models import ulysses
 from ..models.dynamic_batching import restore_order, split_micro_batches
 from ..models.forward import forward_response_outputs, scatter_to_response
 from ..models.fused_head import FusedHeadRequest
@@ -18,6 +19,7 @@ from .ppo_update import run_ppo_updates
 
 if TYPE_CHECKING:
     from ..config import ActorConfig
+    from ..models.ulysses import SequenceParallel
     from ..protocol import DataProto
 
 
@@ -31,15 +33,21 @@ class Actor:
         mini_batch_size: int | None = None,
         dp_size: int = 1,
         processor=None,
+        sp: "SequenceParallel | None" = None,
     ) -> None:
         """``mini_batch_size``: samples per optimizer step on this device; ``dp_size``: ranks FSDP averages over;
-        ``processor``: a VLM's multimodal processor (builds each micro-batch's pixel inputs)."""
+        ``processor``: a VLM's multimodal processor (builds each micro-batch's pixel inputs); ``sp``: this rank's
+        Ulysses group (``ulysses_size`` > 1: its ranks get the same samples and split each packed row)."""
         self.config = config
         self.module = module
         self.optimizer = optimizer
         self.mini_batch_size = mini_batch_size
         self.dp_size = dp_size
         self.processor = processor
+        self.sp = sp
+        if sp is not None:
+            role = "ref" if isinstance(config, RefConfig) else "actor"
+            ulysses.enable(module, sp.size, f"worker.{role}.ulysses_size")
         # worker.actor.use_torch_compile (copied to the reference): compiled or eager log-prob / entropy kernels
         self.log_probs_from_logits, self.entropy_from_logits = select_logprob_kernels(config.use_torch_compile)
         # worker.actor.model.use_fused_kernels (the reference, built from the actor's model config, has a copy):
@@ -53,31 +61,38 @@ class Actor:
         self, micro_batch: "DataProto", temperature: float, calculate_entropy: bool, entropy_grad: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(batch, response_len) fp32 log-probs (and entropies) of the response tokens; 0 past each response."""
+        response_length = micro_batch.batch["responses"].shape[-1]
         if self.use_fused_kernels:
             request = FusedHeadRequest(temperature, self.chunk_kernels, calculate_entropy, entropy_grad)
-            outputs, valid = forward_response_outputs(  # (valid_tokens, 1 or 2): log-prob, entropy
-                self.module,
-                micro_batch,
-                self.config.padding_free,
-                lm_logits=True,
-                processor=self.processor,
-                fused=request,
-            )
-            log_probs = scatter_to_response(outputs[:, 0], valid)
-            entropy = None
-            if calculate_entropy:
-                entropy = scatter_to_response(outputs[:, 1] if entropy_grad else outputs[:, 1].detach(), valid)
-            return log_probs, entropy
-        logits, valid = forward_response_outputs(
-            self.module, micro_batch, self.config.padding_free, lm_logits=True, processor=self.processor
+            per_token = None  # the LM head already returns (valid_tokens, 1 or 2): log-prob, entropy
+        else:
+            labels = micro_batch.batch["responses"][micro_batch.batch["attention_mask"][:, -response_length:].bool()]
+            request = None
+
+            def per_token(logits: torch.Tensor, rows: slice) -> torch.Tensor:
+                """(tokens, vocab) logits of the valid tokens ``rows`` -> (tokens, 1 or 2): log-prob, entropy."""
+                log_probs = self.log_probs_from_logits(logits, labels[rows], temperature)
+                if not calculate_entropy:
+                    return log_probs.float()[:, None]
+                # an entropy wanted only as a metric keeps no graph
+                with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+                    entropy = self.entropy_from_logits(logits, temperature)
+                return torch.stack([log_probs.float(), entropy.float()], dim=-1)
+
+        outputs, valid = forward_response_outputs(
+            self.module,
+            micro_batch,
+            self.config.padding_free,
+            lm_logits=True,
+            processor=self.processor,
+            fused=request,
+            per_token=per_token,
+            sp=self.sp,
         )
-        labels = micro_batch.batch["responses"][valid]  # (valid_tokens,)
-        log_probs = scatter_to_response(self.log_probs_from_logits(logits, labels, temperature), valid)
+        log_probs = scatter_to_response(outputs[:, 0], valid)
         entropy = None
         if calculate_entropy:
-            # an entropy wanted only as a metric keeps no graph
-            with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
-                entropy = scatter_to_response(self.entropy_from_logits(logits, temperature), valid)
+            entropy = scatter_to_response(outputs[:, 1] if entropy_grad else outputs[:, 1].detach(), valid)
         return log_probs, entropy
 
     @torch.no_grad()

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..models import ulysses
 from ..models.dynamic_batching import restore_order, split_micro_batches
 from ..models.forward import forward_response_outputs, scatter_to_response
 from .ppo_update import run_ppo_updates
@@ -15,6 +16,7 @@ from .ppo_update import run_ppo_updates
 
 if TYPE_CHECKING:
     from ..config import CriticConfig
+    from ..models.ulysses import SequenceParallel
     from ..protocol import DataProto
 
 
@@ -27,16 +29,23 @@ class Critic:
         *,
         mini_batch_size: int | None = None,
         dp_size: int = 1,
+        sp: "SequenceParallel | None" = None,
     ) -> None:
+        """``sp``: this rank's Ulysses group (``worker.critic.ulysses_size`` > 1)."""
         self.config = config
         self.module = module
         self.optimizer = optimizer
         self.mini_batch_size = mini_batch_size
         self.dp_size = dp_size
+        self.sp = sp
+        if sp is not None:
+            ulysses.enable(module, sp.size, "worker.critic.ulysses_size")
 
     def _forward(self, micro_batch: "DataProto") -> torch.Tensor:
         """(batch, response_len) fp32 values; 0 past each response."""
-        values, valid = forward_response_outputs(self.module, micro_batch, self.config.padding_free, lm_logits=False)
+        values, valid = forward_response_outputs(
+            self.module, micro_batch, self.config.padding_free, lm_logits=False, sp=self.sp
+        )
         return scatter_to_response(values.squeeze(-1).float(), valid)
 
     @torch.no_grad()

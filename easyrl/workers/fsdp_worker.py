@@ -26,6 +26,7 @@ from ..config.schema import ModelConfig
 from ..controller.dispatch import Dispatch, register
 from ..controller.worker import Worker
 from ..models import lora
+from ..models.ulysses import SequenceParallel, build_sequence_parallel, dispatch_layout
 from ..utils import device
 from ..utils.logging import setup_worker_logging
 from . import fsdp_utils
@@ -52,6 +53,8 @@ ROLES: dict[str, frozenset[str]] = {
     "rollout_rm": frozenset({"rollout", "rm"}),
 }
 ROLLOUT_MESH = "rollout"
+# the data-parallel layout of the training roles: the ranks of one Ulysses group share a chunk (models/ulysses.py)
+TRAIN_MESH = "train"
 
 
 class RolloutEngine(Protocol):
@@ -88,6 +91,7 @@ class FSDPWorker(Worker):
         self.role = role
         self.parts = ROLES[role]
         self.device_mesh = None
+        self.sp: SequenceParallel | None = None
         self.tokenizer = None
         self.processor = None
         self.actor_module: torch.nn.Module | None = None
@@ -127,6 +131,11 @@ class FSDPWorker(Worker):
         actor_config, critic_config = self.config.actor, self.config.critic
         main_config = critic_config if self.parts == {"critic"} else actor_config
         self.device_mesh = fsdp_utils.build_device_mesh(self.world_size, main_config.fsdp.fsdp_size)
+        # FSDP shards over all ranks; the Ulysses groups (ref: the actor's size) only split sequences, and the
+        # dispatch sends each group one chunk of a batch, so a mini-batch on one rank is its group's share
+        ulysses_size = main_config.ulysses_size
+        self.sp = build_sequence_parallel(ulysses_size)
+        self.register_dispatch_info(TRAIN_MESH, *dispatch_layout(self.rank, self.world_size, ulysses_size))
         self.tokenizer, self.processor = fsdp_utils.load_tokenizer_and_processor(main_config.model)
         dp_size = self.device_mesh.size()
 
@@ -136,9 +145,10 @@ class FSDPWorker(Worker):
                 actor_config,
                 self.actor_module,
                 self.optimizers["actor"],
-                mini_batch_size=actor_config.global_batch_size_per_device,
+                mini_batch_size=actor_config.global_batch_size_per_device * ulysses_size,
                 dp_size=dp_size,
                 processor=self.processor,
+                sp=self.sp,
             )
         if "ref" in self.parts:
             ref_config = self.config.ref
@@ -146,7 +156,7 @@ class FSDPWorker(Worker):
                 actor_config.model, ref_config.fsdp, self.device_mesh, kind="causal_lm", trainable=False,
                 default_dtype=torch.bfloat16,
             )  # fmt: skip
-            self.ref = Actor(ref_config, self.ref_module, processor=self.processor)
+            self.ref = Actor(ref_config, self.ref_module, processor=self.processor, sp=self.sp)
         if "rm" in self.parts:
             # the reference's sharding, dtype and micro-batch settings: both are frozen models scored in the same phase
             judge, ref_config = self.config.reward.judge, self.config.ref
@@ -165,8 +175,9 @@ class FSDPWorker(Worker):
                 critic_config,
                 self.critic_module,
                 self.optimizers["critic"],
-                mini_batch_size=critic_config.global_batch_size_per_device,
+                mini_batch_size=critic_config.global_batch_size_per_device * ulysses_size,
                 dp_size=dp_size,
+                sp=self.sp,
             )
         if "rollout" in self.parts:
             # default layout: every rank is its own data-parallel rollout rank; a tensor-parallel engine re-registers
@@ -223,7 +234,7 @@ class FSDPWorker(Worker):
         data.meta_info["temperature"] = self.config.rollout.temperature
         return data
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.dp_compute_proto(TRAIN_MESH))
     def compute_log_probs(self, data: Any, calculate_entropy: bool = False) -> Any:
         """Actor log-probs of the responses: DataProto with ``old_log_probs`` (and ``entropy`` when
         ``calculate_entropy``), both (batch, response_len) fp32."""
@@ -237,7 +248,7 @@ class FSDPWorker(Worker):
             tensors["entropy"] = entropy.cpu()
         return DataProto.from_dict(tensors=tensors, meta_info={"temperature": data.meta_info["temperature"]})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.dp_compute_proto(TRAIN_MESH))
     def compute_ref_log_probs(self, data: Any) -> Any:
         """Reference-policy log-probs: DataProto with ``ref_log_probs`` (batch, response_len) fp32."""
         from ..protocol import DataProto
@@ -252,7 +263,7 @@ class FSDPWorker(Worker):
                 log_probs, _ = self.ref.compute_log_probs(data.to(device.get_torch_device()))
         return DataProto.from_dict(tensors={"ref_log_probs": log_probs.cpu()})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.dp_compute_proto(TRAIN_MESH))
     def compute_values(self, data: Any) -> Any:
         """Critic values of the response tokens: DataProto with ``values`` (batch, response_len) fp32."""
         from ..protocol import DataProto
@@ -288,7 +299,7 @@ class FSDPWorker(Worker):
         scheduler.step()
         return DataProto.from_dict(meta_info={"metrics": _reduce_metrics_over_ranks(metrics)})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.dp_compute_proto(TRAIN_MESH))
     def update_actor(self, data: Any, on_policy: bool = False) -> Any:
         """One policy update on the batch; returns DataProto(meta_info={"metrics": {"actor/...": float}}) with
         metrics averaged over ranks. ``on_policy`` (the run plan's decision): the batch carries no old log-probs and
@@ -297,12 +308,12 @@ class FSDPWorker(Worker):
         data = self._with_temperature(data)
         return self._update("actor", data, lambda batch: self.actor.update_policy(batch, on_policy=on_policy))
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.dp_compute_proto(TRAIN_MESH))
     def update_critic(self, data: Any) -> Any:
         """One value update; returns DataProto(meta_info={"metrics": {"critic/...": float}})."""
         return self._update("critic", data, self.critic.update_critic)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.dp_compute_proto(TRAIN_MESH))
     def update_sft(self, data: Any) -> Any:
         """One supervised fine-tuning step of the actor on this rank's conversations (``easyrl sft``: the batch's
         ``response_mask`` marks the assistant's tokens); returns DataProto(meta_info={"metrics": {"sft/...": float}})

@@ -1,0 +1,286 @@
+"""Ulysses sequence parallelism (DeepSpeed-Ulysses, arXiv 2309.14509): one packed sequence split over k ranks.
+
+The k ranks of a sequence-parallel (sp) group receive the same micro-batch. Each packs it padding-free into one row,
+pads the row to a multiple of k and keeps its contiguous 1/k slice of the tokens (with the slice of the FULL row's
+position ids, so rotary positions are those of the whole sequence). Everything outside attention is per token and
+runs on the slice. Around attention an all-to-all swaps the split: before it, every rank holds all heads of its
+tokens; after it, 1/k of the heads for all tokens, so each rank attends over the whole sequence for its heads; a
+second all-to-all swaps back. The outputs the roles need (log-probs, entropies, values at response tokens) are
+computed on the slice and all-gathered back into whole sequences.
+
+Gradients: the all-to-alls are autograd functions whose backward is the inverse all-to-all. Every rank of the group
+computes the same loss on the gathered outputs, so the gather's backward SUMS the k ranks' gradients and keeps this
+rank's rows: the parameter gradients of the group then add up to k times the gradient of its samples' loss, which
+the FSDP average over all ``dp x k`` ranks turns into exactly the data-parallel average over the dp groups (the
+loss denominators count each sample k times over the world, see ``ppo_update.global_loss_denominator``). So
+``ulysses_size = k`` trains exactly as ``ulysses_size = 1`` does (up to float rounding).
+
+Attention is hooked the way ``attention.py`` hooks it: a transformers attention function registered by name that
+wraps the real one. It takes the sequence-parallel path only for calls that carry a ``ulysses`` keyword argument
+(the packed forward of ``forward.py`` passes it down through the model); every other call (a padded batch, decoding
+with a cache in the HF rollout, a vision tower) goes straight to the wrapped function.
+"""
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..utils import device
+from . import attention
+
+
+NAME = "easyrl_ulysses"
+FLASH_NAME = "easyrl_ulysses_flash"
+KWARG = "ulysses"
+
+
+@dataclass(frozen=True)
+class SequenceParallel:
+    """This rank's sequence-parallel group: ``size`` ranks that share micro-batches, this one at ``rank``."""
+
+    group: dist.ProcessGroup
+    size: int
+    rank: int
+
+    def bounds(self, padded_tokens: int) -> tuple[int, int]:
+        """[start, end) of this rank's slice of a row of ``padded_tokens`` (a multiple of ``size``)."""
+        width = padded_tokens // self.size
+        return self.rank * width, (self.rank + 1) * width
+
+
+def build_sequence_parallel(ulysses_size: int) -> SequenceParallel | None:
+    """The (dp, sp) layout of the job: ranks ``[d * k, (d + 1) * k)`` form sp group d. None for ``ulysses_size`` 1.
+
+    Every rank must call this (creating the groups is a collective). FSDP keeps sharding over ALL ranks (see
+    ``fsdp_utils.build_device_mesh``): the sp ranks hold the same parameters, so sharding them k ways more saves
+    memory; this mesh only provides the sp groups for the all-to-alls and gathers.
+    """
+    if ulysses_size == 1:
+        return None
+    world = dist.get_world_size()
+    if world % ulysses_size != 0:
+        raise ValueError(
+            f"`ulysses_size` ({ulysses_size}) must divide the number of workers ({world}): set "
+            f"worker.actor.ulysses_size / worker.critic.ulysses_size to a divisor of it."
+        )
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(
+        device.get_device_name(), (world // ulysses_size, ulysses_size), mesh_dim_names=("dp", "sp")
+    )
+    group = mesh.get_group("sp")
+    return SequenceParallel(group, ulysses_size, dist.get_rank(group))
+
+
+def dispatch_layout(rank: int, world_size: int, ulysses_size: int) -> tuple[int, int, bool]:
+    """(dp_rank, dp_size, is_collect) of ``rank``: the sp group shares one chunk of a batch, its first rank answers."""
+    return rank // ulysses_size, world_size // ulysses_size, rank % ulysses_size == 0
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# model set-up
+# ----------------------------------------------------------------------------------------------------------------------
+def text_config(model: torch.nn.Module):
+    """The config of the language model (a VLM's ``text_config``, else the model's own)."""
+    config = model.config
+    return getattr(config, "text_config", None) or config
+
+
+def check_heads(hf_config, ulysses_size: int, key: str) -> None:
+    """Each rank attends with 1/k of the query heads and 1/k of the key/value heads (GQA groups stay whole)."""
+    heads = getattr(hf_config, "num_attention_heads", None)
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    if heads is None:
+        raise ValueError(f"`{key}` is {ulysses_size} but the model config names no num_attention_heads.")
+    if heads % ulysses_size or kv_heads % ulysses_size:
+        raise ValueError(
+            f"`{key}` is {ulysses_size}, but Ulysses splits the attention heads over the sequence-parallel ranks and "
+            f"this model has {heads} attention heads and {kv_heads} key/value heads: both must be divisible by "
+            f"{key}. Choose a divisor of {_gcd(heads, kv_heads)} (or 1)."
+        )
+
+
+def _gcd(a: int, b: int) -> int:
+    import math
+
+    return math.gcd(a, b)
+
+
+def enable(model: torch.nn.Module, ulysses_size: int, key: str) -> None:
+    """Route the language model's attention through the Ulysses wrapper (checks the head counts first)."""
+    config = text_config(model)
+    check_heads(config, ulysses_size, key)
+    current = config._attn_implementation
+    if current in (NAME, FLASH_NAME):
+        return
+    register()
+    config._attn_implementation = FLASH_NAME if current == "flash_attention_2" else NAME
+
+
+@functools.cache
+def register() -> None:
+    """Register the two wrappers (around flash-attn, and around ``attention.varlen_attention_forward``, which serves
+    sdpa and PyTorch's varlen kernel) with flash-attn's mask function: a packed row gets no (tokens x tokens) mask."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    AttentionInterface.register(NAME, functools.partial(ulysses_attention_forward, inner=None))
+    AttentionInterface.register(FLASH_NAME, functools.partial(ulysses_attention_forward, inner="flash_attention_2"))
+    AttentionMaskInterface.register(NAME, flash_attention_mask)
+    AttentionMaskInterface.register(FLASH_NAME, flash_attention_mask)
+
+
+def _inner_function(inner: str | None):
+    if inner is None:
+        return attention.varlen_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS[inner]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# collectives with gradients
+# ----------------------------------------------------------------------------------------------------------------------
+def _all_to_all(x: torch.Tensor, group: dist.ProcessGroup, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+    size = dist.get_world_size(group)
+    inputs = [chunk.contiguous() for chunk in x.chunk(size, dim=scatter_dim)]
+    outputs = [torch.empty_like(inputs[0]) for _ in range(size)]
+    dist.all_to_all(outputs, inputs, group=group)
+    return torch.cat(outputs, dim=gather_dim)
+
+
+class _AllToAll(torch.autograd.Function):
+    """Scatter ``scatter_dim`` over the group, gather ``gather_dim`` from it; backward is the inverse swap."""
+
+    @staticmethod
+    def forward(ctx, x, group, scatter_dim: int, gather_dim: int):
+        ctx.group, ctx.scatter_dim, ctx.gather_dim = group, scatter_dim, gather_dim
+        return _all_to_all(x, group, scatter_dim, gather_dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_to_all(grad, ctx.group, ctx.gather_dim, ctx.scatter_dim), None, None, None
+
+
+def all_to_all(x: torch.Tensor, sp: SequenceParallel, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+    return _AllToAll.apply(x, sp.group, scatter_dim, gather_dim)
+
+
+class _GatherRows(torch.autograd.Function):
+    """Concatenate every rank's rows (``counts[r]`` rows on rank r) in rank order.
+
+    Backward: every rank computed the same loss from the gathered rows, so the gradient of a row is the SUM over the
+    group (the module docstring explains why the sum, not one copy, keeps ``ulysses_size`` k equal to 1)."""
+
+    @staticmethod
+    def forward(ctx, local, counts: list[int], rank: int, group):
+        ctx.counts, ctx.rank, ctx.group = counts, rank, group
+        longest = max(counts)
+        padded = local.new_zeros(longest, *local.shape[1:])
+        padded[: local.shape[0]] = local
+        parts = [torch.empty_like(padded) for _ in counts]
+        dist.all_gather(parts, padded.contiguous(), group=group)
+        return torch.cat([part[:count] for part, count in zip(parts, counts)])
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        start = sum(ctx.counts[: ctx.rank])
+        return grad[start : start + ctx.counts[ctx.rank]], None, None, None
+
+
+def gather_rows(local: torch.Tensor, counts: list[int], sp: SequenceParallel) -> torch.Tensor:
+    """(counts[sp.rank], ...) on each rank -> (sum(counts), ...) on all, differentiable."""
+    return _GatherRows.apply(local, counts, sp.rank, sp.group)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# slicing a packed row
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass
+class PackedSlice:
+    """How one packed row is cut over the sp group."""
+
+    padded_tokens: int
+    """Length of the row after padding to a multiple of the group size."""
+    start: int
+    """First token of this rank's slice."""
+    end: int
+    """One past this rank's last token."""
+    keep: torch.Tensor
+    """(kept_here,) the kept output positions that fall in this slice, relative to ``start``."""
+    counts: list[int]
+    """Kept positions on each rank of the group (for the gather)."""
+    rows: slice
+    """Which of the kept positions (in order) this rank's slice holds."""
+
+
+def pad_length(tokens: int, size: int) -> int:
+    return -(-tokens // size) * size
+
+
+def plan_slice(total_tokens: int, kept_positions: torch.Tensor, sp: SequenceParallel) -> PackedSlice:
+    """Cut a packed row of ``total_tokens`` into the group's slices; ``kept_positions`` (sorted) are the row's
+    positions whose outputs are wanted (those predicting response tokens)."""
+    padded = pad_length(total_tokens, sp.size)
+    width = padded // sp.size
+    owner = torch.div(kept_positions, width, rounding_mode="floor")  # (kept,) the rank holding each position
+    counts = torch.bincount(owner, minlength=sp.size).tolist()
+    start, end = sp.bounds(padded)
+    first = sum(counts[: sp.rank])
+    rows = slice(first, first + counts[sp.rank])
+    return PackedSlice(padded, start, end, kept_positions[rows] - start, counts, rows)
+
+
+def pad_packed_row(
+    input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor, padded_tokens: int, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Append a sequence of its own (positions from 0, token ``pad_id``) so the row has ``padded_tokens`` tokens.
+
+    ``input_ids`` (1, total); ``position_ids`` (1, total) or (channels, 1, total). Its outputs are never read, and
+    nothing attends to it: it comes last and is its own packed sequence."""
+    extra = padded_tokens - input_ids.shape[-1]
+    if extra == 0:
+        return input_ids, position_ids, cu_seqlens
+    ids = torch.cat([input_ids, input_ids.new_full((1, extra), pad_id)], dim=-1)
+    ramp = torch.arange(extra, device=position_ids.device, dtype=position_ids.dtype)
+    positions = torch.cat([position_ids, ramp.expand(*position_ids.shape[:-1], extra)], dim=-1)
+    cu_seqlens = torch.cat([cu_seqlens, cu_seqlens[-1:] + extra])
+    return ids, positions, cu_seqlens
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the attention function
+# ----------------------------------------------------------------------------------------------------------------------
+def ulysses_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *args,
+    inner: str | None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: (batch, heads, q, dim) -> (batch, q, heads, dim), None.
+
+    With a ``ulysses`` keyword (a ``SequenceParallel``), the inputs hold this rank's slice of the packed row for all
+    heads: they are swapped to all tokens for 1/k of the heads, attended with the full row's boundaries, and
+    swapped back."""
+    sp: SequenceParallel | None = kwargs.pop(KWARG, None)
+    function = _inner_function(inner)
+    causal = kwargs.get("is_causal")
+    causal = causal if causal is not None else getattr(module, "is_causal", True)
+    if sp is None or not causal:
+        return function(module, query, key, value, attention_mask, *args, **kwargs)
+    if attention_mask is not None or query.shape[0] != 1:
+        raise ValueError("Ulysses attention runs on one packed row without an attention mask (padding_free).")
+    # (1, heads, tokens / k, dim) -> (1, heads / k, tokens, dim)
+    query, key, value = (all_to_all(t, sp, scatter_dim=1, gather_dim=2) for t in (query, key, value))
+    # position ids of the slice no longer match the gathered row; the boundaries come from cu_seq_lens_q
+    kwargs.pop("position_ids", None)
+    out, _ = function(module, query, key, value, None, *args, **kwargs)  # (1, tokens, heads / k, dim)
+    return all_to_all(out, sp, scatter_dim=1, gather_dim=2), None  # (1, tokens / k, heads, dim)

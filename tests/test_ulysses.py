@@ -1,0 +1,255 @@
+"""Ulysses sequence parallelism (models/ulysses.py): ulysses_size 2 computes what ulysses_size 1 computes.
+
+The equality tests run two gloo ranks (plain torch.distributed processes: they start in seconds, Ray is not needed
+for the numbers) with a tiny grouped-query model (4 query heads, 2 key/value heads) sharded by FSDP2 over both
+ranks, fp32, on a packed batch of uneven lengths. Reference: ulysses 1, each rank scoring half the batch (plain data
+parallelism). Ulysses 2: both ranks get the whole batch and split every packed row between them.
+"""
+
+import os
+import socket
+import time
+import traceback
+
+import pytest
+import torch
+
+from easyrl.models import ulysses
+
+
+TIMEOUT_S = 240
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# layout (no processes)
+# ----------------------------------------------------------------------------------------------------------------------
+def _sp(rank: int, size: int = 2) -> ulysses.SequenceParallel:
+    return ulysses.SequenceParallel(group=None, size=size, rank=rank)
+
+
+def test_packed_row_is_padded_to_the_group_and_cut_in_contiguous_slices():
+    # 11 tokens over 2 ranks: padded to 12, slices [0, 6) and [6, 12); kept positions 2, 5 on rank 0, 6, 9 on 1
+    kept = torch.tensor([2, 5, 6, 9])
+    first, second = ulysses.plan_slice(11, kept, _sp(0)), ulysses.plan_slice(11, kept, _sp(1))
+    assert first.padded_tokens == second.padded_tokens == 12
+    assert (first.start, first.end, second.start, second.end) == (0, 6, 6, 12)
+    assert first.counts == second.counts == [2, 2]
+    assert first.keep.tolist() == [2, 5] and second.keep.tolist() == [0, 3]
+    assert (first.rows, second.rows) == (slice(0, 2), slice(2, 4))
+
+
+def test_padding_is_a_sequence_of_its_own_with_positions_from_zero():
+    ids = torch.tensor([[7, 8, 9, 4, 5]])
+    positions = torch.tensor([[0, 1, 2, 0, 1]])
+    cu_seqlens = torch.tensor([0, 3, 5], dtype=torch.int32)
+    ids, positions, cu_seqlens = ulysses.pad_packed_row(ids, positions, cu_seqlens, 8, pad_id=0)
+    assert ids.tolist() == [[7, 8, 9, 4, 5, 0, 0, 0]]
+    assert positions.tolist() == [[0, 1, 2, 0, 1, 0, 1, 2]]
+    assert cu_seqlens.tolist() == [0, 3, 5, 8]
+
+
+def test_sequence_parallel_group_shares_one_dispatch_chunk():
+    # 4 ranks, ulysses 2: ranks 0, 1 take chunk 0 of 2 and rank 0 answers; ranks 2, 3 take chunk 1
+    layout = [ulysses.dispatch_layout(rank, 4, 2) for rank in range(4)]
+    assert layout == [(0, 2, True), (0, 2, False), (1, 2, True), (1, 2, False)]
+
+
+def test_heads_not_divisible_by_ulysses_size_name_the_key_and_the_counts():
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(num_attention_heads=4, num_key_value_heads=2)
+    ulysses.check_heads(config, 2, "worker.actor.ulysses_size")
+    with pytest.raises(ValueError, match=r"worker\.actor\.ulysses_size.*4 attention heads and 2 key/value heads"):
+        ulysses.check_heads(config, 4, "worker.actor.ulysses_size")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# two ranks: ulysses 2 == ulysses 1
+# ----------------------------------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_two_ranks(fn, *args) -> None:
+    """Run ``fn(rank, *args)`` on two gloo ranks; fail on an error in either or after TIMEOUT_S."""
+    import torch.multiprocessing as mp
+
+    port = _free_port()
+    context = mp.start_processes(_entry, (port, fn, args), nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while not context.join(timeout=2):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the two ranks did not finish within {TIMEOUT_S} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+
+
+def _entry(rank: int, port: int, fn, args) -> None:
+    import torch.distributed as dist
+
+    import easyrl  # noqa: F401  (the torchvision shim, before transformers)
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        fn(rank, *args)
+    except Exception:
+        traceback.print_exc()
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def _fsdp_model(path, kind: str, gradient_checkpointing: bool):
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    from easyrl.config import FSDPConfig
+    from easyrl.workers.fsdp_utils import apply_fsdp2
+
+    cls = AutoModelForCausalLM if kind == "causal_lm" else AutoModelForTokenClassification
+    extra = {} if kind == "causal_lm" else {"num_labels": 1}
+    torch.manual_seed(0)  # the value head is new: the same random head on both ranks and in both models
+    model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa", **extra)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    apply_fsdp2(model, init_device_mesh("cpu", (2,), mesh_dim_names=("fsdp",)), FSDPConfig(mp_param_dtype="fp32"))
+    return model
+
+
+def _full_grads(model) -> dict[str, torch.Tensor]:
+    return {name: p.grad.full_tensor().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    scale = expected.abs().max().clamp(min=1e-12)
+    error = float((actual - expected).abs().max() / scale)
+    assert error <= 1e-5, f"{what}: relative error {error:.2e}"
+
+
+def _actor_equality(rank: int, path: str, gradient_checkpointing: bool) -> None:
+    import torch.distributed as dist
+
+    from easyrl.config import ActorConfig
+    from easyrl.workers.actor import Actor
+    from easyrl.workers.ppo_update import global_loss_denominator
+    from tests.fsdp_helpers import make_batch
+
+    data = make_batch(batch_size=6, prompt_length=9, response_length=7, seed=3)
+    config = ActorConfig(padding_free=True, dynamic_batching=False, use_torch_compile=False)
+    config.micro_batch_size_per_device_for_experience = 6
+    sp = ulysses.build_sequence_parallel(2)
+    assert sp is not None and sp.rank == rank
+
+    def scored(actor, batch):
+        log_probs, entropy = actor._forward(batch, 0.7, calculate_entropy=True)
+        mask = batch.batch["response_mask"]
+        # the update's token-mean: each rank's share over the world's tokens / world (ppo_update's denominator)
+        denominator = global_loss_denominator(mask, "token-mean", dp_size=2)
+        loss = -(log_probs * mask).sum() / denominator + 0.1 * (entropy * mask).sum() / denominator
+        loss.backward()
+        return log_probs.detach(), entropy.detach()
+
+    # reference: ulysses 1, rank r scores half r of the batch
+    reference = _fsdp_model(path, "causal_lm", gradient_checkpointing)
+    half = data.chunk(2)[rank]
+    ref_log_probs, ref_entropy = scored(Actor(config, reference), half)
+    gathered = [torch.empty_like(ref_log_probs) for _ in range(2)]
+    dist.all_gather(gathered, ref_log_probs)
+    ref_log_probs = torch.cat(gathered)
+    dist.all_gather(gathered, ref_entropy)
+    ref_entropy = torch.cat(gathered)
+
+    # ulysses 2: both ranks score the whole batch, each a half of every packed row
+    model = _fsdp_model(path, "causal_lm", gradient_checkpointing)
+    log_probs, entropy = scored(Actor(config, model, sp=sp), data)
+
+    mask = data.batch["response_mask"].bool()
+    _assert_close(log_probs[mask], ref_log_probs[mask], "log-probs")
+    _assert_close(entropy[mask], ref_entropy[mask], "entropy")
+    assert torch.equal(log_probs[~mask], torch.zeros_like(log_probs[~mask]))
+    expected, actual = _full_grads(reference), _full_grads(model)
+    assert expected.keys() == actual.keys() and len(expected) > 5
+    for name in expected:
+        _assert_close(actual[name], expected[name], f"gradient of {name}")
+
+
+def _critic_equality(rank: int, path: str) -> None:
+    import torch.distributed as dist
+
+    from easyrl.config import CriticConfig
+    from easyrl.workers.critic import Critic
+    from tests.fsdp_helpers import make_batch
+
+    data = make_batch(batch_size=4, prompt_length=8, response_length=5, seed=5)
+    config = CriticConfig(padding_free=True, dynamic_batching=False)
+    config.micro_batch_size_per_device_for_experience = 4
+    sp = ulysses.build_sequence_parallel(2)
+    reference = Critic(config, _fsdp_model(path, "value", False)).compute_values(data.chunk(2)[rank])
+    gathered = [torch.empty_like(reference) for _ in range(2)]
+    dist.all_gather(gathered, reference)
+    values = Critic(config, _fsdp_model(path, "value", False), sp=sp).compute_values(data)
+    mask = data.batch["response_mask"].bool()
+    _assert_close(values[mask], torch.cat(gathered)[mask], "values")
+
+
+@pytest.fixture(scope="module")
+def gqa_model_path(tmp_path_factory):
+    """4 query heads, 2 key/value heads (head dim 32): ulysses 2 gives each rank 2 and 1."""
+    from easyrl.testing.tiny_models import build_tiny_causal_lm
+
+    return str(
+        build_tiny_causal_lm(
+            tmp_path_factory.mktemp("tiny_gqa"),
+            hidden_size=128,
+            num_heads=4,
+            num_kv_heads=2,
+            tie_word_embeddings=False,
+        )
+    )
+
+
+def test_ulysses_2_log_probs_entropy_and_gradients_equal_ulysses_1(gqa_model_path):
+    _run_two_ranks(_actor_equality, gqa_model_path, False)
+
+
+@pytest.mark.slow
+def test_ulysses_2_equals_ulysses_1_with_gradient_checkpointing(gqa_model_path):
+    _run_two_ranks(_actor_equality, gqa_model_path, True)
+
+
+@pytest.mark.slow
+def test_ulysses_2_critic_values_equal_ulysses_1(gqa_model_path):
+    _run_two_ranks(_critic_equality, gqa_model_path)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a run through `easyrl train`
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_grpo_trains_three_steps_with_ulysses_2_through_easyrl_train(gqa_model_path, tmp_path):
+    """2 workers, one Ulysses group: actor, reference (the actor's size) and log-prob passes split every row."""
+    import math
+
+    from tests.fixtures.trainer_runs import GRPO_RUN_OVERRIDES, metrics_by_step, run_training, train_args
+
+    save_dir = tmp_path / "checkpoints"
+    args = train_args(gqa_model_path, save_dir, GRPO_RUN_OVERRIDES) + ["worker.actor.ulysses_size=2"]
+    run_training(args, tmp_path / "train.log")
+    metrics = metrics_by_step(save_dir)
+    assert {1, 2, 3} <= set(metrics), sorted(metrics)
+    for step in (1, 2, 3):
+        row = metrics[step]
+        for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
+            assert math.isfinite(row[key]), (step, key, row[key])
+        assert row["actor/grad_norm"] > 0.0
+    # the KL to the reference starts at 0 (same weights, same slicing) and grows once the actor has moved
+    assert metrics[1]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics[3]["actor/kl_loss"] > 0.0
