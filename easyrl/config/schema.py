@@ -254,7 +254,8 @@ class TrainableRoleConfig:
     dynamic_batching: bool = True
     """Form micro-batches by a token budget instead of a fixed sample count."""
     ulysses_size: int = 1
-    """Ulysses sequence-parallel size (only 1 runs today; check refuses other values)."""
+    """Ulysses sequence-parallel size k: each packed micro-batch is split over k workers, which attend with all-to-all
+    over the heads (both head counts of the model must be divisible by k; needs padding_free; k divides the workers)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The model of this role."""
     optim: OptimConfig = field(default_factory=OptimConfig)
