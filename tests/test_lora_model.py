@@ -168,3 +168,45 @@ def test_vl_model_vision_tower_adapters_when_asked(tiny_vl_model_path):
     }  # fmt: skip
     assert len(adapted - tower) == 14
     assert "model.visual.patch_embed.proj" not in adapted  # a convolution, whatever its name
+
+
+@pytest.mark.parametrize(
+    ("recipe", "rank", "alpha", "lr", "ref_from_actor"),
+    [
+        ("smollm2_arithmetic_grpo_lora", 8, 16, 2e-4, False),  # KL off: no reference at all
+        ("qwen3_4b_math_grpo_lora", 64, 64, 1e-5, True),
+        ("qwen3_vl_4b_geo3k_grpo_lora", 64, 64, 1e-5, True),
+    ],
+)
+def test_lora_recipes_pass_check_with_the_reference_served_by_the_actor(
+    recipe, rank, alpha, lr, ref_from_actor, monkeypatch
+):
+    from pathlib import Path
+
+    from easyrl.config.plan import load_run_plan
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    plan = load_run_plan([f"config=examples/{recipe}.yaml"])
+    lora_config = plan.config.worker.actor.model.lora
+    assert (lora_config.rank, lora_config.alpha, lora_config.target_modules) == (rank, alpha, "all-linear")
+    assert plan.config.worker.actor.optim.lr == lr
+    assert plan.ref_from_actor is ref_from_actor
+    assert plan.worker_role == "actor_rollout"  # never a separate reference model
+
+
+def test_check_refuses_lora_on_the_critic_and_a_bad_dropout():
+    from easyrl.config import ConfigError
+    from easyrl.config.plan import load_run_plan
+
+    base = [
+        "worker.actor.model.model_path=builtin://SmolLM2-135M-Instruct",
+        "worker.reward.reward_function=reward_function/arithmetic.py:compute_score",
+        "data.train_files=builtin://arithmetic_small@train",
+        "worker.rollout.n=4",
+        "worker.actor.model.lora.rank=8",
+    ]
+    assert load_run_plan(base).config.worker.actor.model.lora.rank == 8
+    with pytest.raises(ConfigError, match=r"`worker\.critic\.model\.lora\.rank` is 8: LoRA trains the actor only"):
+        load_run_plan(base + ["algorithm.adv_estimator=gae", "worker.critic.model.lora.rank=8"])
+    with pytest.raises(ConfigError, match=r"worker\.actor\.model\.lora\.dropout"):
+        load_run_plan(base + ["worker.actor.model.lora.dropout=1.0"])

@@ -17,6 +17,7 @@ from easyrl.workers.fsdp_worker import FSDPWorker
 from tests.fixtures.trainer_runs import (
     GRPO_RUN_OVERRIDES,
     REPO_ROOT,
+    WORD_START_REWARD,
     checkpoint_weights,
     kill_process_group,
     launch_training,
@@ -174,7 +175,6 @@ LORA_RUN_OVERRIDES = GRPO_RUN_OVERRIDES + [
     "worker.actor.model.lora.rank=8",
     "worker.actor.model.lora.alpha=16",
     "worker.actor.optim.lr=1e-2",
-    "worker.rollout.name=hf",
 ]
 TIME_DEPENDENT_PREFIXES = ("timing/", "timing_per_token_ms/", "perf/", "rollout/")
 EXACT_PREFIXES = ("reward/", "response_length/", "prompt_length/", "val/")
@@ -203,6 +203,14 @@ def test_lora_run_trains_the_adapters_against_the_base_as_reference(lora_run, ti
     assert any(".lora_B." in name and tensor.abs().max() > 0 for name, tensor in weights.items())
     adapter = json.loads((lora_run / "global_step_3" / "actor" / "huggingface" / "adapter_config.json").read_text())
     assert adapter["r"] == 8 and adapter["lora_alpha"] == 16
+
+    # vLLM samples with the synced adapters: its log-probs are the actor's (fp32)
+    for step in (1, 2, 3):
+        assert metrics[step]["rollout/logprob_abs_diff/mean"] < 1e-3, step
+    # only the adapters move into the engine: per layer (hidden 64, kv 32, mlp 128, rank 8) q 8x64+64x8, k and v
+    # 8x64+32x8, o 8x64+64x8, gate and up 8x64+128x8, down 8x128+64x8 = 8192 values; 2 layers x 4 bytes = 65536
+    for step in (2, 3):
+        assert metrics[step]["rollout/weight_sync_bytes"] == 65536, step
 
 
 @pytest.mark.slow
@@ -262,3 +270,42 @@ def test_a_killed_lora_run_resumes_and_reproduces_the_next_step(lora_run, tiny_m
     assert not different, f"step 3 after the resume differs from the uninterrupted run: {different}"
     for name in ("reward/overall", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
         assert name in compared
+
+
+VL_LORA_RUN_OVERRIDES = [
+    f"config={REPO_ROOT / 'examples' / 'shapes_tiny_vl_grpo.yaml'}",
+    f"data.format_prompt={REPO_ROOT / 'format_prompt' / 'r1v.jinja'}",
+    f"worker.reward.reward_function={WORD_START_REWARD}:compute_score",
+    "worker.reward.num_cpus=0",
+    "worker.rollout.disable_tqdm=true",
+    "worker.rollout.kv_cache_memory_bytes=67108864",
+    "worker.actor.model.lora.rank=8",
+    "worker.actor.model.lora.alpha=16",
+    "worker.actor.optim.lr=1e-2",
+    "algorithm.disable_kl=false",
+    "algorithm.use_kl_loss=true",
+    "trainer.n_gpus_per_node=2",
+    "trainer.max_steps=3",
+    "trainer.val_freq=-1",
+    "trainer.save_freq=3",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_vl_lora_run_trains_text_adapters_and_leaves_the_vision_tower_alone(tmp_path):
+    from easyrl.testing.tiny_vlms import build_tiny_vlm
+
+    model_path = build_tiny_vlm("qwen2_5_vl", tmp_path / "model")
+    save_dir = tmp_path / "checkpoints"
+    run_training(train_args(model_path, save_dir, VL_LORA_RUN_OVERRIDES), tmp_path / "train.log")
+    metrics = metrics_by_step(save_dir)
+    assert sorted(metrics) == [1, 2, 3]
+    assert metrics[1]["actor/kl_loss"] == 0.0  # B = 0: the policy starts as the reference (adapters off)
+    for step, row in metrics.items():
+        assert math.isfinite(row["actor/pg_loss"]) and row["actor/grad_norm"] > 0, step
+        assert row["rollout/logprob_abs_diff/mean"] < 1e-3, step
+    weights = checkpoint_weights(save_dir / "global_step_3" / "actor")
+    # 2 text layers x 7 projections x (A, B); nothing in the vision tower
+    assert len(weights) == 28
+    assert all(".language_model.layers." in name and ".lora_" in name for name in weights)
