@@ -61,15 +61,15 @@ def _train(args: list[str]) -> int:
     return _run_command("train", load_plan, load_runner)
 
 
-def _generation_plan(args: list[str]):
+def _generation_plan(args: list[str], command: str):
     """The run plan of `easyrl generate` / `easyrl eval`: a train config as it is, read as a validation-only run (no
-    training data needed)."""
+    training data needed; generate needs no reward either, eval scores)."""
     from .config.load import read_config
     from .config.plan import make_run_plan
 
     config = read_config(args)
     config.trainer.val_only = True  # nothing is trained: data.train_files may be absent
-    return make_run_plan(config)
+    return make_run_plan(config, needs_reward=command == "eval")
 
 
 def _generate_or_eval(command: str, args: list[str]) -> int:
@@ -83,7 +83,7 @@ def _generate_or_eval(command: str, args: list[str]) -> int:
         return run_eval
 
     # data, model and output-file errors name their key/file/row
-    return _run_command(command, lambda: _generation_plan(args), load_runner, (ValueError, KeyError, OSError))
+    return _run_command(command, lambda: _generation_plan(args, command), load_runner, (ValueError, KeyError, OSError))
 
 
 def _generate(args: list[str]) -> int:

@@ -234,6 +234,32 @@ def test_generate_killed_after_a_batch_resumes_without_duplicates_and_samples_as
         assert row["responses"] == reference[row["index"]]["responses"]
 
 
+def _without_reward(args: list[str]) -> list[str]:
+    return [
+        *(arg for arg in args if not arg.startswith("worker.reward.reward_function=")),
+        "worker.reward.reward_function=null",
+    ]
+
+
+def test_generate_needs_no_reward_function_and_eval_names_the_key(tiny_model_path, val_file, tmp_path):
+    from easyrl.cli import _generation_plan
+    from easyrl.config import ConfigError
+
+    args = _without_reward(_args(tiny_model_path, val_file, tmp_path))
+    assert _generation_plan(args, "generate").config.worker.reward.reward_function is None
+    with pytest.raises(ConfigError, match="`worker.reward.reward_function`"):
+        _generation_plan(args, "eval")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_generate_without_a_reward_writes_the_samples_unscored(tiny_model_path, val_file, tmp_path):
+    _run("generate", _without_reward(_args(tiny_model_path, val_file, tmp_path)), tmp_path / "generate.log")
+    rows = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]
+    assert [row["index"] for row in rows] == list(range(len(PROMPTS)))
+    assert all(len(row["responses"]) == 4 and "scores" not in row for row in rows)
+
+
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 def test_eval_prints_the_table_and_writes_per_source_mean_and_pass_at_k(tiny_model_path, val_file, tmp_path):
     extra = ["eval.k=4", "eval.correct_key=word_share", "eval.correct_threshold=0.8"]

@@ -171,9 +171,10 @@ def _old_log_prob_decision(config: PPOConfig, kl_in_reward: bool) -> tuple[bool,
     return True, "skipped (one optimizer step per batch: the update's own detached log-probs are the old ones)"
 
 
-def make_run_plan(config: PPOConfig) -> RunPlan:
-    """Validate ``config`` and decide everything about the run that does not need the data or the workers."""
-    validate_config(config)
+def make_run_plan(config: PPOConfig, needs_reward: bool = True) -> RunPlan:
+    """Validate ``config`` and decide everything about the run that does not need the data or the workers
+    (``needs_reward=False``: `easyrl generate`, which scores only when a reward function is given)."""
+    validate_config(config, needs_reward)
     algorithm, data, actor, rollout = config.algorithm, config.data, config.worker.actor, config.worker.rollout
     use_reference = not algorithm.disable_kl
     kl_in_reward = use_reference and not algorithm.use_kl_loss

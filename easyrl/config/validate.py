@@ -537,12 +537,13 @@ def _check_judge(config: PPOConfig) -> None:
         )
 
 
-def _check_required(config: PPOConfig) -> None:
-    """The three things every run needs, all named at once (the bare defaults have none of them)."""
+def _check_required(config: PPOConfig, needs_reward: bool = True) -> None:
+    """The three things every run needs, all named at once (the bare defaults have none of them); `easyrl generate`
+    (``needs_reward=False``) samples without scoring when no reward is given."""
     needed = {
         "worker.actor.model.model_path": config.worker.actor.model.model_path,
         "data.train_files": config.data.train_files or config.trainer.val_only,
-        "worker.reward.reward_function": config.worker.reward.reward_function,
+        "worker.reward.reward_function": config.worker.reward.reward_function or not needs_reward,
     }
     missing = [key for key, value in needed.items() if not value]
     if missing:
@@ -553,9 +554,10 @@ def _check_required(config: PPOConfig) -> None:
         )
 
 
-def validate_config(config: PPOConfig) -> None:
-    """Raise ConfigError for the first problem found; nothing heavy is imported or started."""
-    _check_required(config)
+def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
+    """Raise ConfigError for the first problem found; nothing heavy is imported or started. ``needs_reward``: false
+    for a run that only samples (`easyrl generate`), where a reward function is optional."""
+    _check_required(config, needs_reward)
     for key, allowed in CHOICES.items():
         value = _get(config, key)
         if isinstance(value, list):
@@ -658,7 +660,8 @@ def validate_config(config: PPOConfig) -> None:
     if uses_critic(config):
         _check_model_path("worker.critic.model.model_path", critic.model.model_path, required=True)
     try:  # the loader's own rule (`main`, else `compute_score`), read from the file without running it
-        resolve_reward_function(config.worker.reward.reward_function)
+        if config.worker.reward.reward_function or needs_reward:
+            resolve_reward_function(config.worker.reward.reward_function)
     except RewardFunctionError as err:
         raise ConfigError(str(err)) from None
     _check_judge(config)
