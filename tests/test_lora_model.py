@@ -210,3 +210,5 @@ def test_check_refuses_lora_on_the_critic_and_a_bad_dropout():
         load_run_plan(base + ["algorithm.adv_estimator=gae", "worker.critic.model.lora.rank=8"])
     with pytest.raises(ConfigError, match=r"worker\.actor\.model\.lora\.dropout"):
         load_run_plan(base + ["worker.actor.model.lora.dropout=1.0"])
+    with pytest.raises(ConfigError, match=r"`worker\.actor\.model\.lora\.exclude_modules` is not a valid regex"):
+        load_run_plan(base + ["worker.actor.model.lora.exclude_modules=.*visual(.*"])

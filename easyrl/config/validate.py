@@ -5,6 +5,7 @@ import difflib
 import json
 import math
 import os
+import re
 import socket
 import threading
 import urllib.parse
@@ -378,6 +379,27 @@ def _check_ulysses(config: PPOConfig, role: str, role_config) -> None:
         )
 
 
+def _check_lora(config: PPOConfig) -> None:
+    """What can be told of the adapters before the model is read: the names' types and the exclusion regex (which
+    modules the names match is known only at worker start, where a name matching none stops the run)."""
+    lora = config.worker.actor.model.lora
+    if lora.rank == 0:
+        return
+    names = lora.target_modules
+    if not (isinstance(names, str) or (isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names))):
+        raise ConfigError(
+            f"`worker.actor.model.lora.target_modules` is {names!r}: give `all-linear`, a comma-separated string "
+            "(q_proj,v_proj) or a list of module names."
+        )
+    if lora.exclude_modules is not None:
+        try:
+            re.compile(str(lora.exclude_modules))
+        except re.error as error:
+            raise ConfigError(
+                f"`worker.actor.model.lora.exclude_modules` is not a valid regex ({error}): {lora.exclude_modules!r}."
+            ) from error
+
+
 def _check_unsupported(config: PPOConfig) -> None:
     """Settings easyrl accepts as EasyR1 keys but cannot run yet: refused here, naming the key, never at worker start."""
     worker = config.worker
@@ -643,6 +665,7 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
             "needs `worker.rollout.n` > 1 (e.g. worker.rollout.n=8); with n=1 every advantage would be 0."
         )
     _check_unsupported(config)
+    _check_lora(config)
     _check_liger(config)
     if config.algorithm.kl_penalty == "full" and not config.algorithm.disable_kl:
         raise ConfigError(
