@@ -230,6 +230,91 @@ def test_ulysses_2_critic_values_equal_ulysses_1(gqa_model_path):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# vision-language: the vision tower's features go into the whole row, then the row (and its 3-D positions) is cut
+# ----------------------------------------------------------------------------------------------------------------------
+def _vl_samples():
+    from easyrl.testing.vl_batch import VLSample, random_image, random_video
+
+    return [
+        VLSample("Count the shapes.", images=[random_image(0)]),
+        VLSample("Hello there, how are you?"),
+        VLSample("Which picture is brighter?", images=[random_image(1), random_image(2, width=84, height=56)]),
+        VLSample("What happens?", videos=[random_video(3, frames=32)]),
+    ]
+
+
+def _vl_equality(rank: int, path: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from easyrl.config import ActorConfig, FSDPConfig
+    from easyrl.testing.vl_batch import make_vl_batch
+    from easyrl.workers.actor import Actor
+    from easyrl.workers.fsdp_utils import apply_fsdp2
+    from easyrl.workers.ppo_update import global_loss_denominator
+
+    processor = AutoProcessor.from_pretrained(path)
+    data = make_vl_batch(processor, path, _vl_samples(), response_length=6, seed=1)
+    data.meta_info["temperature"] = 0.8
+    config = ActorConfig(padding_free=True, dynamic_batching=False, use_torch_compile=False)
+    config.micro_batch_size_per_device_for_experience = 4
+    sp = ulysses.build_sequence_parallel(2)
+
+    def model():
+        module = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("fsdp",))
+        apply_fsdp2(module, mesh, FSDPConfig(mp_param_dtype="fp32"))
+        return module
+
+    def scored(actor, batch):
+        log_probs, entropy = actor._forward(batch, 0.8, calculate_entropy=True)
+        mask = batch.batch["response_mask"]
+        denominator = global_loss_denominator(mask, "token-mean", dp_size=2)
+        (-(log_probs * mask).sum() / denominator).backward()
+        return log_probs.detach(), entropy.detach()
+
+    reference = model()
+    ref_log_probs, ref_entropy = scored(Actor(config, reference, processor=processor), data.chunk(2)[rank])
+    parts = [torch.empty_like(ref_log_probs) for _ in range(2)]
+    dist.all_gather(parts, ref_log_probs)
+    ref_log_probs = torch.cat(parts)
+    dist.all_gather(parts, ref_entropy)
+    ref_entropy = torch.cat(parts)
+
+    ulysses_model = model()
+    log_probs, entropy = scored(Actor(config, ulysses_model, processor=processor, sp=sp), data)
+    mask = data.batch["response_mask"].bool()
+    _assert_close(log_probs[mask], ref_log_probs[mask], "log-probs")
+    _assert_close(entropy[mask], ref_entropy[mask], "entropy")
+    expected, actual = _full_grads(reference), _full_grads(ulysses_model)
+    assert any("visual" in name for name in expected), "the vision tower got no gradient"
+    for name in expected:
+        _assert_close(actual[name], expected[name], f"gradient of {name}")
+
+
+def _vl_model_path(family: str, root) -> str:
+    """The tiny random ``family`` VLM with 2 key/value heads (2 query heads): one of each per rank at ulysses 2."""
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+    from easyrl.testing.tiny_vlms import build_tiny_vlm, save_random_model
+
+    base = build_tiny_vlm(family, root / "base")
+    config = AutoConfig.from_pretrained(base)
+    config.text_config.num_key_value_heads = 2
+    model_cls = AutoModelForImageTextToText._model_mapping[type(config)]
+    return str(
+        save_random_model(model_cls, config, root / "kv2", seed=0, processor=AutoProcessor.from_pretrained(base))
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_ulysses_2_equals_ulysses_1_on_pictures_and_a_32_frame_video(family, tmp_path):
+    _run_two_ranks(_vl_equality, _vl_model_path(family, tmp_path))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # a run through `easyrl train`
 # ----------------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow

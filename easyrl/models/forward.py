@@ -107,8 +107,9 @@ def forward_response_outputs(
             packed_ids, packed_positions, cu_seqlens = ulysses.pad_packed_row(
                 packed_ids, packed_positions, cu_seqlens, cut.padded_tokens, pad_id=0
             )
-            packed_ids = packed_ids[..., cut.start : cut.end]
-            packed_positions = packed_positions[..., cut.start : cut.end]
+            if vision is None:
+                packed_ids = packed_ids[..., cut.start : cut.end]
+                packed_positions = packed_positions[..., cut.start : cut.end]
             positions, keep, rows = cut.keep, cut.keep, cut.rows
         # no attention mask: the sequence boundaries go to the attention kernels (varlen), which would otherwise
         # read them from the restarting position ids in every layer
@@ -119,6 +120,10 @@ def forward_response_outputs(
         }
         if sp is not None:
             inputs[ulysses.KWARG] = sp  # read by the attention wrapper of every decoder layer
+            if vision is not None:
+                # a VLM embeds the WHOLE row and puts the vision tower's outputs in place of the pads; the language
+                # model's pre-hook (ulysses.enable) then keeps this rank's slice of embeddings and 3-D positions
+                inputs[ulysses.SLICE_KWARG] = (cut.start, cut.end)
         # (1, kept): the i-th kept position predicts the i-th valid response token
         kept_labels = responses[valid][rows][None] if fused is not None else None
     else:

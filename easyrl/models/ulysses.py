@@ -29,11 +29,14 @@ import torch.distributed as dist
 
 from ..utils import device
 from . import attention
+from .vision import vision_tower
 
 
 NAME = "easyrl_ulysses"
 FLASH_NAME = "easyrl_ulysses_flash"
 KWARG = "ulysses"
+# (start, end) of this rank's slice, for a VLM's language model (see ``_slice_language_model_inputs``)
+SLICE_KWARG = "ulysses_slice"
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,43 @@ def enable(model: torch.nn.Module, ulysses_size: int, key: str) -> None:
         return
     register()
     config._attn_implementation = FLASH_NAME if current == "flash_attention_2" else NAME
+    language_model = _language_model(model)
+    if language_model is not None and not getattr(language_model, "_easyrl_ulysses_hook", False):
+        language_model.register_forward_pre_hook(_slice_language_model_inputs, with_kwargs=True)
+        language_model._easyrl_ulysses_hook = True
+
+
+def _language_model(model: torch.nn.Module) -> torch.nn.Module | None:
+    """A VLM's text decoder (``language_model``, which receives the merged embeddings); None for text models."""
+    if vision_tower(model) is None:
+        return None
+    for name, module in model.named_modules():
+        if name.split(".")[-1] == "language_model":
+            return module
+    raise ValueError(f"Ulysses: found no `language_model` in {type(model).__name__} to split the sequence before.")
+
+
+def _slice_language_model_inputs(module: torch.nn.Module, args: tuple, kwargs: dict):
+    """Keep this rank's slice of a VLM's merged row (the vision tower ran on the whole row, on every rank of the
+    group: its outputs land in the full embeddings first, so each pad gets its own picture's features).
+
+    Slices the embeddings, the (4, 1, tokens) 3-D rope positions and, for Qwen3-VL's deepstack, the visual mask and
+    the deepstack features of the visual tokens inside the slice."""
+    cut = kwargs.pop(SLICE_KWARG, None)
+    if cut is None:
+        return None
+    start, end = cut
+    kwargs["inputs_embeds"] = kwargs["inputs_embeds"][:, start:end]
+    kwargs["position_ids"] = kwargs["position_ids"][..., start:end]
+    visual = kwargs.get("visual_pos_masks")
+    if visual is not None:
+        before = int(visual[:, :start].sum())
+        kwargs["visual_pos_masks"] = visual = visual[:, start:end]
+        here = int(visual.sum())
+        deepstack = kwargs.get("deepstack_visual_embeds")
+        if deepstack is not None:
+            kwargs["deepstack_visual_embeds"] = [embeds[before : before + here] for embeds in deepstack]
+    return args, kwargs
 
 
 @functools.cache
