@@ -64,6 +64,42 @@ def test_heads_not_divisible_by_ulysses_size_name_the_key_and_the_counts():
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# check (before Ray)
+# ----------------------------------------------------------------------------------------------------------------------
+def test_check_accepts_ulysses_2_on_2_workers_and_the_reference_follows_the_actor(valid_args):
+    from easyrl.config.plan import load_run_plan
+
+    plan = load_run_plan([*valid_args, "worker.actor.ulysses_size=2"])
+    assert plan.config.worker.actor.ulysses_size == 2 and plan.config.worker.ref.ulysses_size == 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["worker.actor.ulysses_size=4"],
+            r"`worker\.actor\.ulysses_size` \(4\) must divide the number of workers \(2",
+        ),
+        (
+            ["worker.actor.ulysses_size=2", "worker.actor.padding_free=false"],
+            r"`worker\.actor\.ulysses_size` is 2.*set worker\.actor\.padding_free=true",
+        ),
+        (
+            ["algorithm.adv_estimator=gae", "worker.critic.global_batch_size=4", "worker.critic.ulysses_size=2"],
+            r"`worker\.critic\.ulysses_size` is 2.*set worker\.critic\.padding_free=true",
+        ),
+    ],
+    ids=["not-a-divisor-of-the-workers", "actor-padded", "critic-padded"],
+)
+def test_check_refuses_ulysses_it_cannot_run_naming_the_key(valid_args, overrides, message):
+    from easyrl.config import ConfigError
+    from easyrl.config.plan import load_run_plan
+
+    with pytest.raises(ConfigError, match=message):
+        load_run_plan([*valid_args, *overrides])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # two ranks: ulysses 2 == ulysses 1
 # ----------------------------------------------------------------------------------------------------------------------
 def _free_port() -> int:
@@ -174,6 +210,11 @@ def _actor_equality(rank: int, path: str, gradient_checkpointing: bool) -> None:
     _assert_close(log_probs[mask], ref_log_probs[mask], "log-probs")
     _assert_close(entropy[mask], ref_entropy[mask], "entropy")
     assert torch.equal(log_probs[~mask], torch.zeros_like(log_probs[~mask]))
+    # dynamic batching: micro-batches by a token budget, identical on both ranks of the group (same samples)
+    dynamic = ActorConfig(padding_free=True, dynamic_batching=True, use_torch_compile=False)
+    dynamic.micro_batch_size_per_device_for_experience = 2
+    dynamic_log_probs, _ = Actor(dynamic, model, sp=sp).compute_log_probs(data)
+    _assert_close(dynamic_log_probs[mask], ref_log_probs[mask], "log-probs with dynamic batching")
     expected, actual = _full_grads(reference), _full_grads(model)
     assert expected.keys() == actual.keys() and len(expected) > 5
     for name in expected:
