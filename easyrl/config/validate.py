@@ -1,6 +1,7 @@
 """Validation: everything that can be checked before Ray starts, in well under two seconds (nothing heavy is
 imported: no torch, no model, no data). A config that passes runs; the workers check nothing again."""
 
+import ast
 import difflib
 import json
 import math
@@ -17,7 +18,7 @@ from ..demo import builtin_models
 from ..paths import BUILTIN_PREFIX, looks_local, shipped_files_hint
 from ..utils.platform import nvidia_gpus_visible
 from ..workers.reward.judge import CHAT_PATH, compile_score_pattern, load_template
-from ..workers.reward.loader import RewardFunctionError, resolve_reward_function
+from ..workers.reward.loader import RewardFunctionError, parse_user_file, resolve_reward_function
 from .schema import ConfigError, JudgeConfig, PPOConfig
 
 
@@ -27,6 +28,7 @@ ADV_ESTIMATORS = ("gae", "grpo", "grpo_passk", "reinforce_plus_plus", "reinforce
 POLICY_LOSSES = ("cispo", "gspo", "gspo_token", "ppo", "sapo")
 KL_PENALTIES = ("abs", "full", "kl", "low_var_kl", "mse")
 LOGGER_NAMES = ("console", "file", "mlflow", "swanlab", "tensorboard", "wandb")
+TOOL_CALL_PARSERS = ("hermes",)  # easyrl.workers.rollout.multi_turn.TOOL_CALL_PARSERS
 # estimators that learn a value model (a critic role exists), and those that compare the n samples of a prompt
 CRITIC_ESTIMATORS = frozenset({"gae"})
 GROUP_ESTIMATORS = frozenset({"grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline"})
@@ -41,6 +43,7 @@ CHOICES = {
     "worker.rollout.name": ("vllm", "hf"),
     "worker.rollout.dtype": ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32"),
     "worker.rollout.lora_sync": ("auto", "adapter", "merged"),
+    "worker.rollout.multi_turn.parser": TOOL_CALL_PARSERS,
     "worker.actor.optim.strategy": ("adamw", "adamw_bf16"),
     "worker.critic.optim.strategy": ("adamw", "adamw_bf16"),
     "worker.actor.optim.lr_scheduler_type": ("constant", "cosine"),
@@ -172,6 +175,9 @@ RANGES: dict[str, Interval] = {
     "worker.rollout.tensor_parallel_size": AT_LEAST_ONE,
     "worker.rollout.max_model_len": AT_LEAST_ONE,
     "worker.rollout.max_num_batched_tokens": AT_LEAST_ONE,
+    "worker.rollout.multi_turn.max_turns": AT_LEAST_ONE,
+    "worker.rollout.multi_turn.turn_max_tokens": AT_LEAST_ONE,
+    "worker.rollout.multi_turn.tool_timeout": POSITIVE,
     "worker.reward.num_cpus": NON_NEGATIVE,
     "worker.reward.timeout_s": POSITIVE,
     "worker.reward.rule_weight": NON_NEGATIVE,
@@ -422,6 +428,44 @@ def _check_unsupported(config: PPOConfig) -> None:
             "`worker.hybrid_engine` is false: easyrl always colocates actor, rollout and reference on the same "
             "devices (the hybrid engine); remove the key or set it to true."
         )
+
+
+def _check_tools_file(config: PPOConfig) -> None:
+    """`worker.rollout.multi_turn.tools`: the file exists, parses, and its `TOOLS` list names functions it defines or
+    imports (read without importing it; the rollout imports it in the workers)."""
+    key, multi_turn = "worker.rollout.multi_turn.tools", config.worker.rollout.multi_turn
+    if not multi_turn.enabled:
+        return
+    if config.worker.rollout.name != "vllm":
+        raise ConfigError(
+            f"`{key}` is set but `worker.rollout.name` is {config.worker.rollout.name}: multi-turn rollouts run on the "
+            "vllm engine only; set worker.rollout.name=vllm."
+        )
+    try:
+        path, names, _ = parse_user_file(multi_turn.tools, key)
+    except RewardFunctionError as err:
+        raise ConfigError(str(err)) from None
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    listed = None
+    for node in tree.body:
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        if any(isinstance(t, ast.Name) and t.id == "TOOLS" for t in targets):
+            listed = node.value
+    if listed is None:
+        raise ConfigError(
+            f"`{key}`: `{multi_turn.tools}` defines no module-level `TOOLS`; add `TOOLS = [my_tool, ...]` listing the "
+            "tool functions (see tools/calculator.py)."
+        )
+    if isinstance(listed, (ast.List, ast.Tuple)):
+        unknown = [e.id for e in listed.elts if isinstance(e, ast.Name) and e.id not in names]
+        if unknown:
+            raise ConfigError(
+                f"`{key}`: `TOOLS` in `{multi_turn.tools}` names {', '.join(unknown)}, which the file does not define."
+            )
+        if not listed.elts:
+            raise ConfigError(f"`{key}`: `TOOLS` in `{multi_turn.tools}` is empty; list at least one tool function.")
 
 
 def _check_loggers_can_start(names: Any) -> None:
@@ -688,6 +732,7 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
     except RewardFunctionError as err:
         raise ConfigError(str(err)) from None
     _check_judge(config)
+    _check_tools_file(config)
     _check_file("data.format_prompt", data.format_prompt, "prompt template", shipped_files_hint("format_prompt"))
     _check_file("data.override_chat_template", data.override_chat_template, "chat template")
     for key in ("data.train_files", "data.val_files"):

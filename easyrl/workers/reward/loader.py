@@ -167,14 +167,32 @@ def _top_level_names(tree: ast.Module) -> tuple[set[str], set[str]]:
     return names, functions
 
 
-def _existing_file(path_text: str) -> Path:
+def _existing_file(path_text: str, config_key: str = CONFIG_KEY) -> Path:
     path = Path(path_text).expanduser().resolve()
     if not path.is_file():
+        if config_key != CONFIG_KEY:
+            raise RewardFunctionError(f"`{config_key}`: file `{path_text}` does not exist.")
         raise RewardFunctionError(
             f"`{CONFIG_KEY}`: reward file `{path_text}` does not exist. Give it as path/to/file.py:function, "
             f"e.g. reward_function/math.py:compute_score; {shipped_files_hint('reward_function')}"
         )
     return path
+
+
+def parse_user_file(path_text: str, config_key: str) -> tuple[Path, set[str], set[str]]:
+    """(absolute path, top-level names, top-level functions) of the user file named by `config_key`, read without
+    importing it (for the config check); a missing file or a syntax error raises RewardFunctionError naming the key."""
+    path = _existing_file(path_text, config_key)
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except SyntaxError as err:
+        raise RewardFunctionError(f"`{config_key}`: `{path_text}` line {err.lineno}: {err.msg}.") from None
+    return (path, *_top_level_names(tree))
+
+
+def import_user_file(path_text: str, config_key: str):
+    """Import the user `.py` file named by `config_key` (tools, environments) the way reward files are imported."""
+    return _import_file(_existing_file(path_text, config_key), config_key)
 
 
 def resolve_reward_function(spec: str) -> tuple[str, str]:
@@ -185,21 +203,17 @@ def resolve_reward_function(spec: str) -> tuple[str, str]:
     missing function.
     """
     path_text, requested = parse_spec(spec)
-    path = _existing_file(path_text)
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    except SyntaxError as err:
-        raise RewardFunctionError(f"`{CONFIG_KEY}`: `{path_text}` line {err.lineno}: {err.msg}.") from None
-    return str(path), choose_function_name(path_text, requested, *_top_level_names(tree))
+    path, names, functions = parse_user_file(path_text, CONFIG_KEY)
+    return str(path), choose_function_name(path_text, requested, names, functions)
 
 
-def _import_file(path: Path):
+def _import_file(path: Path, config_key: str = CONFIG_KEY):
     # a unique module name: the shipped `math.py` must not shadow the standard library's `math` in sys.modules
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
     module_name = f"easyrl_reward_{path.stem}_{digest}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
-        raise RewardFunctionError(f"`{CONFIG_KEY}`: cannot import `{path}` as a Python module.")
+        raise RewardFunctionError(f"`{config_key}`: cannot import `{path}` as a Python module.")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
@@ -211,7 +225,7 @@ def _import_file(path: Path):
             # e.g. mathruler's grader needs pylatexenc, which mathruler does not declare
             hint = f" Install the missing package into this environment (`pip install {err.name.split('.')[0]}`)."
         raise RewardFunctionError(
-            f"`{CONFIG_KEY}`: importing `{path}` failed with {type(err).__name__}: {err}.{hint}"
+            f"`{config_key}`: importing `{path}` failed with {type(err).__name__}: {err}.{hint}"
         ) from err
     return module
 

@@ -178,14 +178,25 @@ class RewardScorer:
                 "The batch has no non-tensor `ground_truth`; the dataset's answer column (`data.answer_key`) feeds it."
             )
         responses = data.batch["responses"]  # (batch, response_len), right-padded
-        lengths = data.batch["response_mask"].sum(-1).long().tolist()
+        # every response token, the tool results of a multi-turn rollout included (response_mask marks only the
+        # model's tokens; for a single turn both are the same)
+        attended = (
+            data.batch["attention_mask"][:, -responses.shape[-1] :]
+            if "attention_mask" in data.batch.keys()
+            else data.batch["response_mask"]  # a batch of responses alone (tests, scoring outside a rollout)
+        )
+        lengths = attended.sum(-1).long().tolist()
         ids = [row[:length].tolist() for row, length in zip(responses, lengths)]
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=self.config.skip_special_tokens)
         truths = data.non_tensor_batch["ground_truth"]
-        return [
+        inputs = [
             {"response": text, "response_length": length, "ground_truth": truth}
             for text, length, truth in zip(texts, lengths, truths)
         ]
+        if "messages" in data.non_tensor_batch:  # a multi-turn rollout's turns after the prompt
+            for item, messages in zip(inputs, data.non_tensor_batch["messages"]):
+                item["messages"] = list(messages)
+        return inputs
 
     def score_inputs(
         self, inputs: list[dict], cancel: threading.Event | None = None
@@ -291,7 +302,9 @@ class RewardScorer:
             verdicts = self.judge.collect(judging)
             scores, judge_errors = combine_scores(scores, verdicts, self.config.rule_weight, self.config.judge.weight)
         token_level_scores = torch.zeros(responses.shape, dtype=torch.float32)
-        last = (response_mask.sum(-1).long() - 1).clamp(min=0).cpu()
+        # the reward sits on the model's last token (after any tool results of a multi-turn rollout)
+        positions = torch.arange(response_mask.shape[-1], device=response_mask.device)
+        last = torch.where(response_mask.bool(), positions, -1).max(-1).values.clamp(min=0).cpu()
         overall = torch.tensor([score["overall"] for score in scores], dtype=torch.float32)
         token_level_scores[torch.arange(len(scores)), last] = overall
         names = list(dict.fromkeys(name for score in scores for name in score))

@@ -35,13 +35,14 @@ def _build_vllm(worker: Any) -> BaseRollout:
     from ...demo.builtin_models import resolve_model_path
     from ..fsdp_worker import ROLLOUT_MESH
     from .lora_sync import actor_lora
+    from .multi_turn import wrap_multi_turn
     from .vllm_rollout import VLLMRollout, rollout_parallel_layout
 
     config, model_config = worker.config.rollout, worker.config.actor.model
     dp_rank, dp_size, tp_rank = rollout_parallel_layout(worker.rank, worker.world_size, config.tensor_parallel_size)
     # every rank of a tensor-parallel group gets its group's prompts; the group's first rank answers
     worker.register_dispatch_info(ROLLOUT_MESH, dp_rank, dp_size, tp_rank == 0)
-    return VLLMRollout(
+    engine = VLLMRollout(
         resolve_model_path(model_config.model_path),
         config,
         worker.tokenizer,
@@ -50,6 +51,7 @@ def _build_vllm(worker: Any) -> BaseRollout:
         tokenizer_path=resolve_model_path(model_config.tokenizer_path or model_config.model_path),
         lora=actor_lora(getattr(worker, "actor_module", None)),
     )
+    return wrap_multi_turn(engine, config.multi_turn)  # turn by turn with tools when multi_turn.tools is set
 
 
 @register_rollout("hf")

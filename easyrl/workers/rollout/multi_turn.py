@@ -1,0 +1,423 @@
+"""Multi-turn rollouts with tools, on top of the vLLM engine (``worker.rollout.multi_turn``).
+
+All trajectories of a batch advance together, turn by turn:
+    1. one engine call generates the next model turn of every unfinished trajectory, from its token ids so far
+       (prompt ++ every earlier turn), so the actor later scores exactly the tokens vLLM saw;
+    2. tool calls are parsed from each turn's text (a registered parser: ``hermes`` reads
+       ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``);
+    3. all calls of the batch run at once, each in its own thread with a deadline (``tool_timeout``): a call that
+       raises, hangs or is malformed answers the model with an error message and is counted, the step goes on;
+    4. the results are rendered as ``tool`` messages by the chat template and their tokens appended.
+A trajectory ends when the model answers without a tool call, after ``max_turns`` model turns, or when the whole
+response (model and tool tokens) reaches ``data.max_response_length`` tokens (cut there and counted).
+
+Output: BaseRollout's format (base.py). ``responses`` holds every turn's tokens back to back; ``response_mask`` is 1
+only on tokens the model generated (tool tokens are in the sequence, attended to, but out of the loss, the log-probs
+and the KL, which all aggregate over response_mask); ``rollout_log_probs`` is the engine's log-prob on model tokens
+and 0 elsewhere. The non-tensor ``messages`` holds each trajectory's turns after the prompt (assistant and tool
+messages, in order) for reward functions that read them.
+"""
+
+import asyncio
+import inspect
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from ...config.schema import MultiTurnConfig
+from ..reward.loader import import_user_file
+from .base import (
+    BaseRollout,
+    GenerationRequest,
+    GenerationTimer,
+    WeightBuckets,
+    build_rollout_output,
+    generation_metrics,
+    prompt_token_lists,
+    repeat_greedy,
+    resolve_sampling,
+)
+from .vllm_rollout import _vllm_multi_modal_data
+
+
+logger = logging.getLogger(__name__)
+
+TOOLS_KEY = "worker.rollout.multi_turn.tools"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# tools: loading and calling
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict
+
+
+@dataclass
+class ToolResult:
+    content: str
+    error: bool = False
+    timed_out: bool = False
+
+
+def tool_schema(fn: Callable) -> dict:
+    """The OpenAI-style JSON schema of a tool: its ``schema`` attribute, else read from its type hints and Google-style
+    docstring the way transformers' chat templates read tools."""
+    schema = getattr(fn, "schema", None)
+    if schema is not None:
+        return schema
+    from transformers.utils import get_json_schema
+
+    return get_json_schema(fn)
+
+
+def load_tools(path: str) -> dict[str, Callable]:
+    """name -> function of the ``TOOLS`` list of the user file ``path`` (``worker.rollout.multi_turn.tools``)."""
+    module = import_user_file(path, TOOLS_KEY)
+    listed = getattr(module, "TOOLS", None)
+    if not isinstance(listed, (list, tuple)) or not listed or not all(callable(fn) for fn in listed):
+        raise ValueError(f"`{TOOLS_KEY}`: `TOOLS` in `{path}` must be a non-empty list of functions.")
+    tools = {}
+    for fn in listed:
+        try:
+            schema = tool_schema(fn)
+        except Exception as err:  # transformers' DocstringParsingException, TypeHintParsingException
+            raise ValueError(
+                f"`{TOOLS_KEY}`: no JSON schema for `{getattr(fn, '__name__', fn)}` in `{path}`: {err}. Give it type "
+                "hints and a Google-style docstring with an `Args:` line per argument, or a `schema` attribute."
+            ) from None
+        tools[schema.get("function", schema).get("name", fn.__name__)] = fn
+    return tools
+
+
+def _call(fn: Callable, arguments: dict) -> Any:
+    result = fn(**arguments)
+    return asyncio.run(result) if inspect.isawaitable(result) else result
+
+
+def run_tool_calls(
+    calls: list[ToolCall | str], tools: dict[str, Callable], timeout: float
+) -> tuple[list[ToolResult], float]:
+    """Run every call at once, each in a daemon thread, and wait at most ``timeout`` seconds for all of them; returns
+    the results in order and the wall seconds. A string in ``calls`` is a parse error, answered as an error.
+
+    Daemon threads, not a pool: a tool that hangs forever cannot be stopped from Python, and its thread must neither
+    hold a pool slot nor keep the worker process from exiting."""
+    start = time.perf_counter()
+    results: list[Optional[ToolResult]] = [None] * len(calls)
+    threads = []
+
+    def work(index: int, call: ToolCall) -> None:
+        try:
+            results[index] = ToolResult(str(_call(tools[call.name], call.arguments)))
+        except Exception as err:  # the model reads what went wrong; the step goes on
+            results[index] = ToolResult(f"Error: {call.name} raised {type(err).__name__}: {err}", error=True)
+
+    for index, call in enumerate(calls):
+        if isinstance(call, str):
+            results[index] = ToolResult(call, error=True)
+        elif call.name not in tools:
+            known = ", ".join(sorted(tools))
+            results[index] = ToolResult(f"Error: unknown tool {call.name!r}; the tools are: {known}.", error=True)
+        else:
+            thread = threading.Thread(target=work, args=(index, call), daemon=True, name=f"tool-{call.name}")
+            thread.start()
+            threads.append(thread)
+    deadline = start + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.perf_counter()))
+    for index, call in enumerate(calls):
+        if results[index] is None:
+            results[index] = ToolResult(
+                f"Error: {call.name} took longer than {timeout:g} s and was abandoned.", error=True, timed_out=True
+            )
+    return results, time.perf_counter() - start
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# tool-call parsers: text of one model turn -> calls (a string for each malformed call: the error the model reads)
+# ----------------------------------------------------------------------------------------------------------------------
+ToolCallParser = Callable[[str], list]
+TOOL_CALL_PARSERS: dict[str, ToolCallParser] = {}
+
+
+def register_tool_call_parser(name: str) -> Callable[[ToolCallParser], ToolCallParser]:
+    def decorator(parser: ToolCallParser) -> ToolCallParser:
+        TOOL_CALL_PARSERS[name] = parser
+        return parser
+
+    return decorator
+
+
+HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+@register_tool_call_parser("hermes")
+def parse_hermes_tool_calls(text: str) -> list[ToolCall | str]:
+    """``<tool_call>{"name": "f", "arguments": {...}}</tool_call>``, any number per turn (Qwen2.5/Qwen3, Hermes)."""
+    calls: list[ToolCall | str] = []
+    for body in HERMES_CALL.findall(text):
+        try:
+            payload = json.loads(body.strip())
+        except json.JSONDecodeError as err:
+            calls.append(f"Error: the tool call is not valid JSON ({err.msg}): {body.strip()[:200]}")
+            continue
+        name = payload.get("name") if isinstance(payload, dict) else None
+        arguments = payload.get("arguments", {}) if isinstance(payload, dict) else None
+        if isinstance(arguments, str):  # some models send the arguments as a JSON string
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                arguments = None
+        if not isinstance(name, str) or not isinstance(arguments, dict):
+            calls.append('Error: a tool call must be {"name": "<tool>", "arguments": {...}}.')
+            continue
+        calls.append(ToolCall(name, arguments))
+    return calls
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# tool messages through the chat template
+# ----------------------------------------------------------------------------------------------------------------------
+_TURN_END = "EASYRL_ASSISTANT_TURN_END"
+_PROBE = "EASYRL_TOOL_PROBE"
+
+
+class ToolMessageRenderer:
+    """Tokens that follow a model turn (ended by its stop token) to present tool results and open the next turn.
+
+    Rendered as template(conversation + tool messages, add_generation_prompt) after the end of the last assistant
+    message, minus the model's stop token that the turn already holds: the same text the template would give the whole
+    conversation, so a trajectory reads as one chat. A template that renders no ``tool`` role (its text is missing)
+    gets the results as ``user`` messages, said once in the log."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.role = "tool"
+        try:
+            probe = self._render([{"role": "tool", "name": "probe", "content": _PROBE}])
+        except Exception:
+            probe = ""
+        if _PROBE not in probe:
+            self.role = "user"
+            logger.warning(
+                "The chat template renders no `tool` role: tool results are given to the model as `user` messages."
+            )
+
+    def _render(self, tool_messages: list[dict]) -> str:
+        conversation = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _TURN_END}]
+        text = self.tokenizer.apply_chat_template(
+            conversation + tool_messages, tokenize=False, add_generation_prompt=True
+        )
+        return text[text.rindex(_TURN_END) + len(_TURN_END) :]
+
+    def messages(self, calls: list, results: list[ToolResult]) -> list[dict]:
+        named = [call.name if isinstance(call, ToolCall) else "error" for call in calls]
+        return [{"role": self.role, "name": n, "content": r.content} for n, r in zip(named, results)]
+
+    def token_ids(self, messages: list[dict], stop_text: str) -> list[int]:
+        text = self._render(messages)
+        if stop_text and text.startswith(stop_text):
+            text = text[len(stop_text) :]  # the model's turn already ends with its stop token
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# trajectories
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass
+class Trajectory:
+    prompt_ids: list[int]
+    multi_modal_data: Any = None
+    response_ids: list[int] = field(default_factory=list)
+    model_mask: list[int] = field(default_factory=list)  # 1 on model tokens, 0 on tool tokens
+    log_probs: list[float] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    truncated: bool = False
+    max_turns_reached: bool = False
+    stopped: bool = False  # the last model turn ended with a stop token
+    done: bool = False
+
+    def append(self, token_ids: list[int], log_probs: list[float] | None, budget: int) -> bool:
+        """Append a model turn (with its log-probs) or tool tokens (None), cut at ``budget`` response tokens; True when
+        the cut removed tokens."""
+        room = budget - len(self.response_ids)
+        kept = token_ids[:room]
+        self.response_ids += kept
+        self.model_mask += [1 if log_probs is not None else 0] * len(kept)
+        self.log_probs += list(log_probs[: len(kept)]) if log_probs is not None else [0.0] * len(kept)
+        return len(kept) < len(token_ids)
+
+
+def multi_turn_metrics(trajectories: list[Trajectory], tool_seconds: float) -> dict[str, float]:
+    turns = np.array([t.turns for t in trajectories], dtype=float)
+    return {
+        "rollout/multi_turn/turns/mean": float(turns.mean()) if len(turns) else 0.0,
+        "rollout/multi_turn/turns/max": float(turns.max()) if len(turns) else 0.0,
+        "rollout/multi_turn/tool_calls": float(sum(t.tool_calls for t in trajectories)),
+        "rollout/multi_turn/tool_errors": float(sum(t.tool_errors for t in trajectories)),
+        "rollout/multi_turn/tool_timeouts": float(sum(t.tool_timeouts for t in trajectories)),
+        "rollout/multi_turn/tool_seconds": tool_seconds,
+        "rollout/multi_turn/truncated": float(sum(t.truncated for t in trajectories)),
+        "rollout/multi_turn/max_turns_reached": float(sum(t.max_turns_reached for t in trajectories)),
+    }
+
+
+class MultiTurnRollout(BaseRollout):
+    """Wraps a VLLMRollout: the engine, its weight sync and its sleep/wake are the engine's; generation is turn by
+    turn. Any other attribute (the LoRA route, ``update_adapter``) is the engine's."""
+
+    def __init__(self, engine: Any, config: MultiTurnConfig) -> None:
+        self.engine = engine
+        self.multi_turn = config
+        self.tools = load_tools(config.tools)  # first: a tools file may register its own parser
+        if config.parser not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"`worker.rollout.multi_turn.parser` is {config.parser!r}; registered: {', '.join(TOOL_CALL_PARSERS)}."
+            )
+        self.parse = TOOL_CALL_PARSERS[config.parser]
+        self.renderer = ToolMessageRenderer(engine.tokenizer)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "engine":  # not set yet: no recursion while unpickling / before __init__
+            raise AttributeError(name)
+        return getattr(self.engine, name)
+
+    def update_weights(self, buckets: WeightBuckets) -> None:
+        self.engine.update_weights(buckets)
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
+    def generate_sequences(self, prompts: Any, request: GenerationRequest | None = None) -> Any:
+        request = request or GenerationRequest()
+        engine = self.engine
+        settings = resolve_sampling(engine.config, request)
+        budget = settings.max_tokens
+        engine._wake({"weights", "kv_cache"})
+        multi_modal = prompts.non_tensor_batch.get("multi_modal_data")
+        trajectories = [
+            Trajectory(ids, multi_modal[i] if multi_modal is not None else None)
+            for i, ids in enumerate(prompt_token_lists(prompts, engine.pad_token_id))
+            for _ in range(settings.engine_n)
+        ]
+        one_sample = replace(settings, n=1)
+        tool_seconds = 0.0
+        with GenerationTimer() as timer:
+            for turn in range(self.multi_turn.max_turns):
+                active = [t for t in trajectories if not t.done]
+                if not active:
+                    break
+                self._generate_turn(active, one_sample, budget, request, turn)
+                calling = [(t, self.parse(t.messages[-1]["content"])) for t in active if not t.done]
+                calling = [(t, calls) for t, calls in calling if calls]
+                for t in active:
+                    if not t.done and not any(t is c for c, _ in calling):
+                        # answered without a tool call; cut by turn_max_tokens when it did not stop by itself
+                        t.done, t.truncated = True, not t.stopped
+                if not calling:
+                    break
+                if turn == self.multi_turn.max_turns - 1:
+                    for t, _ in calling:  # no turn is left to read the results: the calls are not run
+                        t.done, t.max_turns_reached = True, True
+                    break
+                flat = [call for _, calls in calling for call in calls]
+                results, seconds = run_tool_calls(flat, self.tools, self.multi_turn.tool_timeout)
+                tool_seconds += seconds
+                position = 0
+                for t, calls in calling:
+                    mine = results[position : position + len(calls)]
+                    position += len(calls)
+                    self._append_tool_results(t, calls, mine, budget)
+        response_ids = repeat_greedy([t.response_ids for t in trajectories], settings)
+        data = build_rollout_output(
+            prompts,
+            response_ids,
+            repeat_greedy([t.log_probs for t in trajectories], settings),
+            n=settings.n,
+            response_length=budget,
+            pad_token_id=engine.pad_token_id,
+        )
+        # every token is attended to (attention_mask); only the model's are trained on (response_mask)
+        model_mask = repeat_greedy([t.model_mask for t in trajectories], settings)
+        response_mask = torch.zeros_like(data.batch["response_mask"])
+        for i, mask in enumerate(model_mask):
+            response_mask[i, : len(mask)] = torch.tensor(mask, dtype=response_mask.dtype)
+        data.batch["response_mask"] = response_mask
+        data.non_tensor_batch["messages"] = _object_array(repeat_greedy([t.messages for t in trajectories], settings))
+        metrics = generation_metrics(response_mask, timer.seconds)
+        metrics.update(multi_turn_metrics(trajectories, tool_seconds))
+        metrics.update(engine._last_sync_metrics)  # reported once, with the first generation after a sync
+        engine._last_sync_metrics = {}
+        data.meta_info["metrics"] = metrics
+        return data
+
+    def _generate_turn(
+        self, active: list[Trajectory], settings: Any, budget: int, request: GenerationRequest, turn: int
+    ) -> None:
+        engine = self.engine
+        seed = None if request.seed is None else [*np.atleast_1d(request.seed), turn]
+        params = engine._sampling_params(settings, len(active), seed)
+        inputs = []
+        for t, param in zip(active, params):
+            param.max_tokens = budget - len(t.response_ids)
+            if self.multi_turn.turn_max_tokens is not None:
+                param.max_tokens = min(param.max_tokens, self.multi_turn.turn_max_tokens)
+            item: dict[str, Any] = {"prompt_token_ids": t.prompt_ids + t.response_ids}
+            mm_data = _vllm_multi_modal_data(t.multi_modal_data)
+            if mm_data is not None:
+                item["multi_modal_data"] = mm_data
+            inputs.append(item)
+        outputs = engine.llm.generate(
+            inputs, params, use_tqdm=not engine.config.disable_tqdm, lora_request=engine._lora_request
+        )
+        for t, output in zip(active, outputs):
+            completion = output.outputs[0]
+            token_ids = list(completion.token_ids)
+            log_probs = [step[token].logprob for step, token in zip(completion.logprobs or [], token_ids)]
+            t.append(token_ids, log_probs, budget)
+            t.turns += 1
+            t.messages.append(
+                {"role": "assistant", "content": engine.tokenizer.decode(token_ids, skip_special_tokens=True)}
+            )
+            t.stopped = bool(token_ids) and token_ids[-1] in engine.stop_token_ids
+            if len(t.response_ids) >= budget and not t.stopped:
+                t.truncated, t.done = True, True  # cut mid-answer at the response budget
+
+    def _append_tool_results(self, t: Trajectory, calls: list, results: list[ToolResult], budget: int) -> None:
+        t.tool_calls += len(calls)
+        t.tool_errors += sum(r.error for r in results)
+        t.tool_timeouts += sum(r.timed_out for r in results)
+        messages = self.renderer.messages(calls, results)
+        t.messages += messages
+        stop_text = self.engine.tokenizer.decode([t.response_ids[-1]]) if t.stopped else ""
+        if t.append(self.renderer.token_ids(messages, stop_text), None, budget) or len(t.response_ids) >= budget:
+            t.truncated, t.done = True, True  # no room left for another model turn
+
+
+def _object_array(rows: list) -> np.ndarray:
+    out = np.empty(len(rows), dtype=object)
+    for i, row in enumerate(rows):
+        out[i] = row
+    return out
+
+
+def wrap_multi_turn(engine: BaseRollout, config: MultiTurnConfig) -> BaseRollout:
+    """The engine itself, or wrapped for multi-turn rollouts when ``worker.rollout.multi_turn.tools`` is set."""
+    return MultiTurnRollout(engine, config) if config.enabled else engine
