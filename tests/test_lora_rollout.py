@@ -67,7 +67,11 @@ class LoraRolloutProbe(Worker):
         self.rollout = VLLMRollout(
             model_path, rollout_config, self.tokenizer, rank=self.rank, world_size=1, lora=actor_lora(self.actor)
         )
-        return {"route": self.rollout.lora_route}
+        unserved = []
+        if self.rollout.lora_route == "merged" and lora_sync == "auto":
+            names = list(actor_lora(self.actor).module_names)
+            (unserved,) = self.rollout.llm.collective_rpc("easyrl_unserved_lora_modules", args=(names,))
+        return {"route": self.rollout.lora_route, "unserved": unserved}
 
     def _adapter_params(self):
         for name, param in self.actor.named_parameters():
@@ -325,3 +329,84 @@ def test_hf_rollout_generates_with_the_peft_wrapped_actor(tiny_model_path, token
         base = torch.log_softmax(base_logits, -1).gather(-1, response[:, None])[:, 0]
         torch.testing.assert_close(out.batch["rollout_log_probs"][i][mask[i]], actor, atol=1e-4, rtol=0)
         assert (actor - base).abs().max() > 0.05
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a vision-language model: a picture in the prompt, adapters on the language model (the default)
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_vl_text_adapters_go_to_the_engine_and_its_log_probs_equal_the_actors(ray_cluster, tiny_vl_model_path):
+    pool, probe, info = _start(tiny_vl_model_path, "auto", vision=True)
+    try:
+        assert info["route"] == "adapter"
+        metrics = probe.sync()
+        assert metrics["rollout/weight_sync_buckets"] == 1
+        first = probe.sample_and_score()
+        assert _max_diff(first["engine"], first["actor"]) < TOLERANCE
+        assert _max_diff(first["actor"], first["actor_base"]) > 0.05
+        probe.perturb_adapter(seed=1)
+        probe.sync()
+        second = probe.sample_and_score()
+        assert _max_diff(second["engine"], second["actor"]) < TOLERANCE
+    finally:
+        probe.kill()
+        pool.release()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_vision_tower_adapters_fall_back_to_merged_weights_and_still_agree(ray_cluster, tiny_vl_model_path):
+    """vLLM's LoRA does not serve Qwen2.5-VL's vision blocks: `auto` detects it after the engine starts and streams
+    merged weights (vision blocks included) instead."""
+    pool, probe, info = _start(tiny_vl_model_path, "auto", vision=True, vision_tower=True)
+    try:
+        assert info["route"] == "merged"
+        assert any(name.startswith("model.visual.") for name in info["unserved"])
+        assert not any(name.startswith("model.language_model.") for name in info["unserved"])
+        probe.sync()
+        first = probe.sample_and_score()
+        assert _max_diff(first["engine"], first["actor"]) < TOLERANCE
+        assert _max_diff(first["actor"], first["actor_base"]) > 0.05
+    finally:
+        probe.kill()
+        pool.release()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the worker path: 2 FSDP2 ranks (the training side's LoRA wrapping), each with its own engine
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_fsdp_workers_sync_only_the_adapter_and_score_what_their_engines_sample(ray_cluster, tiny_model_path):
+    from easyrl.testing.tiny_models import tiny_tokenizer
+    from easyrl.workers.fsdp_worker import FSDPWorker
+    from easyrl.workers.rollout.base import rollout_logprob_mismatch
+    from tests.rollout_helpers import make_prompts, rollout_worker_config, update_actor_once
+
+    config = rollout_worker_config(tiny_model_path, 2)
+    config.actor.model.lora.rank, config.actor.model.lora.alpha = RANK, ALPHA
+    pool = ResourcePool(process_on_nodes=[2])
+    group = RayWorkerGroup(
+        pool, FSDPWorker, config, "actor_rollout", name_prefix="lora_fsdp", process_group_timeout_s=240
+    )
+    try:
+        group.init_model()
+        prompts = make_prompts(tiny_tokenizer())
+
+        def mismatch(out) -> float:
+            actor = group.compute_log_probs(out).batch["old_log_probs"]
+            diff = rollout_logprob_mismatch(actor, out.batch["rollout_log_probs"], out.batch["response_mask"])
+            return diff["rollout/logprob_abs_diff/max"]
+
+        before = group.generate_sequences(prompts)
+        assert mismatch(before) < TOLERANCE  # B = 0 at the start: the engine's base weights are the actor
+        update_actor_once(group, seed=1)  # lr 1 SGD: B leaves zero, the adapter starts to matter
+        after = group.generate_sequences(prompts)
+        assert after.meta_info["metrics"]["rollout/weight_sync_bytes"] == TINY_ADAPTER_BYTES
+        assert mismatch(after) < TOLERANCE
+        # the update moved the log-probs of the samples drawn before it: a stale engine would have failed above
+        assert mismatch(before) > 0.05
+    finally:
+        group.kill()
+        pool.release()
