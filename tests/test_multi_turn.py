@@ -1,0 +1,365 @@
+"""Multi-turn rollouts with tools (worker.rollout.multi_turn): parsing, tool calls, chat-template tokens, the config
+check, and the real vLLM engine in the FSDP worker (fp32, tiny model), whose model tokens must carry the actor's
+log-probs and whose tool tokens must be in the sequence but out of response_mask."""
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import easyrl  # noqa: F401  (process environment before Ray starts)
+from easyrl.config import ConfigError, RolloutConfig, load_config
+from easyrl.config import validate as config_check
+from easyrl.config.schema import MultiTurnConfig
+from easyrl.workers.rollout import multi_turn
+from easyrl.workers.rollout.base import rollout_logprob_mismatch
+from easyrl.workers.rollout.multi_turn import (
+    MultiTurnRollout,
+    ToolCall,
+    ToolMessageRenderer,
+    ToolResult,
+    load_tools,
+    parse_hermes_tool_calls,
+    run_tool_calls,
+)
+from tests.rollout_helpers import PROMPT_LENGTH, make_prompts, rollout_worker_config
+
+
+CALCULATOR = str(Path(__file__).resolve().parent.parent / "tools" / "calculator.py")
+LOGPROB_TOLERANCE = 1e-3
+
+# A tools file for the engine tests: a random tiny model never writes a tool call, so the file registers a parser
+# that reads three calls from every turn (a working tool, one that raises, one that hangs); the engine, the template
+# and the tools are all real.
+SCRIPTED_TOOLS = '''
+import time
+from easyrl.workers.rollout.multi_turn import ToolCall, register_tool_call_parser
+
+
+def echo(text: str) -> str:
+    """Answer ok.
+
+    Args:
+        text: Anything.
+    """
+    return "ok"
+
+
+def boom() -> str:
+    """Raise."""
+    raise RuntimeError("boom")
+
+
+def hang() -> str:
+    """Never answer in time."""
+    time.sleep(30)
+    return "late"
+
+
+@register_tool_call_parser("every_turn")
+def every_turn(text):
+    return [ToolCall("echo", {"text": text[:5]}), ToolCall("boom", {}), ToolCall("hang", {})]
+
+
+TOOLS = [echo, boom, hang]
+'''
+TOOL_TIMEOUT = 0.5
+# what the SmolLM2 (ChatML) template renders for the three results, after a turn that ended without its stop token
+SCRIPTED_TOOL_TEXT = (
+    "<|im_end|>\n<|im_start|>tool\nok<|im_end|>\n"
+    "<|im_start|>tool\nError: boom raised RuntimeError: boom<|im_end|>\n"
+    "<|im_start|>tool\nError: hang took longer than 0.5 s and was abandoned.<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# parsing and calling
+# ----------------------------------------------------------------------------------------------------------------------
+def test_hermes_parser_reads_every_call_and_names_malformed_ones():
+    text = (
+        'I will add. <tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>\n'
+        '<tool_call>\n{"name": "calculator", "arguments": "{\\"expression\\": \\"4*5\\"}"}\n</tool_call>'
+        "<tool_call>{not json}</tool_call><tool_call>[1, 2]</tool_call>"
+    )
+    calls = parse_hermes_tool_calls(text)
+    assert calls[0] == ToolCall("calculator", {"expression": "2+3"})
+    assert calls[1] == ToolCall("calculator", {"expression": "4*5"})  # arguments sent as a JSON string
+    assert calls[2].startswith("Error: the tool call is not valid JSON")
+    assert calls[3] == 'Error: a tool call must be {"name": "<tool>", "arguments": {...}}.'
+    assert parse_hermes_tool_calls("The answer is \\boxed{5}.") == []
+
+
+def test_tools_run_concurrently_and_a_raising_or_hanging_tool_becomes_a_counted_error():
+    def slow(seconds: float) -> str:
+        time.sleep(seconds)
+        return f"slept {seconds}"
+
+    def boom() -> str:
+        raise ZeroDivisionError("division by zero")
+
+    tools = {"slow": slow, "boom": boom}
+    calls = [ToolCall("slow", {"seconds": 0.4}), ToolCall("slow", {"seconds": 0.4}), ToolCall("boom", {})]
+    calls += [ToolCall("slow", {"seconds": 30}), ToolCall("nope", {}), ToolCall("slow", {"bad": 1}), "Error: parse"]
+    start = time.perf_counter()
+    results, seconds = run_tool_calls(calls, tools, timeout=1.0)
+    elapsed = time.perf_counter() - start
+    assert [r.content for r in results[:3]] == [
+        "slept 0.4",
+        "slept 0.4",
+        "Error: boom raised ZeroDivisionError: division by zero",
+    ]
+    assert results[3] == ToolResult("Error: slow took longer than 1 s and was abandoned.", error=True, timed_out=True)
+    assert results[4].content == "Error: unknown tool 'nope'; the tools are: boom, slow."
+    assert results[5].error and "unexpected keyword argument 'bad'" in results[5].content
+    assert results[6] == ToolResult("Error: parse", error=True)
+    assert [r.error for r in results] == [False, False, True, True, True, True, True]
+    assert 1.0 <= elapsed < 2.0 and seconds == pytest.approx(elapsed, abs=0.05)  # the hung call did not hold the step
+
+
+def test_calculator_tool_evaluates_arithmetic_and_refuses_anything_else():
+    tools = load_tools(CALCULATOR)
+    calculator = tools["calculator"]
+    assert list(tools) == ["calculator"]
+    assert calculator("12 * (3 + 4)") == "84"
+    assert calculator("7 / 2") == "3.5"
+    assert calculator("-3 + 10 / 2") == "2"
+    for bad in ["__import__('os').system('true')", "2 ** 1000", "x + 1", "open('f')"]:
+        with pytest.raises(ValueError):
+            calculator(bad)
+
+
+def test_tool_results_become_tool_messages_of_the_chat_template(tokenizer):
+    renderer = ToolMessageRenderer(tokenizer)
+    assert renderer.role == "tool"  # SmolLM2's ChatML template renders any role
+    messages = renderer.messages([ToolCall("calculator", {}), "Error: bad"], [ToolResult("5"), ToolResult("x", True)])
+    assert messages == [
+        {"role": "tool", "name": "calculator", "content": "5"},
+        {"role": "tool", "name": "error", "content": "x"},
+    ]
+    expected = "\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>tool\nx<|im_end|>\n<|im_start|>assistant\n"
+    # after a turn that ended with <|im_end|> (the model's stop token) the template's own <|im_end|> is not repeated
+    assert tokenizer.decode(renderer.token_ids(messages, "<|im_end|>")) == expected
+    assert renderer.token_ids(messages, "<|im_end|>") == tokenizer.encode(expected, add_special_tokens=False)
+    assert tokenizer.decode(renderer.token_ids(messages, "")) == "<|im_end|>" + expected
+
+
+def test_parser_names_of_the_check_are_the_registered_ones():
+    assert config_check.TOOL_CALL_PARSERS == tuple(sorted(multi_turn.TOOL_CALL_PARSERS))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the config check, before Ray
+# ----------------------------------------------------------------------------------------------------------------------
+def test_check_accepts_the_calculator_tools_file(valid_args):
+    config = load_config([*valid_args, f"worker.rollout.multi_turn.tools={CALCULATOR}"])
+    assert config.worker.rollout.multi_turn.enabled and config.worker.rollout.multi_turn.max_turns == 4
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        (None, "`worker.rollout.multi_turn.tools`: file `{path}` does not exist."),
+        ("def f():\n    pass\n", "`worker.rollout.multi_turn.tools`: `{path}` defines no module-level `TOOLS`"),
+        ("def f():\n    pass\n\nTOOLS = [f, g]\n", "`TOOLS` in `{path}` names g, which the file does not define."),
+        ("def f(:\n", "`worker.rollout.multi_turn.tools`: `{path}` line 1"),
+    ],
+)
+def test_check_refuses_a_bad_tools_file_naming_the_key(valid_args, tmp_path, source, message):
+    path = tmp_path / "my_tools.py"
+    if source is not None:
+        path.write_text(source)
+    with pytest.raises(ConfigError) as error:
+        load_config([*valid_args, f"worker.rollout.multi_turn.tools={path}"])
+    assert message.format(path=path) in str(error.value)
+
+
+def test_check_refuses_tools_with_the_hf_rollout_and_an_unknown_parser(valid_args):
+    with pytest.raises(ConfigError, match="multi-turn rollouts run on the vllm engine only"):
+        load_config([*valid_args, f"worker.rollout.multi_turn.tools={CALCULATOR}", "worker.rollout.name=hf"])
+    with pytest.raises(ConfigError, match="worker.rollout.multi_turn.parser"):
+        load_config(
+            [*valid_args, f"worker.rollout.multi_turn.tools={CALCULATOR}", "worker.rollout.multi_turn.parser=x"]
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# turn bookkeeping with a scripted turn source (the engine path is tested below with the real engine)
+# ----------------------------------------------------------------------------------------------------------------------
+class ScriptedTurns:
+    """Stands in for the engine's generate call only: returns the scripted token ids of each trajectory's next turn
+    (trajectories numbered among those still running), with log-prob -(turn + 1) / 10 on every token, and records
+    the prompts it was given."""
+
+    def __init__(self, turns: dict[int, list[list[int]]]):
+        self.turns, self.seen = turns, []
+
+    def generate(self, inputs, params, use_tqdm, lora_request):
+        self.seen.append([item["prompt_token_ids"] for item in inputs])
+        outputs = []
+        for param in params:
+            trajectory, turn = param.trajectory, param.turn
+            ids = self.turns[trajectory][turn][: param.max_tokens]
+            logprobs = [{token: SimpleNamespace(logprob=-(turn + 1) / 10)} for token in ids]
+            outputs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, logprobs=logprobs)]))
+        return outputs
+
+
+def _scripted_rollout(tokenizer, turns, response_length, max_turns):
+    config = RolloutConfig(n=1, temperature=1.0, response_length=response_length, prompt_length=PROMPT_LENGTH)
+    llm = ScriptedTurns(turns)
+    calls = {"turn": -1}
+
+    def sampling_params(settings, count, seed):
+        calls["turn"] += 1
+        return [SimpleNamespace(trajectory=i, turn=calls["turn"], max_tokens=None) for i in range(count)]
+
+    engine = SimpleNamespace(
+        config=config,
+        tokenizer=tokenizer,
+        pad_token_id=tokenizer.pad_token_id,
+        stop_token_ids=[tokenizer.eos_token_id],
+        llm=llm,
+        _lora_request=None,
+        _last_sync_metrics={},
+        _wake=lambda tags: None,
+        _sampling_params=sampling_params,
+    )
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(tools=CALCULATOR, max_turns=max_turns, tool_timeout=5.0))
+    return rollout, llm
+
+
+def test_turns_are_assembled_with_tool_tokens_masked_out(tokenizer):
+    eos = tokenizer.eos_token_id
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    call = encode('<tool_call>{"name": "calculator", "arguments": {"expression": "3+4"}}</tool_call>') + [eos]
+    answer = encode("It is \\boxed{7}.") + [eos]
+    # one prompt calls the tool then answers; the other answers at once
+    rollout, llm = _scripted_rollout(tokenizer, {0: [call, answer], 1: [answer]}, response_length=128, max_turns=3)
+    prompts = make_prompts(tokenizer, ["What is 3 + 4?", "Say 7."])
+    out = rollout.generate_sequences(prompts)
+    tool = encode("\n<|im_start|>tool\n7<|im_end|>\n<|im_start|>assistant\n")
+    first = call + tool + answer
+    responses, mask = out.batch["responses"], out.batch["response_mask"]
+    assert responses[0, : len(first)].tolist() == first
+    assert mask[0, : len(first)].tolist() == [1] * len(call) + [0] * len(tool) + [1] * len(answer)
+    assert mask[0, len(first) :].sum() == 0 and mask[1].tolist()[: len(answer) + 1] == [1] * len(answer) + [0]
+    assert out.batch["attention_mask"][0, PROMPT_LENGTH:].sum() == len(first)  # tool tokens are attended to
+    log_probs = out.batch["rollout_log_probs"][0, : len(first)]
+    expected = [-0.1] * len(call) + [0.0] * len(tool) + [-0.2] * len(answer)
+    torch.testing.assert_close(log_probs, torch.tensor(expected))
+    # the second turn was generated from the prompt, the first turn and the tool tokens: exactly the actor's input
+    raw = prompts.non_tensor_batch["raw_prompt_ids"]
+    assert llm.seen == [[raw[0], raw[1]], [list(raw[0]) + call + tool]]
+    assert out.non_tensor_batch["messages"][0] == [
+        {"role": "assistant", "content": tokenizer.decode(call, skip_special_tokens=True)},
+        {"role": "tool", "name": "calculator", "content": "7"},
+        {"role": "assistant", "content": "It is \\boxed{7}."},
+    ]
+    metrics = out.meta_info["metrics"]
+    assert metrics["rollout/multi_turn/turns/mean"] == 1.5 and metrics["rollout/multi_turn/turns/max"] == 2
+    assert metrics["rollout/multi_turn/tool_calls"] == 1 and metrics["rollout/multi_turn/tool_errors"] == 0
+    assert metrics["rollout/multi_turn/truncated"] == 0
+    assert metrics["rollout/response_length/mean"] == (len(call) + 2 * len(answer)) / 2  # model tokens only
+
+
+def test_max_turns_and_the_token_budget_end_trajectories_and_are_counted(tokenizer):
+    eos = tokenizer.eos_token_id
+    text = '<tool_call>{"name": "calculator", "arguments": {"expression": "1/0"}}</tool_call>'
+    call = tokenizer.encode(text, add_special_tokens=False) + [eos]
+    # trajectory 0 keeps calling (max_turns=2 ends it), trajectory 1 runs out of budget inside its tool result
+    rollout, _ = _scripted_rollout(tokenizer, {0: [call, call], 1: [call, call]}, response_length=128, max_turns=2)
+    out = rollout.generate_sequences(make_prompts(tokenizer, ["a", "b"]))
+    metrics = out.meta_info["metrics"]
+    assert metrics["rollout/multi_turn/max_turns_reached"] == 2  # both called a tool in their last turn
+    assert metrics["rollout/multi_turn/tool_errors"] == 2  # 1/0 raised once per trajectory, in turn 1
+    assert metrics["rollout/multi_turn/tool_calls"] == 2  # the calls of the last turn are not run
+    messages = out.non_tensor_batch["messages"][0]
+    assert messages[1]["content"] == "Error: calculator raised ZeroDivisionError: division by zero"
+
+    budget = len(call) + 5  # the tool result does not fit: cut, and no further turn
+    rollout, llm = _scripted_rollout(tokenizer, {0: [call, call]}, response_length=budget, max_turns=4)
+    out = rollout.generate_sequences(make_prompts(tokenizer, ["a"]))
+    assert out.meta_info["metrics"]["rollout/multi_turn/truncated"] == 1 and len(llm.seen) == 1
+    assert out.batch["response_mask"][0].tolist() == [1] * len(call) + [0] * 5
+    assert out.batch["attention_mask"][0, PROMPT_LENGTH:].tolist() == [1] * budget
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the real engine in the FSDP worker
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def multi_turn_worker(ray_cluster, tiny_model_path, tmp_path_factory):
+    from easyrl.controller import RayWorkerGroup, ResourcePool
+    from easyrl.workers.fsdp_worker import FSDPWorker
+
+    tools_file = tmp_path_factory.mktemp("tools") / "scripted_tools.py"
+    tools_file.write_text(SCRIPTED_TOOLS)
+    config = rollout_worker_config(tiny_model_path, 1)
+    rollout = config.rollout
+    rollout.response_length = 160
+    rollout.max_model_len = PROMPT_LENGTH + rollout.response_length
+    rollout.multi_turn = MultiTurnConfig(
+        tools=str(tools_file), max_turns=3, turn_max_tokens=6, tool_timeout=TOOL_TIMEOUT, parser="every_turn"
+    )
+    pool = ResourcePool(process_on_nodes=[1])
+    group = RayWorkerGroup(
+        pool, FSDPWorker, config, "actor_rollout", name_prefix="multiturn", process_group_timeout_s=240
+    )
+    try:
+        group.init_model()
+        yield group
+    finally:
+        group.kill()
+        pool.release()
+
+
+def _runs(mask: list[int]) -> list[tuple[int, int, int]]:
+    """(value, start, end) of each run of equal values."""
+    runs, start = [], 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            runs.append((mask[start], start, i))
+            start = i
+    return runs
+
+
+@pytest.mark.timeout(400)
+def test_engine_trajectories_mask_exactly_the_model_tokens_and_match_the_actor(multi_turn_worker, tokenizer):
+    from easyrl.workers.rollout.base import GenerationRequest
+
+    prompts = make_prompts(tokenizer)
+    out = multi_turn_worker.generate_sequences(prompts, GenerationRequest(sampling_override={"n": 2}, seed=3))
+    batch = out.batch
+    tool_ids = tokenizer.encode(SCRIPTED_TOOL_TEXT, add_special_tokens=False)
+    stopped_tool_ids = tokenizer.encode(SCRIPTED_TOOL_TEXT[len("<|im_end|>") :], add_special_tokens=False)
+    attended = batch["attention_mask"][:, PROMPT_LENGTH:]
+    for row in range(len(out)):
+        length = int(attended[row].sum())
+        mask = batch["response_mask"][row, :length].tolist()
+        tokens = batch["responses"][row, :length].tolist()
+        messages = out.non_tensor_batch["messages"][row]
+        model_runs = [(s, e) for v, s, e in _runs(mask) if v == 1]
+        tool_runs = [(s, e) for v, s, e in _runs(mask) if v == 0]
+        # 3 turns of at most 6 tokens, the tool results after the first two (max_turns=3: the last calls are not run)
+        assert len(model_runs) == 3 and all(e - s <= 6 for s, e in model_runs)
+        assert len(tool_runs) == 2
+        for (s, e), (ms, _) in zip(tool_runs, model_runs):
+            stopped = tokens[ms:s][-1] == tokenizer.eos_token_id
+            assert tokens[s:e] == (stopped_tool_ids if stopped else tool_ids)
+        assert [m["role"] for m in messages] == ["assistant", "tool", "tool", "tool"] * 2 + ["assistant"]
+        log_probs = batch["rollout_log_probs"][row, :length]
+        assert (log_probs[torch.tensor(mask) == 0] == 0).all() and (log_probs[torch.tensor(mask) == 1] < 0).all()
+        assert np.isclose(float(batch["response_mask"][row, length:].sum()), 0.0)
+    metrics = out.meta_info["metrics"]
+    assert metrics["rollout/multi_turn/turns/mean"] == 3 and metrics["rollout/multi_turn/max_turns_reached"] == 8
+    assert metrics["rollout/multi_turn/tool_calls"] == 8 * 2 * 3
+    assert metrics["rollout/multi_turn/tool_errors"] == 8 * 2 * 2 and metrics["rollout/multi_turn/tool_timeouts"] == 16
+    assert metrics["rollout/multi_turn/tool_seconds"] >= 2 * TOOL_TIMEOUT
+    # the actor scores the whole sequence (tool tokens as context): equal to vLLM's on the model's tokens
+    actor = multi_turn_worker.compute_log_probs(out).batch["old_log_probs"]
+    mismatch = rollout_logprob_mismatch(actor, batch["rollout_log_probs"], batch["response_mask"])
+    print(f"multi-turn rollout vs actor log-prob |diff|: {mismatch}")
+    assert mismatch["rollout/logprob_abs_diff/max"] < LOGPROB_TOLERANCE
