@@ -63,6 +63,21 @@ def test_heads_not_divisible_by_ulysses_size_name_the_key_and_the_counts():
         ulysses.check_heads(config, 4, "worker.actor.ulysses_size")
 
 
+def test_an_actor_on_a_model_with_one_key_value_head_refuses_ulysses_2_at_start(tiny_model_path):
+    # the head counts live in the model's config: the worker finds them when it builds the actor
+    from transformers import AutoModelForCausalLM
+
+    from easyrl.config import ActorConfig
+    from easyrl.workers.actor import Actor
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32, attn_implementation="sdpa")
+    with pytest.raises(
+        ValueError, match=r"`worker\.actor\.ulysses_size` is 2.*2 attention heads and 1 key/value heads"
+    ):
+        Actor(ActorConfig(use_torch_compile=False), model, sp=_sp(0))
+    assert model.config._attn_implementation == "sdpa"  # left as it was
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # check (before Ray)
 # ----------------------------------------------------------------------------------------------------------------------

@@ -45,9 +45,8 @@ class Actor:
         self.dp_size = dp_size
         self.processor = processor
         self.sp = sp
-        if sp is not None:
-            role = "ref" if isinstance(config, RefConfig) else "actor"
-            ulysses.enable(module, sp.size, f"worker.{role}.ulysses_size")
+        if sp is not None:  # the reference's size is the actor's (derived): the key to change is the actor's
+            ulysses.enable(module, sp.size, "worker.actor.ulysses_size")
         # worker.actor.use_torch_compile (copied to the reference): compiled or eager log-prob / entropy kernels
         self.log_probs_from_logits, self.entropy_from_logits = select_logprob_kernels(config.use_torch_compile)
         # worker.actor.model.use_fused_kernels (the reference, built from the actor's model config, has a copy):
