@@ -157,7 +157,7 @@ def _entry(rank: int, port: int, fn, args) -> None:
         dist.destroy_process_group()
 
 
-def _fsdp_model(path, kind: str, gradient_checkpointing: bool):
+def _fsdp_model(path, kind: str, gradient_checkpointing: bool, lora_rank: int = 0):
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -170,7 +170,17 @@ def _fsdp_model(path, kind: str, gradient_checkpointing: bool):
     model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa", **extra)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    apply_fsdp2(model, init_device_mesh("cpu", (2,), mesh_dim_names=("fsdp",)), FSDPConfig(mp_param_dtype="fp32"))
+    if lora_rank:
+        from easyrl.config import LoraConfig
+        from easyrl.models.lora import apply_lora
+
+        model = apply_lora(model, LoraConfig(rank=lora_rank, alpha=2 * lora_rank), is_vision_language=False)
+        with torch.no_grad():  # B starts at 0; a nonzero B makes the adapters change the outputs and A's gradients
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0.0, 0.05)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("fsdp",))
+    apply_fsdp2(model.get_base_model() if lora_rank else model, mesh, FSDPConfig(mp_param_dtype="fp32"))
     return model
 
 
@@ -184,7 +194,7 @@ def _assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> No
     assert error <= 1e-5, f"{what}: relative error {error:.2e}"
 
 
-def _actor_equality(rank: int, path: str, gradient_checkpointing: bool) -> None:
+def _actor_equality(rank: int, path: str, gradient_checkpointing: bool, lora_rank: int = 0) -> None:
     import torch.distributed as dist
 
     from easyrl.config import ActorConfig
@@ -208,7 +218,7 @@ def _actor_equality(rank: int, path: str, gradient_checkpointing: bool) -> None:
         return log_probs.detach(), entropy.detach()
 
     # reference: ulysses 1, rank r scores half r of the batch
-    reference = _fsdp_model(path, "causal_lm", gradient_checkpointing)
+    reference = _fsdp_model(path, "causal_lm", gradient_checkpointing, lora_rank)
     half = data.chunk(2)[rank]
     ref_log_probs, ref_entropy = scored(Actor(config, reference), half)
     gathered = [torch.empty_like(ref_log_probs) for _ in range(2)]
@@ -218,7 +228,7 @@ def _actor_equality(rank: int, path: str, gradient_checkpointing: bool) -> None:
     ref_entropy = torch.cat(gathered)
 
     # ulysses 2: both ranks score the whole batch, each a half of every packed row
-    model = _fsdp_model(path, "causal_lm", gradient_checkpointing)
+    model = _fsdp_model(path, "causal_lm", gradient_checkpointing, lora_rank)
     log_probs, entropy = scored(Actor(config, model, sp=sp), data)
 
     mask = data.batch["response_mask"].bool()
@@ -278,6 +288,11 @@ def test_ulysses_2_log_probs_entropy_and_gradients_equal_ulysses_1(gqa_model_pat
 @pytest.mark.slow
 def test_ulysses_2_equals_ulysses_1_with_gradient_checkpointing(gqa_model_path):
     _run_two_ranks(_actor_equality, gqa_model_path, True)
+
+
+@pytest.mark.slow
+def test_ulysses_2_equals_ulysses_1_with_lora_adapters(gqa_model_path):
+    _run_two_ranks(_actor_equality, gqa_model_path, False, 4)
 
 
 @pytest.mark.slow
