@@ -19,13 +19,22 @@ Attention is hooked the way ``attention.py`` hooks it: a transformers attention 
 wraps the real one. It takes the sequence-parallel path only for calls that carry a ``ulysses`` keyword argument
 (the packed forward of ``forward.py`` passes it down through the model); every other call (a padded batch, decoding
 with a cache in the HF rollout, a vision tower) goes straight to the wrapped function.
+
+Vision-language models (Qwen2.5-VL, Qwen3-VL): every rank of the group runs the vision tower on all of the
+micro-batch's pictures and videos (the tower's FSDP units gather their weights on every rank anyway, and the features
+of one rank's slice may come from any picture), the model inserts the features into the embeddings of the WHOLE row,
+and a pre-hook on the language model then keeps this rank's slice of the embeddings, of the 3-D rope positions and of
+Qwen3-VL's deepstack features. So the vision tower's activations are not split: a long video's encoder pass costs the
+same on each rank (splitting it by frames is not done).
 """
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from ..utils import device
 from . import attention
@@ -68,8 +77,6 @@ def build_sequence_parallel(ulysses_size: int) -> SequenceParallel | None:
             f"`ulysses_size` ({ulysses_size}) must divide the number of workers ({world}): set "
             f"worker.actor.ulysses_size / worker.critic.ulysses_size to a divisor of it."
         )
-    from torch.distributed.device_mesh import init_device_mesh
-
     mesh = init_device_mesh(
         device.get_device_name(), (world // ulysses_size, ulysses_size), mesh_dim_names=("dp", "sp")
     )
@@ -101,14 +108,8 @@ def check_heads(hf_config, ulysses_size: int, key: str) -> None:
         raise ValueError(
             f"`{key}` is {ulysses_size}, but Ulysses splits the attention heads over the sequence-parallel ranks and "
             f"this model has {heads} attention heads and {kv_heads} key/value heads: both must be divisible by "
-            f"{key}. Choose a divisor of {_gcd(heads, kv_heads)} (or 1)."
+            f"{key}. Choose a divisor of {math.gcd(heads, kv_heads)} (or 1)."
         )
-
-
-def _gcd(a: int, b: int) -> int:
-    import math
-
-    return math.gcd(a, b)
 
 
 def enable(model: torch.nn.Module, ulysses_size: int, key: str) -> None:
