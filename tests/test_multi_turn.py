@@ -287,6 +287,37 @@ def test_max_turns_and_the_token_budget_end_trajectories_and_are_counted(tokeniz
     assert out.batch["attention_mask"][0, PROMPT_LENGTH:].tolist() == [1] * budget
 
 
+def test_the_reward_reads_the_whole_trajectory_and_sits_on_the_models_last_token(tokenizer):
+    from easyrl.config import RewardConfig
+    from easyrl.protocol import DataProto
+    from easyrl.workers.reward.scorer import RewardScorer
+
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    call = encode('<tool_call>{"name": "calculator", "arguments": {"expression": "3+4"}}</tool_call><|im_end|>')
+    tool = encode("\n<|im_start|>tool\n7<|im_end|>\n<|im_start|>assistant\n")
+    answer = encode("\\boxed{7}<|im_end|>")
+    tokens, width = call + tool + answer, len(call + tool + answer) + 3
+    responses = torch.full((1, width), tokenizer.pad_token_id)
+    responses[0, : len(tokens)] = torch.tensor(tokens)
+    model = torch.tensor([[1] * len(call) + [0] * len(tool) + [1] * len(answer) + [0] * 3])
+    attended = torch.tensor([[1] * len(tokens) + [0] * 3])
+    messages = np.empty(1, dtype=object)
+    messages[0] = [{"role": "assistant", "content": "call"}, {"role": "tool", "content": "7"}]
+    data = DataProto.from_dict(
+        tensors={"responses": responses, "response_mask": model, "attention_mask": torch.cat([attended] * 2, -1)},
+        non_tensors={"ground_truth": np.array(["7"], dtype=object), "messages": messages},
+    )
+    root = Path(__file__).resolve().parent.parent
+    scorer = RewardScorer(
+        RewardConfig(reward_function=str(root / "reward_function" / "arithmetic.py")), tokenizer, True
+    )
+    (item,) = scorer.build_inputs(data)
+    assert item["response_length"] == len(tokens) and item["response"].endswith("7\nassistant\n\\boxed{7}")
+    assert item["messages"] == messages[0]
+    scores, _ = scorer.score(data)
+    assert scores[0, len(tokens) - 1] == 1.0 and scores.sum() == 1.0  # the answer's <|im_end|>, a model token
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # the real engine in the FSDP worker
 # ----------------------------------------------------------------------------------------------------------------------
@@ -363,3 +394,43 @@ def test_engine_trajectories_mask_exactly_the_model_tokens_and_match_the_actor(m
     mismatch = rollout_logprob_mismatch(actor, batch["rollout_log_probs"], batch["response_mask"])
     print(f"multi-turn rollout vs actor log-prob |diff|: {mismatch}")
     assert mismatch["rollout/logprob_abs_diff/max"] < LOGPROB_TOLERANCE
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a run: GRPO with the calculator tool through `easyrl train`
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_three_grpo_steps_with_the_calculator_tool(tmp_path):
+    """The shipped recipe (SmolLM2-135M-Instruct, the calculator), shrunk to 4 prompts x 4 samples, 3 steps."""
+    from tests.fixtures.trainer_runs import REPO_ROOT, metrics_by_step, run_training
+
+    save_dir = tmp_path / "checkpoints"
+    args = [
+        f"config={REPO_ROOT / 'examples' / 'smollm2_arithmetic_grpo_tools.yaml'}",
+        "data.rollout_batch_size=4",
+        "worker.actor.global_batch_size=4",
+        "worker.rollout.n=4",
+        "worker.actor.micro_batch_size_per_device_for_update=4",
+        "worker.actor.micro_batch_size_per_device_for_experience=4",
+        "worker.rollout.kv_cache_memory_bytes=67108864",
+        "worker.actor.use_torch_compile=false",
+        "worker.reward.num_cpus=0",
+        "trainer.max_steps=3",
+        "data.val_files=",
+        "trainer.val_before_train=false",
+        "trainer.val_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.find_last_checkpoint=false",
+        "trainer.save_model_only=true",
+        f"trainer.save_checkpoint_path={save_dir}",
+    ]
+    run_training(args, tmp_path / "train.log", timeout=1400)
+    metrics = metrics_by_step(save_dir)
+    assert {1, 2, 3} <= set(metrics), sorted(metrics)
+    for step in (1, 2, 3):
+        row = metrics[step]
+        print(step, {key: value for key, value in row.items() if "multi_turn" in key or key == "reward/overall"})
+        assert np.isfinite(row["actor/pg_loss"]) and np.isfinite(row["reward/overall"])
+        assert 1 <= row["rollout/multi_turn/turns/mean"] <= 3
+        assert row["rollout/multi_turn/tool_errors"] <= row["rollout/multi_turn/tool_calls"]
