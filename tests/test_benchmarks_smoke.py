@@ -46,3 +46,16 @@ def test_actor_update_gpu_parses_its_arguments_and_stops_without_a_gpu():
     assert actor_update_gpu.parse_args(["--batch", "8"]).batch == 8
     with pytest.raises(SystemExit, match="needs an NVIDIA GPU"):
         actor_update_gpu.main(["--batch", "8"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_lora_sync_benchmark_moves_the_adapter_not_the_model(ray_cluster, tiny_model_path):
+    from benchmarks.lora_sync import measure, summarise
+
+    full = summarise("full", measure(str(tiny_model_path), "full", steps=1, rank=8))
+    lora = summarise("lora", measure(str(tiny_model_path), "lora", steps=1, rank=8))
+    # rank-8 adapters of the tiny model, fp32 (hand count in tests/test_lora_rollout.py); the full model is 12.9 MB
+    assert (lora["route"], lora["sync_bytes"]) == ("adapter", 2 * 8192 * 4)
+    assert full["sync_bytes"] > 100 * lora["sync_bytes"]
+    assert lora["peak_rss_GiB"] > 0 and lora["update_s"] > 0
