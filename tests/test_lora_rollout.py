@@ -378,13 +378,17 @@ def test_vision_tower_adapters_fall_back_to_merged_weights_and_still_agree(ray_c
 # ----------------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_two_fsdp_workers_sync_only_the_adapter_and_score_what_their_engines_sample(ray_cluster, tiny_model_path):
+@pytest.mark.parametrize("tensor_parallel_size", [1, 2], ids=["two_engines", "one_tp2_engine"])
+def test_two_fsdp_workers_sync_only_the_adapter_and_score_what_their_engines_sample(
+    ray_cluster, tiny_model_path, tensor_parallel_size
+):
+    """Two data-parallel engines, or one engine split over both ranks (vLLM slices the adapter for each rank)."""
     from easyrl.testing.tiny_models import tiny_tokenizer
     from easyrl.workers.fsdp_worker import FSDPWorker
     from easyrl.workers.rollout.base import rollout_logprob_mismatch
     from tests.rollout_helpers import make_prompts, rollout_worker_config, update_actor_once
 
-    config = rollout_worker_config(tiny_model_path, 2)
+    config = rollout_worker_config(tiny_model_path, 2, tensor_parallel_size=tensor_parallel_size)
     config.actor.model.lora.rank, config.actor.model.lora.alpha = RANK, ALPHA
     pool = ResourcePool(process_on_nodes=[2])
     group = RayWorkerGroup(
