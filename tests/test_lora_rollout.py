@@ -414,3 +414,37 @@ def test_two_fsdp_workers_sync_only_the_adapter_and_score_what_their_engines_sam
     finally:
         group.kill()
         pool.release()
+
+
+def _refusals_before_start(model_path: str) -> dict[str, str | None]:
+    """The detection rule's first half on the tiny qwen2's config, for a few adapters (runs in a Ray task: it
+    imports vLLM's model registry)."""
+    from transformers import AutoConfig
+
+    from easyrl.workers.rollout.lora_sync import ActorLora, adapter_refusal_before_start
+
+    hf_config = AutoConfig.from_pretrained(model_path)
+    plain = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}
+    adapters = {
+        "plain": plain,
+        "dora": {**plain, "use_dora": True},
+        "rank_600": {**plain, "r": 600},
+    }
+    refusals = {
+        name: adapter_refusal_before_start(
+            ActorLora(config["r"], config, ("model.layers.0.self_attn.q_proj",)), hf_config
+        )
+        for name, config in adapters.items()
+    }
+    hf_config.architectures = ["NoSuchForCausalLM"]
+    refusals["unknown_class"] = adapter_refusal_before_start(ActorLora(8, plain, ()), hf_config)
+    return refusals
+
+
+@pytest.mark.timeout(300)
+def test_auto_refuses_before_start_what_vllms_lora_cannot_serve(ray_cluster, tiny_model_path):
+    refusals = ray_cluster.get(ray_cluster.remote(_refusals_before_start).remote(str(tiny_model_path)))
+    assert refusals["plain"] is None  # Qwen2ForCausalLM implements LoRA in vLLM
+    assert "DoRA" in refusals["dora"]
+    assert "above the largest vLLM serves (512)" in refusals["rank_600"]
+    assert "no class of its own" in refusals["unknown_class"]
