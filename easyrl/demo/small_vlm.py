@@ -12,8 +12,6 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
-
 from .smollm2 import DEFAULT_CACHE
 
 
@@ -22,6 +20,8 @@ SMALL_VLM_DIR = "small-qwen2_5_vl"
 
 def build_small_qwen2_5_vl(path: str | Path, *, seed: int = 0) -> Path:
     """Save the untrained small Qwen2.5-VL and its processor to ``path``."""
+    # torch and transformers load here, not at import: `easyrl check` resolves builtin:// names without them
+    import torch
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     from ..models.checkpoint_layout import save_pretrained_in_released_layout
