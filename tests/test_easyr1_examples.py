@@ -364,14 +364,14 @@ EXAMPLES = [
             "trainer.n_gpus_per_node=8",
         ),
         # 512 prompts x 16 samples per step, generated 256 prompts at a time; 512 / 32 = 16 optimizer steps;
-        # 32 x 16 / 8 workers = 64 samples per device per optimizer step
+        # 32 x 16 / (8 workers / ulysses 8 = one data-parallel group) = 512 samples per device per optimizer step
         plan={
             **NO_KL,
             "generation_batch_size": 256,
             "generation_rounds_per_step": 2,
             "actor_optimizer_steps_per_batch": 16,
             "config.worker.rollout.n": 16,
-            "config.worker.actor.global_batch_size_per_device": 64,
+            "config.worker.actor.global_batch_size_per_device": 512,
             # Ulysses: 8 workers split each sequence, so one Ulysses group (the whole node) shares a chunk
             "config.worker.actor.ulysses_size": 8,
             "config.worker.ref.ulysses_size": 8,

@@ -233,8 +233,12 @@ def derive(config: PPOConfig) -> None:
     ref.use_fused_kernels = actor.model.use_fused_kernels
 
     world_size = max(config.world_size, 1)
-    actor.global_batch_size_per_device = actor.global_batch_size * rollout.n // world_size
-    critic.global_batch_size_per_device = critic.global_batch_size * rollout.n // world_size
+    # the ranks of one Ulysses group share their samples (each holds a slice of every sequence), so a step's samples
+    # split over the data-parallel groups, as in EasyR1: global x n / (world / ulysses_size) per rank
+    actor.global_batch_size_per_device = actor.global_batch_size * rollout.n // data_parallel_size(actor, world_size)
+    critic.global_batch_size_per_device = (
+        critic.global_batch_size * rollout.n // data_parallel_size(critic, world_size)
+    )
 
     trainer = config.trainer
     if trainer.save_checkpoint_path is None:
@@ -260,3 +264,10 @@ def config_to_dict(config: PPOConfig) -> dict:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(OmegaConf.structured(config))
+
+
+def data_parallel_size(role_config, world_size: int) -> int:
+    """How many data-parallel groups a role's samples split over: the workers, over ``ulysses_size`` (a size that
+    does not divide the workers counts as 1 here; validation refuses it, naming the key)."""
+    size = max(role_config.ulysses_size, 1)
+    return world_size // size if world_size % size == 0 else world_size

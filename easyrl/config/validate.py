@@ -664,7 +664,8 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
     if actor.global_batch_size_per_device % actor.micro_batch_size_per_device_for_update != 0:
         raise ConfigError(
             f"Each worker gets {actor.global_batch_size_per_device} samples per optimizer step "
-            f"(`worker.actor.global_batch_size` x `worker.rollout.n` / {world} workers), which is not a multiple of "
+            f"(`worker.actor.global_batch_size` x `worker.rollout.n` / {world // max(actor.ulysses_size, 1)} "
+            f"data-parallel groups of `worker.actor.ulysses_size` workers), which is not a multiple of "
             f"`worker.actor.micro_batch_size_per_device_for_update` ({actor.micro_batch_size_per_device_for_update})."
         )
     if uses_critic(config):

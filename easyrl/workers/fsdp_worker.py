@@ -133,6 +133,7 @@ class FSDPWorker(Worker):
         self.device_mesh = fsdp_utils.build_device_mesh(self.world_size, main_config.fsdp.fsdp_size)
         # FSDP shards over all ranks; the Ulysses groups (ref: the actor's size) only split sequences, and the
         # dispatch sends each group one chunk of a batch, so a mini-batch on one rank is its group's share
+        # (global_batch_size_per_device already counts per data-parallel group: config/load.py)
         ulysses_size = main_config.ulysses_size
         self.sp = build_sequence_parallel(ulysses_size)
         self.register_dispatch_info(TRAIN_MESH, *dispatch_layout(self.rank, self.world_size, ulysses_size))
@@ -145,7 +146,7 @@ class FSDPWorker(Worker):
                 actor_config,
                 self.actor_module,
                 self.optimizers["actor"],
-                mini_batch_size=actor_config.global_batch_size_per_device * ulysses_size,
+                mini_batch_size=actor_config.global_batch_size_per_device,
                 dp_size=dp_size,
                 processor=self.processor,
                 sp=self.sp,
@@ -175,7 +176,7 @@ class FSDPWorker(Worker):
                 critic_config,
                 self.critic_module,
                 self.optimizers["critic"],
-                mini_batch_size=critic_config.global_batch_size_per_device * ulysses_size,
+                mini_batch_size=critic_config.global_batch_size_per_device,
                 dp_size=dp_size,
                 sp=self.sp,
             )
