@@ -83,4 +83,16 @@ EASYR1_DIFFERENCES: dict[str, str] = {
         "false on a machine without CUDA runs the engine eagerly all the same (CUDA graphs do not exist there; "
         "vLLM's CPU backend dies at start otherwise), announced once"
     ),
+    "worker.actor.model.lora.rank": (
+        "LoRA also covers vision-language models: the vision encoder gets no adapters unless "
+        "worker.actor.model.lora.vision_tower=true (EasyR1 relies on an exclude_modules regex for that, which easyrl "
+        "honours too); the LM head never gets one; target_modules may be a list; a checkpoint holds only the adapters "
+        "and their optimizer state, and its huggingface/ folder is a peft adapter folder (EasyR1 writes a separate "
+        "lora_adapter/); LoRA on the critic is refused"
+    ),
+    "worker.actor.ulysses_size": (
+        "also runs for vision-language models (EasyR1: text only); a model whose key/value heads are not divisible "
+        "by the size is refused at worker start, naming the key (verl repeats the heads); the driver sends each "
+        "sequence-parallel group one chunk of the batch instead of gathering inside the group"
+    ),
 }
