@@ -41,6 +41,14 @@ class DataConfig:
     """Folder that relative image/video paths are resolved against."""
     video_fps: float = 2.0
     """Frames per second sampled from each video."""
+    max_frames: Optional[int] = None
+    """Frame budget per video (an even number: Qwen-VL models pack frames in pairs). A video that has more frames after
+    the `video_fps` sampling keeps this many, spread evenly over the whole video with the first and last frame
+    included (frame i of the budget is sampled frame round(i x (sampled - 1) / (max_frames - 1))), so its frames lie
+    further apart than 1/video_fps and the rate handed to the model is lowered by the same ratio (timestamps still
+    cover the whole video). The cut is made once when the row is loaded: the actor and the rollout engine see the
+    same frames. null keeps every sampled frame (qwen-vl-utils' own readers still stop at 768). EasyR1 has no such
+    key."""
     max_prompt_length: int = 512
     """Longest prompt in tokens (vision tokens included); longer prompts are filtered or rejected."""
     max_response_length: int = 512

@@ -134,6 +134,7 @@ def _trainable_role_ranges(role: str) -> dict[str, Interval]:
 # shows each range next to its key.
 RANGES: dict[str, Interval] = {
     "data.video_fps": POSITIVE,
+    "data.max_frames": Interval(2),
     "data.max_prompt_length": AT_LEAST_ONE,
     "data.max_response_length": AT_LEAST_ONE,
     "data.rollout_batch_size": AT_LEAST_ONE,
@@ -672,6 +673,11 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
         if data.rollout_batch_size % critic.global_batch_size != 0:
             raise ConfigError(
                 f"`data.rollout_batch_size` ({data.rollout_batch_size}) must be a multiple of "
+    if data.max_frames is not None and data.max_frames % 2:
+        raise ConfigError(
+            f"`data.max_frames` ({data.max_frames}) must be even: Qwen-VL models pack video frames in pairs, so an odd "
+            f"budget would get its last frame repeated; use {data.max_frames - 1} or {data.max_frames + 1}."
+        )
                 f"`worker.critic.global_batch_size` ({critic.global_batch_size})."
             )
         if (critic.global_batch_size * rollout.n) % world != 0 or (

@@ -128,7 +128,8 @@ class RowEncoder:
             for image in images
         ]
         frames_and_fps = [
-            load_video(video, self.media_dirs, cfg.video_fps, cfg.min_pixels, cfg.max_pixels) for video in videos
+            load_video(video, self.media_dirs, cfg.video_fps, cfg.min_pixels, cfg.max_pixels, cfg.max_frames)
+            for video in videos
         ]
         return images, [frames for frames, _ in frames_and_fps], [fps for _, fps in frames_and_fps]
 

@@ -4,7 +4,8 @@ Images come as a path (absolute, or relative to ``data.image_dir``, else to the 
 working directory), raw bytes, a ``{"bytes": ..., "path": ...}`` dict (how ``datasets`` and parquet files store
 them) or a PIL image. Any PIL mode is converted to RGB once here (transparent pixels over white, 16-bit greyscale
 scaled to 8 bits, EXIF orientation applied). Videos come as a file path or a list of frames, and are sampled at
-``data.video_fps`` with qwen-vl-utils.
+``data.video_fps`` with qwen-vl-utils, then cut to at most ``data.max_frames`` evenly spread frames
+(``budget_frame_indices``).
 
 The one sizing rule (``PictureSizing``): the Qwen-VL processors resize every picture with ``smart_resize`` (both
 sides multiples of patch x merge, the area within the processor's [min_pixels, max_pixels]). The dataset resizes
@@ -298,6 +299,29 @@ def _subsample(frames: list, source_fps: float, target_fps: float) -> list:
     return [frames[min(int(i * step), len(frames) - 1)] for i in range(count)]
 
 
+def budget_frame_indices(count: int, max_frames: int | None) -> list[int]:
+    """Which of ``count`` frames a video keeps under a budget of ``max_frames``: all of them when they fit (or when
+    there is no budget), else ``max_frames`` indices spread evenly over the whole video, first and last frame
+    included: ``round(i * (count - 1) / (max_frames - 1))`` for ``i = 0 .. max_frames - 1`` (halves round up).
+    Integer arithmetic, so the same video gives the same frames on every machine and in every process."""
+    if max_frames is None or count <= max_frames:
+        return list(range(count))
+    if max_frames == 1:
+        return [0]
+    span, gaps = count - 1, max_frames - 1
+    return [(2 * i * span + gaps) // (2 * gaps) for i in range(max_frames)]
+
+
+def _apply_frame_budget(frames: Any, max_frames: int | None) -> Any:
+    """``frames`` (a list, or a tensor with frames first) cut down to ``budget_frame_indices``."""
+    keep = budget_frame_indices(len(frames), max_frames)
+    if len(keep) == len(frames):
+        return frames
+    if isinstance(frames, torch.Tensor):
+        return frames[torch.tensor(keep)]
+    return [frames[i] for i in keep]
+
+
 def _has_native_video_reader() -> bool:
     from qwen_vl_utils.vision_process import is_decord_available, is_torchcodec_available
 
@@ -315,24 +339,42 @@ def load_video(
     fps: float = 2.0,
     min_pixels: int | None = None,
     max_pixels: int | None = None,
+    max_frames: int | None = None,
 ) -> tuple[torch.Tensor, float]:
-    """Frames ``(num_frames, 3, height, width)`` uint8 sampled at ``fps``, and the sampling rate actually used."""
+    """Frames ``(num_frames, 3, height, width)`` uint8 sampled at ``fps``, and the sampling rate actually used.
+
+    ``max_frames`` (``data.max_frames``) caps the frame count AFTER the fps sampling: a longer video keeps
+    ``budget_frame_indices`` of its sampled frames (evenly spread over the whole video), so its frames are further
+    apart in time than ``1 / fps``; the returned rate is lowered by the same ratio, which keeps the timestamps Qwen
+    models derive from it covering the real duration. The dataset stores these frames once and both the actor's
+    processor inputs and the rollout engine's ``multi_modal_data`` read them, so both sides see the same frames."""
     from qwen_vl_utils import fetch_video
 
     info: dict[str, Any] = {"min_pixels": min_pixels, "max_pixels": max_pixels}
     info = {k: v for k, v in info.items() if v is not None}
     try:
         if isinstance(video, str) and _has_native_video_reader():
+            # the native readers sample at fps with their own cap (768 frames unless told); they get the budget too,
+            # then the same rule as below makes the count exact whatever they rounded to
+            budget = {} if max_frames is None else {"max_frames": max_frames}
             frames, sample_fps = fetch_video(
-                {"video": resolve_path(video, media_dir), "fps": fps, **info}, return_video_sample_fps=True
+                {"video": resolve_path(video, media_dir), "fps": fps, **budget, **info}, return_video_sample_fps=True
             )
-            return _to_uint8(frames), float(sample_fps)
+            sampled = len(frames)
+            frames = _apply_frame_budget(frames, max_frames)
+            return _to_uint8(frames), float(sample_fps) * len(frames) / sampled
         if isinstance(video, str):
             frames, source_fps = _decode_video_frames(resolve_path(video, media_dir))
             frames = _subsample(frames, source_fps, fps)
         else:  # a list of frames (paths, bytes dicts or PIL images), already at the wanted rate
-            frames = [to_rgb(_open_image(frame, media_dir)) for frame in video]
-        frames, sample_fps = fetch_video({"video": frames, "sample_fps": fps, **info}, return_video_sample_fps=True)
+            frames = list(video)
+        sampled = len(frames)
+        # cut before opening/resizing: a 1000-frame list only decodes the frames it keeps
+        frames = _apply_frame_budget(frames, max_frames)
+        if not isinstance(video, str):
+            frames = [to_rgb(_open_image(frame, media_dir)) for frame in frames]
+        rate = fps * len(frames) / sampled
+        frames, sample_fps = fetch_video({"video": frames, "sample_fps": rate, **info}, return_video_sample_fps=True)
         return _to_uint8(frames), float(sample_fps)
     except UnreadableMediaError:
         raise
