@@ -647,6 +647,11 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
             f"`data.min_pixels` ({data.min_pixels}) is above `data.max_pixels` ({data.max_pixels}): no picture size "
             "satisfies both; lower min_pixels or raise max_pixels."
         )
+    if data.max_frames is not None and data.max_frames % 2:
+        raise ConfigError(
+            f"`data.max_frames` ({data.max_frames}) must be even: Qwen-VL models pack video frames in pairs, so an odd "
+            f"budget would get its last frame repeated; use {data.max_frames - 1} or {data.max_frames + 1}."
+        )
 
     world = config.world_size
     if data.rollout_batch_size % actor.global_batch_size != 0:
@@ -673,11 +678,6 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
         if data.rollout_batch_size % critic.global_batch_size != 0:
             raise ConfigError(
                 f"`data.rollout_batch_size` ({data.rollout_batch_size}) must be a multiple of "
-    if data.max_frames is not None and data.max_frames % 2:
-        raise ConfigError(
-            f"`data.max_frames` ({data.max_frames}) must be even: Qwen-VL models pack video frames in pairs, so an odd "
-            f"budget would get its last frame repeated; use {data.max_frames - 1} or {data.max_frames + 1}."
-        )
                 f"`worker.critic.global_batch_size` ({critic.global_batch_size})."
             )
         if (critic.global_batch_size * rollout.n) % world != 0 or (
