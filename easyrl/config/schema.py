@@ -345,24 +345,36 @@ class RefConfig:
 
 @dataclass
 class MultiTurnConfig:
-    """`worker.rollout.multi_turn.*`: multi-turn rollouts with tools. On when `tools` is set: each trajectory then
-    alternates model turns and tool results until the model answers without a tool call, `max_turns` model turns, or
-    data.max_response_length tokens over the whole trajectory. Tool results are in the sequence but trained on
-    nowhere (response_mask is 1 only on the model's tokens). vllm rollout only."""
+    """`worker.rollout.multi_turn.*`: multi-turn rollouts with tools or an environment. On when `tools` or `env` is
+    set: each trajectory then alternates model turns and tool results (or environment observations) until the model
+    answers without a tool call (or the environment says done), `max_turns` model turns, or data.max_response_length
+    tokens over the whole trajectory. Tool results and observations are in the sequence but trained on nowhere
+    (response_mask is 1 only on the model's tokens). vllm rollout only."""
 
     tools: Optional[str] = None
     """A `.py` file whose module-level `TOOLS = [fn, ...]` lists the tool functions (plain or async); each is called
     with the JSON arguments of a call as keyword arguments and returns what the model sees (turned into text with
     str()). A function's JSON schema is its `schema` attribute (an OpenAI-style dict) when set, else it is read from
     its type hints and Google-style docstring (transformers' get_json_schema). See `tools/calculator.py`."""
+    env: Optional[str] = None
+    """An environment instead of tools, as `path/to/file.py:ClassName`. One instance per trajectory, built with no
+    arguments; `reset(row)` is called before the first turn with the prompt's dataset row (a dict: ground_truth and
+    the other non-tensor fields) and sets up its state (the dataset prompt is the first observation: what reset
+    returns is not shown to the model); `step(action_text)` gets each model turn's text and returns
+    `(observation, reward, done)`: the observation (text) is given to the model as a `user` message unless done, the
+    rewards are summed per trajectory and handed to the reward function as `env_reward` (reward_function/env_reward.py
+    scores with it alone). A reset or step that raises or takes longer than `tool_timeout` ends its trajectory and is
+    counted in rollout/multi_turn/env_errors; the step goes on. Not together with `tools` (an environment reads tool
+    calls in its step if it wants them)."""
     max_turns: int = 4
-    """Most model turns per trajectory; a trajectory still calling tools after its last turn ends there."""
+    """Most model turns per trajectory; a trajectory still calling tools (or not done) after its last turn ends
+    there."""
     turn_max_tokens: Optional[int] = None
     """Most tokens of one model turn (a turn cut there is closed by the chat template and the tools still run); null:
     the rest of the data.max_response_length budget."""
     tool_timeout: float = 10.0
-    """Seconds one tool call may take; a call that takes longer (or raises) answers the model with an error message
-    and counts in rollout/multi_turn/tool_errors, and the step goes on."""
+    """Seconds one tool call (or environment reset/step) may take; a call that takes longer (or raises) answers the
+    model with an error message and counts in rollout/multi_turn/tool_errors, and the step goes on."""
     parser: str = "hermes"
     """How tool calls are read from the model's text: `hermes` (`<tool_call>{"name": ..., "arguments": {...}}
     </tool_call>`, the format of Qwen2.5/Qwen3 and Hermes); more parsers register in
@@ -370,7 +382,7 @@ class MultiTurnConfig:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.tools)
+        return bool(self.tools or self.env)
 
 
 @dataclass
@@ -421,7 +433,7 @@ class RolloutConfig:
     a full-model sync) or `auto` (adapter where vLLM's LoRA serves the model and every adapted module, else merged,
     with a warning naming why)."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
-    """Multi-turn rollouts with tools (off unless `multi_turn.tools` is set)."""
+    """Multi-turn rollouts with tools or an environment (off unless `multi_turn.tools` or `multi_turn.env` is set)."""
     trust_remote_code: bool = field(default=False, metadata=DERIVED)
     """Copied from the actor model (derived)."""
     prompt_length: int = field(default=-1, metadata=DERIVED)

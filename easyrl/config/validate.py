@@ -437,11 +437,16 @@ def _check_tools_file(config: PPOConfig) -> None:
     key, multi_turn = "worker.rollout.multi_turn.tools", config.worker.rollout.multi_turn
     if not multi_turn.enabled:
         return
+    if multi_turn.env:
+        key = "worker.rollout.multi_turn.env"
     if config.worker.rollout.name != "vllm":
         raise ConfigError(
             f"`{key}` is set but `worker.rollout.name` is {config.worker.rollout.name}: multi-turn rollouts run on the "
             "vllm engine only; set worker.rollout.name=vllm."
         )
+    if multi_turn.env:
+        _check_env_file(multi_turn.env, multi_turn.tools, key)
+        return
     try:
         path, names, _ = parse_user_file(multi_turn.tools, key)
     except RewardFunctionError as err:
@@ -467,6 +472,27 @@ def _check_tools_file(config: PPOConfig) -> None:
             )
         if not listed.elts:
             raise ConfigError(f"`{key}`: `TOOLS` in `{multi_turn.tools}` is empty; list at least one tool function.")
+
+
+def _check_env_file(spec: str, tools: Any, key: str) -> None:
+    """`worker.rollout.multi_turn.env`: `path.py:ClassName`, the file exists and parses and defines (or imports) the
+    class; not together with tools."""
+    if tools:
+        raise ConfigError(
+            f"`{key}` and `worker.rollout.multi_turn.tools` are both set; give one of them (an environment reads tool "
+            "calls in its step if it wants them)."
+        )
+    path_text, sep, name = spec.rpartition(":")
+    if not sep or not name.isidentifier():
+        raise ConfigError(f"`{key}` is {spec!r}; give it as path/to/file.py:ClassName.")
+    try:
+        _, names, _ = parse_user_file(path_text, key)
+    except RewardFunctionError as err:
+        raise ConfigError(str(err)) from None
+    if name not in names:
+        raise ConfigError(
+            f"`{key}`: `{path_text}` defines no `{name}`; name the environment class as {path_text}:<ClassName>."
+        )
 
 
 def _check_loggers_can_start(names: Any) -> None:

@@ -196,6 +196,9 @@ class RewardScorer:
         if "messages" in data.non_tensor_batch:  # a multi-turn rollout's turns after the prompt
             for item, messages in zip(inputs, data.non_tensor_batch["messages"]):
                 item["messages"] = list(messages)
+        if "env_reward" in data.non_tensor_batch:  # the summed rewards of a multi-turn environment's steps
+            for item, reward in zip(inputs, data.non_tensor_batch["env_reward"]):
+                item["env_reward"] = float(reward)
         return inputs
 
     def score_inputs(

@@ -11,6 +11,13 @@ All trajectories of a batch advance together, turn by turn:
 A trajectory ends when the model answers without a tool call, after ``max_turns`` model turns, or when the whole
 response (model and tool tokens) reaches ``data.max_response_length`` tokens (cut there and counted).
 
+With an environment (``worker.rollout.multi_turn.env: file.py:Class``) instead of tools, step 2-4 become: every
+trajectory's environment ``step``s on its turn's text (all at once, each in a thread with the same deadline) and its
+observation is rendered as a ``user`` message; a trajectory ends when its environment says done. The dataset prompt
+is the first observation (it is already rendered and tokenized, ending with the assistant header, so ``reset(row)``
+only sets the environment up). The rewards of a trajectory's steps are summed into the non-tensor ``env_reward``,
+which the reward function receives.
+
 Output: BaseRollout's format (base.py). ``responses`` holds every turn's tokens back to back; ``response_mask`` is 1
 only on tokens the model generated (tool tokens are in the sequence, attended to, but out of the loss, the log-probs
 and the KL, which all aggregate over response_mask); ``rollout_log_probs`` is the engine's log-prob on model tokens
@@ -51,6 +58,7 @@ from .vllm_rollout import _vllm_multi_modal_data
 logger = logging.getLogger(__name__)
 
 TOOLS_KEY = "worker.rollout.multi_turn.tools"
+ENV_KEY = "worker.rollout.multi_turn.env"
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -144,6 +152,75 @@ def run_tool_calls(
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# environments: loading and stepping
+# ----------------------------------------------------------------------------------------------------------------------
+def load_env_class(spec: str) -> type:
+    """The environment class of ``path.py:ClassName`` (``worker.rollout.multi_turn.env``)."""
+    path, sep, name = spec.rpartition(":")
+    if not sep or not name.isidentifier():
+        raise ValueError(f"`{ENV_KEY}` is {spec!r}; give it as path/to/file.py:ClassName.")
+    module = import_user_file(path, ENV_KEY)
+    cls = getattr(module, name, None)
+    if not isinstance(cls, type) or not all(callable(getattr(cls, m, None)) for m in ("reset", "step")):
+        raise ValueError(
+            f"`{ENV_KEY}`: `{name}` in `{path}` must be a class with `reset(row)` and `step(action_text)`."
+        )
+    return cls
+
+
+@dataclass
+class EnvOutcome:
+    observation: Optional[str] = None
+    reward: float = 0.0
+    done: bool = False
+    error: Optional[str] = None  # what went wrong: the trajectory ends
+    timed_out: bool = False
+    env: Any = None  # the environment a reset built
+
+
+def run_with_deadline(jobs: list[Callable[[], Any]], timeout: float, what: str) -> tuple[list[EnvOutcome], float]:
+    """Run every job at once, each in a daemon thread (see run_tool_calls), waiting at most ``timeout`` seconds for
+    all; a job returns an EnvOutcome, one that raises or is late becomes an EnvOutcome with ``error`` set."""
+    start = time.perf_counter()
+    results: list[Optional[EnvOutcome]] = [None] * len(jobs)
+
+    def work(index: int, job: Callable[[], Any]) -> None:
+        try:
+            results[index] = job()
+        except Exception as err:
+            results[index] = EnvOutcome(error=f"{what} raised {type(err).__name__}: {err}")
+
+    threads = [threading.Thread(target=work, args=(i, job), daemon=True, name="env") for i, job in enumerate(jobs)]
+    for thread in threads:
+        thread.start()
+    deadline = start + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.perf_counter()))
+    for index in range(len(jobs)):
+        if results[index] is None:
+            results[index] = EnvOutcome(error=f"{what} took longer than {timeout:g} s", timed_out=True)
+    return results, time.perf_counter() - start
+
+
+def _env_step(env: Any, action_text: str) -> EnvOutcome:
+    output = env.step(action_text)
+    if inspect.isawaitable(output):
+        output = asyncio.run(output)
+    if not isinstance(output, (tuple, list)) or len(output) != 3:
+        raise TypeError(f"step must return (observation, reward, done), not {type(output).__name__}")
+    observation, reward, done = output
+    return EnvOutcome(None if observation is None else str(observation), float(reward), bool(done))
+
+
+def _env_reset(env_class: type, row: dict) -> EnvOutcome:
+    env = env_class()
+    output = env.reset(row)
+    if inspect.isawaitable(output):
+        asyncio.run(output)
+    return EnvOutcome(env=env)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # tool-call parsers: text of one model turn -> calls (a string for each malformed call: the error the model reads)
 # ----------------------------------------------------------------------------------------------------------------------
 ToolCallParser = Callable[[str], list]
@@ -200,9 +277,11 @@ class ToolMessageRenderer:
     conversation, so a trajectory reads as one chat. A template that renders no ``tool`` role (its text is missing)
     gets the results as ``user`` messages, said once in the log."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, tools: bool = True) -> None:
         self.tokenizer = tokenizer
         self.role = "tool"
+        if not tools:  # an environment's observations are user messages: no tool role to look for
+            return
         try:
             probe = self._render([{"role": "tool", "name": "probe", "content": _PROBE}])
         except Exception:
@@ -246,6 +325,10 @@ class Trajectory:
     tool_calls: int = 0
     tool_errors: int = 0
     tool_timeouts: int = 0
+    env: Any = None  # this trajectory's environment instance (worker.rollout.multi_turn.env)
+    env_reward: float = 0.0
+    env_errors: int = 0
+    env_timeouts: int = 0
     truncated: bool = False
     max_turns_reached: bool = False
     stopped: bool = False  # the last model turn ended with a stop token
@@ -262,8 +345,20 @@ class Trajectory:
         return len(kept) < len(token_ids)
 
 
-def multi_turn_metrics(trajectories: list[Trajectory], tool_seconds: float) -> dict[str, float]:
+def multi_turn_metrics(trajectories: list[Trajectory], tool_seconds: float, env: bool = False) -> dict[str, float]:
     turns = np.array([t.turns for t in trajectories], dtype=float)
+    if env:
+        rewards = np.array([t.env_reward for t in trajectories], dtype=float)
+        return {
+            "rollout/multi_turn/turns/mean": float(turns.mean()) if len(turns) else 0.0,
+            "rollout/multi_turn/turns/max": float(turns.max()) if len(turns) else 0.0,
+            "rollout/multi_turn/env_reward/mean": float(rewards.mean()) if len(rewards) else 0.0,
+            "rollout/multi_turn/env_errors": float(sum(t.env_errors for t in trajectories)),
+            "rollout/multi_turn/env_timeouts": float(sum(t.env_timeouts for t in trajectories)),
+            "rollout/multi_turn/env_seconds": tool_seconds,
+            "rollout/multi_turn/truncated": float(sum(t.truncated for t in trajectories)),
+            "rollout/multi_turn/max_turns_reached": float(sum(t.max_turns_reached for t in trajectories)),
+        }
     return {
         "rollout/multi_turn/turns/mean": float(turns.mean()) if len(turns) else 0.0,
         "rollout/multi_turn/turns/max": float(turns.max()) if len(turns) else 0.0,
@@ -283,13 +378,16 @@ class MultiTurnRollout(BaseRollout):
     def __init__(self, engine: Any, config: MultiTurnConfig) -> None:
         self.engine = engine
         self.multi_turn = config
-        self.tools = load_tools(config.tools)  # first: a tools file may register its own parser
+        if config.tools and config.env:
+            raise ValueError(f"`{TOOLS_KEY}` and `{ENV_KEY}` are both set; give one of them.")
+        self.env_class = load_env_class(config.env) if config.env else None
+        self.tools = load_tools(config.tools) if config.tools else {}  # first: it may register its own parser
         if config.parser not in TOOL_CALL_PARSERS:
             raise ValueError(
                 f"`worker.rollout.multi_turn.parser` is {config.parser!r}; registered: {', '.join(TOOL_CALL_PARSERS)}."
             )
         self.parse = TOOL_CALL_PARSERS[config.parser]
-        self.renderer = ToolMessageRenderer(engine.tokenizer)
+        self.renderer = ToolMessageRenderer(engine.tokenizer, tools=self.env_class is None)
 
     def __getattr__(self, name: str) -> Any:
         if name == "engine":  # not set yet: no recursion while unpickling / before __init__
@@ -320,11 +418,16 @@ class MultiTurnRollout(BaseRollout):
         one_sample = replace(settings, n=1)
         tool_seconds = 0.0
         with GenerationTimer() as timer:
+            if self.env_class is not None:
+                tool_seconds += self._reset_envs(trajectories, prompts, settings.engine_n)
             for turn in range(self.multi_turn.max_turns):
                 active = [t for t in trajectories if not t.done]
                 if not active:
                     break
                 self._generate_turn(active, one_sample, budget, request, turn)
+                if self.env_class is not None:
+                    tool_seconds += self._step_envs(active, budget, turn)
+                    continue
                 calling = [(t, self.parse(t.messages[-1]["content"])) for t in active if not t.done]
                 calling = [(t, calls) for t, calls in calling if calls]
                 for t in active:
@@ -361,8 +464,11 @@ class MultiTurnRollout(BaseRollout):
             response_mask[i, : len(mask)] = torch.tensor(mask, dtype=response_mask.dtype)
         data.batch["response_mask"] = response_mask
         data.non_tensor_batch["messages"] = _object_array(repeat_greedy([t.messages for t in trajectories], settings))
+        if self.env_class is not None:
+            rewards = repeat_greedy([t.env_reward for t in trajectories], settings)
+            data.non_tensor_batch["env_reward"] = np.array(rewards, dtype=np.float64)
         metrics = generation_metrics(response_mask, timer.seconds)
-        metrics.update(multi_turn_metrics(trajectories, tool_seconds))
+        metrics.update(multi_turn_metrics(trajectories, tool_seconds, env=self.env_class is not None))
         metrics.update(engine._last_sync_metrics)  # reported once, with the first generation after a sync
         engine._last_sync_metrics = {}
         data.meta_info["metrics"] = metrics
@@ -399,6 +505,55 @@ class MultiTurnRollout(BaseRollout):
             t.stopped = bool(token_ids) and token_ids[-1] in engine.stop_token_ids
             if len(t.response_ids) >= budget and not t.stopped:
                 t.truncated, t.done = True, True  # cut mid-answer at the response budget
+
+    def _reset_envs(self, trajectories: list[Trajectory], prompts: Any, engine_n: int) -> float:
+        """One new environment per trajectory, reset with its prompt's row (all at once, with the deadline). A failed
+        reset ends the trajectory after its first turn (a response is never empty), with no step taken."""
+        fields = prompts.non_tensor_batch
+        rows = [{key: values[i // engine_n] for key, values in fields.items()} for i in range(len(trajectories))]
+        jobs = [lambda row=row: _env_reset(self.env_class, row) for row in rows]
+        outcomes, seconds = run_with_deadline(jobs, self.multi_turn.tool_timeout, "reset")
+        for t, outcome in zip(trajectories, outcomes):
+            if not self._count_env_failure(t, outcome):
+                t.env = outcome.env
+        return seconds
+
+    def _count_env_failure(self, t: Trajectory, outcome: EnvOutcome) -> bool:
+        if outcome.error is None:
+            return False
+        t.env_errors += 1
+        t.env_timeouts += outcome.timed_out
+        t.env = None  # abandoned: a hung call may still hold it
+        t.messages.append({"role": "user", "content": f"Error: {self.multi_turn.env} {outcome.error}."})
+        logger.warning("Environment %s: %s; the trajectory ends.", self.multi_turn.env, outcome.error)
+        return True
+
+    def _step_envs(self, active: list[Trajectory], budget: int, turn: int) -> float:
+        """Step every active trajectory's environment on its turn's text; append the observations of those that go on."""
+        stepping = [t for t in active if t.env is not None]
+        for t in active:
+            if t.env is None:
+                t.done = True  # its reset failed: the first turn is all it gets
+        jobs = [lambda t=t: _env_step(t.env, t.messages[-1]["content"]) for t in stepping]
+        outcomes, seconds = run_with_deadline(jobs, self.multi_turn.tool_timeout, "step")
+        for t, outcome in zip(stepping, outcomes):
+            if self._count_env_failure(t, outcome):
+                t.done = True
+                continue
+            t.env_reward += outcome.reward
+            message = {"role": "user", "content": outcome.observation or ""}
+            if outcome.observation is not None:
+                t.messages.append(message)
+            if outcome.done or t.done:
+                t.done = True  # the environment is done, or the turn used up the response budget
+                continue
+            if turn == self.multi_turn.max_turns - 1:
+                t.done, t.max_turns_reached = True, True
+                continue
+            stop_text = self.engine.tokenizer.decode([t.response_ids[-1]]) if t.stopped else ""
+            if t.append(self.renderer.token_ids([message], stop_text), None, budget) or len(t.response_ids) >= budget:
+                t.truncated, t.done = True, True
+        return seconds
 
     def _append_tool_results(self, t: Trajectory, calls: list, results: list[ToolResult], budget: int) -> None:
         t.tool_calls += len(calls)

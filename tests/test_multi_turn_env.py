@@ -1,0 +1,161 @@
+"""Multi-turn rollouts with an environment (worker.rollout.multi_turn.env): reset with the prompt's row, a step per
+model turn, observations as user messages out of response_mask, summed rewards handed to the reward function, and a
+raising or hanging reset/step counted and ending its trajectory only. The turn bookkeeping runs with a scripted turn
+source; the real engine path (the tiny model in the FSDP worker, log-probs against the actor) is a slow test."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import easyrl  # noqa: F401  (process environment before Ray starts)
+from easyrl.config import ConfigError, RewardConfig, RolloutConfig, load_config
+from easyrl.config.schema import MultiTurnConfig
+from easyrl.workers.rollout.multi_turn import MultiTurnRollout, load_env_class
+from tests.rollout_helpers import PROMPT_LENGTH, make_prompts
+from tests.test_multi_turn import ScriptedTurns
+
+
+ROOT = Path(__file__).resolve().parent.parent
+STEP_TIMEOUT = 0.5
+
+# The environment reads its task from the row (ground_truth): "7" answers once then is done, "never" never is done,
+# "boom" raises in step, "hang" hangs in step, "bad_reset" raises in reset.
+SCRIPTED_ENV = """
+import time
+
+
+class ScriptedEnv:
+    def reset(self, row):
+        self.task, self.steps = row["ground_truth"], 0
+        if self.task == "bad_reset":
+            raise ValueError("no such task")
+
+    def step(self, action_text):
+        self.steps += 1
+        if self.task == "boom":
+            raise RuntimeError("boom")
+        if self.task == "hang":
+            time.sleep(30)
+        if self.task == "7" and self.steps == 2:
+            return "bye", 1.0, True
+        return f"obs {self.steps} {self.task}", 0.5, False
+"""
+
+
+@pytest.fixture
+def env_file(tmp_path):
+    path = tmp_path / "scripted_env.py"
+    path.write_text(SCRIPTED_ENV)
+    return f"{path}:ScriptedEnv"
+
+
+def _with_truths(prompts, truths):
+    prompts.non_tensor_batch["ground_truth"] = np.array(truths, dtype=object)
+    return prompts
+
+
+def _scripted_env_rollout(tokenizer, env, turns, max_turns, response_length=128):
+    config = RolloutConfig(n=1, temperature=1.0, response_length=response_length, prompt_length=PROMPT_LENGTH)
+    llm = ScriptedTurns(turns)
+    calls = {"turn": -1}
+
+    def sampling_params(settings, count, seed):
+        calls["turn"] += 1
+        return [SimpleNamespace(trajectory=i, turn=calls["turn"], max_tokens=None) for i in range(count)]
+
+    engine = SimpleNamespace(
+        config=config,
+        tokenizer=tokenizer,
+        pad_token_id=tokenizer.pad_token_id,
+        stop_token_ids=[tokenizer.eos_token_id],
+        llm=llm,
+        _lora_request=None,
+        _last_sync_metrics={},
+        _wake=lambda tags: None,
+        _sampling_params=sampling_params,
+    )
+    multi_turn = MultiTurnConfig(env=env, max_turns=max_turns, tool_timeout=STEP_TIMEOUT)
+    return MultiTurnRollout(engine, multi_turn), llm
+
+
+def test_env_observations_are_user_turns_out_of_the_mask_and_failures_end_only_their_trajectory(tokenizer, env_file):
+    from easyrl.workers.reward.scorer import RewardScorer
+
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    turn = encode("Fine.") + [tokenizer.eos_token_id]
+    truths = ["7", "boom", "hang", "never", "bad_reset"]
+    rollout, llm = _scripted_env_rollout(tokenizer, env_file, {i: [turn] * 3 for i in range(5)}, max_turns=3)
+    out = rollout.generate_sequences(_with_truths(make_prompts(tokenizer, ["a", "b", "c", "d", "e"]), truths))
+    observation = lambda text: encode(f"\n<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")  # noqa: E731
+    # (tokens, is the model's) segments of each trajectory
+    segments = {
+        0: [(turn, 1), (observation("obs 1 7"), 0), (turn, 1)],  # done at its second step: "bye" is not appended
+        1: [(turn, 1)],
+        2: [(turn, 1)],
+        3: [(turn, 1), (observation("obs 1 never"), 0), (turn, 1), (observation("obs 2 never"), 0), (turn, 1)],
+        4: [(turn, 1)],
+    }
+    for row, parts in segments.items():
+        tokens = [token for ids, _ in parts for token in ids]
+        length = int(out.batch["attention_mask"][row, PROMPT_LENGTH:].sum())
+        assert out.batch["responses"][row, :length].tolist() == tokens, row
+        assert out.batch["response_mask"][row].tolist() == [model for ids, model in parts for _ in ids] + [0] * (
+            128 - length
+        ), row
+    log_probs = out.batch["rollout_log_probs"][0, : 2 * len(turn) + len(observation("obs 1 7"))]
+    want = [-0.1] * len(turn) + [0.0] * len(observation("obs 1 7")) + [-0.2] * len(turn)
+    torch.testing.assert_close(log_probs, torch.tensor(want))
+    assert len(llm.seen) == 3 and [len(s) for s in llm.seen] == [5, 2, 1]  # failed and done trajectories stop
+    assert out.non_tensor_batch["env_reward"].tolist() == [1.5, 0.0, 0.0, 1.5, 0.0]
+    messages = out.non_tensor_batch["messages"]
+    assert [m["role"] for m in messages[0]] == ["assistant", "user", "assistant", "user"]
+    assert messages[0][3] == {"role": "user", "content": "bye"}  # recorded for the reward function, not tokenized
+    assert messages[1][-1]["content"] == f"Error: {env_file} step raised RuntimeError: boom."
+    assert messages[2][-1]["content"] == f"Error: {env_file} step took longer than 0.5 s."
+    assert messages[4][0]["content"] == f"Error: {env_file} reset raised ValueError: no such task."
+    metrics = out.meta_info["metrics"]
+    assert metrics["rollout/multi_turn/env_errors"] == 3 and metrics["rollout/multi_turn/env_timeouts"] == 1
+    assert metrics["rollout/multi_turn/max_turns_reached"] == 1 and metrics["rollout/multi_turn/turns/max"] == 3
+    assert metrics["rollout/multi_turn/env_reward/mean"] == pytest.approx(0.6)  # (1.5 + 1.5) / 5
+    assert metrics["rollout/multi_turn/turns/mean"] == pytest.approx((2 + 1 + 1 + 3 + 1) / 5)
+    # the reward function gets the summed rewards; reward_function/env_reward.py scores with them alone
+    scorer = RewardScorer(
+        RewardConfig(reward_function=str(ROOT / "reward_function" / "env_reward.py")), tokenizer, True
+    )
+    assert [item["env_reward"] for item in scorer.build_inputs(out)] == [1.5, 0.0, 0.0, 1.5, 0.0]
+    scores, _ = scorer.score(out)
+    assert scores.sum(-1).tolist() == [1.5, 0.0, 0.0, 1.5, 0.0]
+
+
+def test_env_class_is_loaded_from_path_and_name(env_file, tmp_path):
+    assert load_env_class(env_file).__name__ == "ScriptedEnv"
+    with pytest.raises(ValueError, match="give it as path/to/file.py:ClassName"):
+        load_env_class(env_file.rpartition(":")[0])
+    with pytest.raises(ValueError, match="must be a class with `reset\\(row\\)` and `step\\(action_text\\)`"):
+        load_env_class(env_file.replace(":ScriptedEnv", ":time"))
+
+
+def test_check_accepts_an_env_and_refuses_a_bad_one_naming_the_key(valid_args, env_file):
+    config = load_config([*valid_args, f"worker.rollout.multi_turn.env={env_file}"])
+    assert config.worker.rollout.multi_turn.enabled and config.worker.rollout.multi_turn.env == env_file
+    path = env_file.rpartition(":")[0]
+    cases = [
+        ([f"worker.rollout.multi_turn.env={path}:Nope"], f"`{path}` defines no `Nope`"),
+        ([f"worker.rollout.multi_turn.env={path}"], "give it as path/to/file.py:ClassName"),
+        ([f"worker.rollout.multi_turn.env={path}x:E"], f"`worker.rollout.multi_turn.env`: file `{path}x` does not"),
+        (
+            [
+                f"worker.rollout.multi_turn.env={env_file}",
+                f"worker.rollout.multi_turn.tools={ROOT / 'tools/calculator.py'}",
+            ],
+            "and `worker.rollout.multi_turn.tools` are both set",
+        ),
+        ([f"worker.rollout.multi_turn.env={env_file}", "worker.rollout.name=hf"], "vllm engine only"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ConfigError) as error:
+            load_config([*valid_args, *args])
+        assert message in str(error.value)
