@@ -13,9 +13,10 @@ import torch
 import easyrl  # noqa: F401  (process environment before Ray starts)
 from easyrl.config import ConfigError, RewardConfig, RolloutConfig, load_config
 from easyrl.config.schema import MultiTurnConfig
+from easyrl.workers.rollout.base import rollout_logprob_mismatch
 from easyrl.workers.rollout.multi_turn import MultiTurnRollout, load_env_class
-from tests.rollout_helpers import PROMPT_LENGTH, make_prompts
-from tests.test_multi_turn import ScriptedTurns
+from tests.rollout_helpers import PROMPT_LENGTH, make_prompts, rollout_worker_config
+from tests.test_multi_turn import LOGPROB_TOLERANCE, ScriptedTurns, _runs
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,3 +160,64 @@ def test_check_accepts_an_env_and_refuses_a_bad_one_naming_the_key(valid_args, e
         with pytest.raises(ConfigError) as error:
             load_config([*valid_args, *args])
         assert message in str(error.value)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the real engine in the FSDP worker
+# ----------------------------------------------------------------------------------------------------------------------
+ENGINE_ENV = """
+class CountingEnv:
+    def reset(self, row):
+        self.steps = 0
+
+    def step(self, action_text):
+        self.steps += 1
+        return f"step {self.steps}", 0.25, False
+"""
+
+
+@pytest.fixture(scope="module")
+def env_worker(ray_cluster, tiny_model_path, tmp_path_factory):
+    from easyrl.workers.fsdp_worker import FSDPWorker
+    from tests.fsdp_helpers import worker_group
+
+    env_path = tmp_path_factory.mktemp("env") / "counting_env.py"
+    env_path.write_text(ENGINE_ENV)
+    config = rollout_worker_config(tiny_model_path, 1)
+    rollout = config.rollout
+    rollout.response_length = 96
+    rollout.max_model_len = PROMPT_LENGTH + rollout.response_length
+    rollout.multi_turn = MultiTurnConfig(env=f"{env_path}:CountingEnv", max_turns=3, turn_max_tokens=6, tool_timeout=5)
+    with worker_group(
+        FSDPWorker, config, "actor_rollout", name_prefix="multiturnenv", process_group_timeout_s=240
+    ) as group:
+        group.init_model()
+        yield group
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_engine_env_trajectories_mask_the_observations_and_match_the_actor(env_worker, tokenizer):
+    from easyrl.workers.rollout.base import GenerationRequest
+
+    prompts = make_prompts(tokenizer)
+    prompts.non_tensor_batch["ground_truth"] = np.array(["x"] * len(prompts), dtype=object)
+    out = env_worker.generate_sequences(prompts, GenerationRequest(sampling_override={"n": 2}, seed=3))
+    batch = out.batch
+    for row in range(len(out)):
+        length = int(batch["attention_mask"][row, PROMPT_LENGTH:].sum())
+        mask = batch["response_mask"][row, :length].tolist()
+        tokens = batch["responses"][row, :length].tolist()
+        model_runs = [(s, e) for v, s, e in _runs(mask) if v == 1]
+        observation_runs = [(s, e) for v, s, e in _runs(mask) if v == 0]
+        assert len(model_runs) == 3 and all(e - s <= 6 for s, e in model_runs)  # max_turns=3, turn_max_tokens=6
+        for index, (s, e) in enumerate(observation_runs):
+            text = tokenizer.decode(tokens[s:e])
+            assert text.endswith(f"<|im_start|>user\nstep {index + 1}<|im_end|>\n<|im_start|>assistant\n"), text
+    assert out.non_tensor_batch["env_reward"].tolist() == [0.75] * len(out)  # 3 steps of 0.25
+    metrics = out.meta_info["metrics"]
+    assert metrics["rollout/multi_turn/turns/mean"] == 3 and metrics["rollout/multi_turn/env_errors"] == 0
+    actor = env_worker.compute_log_probs(out).batch["old_log_probs"]
+    mismatch = rollout_logprob_mismatch(actor, batch["rollout_log_probs"], batch["response_mask"])
+    print(f"environment rollout vs actor log-prob |diff|: {mismatch}")
+    assert mismatch["rollout/logprob_abs_diff/max"] < LOGPROB_TOLERANCE

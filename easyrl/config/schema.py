@@ -595,6 +595,13 @@ class TrainerConfig:
     """Generation rounds online filtering may use to fill one batch; -1 means no limit."""
     critic_warmup: int = 0
     """Steps that update only the critic before the actor starts learning."""
+    balance_batch: bool = True
+    """Reorder each training batch so that every data-parallel rank (world / worker.actor.ulysses_size of them) gets
+    the same number of rows and about the same number of real tokens (longest-first greedy), from the log-prob passes
+    on; logged as perf/dp_token_imbalance (most tokens on a rank / mean, 1.0 is perfect) next to
+    perf/dp_token_imbalance/before (the batch as generated). Advantages group rows by uid, so they do not depend on
+    the order; the order is a function of the token counts alone, so a resumed run repeats it. EasyR1 always
+    balances (Karmarkar-Karp partitions) and has no key; this is verl's key name."""
     val_freq: int = -1
     """Validate every this many steps; <= 0 validates only before training (val_before_train) and at the end."""
     val_before_train: bool = True

@@ -288,6 +288,7 @@ class RLHFDataset(Dataset):
         *,
         config_key: str = "data.train_files",
         model_config: Any = None,
+        tools: list[dict] | None = None,
     ):
         self.config = config
         self.config_key = config_key
@@ -303,7 +304,7 @@ class RLHFDataset(Dataset):
             processor=processor,
             config=config,
             formatter=PromptFormatter(config.format_prompt),
-            chat_template=ChatTemplate(tokenizer, processor, config.override_chat_template),
+            chat_template=ChatTemplate(tokenizer, processor, config.override_chat_template, tools),
             config_key=config_key,
             media_dirs=media_dirs,
             sizing=PictureSizing.from_processor(processor, config.min_pixels, config.max_pixels)

@@ -14,11 +14,18 @@ from .dataset import RLHFDataset
 
 
 def create_dataloaders(
-    config: DataConfig, tokenizer: Any, processor: Any = None, *, model_config: Any = None
+    config: DataConfig, tokenizer: Any, processor: Any = None, *, model_config: Any = None, tools: Any = None
 ) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
-    """(train_loader, val_loader); val_loader is None when ``data.val_files`` is empty. Batches are DataProtos."""
+    """(train_loader, val_loader); val_loader is None when ``data.val_files`` is empty. Batches are DataProtos.
+    ``tools``: JSON schemas the chat template advertises (multi-turn rollouts with tools)."""
     train = RLHFDataset(
-        config.train_files, tokenizer, processor, config, config_key="data.train_files", model_config=model_config
+        config.train_files,
+        tokenizer,
+        processor,
+        config,
+        config_key="data.train_files",
+        model_config=model_config,
+        tools=tools,
     )
     batch_size = config.mini_rollout_batch_size or config.rollout_batch_size
     if len(train) < batch_size:
@@ -44,15 +51,21 @@ def create_dataloaders(
     )
     if not config.val_files:
         return train_loader, None
-    return train_loader, create_val_loader(config, tokenizer, processor, model_config=model_config)
+    return train_loader, create_val_loader(config, tokenizer, processor, model_config=model_config, tools=tools)
 
 
 def create_val_loader(
-    config: DataConfig, tokenizer: Any, processor: Any = None, *, model_config: Any = None
+    config: DataConfig, tokenizer: Any, processor: Any = None, *, model_config: Any = None, tools: Any = None
 ) -> StatefulDataLoader:
     """The loader of ``data.val_files``: every prompt once, in file order (also what `easyrl generate` reads)."""
     val = RLHFDataset(
-        config.val_files, tokenizer, processor, config, config_key="data.val_files", model_config=model_config
+        config.val_files,
+        tokenizer,
+        processor,
+        config,
+        config_key="data.val_files",
+        model_config=model_config,
+        tools=tools,
     )
     return StatefulDataLoader(
         val,

@@ -115,10 +115,21 @@ def build_messages(text: str, num_images: int = 0, num_videos: int = 0) -> list[
 
 
 class ChatTemplate:
-    """Applies the chat template of the tokenizer / processor, or the ``data.override_chat_template`` file."""
+    """Applies the chat template of the tokenizer / processor, or the ``data.override_chat_template`` file.
 
-    def __init__(self, tokenizer: Any, processor: Any = None, override_chat_template: str | None = None):
+    ``tools`` (the JSON schemas of ``worker.rollout.multi_turn.tools``) are handed to the template as ``tools=``, the
+    way transformers advertises tools: a template that reads them (Qwen2.5/Qwen3: a system block listing them) shows
+    them to the model, one that does not renders as without them."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        processor: Any = None,
+        override_chat_template: str | None = None,
+        tools: list[dict] | None = None,
+    ):
         self.renderer = processor if processor is not None else tokenizer
+        self.tools = tools or None
         self.template = (
             read_template_file(override_chat_template, "data.override_chat_template")
             if override_chat_template
@@ -131,6 +142,7 @@ class ChatTemplate:
             )
 
     def __call__(self, messages: list[dict[str, Any]]) -> str:
+        extra = {"tools": self.tools} if self.tools else {}
         return self.renderer.apply_chat_template(
-            messages, chat_template=self.template, add_generation_prompt=True, tokenize=False
+            messages, chat_template=self.template, add_generation_prompt=True, tokenize=False, **extra
         )

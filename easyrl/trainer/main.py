@@ -95,7 +95,14 @@ def prepare_run_data(plan: RunPlan) -> RunData:
 
     config = plan.config
     tokenizer, processor, model_config = load_model_side(plan)
-    train_loader, val_loader = create_dataloaders(config.data, tokenizer, processor, model_config=model_config)
+    tools = None
+    if config.worker.rollout.multi_turn.tools:  # advertised by the chat template where it reads `tools`
+        from ..workers.rollout.multi_turn import tool_schemas
+
+        tools = tool_schemas(config.worker.rollout.multi_turn.tools)
+    train_loader, val_loader = create_dataloaders(
+        config.data, tokenizer, processor, model_config=model_config, tools=tools
+    )
     plan = plan.with_training_steps(len(train_loader))
     return RunData(plan, tokenizer, processor, train_loader, val_loader)
 

@@ -33,6 +33,7 @@ from ..protocol import DataProto
 from ..workers.fsdp_utils import to_dtype
 from ..workers.reward.scorer import PendingScores, reduce_reward_metrics, scores_to_non_tensor
 from ..workers.rollout.base import GenerationRequest
+from .balance import balance_permutation, inverse_permutation
 from .checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -222,6 +223,8 @@ class PPOTrainer:
                 batch, scoring, batch_metrics = self._make_batch(batches, timing)
             metrics.update(batch_metrics)
             metrics.update(self._reduce_rollout_metrics())
+            # every data-parallel rank gets about the same number of tokens from here on (trainer.balance_batch)
+            order = self._balance_batch(batch, metrics)
 
             # 2. log-probs of the sampled tokens under the current (old) policy, the reference, and the critic;
             #    on-policy the update's own detached log-probs are the old ones (the plan says when that holds)
@@ -242,7 +245,11 @@ class PPOTrainer:
             # 3. rewards (minus the KL penalty when KL lives in the reward) and advantages, on the driver
             with timer("adv", timing):
                 if scoring:  # the first use of the scores: wait for the scoring that ran during 2
+                    if order is not None:  # the scores come in generation order
+                        batch.reorder(inverse_permutation(order))
                     batch, reward_metrics = self._await_scores(batch, scoring, timing)
+                    if order is not None:
+                        batch.reorder(order)
                     metrics.update(reduce_reward_metrics(reward_metrics))
                 if self.plan.kl_in_reward:
                     batch, kl_metrics = apply_kl_penalty(batch, self.kl_controller, algo.kl_penalty)
@@ -277,6 +284,19 @@ class PPOTrainer:
         if "update_actor" in timing:
             metrics.update(self._actor_mfu(batch, timing["update_actor"]))
         return metrics
+
+    def _balance_batch(self, batch: DataProto, metrics: dict[str, Any]) -> torch.Tensor | None:
+        """Reorder ``batch`` in place for token-balanced data-parallel chunks; returns the order applied (None when
+        off or when the rows do not split evenly). The imbalance metrics are logged either way."""
+        dp_size = self.config.world_size // max(self.config.worker.actor.ulysses_size, 1)
+        order, balance_metrics = balance_permutation(batch.batch["attention_mask"], dp_size)
+        if not self.config.trainer.balance_batch:
+            balance_metrics["perf/dp_token_imbalance"] = balance_metrics["perf/dp_token_imbalance/before"]
+            order = None
+        metrics.update(balance_metrics)
+        if order is not None:
+            batch.reorder(order)
+        return order
 
     # ------------------------------------------------------------------------------------------------------------------
     # generation + reward, with DAPO online filtering
@@ -432,7 +452,9 @@ class PPOTrainer:
         out = []
         for i in range(len(batch)):
             prompt = batch.batch["prompts"][i]
-            response = batch.batch["responses"][i][batch.batch["response_mask"][i].bool()]
+            # the attended response: a multi-turn rollout's tool results are in it (response_mask has only the model's)
+            responses = batch.batch["responses"][i]
+            response = responses[batch.batch["attention_mask"][i, -responses.shape[-1] :].bool()]
             out.append(
                 {
                     "step": self.global_step,

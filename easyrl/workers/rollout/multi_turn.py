@@ -107,6 +107,11 @@ def load_tools(path: str) -> dict[str, Callable]:
     return tools
 
 
+def tool_schemas(path: str) -> list[dict]:
+    """The JSON schemas of the tools of ``path``, for the chat template's ``tools=`` (the prompts advertise them)."""
+    return [tool_schema(fn) for fn in load_tools(path).values()]
+
+
 def _call(fn: Callable, arguments: dict) -> Any:
     result = fn(**arguments)
     return asyncio.run(result) if inspect.isawaitable(result) else result

@@ -1,0 +1,67 @@
+"""Token-balanced assignment of a training batch to the data-parallel ranks (``trainer.balance_batch``).
+
+The driver hands each data-parallel rank one contiguous, equal-sized chunk of the batch (DP_COMPUTE_PROTO), and
+every FSDP step waits for the slowest rank: a rank that drew the long responses sets the pace of all. Reordering the
+rows so that every chunk holds about the same number of real tokens (prompt + response) evens the work out. The
+partition is the longest-processing-time greedy rule (Graham 1969, as ``models.dynamic_batching.balanced_partitions``)
+with one constraint that function does not have: every rank gets exactly ``len(batch) / dp_size`` rows, because the
+dispatch cuts equal chunks and every rank must run the same number of micro-batches.
+
+The order only moves rows between ranks: GRPO/RLOO groups are found by their ``uid``, not by adjacency, so the
+advantages do not depend on it; it is a pure function of the token counts (ties broken by row index), so a resumed
+run reorders its batches exactly as the first run did.
+"""
+
+import heapq
+
+import torch
+
+
+def equal_size_balanced_partitions(lengths: list[int], num_parts: int) -> list[list[int]]:
+    """``num_parts`` groups of exactly ``len(lengths) / num_parts`` indices with near-equal length sums: rows are
+    taken longest first (ties: lower index first) and each goes to the least-loaded group that still has room
+    (ties: lower group). Each group lists its indices in ascending order; groups keep their rank order."""
+    if num_parts < 1 or len(lengths) % num_parts:
+        raise ValueError(f"cannot split {len(lengths)} rows into {num_parts} groups of equal size")
+    size = len(lengths) // num_parts
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    heap = [(0, part) for part in range(num_parts)]  # (load, part id); a full part leaves the heap
+    parts: list[list[int]] = [[] for _ in range(num_parts)]
+    for i in order:
+        load, part = heapq.heappop(heap)
+        parts[part].append(i)
+        if len(parts[part]) < size:
+            heapq.heappush(heap, (load + lengths[i], part))
+    return [sorted(p) for p in parts]
+
+
+def imbalance(lengths: list[int], parts: list[list[int]]) -> float:
+    """Most tokens on one rank over the mean per rank (1.0 is perfect balance)."""
+    loads = [sum(lengths[i] for i in part) for part in parts]
+    mean = sum(loads) / len(loads)
+    return max(loads) / mean if mean else 1.0
+
+
+def balance_permutation(attention_mask: torch.Tensor, dp_size: int) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The row order that gives each of ``dp_size`` contiguous equal chunks about the same number of real tokens,
+    and the metrics ``perf/dp_token_imbalance/before`` (the chunks of the batch as it came) and
+    ``perf/dp_token_imbalance`` (after). None (order kept, after = before) when the rows do not split into equal
+    chunks, where the dispatch pads and balancing would move padding between ranks."""
+    lengths = [int(n) for n in attention_mask.sum(-1).tolist()]
+    count = len(lengths)
+    if dp_size <= 1 or count % dp_size:
+        chunk = -(-count // max(dp_size, 1))
+        before = imbalance(lengths, [list(range(s, min(s + chunk, count))) for s in range(0, count, chunk)])
+        return None, {"perf/dp_token_imbalance/before": before, "perf/dp_token_imbalance": before}
+    chunk = count // dp_size
+    before = imbalance(lengths, [list(range(s, s + chunk)) for s in range(0, count, chunk)])
+    parts = equal_size_balanced_partitions(lengths, dp_size)
+    metrics = {"perf/dp_token_imbalance/before": before, "perf/dp_token_imbalance": imbalance(lengths, parts)}
+    return torch.tensor([i for part in parts for i in part], dtype=torch.long), metrics
+
+
+def inverse_permutation(permutation: torch.Tensor) -> torch.Tensor:
+    """The order that puts rows reordered by ``permutation`` back where they were."""
+    inverse = torch.empty_like(permutation)
+    inverse[permutation] = torch.arange(len(permutation), dtype=permutation.dtype)
+    return inverse

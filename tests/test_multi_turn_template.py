@@ -1,0 +1,60 @@
+"""Tools advertised through the chat template (`tools=`), and validation samples that show the whole multi-turn
+response (the tool results included)."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from easyrl.data.template import ChatTemplate
+from easyrl.workers.rollout.multi_turn import tool_schemas
+
+
+CALCULATOR = str(Path(__file__).resolve().parent.parent / "tools" / "calculator.py")
+# a template that lists the tools it is given, as Qwen2.5/Qwen3's do in their system block
+TOOL_TEMPLATE = (
+    "{% if tools %}TOOLS:{% for tool in tools %} {{ tool.function.name }}({{ tool.function.parameters.required "
+    "| join(',') }}){% endfor %}\n{% endif %}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def test_the_chat_template_advertises_the_tools_where_it_reads_them(tokenizer, tmp_path):
+    schemas = tool_schemas(CALCULATOR)
+    assert schemas[0]["function"]["name"] == "calculator"
+    assert schemas[0]["function"]["parameters"]["required"] == ["expression"]
+    template_file = tmp_path / "tools.jinja"
+    template_file.write_text(TOOL_TEMPLATE)
+    messages = [{"role": "user", "content": "2+3?"}]
+    # (transformers renders templates with trim_blocks: the newline after `{% endif %}` goes)
+    assert ChatTemplate(tokenizer, None, str(template_file), schemas)(messages) == (
+        "TOOLS: calculator(expression)<user>2+3?<assistant>"
+    )
+    assert ChatTemplate(tokenizer, None, str(template_file))(messages) == "<user>2+3?<assistant>"
+    # SmolLM2's own template reads no tools: the prompt is the same with or without them
+    assert ChatTemplate(tokenizer, None, None, schemas)(messages) == ChatTemplate(tokenizer)(messages)
+
+
+def test_validation_samples_decode_the_whole_attended_response(tokenizer):
+    from easyrl.protocol import DataProto
+    from easyrl.trainer.ray_trainer import PPOTrainer
+
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    prompt = encode("What is 3+4?")
+    call, tool, answer = encode("call"), encode("\n<|im_start|>tool\n7<|im_end|>\n"), encode("It is 7.")
+    response = call + tool + answer
+    width = len(response) + 2
+    pad = tokenizer.pad_token_id
+    responses = torch.tensor([response + [pad] * 2])
+    prompts = torch.tensor([prompt])
+    model = torch.tensor([[1] * len(call) + [0] * len(tool) + [1] * len(answer) + [0] * 2])
+    attention = torch.tensor([[1] * len(prompt) + [1] * len(response) + [0] * 2])
+    batch = DataProto.from_dict(
+        tensors={"prompts": prompts, "responses": responses, "response_mask": model, "attention_mask": attention},
+        non_tensors={"ground_truth": np.array(["7"], dtype=object)},
+    )
+    assert responses.shape[-1] == width
+    (sample,) = PPOTrainer._decode_samples(SimpleNamespace(global_step=2, tokenizer=tokenizer), batch, [1.0])
+    assert sample["response"] == "call\ntool\n7\nIt is 7."  # the tool's result too, special tokens dropped
+    assert sample["prompt"] == "What is 3+4?" and sample["score"] == 1.0 and sample["step"] == 2
