@@ -82,3 +82,20 @@ def test_an_odd_or_empty_budget_is_refused_naming_the_key(valid_args, budget, er
     with pytest.raises(ConfigError, match=error):
         load_run_plan([*valid_args, f"data.max_frames={budget}"])
     assert load_run_plan([*valid_args, "data.max_frames=32"]).config.data.max_frames == 32
+
+
+def test_a_video_file_is_sampled_at_video_fps_then_cut_to_the_budget(tmp_path):
+    import av
+
+    with av.open(str(tmp_path / "clip.mp4"), "w") as container:
+        stream = container.add_stream("mpeg4", rate=4)
+        stream.width, stream.height, stream.pix_fmt = 56, 56, "yuv420p"
+        for i in range(20):  # 5 seconds at 4 fps, frame i has grey level 10 * i
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(np.full((56, 56, 3), i * 10, np.uint8), "rgb24")))
+        container.mux(stream.encode())
+    frames, fps = load_video("clip.mp4", str(tmp_path), fps=2.0, min_pixels=784, max_pixels=3136, max_frames=4)
+    # 2 fps keeps every second frame (10 frames: 0, 2, ..., 18); the budget keeps 0, 3, 6, 9 of those = 0, 6, 12, 18
+    assert frames.shape == (4, 3, 56, 56)
+    grey = [int(f.float().mean().round()) for f in frames]
+    assert grey == pytest.approx([0, 60, 120, 180], abs=3)  # mpeg4 is lossy
+    assert fps == pytest.approx(2.0 * 4 / 10)
