@@ -221,3 +221,17 @@ def test_engine_env_trajectories_mask_the_observations_and_match_the_actor(env_w
     mismatch = rollout_logprob_mismatch(actor, batch["rollout_log_probs"], batch["response_mask"])
     print(f"environment rollout vs actor log-prob |diff|: {mismatch}")
     assert mismatch["rollout/logprob_abs_diff/max"] < LOGPROB_TOLERANCE
+
+
+def test_the_trainer_hands_the_whole_row_to_the_rollout_when_an_env_is_set(tokenizer):
+    from easyrl.config import PPOConfig
+    from easyrl.trainer.ray_trainer import PPOTrainer
+
+    prompts = _with_truths(make_prompts(tokenizer, ["a"]), ["7"])
+    prompts.non_tensor_batch["data_source"] = np.array(["arith"], dtype=object)
+    config = PPOConfig()
+    trainer = SimpleNamespace(config=config)
+    assert PPOTrainer._generation_non_tensor_keys(trainer, prompts) == ["raw_prompt_ids"]
+    config.worker.rollout.multi_turn.env = "env.py:Env"
+    keys = PPOTrainer._generation_non_tensor_keys(trainer, prompts)
+    assert keys == ["raw_prompt_ids", "ground_truth", "data_source"]

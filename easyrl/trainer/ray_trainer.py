@@ -379,7 +379,7 @@ class PPOTrainer:
         prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
         gen_input = prompts.select(
             batch_keys=list(GENERATION_KEYS),
-            non_tensor_batch_keys=[k for k in GENERATION_NON_TENSOR_KEYS if k in prompts.non_tensor_batch],
+            non_tensor_batch_keys=self._generation_non_tensor_keys(prompts),
         )
         seed = self._sampling_seed(0, round_index)
         with timer("gen", timing):
@@ -419,7 +419,7 @@ class PPOTrainer:
             prompts = prompts if isinstance(prompts, DataProto) else DataProto.from_single_dict(prompts)
             gen_input = prompts.select(
                 batch_keys=list(GENERATION_KEYS),
-                non_tensor_batch_keys=[k for k in GENERATION_NON_TENSOR_KEYS if k in prompts.non_tensor_batch],
+                non_tensor_batch_keys=self._generation_non_tensor_keys(prompts),
             )
             request = GenerationRequest(validate=True, seed=self._sampling_seed(1, batch_index))
             generated = rollout.generate_sequences(gen_input, request)
@@ -447,6 +447,13 @@ class PPOTrainer:
             metrics[f"val/{source}/reward"] = float(np.mean(values))
         metrics["val/response_length/mean"] = float(np.mean(lengths)) if lengths else 0.0
         return metrics
+
+    def _generation_non_tensor_keys(self, prompts: DataProto) -> list[str]:
+        """What the rollout gets of the prompts' non-tensor fields: a multi-turn environment's `reset(row)` reads the
+        whole row (ground_truth and the rest)."""
+        if self.config.worker.rollout.multi_turn.env:
+            return list(prompts.non_tensor_batch)
+        return [k for k in GENERATION_NON_TENSOR_KEYS if k in prompts.non_tensor_batch]
 
     def _decode_samples(self, batch: DataProto, scores: list[float]) -> list[dict[str, Any]]:
         out = []
