@@ -235,3 +235,61 @@ def test_the_trainer_hands_the_whole_row_to_the_rollout_when_an_env_is_set(token
     config.worker.rollout.multi_turn.env = "env.py:Env"
     keys = PPOTrainer._generation_non_tensor_keys(trainer, prompts)
     assert keys == ["raw_prompt_ids", "ground_truth", "data_source"]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a run: GRPO with an environment through `easyrl train`
+# ----------------------------------------------------------------------------------------------------------------------
+ARITHMETIC_ENV = """
+class ArithmeticEnv:
+    def reset(self, row):
+        self.answer = str(row["ground_truth"]).strip()
+
+    def step(self, action_text):
+        if self.answer in action_text:
+            return "Correct.", 1.0, True
+        return "Not yet: check your arithmetic and answer again.", 0.0, False
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_two_grpo_steps_with_an_environment(tmp_path):
+    """The calculator recipe with an environment instead of the tools (the answer in a turn earns 1, else the model
+    is told to try again) and env_reward.py as the reward, 4 prompts x 4 samples, 2 steps."""
+    from tests.fixtures.trainer_runs import REPO_ROOT, metrics_by_step, run_training
+
+    env_path = tmp_path / "arith_env.py"
+    env_path.write_text(ARITHMETIC_ENV)
+    save_dir = tmp_path / "checkpoints"
+    args = [
+        f"config={REPO_ROOT / 'examples' / 'smollm2_arithmetic_grpo_tools.yaml'}",
+        "worker.rollout.multi_turn.tools=",
+        f"worker.rollout.multi_turn.env={env_path}:ArithmeticEnv",
+        f"worker.reward.reward_function={REPO_ROOT / 'reward_function' / 'env_reward.py'}:compute_score",
+        "data.rollout_batch_size=4",
+        "worker.actor.global_batch_size=4",
+        "worker.rollout.n=4",
+        "worker.actor.micro_batch_size_per_device_for_update=4",
+        "worker.actor.micro_batch_size_per_device_for_experience=4",
+        "worker.rollout.kv_cache_memory_bytes=67108864",
+        "worker.actor.use_torch_compile=false",
+        "worker.reward.num_cpus=0",
+        "trainer.max_steps=2",
+        "data.val_files=",
+        "trainer.val_before_train=false",
+        "trainer.val_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.find_last_checkpoint=false",
+        "trainer.save_model_only=true",
+        f"trainer.save_checkpoint_path={save_dir}",
+    ]
+    run_training(args, tmp_path / "train.log", timeout=1400)
+    metrics = metrics_by_step(save_dir)
+    assert {1, 2} <= set(metrics), sorted(metrics)
+    for step in (1, 2):
+        row = metrics[step]
+        assert row["rollout/multi_turn/env_errors"] == 0  # reset got the row's ground_truth
+        assert 1 <= row["rollout/multi_turn/turns/mean"] <= 3
+        # the reward is the environment's, summed per trajectory
+        assert row["reward/overall"] == pytest.approx(row["rollout/multi_turn/env_reward/mean"])
