@@ -1,5 +1,7 @@
 """Shared builders for the FSDP worker and padding-free tests: rollout-shaped batches, configs, references."""
 
+from contextlib import contextmanager
+
 import torch
 
 
@@ -119,3 +121,20 @@ def load_hf_causal_lm(path):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+
+
+@contextmanager
+def worker_group(worker_cls, *args, processes: int = 1, **kwargs):
+    """A Ray worker group of ``processes`` workers on one node (``RayWorkerGroup``'s arguments after the pool), killed
+    and its resources released on exit, also when a step inside fails."""
+    from easyrl.controller import RayWorkerGroup, ResourcePool
+
+    pool = ResourcePool(process_on_nodes=[processes])
+    group = None
+    try:
+        group = RayWorkerGroup(pool, worker_cls, *args, **kwargs)
+        yield group
+    finally:
+        if group is not None:
+            group.kill()
+        pool.release()

@@ -7,12 +7,15 @@ samples (fp32 on both sides: measured differences ~1e-6; a missing scaling, a wr
 moves them by 0.05 or more). Both routes: the adapter handed over in memory, and merged weights as the fallback.
 """
 
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 import torch
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
-from easyrl.controller import Dispatch, RayWorkerGroup, ResourcePool, Worker, register
+from easyrl.controller import Dispatch, Worker, register
+from tests.fsdp_helpers import worker_group
 
 
 TOLERANCE = 1e-3
@@ -175,25 +178,18 @@ def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
     return max(abs(x - y) for row_a, row_b in zip(a, b, strict=True) for x, y in zip(row_a, row_b, strict=True))
 
 
-def _start(model_path, lora_sync: str, **kwargs):
-    pool = ResourcePool(process_on_nodes=[1])
-    group = RayWorkerGroup(pool, LoraRolloutProbe, name_prefix=f"lora_{lora_sync}")
-    try:
-        info = group.setup(str(model_path), lora_sync, **kwargs)
-    except BaseException:
-        group.kill()
-        pool.release()
-        raise
-    return pool, group, info
+@contextmanager
+def _probe(model_path, lora_sync: str, **kwargs):
+    """A one-worker probe set up for ``lora_sync``: (group, what setup reports)."""
+    with worker_group(LoraRolloutProbe, name_prefix=f"lora_{lora_sync}") as group:
+        yield group, group.setup(str(model_path), lora_sync, **kwargs)
 
 
 @pytest.fixture(scope="module")
 def adapter_probe(ray_cluster, tiny_model_path):
-    pool, group, info = _start(tiny_model_path, "auto")
-    assert info["route"] == "adapter"
-    yield group
-    group.kill()
-    pool.release()
+    with _probe(tiny_model_path, "auto") as (group, info):
+        assert info["route"] == "adapter"
+        yield group
 
 
 @pytest.mark.timeout(300)
@@ -236,11 +232,9 @@ def test_engine_max_lora_rank_is_the_smallest_vllm_serves():
 # ----------------------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def merged_probe(ray_cluster, tiny_model_path):
-    pool, group, info = _start(tiny_model_path, "merged")
-    assert info["route"] == "merged"
-    yield group
-    group.kill()
-    pool.release()
+    with _probe(tiny_model_path, "merged") as (group, info):
+        assert info["route"] == "merged"
+        yield group
 
 
 @pytest.mark.slow
@@ -337,8 +331,7 @@ def test_hf_rollout_generates_with_the_peft_wrapped_actor(tiny_model_path, token
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_vl_text_adapters_go_to_the_engine_and_its_log_probs_equal_the_actors(ray_cluster, tiny_vl_model_path):
-    pool, probe, info = _start(tiny_vl_model_path, "auto", vision=True)
-    try:
+    with _probe(tiny_vl_model_path, "auto", vision=True) as (probe, info):
         assert info["route"] == "adapter"
         metrics = probe.sync()
         assert metrics["rollout/weight_sync_buckets"] == 1
@@ -349,9 +342,6 @@ def test_vl_text_adapters_go_to_the_engine_and_its_log_probs_equal_the_actors(ra
         probe.sync()
         second = probe.sample_and_score()
         assert _max_diff(second["engine"], second["actor"]) < TOLERANCE
-    finally:
-        probe.kill()
-        pool.release()
 
 
 @pytest.mark.slow
@@ -359,8 +349,7 @@ def test_vl_text_adapters_go_to_the_engine_and_its_log_probs_equal_the_actors(ra
 def test_vision_tower_adapters_fall_back_to_merged_weights_and_still_agree(ray_cluster, tiny_vl_model_path):
     """vLLM's LoRA does not serve Qwen2.5-VL's vision blocks: `auto` detects it after the engine starts and streams
     merged weights (vision blocks included) instead."""
-    pool, probe, info = _start(tiny_vl_model_path, "auto", vision=True, vision_tower=True)
-    try:
+    with _probe(tiny_vl_model_path, "auto", vision=True, vision_tower=True) as (probe, info):
         assert info["route"] == "merged"
         assert any(name.startswith("model.visual.") for name in info["unserved"])
         assert not any(name.startswith("model.language_model.") for name in info["unserved"])
@@ -368,9 +357,6 @@ def test_vision_tower_adapters_fall_back_to_merged_weights_and_still_agree(ray_c
         first = probe.sample_and_score()
         assert _max_diff(first["engine"], first["actor"]) < TOLERANCE
         assert _max_diff(first["actor"], first["actor_base"]) > 0.05
-    finally:
-        probe.kill()
-        pool.release()
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -390,11 +376,9 @@ def test_two_fsdp_workers_sync_only_the_adapter_and_score_what_their_engines_sam
 
     config = rollout_worker_config(tiny_model_path, 2, tensor_parallel_size=tensor_parallel_size)
     config.actor.model.lora.rank, config.actor.model.lora.alpha = RANK, ALPHA
-    pool = ResourcePool(process_on_nodes=[2])
-    group = RayWorkerGroup(
-        pool, FSDPWorker, config, "actor_rollout", name_prefix="lora_fsdp", process_group_timeout_s=240
-    )
-    try:
+    with worker_group(
+        FSDPWorker, config, "actor_rollout", processes=2, name_prefix="lora_fsdp", process_group_timeout_s=240
+    ) as group:
         group.init_model()
         prompts = make_prompts(tiny_tokenizer())
 
@@ -411,9 +395,6 @@ def test_two_fsdp_workers_sync_only_the_adapter_and_score_what_their_engines_sam
         assert mismatch(after) < TOLERANCE
         # the update moved the log-probs of the samples drawn before it: a stale engine would have failed above
         assert mismatch(before) > 0.05
-    finally:
-        group.kill()
-        pool.release()
 
 
 def _refusals_before_start(model_path: str) -> dict[str, str | None]:

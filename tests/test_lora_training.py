@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
-from easyrl.controller import RayWorkerGroup, ResourcePool
 from easyrl.workers.fsdp_worker import FSDPWorker
 from tests.fixtures.trainer_runs import (
     GRPO_RUN_OVERRIDES,
@@ -26,7 +25,14 @@ from tests.fixtures.trainer_runs import (
     train_args,
     wait_for_path,
 )
-from tests.fsdp_helpers import add_policy_targets, load_hf_causal_lm, make_batch, per_sequence_log_probs, worker_config
+from tests.fsdp_helpers import (
+    add_policy_targets,
+    load_hf_causal_lm,
+    make_batch,
+    per_sequence_log_probs,
+    worker_config,
+    worker_group,
+)
 
 
 RANK, ALPHA = 4, 8
@@ -45,11 +51,9 @@ def _lora_worker_config(model_path, n_workers: int):
 @pytest.fixture(scope="module")
 def lora_workers(ray_cluster, tiny_model_path):
     """2 workers with the actor alone: with LoRA the reference log-probs come from it, adapters off."""
-    pool = ResourcePool(process_on_nodes=[2])
-    group = RayWorkerGroup(pool, FSDPWorker, _lora_worker_config(tiny_model_path, 2), "actor", name_prefix="lora")
-    yield group
-    group.kill()
-    pool.release()
+    config = _lora_worker_config(tiny_model_path, 2)
+    with worker_group(FSDPWorker, config, "actor", processes=2, name_prefix="lora") as group:
+        yield group
 
 
 def _base_name(name: str) -> str:

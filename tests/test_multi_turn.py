@@ -323,8 +323,8 @@ def test_the_reward_reads_the_whole_trajectory_and_sits_on_the_models_last_token
 # ----------------------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def multi_turn_worker(ray_cluster, tiny_model_path, tmp_path_factory):
-    from easyrl.controller import RayWorkerGroup, ResourcePool
     from easyrl.workers.fsdp_worker import FSDPWorker
+    from tests.fsdp_helpers import worker_group
 
     tools_file = tmp_path_factory.mktemp("tools") / "scripted_tools.py"
     tools_file.write_text(SCRIPTED_TOOLS)
@@ -335,16 +335,11 @@ def multi_turn_worker(ray_cluster, tiny_model_path, tmp_path_factory):
     rollout.multi_turn = MultiTurnConfig(
         tools=str(tools_file), max_turns=3, turn_max_tokens=6, tool_timeout=TOOL_TIMEOUT, parser="every_turn"
     )
-    pool = ResourcePool(process_on_nodes=[1])
-    group = RayWorkerGroup(
-        pool, FSDPWorker, config, "actor_rollout", name_prefix="multiturn", process_group_timeout_s=240
-    )
-    try:
+    with worker_group(
+        FSDPWorker, config, "actor_rollout", name_prefix="multiturn", process_group_timeout_s=240
+    ) as group:
         group.init_model()
         yield group
-    finally:
-        group.kill()
-        pool.release()
 
 
 def _runs(mask: list[int]) -> list[tuple[int, int, int]]:
