@@ -207,7 +207,9 @@ class ScriptedTurns:
         return outputs
 
 
-def _scripted_rollout(tokenizer, turns, response_length, max_turns):
+def scripted_engine(tokenizer, turns, response_length):
+    """The attributes MultiTurnRollout reads of a VLLMRollout, with the scripted turns in place of ``llm.generate``:
+    (engine, the scripted llm)."""
     config = RolloutConfig(n=1, temperature=1.0, response_length=response_length, prompt_length=PROMPT_LENGTH)
     llm = ScriptedTurns(turns)
     calls = {"turn": -1}
@@ -227,6 +229,11 @@ def _scripted_rollout(tokenizer, turns, response_length, max_turns):
         _wake=lambda tags: None,
         _sampling_params=sampling_params,
     )
+    return engine, llm
+
+
+def _scripted_rollout(tokenizer, turns, response_length, max_turns):
+    engine, llm = scripted_engine(tokenizer, turns, response_length)
     rollout = MultiTurnRollout(engine, MultiTurnConfig(tools=CALCULATOR, max_turns=max_turns, tool_timeout=5.0))
     return rollout, llm
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
-from easyrl.config import ConfigError, RewardConfig, RolloutConfig, load_config
+from easyrl.config import ConfigError, RewardConfig, load_config
 from easyrl.config.schema import MultiTurnConfig
 from easyrl.workers.rollout.base import rollout_logprob_mismatch
 from easyrl.workers.rollout.multi_turn import MultiTurnRollout, load_env_class
 from tests.rollout_helpers import PROMPT_LENGTH, make_prompts, rollout_worker_config
-from tests.test_multi_turn import LOGPROB_TOLERANCE, ScriptedTurns, _runs
+from tests.test_multi_turn import LOGPROB_TOLERANCE, _runs, scripted_engine
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,25 +59,7 @@ def _with_truths(prompts, truths):
 
 
 def _scripted_env_rollout(tokenizer, env, turns, max_turns, response_length=128):
-    config = RolloutConfig(n=1, temperature=1.0, response_length=response_length, prompt_length=PROMPT_LENGTH)
-    llm = ScriptedTurns(turns)
-    calls = {"turn": -1}
-
-    def sampling_params(settings, count, seed):
-        calls["turn"] += 1
-        return [SimpleNamespace(trajectory=i, turn=calls["turn"], max_tokens=None) for i in range(count)]
-
-    engine = SimpleNamespace(
-        config=config,
-        tokenizer=tokenizer,
-        pad_token_id=tokenizer.pad_token_id,
-        stop_token_ids=[tokenizer.eos_token_id],
-        llm=llm,
-        _lora_request=None,
-        _last_sync_metrics={},
-        _wake=lambda tags: None,
-        _sampling_params=sampling_params,
-    )
+    engine, llm = scripted_engine(tokenizer, turns, response_length)
     multi_turn = MultiTurnConfig(env=env, max_turns=max_turns, tool_timeout=STEP_TIMEOUT)
     return MultiTurnRollout(engine, multi_turn), llm
 
