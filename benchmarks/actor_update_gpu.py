@@ -55,6 +55,22 @@ VARIANTS = {
         "worker.actor.model.use_fused_kernels=true",
         "worker.actor.model.use_liger=true",
     ],
+    # LoRA rank 64 on every linear layer (EasyR1's LoRA recipes): MFU counts 4N per token, no base weight gradients
+    "padding_free+fused+liger+lora": [
+        "worker.actor.padding_free=true",
+        "worker.actor.model.use_fused_kernels=true",
+        "worker.actor.model.use_liger=true",
+        "worker.actor.model.lora.rank=64",
+        "worker.actor.model.lora.alpha=64",
+    ],
+    "padding_free-ckpt+fused+liger+lora": [
+        "worker.actor.padding_free=true",
+        "worker.actor.model.enable_gradient_checkpointing=false",
+        "worker.actor.model.use_fused_kernels=true",
+        "worker.actor.model.use_liger=true",
+        "worker.actor.model.lora.rank=64",
+        "worker.actor.model.lora.alpha=64",
+    ],
 }
 
 
@@ -147,7 +163,8 @@ def run_variant(args: argparse.Namespace, model_path: str, overrides: list[str],
             device.synchronize()
         print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20, max_name_column_width=60))
     seq_lens = data.batch["attention_mask"].sum(-1).tolist()
-    flops = FlopsCounter(module.config).flops(seq_lens)
+    frozen = any(o.startswith("worker.actor.model.lora.rank=") and not o.endswith("=0") for o in overrides)
+    flops = FlopsCounter(module.config).flops(seq_lens, frozen_weights=frozen)
     peak = peak_flops_per_device(torch.bfloat16)
     accelerator = torch.get_device_module(device.get_device_name())
     result = {

@@ -32,6 +32,8 @@ def test_training_and_forward_flops_of_two_sequences_by_hand():
     # 6 N tokens + 12 L (H d_head) sum s^2 = 6 * 80128 * (3 + 5) + 12 * 2 * 64 * (9 + 25)
     assert counter.flops([3, 5]) == 3846144 + 52224
     assert counter.flops([3, 5], backward=False) == (3846144 + 52224) / 3
+    # frozen weights (LoRA): 4 N tokens, attention unchanged = 4 * 80128 * 8 + 52224
+    assert counter.flops([3, 5], frozen_weights=True) == 2564096 + 52224
 
 
 def test_matmul_parameters_equal_the_linear_weights_of_a_real_model():

@@ -9,7 +9,9 @@ lookup is a gather, not a matmul); the second term is QK^T and attention-times-V
 multiply-add x 3 for forward + backward), counted over the full s x s square as in PaLM. A forward pass alone
 (log-probs, reference, values) costs a third. Recomputation by gradient checkpointing is not counted: this is
 MFU, not hardware FLOPs utilisation. Vision towers of VLMs are not counted. For mixture-of-experts models N
-counts the experts a token is routed to (plus shared experts and the router).
+counts the experts a token is routed to (plus shared experts and the router). With frozen weights (LoRA trains only
+adapters, arXiv 2106.09685) the backward pass computes no weight gradients: 4N instead of 6N per token (the adapters'
+own FLOPs, 2 * rank * (in + out) per adapted layer, are negligible and not counted); attention is unchanged.
 
 MFU = model FLOPs / (seconds * devices * peak FLOP/s of one device). GPU peaks come from a table of dense
 bf16 tensor-core datasheet numbers; CPU peaks are a rough estimate (threads x clock x FLOPs per cycle of the
@@ -51,12 +53,16 @@ class FlopsCounter:
             mlp = 3 * hidden * config.intermediate_size
         self.matmul_params = self.num_layers * (attention + mlp) + hidden * config.vocab_size  # + lm_head
 
-    def flops(self, seq_lens: Sequence[int], backward: bool = True) -> float:
-        """Model FLOPs to process sequences of these lengths (padding excluded); forward only when not backward."""
+    def flops(self, seq_lens: Sequence[int], backward: bool = True, frozen_weights: bool = False) -> float:
+        """Model FLOPs to process sequences of these lengths (padding excluded); forward only when not backward;
+        ``frozen_weights``: the backward pass skips weight gradients (LoRA)."""
         tokens = sum(seq_lens)
         squares = sum(s * s for s in seq_lens)
-        forward = 2 * self.matmul_params * tokens + 4 * self.num_layers * self.attention_width * squares
-        return float(forward * (3 if backward else 1))
+        dense = 2 * self.matmul_params * tokens
+        attention = 4 * self.num_layers * self.attention_width * squares
+        if not backward:
+            return float(dense + attention)
+        return float(dense * (2 if frozen_weights else 3) + attention * 3)
 
 
 def compute_mfu(flops: float, seconds: float, n_devices: int, peak_flops_per_device: float) -> float:

@@ -509,7 +509,8 @@ class PPOTrainer:
         if not self._actor_peak_flops or seconds <= 0:
             return {}  # a device missing from the peak table: set EASYRL_PEAK_TFLOPS to get MFU
         seq_lens = batch.batch["attention_mask"].sum(-1).tolist()  # prompt + response tokens, padding excluded
-        flops = self._actor_flops.flops(seq_lens) * self.config.worker.actor.ppo_epochs
+        frozen = self.config.worker.actor.model.lora.rank > 0  # LoRA: no weight gradients for the base
+        flops = self._actor_flops.flops(seq_lens, frozen_weights=frozen) * self.config.worker.actor.ppo_epochs
         return {"perf/mfu/actor": compute_mfu(flops, seconds, self.config.world_size, self._actor_peak_flops)}
 
     def _rollout_mismatch(self, batch: DataProto) -> dict[str, float]:
