@@ -72,7 +72,9 @@ def forward_response_outputs(
     require_processor(rows, processor)
     vision = None
     if processor is not None and vision_tower(module) is not None:
-        vision = build_vision_inputs(input_ids, attention_mask, rows, processor, response_length)
+        vision = build_vision_inputs(
+            input_ids, attention_mask, rows, processor, response_length, batch.get("response_mask", None)
+        )
         input_ids = vision.input_ids
         if position_ids.dim() == 2:  # text positions on all three rope axes
             position_ids = position_ids[:, None, :].expand(-1, 3, -1)

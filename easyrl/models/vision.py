@@ -191,13 +191,16 @@ def build_vision_inputs(
     rows: Any,
     processor: Any,
     response_length: int | None = None,
+    response_mask: torch.Tensor | None = None,
 ) -> VisionInputs:
     """Pixel inputs of exactly these samples (``rows``: their ``multi_modal_data``), ordered as their pad tokens
     appear in the real tokens of ``input_ids`` read row by row (the order the model fills the pads in).
 
     ``response_length``: the last columns of ``input_ids`` that are responses; pads left over after a sample's own
     pictures must lie there (they were sampled), else the sample's media went missing and this raises. Without it
-    every left-over pad is taken as sampled."""
+    every left-over pad is taken as sampled. ``response_mask`` (batch, response_length): 1 on the tokens the policy
+    sampled; a pad there is text whatever follows it. A multi-turn response also holds the pads of pictures that tools
+    returned (mask 0, their pictures after the prompt's in ``rows``), which a sampled pad before them must not take."""
     images, videos = _media_lists(rows)
     image_token, video_token = processor.image_token_id, processor.video_token_id
     merge = processor.image_processor.merge_size
@@ -214,7 +217,13 @@ def build_vision_inputs(
         "video": iter(_pixels_once(processor, "video", videos)) if videos else iter(()),
     }
     renamed = torch.where(input_ids == video_token, image_token, input_ids)
-    patches, grids, generated = [], [], 0
+    sampled = torch.zeros_like(attention_mask, dtype=torch.bool)  # (batch, seq) pads the policy sampled
+    if response_mask is not None:
+        width = response_mask.shape[-1]
+        response = input_ids[:, -width:]
+        sampled[:, -width:] = response_mask.bool() & ((response == image_token) | (response == video_token))
+        renamed[sampled] = text_token_for_sampled_pads(processor)
+    patches, grids, generated = [], [], int(sampled.sum())
     for i, row in enumerate(rows):
         row_images, row_videos = _row_media(row)
         queues = {
@@ -222,7 +231,7 @@ def build_vision_inputs(
             "video": [next(processed["video"]) for _ in row_videos],
         }
         pads = torch.nonzero(
-            attention_mask[i].bool() & ((input_ids[i] == image_token) | (input_ids[i] == video_token))
+            attention_mask[i].bool() & ~sampled[i] & ((input_ids[i] == image_token) | (input_ids[i] == video_token))
         ).flatten()
         cursor = 0
         while cursor < len(pads) and (queues["image"] or queues["video"]):

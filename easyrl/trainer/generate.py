@@ -28,7 +28,7 @@ from ..protocol import DataProto
 from ..utils.logging import setup_driver_logging
 from ..workers.reward.scorer import scores_to_non_tensor
 from ..workers.rollout.base import GenerationRequest
-from .ray_trainer import GENERATION_KEYS, GENERATION_NON_TENSOR_KEYS
+from .ray_trainer import GENERATION_KEYS, generation_non_tensor_keys, join_rollout_output
 
 
 logger = logging.getLogger(__name__)
@@ -107,7 +107,9 @@ class GenerationSummary:
 
 
 def _decode_responses(tokenizer: Any, batch: DataProto) -> list[str]:
-    responses, mask = batch.batch["responses"], batch.batch["response_mask"].bool()
+    # the attended response: a multi-turn rollout's tool results are in it (response_mask has only the model's)
+    responses = batch.batch["responses"]
+    mask = batch.batch["attention_mask"][:, -responses.shape[-1] :].bool()
     return [tokenizer.decode(responses[i][mask[i]], skip_special_tokens=True) for i in range(len(batch))]
 
 
@@ -155,16 +157,14 @@ def generate_to_file(
         # get the samples the uninterrupted run gave them
         gen_input = prompts.select(
             batch_keys=list(GENERATION_KEYS),
-            non_tensor_batch_keys=[k for k in GENERATION_NON_TENSOR_KEYS if k in prompts.non_tensor_batch],
+            non_tensor_batch_keys=generation_non_tensor_keys(prompts, plan.config.worker.rollout.multi_turn),
         )
         generated_batch = rollout.generate_sequences(gen_input, request_for_batch(batch_index))
         generated_batch.meta_info.pop("metrics", None)
         repeat = len(generated_batch) // len(prompts)
         if repeat != samples_per_prompt:
             raise RuntimeError(f"The engine returned {repeat} samples per prompt, {samples_per_prompt} expected.")
-        batch = prompts.repeat(repeat, interleave=True)  # a prompt's samples are adjacent
-        batch.pop(batch_keys=list(GENERATION_KEYS))
-        batch = batch.union(generated_batch)
+        batch = join_rollout_output(prompts.repeat(repeat, interleave=True), generated_batch)  # samples adjacent
         responses = _decode_responses(tokenizer, batch)
         scores: list[dict[str, float]] | None = None
         if reward is not None:
@@ -227,7 +227,14 @@ class GenerationRun:
         self.plan = plan
         setup_driver_logging(plan.config.trainer.save_checkpoint_path)
         self.tokenizer, processor, model_config = load_model_side(plan)
-        self.val_loader = create_val_loader(plan.config.data, self.tokenizer, processor, model_config=model_config)
+        tools = None
+        if plan.config.worker.rollout.multi_turn.tools:  # advertised by the chat template, as in training
+            from ..workers.rollout.multi_turn import tool_schemas
+
+            tools = tool_schemas(plan.config.worker.rollout.multi_turn.tools)
+        self.val_loader = create_val_loader(
+            plan.config.data, self.tokenizer, processor, model_config=model_config, tools=tools
+        )
         init_ray(plan)
         self.workers = None
         self.reward = None

@@ -54,6 +54,23 @@ GENERATION_KEYS = ("input_ids", "attention_mask", "position_ids")
 GENERATION_NON_TENSOR_KEYS = ("raw_prompt_ids", "multi_modal_data")
 
 
+def generation_non_tensor_keys(prompts: DataProto, multi_turn: Any) -> list[str]:
+    """What the rollout gets of the prompts' non-tensor fields: with `worker.rollout.multi_turn` the whole row (an
+    environment's `reset(row)` and tools that take `row` read ground_truth, the pictures and the rest)."""
+    if multi_turn.enabled:
+        return list(prompts.non_tensor_batch)
+    return [k for k in GENERATION_NON_TENSOR_KEYS if k in prompts.non_tensor_batch]
+
+
+def join_rollout_output(repeated_prompts: DataProto, generated: DataProto) -> DataProto:
+    """The prompts (repeated once per sample) with the rollout's output. The rollout's multi_modal_data replaces the
+    prompts': a multi-turn rollout appends the pictures that tools returned to each sample's."""
+    media = [key for key in ("multi_modal_data",) if key in generated.non_tensor_batch]
+    media = [key for key in media if key in repeated_prompts.non_tensor_batch]
+    repeated_prompts.pop(batch_keys=list(GENERATION_KEYS), non_tensor_batch_keys=media)
+    return repeated_prompts.union(generated)
+
+
 @dataclass
 class WorkerGroups:
     """The worker groups a run drives; ref and critic are None when the algorithm needs none."""
@@ -394,9 +411,7 @@ class PPOTrainer:
                 baseline_scores, _ = self.reward_scorer.score(greedy)
             prompts.non_tensor_batch["reward_baselines"] = np.array(baseline_scores.sum(-1).tolist(), dtype=object)
 
-        batch = prompts.repeat(self.config.worker.rollout.n, interleave=True)
-        batch.pop(batch_keys=list(GENERATION_KEYS))
-        batch = batch.union(generated)
+        batch = join_rollout_output(prompts.repeat(self.config.worker.rollout.n, interleave=True), generated)
         if "reward_baselines" in batch.non_tensor_batch:
             batch.batch["reward_baselines"] = torch.tensor(
                 batch.non_tensor_batch.pop("reward_baselines").astype(float)
@@ -427,9 +442,7 @@ class PPOTrainer:
             sync = {k: v for k, v in (generated.meta_info.pop("metrics", None) or {}).items() if "weight_sync" in k}
             self._rollout_metrics.append(sync)
             repeat = len(generated) // len(prompts)
-            batch = prompts.repeat(repeat, interleave=True)
-            batch.pop(batch_keys=list(GENERATION_KEYS))
-            batch = batch.union(generated)
+            batch = join_rollout_output(prompts.repeat(repeat, interleave=True), generated)
             scores, reward_metrics = self.val_reward_scorer.score(batch)
             overall = scores.sum(-1).tolist()
             sources = batch.non_tensor_batch.get("data_source", np.array(["val"] * len(batch), dtype=object))
@@ -449,11 +462,7 @@ class PPOTrainer:
         return metrics
 
     def _generation_non_tensor_keys(self, prompts: DataProto) -> list[str]:
-        """What the rollout gets of the prompts' non-tensor fields: a multi-turn environment's `reset(row)` reads the
-        whole row (ground_truth and the rest)."""
-        if self.config.worker.rollout.multi_turn.env:
-            return list(prompts.non_tensor_batch)
-        return [k for k in GENERATION_NON_TENSOR_KEYS if k in prompts.non_tensor_batch]
+        return generation_non_tensor_keys(prompts, self.config.worker.rollout.multi_turn)
 
     def _decode_samples(self, batch: DataProto, scores: list[float]) -> list[dict[str, Any]]:
         out = []

@@ -51,7 +51,9 @@ def _build_vllm(worker: Any) -> BaseRollout:
         tokenizer_path=resolve_model_path(model_config.tokenizer_path or model_config.model_path),
         lora=actor_lora(getattr(worker, "actor_module", None)),
     )
-    return wrap_multi_turn(engine, config.multi_turn)  # turn by turn with tools when multi_turn.tools is set
+    # turn by turn with tools / an environment when multi_turn is set; a VLM's processor reads the pictures they return
+    model_path = resolve_model_path(model_config.model_path)
+    return wrap_multi_turn(engine, config.multi_turn, getattr(worker, "processor", None), model_path)
 
 
 @register_rollout("hf")

@@ -23,9 +23,20 @@ only on tokens the model generated (tool tokens are in the sequence, attended to
 and the KL, which all aggregate over response_mask); ``rollout_log_probs`` is the engine's log-prob on model tokens
 and 0 elsewhere. The non-tensor ``messages`` holds each trajectory's turns after the prompt (assistant and tool
 messages, in order) for reward functions that read them.
+
+Pictures (vision-language models): a tool or an environment step may return a PIL image, or a list mixing text and
+PIL images, shown to the model in that order (``to_content``). The message is rendered by the chat template with ONE
+vision pad per picture, the form vLLM takes with the pictures in ``multi_modal_data``; the actor's copy of the
+response has each pad expanded to the picture's vision tokens, as the dataset expands the prompt's. So a trajectory
+keeps two views of its response: ``engine_ids`` (what vLLM reads back at the next turn) and ``response_ids`` (what the
+actor scores); model tokens are the same in both. The output row's ``multi_modal_data`` holds the prompt's pictures
+then the tool pictures in order, and its 3-D rope positions over the response are the model's own (``PictureTokens``).
+A tool that takes a ``row`` argument gets the prompt's dataset row (its ``multi_modal_data`` holds the input
+pictures); ``row`` is not part of the schema the model sees.
 """
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
@@ -38,8 +49,12 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
+from PIL import Image
 
 from ...config.schema import MultiTurnConfig
+from ...data.rope import make_position_id_fn
+from ...data.vision import PictureSizing, to_rgb
+from ...models.vision import text_token_for_sampled_pads
 from ..reward.loader import import_user_file
 from .base import (
     BaseRollout,
@@ -72,19 +87,62 @@ class ToolCall:
 
 @dataclass
 class ToolResult:
-    content: str
+    content: str | list[dict]
+    """Text, or chat content parts ({"type": "text", "text": ...} / {"type": "image"}) when there are pictures."""
     error: bool = False
     timed_out: bool = False
+    pictures: list = field(default_factory=list)
+    """The PIL images of the image parts of ``content``, in order."""
+
+
+ROW_ARGUMENT = "row"  # a tool with this parameter gets its trajectory's dataset row (not shown in the schema)
+
+
+def to_content(value: Any) -> tuple[str | list[dict], list]:
+    """What a tool returns (or an environment observes) -> (chat message content, its pictures). A string is text; a
+    PIL image is a picture; a list or tuple mixes both, shown in its order (other items become text with str());
+    anything else is str(value). Without pictures the content is plain text (list items joined by newlines)."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    pictures = [item for item in items if isinstance(item, Image.Image)]
+    if not pictures:
+        return ("\n".join(map(str, items)) if isinstance(value, (list, tuple)) else str(value)), []
+    parts = [
+        {"type": "image"} if isinstance(item, Image.Image) else {"type": "text", "text": str(item)} for item in items
+    ]
+    return parts, pictures
+
+
+def content_text(content: str | list[dict]) -> str:
+    """The text of a message content (pictures left out)."""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content)
+
+
+def takes_row(fn: Callable) -> bool:
+    try:
+        return ROW_ARGUMENT in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def tool_schema(fn: Callable) -> dict:
     """The OpenAI-style JSON schema of a tool: its ``schema`` attribute, else read from its type hints and Google-style
-    docstring the way transformers' chat templates read tools."""
+    docstring the way transformers' chat templates read tools (without the ``row`` argument, which the rollout
+    fills)."""
     schema = getattr(fn, "schema", None)
     if schema is not None:
         return schema
     from transformers.utils import get_json_schema
 
+    if takes_row(fn):
+        shown = functools.wraps(fn)(lambda **kwargs: None)
+        signature = inspect.signature(fn)
+        shown.__signature__ = signature.replace(
+            parameters=[p for name, p in signature.parameters.items() if name != ROW_ARGUMENT]
+        )
+        shown.__annotations__ = {k: v for k, v in getattr(fn, "__annotations__", {}).items() if k != ROW_ARGUMENT}
+        return get_json_schema(shown)
     return get_json_schema(fn)
 
 
@@ -112,16 +170,22 @@ def tool_schemas(path: str) -> list[dict]:
     return [tool_schema(fn) for fn in load_tools(path).values()]
 
 
-def _call(fn: Callable, arguments: dict) -> Any:
+def _call(fn: Callable, arguments: dict, row: Optional[dict] = None) -> Any:
+    if takes_row(fn):
+        arguments = {**arguments, ROW_ARGUMENT: row}
     result = fn(**arguments)
     return asyncio.run(result) if inspect.isawaitable(result) else result
 
 
 def run_tool_calls(
-    calls: list[ToolCall | str], tools: dict[str, Callable], timeout: float
+    calls: list[ToolCall | str],
+    tools: dict[str, Callable],
+    timeout: float,
+    rows: Optional[list[Optional[dict]]] = None,
 ) -> tuple[list[ToolResult], float]:
     """Run every call at once, each in a daemon thread, and wait at most ``timeout`` seconds for all of them; returns
     the results in order and the wall seconds. A string in ``calls`` is a parse error, answered as an error.
+    ``rows[i]``: the dataset row that call i's tool gets when it takes a ``row`` argument.
 
     Daemon threads, not a pool: a tool that hangs forever cannot be stopped from Python, and its thread must neither
     hold a pool slot nor keep the worker process from exiting."""
@@ -131,7 +195,8 @@ def run_tool_calls(
 
     def work(index: int, call: ToolCall) -> None:
         try:
-            results[index] = ToolResult(str(_call(tools[call.name], call.arguments)))
+            content, pictures = to_content(_call(tools[call.name], call.arguments, rows[index] if rows else None))
+            results[index] = ToolResult(content, pictures=pictures)
         except Exception as err:  # the model reads what went wrong; the step goes on
             results[index] = ToolResult(f"Error: {call.name} raised {type(err).__name__}: {err}", error=True)
 
@@ -175,7 +240,8 @@ def load_env_class(spec: str) -> type:
 
 @dataclass
 class EnvOutcome:
-    observation: Optional[str] = None
+    observation: Optional[str | list[dict]] = None  # message content (to_content): text, or parts with pictures
+    pictures: list = field(default_factory=list)
     reward: float = 0.0
     done: bool = False
     error: Optional[str] = None  # what went wrong: the trajectory ends
@@ -214,7 +280,10 @@ def _env_step(env: Any, action_text: str) -> EnvOutcome:
     if not isinstance(output, (tuple, list)) or len(output) != 3:
         raise TypeError(f"step must return (observation, reward, done), not {type(output).__name__}")
     observation, reward, done = output
-    return EnvOutcome(None if observation is None else str(observation), float(reward), bool(done))
+    if observation is None:
+        return EnvOutcome(None, float(reward), bool(done))
+    content, pictures = to_content(observation)
+    return EnvOutcome(content, pictures, float(reward), bool(done))
 
 
 def _env_reset(env_class: type, row: dict) -> EnvOutcome:
@@ -282,8 +351,10 @@ class ToolMessageRenderer:
     conversation, so a trajectory reads as one chat. A template that renders no ``tool`` role (its text is missing)
     gets the results as ``user`` messages, said once in the log."""
 
-    def __init__(self, tokenizer: Any, tools: bool = True) -> None:
+    def __init__(self, tokenizer: Any, tools: bool = True, processor: Any = None) -> None:
         self.tokenizer = tokenizer
+        # a VLM's processor holds the template that renders pictures in messages (the dataset renders prompts with it)
+        self.template_owner = processor if getattr(processor, "chat_template", None) else tokenizer
         self.role = "tool"
         if not tools:  # an environment's observations are user messages: no tool role to look for
             return
@@ -299,12 +370,13 @@ class ToolMessageRenderer:
 
     def _render(self, tool_messages: list[dict]) -> str:
         conversation = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _TURN_END}]
-        text = self.tokenizer.apply_chat_template(
+        text = self.template_owner.apply_chat_template(
             conversation + tool_messages, tokenize=False, add_generation_prompt=True
         )
         return text[text.rindex(_TURN_END) + len(_TURN_END) :]
 
     def messages(self, calls: list, results: list[ToolResult]) -> list[dict]:
+        """The tool messages of ``results`` (content: text, or parts with {"type": "image"} for each picture)."""
         named = [call.name if isinstance(call, ToolCall) else "error" for call in calls]
         return [{"role": self.role, "name": n, "content": r.content} for n, r in zip(named, results)]
 
@@ -316,13 +388,81 @@ class ToolMessageRenderer:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# pictures in tool messages (vision-language models)
+# ----------------------------------------------------------------------------------------------------------------------
+class PictureTokens:
+    """The vision side of tool / observation pictures for a VLM's processor.
+
+    - ``prepare``: a picture as the dataset stores one (RGB, at the size the processor keeps: data/vision.py
+      PictureSizing with the processor's own limits), so that vLLM and the actor cut it into the same patches;
+    - ``expand``: the rendered message's tokens (one pad per picture, vLLM's form) -> the actor's form (each pad
+      repeated once per vision token of its picture) and the pictures' (t, h, w) patch grids;
+    - ``engine_view``: a model turn as vLLM reads it back at the next turn: a vision pad the policy sampled is not a
+      picture, so it becomes the text token the actor reads it as (models/vision.py text_token_for_sampled_pads);
+    - ``response_positions``: 3-D rope positions of a response with pictures, from the model's own get_rope_index.
+    """
+
+    def __init__(self, processor: Any, model_path: Optional[str] = None) -> None:
+        self.processor = processor
+        self.sizing = PictureSizing.from_processor(processor)
+        self.image_pad = int(processor.image_token_id)
+        self.vision_pads = torch.tensor([processor.image_token_id, processor.video_token_id])
+        self.text_token = text_token_for_sampled_pads(processor)
+        self.merge = int(processor.image_processor.merge_size)
+        self.position_ids = make_position_id_fn(processor, model_path=model_path)
+
+    def prepare(self, picture: Image.Image) -> Image.Image:
+        picture = to_rgb(picture)
+        return self.sizing(picture) if self.sizing is not None else picture
+
+    def grid(self, picture: Image.Image) -> torch.Tensor:
+        """(3,) the (t, h, w) patch grid the processor cuts ``picture`` into."""
+        return self.processor.image_processor(images=[picture], return_tensors="pt")["image_grid_thw"][0]
+
+    def expand(self, token_ids: list[int], pictures: list) -> tuple[list[int], list[torch.Tensor]]:
+        found = sum(token == self.image_pad for token in token_ids)
+        if found != len(pictures):
+            raise ValueError(
+                f"The chat template rendered {found} image placeholder(s) for {len(pictures)} picture(s) of a tool "
+                "result / observation: it does not render pictures in that role. Use a template whose tool/user "
+                "messages take content lists with {'type': 'image'} (data.override_chat_template)."
+            )
+        grids = [self.grid(picture) for picture in pictures]
+        tokens = iter(int(grid.prod()) // self.merge**2 for grid in grids)
+        expanded = []
+        for token in token_ids:
+            expanded.extend([token] * next(tokens) if token == self.image_pad else [token])
+        return expanded, grids
+
+    def engine_view(self, token_ids: list[int]) -> list[int]:
+        pads = set(self.vision_pads.tolist())
+        return [self.text_token if token in pads else token for token in token_ids]
+
+    def response_positions(
+        self, response_ids: list[int], model_mask: list[int], grids: list[torch.Tensor], after: torch.Tensor
+    ) -> torch.Tensor:
+        """(3, len(response_ids)) positions of a response that follows a prompt whose last token sits at ``after``
+        (3,). Every text run and picture starts one past the largest position before it (all Qwen-VL families do so
+        for pictures), so the response's own positions shifted past the prompt's last are the whole sequence's."""
+        ids = torch.tensor(response_ids)
+        sampled = torch.tensor(model_mask, dtype=torch.bool) & torch.isin(ids, self.vision_pads)
+        ids = torch.where(sampled, self.text_token, ids)  # sampled pads are text, as vLLM and the actor read them
+        positions = self.position_ids({"input_ids": ids, "image_grid_thw": torch.stack(grids)})
+        return positions + after.view(3, 1) + 1
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # trajectories
 # ----------------------------------------------------------------------------------------------------------------------
 @dataclass
 class Trajectory:
     prompt_ids: list[int]
     multi_modal_data: Any = None
-    response_ids: list[int] = field(default_factory=list)
+    row: Optional[dict] = None  # the prompt's dataset row, for tools that take `row`
+    response_ids: list[int] = field(default_factory=list)  # the actor's view: pads expanded per picture
+    engine_ids: list[int] = field(default_factory=list)  # vLLM's view: one pad per picture, sampled pads as text
+    pictures: list = field(default_factory=list)  # tool / observation pictures, in order
+    grids: list = field(default_factory=list)  # their (3,) patch grids
     model_mask: list[int] = field(default_factory=list)  # 1 on model tokens, 0 on tool tokens
     log_probs: list[float] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list)
@@ -339,15 +479,52 @@ class Trajectory:
     stopped: bool = False  # the last model turn ended with a stop token
     done: bool = False
 
-    def append(self, token_ids: list[int], log_probs: list[float] | None, budget: int) -> bool:
+    def append(
+        self, token_ids: list[int], log_probs: list[float] | None, budget: int, engine_ids: list[int] | None = None
+    ) -> bool:
         """Append a model turn (with its log-probs) or tool tokens (None), cut at ``budget`` response tokens; True when
-        the cut removed tokens."""
+        the cut removed tokens. ``engine_ids``: the same tokens as vLLM reads them back (default: ``token_ids``)."""
         room = budget - len(self.response_ids)
         kept = token_ids[:room]
         self.response_ids += kept
+        self.engine_ids += (engine_ids if engine_ids is not None else token_ids)[: len(kept)]
         self.model_mask += [1 if log_probs is not None else 0] * len(kept)
         self.log_probs += list(log_probs[: len(kept)]) if log_probs is not None else [0.0] * len(kept)
         return len(kept) < len(token_ids)
+
+    def append_pictured(
+        self,
+        engine_ids: list[int],
+        expanded: list[int],
+        pictures: list,
+        grids: list,
+        pad: int,
+        sizes: list[int],
+        budget: int,
+    ) -> bool:
+        """Append tool / observation tokens with pictures (``engine_ids`` one ``pad`` each, ``expanded`` the actor's
+        with ``sizes[k]`` pads for picture k); True when they did not fit. A picture is never cut: the tokens stop
+        before the first picture whose vision tokens do not all fit (the trajectory ends there, so vLLM never reads
+        the engine view again)."""
+        room = budget - len(self.response_ids)
+        end, kept = len(expanded), len(pictures)
+        if end > room:
+            end, kept, position = room, 0, 0
+            while position < room:
+                if expanded[position] != pad:
+                    position += 1
+                    continue
+                if position + sizes[kept] > room:
+                    end = position  # this picture does not fit whole
+                    break
+                position, kept = position + sizes[kept], kept + 1
+        self.response_ids += expanded[:end]
+        self.engine_ids += engine_ids if kept == len(pictures) else []
+        self.pictures += pictures[:kept]
+        self.grids += grids[:kept]
+        self.model_mask += [0] * end
+        self.log_probs += [0.0] * end
+        return end < len(expanded)
 
 
 def multi_turn_metrics(trajectories: list[Trajectory], tool_seconds: float, env: bool = False) -> dict[str, float]:
@@ -380,7 +557,11 @@ class MultiTurnRollout(BaseRollout):
     """Wraps a VLLMRollout: the engine, its weight sync and its sleep/wake are the engine's; generation is turn by
     turn. Any other attribute (the LoRA route, ``update_adapter``) is the engine's."""
 
-    def __init__(self, engine: Any, config: MultiTurnConfig) -> None:
+    def __init__(
+        self, engine: Any, config: MultiTurnConfig, processor: Any = None, model_path: Optional[str] = None
+    ) -> None:
+        """``processor``: a VLM's multimodal processor (pictures from tools / environments need it); ``model_path``:
+        the model folder whose config gives the 3-D rope (defaults to the processor's tokenizer's)."""
         self.engine = engine
         self.multi_turn = config
         if config.tools and config.env:
@@ -392,7 +573,10 @@ class MultiTurnRollout(BaseRollout):
                 f"`worker.rollout.multi_turn.parser` is {config.parser!r}; registered: {', '.join(TOOL_CALL_PARSERS)}."
             )
         self.parse = TOOL_CALL_PARSERS[config.parser]
-        self.renderer = ToolMessageRenderer(engine.tokenizer, tools=self.env_class is None)
+        self.renderer = ToolMessageRenderer(engine.tokenizer, tools=self.env_class is None, processor=processor)
+        self.tools_take_row = any(takes_row(fn) for fn in self.tools.values())
+        vlm = processor is not None and getattr(processor, "image_token_id", None) is not None
+        self.pictures = PictureTokens(processor, model_path) if vlm else None
 
     def __getattr__(self, name: str) -> Any:
         if name == "engine":  # not set yet: no recursion while unpickling / before __init__
@@ -415,8 +599,13 @@ class MultiTurnRollout(BaseRollout):
         budget = settings.max_tokens
         engine._wake({"weights", "kv_cache"})
         multi_modal = prompts.non_tensor_batch.get("multi_modal_data")
+        fields = prompts.non_tensor_batch if self.tools_take_row else {}
         trajectories = [
-            Trajectory(ids, multi_modal[i] if multi_modal is not None else None)
+            Trajectory(
+                ids,
+                multi_modal[i] if multi_modal is not None else None,
+                row={key: values[i] for key, values in fields.items()} if self.tools_take_row else None,
+            )
             for i, ids in enumerate(prompt_token_lists(prompts, engine.pad_token_id))
             for _ in range(settings.engine_n)
         ]
@@ -446,7 +635,8 @@ class MultiTurnRollout(BaseRollout):
                         t.done, t.max_turns_reached = True, True
                     break
                 flat = [call for _, calls in calling for call in calls]
-                results, seconds = run_tool_calls(flat, self.tools, self.multi_turn.tool_timeout)
+                rows = [t.row for t, calls in calling for _ in calls]
+                results, seconds = run_tool_calls(flat, self.tools, self.multi_turn.tool_timeout, rows)
                 tool_seconds += seconds
                 position = 0
                 for t, calls in calling:
@@ -469,6 +659,8 @@ class MultiTurnRollout(BaseRollout):
             response_mask[i, : len(mask)] = torch.tensor(mask, dtype=response_mask.dtype)
         data.batch["response_mask"] = response_mask
         data.non_tensor_batch["messages"] = _object_array(repeat_greedy([t.messages for t in trajectories], settings))
+        if any(t.pictures for t in trajectories):
+            self._add_pictures(data, repeat_greedy(trajectories, settings), budget)
         if self.env_class is not None:
             rewards = repeat_greedy([t.env_reward for t in trajectories], settings)
             data.non_tensor_batch["env_reward"] = np.array(rewards, dtype=np.float64)
@@ -490,8 +682,8 @@ class MultiTurnRollout(BaseRollout):
             param.max_tokens = budget - len(t.response_ids)
             if self.multi_turn.turn_max_tokens is not None:
                 param.max_tokens = min(param.max_tokens, self.multi_turn.turn_max_tokens)
-            item: dict[str, Any] = {"prompt_token_ids": t.prompt_ids + t.response_ids}
-            mm_data = _vllm_multi_modal_data(t.multi_modal_data)
+            item: dict[str, Any] = {"prompt_token_ids": t.prompt_ids + t.engine_ids}
+            mm_data = _vllm_multi_modal_data(_media(t))
             if mm_data is not None:
                 item["multi_modal_data"] = mm_data
             inputs.append(item)
@@ -502,7 +694,8 @@ class MultiTurnRollout(BaseRollout):
             completion = output.outputs[0]
             token_ids = list(completion.token_ids)
             log_probs = [step[token].logprob for step, token in zip(completion.logprobs or [], token_ids)]
-            t.append(token_ids, log_probs, budget)
+            engine_view = self.pictures.engine_view(token_ids) if self.pictures is not None else None
+            t.append(token_ids, log_probs, budget, engine_view)
             t.turns += 1
             t.messages.append(
                 {"role": "assistant", "content": engine.tokenizer.decode(token_ids, skip_special_tokens=True)}
@@ -546,6 +739,12 @@ class MultiTurnRollout(BaseRollout):
                 t.done = True
                 continue
             t.env_reward += outcome.reward
+            try:
+                pictures = self._prepare_pictures(outcome.pictures, "an environment observation")
+            except ValueError as err:
+                self._count_env_failure(t, EnvOutcome(error=f"step: {err}"))
+                t.done = True
+                continue
             message = {"role": "user", "content": outcome.observation or ""}
             if outcome.observation is not None:
                 t.messages.append(message)
@@ -555,20 +754,79 @@ class MultiTurnRollout(BaseRollout):
             if turn == self.multi_turn.max_turns - 1:
                 t.done, t.max_turns_reached = True, True
                 continue
-            stop_text = self.engine.tokenizer.decode([t.response_ids[-1]]) if t.stopped else ""
-            if t.append(self.renderer.token_ids([message], stop_text), None, budget) or len(t.response_ids) >= budget:
-                t.truncated, t.done = True, True
+            self._append_context(t, [message], pictures, budget)
         return seconds
 
     def _append_tool_results(self, t: Trajectory, calls: list, results: list[ToolResult], budget: int) -> None:
+        pictures = []
+        for index, (call, result) in enumerate(zip(calls, results)):
+            try:
+                result.pictures = self._prepare_pictures(result.pictures, f"tool {getattr(call, 'name', call)!r}")
+            except ValueError as err:
+                results[index] = ToolResult(f"Error: {err}", error=True)
+                continue
+            pictures += result.pictures
         t.tool_calls += len(calls)
         t.tool_errors += sum(r.error for r in results)
         t.tool_timeouts += sum(r.timed_out for r in results)
         messages = self.renderer.messages(calls, results)
         t.messages += messages
+        self._append_context(t, messages, pictures, budget)
+
+    def _prepare_pictures(self, pictures: list, source: str) -> list:
+        """Pictures at the size the processor keeps; a text model cannot read them (ValueError, said in the log)."""
+        if not pictures:
+            return []
+        if self.pictures is None:
+            message = (
+                f"{source} returned {len(pictures)} picture(s), but the model has no multimodal processor to read "
+                "them; return text, or train a vision-language model."
+            )
+            logger.warning(message)
+            raise ValueError(message)
+        return [self.pictures.prepare(picture) for picture in pictures]
+
+    def _append_context(self, t: Trajectory, messages: list[dict], pictures: list, budget: int) -> None:
+        """Tool results / an observation (and their pictures) through the chat template, out of the mask; a
+        trajectory they do not fit is cut and ends."""
         stop_text = self.engine.tokenizer.decode([t.response_ids[-1]]) if t.stopped else ""
-        if t.append(self.renderer.token_ids(messages, stop_text), None, budget) or len(t.response_ids) >= budget:
+        token_ids = self.renderer.token_ids(messages, stop_text)
+        if pictures:
+            expanded, grids = self.pictures.expand(token_ids, pictures)
+            sizes = [int(grid.prod()) // self.pictures.merge**2 for grid in grids]
+            cut = t.append_pictured(token_ids, expanded, pictures, grids, self.pictures.image_pad, sizes, budget)
+        else:
+            cut = t.append(token_ids, None, budget)
+        if cut or len(t.response_ids) >= budget:
             t.truncated, t.done = True, True  # no room left for another model turn
+
+    def _add_pictures(self, data: Any, trajectories: list[Trajectory], budget: int) -> None:
+        """Each row's multi_modal_data becomes its prompt's pictures then its tool pictures, and the 3-D rope positions
+        of a response with pictures are recomputed over it (the rollout continued them as text)."""
+        data.non_tensor_batch["multi_modal_data"] = _object_array([_media(t) for t in trajectories])
+        positions = data.batch["position_ids"]
+        if positions.dim() == 2:  # text positions (a prompt without pictures): the same on all three axes
+            positions = positions[:, None, :].expand(-1, 3, -1).clone()
+        prompt_length = positions.shape[-1] - budget
+        for row, t in enumerate(trajectories):
+            if not t.pictures:
+                continue
+            after = positions[row, :, prompt_length - 1]
+            response = self.pictures.response_positions(t.response_ids, t.model_mask, t.grids, after)
+            length = response.shape[-1]
+            positions[row, :, prompt_length : prompt_length + length] = response
+            tail = torch.arange(1, budget - length + 1, dtype=positions.dtype)
+            positions[row, :, prompt_length + length :] = response[:, -1:] + tail
+        data.batch["position_ids"] = positions
+
+
+def _media(t: Trajectory) -> Any:
+    """A trajectory's multi_modal_data: its prompt's, with the tool / observation pictures after the prompt's."""
+    if not t.pictures:
+        return t.multi_modal_data
+    media = dict(t.multi_modal_data or {})
+    media["images"] = list(media.get("images") or []) + list(t.pictures)
+    return media
 
 
 def _object_array(rows: list) -> np.ndarray:
@@ -578,6 +836,9 @@ def _object_array(rows: list) -> np.ndarray:
     return out
 
 
-def wrap_multi_turn(engine: BaseRollout, config: MultiTurnConfig) -> BaseRollout:
-    """The engine itself, or wrapped for multi-turn rollouts when ``worker.rollout.multi_turn.tools`` is set."""
-    return MultiTurnRollout(engine, config) if config.enabled else engine
+def wrap_multi_turn(
+    engine: BaseRollout, config: MultiTurnConfig, processor: Any = None, model_path: Optional[str] = None
+) -> BaseRollout:
+    """The engine itself, or wrapped for multi-turn rollouts when ``worker.rollout.multi_turn.tools`` / ``env`` is
+    set (``processor``: a VLM's, for pictures in tool results and observations)."""
+    return MultiTurnRollout(engine, config, processor, model_path) if config.enabled else engine

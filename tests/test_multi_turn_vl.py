@@ -1,0 +1,286 @@
+"""Multi-turn rollouts on a vision-language model whose tools return pictures (tiny random Qwen2.5-VL).
+
+A tool result with a picture is rendered by the chat template with ONE image pad (what vLLM reads back at the next
+turn, the picture in its multi_modal_data) and enters the actor's copy of the response with the pad expanded to the
+picture's vision tokens; the row's multi_modal_data holds the prompt's picture then the tool's, the response's 3-D
+rope positions are the model's own over the whole sequence, and the tool tokens stay out of response_mask. The turn
+bookkeeping runs with a scripted turn source; the real engine in the FSDP worker checks the actor's log-probs against
+vLLM's on the model tokens.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import easyrl  # noqa: F401  (process environment before Ray starts)
+from easyrl.config.schema import MultiTurnConfig
+from easyrl.data.rope import make_position_id_fn
+from easyrl.models.vision import build_vision_inputs
+from easyrl.testing.vl_batch import VLSample, processor_inputs, random_image
+from easyrl.workers.rollout.base import rollout_logprob_mismatch
+from easyrl.workers.rollout.multi_turn import MultiTurnRollout, load_tools, to_content, tool_schema
+from tests.test_multi_turn import LOGPROB_TOLERANCE, _runs, scripted_engine
+
+
+# A tool that shows the model a part of the row's own picture: it takes `row` (the prompt's dataset row), which the
+# schema leaves out. The crop is 56 x 56 pixels: 2 x 2 vision tokens after the 2 x 2 merge of 14-pixel patches.
+LOOK_TOOLS = '''
+def look(corner: str, row: dict) -> list:
+    """Look at a corner of the picture.
+
+    Args:
+        corner: Which corner, e.g. "top left".
+    """
+    picture = row["multi_modal_data"]["images"][0]
+    return ["Here:", picture.crop((0, 0, 56, 56))]
+
+
+TOOLS = [look]
+'''
+CALL = '<tool_call>{"name": "look", "arguments": {"corner": "top left"}}</tool_call>'
+# the tool message as the Qwen2.5-VL template renders it after a turn that ended with <|im_end|>: one pad per picture
+TOOL_TEXT = "\n<|im_start|>tool\nHere:<|vision_start|><|image_pad|><|vision_end|><|im_end|>\n<|im_start|>assistant\n"
+CROP_TOKENS = 4  # 56 x 56 pixels
+PROMPT_IMAGE = {"width": 56, "height": 84}  # 4 x 6 patches: 6 vision tokens
+
+
+@pytest.fixture
+def look_tools(tmp_path):
+    path = tmp_path / "look_tools.py"
+    path.write_text(LOOK_TOOLS)
+    return str(path)
+
+
+def vl_prompts(processor, model_path, samples: list[VLSample]):
+    """A prompt DataProto as the dataset makes it for picture rows: left-padded ids with the pads expanded, (batch, 3,
+    len) rope positions, raw ids with one pad per picture (vLLM's), and each row's multi_modal_data."""
+    from easyrl.protocol import DataProto
+
+    positions_of = make_position_id_fn(processor, model_path=str(model_path))
+    encoded = [processor_inputs(processor, sample) for sample in samples]
+    length = max(e["input_ids"].shape[-1] for e in encoded)
+    input_ids = torch.full((len(samples), length), processor.tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    position_ids = torch.zeros(len(samples), 3, length, dtype=torch.long)
+    raw, media = np.empty(len(samples), dtype=object), np.empty(len(samples), dtype=object)
+    for i, (sample, inputs) in enumerate(zip(samples, encoded)):
+        n = inputs["input_ids"].shape[-1]
+        input_ids[i, length - n :] = inputs["input_ids"][0]
+        attention_mask[i, length - n :] = 1
+        position_ids[i, :, length - n :] = positions_of(inputs)
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": sample.text}]}]
+        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        raw[i] = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+        media[i] = {"images": sample.images}
+    return DataProto.from_dict(
+        tensors={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
+        non_tensors={"raw_prompt_ids": raw, "multi_modal_data": media},
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# return shapes and the `row` argument
+# ----------------------------------------------------------------------------------------------------------------------
+def test_tool_returns_become_message_content_with_pictures_in_order():
+    picture = Image.new("RGB", (28, 28))
+    assert to_content("5") == ("5", [])
+    assert to_content(7) == ("7", [])
+    assert to_content(["a", 3]) == ("a\n3", [])
+    assert to_content(picture) == ([{"type": "image"}], [picture])
+    content, pictures = to_content(["Here:", picture, "and", picture])
+    assert content == [
+        {"type": "text", "text": "Here:"},
+        {"type": "image"},
+        {"type": "text", "text": "and"},
+        {"type": "image"},
+    ]
+    assert pictures == [picture, picture]
+
+
+def test_a_tool_taking_row_gets_it_and_the_schema_hides_it(look_tools):
+    (look,) = load_tools(look_tools).values()
+    schema = tool_schema(look)["function"]
+    assert schema["name"] == "look"
+    assert schema["parameters"] == {
+        "type": "object",
+        "properties": {"corner": {"type": "string", "description": 'Which corner, e.g. "top left".'}},
+        "required": ["corner"],
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# turn bookkeeping with a scripted turn source and the real processor / template / rope
+# ----------------------------------------------------------------------------------------------------------------------
+def test_a_tool_picture_reaches_the_next_turn_the_rows_pictures_and_the_rope(vl_tokenizer_and_processor, look_tools):
+    tokenizer, processor = vl_tokenizer_and_processor
+    model_path = Path(processor.tokenizer.name_or_path)
+    eos, pad = tokenizer.eos_token_id, processor.image_token_id
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    call = encode(CALL) + [eos]
+    answer = encode("A red square.") + [eos]
+    sampled_pad_call = encode("Hm") + [pad] + call  # the policy sampled a vision pad: text, not a picture
+    turns = {0: [call, answer], 1: [sampled_pad_call, answer]}
+    engine, llm = scripted_engine(tokenizer, turns, response_length=64)
+    seen_media = []
+    generate = llm.generate
+
+    def recording_generate(inputs, params, use_tqdm, lora_request):
+        seen_media.append([item.get("multi_modal_data") for item in inputs])
+        return generate(inputs, params, use_tqdm, lora_request)
+
+    llm.generate = recording_generate
+    rollout = MultiTurnRollout(
+        engine, MultiTurnConfig(tools=look_tools, max_turns=3), processor=processor, model_path=str(model_path)
+    )
+    image = random_image(0, **PROMPT_IMAGE)
+    prompts = vl_prompts(processor, model_path, [VLSample("Describe it.", [image]), VLSample("What is it?", [image])])
+    out = rollout.generate_sequences(prompts)
+
+    tool = encode(TOOL_TEXT)
+    tool_expanded = [token for t in tool for token in ([pad] * CROP_TOKENS if t == pad else [t])]
+    raw = prompts.non_tensor_batch["raw_prompt_ids"]
+    # vLLM's second turn: one pad for the tool picture, the prompt's picture then the crop in its multi_modal_data
+    assert llm.seen[1] == [list(raw[0]) + call + tool, list(raw[1]) + encode("Hm") + [eos] + call + tool]
+    crop = out.non_tensor_batch["multi_modal_data"][0]["images"][1]
+    assert [len(media["image"]) for media in seen_media[1]] == [2, 2] and seen_media[1][0]["image"][1] is crop
+    assert crop.size == (56, 56) and np.array_equal(np.asarray(crop), np.asarray(image)[:56, :56])
+    for row, first in enumerate([call, sampled_pad_call]):
+        whole = first + tool_expanded + answer
+        mask = [1] * len(first) + [0] * len(tool_expanded) + [1] * len(answer)
+        assert out.batch["responses"][row, : len(whole)].tolist() == whole
+        assert out.batch["response_mask"][row].tolist() == mask + [0] * (64 - len(whole))
+        media = out.non_tensor_batch["multi_modal_data"][row]
+        assert media["images"][0] is image and len(media["images"]) == 2
+        assert out.non_tensor_batch["messages"][row][1] == {
+            "role": "tool",
+            "name": "look",
+            "content": [{"type": "text", "text": "Here:"}, {"type": "image"}],
+        }
+    assert prompts.non_tensor_batch["multi_modal_data"][0] == {"images": [image]}  # the prompts' rows are untouched
+
+    # positions: the model's own rope over the whole unpadded sequence (prompt + response, the sampled pad as text)
+    grids = processor.image_processor(images=[image, crop], return_tensors="pt")["image_grid_thw"]
+    positions_of = make_position_id_fn(processor, model_path=str(model_path))
+    for row in range(2):
+        attended = out.batch["attention_mask"][row].bool()
+        ids = out.batch["input_ids"][row][attended]
+        n_prompt = int(prompts.batch["attention_mask"][row].sum())
+        sampled = torch.zeros_like(ids, dtype=torch.bool)
+        if row == 1:
+            sampled[n_prompt + 2] = True  # "Hm" is 2 tokens, then the sampled pad
+        ids = torch.where(sampled, tokenizer.pad_token_id, ids)
+        expected = positions_of({"input_ids": ids, "image_grid_thw": grids})
+        assert torch.equal(out.batch["position_ids"][row][:, attended], expected), row
+
+    # the actor pairs the prompt's picture and the crop with their pads; the sampled pad is read as text
+    vision = build_vision_inputs(
+        out.batch["input_ids"],
+        out.batch["attention_mask"],
+        out.non_tensor_batch["multi_modal_data"],
+        processor,
+        64,
+        out.batch["response_mask"],
+    )
+    assert vision.image_grid_thw.tolist() == [[1, 6, 4], [1, 4, 4]] * 2 and vision.generated_pads == 1
+    assert int((vision.input_ids == pad).sum()) == 2 * (6 + CROP_TOKENS)
+
+
+def test_a_picture_that_does_not_fit_the_budget_is_left_out_whole(vl_tokenizer_and_processor, look_tools):
+    tokenizer, processor = vl_tokenizer_and_processor
+    model_path = Path(processor.tokenizer.name_or_path)
+    call = tokenizer.encode(CALL, add_special_tokens=False) + [tokenizer.eos_token_id]
+    tool = tokenizer.encode(TOOL_TEXT, add_special_tokens=False)
+    before_pad = tool.index(processor.image_token_id)
+    budget = len(call) + before_pad + 2  # room for 2 of the crop's 4 vision tokens
+    engine, llm = scripted_engine(tokenizer, {0: [call, call]}, response_length=budget)
+    rollout = MultiTurnRollout(
+        engine, MultiTurnConfig(tools=look_tools, max_turns=3), processor=processor, model_path=str(model_path)
+    )
+    image = random_image(0, **PROMPT_IMAGE)
+    out = rollout.generate_sequences(vl_prompts(processor, model_path, [VLSample("Describe it.", [image])]))
+    assert len(llm.seen) == 1 and out.meta_info["metrics"]["rollout/multi_turn/truncated"] == 1
+    # the tool tokens stop right before the picture's pads; the row keeps its prompt picture only
+    assert out.batch["responses"][0, : len(call) + before_pad].tolist() == call + tool[:before_pad]
+    assert out.batch["attention_mask"][0, -budget:].tolist() == [1] * (len(call) + before_pad) + [0, 0]
+    assert out.non_tensor_batch["multi_modal_data"][0] == {"images": [image]}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the real engine in the FSDP worker
+# ----------------------------------------------------------------------------------------------------------------------
+# every model turn calls `look` (a random model never writes a call itself); the engine, template and tool are real
+ENGINE_TOOLS = LOOK_TOOLS.replace(
+    "TOOLS = [look]",
+    """from easyrl.workers.rollout.multi_turn import ToolCall, register_tool_call_parser
+
+
+@register_tool_call_parser("always_look")
+def always_look(text):
+    return [ToolCall("look", {"corner": "top left"})]
+
+
+TOOLS = [look]""",
+)
+ENGINE_RESPONSE_LENGTH = 96
+
+
+@pytest.fixture(scope="module")
+def vl_multi_turn_worker(ray_cluster, tiny_vl_model_path, tmp_path_factory):
+    from easyrl.workers.fsdp_worker import FSDPWorker
+    from tests.fsdp_helpers import worker_group
+    from tests.rollout_helpers import rollout_worker_config
+
+    tools_file = tmp_path_factory.mktemp("vl_tools") / "look_tools.py"
+    tools_file.write_text(ENGINE_TOOLS)
+    config = rollout_worker_config(tiny_vl_model_path, 1)
+    rollout = config.rollout
+    rollout.prompt_length = 48
+    rollout.response_length = ENGINE_RESPONSE_LENGTH
+    rollout.max_model_len = rollout.prompt_length + rollout.response_length
+    rollout.multi_turn = MultiTurnConfig(
+        tools=str(tools_file), max_turns=2, turn_max_tokens=6, tool_timeout=10, parser="always_look"
+    )
+    with worker_group(
+        FSDPWorker, config, "actor_rollout", name_prefix="multiturnvl", process_group_timeout_s=240
+    ) as group:
+        group.init_model()
+        yield group
+
+
+@pytest.mark.slow  # ~140 s, mostly starting Ray and the engine; the scripted tests above run by default
+@pytest.mark.timeout(400)
+def test_engine_tool_pictures_flow_into_the_actor_whose_log_probs_match_vllm(
+    vl_multi_turn_worker, vl_tokenizer_and_processor, tiny_vl_model_path
+):
+    from easyrl.workers.rollout.base import GenerationRequest
+
+    tokenizer, processor = vl_tokenizer_and_processor
+    samples = [VLSample("Describe it.", [random_image(seed, **PROMPT_IMAGE)]) for seed in range(2)]
+    prompts = vl_prompts(processor, tiny_vl_model_path, samples)
+    out = vl_multi_turn_worker.generate_sequences(prompts, GenerationRequest(sampling_override={"n": 2}, seed=3))
+    batch = out.batch
+    pad = processor.image_token_id
+    for row in range(len(out)):
+        length = int(batch["attention_mask"][row, -ENGINE_RESPONSE_LENGTH:].sum())
+        mask = batch["response_mask"][row, :length].tolist()
+        tokens = batch["responses"][row, :length].tolist()
+        model_runs = [(s, e) for v, s, e in _runs(mask) if v == 1]
+        tool_runs = [(s, e) for v, s, e in _runs(mask) if v == 0]
+        # 2 turns of at most 6 tokens with the tool message between them: its pads are the crop's 4 vision tokens
+        assert len(model_runs) == 2 and all(e - s <= 6 for s, e in model_runs) and len(tool_runs) == 1
+        s, e = tool_runs[0]
+        assert tokens[s:e].count(pad) == CROP_TOKENS
+        assert tokenizer.decode(tokens[s:e]).endswith("<|vision_end|><|im_end|>\n<|im_start|>assistant\n")
+        media = out.non_tensor_batch["multi_modal_data"][row]
+        assert len(media["images"]) == 2 and media["images"][1].size == (56, 56)
+        assert media["images"][0] is not media["images"][1]
+    metrics = out.meta_info["metrics"]
+    assert metrics["rollout/multi_turn/tool_calls"] == 4 and metrics["rollout/multi_turn/tool_errors"] == 0
+    # the actor scores prompt + both turns + the tool message with both pictures: vLLM's log-probs on model tokens
+    actor = vl_multi_turn_worker.compute_log_probs(out).batch["old_log_probs"]
+    mismatch = rollout_logprob_mismatch(actor, batch["rollout_log_probs"], batch["response_mask"])
+    print(f"multi-turn VL rollout vs actor log-prob |diff|: {mismatch}")
+    assert mismatch["rollout/logprob_abs_diff/max"] < LOGPROB_TOLERANCE
