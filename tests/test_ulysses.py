@@ -54,6 +54,18 @@ def test_sequence_parallel_group_shares_one_dispatch_chunk():
     assert layout == [(0, 2, True), (0, 2, False), (1, 2, True), (1, 2, False)]
 
 
+def test_pictures_are_shared_over_the_group_by_patch_count():
+    # patches 64, 16, 512 (a video), 16: the video alone on rank 0, the pictures on rank 1 (96 patches)
+    from easyrl.models.vision_encoder import balance_items
+
+    assert balance_items([64, 16, 512, 16], 2) == [[2], [0, 1, 3]]
+    # fewer items than ranks: the last rank gets none (it encodes a blank picture to keep the collectives in step)
+    assert balance_items([64], 2) == [[0], []]
+    assert balance_items([], 2) == [[], []]
+    # equal loads: alternate, each rank's items in their original order
+    assert balance_items([4, 4, 4, 4], 2) == [[0, 2], [1, 3]]
+
+
 def test_heads_not_divisible_by_ulysses_size_name_the_key_and_the_counts():
     from transformers import Qwen2Config
 
@@ -354,7 +366,9 @@ def _vl_equality(rank: int, path: str) -> None:
     ref_entropy = torch.cat(parts)
 
     ulysses_model = model()
-    log_probs, entropy = scored(Actor(config, ulysses_model, processor=processor, sp=sp), data)
+    encoded = _count_encoded_patches(ulysses_model)
+    actor = Actor(config, ulysses_model, processor=processor, sp=sp)
+    log_probs, entropy = scored(actor, data)
     mask = data.batch["response_mask"].bool()
     _assert_close(log_probs[mask], ref_log_probs[mask], "log-probs")
     _assert_close(entropy[mask], ref_entropy[mask], "entropy")
@@ -362,6 +376,39 @@ def _vl_equality(rank: int, path: str) -> None:
     assert any("visual" in name for name in expected), "the vision tower got no gradient"
     for name in expected:
         _assert_close(actual[name], expected[name], f"gradient of {name}")
+
+    # the group encoded the micro-batch's pictures and video once between them, each rank a share (by patches)
+    grids = data.non_tensor_batch["multi_modal_data"]
+    total = int(sum(int(g.prod()) for g in _grids(processor, grids)))
+    both = [0, 0]
+    dist.all_gather_object(both, sum(encoded))
+    assert sum(both) == total and 0 < both[rank] < total, (both, total)
+    # one sample per micro-batch: a picture (the other rank encodes a blank one), none, two pictures, the video
+    single = ActorConfig(padding_free=True, dynamic_batching=False, use_torch_compile=False)
+    single.micro_batch_size_per_device_for_experience = 1
+    one_by_one, _ = Actor(single, ulysses_model, processor=processor, sp=sp).compute_log_probs(data)
+    _assert_close(one_by_one[mask], ref_log_probs[mask], "log-probs, one sample per micro-batch")
+
+
+def _count_encoded_patches(model) -> list[int]:
+    """Patches the vision tower's patch embedding takes, one entry per call (the tower's real work on this rank)."""
+    from easyrl.models.vision import vision_tower
+
+    calls: list[int] = []
+    vision_tower(model).patch_embed.register_forward_pre_hook(lambda _, args: calls.append(int(args[0].shape[0])))
+    return calls
+
+
+def _grids(processor, rows) -> list[torch.Tensor]:
+    from easyrl.models.vision import _pixels_once
+
+    grids = []
+    for row in rows:
+        for kind in ("images", "videos"):
+            items = list(row.get(kind) or []) if row else []
+            if items:
+                grids += [grid for _, grid in _pixels_once(processor, kind[:-1], items)]
+    return grids
 
 
 def _vl_model_path(family: str, root) -> str:

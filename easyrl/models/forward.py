@@ -25,6 +25,7 @@ from .vision import (
     require_processor,
     vision_tower,
 )
+from .vision_encoder import micro_batch as vision_micro_batch
 
 
 if TYPE_CHECKING:
@@ -149,7 +150,9 @@ def forward_response_outputs(
     def run_model():
         return module(**inputs, use_cache=False, **kwargs, **extra)
 
-    logits = run_model().logits if fused is None else run_with_fused_head(module, kept_labels, fused, run_model)
+    # the tower call: shared over the Ulysses group, served from the frozen tower's cache (models/vision_encoder.py)
+    with vision_micro_batch(module, vision, sp):
+        logits = run_model().logits if fused is None else run_with_fused_head(module, kept_labels, fused, run_model)
     if padding_free:
         logits = logits[0]  # (kept or total_tokens, ...)
         outputs = logits if keep_supported else logits[positions]

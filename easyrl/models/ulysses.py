@@ -20,12 +20,12 @@ wraps the real one. It takes the sequence-parallel path only for calls that carr
 (the packed forward of ``forward.py`` passes it down through the model); every other call (a padded batch, decoding
 with a cache in the HF rollout, a vision tower) goes straight to the wrapped function.
 
-Vision-language models (Qwen2.5-VL, Qwen3-VL): every rank of the group runs the vision tower on all of the
-micro-batch's pictures and videos (the tower's FSDP units gather their weights on every rank anyway, and the features
-of one rank's slice may come from any picture), the model inserts the features into the embeddings of the WHOLE row,
-and a pre-hook on the language model then keeps this rank's slice of the embeddings, of the 3-D rope positions and of
-Qwen3-VL's deepstack features. So the vision tower's activations are not split: a long video's encoder pass costs the
-same on each rank (splitting it by frames is not done).
+Vision-language models (Qwen2.5-VL, Qwen3-VL): the ranks of the group share the vision tower's work. Each encodes a
+share of the micro-batch's pictures and videos (whole items, balanced by patch count) and an all-gather gives every
+rank the features of all of them (models/vision_encoder.py; its backward returns each item's gradient to the rank
+that encoded it). The model inserts the features into the embeddings of the WHOLE row, and a pre-hook on the
+language model then keeps this rank's slice of the embeddings, of the 3-D rope positions and of Qwen3-VL's deepstack
+features. One long video is still one item: its encoder pass runs on one rank (splitting it by frames is not done).
 """
 
 import functools
@@ -138,8 +138,8 @@ def _language_model(model: torch.nn.Module) -> torch.nn.Module | None:
 
 
 def _slice_language_model_inputs(module: torch.nn.Module, args: tuple, kwargs: dict):
-    """Keep this rank's slice of a VLM's merged row (the vision tower ran on the whole row, on every rank of the
-    group: its outputs land in the full embeddings first, so each pad gets its own picture's features).
+    """Keep this rank's slice of a VLM's merged row (every rank of the group holds the features of all the row's
+    pictures after the tower's gather: they land in the full embeddings first, so each pad gets its own picture's).
 
     Slices the embeddings, the (4, 1, tokens) 3-D rope positions and, for Qwen3-VL's deepstack, the visual mask and
     the deepstack features of the visual tokens inside the slice."""

@@ -10,7 +10,7 @@ reordered (micro-batches, dynamic batching).
 """
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -96,6 +96,9 @@ class VisionInputs:
     image_token_id: int
     generated_pads: int = 0
     """Vision pad tokens found beyond the samples' own pictures (sampled by the policy), read as text."""
+    items: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    """Per picture / video, in pad order, its (patches, dim) pixels and (3,) grid as processed (host memory; empty
+    for the blank picture): the vision tower's cache keys them by content (models/vision_encoder.py)."""
 
 
 def _row_media(row: Any) -> tuple[list, list]:
@@ -260,7 +263,13 @@ def build_vision_inputs(
             generated += len(extra)
     device = input_ids.device
     return VisionInputs(
-        renamed, torch.cat(patches).to(device), torch.stack(grids).to(device), 0, image_token, generated
+        renamed,
+        torch.cat(patches).to(device),
+        torch.stack(grids).to(device),
+        0,
+        image_token,
+        generated,
+        items=list(zip(patches, grids)),
     )
 
 
