@@ -231,6 +231,7 @@ def derive(config: PPOConfig) -> None:
     ref.ulysses_size = actor.ulysses_size
     ref.use_torch_compile = actor.use_torch_compile
     ref.use_fused_kernels = actor.model.use_fused_kernels
+    ref.shared_prefix = actor.shared_prefix
 
     world_size = max(config.world_size, 1)
     # the ranks of one Ulysses group share their samples (each holds a slice of every sequence), so a step's samples

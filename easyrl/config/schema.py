@@ -167,6 +167,12 @@ class ModelConfig:
     error naming this key; read its code, then set true."""
     freeze_vision_tower: bool = False
     """Keep the vision encoder of a VLM frozen."""
+    vision_cache_mb: int = 2048
+    """Host memory (MiB) for a frozen vision tower's outputs (freeze_vision_tower, or LoRA without lora.vision_tower;
+    the reference's tower always): each picture/video is encoded once and its features reused by every log-prob pass
+    (old, reference) and every update micro-batch and epoch, as Long-RL caches video embeddings. Keyed by the
+    pixels' content, least recently used first out; exact (a frozen tower maps equal pixels to equal features).
+    0 turns it off; a trained tower never caches."""
     use_fused_kernels: bool = False
     """Actor and reference (the reference loads worker.actor.model): compute token log-probs and entropies inside the
     LM head from hidden states, a chunk of rows x vocabulary at a time, so the (response tokens x vocabulary) logits

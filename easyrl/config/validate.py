@@ -122,6 +122,7 @@ def _trainable_role_ranges(role: str) -> dict[str, Interval]:
         f"{prefix}.model.lora.alpha": POSITIVE,
         f"{prefix}.model.lora.dropout": Interval(0, 1, high_open=True),
         f"{prefix}.model.lora.lr": POSITIVE,
+        f"{prefix}.model.vision_cache_mb": NON_NEGATIVE,
         f"{prefix}.optim.lr": Interval(0, low_open=True, why="the optimizer would stand still or climb the loss"),
         f"{prefix}.optim.weight_decay": NON_NEGATIVE,
         f"{prefix}.optim.lr_warmup_ratio": SHARE,
@@ -386,6 +387,28 @@ def _check_ulysses(config: PPOConfig, role: str, role_config) -> None:
         )
 
 
+def _check_shared_prefix(config: PPOConfig) -> None:
+    """`worker.actor.shared_prefix` (models/prefix_group.py) packs each prompt once in a padding-free row on one
+    worker: the Ulysses split of that row and the fused LM head are not implemented for it."""
+    actor = config.worker.actor
+    if not actor.shared_prefix:
+        return
+    key = "`worker.actor.shared_prefix` is true"
+    if not actor.padding_free:
+        raise ConfigError(
+            f"{key}: it packs each prompt once in a padding-free row; set worker.actor.padding_free=true."
+        )
+    if actor.ulysses_size > 1:
+        raise ConfigError(
+            f"{key} and worker.actor.ulysses_size is {actor.ulysses_size}: splitting a shared-prefix row over "
+            "sequence-parallel workers is not implemented; set one of them off (shared_prefix=false or ulysses_size=1)."
+        )
+    if actor.model.use_fused_kernels:
+        raise ConfigError(
+            f"{key} with worker.actor.model.use_fused_kernels: the two are not tested together; set one of them false."
+        )
+
+
 def _check_lora(config: PPOConfig) -> None:
     """What can be told of the adapters before the model is read: the names' types and the exclusion regex (which
     modules the names match is known only at worker start, where a name matching none stops the run)."""
@@ -418,6 +441,7 @@ def _check_unsupported(config: PPOConfig) -> None:
                 "critic's value head is new and needs all its weights trained); set worker.critic.model.lora.rank=0."
             )
         _check_ulysses(config, role, role_config)
+    _check_shared_prefix(config)
     if worker.critic.model.use_fused_kernels:
         raise ConfigError(
             "`worker.critic.model.use_fused_kernels` is true: the fused kernels compute token log-probs in a language "

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from . import ulysses
+from . import prefix_group, ulysses
 from .attention import packed_attention_kwargs
 from .fused_head import FusedHeadRequest, run_with_fused_head
 from .padding_free import pack_batch, response_prediction_positions
@@ -52,6 +52,7 @@ def forward_response_outputs(
     fused: FusedHeadRequest | None = None,
     per_token: PerToken | None = None,
     sp: ulysses.SequenceParallel | None = None,
+    shared_prefix: prefix_group.PrefixStats | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Outputs (``.logits`` of the model) at the positions that predict each existing response token.
 
@@ -64,6 +65,8 @@ def forward_response_outputs(
     to what the caller keeps (log-probs and entropies instead of vocabulary logits); ``outputs`` is then its result.
     ``sp`` (Ulysses, models/ulysses.py): this rank computes its slice of the packed row and the per-token results
     are gathered from the group, so every rank of it returns the whole micro-batch's outputs.
+    ``shared_prefix`` (`worker.actor.shared_prefix`, models/prefix_group.py): pack each group of samples with the same
+    prompt as one prompt followed by its responses (the prompt runs once); what sharing did is added to it.
     """
     batch = data.batch
     input_ids, attention_mask, position_ids = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
@@ -72,11 +75,28 @@ def forward_response_outputs(
     rows = data.non_tensor_batch.get(MULTI_MODAL_KEY)
     require_processor(rows, processor)
     vision = None
+    groups = None
+    if shared_prefix is not None:
+        if not padding_free or sp is not None:
+            raise ValueError(
+                "`worker.actor.shared_prefix` packs each prompt once in a padding-free row: it needs "
+                "worker.actor.padding_free=true and worker.actor.ulysses_size=1."
+            )
+        alone = None
+        if processor is not None and vision_tower(module) is not None:
+            alone = prefix_group.responses_with_vision_pads(input_ids, response_length, processor)
+        groups, unshared = prefix_group.find_groups(input_ids, attention_mask, response_length, rows, alone)
+        shared_prefix.unshared_rows += unshared
     if processor is not None and vision_tower(module) is not None:
-        vision = build_vision_inputs(
-            input_ids, attention_mask, rows, processor, response_length, batch.get("response_mask", None)
-        )
-        input_ids = vision.input_ids
+        if groups is None:
+            vision = build_vision_inputs(
+                input_ids, attention_mask, rows, processor, response_length, batch.get("response_mask", None)
+            )
+            input_ids = vision.input_ids
+        else:  # the pictures of each group's prompt once (its first sample's), in packed order
+            vision, input_ids = prefix_group.group_vision_inputs(
+                input_ids, attention_mask, rows, processor, response_length, groups
+            )
         if position_ids.dim() == 2:  # text positions on all three rope axes
             position_ids = position_ids[:, None, :].expand(-1, 3, -1)
     extra = {"pixel_values": vision.pixel_values, "image_grid_thw": vision.image_grid_thw} if vision else {}
@@ -87,7 +107,24 @@ def forward_response_outputs(
             f"`worker.actor.model.use_fused_kernels` needs a causal LM whose forward takes `logits_to_keep`; "
             f"{type(module).__name__}'s does not. Set worker.actor.model.use_fused_kernels=false for this model."
         )
-    if padding_free:
+    if groups is not None:
+        grouped = prefix_group.pack_groups(input_ids, attention_mask, position_ids, response_length, groups)
+        layout = grouped.layout
+        packed_ids, packed_positions = grouped.input_ids, grouped.position_ids
+        if blank_tokens:
+            packed_ids, packed_positions = append_blank_sequence(
+                packed_ids, packed_positions, blank_tokens, vision.image_token_id
+            )
+            layout = layout.with_extra_sequence(blank_tokens)
+        valid, positions = grouped.valid.to(input_ids.device), grouped.positions
+        keep, rows = positions, slice(None)
+        inputs = {"input_ids": packed_ids, "position_ids": packed_positions, prefix_group.KWARG: layout}
+        kept_labels = responses[valid][None] if fused is not None else None
+        shared_prefix.samples += batch_size
+        shared_prefix.groups += grouped.groups
+        shared_prefix.tokens += packed_ids.shape[-1] - blank_tokens
+        shared_prefix.unshared_tokens += grouped.unshared_tokens
+    elif padding_free:
         packed = pack_batch(input_ids, attention_mask, position_ids)
         packed_ids, packed_positions = packed.input_ids, packed.position_ids
         if position_ids.dim() == 3:  # 3-D rope: (3, 1, total) -> (4, 1, total) with the restarting text row first

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..config import RefConfig
-from ..models import ulysses
+from ..models import prefix_group, ulysses
 from ..models.dynamic_batching import restore_order, split_micro_batches
 from ..models.forward import forward_response_outputs, scatter_to_response
 from ..models.fused_head import FusedHeadRequest
@@ -55,6 +55,11 @@ class Actor:
             config.use_fused_kernels if isinstance(config, RefConfig) else config.model.use_fused_kernels
         )
         self.chunk_kernels = select_chunk_kernels(config.use_torch_compile)
+        # worker.actor.shared_prefix (copied to the reference): each prompt computed once per group of samples;
+        # the counts of what sharing did accumulate here (reported with the update's metrics)
+        self.prefix_stats = prefix_group.PrefixStats() if config.shared_prefix else None
+        if config.shared_prefix:
+            prefix_group.enable(module)
 
     def _forward(
         self, micro_batch: "DataProto", temperature: float, calculate_entropy: bool, entropy_grad: bool = True
@@ -87,6 +92,7 @@ class Actor:
             fused=request,
             per_token=per_token,
             sp=self.sp,
+            shared_prefix=self.prefix_stats,
         )
         log_probs = scatter_to_response(outputs[:, 0], valid)
         entropy = None
@@ -101,9 +107,13 @@ class Actor:
         """log pi(y_t | x, y_<t) at the rollout's temperature (``meta_info["temperature"]``), (batch, response_len)."""
         temperature = data.meta_info["temperature"]
         self.module.eval()
-        micro_batches, permutation = split_micro_batches(
-            data, self.config.micro_batch_size_per_device_for_experience, self.config.dynamic_batching
-        )
+        micro_batch_size = self.config.micro_batch_size_per_device_for_experience
+        if self.prefix_stats is None:
+            micro_batches, permutation = split_micro_batches(data, micro_batch_size, self.config.dynamic_batching)
+        else:
+            micro_batches, permutation = prefix_group.split_micro_batches_by_group(
+                data, micro_batch_size, self.config.dynamic_batching, self.prefix_stats
+            )
         outputs = [self._forward(mb, temperature, calculate_entropy) for mb in micro_batches]
         log_probs = restore_order(torch.cat([lp for lp, _ in outputs]), permutation)
         entropy = restore_order(torch.cat([e for _, e in outputs]), permutation) if calculate_entropy else None
@@ -162,7 +172,9 @@ class Actor:
         ``on_policy``) and ref_log_probs with use_kl_loss. Returns this rank's ``actor/*`` metrics."""
         if self.optimizer is None or self.mini_batch_size is None:
             raise RuntimeError("This actor was built without an optimizer (a reference model cannot be updated).")
-        return run_ppo_updates(
+        if self.prefix_stats is not None:
+            self.prefix_stats = prefix_group.PrefixStats()  # this update's counts only
+        metrics = run_ppo_updates(
             self.module,
             self.optimizer,
             data,
@@ -171,7 +183,11 @@ class Actor:
             mini_batch_size=self.mini_batch_size,
             dp_size=self.dp_size,
             prefix="actor",
+            shared_prefix=self.prefix_stats,
         )
+        if self.prefix_stats is not None:
+            metrics.update(self.prefix_stats.metrics("actor"))
+        return metrics
 
     def _sft_micro_loss(self, micro_batch: "DataProto", denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
         """Cross-entropy of the labelled tokens: -sum log p(y_t | y_<t) over ``response_mask`` / ``denominator`` (the

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..models.dynamic_batching import split_micro_batches
+from ..models.prefix_group import PrefixStats, split_micro_batches_by_group
 from .optim import clip_grad_norm_and_step
 
 
@@ -49,10 +50,11 @@ def run_ppo_updates(
     mini_batch_size: int,
     dp_size: int,
     prefix: str,
+    shared_prefix: PrefixStats | None = None,
 ) -> dict[str, float]:
     """Run the update schedule of ``role_config`` (an actor or critic section: ppo_epochs, micro batch size,
     dynamic batching, loss_avg_mode, max_grad_norm) on this rank's share of the batch; metrics are averages over
-    steps, ``prefix/``."""
+    steps, ``prefix/``. ``shared_prefix`` (the actor's `shared_prefix`): micro-batches of whole prompt groups."""
     micro_batch_size = role_config.micro_batch_size_per_device_for_update
     dynamic_batching, ppo_epochs = role_config.dynamic_batching, role_config.ppo_epochs
     loss_avg_mode, max_grad_norm = role_config.loss_avg_mode, role_config.max_grad_norm
@@ -67,7 +69,12 @@ def run_ppo_updates(
     for _ in range(ppo_epochs):
         for mini_batch in data.split(mini_batch_size):
             denominator = global_loss_denominator(mini_batch.batch["response_mask"], loss_avg_mode, dp_size)
-            micro_batches, _ = split_micro_batches(mini_batch, micro_batch_size, dynamic_batching)
+            if shared_prefix is None:
+                micro_batches, _ = split_micro_batches(mini_batch, micro_batch_size, dynamic_batching)
+            else:
+                micro_batches, _ = split_micro_batches_by_group(
+                    mini_batch, micro_batch_size, dynamic_batching, shared_prefix
+                )
             micro_metrics: dict[str, list[float]] = defaultdict(list)
             for micro_batch in micro_batches:
                 loss, metrics = micro_loss(micro_batch, denominator)
