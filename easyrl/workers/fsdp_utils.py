@@ -18,7 +18,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 
 from ..config import FSDPConfig, ModelConfig
-from ..models import attention, lora, vision
+from ..models import attention, lora, vision, vision_encoder
 from ..models.checkpoint_layout import save_pretrained_in_released_layout
 from ..utils import device
 from ..utils.remote_code import naming_the_remote_code_key
@@ -270,6 +270,8 @@ def build_fsdp_model(
         del full_state
     elif device.is_cuda_available() and not fsdp_config.enable_cpu_offload:
         model.to(device.get_torch_device())
+    # a frozen tower's outputs are kept per picture (worker.actor.model.vision_cache_mb, models/vision_encoder.py)
+    vision_encoder.install(model, cache_bytes=model_config.vision_cache_mb * 2**20)
     return model
 
 

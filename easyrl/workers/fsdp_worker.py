@@ -25,7 +25,7 @@ from ..config import WorkerConfig
 from ..config.schema import ModelConfig
 from ..controller.dispatch import Dispatch, register
 from ..controller.worker import Worker
-from ..models import lora
+from ..models import lora, vision_encoder
 from ..models.ulysses import SequenceParallel, build_sequence_parallel, dispatch_layout
 from ..utils import device
 from ..utils.logging import setup_worker_logging
@@ -297,6 +297,8 @@ class FSDPWorker(Worker):
         with self._on_device(role, with_optimizer=True):
             metrics = update_fn(data.to(device.get_torch_device()))
         metrics[f"{role}/lr"] = scheduler.get_last_lr()[0]
+        if role == "actor":  # the step's vision-tower calls so far: old log-probs, reference, this update
+            metrics.update(vision_encoder.take_cache_metrics(self.actor_module, self.ref_module))
         scheduler.step()
         return DataProto.from_dict(meta_info={"metrics": _reduce_metrics_over_ranks(metrics)})
 

@@ -1,0 +1,133 @@
+"""A frozen vision tower's cached outputs (models/vision_encoder.py, worker.actor.model.vision_cache_mb).
+
+One training step of the actor on one rank, built as the worker builds it (FSDP2, the config's cache budget): old
+log-probs, a second log-prob pass (the reference when it is the same model), two PPO epochs of updates. With the
+cache, every picture and the video go through the tower once in the whole step, and every number equals the run
+without the cache.
+"""
+
+import pytest
+import torch
+
+from easyrl.models import vision_encoder
+
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2_5_vl(tmp_path_factory) -> str:
+    from easyrl.testing.tiny_vlms import build_tiny_vlm
+
+    return str(build_tiny_vlm("qwen2_5_vl", tmp_path_factory.mktemp("vl")))
+
+
+def _samples():
+    from easyrl.testing.vl_batch import VLSample, random_image, random_video
+
+    picture, video = random_image(0), random_video(3, frames=8)
+    # two samples per prompt (rollout.n = 2): the copies share one picture object, as the rollout's samples do
+    return [
+        VLSample("Count the shapes.", images=[picture]),
+        VLSample("Count the shapes.", images=[picture]),
+        VLSample("Hello there, how are you?"),
+        VLSample("What happens?", videos=[video]),
+        VLSample("What happens?", videos=[video]),
+        VLSample("Which is brighter?", images=[random_image(1), random_image(2, width=84, height=56)]),
+    ]
+
+
+def _patches_per_call(module) -> list[int]:
+    from easyrl.models.vision import vision_tower
+
+    calls: list[int] = []
+    vision_tower(module).patch_embed.register_forward_pre_hook(lambda _, args: calls.append(int(args[0].shape[0])))
+    return calls
+
+
+def _one_step(path: str, cache_mb: int) -> dict:
+    """Old log-probs, a reference-like pass, 2 PPO epochs (micro-batches of 2, then 4 for the log-probs), on one
+    rank; returns the log-probs, the updated weights, the tower's patches per call and the cache metrics."""
+    from transformers import AutoProcessor
+
+    from easyrl.testing.single_rank import build_actor, one_rank_process_group
+    from easyrl.testing.vl_batch import make_vl_batch
+
+    overrides = [
+        "worker.actor.model.freeze_vision_tower=true",
+        f"worker.actor.model.vision_cache_mb={cache_mb}",
+        "worker.actor.model.enable_gradient_checkpointing=false",
+        "worker.actor.fsdp.torch_dtype=fp32",
+        "worker.actor.fsdp.mp_param_dtype=fp32",
+        "worker.actor.optim.strategy=adamw",
+        "worker.actor.optim.lr=1e-3",
+        "worker.actor.ppo_epochs=2",
+        "worker.actor.dynamic_batching=false",
+        "worker.actor.use_torch_compile=false",
+        "worker.actor.micro_batch_size_per_device_for_update=2",
+        "worker.actor.micro_batch_size_per_device_for_experience=4",
+        "worker.actor.global_batch_size=6",
+        "algorithm.disable_kl=true",
+        "algorithm.use_kl_loss=false",
+    ]
+    processor = AutoProcessor.from_pretrained(path)
+    samples = _samples()
+    data = make_vl_batch(processor, path, samples, response_length=5, seed=2)
+    data.meta_info["temperature"] = 1.0
+    with one_rank_process_group():
+        torch.manual_seed(0)
+        actor, module, _ = build_actor(path, overrides, batch_size=6)
+        actor.processor = processor
+        calls = _patches_per_call(module)
+        old, _ = actor.compute_log_probs(data)
+        ref, _ = actor.compute_log_probs(data)
+        data.batch["old_log_probs"] = old
+        data.batch["advantages"] = torch.linspace(-1.0, 1.0, 6)[:, None].expand_as(old).contiguous()
+        actor.update_policy(data)
+        after, _ = actor.compute_log_probs(data)
+        weights = {name: p.full_tensor().detach().clone() for name, p in module.named_parameters()}
+        metrics = vision_encoder.take_cache_metrics(module)
+    return {"old": old, "ref": ref, "after": after, "weights": weights, "calls": calls, "metrics": metrics}
+
+
+def test_a_frozen_tower_encodes_each_picture_once_per_step_and_changes_no_number(tiny_qwen2_5_vl):
+    cached, plain = _one_step(tiny_qwen2_5_vl, 64), _one_step(tiny_qwen2_5_vl, 0)
+    # the media: a 56x84 picture (4 x 6 patches of 14 px: 24) shared by samples 0 and 1, an 8-frame 56x56 video
+    # (4 temporal x 4 x 4: 64) shared by samples 3 and 4, the 56x84 and 84x56 pictures of sample 5 (24 each)
+    unique_patches = 24 + 64 + 24 + 24
+    per_pass = 2 * 24 + 2 * 64 + 24 + 24
+    # with the cache the first pass encodes each of them once (a repeat in its micro-batch too), then never again
+    assert sum(cached["calls"]) == unique_patches, cached["calls"]
+    # without: 3 log-prob passes of 2 micro-batches (old, ref, after) and 2 epochs of 3, every sample's media again
+    assert len(plain["calls"]) == 3 * 2 + 2 * 3 and sum(plain["calls"]) == 5 * per_pass
+    # 5 passes (old, ref, 2 epochs, after) look up the 6 media of the 6 samples: the 4 distinct ones miss once
+    assert cached["metrics"] == {"perf/vision_cache_hits": 5 * 6 - 4.0, "perf/vision_cache_misses": 4.0}
+    assert plain["metrics"] == {}
+    for key in ("old", "ref", "after"):
+        torch.testing.assert_close(cached[key], plain[key], rtol=0, atol=1e-6, msg=key)
+    assert torch.equal(cached["old"], cached["ref"])
+    assert not torch.equal(cached["after"], cached["old"])  # the update moved the policy
+    for name, weight in plain["weights"].items():
+        torch.testing.assert_close(cached["weights"][name], weight, rtol=0, atol=1e-6, msg=name)
+
+
+def test_the_cache_keeps_the_most_recent_items_within_its_budget():
+    cache = vision_encoder.EmbeddingCache(budget_bytes=3 * 4 * 4)  # three (1, 4) fp32 entries
+    for i in range(4):
+        cache.put(bytes([i]), (torch.full((1, 4), float(i)),))
+    assert [k[0] for k in cache.entries] == [1, 2, 3] and cache.bytes == 48
+    cache.get(bytes([1]), torch.device("cpu"))  # used: now the most recent
+    cache.put(bytes([4]), (torch.zeros(1, 4),))
+    assert [k[0] for k in cache.entries] == [3, 1, 4]
+    cache.put(bytes([5]), (torch.zeros(2, 4), torch.zeros(2, 4)))  # 64 bytes: larger than the budget, not kept
+    assert bytes([5]) not in cache
+
+
+def test_equal_pixels_give_equal_keys_and_any_change_another():
+    pixels, grid = torch.arange(12.0).reshape(3, 4), torch.tensor([1, 1, 3])
+    key = vision_encoder.content_key(pixels, grid)
+    assert vision_encoder.content_key(pixels.clone(), grid.clone()) == key
+    changed = pixels.clone()
+    changed[2, 3] += 1e-6
+    assert vision_encoder.content_key(changed, grid) != key
+    assert vision_encoder.content_key(pixels.clone(), torch.tensor([1, 3, 1])) != key
