@@ -264,7 +264,7 @@ def test_sft_loss_falls_and_matches_a_plain_forward_at_the_first_step(sft_run, t
     from transformers import AutoModelForCausalLM
 
     folder, rows, _, metrics = sft_run
-    assert sorted(metrics) == list(range(1, 9))
+    assert sorted(metrics) == list(range(9))  # step 0: the validation loss before training (val_before_train)
     losses = [metrics[step]["sft/loss"] for step in range(1, 9)]
     assert losses[-1] < losses[0] - 1.0, losses
     # step 1 (no shuffle: rows 0-3, micro-batches of 1 on 2 workers) is the token mean at the initial weights
@@ -276,15 +276,17 @@ def test_sft_loss_falls_and_matches_a_plain_forward_at_the_first_step(sft_run, t
     assert (folder / "ckpt" / "global_step_8" / "actor").is_dir()
 
 
-def test_sft_validation_loss_is_the_held_out_token_mean_every_val_freq_steps(sft_run, tokenizer):
+def test_sft_validation_loss_is_the_held_out_token_mean_every_val_freq_steps(sft_run, tiny_model_path, tokenizer):
     from transformers import AutoModelForCausalLM
 
     folder, _, _, metrics = sft_run
-    assert [step for step in sorted(metrics) if "val/loss" in metrics[step]] == [4, 8]
+    assert [step for step in sorted(metrics) if "val/loss" in metrics[step]] == [0, 4, 8]
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    assert metrics[0]["val/loss"] == pytest.approx(_assistant_nll(initial, tokenizer, VAL_ROWS), abs=1e-4)
     # at the last step the workers' validation loss is the trained model's token mean over the three rows
     trained = AutoModelForCausalLM.from_pretrained(folder / "ckpt" / "huggingface", dtype=torch.float32)
     assert metrics[8]["val/loss"] == pytest.approx(_assistant_nll(trained, tokenizer, VAL_ROWS), abs=1e-4)
-    assert metrics[8]["val/loss"] < metrics[4]["val/loss"]
+    assert metrics[8]["val/loss"] < metrics[4]["val/loss"] < metrics[0]["val/loss"]
 
 
 def test_sft_output_folder_is_an_rl_actor_model_path(sft_run, tiny_model_path, tokenizer):
@@ -315,10 +317,10 @@ def test_sft_resumes_from_its_last_checkpoint(sft_run, tmp_path):
     assert "Resuming from" in (tmp_path / "resume.log").read_text()
     rows = [json.loads(line) for line in (folder / "ckpt" / "metrics.jsonl").read_text().splitlines()]
     steps = [row["step"] for row in rows]
-    assert steps == list(range(1, 11))  # steps 1-8 kept once, 9 and 10 appended
+    assert steps == list(range(11))  # steps 0-8 kept once (no second validation before training), 9 and 10 appended
     # the loader continued: the batches of steps 9 and 10 are those an unbroken run would draw (rows 0-3, 4-7)
-    assert rows[8]["sft/epoch"] == 4 and rows[9]["sft/epoch"] == 4
-    assert rows[8]["sft/loss"] < metrics[1]["sft/loss"]
+    assert rows[9]["sft/epoch"] == 4 and rows[10]["sft/epoch"] == 4
+    assert rows[9]["sft/loss"] < metrics[1]["sft/loss"]
 
 
 @pytest.mark.slow
@@ -401,7 +403,7 @@ def test_a_stop_signal_ends_sft_after_the_step_with_a_checkpoint_it_resumes_from
     proc = launch_training(args, log_path, "sft")
     metrics_file = save_dir / "metrics.jsonl"
     wait_until(
-        lambda: metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 2, "step 2", proc, log_path
+        lambda: metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 3, "step 2", proc, log_path
     )
     os.kill(proc.pid, signal.SIGTERM)
     try:

@@ -165,8 +165,14 @@ class SFTTrainer:
         """Train to the last step, save, and write the Hugging Face folder; returns the last step's metrics."""
         self._resume()
         steps, save_freq = self.plan.training_steps, self.config.trainer.save_freq
-        batches = self._batches()
         metrics: dict[str, float] = {}
+        trainer_config = self.config.trainer
+        if self.val_loader is not None and trainer_config.val_before_train and self.global_step == 0:
+            metrics = {"val/loss": self.validate()}  # the starting point of the validation curve, as RL logs it
+            self.tracker.log(metrics, step=0)
+        if trainer_config.val_only:
+            return metrics
+        batches = self._batches()
         while self.global_step < steps:
             if self.stop.requested:
                 if self.global_step > self._saved_step:
