@@ -123,7 +123,6 @@ def _trainable_role_ranges(role: str) -> dict[str, Interval]:
         f"{prefix}.model.lora.dropout": Interval(0, 1, high_open=True),
         f"{prefix}.model.lora.lr": POSITIVE,
         f"{prefix}.model.vision_cache_mb": NON_NEGATIVE,
-        f"{prefix}.model.vision_cache_mb": NON_NEGATIVE,
         f"{prefix}.optim.lr": Interval(0, low_open=True, why="the optimizer would stand still or climb the loss"),
         f"{prefix}.optim.weight_decay": NON_NEGATIVE,
         f"{prefix}.optim.lr_warmup_ratio": SHARE,
