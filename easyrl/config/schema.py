@@ -305,6 +305,12 @@ class ActorConfig(TrainableRoleConfig):
     """Truncated importance sampling: weight each token by min(pi_old / pi_rollout, tis_cap); null disables it."""
     entropy_coef: float = 0.0
     """Entropy bonus: the policy loss gets -entropy_coef * mean token entropy; 0 disables it."""
+    shared_prefix: bool = False
+    """Shared-prefix forward passes (Prefix Grouper, arXiv 2506.05433): the samples of a micro-batch with identical
+    prompt ids (and pictures) are packed as ONE prompt followed by their responses, each response attending to the
+    prompt and itself, so log-prob and update passes (and a VLM's vision tower) compute each prompt once per group
+    instead of rollout.n times; results equal the unshared path. Micro-batches are cut by whole groups. Needs
+    padding_free; not with ulysses_size > 1 or model.use_fused_kernels. Also used by the reference."""
     disable_kl: bool = field(default=False, metadata=DERIVED)
     """Copied from algorithm.disable_kl (derived)."""
     use_kl_loss: bool = field(default=False, metadata=DERIVED)
@@ -347,6 +353,8 @@ class RefConfig:
     """Copied from the actor (derived)."""
     use_fused_kernels: bool = field(default=False, metadata=DERIVED)
     """Copied from worker.actor.model.use_fused_kernels: the reference loads the actor's model (derived)."""
+    shared_prefix: bool = field(default=False, metadata=DERIVED)
+    """Copied from worker.actor.shared_prefix (derived)."""
 
 
 @dataclass
