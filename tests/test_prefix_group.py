@@ -291,3 +291,35 @@ def test_check_refuses_shared_prefix_where_it_cannot_run_naming_the_key(valid_ar
 
     with pytest.raises(ConfigError, match=message):
         load_run_plan([*valid_args, "worker.actor.shared_prefix=true", *overrides])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# two FSDP2 ranks through the worker
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # ~60 s on 2 busy cores (Ray workers, two model loads); the in-process tests above are the fast ones
+@pytest.mark.timeout(300)
+def test_two_rank_fsdp_update_with_shared_prefixes_equals_one_plain_process(ray_cluster, tiny_model_path):
+    from easyrl.workers.fsdp_worker import FSDPWorker
+    from tests.fsdp_helpers import padded_policy_loss, per_sequence_log_probs, worker_config, worker_group
+
+    lr = 0.1
+    data = grouped_batch([3, 3], seed=7)  # one group per rank; micro-batches of 2 cut each group (2 + 1)
+    config = worker_config(tiny_model_path, 2, lr=lr, global_batch_size=6, micro_batch_size=2)
+    config.actor.shared_prefix = config.ref.shared_prefix = True
+    with worker_group(FSDPWorker, config, "actor", processes=2, name_prefix="prefix") as group:
+        group.init_model()
+        old = group.compute_log_probs(data).batch["old_log_probs"]
+        data = add_policy_targets(data, old, seed=7)
+        metrics = group.update_actor(data).meta_info["metrics"]
+        state = group.get_full_state_dict()
+    reference = load_hf_causal_lm(tiny_model_path)
+    torch.testing.assert_close(old, per_sequence_log_probs(reference, data, TEMPERATURE), rtol=1e-5, atol=1e-5)
+    assert metrics["actor/shared_prefix/split_groups"] > 0 and metrics["actor/shared_prefix/token_ratio"] < 1.0
+    # one SGD step of a plain padded model on the whole batch: theta - lr * grad(L_minibatch)
+    padded_policy_loss(reference, data, worker_config(tiny_model_path, 1).actor).backward()
+    before = load_hf_causal_lm(tiny_model_path).state_dict()
+    with torch.no_grad():
+        for name, param in reference.named_parameters():
+            expected = param - lr * param.grad
+            assert float((expected - before[name]).abs().max()) > 0 or param.grad.abs().max() == 0
+            torch.testing.assert_close(state[name], expected, atol=1e-6, rtol=1e-5, msg=name)
