@@ -20,6 +20,7 @@ from tests.fixtures.trainer_runs import (
     log_tail,
     metrics_by_step,
     run_training,
+    wait_for_path,
     wait_until,
 )
 
@@ -415,3 +416,39 @@ def test_a_stop_signal_ends_sft_after_the_step_with_a_checkpoint_it_resumes_from
     assert step < 400
     assert (save_dir / f"global_step_{step}" / "actor").is_dir()
     assert "stopped by SIGTERM" in log_tail(log_path)
+
+
+@pytest.mark.slow
+def test_a_killed_sft_worker_is_restarted_and_the_steps_after_equal_the_unbroken_run(sft_run, tmp_path):
+    from tests.test_faults_runs import _worker_pids
+
+    _, _, args, reference = sft_run
+    save_dir = tmp_path / "ckpt"
+    args = [a for a in args if not a.startswith(("trainer.max_steps=", "trainer.save_checkpoint_path="))]
+    args += ["trainer.max_steps=400", "trainer.max_restarts=1", f"trainer.save_checkpoint_path={save_dir}"]
+    log_path = tmp_path / "restarted.log"
+    proc = launch_training(args, log_path, "sft")
+    try:
+        wait_for_path(save_dir / "global_step_4" / "COMPLETE", proc, log_path)
+        victim = _worker_pids(proc.pid)[-1]
+        os.kill(victim, signal.SIGKILL)  # what the kernel's out-of-memory killer sends
+
+        def restarted_to_step_8() -> bool:
+            rows = metrics_by_step(save_dir)
+            return rows.get(8, {}).get("trainer/restarts") == 1
+
+        wait_until(restarted_to_step_8, "step 8 after the restart", proc, log_path)
+        os.kill(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    finally:
+        kill_process_group(proc)
+    text = log_path.read_text(errors="replace")
+    assert code == 128 + signal.SIGTERM, log_tail(log_path)
+    assert f"(pid {victim}) died during `" in text
+    assert f"Restarting the workers and resuming from {save_dir / 'global_step_4'} (restart 1 of" in text
+    rows = metrics_by_step(save_dir)
+    assert rows[4]["trainer/restarts"] == 0
+    for step in range(5, 9):  # the loader and the weights continued from step 4 exactly
+        assert rows[step]["trainer/restarts"] == 1
+        assert rows[step]["sft/loss"] == pytest.approx(reference[step]["sft/loss"], abs=1e-5), step
+        assert rows[step]["sft/tokens"] == reference[step]["sft/tokens"]

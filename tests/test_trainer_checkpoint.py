@@ -174,3 +174,18 @@ def test_rng_state_round_trip_replays_the_same_random_numbers(tmp_path):
     again = (random.random(), np.random.rand(), torch.rand(2))
     assert first[0] == again[0] and first[1] == again[1] and torch.equal(first[2], again[2])
     assert os.listdir(tmp_path / "actor") == ["rng_state_rank_3.json"]
+
+
+def test_saves_after_the_last_step_every_save_freq_steps_after_the_minutes_and_on_a_stop():
+    import time
+    from types import SimpleNamespace
+
+    from easyrl.trainer.checkpoint import saves_after
+
+    trainer = SimpleNamespace(save_freq=4, save_every_minutes=0.0)
+    now = time.monotonic()
+    assert [step for step in range(1, 10) if saves_after(trainer, step, step == 9, now, False)] == [4, 8, 9]
+    assert saves_after(trainer, 3, False, now, stop_requested=True)
+    trainer = SimpleNamespace(save_freq=-1, save_every_minutes=2.0)
+    assert not saves_after(trainer, 3, False, now - 119, False)
+    assert saves_after(trainer, 3, False, now - 121, False)

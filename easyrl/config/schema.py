@@ -635,8 +635,8 @@ class TrainerConfig:
     job killed without warning loses at most about that much work; 0 turns it off. Counts toward save_limit."""
     max_restarts: int = 0
     """When a worker process dies (killed, out of memory, crashed), kill every worker, start new ones and resume
-    from the last complete checkpoint, up to this many times per `easyrl train` (logged as trainer/restarts); 0 ends
-    the run with a message naming the worker."""
+    from the last complete checkpoint, up to this many times per `easyrl train` or `easyrl sft` (logged as
+    trainer/restarts); 0 ends the run with a message naming the worker."""
     save_checkpoint_path: Optional[str] = None
     """Checkpoint folder; null means checkpoints/<project_name>/<experiment_name>."""
     load_checkpoint_path: Optional[str] = None

@@ -114,6 +114,19 @@ def load_dataloader_state(path: str) -> dict | None:
     return None
 
 
+def saves_after(config: Any, step: int, is_last: bool, last_save_time: float, stop_requested: bool) -> bool:
+    """Whether a run (RL or SFT) checkpoints after ``step``: after the last step, every ``trainer.save_freq`` steps,
+    once ``trainer.save_every_minutes`` have passed since ``last_save_time`` (``time.monotonic()``), and when a stop
+    signal came during the step. ``config``: the ``trainer`` section."""
+    minutes = config.save_every_minutes
+    return (
+        is_last
+        or (config.save_freq > 0 and step % config.save_freq == 0)
+        or (minutes > 0 and time.monotonic() - last_save_time >= 60 * minutes)
+        or stop_requested
+    )
+
+
 def resolve_resume_path(config: Any) -> str | None:
     """The checkpoint a run resumes from (a PPOConfig or its TrainerConfig), or None to start fresh.
 

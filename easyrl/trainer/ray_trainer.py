@@ -40,6 +40,7 @@ from .checkpoint import (
     load_dataloader_state,
     load_trainer_state,
     resolve_resume_path,
+    saves_after,
 )
 from .faults import RunStopped, StopRequest, WorkerDied, resume_hint
 from .flops import FlopsCounter, compute_mfu, peak_flops_per_device
@@ -202,14 +203,7 @@ class PPOTrainer:
     def _saves_after(self, step: int, is_last: bool) -> bool:
         """After the last step, every save_freq steps, once save_every_minutes have passed since the last save, and
         when a stop signal came during the step."""
-        trainer = self.config.trainer
-        minutes = trainer.save_every_minutes
-        return (
-            is_last
-            or (trainer.save_freq > 0 and step % trainer.save_freq == 0)
-            or (minutes > 0 and time.monotonic() - self._last_save_time >= 60 * minutes)
-            or self.stop.requested
-        )
+        return saves_after(self.config.trainer, step, is_last, self._last_save_time, self.stop.requested)
 
     def _stop_now(self, last_metrics: dict[str, float]) -> None:
         """End the run for a stop signal: checkpoint the last trained step unless it has one, then raise."""

@@ -9,6 +9,8 @@ Hugging Face folder (``SFTPlan.hf_output_dir``) that an RL run takes as ``worker
 """
 
 import logging
+import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -18,6 +20,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler
 
 from ..config.sft_plan import SFTPlan
+from ..controller.worker_group import WorkerDiedError
 from ..data.collate import sft_collate
 from ..data.sft import SFTDataset
 from ..utils.logging import setup_driver_logging
@@ -27,8 +30,9 @@ from .checkpoint import (
     load_dataloader_state,
     load_trainer_state,
     resolve_resume_path,
+    saves_after,
 )
-from .faults import RunInterrupted, RunStopped, StopRequest, print_interruption, resume_hint
+from .faults import RunInterrupted, RunStopped, StopRequest, WorkerDied, print_interruption, resume_hint
 from .main import _write_ray_timeline, cpus_per_worker, init_ray, setup_errors_reported, start_tracker
 from .metrics import timer
 
@@ -100,12 +104,17 @@ class SFTTrainer:
         tracker: Any,
         stop: StopRequest | None = None,
         val_loader: StatefulDataLoader | None = None,
+        restart_workers: Callable[[], Any] | None = None,
     ) -> None:
         """``stop``: read between steps; a stop signal ends the run after the current step, with a checkpoint.
-        ``val_loader``: the data.val_files conversations, scored every trainer.val_freq steps and at the end."""
+        ``val_loader``: the data.val_files conversations, scored every trainer.val_freq steps and at the end.
+        ``restart_workers``: kills the worker group and starts a new one (for ``trainer.max_restarts``)."""
         self.plan, self.config = plan, plan.config
         self.loader, self.workers, self.tracker = loader, workers, tracker
         self.val_loader = val_loader
+        self.restart_workers = restart_workers
+        self.restarts = 0
+        self._initial_loader_state = loader.state_dict()  # where a restart without a checkpoint starts again
         self.stop = stop or StopRequest()
         self.last_checkpoint: str | None = None
         self._saved_step = 0
@@ -114,8 +123,12 @@ class SFTTrainer:
         self.epoch = 0
 
     def _resume(self) -> None:
-        path = resolve_resume_path(self.config.trainer)
+        """The newest checkpoint of this run (after a worker restart) or the one the config asks for; with none, the
+        state the run started from."""
+        path = self.last_checkpoint or resolve_resume_path(self.config.trainer)
         if path is None:
+            self.loader.load_state_dict(self._initial_loader_state)
+            self.global_step = self.epoch = self._saved_step = 0
             self.tracker.rewind_to(-1)
             return
         loader_state = load_dataloader_state(path)
@@ -159,12 +172,37 @@ class SFTTrainer:
             required=("actor",),
         )
         self._saved_step = self.global_step
+        self._last_save_time = time.monotonic()
         return self.last_checkpoint
 
     def fit(self) -> dict[str, float]:
-        """Train to the last step, save, and write the Hugging Face folder; returns the last step's metrics."""
+        """Train to the last step, save, and write the Hugging Face folder; returns the last step's metrics.
+
+        A worker that dies ends the run naming it (``WorkerDied``) or, while ``trainer.max_restarts`` allows, the
+        group is started again and the run resumes from the last complete checkpoint, as in RL."""
+        max_restarts = self.config.trainer.max_restarts
+        while True:
+            try:
+                return self._train()
+            except WorkerDiedError as died:
+                if self.restarts >= max_restarts or self.restart_workers is None or self.stop.requested:
+                    hint = resume_hint(self.last_checkpoint, self.config.trainer)
+                    raise WorkerDied(died, self.global_step, self.restarts, max_restarts, hint) from died
+                self.restarts += 1
+                logger.warning(
+                    "In step %d, %s. Restarting the workers and resuming from %s (restart %d of "
+                    "trainer.max_restarts=%d).",
+                    self.global_step,
+                    died,
+                    self.last_checkpoint or "the beginning (no checkpoint yet)",
+                    self.restarts,
+                    max_restarts,
+                )
+                self.workers = self.restart_workers()
+
+    def _train(self) -> dict[str, float]:
         self._resume()
-        steps, save_freq = self.plan.training_steps, self.config.trainer.save_freq
+        steps = self.plan.training_steps
         metrics: dict[str, float] = {}
         trainer_config = self.config.trainer
         if self.val_loader is not None and trainer_config.val_before_train and self.global_step == 0:
@@ -173,6 +211,7 @@ class SFTTrainer:
         if trainer_config.val_only:
             return metrics
         batches = self._batches()
+        self._last_save_time = time.monotonic()
         while self.global_step < steps:
             if self.stop.requested:
                 if self.global_step > self._saved_step:
@@ -187,13 +226,16 @@ class SFTTrainer:
             metrics = dict(output.meta_info["metrics"])
             metrics["sft/tokens"] = float(batch.batch["response_mask"].sum())
             metrics["sft/epoch"] = float(self.epoch)
+            metrics["trainer/restarts"] = float(self.restarts)
             metrics.update({f"timing/{key}": value for key, value in timing.items()})
             val_freq = self.config.trainer.val_freq
             if self.val_loader is not None and (
                 self.global_step == steps or (val_freq > 0 and self.global_step % val_freq == 0)
             ):
                 metrics["val/loss"] = self.validate()
-            if self.global_step == steps or (save_freq > 0 and self.global_step % save_freq == 0):
+            if saves_after(
+                trainer_config, self.global_step, self.global_step == steps, self._last_save_time, self.stop.requested
+            ):
                 self.save_checkpoint(metrics)
             self.tracker.log(metrics, step=self.global_step)
         self.workers.save_hf_model(self.plan.hf_output_dir)
@@ -232,22 +274,34 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
         max_colocate_count=1,
         cpus_per_worker=cpus_per_worker(plan, 1),
     )
-    group, interrupted = None, None
+    groups: list[Any] = []
+    interrupted = None
+
+    def start_group() -> Any:
+        groups.append(
+            RayWorkerGroup(
+                pool, FSDPWorker, config.worker, "actor", config.trainer.save_checkpoint_path, name_prefix="sft"
+            )
+        )
+        groups[-1].init_model()
+        return groups[-1]
+
+    def restart_group() -> Any:
+        groups.pop().kill(graceful_timeout_s=2.0)  # the survivors are idle or stuck in a collective
+        return start_group()
+
     # after ray.init, whose own SIGTERM handler would tear the cluster down at once
     with StopRequest().installed() as stop:
         try:
-            group = RayWorkerGroup(
-                pool, FSDPWorker, config.worker, "actor", config.trainer.save_checkpoint_path, name_prefix="sft"
-            )
-            group.init_model()
-            metrics = SFTTrainer(plan, loader, group, tracker, stop, val_loader).fit()
+            trainer = SFTTrainer(plan, loader, start_group(), tracker, stop, val_loader, restart_group)
+            metrics = trainer.fit()
         except RunInterrupted as error:
             interrupted = error
         finally:
             try:
                 _write_ray_timeline(config.trainer.ray_timeline)
             finally:
-                if group is not None:
+                for group in groups:
                     group.kill()
                 pool.release()
                 tracker.finish()
