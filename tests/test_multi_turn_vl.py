@@ -111,6 +111,32 @@ def test_a_tool_taking_row_gets_it_and_the_schema_hides_it(look_tools):
     }
 
 
+ZOOM = str(Path(__file__).resolve().parent.parent / "tools" / "image_zoom.py")
+
+
+def test_zoom_tool_returns_the_rows_picture_part_enlarged_and_refuses_bad_regions():
+    zoom = load_tools(ZOOM)["zoom"]
+    picture = Image.new("RGB", (112, 112), "white")
+    picture.paste((255, 0, 0), (0, 0, 56, 56))  # the top left quarter is red
+    row = {"multi_modal_data": {"images": [picture]}, "ground_truth": "1"}
+    text, part = zoom(region="Top-Left", row=row)
+    assert text == "Zoomed into the Top-Left of the picture (2.0x):"
+    assert part.size == (112, 112) and part.getcolors() == [(112 * 112, (255, 0, 0))]
+    text, part = zoom(bbox=[0.5, 0.0, 1.0, 0.1], row=row)  # 56 x 11 pixels: 4.5x would reach the area, 4x at most
+    assert text == "Zoomed into the box [0.5, 0.0, 1.0, 0.1] of the picture (4.0x):" and part.size == (224, 44)
+    assert part.getcolors() == [(224 * 44, (255, 255, 255))]
+    assert "row" not in tool_schema(zoom)["function"]["parameters"]["properties"]
+    for kwargs, message in [
+        ({"region": "middle"}, "unknown region 'middle'; use one of: top left, top right"),
+        ({"bbox": [0.5, 0.5, 0.5, 1.0]}, "is empty"),
+        ({"bbox": [0, 1]}, "bbox must be four numbers"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            zoom(row=row, **kwargs)
+    with pytest.raises(ValueError, match="this prompt has no picture to zoom into"):
+        zoom(region="top", row={"multi_modal_data": None})
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # turn bookkeeping with a scripted turn source and the real processor / template / rope
 # ----------------------------------------------------------------------------------------------------------------------
@@ -284,3 +310,37 @@ def test_engine_tool_pictures_flow_into_the_actor_whose_log_probs_match_vllm(
     mismatch = rollout_logprob_mismatch(actor, batch["rollout_log_probs"], batch["response_mask"])
     print(f"multi-turn VL rollout vs actor log-prob |diff|: {mismatch}")
     assert mismatch["rollout/logprob_abs_diff/max"] < LOGPROB_TOLERANCE
+
+
+def test_pictures_past_limit_images_or_to_a_text_model_answer_the_model_with_a_counted_error(
+    vl_tokenizer_and_processor, look_tools, tokenizer
+):
+    vl_tokenizer, processor = vl_tokenizer_and_processor
+    model_path = Path(processor.tokenizer.name_or_path)
+    call = vl_tokenizer.encode(CALL + CALL, add_special_tokens=False) + [vl_tokenizer.eos_token_id]  # two zooms
+    engine, _ = scripted_engine(vl_tokenizer, {0: [call, call]}, response_length=128)
+    engine.config.limit_images = 2  # the prompt's picture and one more
+    rollout = MultiTurnRollout(
+        engine, MultiTurnConfig(tools=look_tools, max_turns=2), processor=processor, model_path=str(model_path)
+    )
+    image = random_image(0, **PROMPT_IMAGE)
+    out = rollout.generate_sequences(vl_prompts(processor, model_path, [VLSample("Describe it.", [image])]))
+    assert out.meta_info["metrics"]["rollout/multi_turn/tool_errors"] == 1
+    first, second = out.non_tensor_batch["messages"][0][1:3]
+    assert first["content"] == [{"type": "text", "text": "Here:"}, {"type": "image"}]
+    assert second["content"] == (
+        "Error: tool 'look' returned 1 picture(s), but the trajectory already holds 2 and worker.rollout.limit_images "
+        "is 2; raise it to allow more pictures per trajectory."
+    )
+    assert len(out.non_tensor_batch["multi_modal_data"][0]["images"]) == 2
+
+    # a text model (no processor): the picture cannot be shown, the model is told so
+    text_call = tokenizer.encode(CALL, add_special_tokens=False) + [tokenizer.eos_token_id]
+    engine, _ = scripted_engine(tokenizer, {0: [text_call, text_call]}, response_length=128)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(tools=look_tools, max_turns=2))
+    prompts = vl_prompts(processor, model_path, [VLSample("Describe it.", [image])])
+    out = rollout.generate_sequences(prompts)
+    assert out.meta_info["metrics"]["rollout/multi_turn/tool_errors"] == 1
+    assert out.non_tensor_batch["messages"][0][1]["content"].startswith(
+        "Error: tool 'look' returned 1 picture(s), but the model has no multimodal processor to read them"
+    )

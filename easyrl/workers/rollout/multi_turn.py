@@ -740,7 +740,7 @@ class MultiTurnRollout(BaseRollout):
                 continue
             t.env_reward += outcome.reward
             try:
-                pictures = self._prepare_pictures(outcome.pictures, "an environment observation")
+                pictures = self._prepare_pictures(t, outcome.pictures, "an environment observation")
             except ValueError as err:
                 self._count_env_failure(t, EnvOutcome(error=f"step: {err}"))
                 t.done = True
@@ -761,7 +761,8 @@ class MultiTurnRollout(BaseRollout):
         pictures = []
         for index, (call, result) in enumerate(zip(calls, results)):
             try:
-                result.pictures = self._prepare_pictures(result.pictures, f"tool {getattr(call, 'name', call)!r}")
+                source = f"tool {getattr(call, 'name', call)!r}"
+                result.pictures = self._prepare_pictures(t, result.pictures, source, already=len(pictures))
             except ValueError as err:
                 results[index] = ToolResult(f"Error: {err}", error=True)
                 continue
@@ -773,10 +774,21 @@ class MultiTurnRollout(BaseRollout):
         t.messages += messages
         self._append_context(t, messages, pictures, budget)
 
-    def _prepare_pictures(self, pictures: list, source: str) -> list:
-        """Pictures at the size the processor keeps; a text model cannot read them (ValueError, said in the log)."""
+    def _prepare_pictures(self, t: Trajectory, pictures: list, source: str, already: int = 0) -> list:
+        """Pictures at the size the processor keeps. ValueError (said in the log) for a text model, which cannot read
+        them, and past `worker.rollout.limit_images` pictures in the trajectory (``already``: pictures of this turn
+        accepted before these), which the engine would refuse."""
         if not pictures:
             return []
+        limit = self.engine.config.limit_images
+        held = len(((t.multi_modal_data or {}).get("images")) or []) + len(t.pictures) + already
+        if 0 < limit < held + len(pictures):
+            message = (
+                f"{source} returned {len(pictures)} picture(s), but the trajectory already holds {held} and "
+                f"worker.rollout.limit_images is {limit}; raise it to allow more pictures per trajectory."
+            )
+            logger.warning(message)
+            raise ValueError(message)
         if self.pictures is None:
             message = (
                 f"{source} returned {len(pictures)} picture(s), but the model has no multimodal processor to read "
