@@ -275,3 +275,52 @@ def test_two_grpo_steps_with_an_environment(tmp_path):
         assert 1 <= row["rollout/multi_turn/turns/mean"] <= 3
         # the reward is the environment's, summed per trajectory
         assert row["reward/overall"] == pytest.approx(row["rollout/multi_turn/env_reward/mean"])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# `easyrl generate` / `easyrl eval`: the same multi-turn rollout, with whole rows
+# ----------------------------------------------------------------------------------------------------------------------
+def test_generate_hands_whole_rows_to_the_environment_and_writes_whole_trajectories(tokenizer, env_file, tmp_path):
+    import json
+
+    from easyrl.config import PPOConfig
+    from easyrl.trainer.generate import generate_to_file
+    from easyrl.workers.rollout.base import GenerationRequest
+
+    turn = tokenizer.encode("Fine.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    rollout, _ = _scripted_env_rollout(tokenizer, env_file, {0: [turn] * 3, 1: [turn] * 3}, max_turns=3)
+    prompts = _with_truths(make_prompts(tokenizer, ["a", "b"]), ["7", "never"])
+    prompts.non_tensor_batch["data_source"] = np.array(["x", "x"], dtype=object)
+    config = PPOConfig()
+    config.worker.rollout.multi_turn.env = env_file
+    path = tmp_path / "generations.jsonl"
+    summary = generate_to_file(
+        SimpleNamespace(config=config),
+        tokenizer,
+        [prompts],
+        rollout,
+        None,
+        str(path),
+        lambda _: GenerationRequest(),
+        1,
+    )
+    assert summary.generated == 2
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    # reset read ground_truth ("7": done at the second step; "never": three turns); the observations are in the text
+    assert rows[0]["responses"] == ["Fine.\nuser\nobs 1 7\nassistant\nFine."]
+    assert rows[1]["responses"] == ["Fine.\nuser\nobs 1 never\nassistant\nFine.\nuser\nobs 2 never\nassistant\nFine."]
+
+
+def test_the_rollouts_pictures_replace_the_prompts_when_the_batch_is_joined(tokenizer):
+    from easyrl.trainer.ray_trainer import join_rollout_output
+
+    prompts = make_prompts(tokenizer, ["a"])
+    prompts.non_tensor_batch["multi_modal_data"] = np.array([{"images": ["prompt picture"]}], dtype=object)
+    generated = make_prompts(tokenizer, ["a"])
+    generated.batch["responses"] = torch.ones(1, 3, dtype=torch.long)
+    generated.non_tensor_batch["multi_modal_data"] = np.array(
+        [{"images": ["prompt picture", "tool picture"]}], dtype=object
+    )
+    joined = join_rollout_output(prompts, generated)
+    assert joined.non_tensor_batch["multi_modal_data"][0] == {"images": ["prompt picture", "tool picture"]}
+    assert joined.batch["responses"].tolist() == [[1, 1, 1]]
