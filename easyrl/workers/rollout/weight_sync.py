@@ -24,7 +24,8 @@ reload processes the layer exactly as the first load did.
 
 Tied embeddings: the actor yields the shared matrix once, under the embedding's name; vLLM's tied ``lm_head``
 shares that parameter. On CPU vLLM keeps a re-packed copy of the lm_head for its GEMM kernel that reload does not
-refresh, so we re-run the CPU GEMM dispatch on every ``ParallelLMHead`` after each reload.
+refresh (the head's layer gets no tensor of its own), so after each reload a tied head takes the GEMM vLLM just
+built for the embedding layer from the same tensor (`refresh_cpu_lm_head`).
 
 Expected warnings: after a reload vLLM warns "<Layer>: Failed to load weights" for every layer none of whose tensors
 came in the stream, and puts that layer's current tensors back. Three such layers are expected and harmless, so
@@ -90,13 +91,29 @@ def sync_metrics(seconds: float, num_bytes: float, num_buckets: int) -> dict[str
 
 
 def refresh_cpu_lm_head(model: torch.nn.Module) -> None:
-    """Re-pack every LM head for vLLM's CPU GEMM after a reload (a tied head is otherwise left stale)."""
-    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+    """Give every LM head tied to the embeddings a CPU GEMM of the reloaded matrix (module docstring).
 
-    for module in model.modules():
-        if isinstance(module, ParallelLMHead):
-            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+    The reload re-packed every layer the stream filled: an untied head already has its new GEMM, and the embedding
+    layer was packed from the very tensor a tied head shares, so the head takes that GEMM rather than packing the
+    (vocabulary x hidden) matrix a second time. Only a tied head whose embedding has none is packed here."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    embeddings = [
+        module
+        for module in model.modules()
+        if isinstance(module, VocabParallelEmbedding) and not isinstance(module, ParallelLMHead)
+    ]
+    for head in model.modules():
+        if not isinstance(head, ParallelLMHead):
+            continue
+        embedding = next((module for module in embeddings if module.weight is head.weight), None)
+        if embedding is None:
+            continue  # untied: re-packed by the reload
+        if hasattr(embedding, "cpu_linear"):
+            head.cpu_linear = embedding.cpu_linear
+        else:
+            dispatch_cpu_unquantized_gemm(head, remove_weight=False)
 
 
 def rebuild_cpu_expert_kernels(model: torch.nn.Module) -> None:
