@@ -8,6 +8,7 @@ import pytest
 
 from easyrl.data.sources import load_rows
 from easyrl.data.synthetic.shapes import SFT_ROWS, generate_shapes, generate_shapes_sft, worked_answer
+from tests.test_data_shapes import asked, shapes_in
 
 
 def _r1v():
@@ -27,16 +28,19 @@ def test_worked_answer_is_short_and_in_r1v_form():
     assert worked_answer("red", "circle", "2") == "<think>red circles: 2</think><answer>2</answer>"
 
 
-def test_rows_are_the_train_pictures_minus_those_repeating_a_test_row(sft_rows):
-    # 8192 pictures drawn from the train seed; 36 of them (small pictures: one or two shapes) repeat a test row's
-    # picture and question exactly and are left out
-    assert len(sft_rows) == SFT_ROWS - 36 == 8156
-    train = generate_shapes("train")
-    assert [(r["problem"], r["answer"], r["images"]) for r in sft_rows[:5]] == [
-        (r["problem"], r["answer"], r["images"]) for r in train[:5]
-    ]
-    test = {(row["images"][0]["bytes"], row["problem"]) for row in generate_shapes("test")}
-    assert not any((row["images"][0]["bytes"], row["problem"]) in test for row in sft_rows)
+def test_rows_repeat_no_test_picture(sft_rows):
+    assert len(sft_rows) == SFT_ROWS == 8192
+    test = {row["images"][0]["bytes"] for row in generate_shapes("test")}
+    assert not any(row["images"][0]["bytes"] in test for row in sft_rows)
+
+
+def test_counts_are_balanced_and_match_the_pictures(sft_rows):
+    # one row in three for each count 1, 2, 3 (the natural pictures answer "1" three times in four)
+    assert Counter(row["answer"] for row in sft_rows) == {"1": 2731, "2": 2731, "3": 2730}
+    assert [row["answer"] for row in sft_rows[:6]] == ["1", "2", "3", "1", "2", "3"]
+    for row in sft_rows[:30]:
+        drawn = shapes_in(row)
+        assert row["answer"] == str(drawn.count(asked(row))) and len(drawn) <= 8
 
 
 def test_each_response_gets_r1v_full_score_for_its_own_answer(sft_rows):
@@ -52,7 +56,6 @@ def test_response_names_what_the_question_asks(sft_rows):
     row = sft_rows[0]
     colour, kind = row["problem"].removeprefix("<image>How many ").split(" ")[:2]
     assert row["response"] == f"<think>{colour} {kind}: {row['answer']}</think><answer>{row['answer']}</answer>"
-    assert Counter(row["answer"] for row in sft_rows) == {"1": 6106, "2": 1748, "3": 271, "4": 29, "5": 2}
 
 
 def test_builtin_shapes_sft_loads_as_a_dataset(sft_rows):

@@ -1,7 +1,9 @@
 """Counting coloured shapes in a picture (a small built-in vision-language task).
 
 Each image holds a few circles, squares and triangles in a few colours, drawn without overlap on a white
-background; the question asks how many shapes of one colour and kind there are. Deterministic per split seed.
+background; the question asks how many shapes of one colour and kind there are. Deterministic per split seed. The
+train split leaves out the pictures that repeat a test picture (small pictures of one or two shapes recur), so a
+model is never validated on a picture it trained on.
 """
 
 import io
@@ -14,8 +16,8 @@ from PIL import Image, ImageDraw
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 30)}
 SHAPES = ("circle", "square", "triangle")
 SPLITS = {"train": (4321, 1024), "test": (8765, 64)}
-# the SFT cold start draws more pictures from the train split's seed: its first 1024 rows are `shapes@train`
-SFT_ROWS = 8192
+# the SFT cold start: its own seed, and as many rows of each count (see generate_shapes_sft)
+SFT_SEED, SFT_ROWS, SFT_COUNTS = 2468, 8192, (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -37,15 +39,23 @@ def _draw_shape(draw: ImageDraw.ImageDraw, kind: str, box: tuple[int, int, int, 
         draw.polygon([((left + right) // 2, top), (right, bottom), (left, bottom)], fill=colour)
 
 
-def _picture(rng: random.Random, spec: ShapesSpec) -> tuple[Image.Image, list[tuple[str, str]]]:
-    """A picture and the (colour, kind) of each shape in it; shapes sit in distinct grid cells, so never overlap."""
+def _picture(
+    rng: random.Random, spec: ShapesSpec, asked: tuple[str, str] | None = None, count: int = 0
+) -> tuple[Image.Image, list[tuple[str, str]]]:
+    """A picture and the (colour, kind) of each shape in it; shapes sit in distinct grid cells, so never overlap.
+    With ``asked``, exactly ``count`` shapes are that (colour, kind) and the others (up to max_shapes in all) are not."""
     cells_per_side = spec.image_size // (spec.shape_size * 2)
-    cells = rng.sample(range(cells_per_side**2), rng.randint(1, min(spec.max_shapes, cells_per_side**2)))
+    most = min(spec.max_shapes, cells_per_side**2)
+    cells = rng.sample(range(cells_per_side**2), rng.randint(max(1, count), most))
     image = Image.new("RGB", (spec.image_size, spec.image_size), "white")
     draw = ImageDraw.Draw(image)
+    others = [(colour, kind) for colour in sorted(COLOURS) for kind in SHAPES if (colour, kind) != asked]
     shapes = []
-    for cell in cells:
-        colour, kind = rng.choice(sorted(COLOURS)), rng.choice(SHAPES)
+    for i, cell in enumerate(cells):
+        if asked is None:
+            colour, kind = rng.choice(sorted(COLOURS)), rng.choice(SHAPES)
+        else:
+            colour, kind = asked if i < count else rng.choice(others)
         x = (cell % cells_per_side) * spec.shape_size * 2 + spec.shape_size // 2
         y = (cell // cells_per_side) * spec.shape_size * 2 + spec.shape_size // 2
         _draw_shape(draw, kind, (x, y, x + spec.shape_size, y + spec.shape_size), COLOURS[colour])
@@ -53,8 +63,20 @@ def _picture(rng: random.Random, spec: ShapesSpec) -> tuple[Image.Image, list[tu
     return image, shapes
 
 
+def _row(image: Image.Image, colour: str, kind: str, count: int) -> dict:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return {
+        "problem": f"<image>How many {colour} {kind}s are in the picture?",
+        "answer": str(count),
+        "images": [{"bytes": buffer.getvalue(), "path": None}],
+        "data_source": "shapes",
+    }
+
+
 def _questions(split: str, size: int | None, spec: ShapesSpec) -> list[tuple[dict, str, str]]:
-    """(row, colour, kind) per picture of ``split``: the row and what its question asks to count."""
+    """(row, colour, kind) per picture of ``split``: the row and what its question asks to count. The train split
+    leaves out pictures that repeat a test picture (so it may hold fewer than ``size`` rows)."""
     if split not in SPLITS:
         raise ValueError(f"Unknown shapes split {split!r}; choose one of {sorted(SPLITS)}.")
     seed, default_size = SPLITS[split]
@@ -63,17 +85,16 @@ def _questions(split: str, size: int | None, spec: ShapesSpec) -> list[tuple[dic
     for _ in range(size or default_size):
         image, shapes = _picture(rng, spec)
         colour, kind = rng.choice(shapes)
-        count = sum(shape == (colour, kind) for shape in shapes)
-        buffer = io.BytesIO()
-        image.save(buffer, format="PNG")
-        row = {
-            "problem": f"<image>How many {colour} {kind}s are in the picture?",
-            "answer": str(count),
-            "images": [{"bytes": buffer.getvalue(), "path": None}],
-            "data_source": "shapes",
-        }
-        questions.append((row, colour, kind))
+        questions.append((_row(image, colour, kind, shapes.count((colour, kind))), colour, kind))
+    if split == "train":
+        test = _test_pictures(spec)
+        questions = [question for question in questions if question[0]["images"][0]["bytes"] not in test]
     return questions
+
+
+def _test_pictures(spec: ShapesSpec) -> set[bytes]:
+    """The PNG bytes of every test picture (for ``spec``), which no training row may repeat."""
+    return {row["images"][0]["bytes"] for row, _, _ in _questions("test", None, spec)}
 
 
 def generate_shapes(split: str = "train", size: int | None = None, spec: ShapesSpec = ShapesSpec()) -> list[dict]:
@@ -88,15 +109,25 @@ def worked_answer(colour: str, kind: str, count: str) -> str:
 
 
 def generate_shapes_sft(split: str = "train") -> list[dict]:
-    """`builtin://shapes_sft`: SFT_ROWS pictures from the train split's seed (the first 1024 are `shapes@train`) with
-    a `response` column (:func:`worked_answer`), for the supervised cold start before GRPO. Only a train split: the
-    test pictures come from another seed, and a picture that happens to repeat a test row (same image and question)
-    is left out, so none is trained on."""
+    """`builtin://shapes_sft`: SFT_ROWS pictures (their own seed, none repeating a test picture) with a `response`
+    column (:func:`worked_answer`), for the supervised cold start before GRPO.
+
+    The counts are BALANCED: row i asks about a (colour, kind) drawn at random that the picture holds exactly
+    SFT_COUNTS[i % 3] times, among other shapes (up to max_shapes in all) as in the test pictures. In the natural
+    pictures ~75% of the answers are "1"; an untrained model fitted to them learns to always say "1" (the cheapest
+    way down the loss) long before it learns to read the picture, and stays there. Only a train split: validate on
+    shapes@test."""
     if split != "train":
         raise ValueError(f"Unknown shapes_sft split {split!r}; it has only 'train' (validate on shapes@test).")
-    test = {(row["images"][0]["bytes"], row["problem"]) for row in generate_shapes("test")}
-    return [
-        {**row, "response": worked_answer(colour, kind, row["answer"])}
-        for row, colour, kind in _questions("train", SFT_ROWS, ShapesSpec())
-        if (row["images"][0]["bytes"], row["problem"]) not in test
-    ]
+    spec = ShapesSpec()
+    test = _test_pictures(spec)
+    rng = random.Random(SFT_SEED)
+    rows = []
+    while len(rows) < SFT_ROWS:
+        colour, kind = rng.choice(sorted(COLOURS)), rng.choice(SHAPES)
+        count = SFT_COUNTS[len(rows) % len(SFT_COUNTS)]
+        image, _ = _picture(rng, spec, (colour, kind), count)
+        row = _row(image, colour, kind, count)
+        if row["images"][0]["bytes"] not in test:
+            rows.append({**row, "response": worked_answer(colour, kind, row["answer"])})
+    return rows
