@@ -11,7 +11,8 @@ to skip. Variants (``VARIANTS``): padded, padding-free, without gradient checkpo
 process-wide, so the Liger variants come last).
 
 Tokens/s counts real (non-padding) tokens; MFU uses easyrl.trainer.flops (PaLM's 6N + attention formula) against
-the GPU's dense bf16 peak. Needs an NVIDIA GPU: on a CPU-only machine it stops with a message.
+the GPU's dense bf16 peak. With ``--n`` > 1 and a ``shared`` variant both count the work of the unshared batch
+(every sample's prompt), so they measure samples delivered, not the FLOPs the GPU ran. Needs an NVIDIA GPU: on a CPU-only machine it stops with a message.
 """
 
 import argparse
@@ -63,6 +64,13 @@ VARIANTS = {
         "worker.actor.model.lora.rank=64",
         "worker.actor.model.lora.alpha=64",
     ],
+    # Prefix Grouper (arXiv 2506.05433): each group of --n samples computes its prompt once
+    "padding_free+shared": ["worker.actor.padding_free=true", "worker.actor.shared_prefix=true"],
+    "padding_free+liger+shared": [
+        "worker.actor.padding_free=true",
+        "worker.actor.model.use_liger=true",
+        "worker.actor.shared_prefix=true",
+    ],
     "padding_free-ckpt+fused+liger+lora": [
         "worker.actor.padding_free=true",
         "worker.actor.model.enable_gradient_checkpointing=false",
@@ -81,6 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-length", type=int, default=512, help="prompt padding width")
     parser.add_argument("--response-length", type=int, default=1024, help="response padding width")
     parser.add_argument("--repeats", type=int, default=3, help="timed updates per variant (after one warm-up)")
+    parser.add_argument(
+        "--n", type=int, default=1, help="samples per prompt: groups of n rows share one prompt, as GRPO's rollout.n"
+    )
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
     parser.add_argument("--profile", action="store_true", help="print the top GPU kernels of one timed update")
     return parser.parse_args(argv)
@@ -104,12 +115,16 @@ def rollout_batch(args: argparse.Namespace, vocab: int, seed: int = 0):
 
     gen = torch.Generator().manual_seed(seed)
     b, p, r = args.batch, args.prompt_length, args.response_length
-    prompt_lengths = torch.randint(p // 4, p + 1, (b,), generator=gen)
+    if b % args.n:
+        sys.exit(f"--batch {b} is not a multiple of --n {args.n}")
+    # one length and one set of token ids per group of n samples (their prompt), drawn before the responses
+    prompt_lengths = torch.randint(p // 4, p + 1, (b // args.n,), generator=gen).repeat_interleave(args.n)
+    prompt_ids = torch.randint(5, vocab, (b // args.n, p), generator=gen).repeat_interleave(args.n, dim=0)
     response_lengths = torch.randint(r // 8, r + 1, (b,), generator=gen)
     prompt_mask = (torch.arange(p)[None, :] >= p - prompt_lengths[:, None]).long()
     response_mask = (torch.arange(r)[None, :] < response_lengths[:, None]).long()
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    input_ids = torch.randint(5, vocab, (b, p + r), generator=gen) * attention_mask
+    input_ids = torch.cat([prompt_ids, torch.randint(5, vocab, (b, r), generator=gen)], dim=1) * attention_mask
     responses = input_ids[:, p:]
     tensors = {
         "prompts": input_ids[:, :p],
@@ -212,8 +227,8 @@ def main(argv: list[str] | None = None) -> None:
             table.append({"variant": variant, **result})
     print_table(
         table,
-        title=f"Actor update, Qwen2.5-0.5B shape (random), bf16 compute: {args.batch} sequences, prompts <= "
-        f"{args.prompt_length}, responses <= {args.response_length}, micro-batch {args.micro_batch} "
+        title=f"Actor update, Qwen2.5-0.5B shape (random), bf16 compute: {args.batch} sequences ({args.n} per "
+        f"prompt), prompts <= {args.prompt_length}, responses <= {args.response_length}, micro-batch {args.micro_batch} "
         f"({describe_machine()})",
     )
     append_result("actor_update_gpu", {"args": vars(args), "variants": table})
