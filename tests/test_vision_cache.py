@@ -17,9 +17,10 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def tiny_qwen2_5_vl(tmp_path_factory) -> str:
-    from easyrl.testing.tiny_vlms import build_tiny_vlm
+    """The tiny Qwen2.5-VL with 2 key/value heads (ulysses 2 gives each rank one)."""
+    from tests.test_ulysses import _vl_model_path
 
-    return str(build_tiny_vlm("qwen2_5_vl", tmp_path_factory.mktemp("vl")))
+    return _vl_model_path("qwen2_5_vl", tmp_path_factory.mktemp("vl"))
 
 
 def _samples():
@@ -131,3 +132,71 @@ def test_equal_pixels_give_equal_keys_and_any_change_another():
     changed[2, 3] += 1e-6
     assert vision_encoder.content_key(changed, grid) != key
     assert vision_encoder.content_key(pixels.clone(), torch.tensor([1, 3, 1])) != key
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# two ranks: the hit/miss decision is the world's, and the cache works inside a Ulysses group
+# ----------------------------------------------------------------------------------------------------------------------
+def _two_rank_cache(rank: int, path: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from easyrl.config import ActorConfig, FSDPConfig
+    from easyrl.models import ulysses
+    from easyrl.models.vision import freeze_vision_tower
+    from easyrl.testing.vl_batch import VLSample, make_vl_batch, random_image
+    from easyrl.workers.actor import Actor
+    from easyrl.workers.fsdp_utils import apply_fsdp2
+
+    processor = AutoProcessor.from_pretrained(path)
+
+    def model(cache_mb: int):
+        module = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+        freeze_vision_tower(module, "worker.actor.model.freeze_vision_tower")
+        apply_fsdp2(module, init_device_mesh("cpu", (2,), mesh_dim_names=("fsdp",)), FSDPConfig(mp_param_dtype="fp32"))
+        vision_encoder.install(module, cache_bytes=cache_mb * 2**20)
+        return module
+
+    def batch(samples, seed):
+        data = make_vl_batch(processor, path, samples, response_length=5, seed=seed)
+        data.meta_info["temperature"] = 1.0
+        return data
+
+    config = ActorConfig(padding_free=True, dynamic_batching=False, use_torch_compile=False)
+    config.micro_batch_size_per_device_for_experience = 2
+    # data parallel: each rank its own samples; in the second pass rank 0 sees its batch again (all hits) while
+    # rank 1 sees new pictures (misses): both must run the tower, rank 0 on a blank picture, or FSDP hangs
+    first = batch([VLSample(f"Picture {rank}?", images=[random_image(10 + rank)]), VLSample("Text only.")], rank)
+    second = first if rank == 0 else batch([VLSample("New?", images=[random_image(20)])] * 2, 7)
+    cached, plain = Actor(config, model(64), processor=processor), Actor(config, model(0), processor=processor)
+    calls = _patches_per_call(cached.module)
+    for data in (first, second):
+        got, _ = cached.compute_log_probs(data)
+        expected, _ = plain.compute_log_probs(data)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    # rank 0: its picture (24 patches), then a blank picture (4 patches: one merged token) in step with rank 1
+    assert calls == ([24, 4] if rank == 0 else [24, 24]), calls
+    metrics = vision_encoder.take_cache_metrics(cached.module)
+    # rank 0: its picture missed, then hit; rank 1: its picture missed, then the new one missed once and its copy in
+    # the same micro-batch hit
+    assert metrics == {"perf/vision_cache_hits": 1.0, "perf/vision_cache_misses": 1.0 if rank == 0 else 2.0}
+
+    # Ulysses 2 with the cache: both ranks hold the same micro-batch, split its items, cache all of them
+    sp = ulysses.build_sequence_parallel(2)
+    shared = batch([VLSample("A?", images=[random_image(30)]), VLSample("B?", images=[random_image(31)])], 9)
+    reference, _ = plain.compute_log_probs(shared)
+    group = Actor(config, cached.module, processor=processor, sp=sp)
+    calls.clear()
+    for _ in range(2):
+        got, _ = group.compute_log_probs(shared)
+        torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-6)
+    assert calls == [24], calls  # one picture each in the first pass, none in the second
+    dist.barrier()
+
+
+@pytest.mark.slow
+def test_ranks_decide_together_and_a_ulysses_group_shares_the_cached_pictures(tiny_qwen2_5_vl):
+    from tests.test_ulysses import _run_two_ranks
+
+    _run_two_ranks(_two_rank_cache, tiny_qwen2_5_vl)
