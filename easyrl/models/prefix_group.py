@@ -122,6 +122,8 @@ def find_groups(
     ``rows`` the rows' ``multi_modal_data`` (None for text); ``alone`` (batch,) bool: rows that get a group of their
     own (a VLM response holding vision pads)."""
     prompt_columns = input_ids.shape[-1] - response_length
+    # one copy to the host: reading each row's prompt from a GPU tensor would sync once per row
+    input_ids, attention_mask = input_ids[:, :prompt_columns].cpu(), attention_mask[:, :prompt_columns].cpu()
     by_prompt: dict[tuple[int, ...], list[list[int]]] = {}
     groups: list[list[int]] = []
     unshared = 0
@@ -163,16 +165,33 @@ class PrefixLayout:
     """The attention pattern of one packed row (passed to every layer as the ``prefix_layout`` keyword)."""
 
     segments: list[Segment]
-    _masks: dict = field(default_factory=dict, repr=False)
+    _cache: dict = field(default_factory=dict, repr=False)
 
     def mask(self, queries: int, prefix: int, device: torch.device) -> torch.Tensor:
         """(1, 1, queries, prefix + queries) bool: the whole prefix, then causal over the segment's own keys."""
         key = (queries, prefix, device)
-        if key not in self._masks:
+        if key not in self._cache:
             own = torch.ones(queries, queries, dtype=torch.bool, device=device).tril()
             full = torch.ones(queries, prefix, dtype=torch.bool, device=device)
-            self._masks[key] = torch.cat([full, own], dim=1)[None, None]
-        return self._masks[key]
+            self._cache[key] = torch.cat([full, own], dim=1)[None, None]
+        return self._cache[key]
+
+    def varlen_plan(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
+        """For one variable-length attention call over all segments: (key_index (keys,) long: the packed positions of
+        each segment's keys, its prompt's then its own; cu_q, cu_k (segments + 1,) int32; max_q; max_k)."""
+        key = ("varlen", device)
+        if key not in self._cache:
+            index = [
+                torch.cat([torch.arange(s.prefix_start, s.prefix_end), torch.arange(s.start, s.end)])
+                for s in self.segments
+            ]
+            q_lengths = torch.tensor([s.end - s.start for s in self.segments])
+            k_lengths = torch.tensor([len(i) for i in index])
+            cu_q = torch.nn.functional.pad(q_lengths.cumsum(0), (1, 0)).to(device, torch.int32)
+            cu_k = torch.nn.functional.pad(k_lengths.cumsum(0), (1, 0)).to(device, torch.int32)
+            plan = (torch.cat(index).to(device), cu_q, cu_k, int(q_lengths.max()), int(k_lengths.max()))
+            self._cache[key] = plan
+        return self._cache[key]
 
     def with_extra_sequence(self, tokens: int) -> "PrefixLayout":
         """The layout with a sequence of its own appended (a VLM's blank picture, see ``vision.py``)."""
@@ -211,6 +230,8 @@ def pack_groups(
     would predict its response's first token."""
     batch, seq = input_ids.shape
     prompt_columns = seq - response_length
+    device = input_ids.device
+    attention_mask = attention_mask.cpu()  # the layout is planned on the host, then indexes the device once
     valid = attention_mask[:, prompt_columns:].bool()  # (batch, response_len)
     lengths = valid.sum(-1).tolist()
     predicting = torch.zeros(batch, response_length, dtype=torch.long)
@@ -235,7 +256,7 @@ def pack_groups(
                 predicting[member, 0] = prompt_end - 1
                 predicting[member, 1:length] = torch.arange(cursor, cursor + length - 1)
             cursor += length
-    index = torch.cat(flat_index).to(input_ids.device)
+    index = torch.cat(flat_index).to(device)
     packed_ids = input_ids.reshape(-1)[index][None]
     if position_ids.dim() == 3:  # (batch, channels, seq) -> (channels, 1, tokens)
         channels = position_ids.shape[1]
@@ -243,7 +264,7 @@ def pack_groups(
     else:
         packed_positions = position_ids.reshape(-1)[index][None]
     segments = [s for s in segments if s.end > s.start]
-    positions = predicting.to(input_ids.device)[valid.to(input_ids.device)]
+    positions = predicting[valid].to(device)
     return GroupedPack(
         packed_ids,
         packed_positions,
@@ -435,6 +456,8 @@ def prefix_attention_forward(
         raise ValueError("Shared-prefix attention runs on one packed row without an attention mask (padding_free).")
     for name in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "position_ids", "is_causal"):
         kwargs.pop(name, None)
+    if _varlen_fits(query, dropout):
+        return _varlen_prefix_attention(query, key, value, layout, scaling), None
     outputs = []
     for segment in layout.segments:
         q = query[:, :, segment.start : segment.end]
@@ -449,3 +472,41 @@ def prefix_attention_forward(
             out, _ = sdpa_attention_forward(module, q, k, v, mask, dropout, scaling, is_causal=False, **kwargs)
         outputs.append(out)  # (1, segment tokens, heads, dim)
     return torch.cat(outputs, dim=1), None
+
+
+def _varlen_fits(query: torch.Tensor, dropout: float) -> bool:
+    """PyTorch's varlen flash kernel serves the call: CUDA, half precision, no dropout."""
+    return (
+        attention.varlen_available()
+        and query.is_cuda
+        and query.dtype in (torch.float16, torch.bfloat16)
+        and not dropout
+    )
+
+
+def _varlen_prefix_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PrefixLayout, scaling: float | None
+) -> torch.Tensor:
+    """All segments in ONE variable-length call: segment i's queries against its gathered keys [prompt ; own]. The
+    flash kernel's causal mask aligns the queries with the END of their keys (bottom-right), which is exactly "the
+    whole prompt, then causal over the own tokens" (tests/gpu checks it against the per-segment sdpa calls). The
+    prompt's keys are copied once per response here (gather; its backward adds the copies' gradients up), a
+    (responses x prompt x kv-heads x dim) tensor per layer, small beside the activations the sharing saves."""
+    index, cu_q, cu_k, max_q, max_k = layout.varlen_plan(query.device)
+    q = query[0].transpose(0, 1)  # (tokens, heads, dim)
+    k, v = (t[0].transpose(0, 1).index_select(0, index) for t in (key, value))  # (keys, kv-heads, dim)
+    names = attention._varlen_signature()
+    options = {"is_causal": True} if "is_causal" in names else {"window_size": (-1, 0)}
+    if scaling is not None:
+        if "scale" in names:
+            options["scale"] = scaling
+        else:  # the kernel scales by 1/sqrt(dim): fold the difference into the queries
+            q = q * (scaling * q.shape[-1] ** 0.5)
+    if k.shape[1] != q.shape[1]:  # grouped-query attention
+        if "enable_gqa" in names:
+            options["enable_gqa"] = True
+        else:
+            groups = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    out = attention._varlen_attn()(q, k, v, cu_q, cu_k, max_q, max_k, **options)
+    return out.unsqueeze(0)  # (1, tokens, heads, dim)
