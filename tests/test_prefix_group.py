@@ -4,6 +4,8 @@ The reference is the padding-free unshared path, itself checked against plain pe
 tests/test_padding_free.py and tests/test_vl_actor.py.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -323,3 +325,34 @@ def test_two_rank_fsdp_update_with_shared_prefixes_equals_one_plain_process(ray_
             expected = param - lr * param.grad
             assert float((expected - before[name]).abs().max()) > 0 or param.grad.abs().max() == 0
             torch.testing.assert_close(state[name], expected, atol=1e-6, rtol=1e-5, msg=name)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a short `easyrl train` run
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # two GRPO steps with vLLM, a reference model and Ray: minutes on a busy CPU
+@pytest.mark.timeout(900)
+def test_easyrl_train_with_shared_prefixes_matches_vllm_log_probs_and_reports_the_sharing(tiny_model_path, tmp_path):
+    from tests.fixtures.trainer_runs import TINY_RUN_OVERRIDES, metrics_by_step, run_training, train_args
+
+    overrides = TINY_RUN_OVERRIDES + [
+        "trainer.n_gpus_per_node=1",
+        "trainer.max_steps=2",
+        "trainer.save_model_only=true",
+        "trainer.find_last_checkpoint=false",
+        "data.val_files=",
+        "worker.actor.shared_prefix=true",
+        "worker.actor.global_batch_size=2",  # two mini-batches a step: the old log-prob pass runs (shared) too
+        "algorithm.use_kl_loss=true",  # and the reference's pass
+        "algorithm.disable_kl=false",
+    ]
+    save_dir = tmp_path / "checkpoints"
+    run_training(train_args(tiny_model_path, save_dir, overrides), tmp_path / "train.log")
+    rows = metrics_by_step(save_dir)
+    assert sorted(rows) == [1, 2]
+    for row in rows.values():
+        assert row["actor/shared_prefix/samples_per_prompt"] == 4.0  # 4 prompts x n = 4, each group whole
+        assert row["actor/shared_prefix/token_ratio"] < 1.0 and row["actor/shared_prefix/split_groups"] == 0
+        # the shared path's old log-probs against the engine's sampling log-probs (fp32 both)
+        assert row["rollout/logprob_abs_diff/mean"] < 1e-3
+        assert math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["actor/kl_loss"])
