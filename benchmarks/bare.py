@@ -6,7 +6,7 @@ micro-batch sizes) in this process, with nothing of easyrl in the way: no Ray, n
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,6 +16,8 @@ import torch
 class Generated:
     seconds: float
     response_tokens: int
+    token_ids: list[list[int]] = field(default_factory=list)  # per sample, prompt-major (n consecutive per prompt)
+    log_probs: list[list[float]] = field(default_factory=list)  # the sampled tokens' log-probs, same layout
 
 
 class BareVLLM:
@@ -51,11 +53,17 @@ class BareVLLM:
         eos = GenerationConfig.from_pretrained(model_path).eos_token_id
         self.stop_token_ids = sorted(set(eos if isinstance(eos, list) else [eos])) if eos is not None else []
 
-    def generate(self, prompt_ids: list[list[int]], max_tokens: int, seed: int = 0) -> Generated:
-        """n samples per prompt with the rollout's sampling settings and the sampled tokens' log-probs."""
+    def generate(
+        self, prompt_ids: list[list[int]], max_tokens: int, seed: int = 0, seeds: list[int] | None = None
+    ) -> Generated:
+        """n samples per prompt with the rollout's sampling settings and the sampled tokens' log-probs.
+
+        ``seeds``: one per prompt (e.g. the seeds easyrl's engine used for the same call, so that both sample the same
+        tokens); else prompt i gets ``seed + i``."""
         from vllm import SamplingParams
 
         rollout = self.rollout
+        seeds = seeds if seeds is not None else [seed + i for i in range(len(prompt_ids))]
         params = [
             SamplingParams(
                 n=rollout.n,
@@ -67,15 +75,17 @@ class BareVLLM:
                 stop_token_ids=self.stop_token_ids,
                 logprobs=0,
                 detokenize=False,
-                seed=seed + i,
+                seed=prompt_seed,
             )
-            for i in range(len(prompt_ids))
+            for prompt_seed in seeds
         ]
         start = time.perf_counter()
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
         seconds = time.perf_counter() - start
-        tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-        return Generated(seconds, tokens)
+        samples = [c for o in outputs for c in sorted(o.outputs, key=lambda c: c.index)]
+        token_ids = [list(c.token_ids) for c in samples]
+        log_probs = [[step[t].logprob for step, t in zip(c.logprobs or [], c.token_ids)] for c in samples]
+        return Generated(seconds, sum(map(len, token_ids)), token_ids, log_probs)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

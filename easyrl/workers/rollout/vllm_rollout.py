@@ -64,6 +64,17 @@ MULTI_MODAL_KEYS = {"images": "image", "videos": "video"}
 WEIGHT_SYNC_EXTENSION = "easyrl.workers.rollout.lora_sync.LoraSyncExtension"
 
 
+# vLLM adds the sample index to a request's seed (n samples use seed .. seed + n - 1): stay clear of int32's end
+MAX_REQUEST_SEED = 2**31 - 2**16
+
+
+def call_request_seeds(seed: Any, dp_rank: int, num_prompts: int) -> list[int]:
+    """The per-prompt seeds of a generate call that names its seed (``GenerationRequest.seed``: an int or a list of
+    ints) on data-parallel rollout rank ``dp_rank``. A bare engine given these seeds samples the same tokens."""
+    rng = np.random.default_rng([*np.atleast_1d(seed), dp_rank])
+    return rng.integers(0, MAX_REQUEST_SEED, size=num_prompts).tolist()
+
+
 def rollout_parallel_layout(rank: int, world_size: int, tensor_parallel_size: int) -> tuple[int, int, int]:
     """(dp_rank, dp_size, tp_rank) of ``rank`` when vLLM carves tensor-parallel groups out of the world."""
     if tensor_parallel_size < 1 or world_size % tensor_parallel_size != 0:
@@ -351,8 +362,10 @@ class VLLMRollout(BaseRollout):
         as the uninterrupted run whatever was generated before."""
         from vllm import SamplingParams
 
-        rng = self._request_seeds if seed is None else np.random.default_rng([*np.atleast_1d(seed), self.dp_rank])
-        seeds = rng.integers(0, 2**31 - 2**16, size=num_prompts).tolist()
+        if seed is None:
+            seeds = self._request_seeds.integers(0, MAX_REQUEST_SEED, size=num_prompts).tolist()
+        else:
+            seeds = call_request_seeds(seed, self.dp_rank, num_prompts)
         common = {
             "n": settings.engine_n,
             "temperature": settings.temperature,
