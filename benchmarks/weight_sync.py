@@ -5,7 +5,12 @@
 Each model runs in the real actor/rollout worker (one FSDP2 rank, vLLM with the external launcher, fp32): the driver
 calls ``sync_rollout_weights`` --repeats times, and the worker reports each sync's bytes and seconds (the per-layer
 all-gather from the FSDP shards, vLLM's layerwise reload and re-packing, the CPU lm_head refresh). Target on CPU:
->= 1 GB/s. Models (random weights except SmolLM2; all with SmolLM2's 49,152-token vocabulary):
+>= 1 GB/s. Right after each sync the worker also times plain tensor copies of the same number of bytes ("copy GB/s",
+the memory speed the sync got at that moment): on a shared machine the GB/s follow the load, and "sync/copy" (the
+median over the syncs) is the figure that compares across runs. vLLM's CPU reload touches every byte at least twice
+(a copy into the layer's fused tensor, then the re-pack for its GEMM kernel), so expect sync/copy below ~0.5.
+
+Models (random weights except SmolLM2; all with SmolLM2's 49,152-token vocabulary):
 
     tiny               2 layers, hidden 64 (the test model; almost all of it is the embedding)
     smollm2            SmolLM2-135M-Instruct
@@ -13,6 +18,8 @@ all-gather from the FSDP shards, vLLM's layerwise reload and re-packing, the CPU
 """
 
 import argparse
+import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -53,6 +60,24 @@ def _sync_metrics(worker) -> dict[str, float]:
     return dict(worker.rollout._last_sync_metrics)
 
 
+COPY_CHUNK_BYTES = 256 << 20  # larger than the last-level cache: copies run at memory speed
+
+
+def _copy_gb_per_s(worker, num_bytes: float) -> float:
+    """GB/s of plain tensor copies of ``num_bytes`` in the worker's process, with its threads: the speed of memory at
+    this moment, which a sync (at least one copy and one re-pack of every byte) is compared with."""
+    import torch
+
+    numel = int(min(num_bytes, COPY_CHUNK_BYTES)) // 4
+    source, target = torch.randn(numel), torch.empty(numel)
+    target.copy_(source)  # the first touch faults the pages in; not timed
+    copies = max(1, round(num_bytes / (numel * 4)))
+    start = time.perf_counter()
+    for _ in range(copies):
+        target.copy_(source)
+    return copies * numel * 4 / 1e9 / (time.perf_counter() - start)
+
+
 def measure(model_path: Path, repeats: int) -> list[dict[str, float]]:
     """Sync ``repeats`` times in a fresh one-rank worker; the worker's metrics of each sync plus the driver's wall."""
     from easyrl.config import load_config
@@ -84,7 +109,9 @@ def measure(model_path: Path, repeats: int) -> list[dict[str, float]]:
             group.sync_rollout_weights()
             wall = time.perf_counter() - start
             (metrics,) = group.apply_all(_sync_metrics)
-            results.append({**metrics, "driver_wall_s": wall})
+            # right after each sync, so that both see the same load
+            (copy_gb_per_s,) = group.apply_all(_copy_gb_per_s, metrics["rollout/weight_sync_bytes"])
+            results.append({**metrics, "driver_wall_s": wall, "copy_gb_per_s": copy_gb_per_s})
     finally:
         group.kill()
         pool.release()
@@ -114,6 +141,12 @@ def main() -> None:
                         "GB/s": mean([s["rollout/weight_sync_gb_per_s"] for s in syncs]),
                         "best GB/s": max(s["rollout/weight_sync_gb_per_s"] for s in syncs),
                         "driver_wall_s": mean([s["driver_wall_s"] for s in syncs]),
+                        "copy GB/s": mean([s["copy_gb_per_s"] for s in syncs]),
+                        # per sync, then the median: the load moves between syncs, the two of one sync share it
+                        "sync/copy": statistics.median(
+                            s["rollout/weight_sync_gb_per_s"] / s["copy_gb_per_s"] for s in syncs
+                        ),
+                        "load_1m": os.getloadavg()[0],
                     }
                 )
         finally:
