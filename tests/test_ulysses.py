@@ -388,6 +388,18 @@ def _vl_equality(rank: int, path: str) -> None:
     single.micro_batch_size_per_device_for_experience = 1
     one_by_one, _ = Actor(single, ulysses_model, processor=processor, sp=sp).compute_log_probs(data)
     _assert_close(one_by_one[mask], ref_log_probs[mask], "log-probs, one sample per micro-batch")
+    # gradients of a micro-batch with one picture: rank 1 encodes a blank picture whose rows are dropped, and its
+    # tower still runs its backward (FSDP's gradient reduction needs every rank). Reference: both ranks score the
+    # same sample at ulysses 1 (the FSDP average of two equal gradients)
+    one = data.chunk(4)[0]
+    reference.zero_grad(set_to_none=True)
+    ulysses_model.zero_grad(set_to_none=True)
+    scored(Actor(config, reference, processor=processor), one)
+    scored(actor, one)
+    expected, actual = _full_grads(reference), _full_grads(ulysses_model)
+    assert any("visual" in name for name in actual), "the vision tower got no gradient"
+    for name in expected:
+        _assert_close(actual[name], expected[name], f"gradient of {name}, one picture")
 
 
 def _count_encoded_patches(model) -> list[int]:
