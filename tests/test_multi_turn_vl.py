@@ -253,15 +253,18 @@ TOOLS = [look]""",
 ENGINE_RESPONSE_LENGTH = 96
 
 
-@pytest.fixture(scope="module")
-def vl_multi_turn_worker(ray_cluster, tiny_vl_model_path, tmp_path_factory):
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def vl_multi_turn_worker(request, ray_cluster, tmp_path_factory):
+    """(worker group, model folder) of a tiny random VLM of each family."""
+    from easyrl.testing.tiny_vlms import build_tiny_vlm
     from easyrl.workers.fsdp_worker import FSDPWorker
     from tests.fsdp_helpers import worker_group
     from tests.rollout_helpers import rollout_worker_config
 
+    model_path = build_tiny_vlm(request.param, tmp_path_factory.mktemp(request.param))
     tools_file = tmp_path_factory.mktemp("vl_tools") / "look_tools.py"
     tools_file.write_text(ENGINE_TOOLS)
-    config = rollout_worker_config(tiny_vl_model_path, 1)
+    config = rollout_worker_config(model_path, 1)
     rollout = config.rollout
     rollout.prompt_length = 48
     rollout.response_length = ENGINE_RESPONSE_LENGTH
@@ -273,20 +276,20 @@ def vl_multi_turn_worker(ray_cluster, tiny_vl_model_path, tmp_path_factory):
         FSDPWorker, config, "actor_rollout", name_prefix="multiturnvl", process_group_timeout_s=240
     ) as group:
         group.init_model()
-        yield group
+        yield group, model_path
 
 
 @pytest.mark.slow  # ~140 s, mostly starting Ray and the engine; the scripted tests above run by default
 @pytest.mark.timeout(400)
-def test_engine_tool_pictures_flow_into_the_actor_whose_log_probs_match_vllm(
-    vl_multi_turn_worker, vl_tokenizer_and_processor, tiny_vl_model_path
-):
+def test_engine_tool_pictures_flow_into_the_actor_whose_log_probs_match_vllm(vl_multi_turn_worker):
+    from easyrl.data.tokenizer import load_tokenizer_and_processor
     from easyrl.workers.rollout.base import GenerationRequest
 
-    tokenizer, processor = vl_tokenizer_and_processor
+    worker, model_path = vl_multi_turn_worker
+    tokenizer, processor = load_tokenizer_and_processor(str(model_path))
     samples = [VLSample("Describe it.", [random_image(seed, **PROMPT_IMAGE)]) for seed in range(2)]
-    prompts = vl_prompts(processor, tiny_vl_model_path, samples)
-    out = vl_multi_turn_worker.generate_sequences(prompts, GenerationRequest(sampling_override={"n": 2}, seed=3))
+    prompts = vl_prompts(processor, model_path, samples)
+    out = worker.generate_sequences(prompts, GenerationRequest(sampling_override={"n": 2}, seed=3))
     batch = out.batch
     pad = processor.image_token_id
     for row in range(len(out)):
@@ -296,17 +299,18 @@ def test_engine_tool_pictures_flow_into_the_actor_whose_log_probs_match_vllm(
         model_runs = [(s, e) for v, s, e in _runs(mask) if v == 1]
         tool_runs = [(s, e) for v, s, e in _runs(mask) if v == 0]
         # 2 turns of at most 6 tokens with the tool message between them: its pads are the crop's 4 vision tokens
+        # (56 x 56 pixels: 2 x 2 tokens of 28 pixels for Qwen2.5-VL; sized to 64 x 64, 2 x 2 of 32, for Qwen3-VL)
         assert len(model_runs) == 2 and all(e - s <= 6 for s, e in model_runs) and len(tool_runs) == 1
         s, e = tool_runs[0]
         assert tokens[s:e].count(pad) == CROP_TOKENS
         assert tokenizer.decode(tokens[s:e]).endswith("<|vision_end|><|im_end|>\n<|im_start|>assistant\n")
         media = out.non_tensor_batch["multi_modal_data"][row]
-        assert len(media["images"]) == 2 and media["images"][1].size == (56, 56)
+        assert len(media["images"]) == 2 and media["images"][1].size in {(56, 56), (64, 64)}
         assert media["images"][0] is not media["images"][1]
     metrics = out.meta_info["metrics"]
     assert metrics["rollout/multi_turn/tool_calls"] == 4 and metrics["rollout/multi_turn/tool_errors"] == 0
     # the actor scores prompt + both turns + the tool message with both pictures: vLLM's log-probs on model tokens
-    actor = vl_multi_turn_worker.compute_log_probs(out).batch["old_log_probs"]
+    actor = worker.compute_log_probs(out).batch["old_log_probs"]
     mismatch = rollout_logprob_mismatch(actor, batch["rollout_log_probs"], batch["response_mask"])
     print(f"multi-turn VL rollout vs actor log-prob |diff|: {mismatch}")
     assert mismatch["rollout/logprob_abs_diff/max"] < LOGPROB_TOLERANCE
@@ -344,3 +348,55 @@ def test_pictures_past_limit_images_or_to_a_text_model_answer_the_model_with_a_c
     assert out.non_tensor_batch["messages"][0][1]["content"].startswith(
         "Error: tool 'look' returned 1 picture(s), but the model has no multimodal processor to read them"
     )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a run: GRPO through `easyrl train` with pictures in the observations
+# ----------------------------------------------------------------------------------------------------------------------
+# A random model never writes a tool call, so the run's pictures come from an environment: each step shows the top
+# left quarter of the row's picture, enlarged (what tools/image_zoom.py's zoom returns for "top left").
+ZOOM_ENV = """
+class ZoomEnv:
+    def reset(self, row):
+        self.picture = row["multi_modal_data"]["images"][0]
+
+    def step(self, action_text):
+        width, height = self.picture.size
+        part = self.picture.crop((0, 0, width // 2, height // 2)).resize((width, height))
+        return ["A closer look:", part], 0.0, False
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_two_grpo_steps_with_pictures_in_the_observations(tmp_path):
+    """The CPU zoom recipe (tiny random Qwen2.5-VL, shapes) with the environment above, 4 prompts x 4 samples, 2
+    steps: the pictures go through the trainer's batch into the actor's forward and update."""
+    from tests.fixtures.trainer_runs import REPO_ROOT, metrics_by_step, run_training
+
+    env_path = tmp_path / "zoom_env.py"
+    env_path.write_text(ZOOM_ENV)
+    save_dir = tmp_path / "checkpoints"
+    args = [
+        f"config={REPO_ROOT / 'examples' / 'shapes_tiny_vl_grpo_tools.yaml'}",
+        "worker.rollout.multi_turn.tools=",
+        f"worker.rollout.multi_turn.env={env_path}:ZoomEnv",
+        "worker.rollout.multi_turn.max_turns=2",
+        "worker.reward.num_cpus=0",
+        "trainer.max_steps=2",
+        "data.val_files=",
+        "trainer.val_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.find_last_checkpoint=false",
+        "trainer.save_model_only=true",
+        f"trainer.save_checkpoint_path={save_dir}",
+    ]
+    run_training(args, tmp_path / "train.log", timeout=1400)
+    metrics = metrics_by_step(save_dir)
+    assert {1, 2} <= set(metrics), sorted(metrics)
+    for step in (1, 2):
+        row = metrics[step]
+        print(step, {key: value for key, value in row.items() if "multi_turn" in key or "logprob" in key})
+        assert row["rollout/multi_turn/env_errors"] == 0 and row["rollout/multi_turn/turns/mean"] == 2
+        assert np.isfinite(row["actor/pg_loss"]) and np.isfinite(row["actor/grad_norm"])
+        assert row["rollout/logprob_abs_diff/mean"] < LOGPROB_TOLERANCE  # the actor saw the pictures vLLM saw
