@@ -92,6 +92,8 @@ def test_frozen_vision_tower_stays_put_while_the_language_model_learns(two_worke
     data = add_policy_targets(data, two_workers.compute_log_probs(data).batch["old_log_probs"], seed=1)
     metrics = two_workers.update_actor(data).meta_info["metrics"]
     assert metrics["actor/nonfinite_grad_skipped_steps"] == 0
+    # the frozen tower's outputs of the log-prob pass served the update (worker.actor.model.vision_cache_mb)
+    assert metrics["perf/vision_cache_hits"] > 0
     after = two_workers.get_full_state_dict()
     vision = [name for name in before if name.startswith("model.visual.")]
     language = [name for name in before if name.startswith("model.language_model.layers.")]

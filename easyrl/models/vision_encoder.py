@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..utils import device
 from . import ulysses
 from .vision import VisionInputs, vision_tower
 
@@ -129,12 +130,11 @@ def balance_items(patches: list[int], size: int) -> list[list[int]]:
     return [sorted(share) for share in shares]
 
 
-def _unpack(output) -> tuple[list[torch.Tensor], int]:
+def _unpack(output) -> list[torch.Tensor]:
     """(tokens, hidden) tensors of a tower output: the merged features, then Qwen3-VL's deepstack features."""
     if isinstance(output, torch.Tensor):
-        return [output], 0
-    deepstack = list(getattr(output, "deepstack_features", None) or [])
-    return [output.pooler_output, *deepstack], len(deepstack)
+        return [output]
+    return [output.pooler_output, *(getattr(output, "deepstack_features", None) or [])]
 
 
 def _repack(output_type: type, tensors: list[torch.Tensor]):
@@ -215,7 +215,7 @@ class TowerEncoder:
             pixels = hidden_states.new_zeros(self.merge**2, hidden_states.shape[-1])
             grid = torch.tensor([[1, self.merge, self.merge]], dtype=grid_thw.dtype, device=grid_thw.device)
         output = self.forward(pixels, grid_thw=grid, **kwargs)
-        tensors, _ = _unpack(output)
+        tensors = _unpack(output)
         self.output_type, self.widths = type(output), [t.shape[-1] for t in tensors]
         local = torch.cat(tensors, dim=-1)  # (tokens of this rank's items, sum of widths)
         counts = [sum(tokens[i] for i in share) if share else 1 for share in shares]
@@ -240,9 +240,7 @@ def _anyone(flag: bool) -> bool:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return flag
     value = torch.tensor([int(flag)], dtype=torch.int32)
-    if dist.get_backend() == "nccl":
-        from ..utils import device
-
+    if dist.get_backend() == "nccl":  # nccl moves device tensors only
         value = value.to(device.get_torch_device())
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
