@@ -42,6 +42,7 @@ weight the actor did not send:
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterator
 
@@ -172,6 +173,33 @@ def tied_embeddings(model_config) -> bool:
     return False
 
 
+def cores_oversubscribed() -> bool:
+    """Whether more threads want to run than this process has cores (the last minute's load average)."""
+    return os.getloadavg()[0] > len(os.sched_getaffinity(0))
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    saved = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def produced_with_threads(buckets: WeightBuckets, count: int) -> WeightBuckets:
+    """The buckets, each produced (all-gathered, LoRA-merged) with ``count`` torch threads whatever the consumer
+    runs with: the actor's arithmetic, and so the weights, do not depend on how the engine loads them."""
+    iterator = iter(buckets)
+    while True:
+        with torch_threads(count):
+            bucket = next(iterator, None)
+        if bucket is None:
+            return
+        yield bucket
+
+
 class WeightSyncExtension:
     """Mixed into vLLM's worker class (``LLM(worker_extension_cls=...)``); reached through ``collective_rpc``.
 
@@ -185,10 +213,21 @@ class WeightSyncExtension:
         stats = SyncStats()
         start = time.perf_counter()
         model = self.model_runner.get_model()
+        load_threads = torch.get_num_threads()
         if current_platform.is_cpu():
             rebuild_cpu_expert_kernels(model)
+            if cores_oversubscribed():
+                # vLLM's CPU reload is ~900 small memory-bound steps per model (a copy into each layer's fused
+                # tensor, a re-pack for the GEMM kernel; both exact with any thread count). Each multi-threaded step
+                # ends waiting for all its threads, and on shared cores that is a scheduler time slice each: one
+                # thread syncs 3-5x faster there (SmolLM2-135M at load ~13 on 2 cores: 0.7-1.9 s instead of 2.6-7 s)
+                buckets = produced_with_threads(buckets, load_threads)
+                load_threads = 1
         weights = to_released_layout(self.model_config.hf_config.model_type, stats.stream(buckets))
-        with expected_reload_warnings_dropped(tied_embeddings=tied_embeddings(self.model_config)):
+        with (
+            expected_reload_warnings_dropped(tied_embeddings=tied_embeddings(self.model_config)),
+            torch_threads(load_threads),
+        ):
             self.reload_weights(weights_iterator=weights)  # vLLM worker method: load + re-pack
         if current_platform.is_cpu():
             refresh_cpu_lm_head(model)
