@@ -394,14 +394,17 @@ def test_sft_of_a_vision_language_model_matches_a_plain_forward_with_pictures_in
     assert {p.name for p in model_path.iterdir()} <= {p.name for p in output.iterdir()}
 
 
+def _launch_long_sft(sft_run, save_dir, log_path, extra: str):
+    """The fixture's SFT run, 400 steps long (to be interrupted), writing to ``save_dir``, started in the background."""
+    args = [a for a in sft_run[2] if not a.startswith(("trainer.max_steps=", "trainer.save_checkpoint_path="))]
+    args += ["trainer.max_steps=400", extra, f"trainer.save_checkpoint_path={save_dir}"]
+    return launch_training(args, log_path, "sft")
+
+
 @pytest.mark.slow
 def test_a_stop_signal_ends_sft_after_the_step_with_a_checkpoint_it_resumes_from(sft_run, tmp_path):
-    _, _, args, _ = sft_run
-    save_dir = tmp_path / "ckpt"
-    args = [a for a in args if not a.startswith(("trainer.max_steps=", "trainer.save_checkpoint_path="))]
-    args += ["trainer.max_steps=400", "trainer.save_freq=-1", f"trainer.save_checkpoint_path={save_dir}"]
-    log_path = tmp_path / "stopped.log"
-    proc = launch_training(args, log_path, "sft")
+    save_dir, log_path = tmp_path / "ckpt", tmp_path / "stopped.log"
+    proc = _launch_long_sft(sft_run, save_dir, log_path, "trainer.save_freq=-1")
     metrics_file = save_dir / "metrics.jsonl"
     wait_until(
         lambda: metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 3, "step 2", proc, log_path
@@ -422,12 +425,9 @@ def test_a_stop_signal_ends_sft_after_the_step_with_a_checkpoint_it_resumes_from
 def test_a_killed_sft_worker_is_restarted_and_the_steps_after_equal_the_unbroken_run(sft_run, tmp_path):
     from tests.test_faults_runs import _worker_pids
 
-    _, _, args, reference = sft_run
-    save_dir = tmp_path / "ckpt"
-    args = [a for a in args if not a.startswith(("trainer.max_steps=", "trainer.save_checkpoint_path="))]
-    args += ["trainer.max_steps=400", "trainer.max_restarts=1", f"trainer.save_checkpoint_path={save_dir}"]
-    log_path = tmp_path / "restarted.log"
-    proc = launch_training(args, log_path, "sft")
+    reference = sft_run[3]
+    save_dir, log_path = tmp_path / "ckpt", tmp_path / "restarted.log"
+    proc = _launch_long_sft(sft_run, save_dir, log_path, "trainer.max_restarts=1")
     try:
         wait_for_path(save_dir / "global_step_4" / "COMPLETE", proc, log_path)
         victim = _worker_pids(proc.pid)[-1]
@@ -445,7 +445,7 @@ def test_a_killed_sft_worker_is_restarted_and_the_steps_after_equal_the_unbroken
     text = log_path.read_text(errors="replace")
     assert code == 128 + signal.SIGTERM, log_tail(log_path)
     assert f"(pid {victim}) died during `" in text
-    assert f"Restarting the workers and resuming from {save_dir / 'global_step_4'} (restart 1 of" in text
+    assert f"Restarting every worker and resuming from {save_dir / 'global_step_4'} (restart 1 of" in text
     rows = metrics_by_step(save_dir)
     assert rows[4]["trainer/restarts"] == 0
     for step in range(5, 9):  # the loader and the weights continued from step 4 exactly

@@ -23,6 +23,7 @@ from types import FrameType
 from typing import Any
 
 
+logger = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -156,6 +157,32 @@ class WorkerDied(RunInterrupted):
         else:
             tried = f" after {restarts} restart(s) (trainer.max_restarts={max_restarts})"
         super().__init__(f"easyrl: in step {step}, {cause}{tried}. {hint}")
+
+
+def restart_after(
+    died: Exception,
+    *,
+    step: int,
+    restarts: int,
+    max_restarts: int,
+    checkpoint: str | None,
+    can_restart: bool,
+    trainer: Any,
+) -> int:
+    """The restart count to go on with after a worker died in ``step`` (RL or SFT), logged; raises ``WorkerDied``
+    when ``trainer.max_restarts`` is spent or no restart is possible (``can_restart``: a restart function exists and
+    no stop signal came)."""
+    if restarts >= max_restarts or not can_restart:
+        raise WorkerDied(died, step, restarts, max_restarts, resume_hint(checkpoint, trainer)) from died
+    logger.warning(
+        "In step %d, %s. Restarting every worker and resuming from %s (restart %d of trainer.max_restarts=%d).",
+        step,
+        died,
+        checkpoint or "the beginning (no checkpoint yet)",
+        restarts + 1,
+        max_restarts,
+    )
+    return restarts + 1
 
 
 def print_interruption(interrupted: RunInterrupted) -> None:

@@ -42,7 +42,7 @@ from .checkpoint import (
     resolve_resume_path,
     saves_after,
 )
-from .faults import RunStopped, StopRequest, WorkerDied, resume_hint
+from .faults import RunStopped, StopRequest, restart_after, resume_hint
 from .flops import FlopsCounter, compute_mfu, peak_flops_per_device
 from .loggers.base import to_scalar
 from .metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, timer
@@ -151,20 +151,16 @@ class PPOTrainer:
                 return self._train()
             except WorkerDiedError as died:
                 self.reward_scorer.cancel_pending()  # the step that was scoring is lost with the worker
-                if self.restarts >= max_restarts or self.restart_workers is None or self.stop.requested:
-                    hint = self._resume_hint()
-                    raise WorkerDied(died, self.global_step, self.restarts, max_restarts, hint) from died
-                self.restarts += 1
-                restart = True
-                logger.warning(
-                    "In step %d, %s. Restarting every worker and resuming from %s (restart %d of "
-                    "trainer.max_restarts=%d).",
-                    self.global_step,
+                self.restarts = restart_after(
                     died,
-                    self.last_checkpoint or "the beginning (no checkpoint yet)",
-                    self.restarts,
-                    max_restarts,
+                    step=self.global_step,
+                    restarts=self.restarts,
+                    max_restarts=max_restarts,
+                    checkpoint=self.last_checkpoint,
+                    can_restart=self.restart_workers is not None and not self.stop.requested,
+                    trainer=self.config.trainer,
                 )
+                restart = True
 
     def _train(self) -> dict[str, float]:
         """From the last complete checkpoint (or the beginning) to the last step."""

@@ -32,7 +32,7 @@ from .checkpoint import (
     resolve_resume_path,
     saves_after,
 )
-from .faults import RunInterrupted, RunStopped, StopRequest, WorkerDied, print_interruption, resume_hint
+from .faults import RunInterrupted, RunStopped, StopRequest, print_interruption, restart_after, resume_hint
 from .main import _write_ray_timeline, cpus_per_worker, init_ray, setup_errors_reported, start_tracker
 from .metrics import timer
 
@@ -185,18 +185,14 @@ class SFTTrainer:
             try:
                 return self._train()
             except WorkerDiedError as died:
-                if self.restarts >= max_restarts or self.restart_workers is None or self.stop.requested:
-                    hint = resume_hint(self.last_checkpoint, self.config.trainer)
-                    raise WorkerDied(died, self.global_step, self.restarts, max_restarts, hint) from died
-                self.restarts += 1
-                logger.warning(
-                    "In step %d, %s. Restarting the workers and resuming from %s (restart %d of "
-                    "trainer.max_restarts=%d).",
-                    self.global_step,
+                self.restarts = restart_after(
                     died,
-                    self.last_checkpoint or "the beginning (no checkpoint yet)",
-                    self.restarts,
-                    max_restarts,
+                    step=self.global_step,
+                    restarts=self.restarts,
+                    max_restarts=max_restarts,
+                    checkpoint=self.last_checkpoint,
+                    can_restart=self.restart_workers is not None and not self.stop.requested,
+                    trainer=self.config.trainer,
                 )
                 self.workers = self.restart_workers()
 
