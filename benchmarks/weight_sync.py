@@ -80,13 +80,13 @@ def _copy_gb_per_s(worker, num_bytes: float) -> float:
 
 def measure(model_path: Path, repeats: int) -> list[dict[str, float]]:
     """Sync ``repeats`` times in a fresh one-rank worker; the worker's metrics of each sync plus the driver's wall."""
-    from easyrl.config import load_config
+    from easyrl.config import load_run_plan
     from easyrl.controller.resource_pool import ResourcePool
     from easyrl.controller.worker_group import RayWorkerGroup
     from easyrl.trainer.main import cpus_per_worker, init_ray
     from easyrl.workers.fsdp_worker import FSDPWorker
 
-    config = load_config(
+    plan = load_run_plan(
         [
             f"config={REPO_ROOT / 'examples' / 'smollm2_arithmetic_grpo.yaml'}",
             f"data.format_prompt={REPO_ROOT / 'format_prompt' / 'arithmetic.jinja'}",
@@ -97,9 +97,10 @@ def measure(model_path: Path, repeats: int) -> list[dict[str, float]]:
             f"worker.reward.reward_function={REPO_ROOT / 'reward_function' / 'arithmetic.py'}:compute_score",
         ]
     )
-    config.worker.actor.optim.training_steps = 1
-    init_ray(config)
-    pool = ResourcePool.from_trainer_config(1, 1, cpus_per_worker=cpus_per_worker(config, 1))
+    plan = plan.with_training_steps(1)  # the step count the actor's lr schedule needs (no data is read here)
+    config = plan.config
+    init_ray(plan)
+    pool = ResourcePool.from_trainer_config(1, 1, cpus_per_worker=cpus_per_worker(plan, 1))
     group = RayWorkerGroup(pool, FSDPWorker, config.worker, "actor_rollout", name_prefix="weight_sync")
     results = []
     try:
