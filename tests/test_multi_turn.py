@@ -185,6 +185,17 @@ def test_check_refuses_tools_with_the_hf_rollout_and_an_unknown_parser(valid_arg
         )
 
 
+def test_check_accepts_a_parser_the_tools_file_registers(valid_args, tmp_path):
+    path = tmp_path / "scripted_tools.py"
+    path.write_text(SCRIPTED_TOOLS)
+    tools = f"worker.rollout.multi_turn.tools={path}"
+    config = load_config([*valid_args, tools, "worker.rollout.multi_turn.parser=every_turn"])
+    assert config.worker.rollout.multi_turn.parser == "every_turn"
+    with pytest.raises(ConfigError) as error:
+        load_config([*valid_args, tools, "worker.rollout.multi_turn.parser=other"])
+    assert "`worker.rollout.multi_turn.parser` is 'other'; choose one of: hermes, every_turn" in str(error.value)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # turn bookkeeping with a scripted turn source (the engine path is tested below with the real engine)
 # ----------------------------------------------------------------------------------------------------------------------

@@ -367,15 +367,16 @@ class MultiTurnConfig:
 
     tools: Optional[str] = None
     """A `.py` file whose module-level `TOOLS = [fn, ...]` lists the tool functions (plain or async); each is called
-    with the JSON arguments of a call as keyword arguments and returns what the model sees (turned into text with
-    str()). A function's JSON schema is its `schema` attribute (an OpenAI-style dict) when set, else it is read from
+    with the JSON arguments of a call as keyword arguments (and, when it has a `row` parameter, its trajectory's dataset
+    row, left out of the schema) and returns what the model sees: text, a PIL image, or a list of both (pictures need
+    a vision-language model; other values are turned into text with str()). A function's JSON schema is its `schema` attribute (an OpenAI-style dict) when set, else it is read from
     its type hints and Google-style docstring (transformers' get_json_schema). See `tools/calculator.py`."""
     env: Optional[str] = None
     """An environment instead of tools, as `path/to/file.py:ClassName`. One instance per trajectory, built with no
     arguments; `reset(row)` is called before the first turn with the prompt's dataset row (a dict: ground_truth and
     the other non-tensor fields) and sets up its state (the dataset prompt is the first observation: what reset
     returns is not shown to the model); `step(action_text)` gets each model turn's text and returns
-    `(observation, reward, done)`: the observation (text) is given to the model as a `user` message unless done, the
+    `(observation, reward, done)`: the observation (text, a PIL image, or a list of both) is given to the model as a `user` message unless done, the
     rewards are summed per trajectory and handed to the reward function as `env_reward` (reward_function/env_reward.py
     scores with it alone). A reset or step that raises or takes longer than `tool_timeout` ends its trajectory and is
     counted in rollout/multi_turn/env_errors; the step goes on. Not together with `tools` (an environment reads tool

@@ -43,7 +43,6 @@ CHOICES = {
     "worker.rollout.name": ("vllm", "hf"),
     "worker.rollout.dtype": ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32"),
     "worker.rollout.lora_sync": ("auto", "adapter", "merged"),
-    "worker.rollout.multi_turn.parser": TOOL_CALL_PARSERS,
     "worker.actor.optim.strategy": ("adamw", "adamw_bf16"),
     "worker.critic.optim.strategy": ("adamw", "adamw_bf16"),
     "worker.actor.optim.lr_scheduler_type": ("constant", "cosine"),
@@ -496,6 +495,33 @@ def _check_tools_file(config: PPOConfig) -> None:
             )
         if not listed.elts:
             raise ConfigError(f"`{key}`: `TOOLS` in `{multi_turn.tools}` is empty; list at least one tool function.")
+    _check_tool_call_parser(multi_turn.parser, multi_turn.tools, tree)
+
+
+def _registered_parsers(tree: ast.Module) -> list[str]:
+    """Names a tools file registers with `@register_tool_call_parser("name")` (read, not run)."""
+    names = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", getattr(node.func, "attr", None)) == "register_tool_call_parser"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            names.append(node.args[0].value)
+    return names
+
+
+def _check_tool_call_parser(parser: str, tools: str, tree: ast.Module) -> None:
+    """`worker.rollout.multi_turn.parser`: a built-in parser or one the tools file registers (the rollout imports the
+    file before it looks the parser up)."""
+    known = [*TOOL_CALL_PARSERS, *_registered_parsers(tree)]
+    if parser not in known:
+        raise ConfigError(
+            f"`worker.rollout.multi_turn.parser` is {parser!r}; choose one of: {', '.join(known)} (or register your "
+            f"own in `{tools}` with `@register_tool_call_parser({parser!r})` from easyrl.workers.rollout.multi_turn)."
+        )
 
 
 def _check_env_file(spec: str, tools: Any, key: str) -> None:
