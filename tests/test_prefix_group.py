@@ -146,6 +146,18 @@ def test_dynamic_micro_batches_count_each_prompt_once_in_the_budget():
     assert len(micro_batches) == (1 if sum(shared) <= 52 else 2)
 
 
+def test_data_parallel_balancing_moves_whole_groups_when_prompts_are_shared():
+    from easyrl.trainer.balance import balance_permutation, groups_by_uid
+
+    # 4 prompts x 2 samples; tokens per group 20, 12, 10, 2 -> ranks get groups {0, 3} and {1, 2} (22 tokens each)
+    attention_mask = (torch.arange(10)[None, :] < torch.tensor([10, 10, 6, 6, 5, 5, 1, 1])[:, None]).long()
+    groups = groups_by_uid(["a", "a", "b", "b", "c", "c", "d", "d"])
+    order, metrics = balance_permutation(attention_mask, 2, groups)
+    assert order.tolist() == [0, 1, 6, 7, 2, 3, 4, 5] and metrics["perf/dp_token_imbalance"] == 1.0
+    rows, _ = balance_permutation(attention_mask, 2)  # row by row, the groups would be cut over the ranks
+    assert rows.tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # equal to the unshared path: text
 # ----------------------------------------------------------------------------------------------------------------------

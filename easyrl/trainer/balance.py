@@ -42,11 +42,32 @@ def imbalance(lengths: list[int], parts: list[list[int]]) -> float:
     return max(loads) / mean if mean else 1.0
 
 
-def balance_permutation(attention_mask: torch.Tensor, dp_size: int) -> tuple[torch.Tensor | None, dict[str, float]]:
+def groups_by_uid(uids) -> list[list[int]]:
+    """Row indices per ``uid`` (the samples of one prompt), in order of first appearance."""
+    groups: dict = {}
+    for i, uid in enumerate(uids):
+        groups.setdefault(uid, []).append(i)
+    return list(groups.values())
+
+
+def _whole_group_partitions(lengths: list[int], groups: list[list[int]], num_parts: int) -> list[list[int]] | None:
+    """Equal chunks made of whole groups (each group's rows together, groups in batch order), balanced by the
+    groups' tokens; None when the groups differ in size or do not split evenly over ``num_parts``."""
+    if len(groups) % num_parts or len({len(group) for group in groups}) != 1:
+        return None
+    group_parts = equal_size_balanced_partitions([sum(lengths[i] for i in group) for group in groups], num_parts)
+    return [[i for g in part for i in groups[g]] for part in group_parts]
+
+
+def balance_permutation(
+    attention_mask: torch.Tensor, dp_size: int, groups: list[list[int]] | None = None
+) -> tuple[torch.Tensor | None, dict[str, float]]:
     """The row order that gives each of ``dp_size`` contiguous equal chunks about the same number of real tokens,
     and the metrics ``perf/dp_token_imbalance/before`` (the chunks of the batch as it came) and
     ``perf/dp_token_imbalance`` (after). None (order kept, after = before) when the rows do not split into equal
-    chunks, where the dispatch pads and balancing would move padding between ranks."""
+    chunks, where the dispatch pads and balancing would move padding between ranks. ``groups`` (row indices per
+    prompt, ``worker.actor.shared_prefix``): move whole groups, so that a prompt's samples stay together on one rank
+    and compute the prompt once (models/prefix_group.py); rows are balanced one by one where groups cannot be."""
     lengths = [int(n) for n in attention_mask.sum(-1).tolist()]
     count = len(lengths)
     if dp_size <= 1 or count % dp_size:
@@ -55,7 +76,9 @@ def balance_permutation(attention_mask: torch.Tensor, dp_size: int) -> tuple[tor
         return None, {"perf/dp_token_imbalance/before": before, "perf/dp_token_imbalance": before}
     chunk = count // dp_size
     before = imbalance(lengths, [list(range(s, s + chunk)) for s in range(0, count, chunk)])
-    parts = equal_size_balanced_partitions(lengths, dp_size)
+    parts = _whole_group_partitions(lengths, groups, dp_size) if groups is not None else None
+    if parts is None:
+        parts = equal_size_balanced_partitions(lengths, dp_size)
     metrics = {"perf/dp_token_imbalance/before": before, "perf/dp_token_imbalance": imbalance(lengths, parts)}
     return torch.tensor([i for part in parts for i in part], dtype=torch.long), metrics
 

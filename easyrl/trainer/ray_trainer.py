@@ -33,7 +33,7 @@ from ..protocol import DataProto
 from ..workers.fsdp_utils import to_dtype
 from ..workers.reward.scorer import PendingScores, reduce_reward_metrics, scores_to_non_tensor
 from ..workers.rollout.base import GenerationRequest
-from .balance import balance_permutation, inverse_permutation
+from .balance import balance_permutation, groups_by_uid, inverse_permutation
 from .checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -296,7 +296,10 @@ class PPOTrainer:
         """Reorder ``batch`` in place for token-balanced data-parallel chunks; returns the order applied (None when
         off or when the rows do not split evenly). The imbalance metrics are logged either way."""
         dp_size = self.config.world_size // max(self.config.worker.actor.ulysses_size, 1)
-        order, balance_metrics = balance_permutation(batch.batch["attention_mask"], dp_size)
+        # with shared prefixes a prompt's samples move together: on one rank they compute the prompt once
+        uids = batch.non_tensor_batch.get("uid")
+        groups = groups_by_uid(uids) if self.config.worker.actor.shared_prefix and uids is not None else None
+        order, balance_metrics = balance_permutation(batch.batch["attention_mask"], dp_size, groups)
         if not self.config.trainer.balance_batch:
             balance_metrics["perf/dp_token_imbalance"] = balance_metrics["perf/dp_token_imbalance/before"]
             order = None
