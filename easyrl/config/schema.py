@@ -309,7 +309,8 @@ class ActorConfig(TrainableRoleConfig):
     """Shared-prefix forward passes (Prefix Grouper, arXiv 2506.05433): the samples of a micro-batch with identical
     prompt ids (and pictures) are packed as ONE prompt followed by their responses, each response attending to the
     prompt and itself, so log-prob and update passes (and a VLM's vision tower) compute each prompt once per group
-    instead of rollout.n times; results equal the unshared path. Micro-batches are cut by whole groups. Needs
+    instead of rollout.n times; results equal the unshared path. Micro-batches and trainer.balance_batch's rank
+    chunks keep groups whole. Needs
     padding_free; not with ulysses_size > 1 or model.use_fused_kernels. Also used by the reference."""
     disable_kl: bool = field(default=False, metadata=DERIVED)
     """Copied from algorithm.disable_kl (derived)."""
