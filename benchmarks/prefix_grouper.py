@@ -17,8 +17,11 @@ benchmarks/results.jsonl.
 """
 
 import argparse
+import shutil
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -162,11 +165,14 @@ def run_vl(args) -> list[dict]:
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from easyrl.demo.small_vlm import ensure_small_qwen2_5_vl
+    from easyrl.testing.tiny_vlms import set_pixel_limits
 
-    path = ensure_small_qwen2_5_vl()
-    processor = AutoProcessor.from_pretrained(path)
-    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
-    data = vl_batch(args, path, processor)
+    with tempfile.TemporaryDirectory() as folder:
+        # a copy whose processor keeps 448 x 448 pictures whole (256 vision tokens; the builtin caps them lower)
+        path = set_pixel_limits(shutil.copytree(ensure_small_qwen2_5_vl(), Path(folder) / "vl"), 3136, 448 * 448)
+        processor = AutoProcessor.from_pretrained(path)
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+        data = vl_batch(args, path, processor)
     pads = int((data.batch["input_ids"][0] == processor.image_token_id).sum())
     prompt = int(data.batch["attention_mask"][0, : -args.response_max].sum())
     return [
@@ -179,8 +185,6 @@ def run_gpu(args) -> list[dict]:
     """A Qwen2.5-0.5B-shaped model (random weights, benchmarks/actor_update_gpu.py) on one GPU, FSDP2 bf16 as the
     worker builds it, micro-batches of ``--micro-batch-size``; prompts of ``--prompt-tokens``, responses of
     ``--response-min``..``--response-max`` tokens."""
-    import tempfile
-
     from easyrl.testing.single_rank import build_actor, one_rank_process_group
     from easyrl.utils import device
 
