@@ -124,6 +124,7 @@ def find_groups(
     prompt_columns = input_ids.shape[-1] - response_length
     # one copy to the host: reading each row's prompt from a GPU tensor would sync once per row
     input_ids, attention_mask = input_ids[:, :prompt_columns].cpu(), attention_mask[:, :prompt_columns].cpu()
+    alone = alone.cpu() if alone is not None else None
     by_prompt: dict[tuple[int, ...], list[list[int]]] = {}
     groups: list[list[int]] = []
     unshared = 0
