@@ -47,6 +47,28 @@ def register() -> str:
     return NAME
 
 
+def register_wrappers(name: str, flash_name: str, wrapper) -> None:
+    """Register an attention wrapper (Ulysses, shared prefixes) twice: ``name`` around ``varlen_attention_forward``
+    (sdpa, PyTorch's varlen kernel) and ``flash_name`` around flash-attn's, each with flash-attn's mask function, so
+    a packed row never builds a (tokens x tokens) mask. ``wrapper`` takes ``inner=None | "flash_attention_2"``."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    AttentionInterface.register(name, functools.partial(wrapper, inner=None))
+    AttentionInterface.register(flash_name, functools.partial(wrapper, inner="flash_attention_2"))
+    AttentionMaskInterface.register(name, flash_attention_mask)
+    AttentionMaskInterface.register(flash_name, flash_attention_mask)
+
+
+def inner_function(inner: str | None):
+    """The attention a wrapper registered by ``register_wrappers`` delegates to."""
+    if inner is None:
+        return varlen_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS[inner]
+
+
 def packed_attention_kwargs(cu_seqlens: torch.Tensor, max_seqlen: int) -> dict:
     """Keyword arguments that carry a packed row's sequence boundaries to the attention of every layer.
 

@@ -411,21 +411,7 @@ def enable(model: torch.nn.Module) -> None:
 @functools.cache
 def register() -> None:
     """Register both wrappers with flash-attn's mask function: a packed row never builds a (tokens x tokens) mask."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
-
-    AttentionInterface.register(NAME, functools.partial(prefix_attention_forward, inner=None))
-    AttentionInterface.register(FLASH_NAME, functools.partial(prefix_attention_forward, inner="flash_attention_2"))
-    AttentionMaskInterface.register(NAME, flash_attention_mask)
-    AttentionMaskInterface.register(FLASH_NAME, flash_attention_mask)
-
-
-def _inner_function(inner: str | None):
-    if inner is None:
-        return attention.varlen_attention_forward
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    return ALL_ATTENTION_FUNCTIONS[inner]
+    attention.register_wrappers(NAME, FLASH_NAME, prefix_attention_forward)
 
 
 def prefix_attention_forward(
@@ -450,7 +436,7 @@ def prefix_attention_forward(
     causal = kwargs.get("is_causal")
     causal = causal if causal is not None else getattr(module, "is_causal", True)
     if layout is None or not causal:
-        return _inner_function(inner)(
+        return attention.inner_function(inner)(
             module, query, key, value, attention_mask, *args, dropout=dropout, scaling=scaling, **kwargs
         )
     if attention_mask is not None or query.shape[0] != 1:

@@ -164,21 +164,7 @@ def _slice_language_model_inputs(module: torch.nn.Module, args: tuple, kwargs: d
 def register() -> None:
     """Register the two wrappers (around flash-attn, and around ``attention.varlen_attention_forward``, which serves
     sdpa and PyTorch's varlen kernel) with flash-attn's mask function: a packed row gets no (tokens x tokens) mask."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
-
-    AttentionInterface.register(NAME, functools.partial(ulysses_attention_forward, inner=None))
-    AttentionInterface.register(FLASH_NAME, functools.partial(ulysses_attention_forward, inner="flash_attention_2"))
-    AttentionMaskInterface.register(NAME, flash_attention_mask)
-    AttentionMaskInterface.register(FLASH_NAME, flash_attention_mask)
-
-
-def _inner_function(inner: str | None):
-    if inner is None:
-        return attention.varlen_attention_forward
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    return ALL_ATTENTION_FUNCTIONS[inner]
+    attention.register_wrappers(NAME, FLASH_NAME, ulysses_attention_forward)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -312,7 +298,7 @@ def ulysses_attention_forward(
     heads: they are swapped to all tokens for 1/k of the heads, attended with the full row's boundaries, and
     swapped back."""
     sp: SequenceParallel | None = kwargs.pop(KWARG, None)
-    function = _inner_function(inner)
+    function = attention.inner_function(inner)
     causal = kwargs.get("is_causal")
     causal = causal if causal is not None else getattr(module, "is_causal", True)
     if sp is None or not causal:
