@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from ..utils import device
+
 
 if TYPE_CHECKING:
     from ..protocol import DataProto
@@ -36,6 +38,18 @@ def balanced_partitions(lengths: list[int], num_parts: int) -> list[list[int]]:
     return sorted(parts, key=lambda p: p[0])
 
 
+def max_over_ranks(value: int) -> int:
+    """The largest ``value`` of all ranks, on every rank (the value itself without a process group): ranks that must
+    run the same number of collective passes agree on it this way."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64)
+    if dist.get_backend() == "nccl":  # nccl moves device tensors only
+        tensor = tensor.to(device.get_torch_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 def _fits(lengths: list[int], num_parts: int, max_token_len: int) -> bool:
     return max(sum(lengths[i] for i in p) for p in balanced_partitions(lengths, num_parts)) <= max_token_len
 
@@ -55,13 +69,7 @@ def plan_micro_batches(seq_lengths: torch.Tensor, max_token_len: int) -> list[li
     num_parts = max(1, -(-sum(lengths) // max_token_len))
     while num_parts < len(lengths) and not _fits(lengths, num_parts, max_token_len):
         num_parts += 1
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        count = torch.tensor([num_parts], dtype=torch.int64)
-        if dist.get_backend() == "nccl":
-            count = count.cuda()
-        dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        num_parts = int(count.item())
-    return balanced_partitions(lengths, num_parts)
+    return balanced_partitions(lengths, max_over_ranks(num_parts))
 
 
 def split_micro_batches(

@@ -35,10 +35,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from . import attention
-from .dynamic_batching import balanced_partitions
+from .dynamic_batching import balanced_partitions, max_over_ranks
 from .vision import MULTI_MODAL_KEY, VisionInputs, build_vision_inputs
 
 
@@ -370,12 +369,7 @@ def split_micro_batches_by_group(
         and max(sum(costs[i] for i in p) for p in balanced_partitions(costs, num_parts)) > budget
     ):
         num_parts += 1
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        count = torch.tensor([num_parts], dtype=torch.int64)
-        if dist.get_backend() == "nccl":
-            count = count.cuda()
-        dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        num_parts = int(count.item())
+    num_parts = max_over_ranks(num_parts)
     while len(units) < num_parts:  # another rank needs more passes: halve this rank's largest unit
         largest = max(range(len(units)), key=lambda u: (len(units[u]), costs[u]))
         unit = units.pop(largest)

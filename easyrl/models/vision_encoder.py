@@ -30,10 +30,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
-from ..utils import device
 from . import ulysses
+from .dynamic_batching import max_over_ranks
 from .vision import VisionInputs, vision_tower
 
 
@@ -237,13 +236,7 @@ def _key(item) -> bytes | None:
 
 def _anyone(flag: bool) -> bool:
     """True on every rank when ``flag`` is true on any rank (the tower runs everywhere or nowhere)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return flag
-    value = torch.tensor([int(flag)], dtype=torch.int32)
-    if dist.get_backend() == "nccl":  # nccl moves device tensors only
-        value = value.to(device.get_torch_device())
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+    return bool(max_over_ranks(int(flag)))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
