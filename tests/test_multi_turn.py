@@ -416,7 +416,7 @@ def test_engine_trajectories_mask_exactly_the_model_tokens_and_match_the_actor(m
 @pytest.mark.timeout(1500)
 def test_three_grpo_steps_with_the_calculator_tool(tmp_path):
     """The shipped recipe (SmolLM2-135M-Instruct, the calculator), shrunk to 4 prompts x 4 samples, 3 steps."""
-    from tests.fixtures.trainer_runs import REPO_ROOT, metrics_by_step, run_training
+    from tests.fixtures.trainer_runs import REPO_ROOT, bare_run, metrics_by_step, run_training
 
     save_dir = tmp_path / "checkpoints"
     args = [
@@ -429,14 +429,7 @@ def test_three_grpo_steps_with_the_calculator_tool(tmp_path):
         "worker.rollout.kv_cache_memory_bytes=67108864",
         "worker.actor.use_torch_compile=false",
         "worker.reward.num_cpus=0",
-        "trainer.max_steps=3",
-        "data.val_files=",
-        "trainer.val_before_train=false",
-        "trainer.val_freq=-1",
-        "trainer.save_freq=-1",
-        "trainer.find_last_checkpoint=false",
-        "trainer.save_model_only=true",
-        f"trainer.save_checkpoint_path={save_dir}",
+        *bare_run(3, save_dir),
     ]
     run_training(args, tmp_path / "train.log", timeout=1400)
     metrics = metrics_by_step(save_dir)

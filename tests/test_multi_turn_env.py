@@ -239,7 +239,7 @@ class ArithmeticEnv:
 def test_two_grpo_steps_with_an_environment(tmp_path):
     """The calculator recipe with an environment instead of the tools (the answer in a turn earns 1, else the model
     is told to try again) and env_reward.py as the reward, 4 prompts x 4 samples, 2 steps."""
-    from tests.fixtures.trainer_runs import REPO_ROOT, metrics_by_step, run_training
+    from tests.fixtures.trainer_runs import REPO_ROOT, bare_run, metrics_by_step, run_training
 
     env_path = tmp_path / "arith_env.py"
     env_path.write_text(ARITHMETIC_ENV)
@@ -257,14 +257,7 @@ def test_two_grpo_steps_with_an_environment(tmp_path):
         "worker.rollout.kv_cache_memory_bytes=67108864",
         "worker.actor.use_torch_compile=false",
         "worker.reward.num_cpus=0",
-        "trainer.max_steps=2",
-        "data.val_files=",
-        "trainer.val_before_train=false",
-        "trainer.val_freq=-1",
-        "trainer.save_freq=-1",
-        "trainer.find_last_checkpoint=false",
-        "trainer.save_model_only=true",
-        f"trainer.save_checkpoint_path={save_dir}",
+        *bare_run(2, save_dir),
     ]
     run_training(args, tmp_path / "train.log", timeout=1400)
     metrics = metrics_by_step(save_dir)

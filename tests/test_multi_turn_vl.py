@@ -372,7 +372,7 @@ class ZoomEnv:
 def test_two_grpo_steps_with_pictures_in_the_observations(tmp_path):
     """The CPU zoom recipe (tiny random Qwen2.5-VL, shapes) with the environment above, 4 prompts x 4 samples, 2
     steps: the pictures go through the trainer's batch into the actor's forward and update."""
-    from tests.fixtures.trainer_runs import REPO_ROOT, metrics_by_step, run_training
+    from tests.fixtures.trainer_runs import REPO_ROOT, bare_run, metrics_by_step, run_training
 
     env_path = tmp_path / "zoom_env.py"
     env_path.write_text(ZOOM_ENV)
@@ -383,13 +383,7 @@ def test_two_grpo_steps_with_pictures_in_the_observations(tmp_path):
         f"worker.rollout.multi_turn.env={env_path}:ZoomEnv",
         "worker.rollout.multi_turn.max_turns=2",
         "worker.reward.num_cpus=0",
-        "trainer.max_steps=2",
-        "data.val_files=",
-        "trainer.val_freq=-1",
-        "trainer.save_freq=-1",
-        "trainer.find_last_checkpoint=false",
-        "trainer.save_model_only=true",
-        f"trainer.save_checkpoint_path={save_dir}",
+        *bare_run(2, save_dir),
     ]
     run_training(args, tmp_path / "train.log", timeout=1400)
     metrics = metrics_by_step(save_dir)
