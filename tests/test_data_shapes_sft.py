@@ -43,6 +43,19 @@ def test_counts_are_balanced_and_match_the_pictures(sft_rows):
         assert row["answer"] == str(drawn.count(asked(row))) and len(drawn) <= 8
 
 
+def test_rows_are_natural_questions_resampled_to_balanced_counts(sft_rows):
+    # drawn as the test's are (random pictures, a question about one of their shapes), so a count of 3 comes from
+    # fuller pictures than a count of 1, as in the test split; only the share of each count differs
+    def shapes_per_picture(rows, count):
+        pictures = [len(shapes_in(row)) for row in rows if row["answer"] == count][:60]
+        return sum(pictures) / len(pictures)
+
+    test = generate_shapes("train", size=400)
+    for rows in (sft_rows[:300], test):
+        assert shapes_per_picture(rows, "3") > shapes_per_picture(rows, "1") + 1.5
+    assert abs(shapes_per_picture(sft_rows[:300], "1") - shapes_per_picture(test, "1")) < 1.0
+
+
 def test_each_response_gets_r1v_full_score_for_its_own_answer(sft_rows):
     r1v = _r1v()
     scores = [r1v.compute_score({"response": row["response"], "ground_truth": row["answer"]}) for row in sft_rows]

@@ -112,11 +112,14 @@ def generate_shapes_sft(split: str = "train") -> list[dict]:
     """`builtin://shapes_sft`: SFT_ROWS pictures (their own seed, none repeating a test picture) with a `response`
     column (:func:`worked_answer`), for the supervised cold start before GRPO.
 
-    The counts are BALANCED: row i asks about a (colour, kind) drawn at random that the picture holds exactly
-    SFT_COUNTS[i % 3] times, among other shapes (up to max_shapes in all) as in the test pictures. In the natural
-    pictures ~75% of the answers are "1"; an untrained model fitted to them learns to always say "1" (the cheapest
-    way down the loss) long before it learns to read the picture, and stays there. Only a train split: validate on
-    shapes@test."""
+    The pictures and questions are drawn exactly as the test's (a random picture, a question about one of its
+    shapes), but the rows are RESAMPLED to balanced counts: row i is the next drawn question whose answer is
+    SFT_COUNTS[i % 3] (rejection sampling, so each count's rows follow the test's own distribution given that count).
+    In the natural draws ~75% of the answers are "1"; an untrained model fitted to them learns to always say "1" (the
+    cheapest way down the loss) long before it learns to read the picture, and stays there. Drawing the pictures
+    around a target count instead (exactly that many of the asked shape, the rest other shapes) learned more slowly
+    in scripts/shapes_vlm_probe.py: in natural pictures the count goes with how full the picture is, an easy first
+    cue. Only a train split: validate on shapes@test."""
     if split != "train":
         raise ValueError(f"Unknown shapes_sft split {split!r}; it has only 'train' (validate on shapes@test).")
     spec = ShapesSpec()
@@ -124,10 +127,12 @@ def generate_shapes_sft(split: str = "train") -> list[dict]:
     rng = random.Random(SFT_SEED)
     rows = []
     while len(rows) < SFT_ROWS:
-        colour, kind = rng.choice(sorted(COLOURS)), rng.choice(SHAPES)
-        count = SFT_COUNTS[len(rows) % len(SFT_COUNTS)]
-        image, _ = _picture(rng, spec, (colour, kind), count)
-        row = _row(image, colour, kind, count)
+        want = SFT_COUNTS[len(rows) % len(SFT_COUNTS)]
+        image, shapes = _picture(rng, spec)
+        colour, kind = rng.choice(shapes)
+        if shapes.count((colour, kind)) != want:
+            continue
+        row = _row(image, colour, kind, want)
         if row["images"][0]["bytes"] not in test:
             rows.append({**row, "response": worked_answer(colour, kind, row["answer"])})
     return rows
