@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from easyrl.data.sources import load_rows
-from easyrl.data.synthetic.shapes import SFT_ROWS, generate_shapes, generate_shapes_sft, worked_answer
+from easyrl.data.synthetic.shapes import SFT_ROWS, SFT_TEST_ROWS, generate_shapes, generate_shapes_sft, worked_answer
 from tests.test_data_shapes import asked, shapes_in
 
 
@@ -76,6 +76,19 @@ def test_builtin_shapes_sft_loads_as_a_dataset(sft_rows):
     assert len(rows) == len(sft_rows) and rows[0]["response"] == sft_rows[0]["response"]
 
 
-def test_only_a_train_split():
-    with pytest.raises(ValueError, match="only 'train'"):
-        generate_shapes_sft("test")
+def test_test_split_is_balanced_and_repeats_no_picture_seen_elsewhere(sft_rows):
+    # scored where always giving one answer earns 1/3, on pictures no shapes or shapes_sft split trains on
+    rows = generate_shapes_sft("test")
+    assert len(rows) == len(load_rows("builtin://shapes_sft@test")) == SFT_TEST_ROWS == 300
+    assert Counter(row["answer"] for row in rows) == {"1": 100, "2": 100, "3": 100}
+    for row in rows[:30]:
+        assert row["answer"] == str(shapes_in(row).count(asked(row)))
+    pictures = {row["images"][0]["bytes"] for row in rows}
+    assert len(pictures) == 300
+    for split in (sft_rows, generate_shapes("train"), generate_shapes("test")):
+        assert not pictures & {row["images"][0]["bytes"] for row in split}
+
+
+def test_unknown_split():
+    with pytest.raises(ValueError, match="choose 'train' or 'test'"):
+        generate_shapes_sft("validation")

@@ -16,8 +16,10 @@ from PIL import Image, ImageDraw
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 30)}
 SHAPES = ("circle", "square", "triangle")
 SPLITS = {"train": (4321, 1024), "test": (8765, 64)}
-# the SFT cold start: its own seed, and as many rows of each count (see generate_shapes_sft)
+# the SFT cold start: its own seed, and as many rows of each count (see generate_shapes_sft); its test split is as
+# balanced, so always giving one answer scores 1/3 there (on shapes@test, always "1" scores 46/64)
 SFT_SEED, SFT_ROWS, SFT_COUNTS = 2468, 8192, (1, 2, 3)
+SFT_TEST_SEED, SFT_TEST_ROWS = 1357, 300
 
 
 @dataclass(frozen=True)
@@ -109,8 +111,10 @@ def worked_answer(colour: str, kind: str, count: str) -> str:
 
 
 def generate_shapes_sft(split: str = "train") -> list[dict]:
-    """`builtin://shapes_sft`: SFT_ROWS pictures (their own seed, none repeating a test picture) with a `response`
-    column (:func:`worked_answer`), for the supervised cold start before GRPO.
+    """`builtin://shapes_sft`: pictures with a `response` column (:func:`worked_answer`), for the supervised cold
+    start before GRPO. ``train``: SFT_ROWS rows, none repeating a test picture. ``test``: SFT_TEST_ROWS rows drawn
+    the same way from their own seed, none repeating a picture of shapes@test, shapes@train or shapes_sft@train, so
+    an SFT or RL model can be scored where chance is 1/3 whatever it answers.
 
     The pictures and questions are drawn exactly as the test's (a random picture, a question about one of its
     shapes), but the rows are RESAMPLED to balanced counts: row i is the next drawn question whose answer is
@@ -119,20 +123,28 @@ def generate_shapes_sft(split: str = "train") -> list[dict]:
     cheapest way down the loss) long before it learns to read the picture, and stays there. Drawing the pictures
     around a target count instead (exactly that many of the asked shape, the rest other shapes) learned more slowly
     in scripts/shapes_vlm_probe.py: in natural pictures the count goes with how full the picture is, an easy first
-    cue. Only a train split: validate on shapes@test."""
-    if split != "train":
-        raise ValueError(f"Unknown shapes_sft split {split!r}; it has only 'train' (validate on shapes@test).")
+    cue."""
     spec = ShapesSpec()
-    test = _test_pictures(spec)
-    rng = random.Random(SFT_SEED)
+    if split == "train":
+        return _balanced_rows(SFT_SEED, SFT_ROWS, _test_pictures(spec), spec)
+    if split == "test":
+        seen = _test_pictures(spec) | {row["images"][0]["bytes"] for row in generate_shapes("train", spec=spec)}
+        seen |= {row["images"][0]["bytes"] for row in generate_shapes_sft("train")}
+        return _balanced_rows(SFT_TEST_SEED, SFT_TEST_ROWS, seen, spec)
+    raise ValueError(f"Unknown shapes_sft split {split!r}; choose 'train' or 'test'.")
+
+
+def _balanced_rows(seed: int, size: int, leave_out: set[bytes], spec: ShapesSpec) -> list[dict]:
+    """``size`` questions drawn as the test's, resampled to SFT_COUNTS in turn, none with a picture in ``leave_out``."""
+    rng = random.Random(seed)
     rows = []
-    while len(rows) < SFT_ROWS:
+    while len(rows) < size:
         want = SFT_COUNTS[len(rows) % len(SFT_COUNTS)]
         image, shapes = _picture(rng, spec)
         colour, kind = rng.choice(shapes)
         if shapes.count((colour, kind)) != want:
             continue
         row = _row(image, colour, kind, want)
-        if row["images"][0]["bytes"] not in test:
+        if row["images"][0]["bytes"] not in leave_out:
             rows.append({**row, "response": worked_answer(colour, kind, row["answer"])})
     return rows
