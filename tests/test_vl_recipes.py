@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,3 +42,25 @@ def test_zoom_tool_recipes_pass_easyrl_check_with_the_tool_and_the_last_turn_rew
     assert multi_turn.enabled and multi_turn.tools.endswith("tools/image_zoom.py") and multi_turn.parser == "hermes"
     assert config.worker.rollout.limit_images >= 2  # the prompt's picture and at least one zoom
     assert config.worker.reward.reward_function.endswith("reward_function/r1v_tools.py:compute_score")
+
+
+def test_cold_start_recipes_hand_over_the_model_and_show_it_the_prompt_it_was_taught(monkeypatch):
+    from easyrl.config import load_config
+    from easyrl.config.sft_plan import load_sft_plan
+    from easyrl.data.template import PromptFormatter
+
+    monkeypatch.chdir(ROOT)
+    sft = load_sft_plan(["config=examples/shapes_cold_start_sft.yaml"]).config
+    recipe = yaml.safe_load((ROOT / "examples/shapes_cold_start_grpo.yaml").read_text())
+    handed_over = ROOT / recipe["worker"]["actor"]["model"]["model_path"]
+    assert handed_over == Path(sft.trainer.save_checkpoint_path) / "huggingface"
+    # (the SFT output does not exist here: the rest of the recipe is checked on the untrained model)
+    grpo = load_config(
+        ["config=examples/shapes_cold_start_grpo.yaml", "worker.actor.model.model_path=builtin://Small-Qwen2.5-VL"]
+    )
+    assert sft.data.format_prompt == grpo.data.format_prompt
+    assert Path(grpo.data.format_prompt).name == "question_then_image.jinja"
+    assert (sft.data.min_pixels, sft.data.max_pixels) == (grpo.data.min_pixels, grpo.data.max_pixels)
+    # the question first, then the picture: the picture's tokens can attend to what is asked
+    rendered = PromptFormatter(grpo.data.format_prompt)("<image>How many red circles are in the picture?")
+    assert rendered == "How many red circles are in the picture?<image>"
