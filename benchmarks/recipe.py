@@ -76,7 +76,8 @@ def recipe_overrides(args: argparse.Namespace, save_dir: str) -> list[str]:
 
 @dataclass
 class Recorder:
-    """What crossed the driver <-> actor-worker boundary during a run (all on the driver, nothing re-run)."""
+    """What crossed the driver <-> actor-worker boundary during a run's training steps (all on the driver, nothing
+    re-run; validation calls are left out)."""
 
     prompt_ids: list[list[list[int]]] = field(default_factory=list)  # per generate call: unpadded prompt ids
     rollout_metrics: list[dict[str, float]] = field(default_factory=list)  # per generate call (worker side)
@@ -88,6 +89,8 @@ class Recorder:
         generate, update = group.generate_sequences, group.update_actor
 
         def recorded_generate(data: Any, request: Any = None) -> Any:
+            if request is not None and request.validate:  # the run's final validation: not a training step
+                return generate(data, request)
             start = time.perf_counter()
             out = generate(data, request)
             self.generate_wall_s.append(time.perf_counter() - start)
