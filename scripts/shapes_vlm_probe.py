@@ -26,8 +26,8 @@ were still at the prior at step 750 (loss 0.071), also with a third of them draw
 with other colours only. Hence builtin://shapes_sft resamples natural questions.
 Then the order of the prompt (CPU, one thread each, side by side, lr 3e-4, builtin://shapes_sft, the same seed):
 with the picture first, held-out rows (balanced: chance is 1/3) stayed at 30.5-33.6% to step 900; with the picture
-after the question (--image_last, what format_prompt/question_then_image.jinja renders) 43.0% at step 300, 52.3% at
-500 and 53.1% at 900. A linear probe of the vision tower's merged tokens reads every cell's colour and kind even at
+after the question (--format_prompt format_prompt/question_then_image.jinja) 43.0% at step 300, 52.3% at 500 and
+53.1% at 900. A linear probe of the vision tower's merged tokens reads every cell's colour and kind even at
 random initialisation, so the picture's tokens carry what is needed; what the model must learn is to match them
 against the question, and a causal model can do that in the picture's own tokens only when the question comes first.
 """
@@ -48,7 +48,7 @@ PATCH, TEMPORAL, MERGE = 14, 2, 2
 
 
 def encode(
-    model_dir: str, max_pixels: int, seed: int, natural: bool, image_last: bool = False
+    model_dir: str, max_pixels: int, seed: int, natural: bool, format_prompt: str | None = None
 ) -> dict[str, np.ndarray]:
     """Train (builtin://shapes_sft, or with ``natural`` 8192 pictures of the train seed with their natural counts)
     and test (shapes@test with worked answers) rows as arrays: padded token ids, loss masks, the position of the
@@ -63,7 +63,9 @@ def encode(
 
     build_small_qwen2_5_vl(model_dir, seed=seed)
     processor = AutoProcessor.from_pretrained(model_dir)
-    data = DataConfig(prompt_key="problem", image_key="images", min_pixels=784, max_pixels=max_pixels)
+    data = DataConfig(
+        prompt_key="problem", image_key="images", min_pixels=784, max_pixels=max_pixels, format_prompt=format_prompt
+    )
     sft = SFTConfig(response_key="response", max_length=128)
     encoder = ConversationEncoder(
         processor.tokenizer, processor, data, sft, "probe", model_config=AutoConfig.from_pretrained(model_dir)
@@ -75,8 +77,6 @@ def encode(
     )
     out = {}
     for split, rows in (("train", natural_rows if natural else generate_shapes_sft("train")), ("test", test_rows)):
-        if image_last:  # the question before the picture: the picture's tokens can attend to what is asked
-            rows = [{**row, "problem": row["problem"].replace("<image>", "") + "<image>"} for row in rows]
         items = [encoder.encode(row) for row in rows]
         length = max(len(item["input_ids"]) for item in items)
         ids = np.full((len(items), length), processor.tokenizer.pad_token_id, dtype=np.int64)
@@ -159,7 +159,7 @@ def main():
     parser.add_argument("--export", help="encode the rows, save them to this .npz, and stop")
     parser.add_argument("--eval_only", action="store_true", help="only score --model_dir (say, an SFT run's output)")
     parser.add_argument("--natural", action="store_true", help="train on natural counts, not builtin://shapes_sft")
-    parser.add_argument("--image_last", action="store_true", help="put the picture after the question")
+    parser.add_argument("--format_prompt", help="the prompt template of the rows, as data.format_prompt")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -167,7 +167,7 @@ def main():
     arrays = (
         dict(np.load(args.data))
         if args.data
-        else encode(args.model_dir, args.max_pixels, args.seed, args.natural, args.image_last)
+        else encode(args.model_dir, args.max_pixels, args.seed, args.natural, args.format_prompt)
     )
     if args.export:
         np.savez_compressed(args.export, **arrays)
