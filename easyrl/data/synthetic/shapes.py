@@ -65,6 +65,11 @@ def _picture(
     return image, shapes
 
 
+def _png(row: dict) -> bytes:
+    """The PNG bytes of a row's picture: what "the same picture" means when splits must not share one."""
+    return row["images"][0]["bytes"]
+
+
 def _row(image: Image.Image, colour: str, kind: str, count: int) -> dict:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
@@ -90,13 +95,13 @@ def _questions(split: str, size: int | None, spec: ShapesSpec) -> list[tuple[dic
         questions.append((_row(image, colour, kind, shapes.count((colour, kind))), colour, kind))
     if split == "train":
         test = _test_pictures(spec)
-        questions = [question for question in questions if question[0]["images"][0]["bytes"] not in test]
+        questions = [question for question in questions if _png(question[0]) not in test]
     return questions
 
 
 def _test_pictures(spec: ShapesSpec) -> set[bytes]:
     """The PNG bytes of every test picture (for ``spec``), which no training row may repeat."""
-    return {row["images"][0]["bytes"] for row, _, _ in _questions("test", None, spec)}
+    return {_png(row) for row, _, _ in _questions("test", None, spec)}
 
 
 def generate_shapes(split: str = "train", size: int | None = None, spec: ShapesSpec = ShapesSpec()) -> list[dict]:
@@ -128,8 +133,8 @@ def generate_shapes_sft(split: str = "train") -> list[dict]:
     if split == "train":
         return _balanced_rows(SFT_SEED, SFT_ROWS, _test_pictures(spec), spec)
     if split == "test":
-        seen = _test_pictures(spec) | {row["images"][0]["bytes"] for row in generate_shapes("train", spec=spec)}
-        seen |= {row["images"][0]["bytes"] for row in generate_shapes_sft("train")}
+        trained_on = generate_shapes("train", spec=spec) + generate_shapes_sft("train")
+        seen = _test_pictures(spec) | {_png(row) for row in trained_on}
         return _balanced_rows(SFT_TEST_SEED, SFT_TEST_ROWS, seen, spec)
     raise ValueError(f"Unknown shapes_sft split {split!r}; choose 'train' or 'test'.")
 
@@ -145,6 +150,6 @@ def _balanced_rows(seed: int, size: int, leave_out: set[bytes], spec: ShapesSpec
         if shapes.count((colour, kind)) != want:
             continue
         row = _row(image, colour, kind, want)
-        if row["images"][0]["bytes"] not in leave_out:
+        if _png(row) not in leave_out:
             rows.append({**row, "response": worked_answer(colour, kind, row["answer"])})
     return rows
