@@ -36,6 +36,20 @@ def test_training_and_forward_flops_of_two_sequences_by_hand():
     assert counter.flops([3, 5], frozen_weights=True) == 2564096 + 52224
 
 
+def test_shared_prefix_flops_count_each_prompt_once_by_hand():
+    counter = FlopsCounter(_tiny_qwen2())
+    # one prompt of 3 tokens shared by responses of 2 and 4: 9 tokens; squares 3^2 + (2*3*2 + 2^2) + (2*3*4 + 4^2)
+    # = 9 + 16 + 40 = 65 -> 6 * 80128 * 9 + 12 * 2 * 64 * 65
+    assert counter.shared_prefix_flops([(3, [2, 4])]) == 6 * 80128 * 9 + 12 * 2 * 64 * 65
+    # a prompt with one response costs what the unshared sequence costs
+    assert counter.shared_prefix_flops([(3, [5]), (2, [1])]) == counter.flops([8, 3])
+    assert counter.shared_prefix_flops([(3, [2, 4])], backward=False, frozen_weights=True) == (
+        2 * 80128 * 9 + 4 * 2 * 64 * 65
+    )
+    # sharing saves exactly the repeated prompt: dense tokens 9 instead of 12, squares 65 instead of 25 + 49
+    assert counter.shared_prefix_flops([(3, [2, 4])]) < counter.flops([5, 7])
+
+
 def test_matmul_parameters_equal_the_linear_weights_of_a_real_model():
     from transformers import LlamaConfig, LlamaForCausalLM
 

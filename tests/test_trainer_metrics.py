@@ -2,6 +2,7 @@
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -11,6 +12,7 @@ from easyrl.trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
+    prompt_groups,
     reduce_metrics,
     timer,
 )
@@ -119,3 +121,19 @@ def test_reduce_metrics_takes_means_and_drops_empty_metrics():
     append_metrics(collected, {"actor/pg_loss": torch.tensor(3.0), "actor/entropy": []})
     collected["actor/kl_loss"] = []
     assert reduce_metrics(collected) == {"actor/pg_loss": 2.0, "actor/entropy": 3.0}
+
+
+def test_prompt_groups_are_the_samples_of_each_uid_with_their_lengths():
+    # three samples, the first and third of one prompt (3 tokens), the second of another (2 tokens); left-padded
+    # prompts of width 3, right-padded responses of width 3
+    prompt_mask = torch.tensor([[1, 1, 1], [0, 1, 1], [1, 1, 1]])
+    response_mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    batch = DataProto.from_dict(
+        tensors={
+            "responses": torch.ones(3, 3, dtype=torch.long),
+            "attention_mask": torch.cat([prompt_mask, response_mask], dim=-1),
+            "response_mask": response_mask,
+        },
+        non_tensors={"uid": np.array(["a", "b", "a"], dtype=object)},
+    )
+    assert prompt_groups(batch) == [(3, [2, 1]), (2, [3])]

@@ -56,8 +56,19 @@ class FlopsCounter:
     def flops(self, seq_lens: Sequence[int], backward: bool = True, frozen_weights: bool = False) -> float:
         """Model FLOPs to process sequences of these lengths (padding excluded); forward only when not backward;
         ``frozen_weights``: the backward pass skips weight gradients (LoRA)."""
-        tokens = sum(seq_lens)
-        squares = sum(s * s for s in seq_lens)
+        return self._flops(sum(seq_lens), sum(s * s for s in seq_lens), backward, frozen_weights)
+
+    def shared_prefix_flops(
+        self, groups: Sequence[tuple[int, Sequence[int]]], backward: bool = True, frozen_weights: bool = False
+    ) -> float:
+        """Model FLOPs of samples packed with shared prefixes (Prefix Grouper, arXiv 2506.05433): ``groups`` holds
+        (prompt length, response lengths) per prompt; the prompt runs once, and a response of length r attends to
+        the p prompt tokens and itself, so of each sample's s^2 = p^2 + 2pr + r^2 the p^2 is counted once per group."""
+        tokens = sum(prompt + sum(responses) for prompt, responses in groups)
+        squares = sum(prompt * prompt + sum(2 * prompt * r + r * r for r in responses) for prompt, responses in groups)
+        return self._flops(tokens, squares, backward, frozen_weights)
+
+    def _flops(self, tokens: int, squares: int, backward: bool, frozen_weights: bool) -> float:
         dense = 2 * self.matmul_params * tokens
         attention = 4 * self.num_layers * self.attention_width * squares
         if not backward:

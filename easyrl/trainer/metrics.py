@@ -22,6 +22,8 @@ import torch
 
 from easyrl.algorithms.masked import masked_var
 
+from .balance import groups_by_uid
+
 
 if TYPE_CHECKING:
     from easyrl.protocol import DataProto
@@ -47,6 +49,19 @@ def _response_mask(batch: "DataProto") -> torch.Tensor:
         return tensors["response_mask"]
     response_len = tensors["responses"].shape[-1]
     return tensors["attention_mask"][:, -response_len:]
+
+
+def prompt_groups(batch: "DataProto") -> list[tuple[int, list[int]]]:
+    """(prompt length, response lengths) of each prompt's samples (rows sharing a ``uid``), padding excluded: what
+    shared-prefix packing computes (each prompt once; a group cut over micro-batches computes it again, which this
+    does not count)."""
+    response_mask = _response_mask(batch)
+    prompt_lengths = batch.batch["attention_mask"][:, : -response_mask.shape[-1]].sum(-1).tolist()
+    response_lengths = response_mask.sum(-1).tolist()
+    return [
+        (int(prompt_lengths[rows[0]]), [int(response_lengths[i]) for i in rows])
+        for rows in groups_by_uid(batch.non_tensor_batch["uid"])
+    ]
 
 
 def compute_data_metrics(

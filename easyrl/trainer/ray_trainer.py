@@ -45,7 +45,7 @@ from .checkpoint import (
 from .faults import RunStopped, StopRequest, restart_after, resume_hint
 from .flops import FlopsCounter, compute_mfu, peak_flops_per_device
 from .loggers.base import to_scalar
-from .metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, timer
+from .metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, prompt_groups, timer
 
 
 logger = logging.getLogger(__name__)
@@ -510,9 +510,13 @@ class PPOTrainer:
             self._actor_peak_flops = peak_flops_per_device(to_dtype(actor.fsdp.mp_param_dtype))
         if not self._actor_peak_flops or seconds <= 0:
             return {}  # a device missing from the peak table: set EASYRL_PEAK_TFLOPS to get MFU
-        seq_lens = batch.batch["attention_mask"].sum(-1).tolist()  # prompt + response tokens, padding excluded
         frozen = self.config.worker.actor.model.lora.rank > 0  # LoRA: no weight gradients for the base
-        flops = self._actor_flops.flops(seq_lens, frozen_weights=frozen) * self.config.worker.actor.ppo_epochs
+        if self.config.worker.actor.shared_prefix and "uid" in batch.non_tensor_batch:
+            flops = self._actor_flops.shared_prefix_flops(prompt_groups(batch), frozen_weights=frozen)
+        else:
+            seq_lens = batch.batch["attention_mask"].sum(-1).tolist()  # prompt + response tokens, padding excluded
+            flops = self._actor_flops.flops(seq_lens, frozen_weights=frozen)
+        flops *= self.config.worker.actor.ppo_epochs
         return {"perf/mfu/actor": compute_mfu(flops, seconds, self.config.world_size, self._actor_peak_flops)}
 
     def _rollout_mismatch(self, batch: DataProto) -> dict[str, float]:
