@@ -62,9 +62,11 @@ def test_cold_start_recipes_hand_over_the_model_and_show_it_the_prompt_it_was_ta
     assert Path(grpo.data.format_prompt).name == "question_then_image.jinja"
     assert (sft.data.min_pixels, sft.data.max_pixels) == (grpo.data.min_pixels, grpo.data.max_pixels)
     # the question first, then the picture: the picture's tokens can attend to what is asked
-    rendered = PromptFormatter(grpo.data.format_prompt)("<image>How many red circles are in the picture?")
-    assert rendered == "How many red circles are in the picture?<image>"
-    # every placeholder moves, in order: a row with two pictures keeps two, a text-only row gains none
     formatter = PromptFormatter(grpo.data.format_prompt)
+    assert (
+        formatter("<image>How many red circles are in the picture?")
+        == "How many red circles are in the picture?<image>"
+    )
+    # every placeholder moves, in order: a row with two pictures keeps two, a text-only row gains none
     assert formatter("<image>Left or <image>right?") == "Left or right?<image><image>"
     assert formatter("What is 2 + 3?") == "What is 2 + 3?"
