@@ -312,6 +312,12 @@ class ActorConfig(TrainableRoleConfig):
     instead of rollout.n times; results equal the unshared path. Micro-batches and trainer.balance_batch's rank
     chunks keep groups whole. Needs
     padding_free; not with ulysses_size > 1 or model.use_fused_kernels. Also used by the reference."""
+    skip_zero_advantage: bool = True
+    """The update skips the forward and backward passes of samples whose advantage is zero at every token (a GRPO
+    group whose samples all scored the same): with a built-in loss_type, entropy_coef 0 and no KL loss they add
+    nothing to the loss or its gradient, so the update is the same (to float rounding) for less compute; the loss
+    denominators still count them. Then the per-token metrics (entropy, ppo_kl, clip fractions) cover the computed
+    samples, and actor/zero_advantage_skipped is the share skipped. Ignored where those conditions do not hold."""
     disable_kl: bool = field(default=False, metadata=DERIVED)
     """Copied from algorithm.disable_kl (derived)."""
     use_kl_loss: bool = field(default=False, metadata=DERIVED)

@@ -27,6 +27,7 @@ from ..algorithms.advantage import compute_advantage
 from ..algorithms.filtering import GroupCollector
 from ..algorithms.kl import apply_kl_penalty, get_kl_controller
 from ..algorithms.masked import masked_mean
+from ..algorithms.policy_loss import nonzero_advantage, skips_zero_advantage
 from ..config import RunPlan
 from ..controller.worker_group import WorkerDiedError
 from ..protocol import DataProto
@@ -498,7 +499,9 @@ class PPOTrainer:
         return reduced
 
     def _actor_mfu(self, batch: DataProto, seconds: float) -> dict[str, float]:
-        """Model FLOPs utilisation of the actor update: forward + backward over every sequence, ppo_epochs times."""
+        """Model FLOPs utilisation of the actor update: forward + backward over every sequence it computed (with
+        worker.actor.skip_zero_advantage, those with an advantage; the samples that only even out the ranks' passes
+        are not counted), ppo_epochs times."""
         if self._actor_flops is None:
             from transformers import AutoConfig
 
@@ -511,6 +514,9 @@ class PPOTrainer:
         if not self._actor_peak_flops or seconds <= 0:
             return {}  # a device missing from the peak table: set EASYRL_PEAK_TFLOPS to get MFU
         frozen = self.config.worker.actor.model.lora.rank > 0  # LoRA: no weight gradients for the base
+        if skips_zero_advantage(self.config.worker.actor):
+            computed = torch.nonzero(nonzero_advantage(batch)).flatten().tolist()
+            batch = batch[computed or [0]]  # an update without advantages still computes one sample
         if self.config.worker.actor.shared_prefix and "uid" in batch.non_tensor_batch:
             flops = self._actor_flops.shared_prefix_flops(prompt_groups(batch), frozen_weights=frozen)
         else:

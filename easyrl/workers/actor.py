@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..algorithms.policy_loss import nonzero_advantage, skips_zero_advantage
 from ..config import RefConfig
 from ..models import prefix_group, ulysses
 from ..models.dynamic_batching import restore_order, split_micro_batches
@@ -184,6 +185,7 @@ class Actor:
             dp_size=self.dp_size,
             prefix="actor",
             shared_prefix=self.prefix_stats,
+            carries_gradient=nonzero_advantage if skips_zero_advantage(self.config) else None,
         )
         if self.prefix_stats is not None:
             metrics.update(self.prefix_stats.metrics("actor"))

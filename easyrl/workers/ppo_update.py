@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from ..models.dynamic_batching import split_micro_batches
+from ..models.dynamic_batching import max_over_ranks, split_micro_batches
 from ..models.prefix_group import PrefixStats, split_micro_batches_by_group
 from .optim import clip_grad_norm_and_step
 
@@ -27,6 +27,8 @@ SUMMED_METRICS = frozenset({"pg_loss", "kl_loss", "vf_loss", "loss"})
 
 # micro_loss(micro_batch, loss_denominator) -> (loss to back-propagate, metrics)
 MicroLoss = Callable[["DataProto", float], tuple[torch.Tensor, dict[str, float]]]
+# carries_gradient(mini_batch) -> (batch,) bool: the samples whose loss term can be nonzero
+GradientFilter = Callable[["DataProto"], torch.Tensor]
 
 
 def global_loss_denominator(response_mask: torch.Tensor, loss_avg_mode: str, dp_size: int) -> float:
@@ -40,6 +42,21 @@ def global_loss_denominator(response_mask: torch.Tensor, loss_avg_mode: str, dp_
     return max(float(total.item()), 1.0) / dp_size
 
 
+def samples_to_compute(mini_batch: "DataProto", carries_gradient: torch.Tensor) -> tuple["DataProto", int]:
+    """(the part of ``mini_batch`` whose passes run, how many samples were left out).
+
+    Left out are samples that add nothing to the loss (``carries_gradient`` false). Every rank of a process group
+    must run the same number of passes (each FSDP forward is a collective), and the micro-batch planners give equal
+    counts for equal sample counts, so each rank computes as many samples as the rank keeping the most, topping up
+    with samples that add nothing; and at least one, so the optimizer step sees the same (zero or not) gradients."""
+    kept = int(carries_gradient.sum())
+    target = max_over_ranks(max(kept, 1))
+    if target >= len(mini_batch):
+        return mini_batch, 0
+    order = sorted(range(len(mini_batch)), key=lambda i: not bool(carries_gradient[i]))  # kept first, stable
+    return mini_batch[sorted(order[:target])], len(mini_batch) - target
+
+
 def run_ppo_updates(
     module: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -51,10 +68,13 @@ def run_ppo_updates(
     dp_size: int,
     prefix: str,
     shared_prefix: PrefixStats | None = None,
+    carries_gradient: GradientFilter | None = None,
 ) -> dict[str, float]:
     """Run the update schedule of ``role_config`` (an actor or critic section: ppo_epochs, micro batch size,
     dynamic batching, loss_avg_mode, max_grad_norm) on this rank's share of the batch; metrics are averages over
-    steps, ``prefix/``. ``shared_prefix`` (the actor's `shared_prefix`): micro-batches of whole prompt groups."""
+    steps, ``prefix/``. ``shared_prefix`` (the actor's `shared_prefix`): micro-batches of whole prompt groups.
+    ``carries_gradient``: the passes of the samples it marks false are skipped (``samples_to_compute``); the loss
+    denominators still count them, so the gradient is unchanged."""
     micro_batch_size = role_config.micro_batch_size_per_device_for_update
     dynamic_batching, ppo_epochs = role_config.dynamic_batching, role_config.ppo_epochs
     loss_avg_mode, max_grad_norm = role_config.loss_avg_mode, role_config.max_grad_norm
@@ -65,10 +85,14 @@ def run_ppo_updates(
         )
     module.train()
     step_metrics: dict[str, list[float]] = defaultdict(list)
-    skipped = 0
+    skipped = left_out = seen = 0
     for _ in range(ppo_epochs):
         for mini_batch in data.split(mini_batch_size):
             denominator = global_loss_denominator(mini_batch.batch["response_mask"], loss_avg_mode, dp_size)
+            seen += len(mini_batch)
+            if carries_gradient is not None:
+                mini_batch, dropped = samples_to_compute(mini_batch, carries_gradient(mini_batch))
+                left_out += dropped
             if shared_prefix is None:
                 micro_batches, _ = split_micro_batches(mini_batch, micro_batch_size, dynamic_batching)
             else:
@@ -88,4 +112,6 @@ def run_ppo_updates(
             skipped += not stepped
     metrics = {f"{prefix}/{key}": sum(values) / len(values) for key, values in step_metrics.items()}
     metrics[f"{prefix}/nonfinite_grad_skipped_steps"] = float(skipped)
+    if carries_gradient is not None:
+        metrics[f"{prefix}/zero_advantage_skipped"] = left_out / max(seen, 1)
     return metrics

@@ -1,0 +1,184 @@
+"""`worker.actor.skip_zero_advantage`: the update skips the passes of samples whose advantage is zero everywhere and
+still takes the same optimizer step as the update that computes every sample."""
+
+import pytest
+import torch
+
+from easyrl.algorithms.policy_loss import skips_zero_advantage
+from easyrl.workers.actor import Actor
+from easyrl.workers.ppo_update import samples_to_compute
+from tests.fsdp_helpers import add_policy_targets, load_hf_causal_lm
+from tests.test_prefix_group import actor_config, grouped_batch
+
+
+def batch_with_flat_groups(model_path, group_sizes, flat_groups, seed, off_policy=True):
+    """``grouped_batch`` with old log-probs and random advantages, zero for every sample of ``flat_groups`` (a GRPO
+    group whose samples all scored the same); off-policy: the old log-probs are perturbed, so ratios are not 1."""
+    data = grouped_batch(group_sizes, seed=seed)
+    with torch.no_grad():
+        old, _ = Actor(actor_config(False), load_hf_causal_lm(model_path)).compute_log_probs(data)
+    gen = torch.Generator().manual_seed(seed + 100)
+    if off_policy:
+        old = old + 0.3 * torch.randn(old.shape, generator=gen) * data.batch["response_mask"]
+    data = add_policy_targets(data, old, seed=seed)
+    start = 0
+    for group, size in enumerate(group_sizes):
+        if group in flat_groups:
+            data.batch["advantages"][start : start + size] = 0.0
+        start += size
+    return data
+
+
+def update(model_path, config, data, optimizer="sgd"):
+    model = load_hf_causal_lm(model_path)
+    if optimizer == "sgd":
+        optim = torch.optim.SGD(model.parameters(), lr=0.1)
+    else:
+        optim = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    actor = Actor(config, model, optim, mini_batch_size=len(data))
+    metrics = actor.update_policy(data)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, metrics
+
+
+def assert_same_states(expected, actual, before):
+    assert max(float((expected[k] - before[k]).abs().max()) for k in before) > 1e-5  # the step moved weights
+    for name, tensor in expected.items():
+        torch.testing.assert_close(actual[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+
+GRID = [
+    # loss_type, loss_avg_mode, shared_prefix, dynamic batching
+    ("ppo", "token-mean", False, False),
+    ("ppo", "token-mean", True, False),
+    ("ppo", "seq-mean-token-mean", True, True),
+    ("gspo", "seq-mean-token-mean", False, True),
+    ("cispo", "token-mean", True, False),
+    ("sapo", "seq-mean-token-sum", False, False),
+]
+
+
+@pytest.mark.parametrize("loss_type, loss_avg_mode, shared_prefix, dynamic", GRID)
+def test_skipping_flat_groups_gives_the_same_step(tiny_model_path, loss_type, loss_avg_mode, shared_prefix, dynamic):
+    data = batch_with_flat_groups(tiny_model_path, [3, 2, 3, 1, 1], flat_groups={0, 3}, seed=21)
+    states, metrics = {}, {}
+    for skip in (False, True):
+        config = actor_config(shared_prefix, micro_batch_size=3, dynamic=dynamic)
+        config.loss_type, config.loss_avg_mode, config.max_grad_norm = loss_type, loss_avg_mode, 1e6
+        config.skip_zero_advantage = skip
+        assert skips_zero_advantage(config) == skip
+        states[skip], metrics[skip] = update(tiny_model_path, config, data)
+    assert metrics[True]["actor/zero_advantage_skipped"] == pytest.approx(4 / 10)
+    assert "actor/zero_advantage_skipped" not in metrics[False]
+    assert metrics[True]["actor/pg_loss"] == pytest.approx(metrics[False]["actor/pg_loss"], rel=1e-5, abs=1e-7)
+    assert_same_states(states[False], states[True], load_hf_causal_lm(tiny_model_path).state_dict())
+
+
+def test_on_policy_update_skips_too_and_reports_entropy_of_the_computed_samples(tiny_model_path):
+    data = batch_with_flat_groups(tiny_model_path, [2, 2, 2], flat_groups={1}, seed=22, off_policy=False)
+    del data.batch["old_log_probs"]
+    states, metrics = {}, {}
+    for skip in (False, True):
+        config = actor_config(True, micro_batch_size=2)
+        config.max_grad_norm, config.skip_zero_advantage = 1e6, skip
+        model = load_hf_causal_lm(tiny_model_path)
+        actor = Actor(config, model, torch.optim.SGD(model.parameters(), lr=0.1), mini_batch_size=len(data))
+        metrics[skip] = actor.update_policy(data, on_policy=True)
+        states[skip] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    assert metrics[True]["actor/zero_advantage_skipped"] == pytest.approx(2 / 6)
+    assert metrics[True]["actor/entropy"] > 0 and metrics[True]["actor/entropy"] != metrics[False]["actor/entropy"]
+    assert_same_states(states[False], states[True], load_hf_causal_lm(tiny_model_path).state_dict())
+
+
+def test_a_batch_with_no_advantage_still_takes_the_optimizer_step(tiny_model_path):
+    """AdamW's weight decay moves the weights even with zero gradients: one sample is computed so the step happens
+    exactly as without skipping."""
+    data = batch_with_flat_groups(tiny_model_path, [2, 2], flat_groups={0, 1}, seed=23)
+    config = actor_config(False, micro_batch_size=2)
+    states, metrics = {}, {}
+    for skip in (False, True):
+        config.skip_zero_advantage = skip
+        states[skip], metrics[skip] = update(tiny_model_path, config, data, optimizer="adamw")
+    assert metrics[True]["actor/zero_advantage_skipped"] == pytest.approx(3 / 4)
+    assert metrics[True]["actor/grad_norm"] == metrics[False]["actor/grad_norm"] == 0.0
+    assert_same_states(states[False], states[True], load_hf_causal_lm(tiny_model_path).state_dict())
+
+
+@pytest.mark.parametrize(
+    "setting", ["entropy_coef=0.01", "use_kl_loss=true", "loss_type=custom", "skip_zero_advantage=false"]
+)
+def test_the_skip_applies_only_where_zero_advantage_means_zero_loss(setting):
+    config = actor_config(False)
+    assert skips_zero_advantage(config)
+    key, value = setting.split("=")
+    if key == "loss_type":
+        from easyrl.algorithms.policy_loss import register_policy_loss
+
+        @register_policy_loss("zero_adv_test_custom")
+        def custom(old_log_probs, log_probs, advantages, response_mask, config):  # a loss with a term of its own
+            return -advantages * log_probs + 0.1 * log_probs**2, {}
+
+        config.loss_type = "zero_adv_test_custom"
+    else:
+        setattr(config, key, {"true": True, "false": False}.get(value, value if key != "entropy_coef" else 0.01))
+    assert not skips_zero_advantage(config)
+
+
+def test_samples_to_compute_keeps_order_and_at_least_one():
+    data = grouped_batch([2, 2, 2], seed=3)
+    keep = torch.tensor([False, True, False, False, True, True])
+    part, dropped = samples_to_compute(data, keep)
+    assert dropped == 3 and torch.equal(part.batch["input_ids"], data.batch["input_ids"][[1, 4, 5]])
+    part, dropped = samples_to_compute(data, torch.zeros(6, dtype=torch.bool))
+    assert dropped == 5 and torch.equal(part.batch["input_ids"], data.batch["input_ids"][[0]])
+    part, dropped = samples_to_compute(data, torch.ones(6, dtype=torch.bool))
+    assert dropped == 0 and part is data
+
+
+@pytest.mark.timeout(300)
+def test_two_ranks_keeping_different_counts_run_equal_passes_and_equal_one_plain_process(ray_cluster, tiny_model_path):
+    """Rank 0's samples all have zero advantage, rank 1 keeps two of four: both compute two samples (rank 0 two that
+    add nothing), no collective waits forever, and the step is one plain process's step on the whole batch."""
+    from easyrl.workers.fsdp_worker import FSDPWorker
+    from tests.fsdp_helpers import padded_policy_loss, worker_config, worker_group
+
+    lr = 0.1
+    data = batch_with_flat_groups(tiny_model_path, [2, 2, 2, 2], flat_groups={0, 1, 2}, seed=24)
+    config = worker_config(tiny_model_path, 2, lr=lr, global_batch_size=8, micro_batch_size=1)
+    with worker_group(FSDPWorker, config, "actor", processes=2, name_prefix="zeroadv") as group:
+        group.init_model()
+        metrics = group.update_actor(data).meta_info["metrics"]
+        state = group.get_full_state_dict()
+    assert metrics["actor/zero_advantage_skipped"] == pytest.approx(0.5)  # 2 of 4 on each rank
+    reference = load_hf_causal_lm(tiny_model_path)
+    padded_policy_loss(reference, data, worker_config(tiny_model_path, 1).actor).backward()
+    with torch.no_grad():
+        for name, param in reference.named_parameters():
+            torch.testing.assert_close(state[name], param - lr * param.grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_actor_mfu_counts_the_samples_the_update_computed(skip):
+    """Two prompts of 3 tokens, each with responses of 2 and 4 tokens; the first group has zero advantage."""
+    import numpy as np
+
+    from easyrl.config import PPOConfig, derive
+    from easyrl.protocol import DataProto
+    from easyrl.trainer.flops import FlopsCounter, compute_mfu
+    from easyrl.trainer.ray_trainer import PPOTrainer
+    from tests.test_trainer_flops import _tiny_qwen2
+
+    attention_mask = torch.tensor([[0, 1, 1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1, 1, 1]] * 2)
+    advantages = torch.tensor([[0.0] * 4, [0.0] * 4, [0.5] * 4, [-0.5] * 4])
+    batch = DataProto.from_dict(
+        tensors={"attention_mask": attention_mask, "response_mask": attention_mask[:, 4:], "advantages": advantages},
+        non_tensors={"uid": np.array(["a", "a", "b", "b"], dtype=object)},
+    )
+    config = PPOConfig()
+    derive(config)
+    config.worker.actor.skip_zero_advantage = skip
+    trainer = PPOTrainer.__new__(PPOTrainer)
+    trainer.config, trainer._actor_flops, trainer._actor_peak_flops = config, FlopsCounter(_tiny_qwen2()), 1e9
+    mfu = trainer._actor_mfu(batch, seconds=2.0)["perf/mfu/actor"]
+    sequences = [5, 7] if skip else [5, 7, 5, 7]  # prompt + response tokens of each computed sample
+    expected = compute_mfu(FlopsCounter(_tiny_qwen2()).flops(sequences), 2.0, config.world_size, 1e9)
+    assert mfu == pytest.approx(expected)
