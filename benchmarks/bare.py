@@ -34,10 +34,15 @@ class BareVLLM:
         from transformers import GenerationConfig
         from vllm import LLM
 
+        from easyrl.utils import device
+        from easyrl.workers.rollout.vllm_rollout import CPU_KV_BLOCK_SIZE
+
         self.rollout = rollout
         kwargs: dict[str, Any] = {}
         if rollout.kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = rollout.kv_cache_memory_bytes
+        if not device.is_cuda_available():  # the block size easyrl's engine gets on CPU (its prompts share blocks)
+            kwargs["block_size"] = CPU_KV_BLOCK_SIZE
         self.llm = LLM(
             model=model_path,
             dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[rollout.dtype],

@@ -59,6 +59,10 @@ VLLM_DTYPES = {
 }
 # vLLM needs an explicit KV-cache size on CPU (gpu_memory_utilization would be read as a share of host RAM)
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+# KV block size on CPU. vLLM's CPU default (128) is longer than most RL prompts, and prefix caching shares only full
+# blocks, so the n samples of a prompt each prefilled it again; with 32 (the smallest its CPU attention takes) they
+# share the prompt's whole blocks within one generate call: 8 prompts x n=4 of 57 tokens prefill in 2.0 s, not 3.6 s.
+CPU_KV_BLOCK_SIZE = 32
 # DataProto multi_modal_data keys -> vLLM multi_modal_data keys
 MULTI_MODAL_KEYS = {"images": "image", "videos": "video"}
 WEIGHT_SYNC_EXTENSION = "easyrl.workers.rollout.lora_sync.LoraSyncExtension"
@@ -166,6 +170,8 @@ def _engine_kwargs(
         kwargs["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
     elif not device.is_cuda_available():
         kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
+    if not device.is_cuda_available():
+        kwargs["block_size"] = CPU_KV_BLOCK_SIZE
     return kwargs
 
 
