@@ -232,3 +232,19 @@ def test_check_imports_no_torch_so_it_answers_in_well_under_two_seconds():
     )
     assert out.returncode == 0, out.stderr
     assert "TORCH False" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["algorithm.disable_kl=true"], "their update passes are skipped"),
+        (["algorithm.disable_kl=false", "algorithm.use_kl_loss=true"], "computed (the KL loss"),
+        (["algorithm.disable_kl=false", "algorithm.use_kl_loss=false"], "their update passes are skipped"),
+        (["algorithm.disable_kl=true", "worker.actor.entropy_coef=0.01"], "computed (the entropy bonus"),
+        (["algorithm.disable_kl=true", "worker.actor.skip_zero_advantage=false"], "skip_zero_advantage=false"),
+    ],
+)
+def test_the_plan_says_whether_zero_advantage_samples_are_computed(overrides, expected):
+    description = load_run_plan(BASE + overrides).describe()
+    line = next(line for line in description.splitlines() if line.startswith("zero-advantage samples:"))
+    assert expected in line

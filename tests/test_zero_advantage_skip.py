@@ -73,6 +73,53 @@ def test_skipping_flat_groups_gives_the_same_step(tiny_model_path, loss_type, lo
     assert_same_states(states[False], states[True], load_hf_causal_lm(tiny_model_path).state_dict())
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("shared_prefix", [False, True])
+def test_a_vl_update_skipping_a_flat_picture_group_gives_the_same_step(tmp_path_factory, shared_prefix):
+    """Qwen2.5-VL with pictures in the prompts: the skipped group's picture is not encoded, the step is the same
+    (vision tower included)."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from easyrl.testing.tiny_vlms import build_tiny_vlm
+    from easyrl.testing.vl_batch import VLSample, make_vl_batch, random_image
+
+    path = build_tiny_vlm("qwen2_5_vl", tmp_path_factory.mktemp("qwen2_5_vl"))
+    processor = AutoProcessor.from_pretrained(path)
+    counting = VLSample("Count the shapes.", images=[random_image(0)])
+    brighter = VLSample("Which is brighter?", images=[random_image(1, width=84, height=56)])
+    text = VLSample("Hello there, how are you?")
+    data = make_vl_batch(processor, str(path), [counting] * 3 + [brighter] * 2 + [text] * 2, response_length=6, seed=2)
+    data.meta_info["temperature"] = 0.7
+
+    def model():
+        return AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+
+    old, _ = Actor(actor_config(False, 7), model(), processor=processor).compute_log_probs(data)
+    data = add_policy_targets(data, old, seed=25)
+    data.batch["advantages"][3:5] = 0.0  # the brighter-picture group scored the same
+    states, metrics = {}, {}
+    for skip in (False, True):
+        config = actor_config(shared_prefix, micro_batch_size=3)
+        config.max_grad_norm, config.skip_zero_advantage = 1e6, skip
+        module = model()
+        actor = Actor(
+            config,
+            module,
+            torch.optim.SGD(module.parameters(), lr=0.1),
+            mini_batch_size=len(data),
+            processor=processor,
+        )
+        metrics[skip] = actor.update_policy(data)
+        states[skip] = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    assert metrics[True]["actor/zero_advantage_skipped"] == pytest.approx(2 / 7)
+    before = model().state_dict()
+    assert any(
+        name.startswith("model.visual") and float((states[True][name] - before[name]).abs().max()) > 0
+        for name in before
+    )  # the tower trained, and is compared below
+    assert_same_states(states[False], states[True], before)
+
+
 def test_on_policy_update_skips_too_and_reports_entropy_of_the_computed_samples(tiny_model_path):
     data = batch_with_flat_groups(tiny_model_path, [2, 2, 2], flat_groups={1}, seed=22, off_policy=False)
     del data.batch["old_log_probs"]
