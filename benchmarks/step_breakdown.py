@@ -95,6 +95,8 @@ def main() -> None:
         f"tokens per sample: prompt {lengths['prompt_length/mean']:.1f} (padded to {run.config.data.max_prompt_length}), "
         f"response {lengths['response_length/mean']:.1f} (padded to {args.max_response_length})"
     )
+    skipped = mean([row.get("actor/zero_advantage_skipped", 0.0) for row in steps])
+    print(f"update passes skipped for {skipped:.0%} of the samples (zero advantage: a group that all scored the same)")
     print(f"setup (Ray, workers, engine, data) {run.setup_s:.1f} s; fit {run.fit_s:.1f} s for {len(run.rows)} steps")
     append_result(
         "step_breakdown",
@@ -107,6 +109,7 @@ def main() -> None:
             "weight_sync_gb_per_s": mean([m["rollout/weight_sync_gb_per_s"] for m in sync]) if sync else None,
             "setup_s": run.setup_s,
             "mean_lengths": lengths,
+            "zero_advantage_skipped": skipped,
         },
     )
 

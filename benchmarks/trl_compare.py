@@ -182,6 +182,8 @@ def main() -> None:
     easyrl_steps = measured_steps(run.rows)
     easyrl_s = mean([row["timing/step"] for row in easyrl_steps])
     easyrl_rewards = [row["critic/score/mean"] for row in run.rows]
+    # samples whose update passes were skipped (worker.actor.skip_zero_advantage): groups that all scored the same
+    easyrl_skipped = [row.get("actor/zero_advantage_skipped", 0.0) for row in run.rows if "timing/step" in row]
     consumed = run.recorder.prompt_ids
     if matched and consumed != order:  # say where, so that a broken comparison is never silent
         first = next((i for i, (a, b) in enumerate(zip(consumed, order)) if a != b), min(len(consumed), len(order)))
@@ -221,6 +223,7 @@ def main() -> None:
     print("same prompts in the same order" if matched else "prompt order differs (TRL shuffled the split itself)")
     verdict = "met" if speedup >= TARGET_SPEEDUP else f"missed: {speedup:.2f}x of {TARGET_SPEEDUP}x"
     print(f"easyrl steps/s = {speedup:.2f}x TRL's (target >= {TARGET_SPEEDUP}x: {verdict})")
+    print(f"easyrl skipped the update passes of {mean(easyrl_skipped):.0%} of the samples (zero advantage)")
     append_result(
         "trl_compare",
         {
@@ -234,6 +237,7 @@ def main() -> None:
             "easyrl_rewards": easyrl_rewards,
             "trl_rewards": trl_rewards,
             "easyrl_step_seconds": [row["timing/step"] for row in run.rows],
+            "easyrl_zero_advantage_skipped": easyrl_skipped,
             "trl_step_seconds": trl_seconds,
         },
     )
