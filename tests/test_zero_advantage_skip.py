@@ -4,7 +4,7 @@ still takes the same optimizer step as the update that computes every sample."""
 import pytest
 import torch
 
-from easyrl.algorithms.policy_loss import skips_zero_advantage
+from easyrl.algorithms.zero_advantage import skips_zero_advantage
 from easyrl.workers.actor import Actor
 from easyrl.workers.ppo_update import samples_to_compute
 from tests.fsdp_helpers import add_policy_targets, load_hf_causal_lm
@@ -150,10 +150,22 @@ def test_a_batch_with_no_advantage_still_takes_the_optimizer_step(tiny_model_pat
     assert_same_states(states[False], states[True], load_hf_causal_lm(tiny_model_path).state_dict())
 
 
+@pytest.fixture
+def scratch_losses():
+    """Losses a test registers are gone after it (the registries are module-wide)."""
+    from easyrl.algorithms import policy_loss, zero_advantage
+
+    names, weighted = set(policy_loss._POLICY_LOSSES), set(zero_advantage.ADVANTAGE_WEIGHTED_LOSSES)
+    yield
+    for name in set(policy_loss._POLICY_LOSSES) - names:
+        del policy_loss._POLICY_LOSSES[name]
+    zero_advantage.ADVANTAGE_WEIGHTED_LOSSES.intersection_update(weighted)
+
+
 @pytest.mark.parametrize(
     "setting", ["entropy_coef=0.01", "use_kl_loss=true", "loss_type=custom", "skip_zero_advantage=false"]
 )
-def test_the_skip_applies_only_where_zero_advantage_means_zero_loss(setting):
+def test_the_skip_applies_only_where_zero_advantage_means_zero_loss(setting, scratch_losses):
     config = actor_config(False)
     assert skips_zero_advantage(config)
     key, value = setting.split("=")
@@ -168,6 +180,37 @@ def test_the_skip_applies_only_where_zero_advantage_means_zero_loss(setting):
     else:
         setattr(config, key, {"true": True, "false": False}.get(value, value if key != "entropy_coef" else 0.01))
     assert not skips_zero_advantage(config)
+
+
+def test_every_loss_listed_as_advantage_weighted_is_zero_with_zero_gradient_at_zero_advantage():
+    from easyrl.algorithms.policy_loss import compute_policy_loss, list_policy_losses
+    from easyrl.algorithms.zero_advantage import ADVANTAGE_WEIGHTED_LOSSES
+
+    assert {"ppo", "gspo", "gspo_token", "cispo", "sapo"} <= ADVANTAGE_WEIGHTED_LOSSES <= set(list_policy_losses())
+    gen = torch.Generator().manual_seed(5)
+    mask = (torch.rand(4, 6, generator=gen) > 0.2).long()
+    old = -torch.rand(4, 6, generator=gen) * 3
+    config = actor_config(False)
+    for name in sorted(ADVANTAGE_WEIGHTED_LOSSES):
+        config.loss_type = name
+        log_probs = (old + torch.randn(4, 6, generator=gen)).requires_grad_()
+        for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+            config.loss_avg_mode = mode
+            loss, _ = compute_policy_loss(old, log_probs, torch.zeros(4, 6), mask, config, loss_denominator=7.0)
+            (grad,) = torch.autograd.grad(loss, log_probs)
+            assert float(loss) == 0.0 and float(grad.abs().max()) == 0.0, (name, mode)
+
+
+def test_a_users_loss_registered_as_advantage_weighted_is_skipped(scratch_losses):
+    from easyrl.algorithms.policy_loss import register_policy_loss
+
+    @register_policy_loss("zero_adv_test_weighted", advantage_weighted=True)
+    def weighted(old_log_probs, log_probs, advantages, response_mask, config):
+        return -advantages * log_probs * 2.0, {}
+
+    config = actor_config(False)
+    config.loss_type = "zero_adv_test_weighted"
+    assert skips_zero_advantage(config)
 
 
 def test_samples_to_compute_keeps_order_and_at_least_one():
@@ -229,3 +272,41 @@ def test_actor_mfu_counts_the_samples_the_update_computed(skip):
     sequences = [5, 7] if skip else [5, 7, 5, 7]  # prompt + response tokens of each computed sample
     expected = compute_mfu(FlopsCounter(_tiny_qwen2()).flops(sequences), 2.0, config.world_size, 1e9)
     assert mfu == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("shared_prefix", [False, True])
+def test_the_trainer_spreads_the_computed_samples_over_the_ranks_before_the_update(shared_prefix):
+    """Generation-time balancing counted every sample; the informative groups all landed on rank 0. Before the
+    update each rank's chunk gets the same computed tokens (whole groups with shared prefixes)."""
+    import numpy as np
+
+    from easyrl.config import PPOConfig, derive
+    from easyrl.protocol import DataProto
+    from easyrl.trainer.ray_trainer import PPOTrainer
+
+    attention_mask = torch.ones(8, 10, dtype=torch.long)
+    attention_mask[:, :2] = 0
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 0.0, 0.0, 0.0])[:, None].expand(8, 4).clone()
+    uids = np.array(["a", "a", "b", "b", "c", "c", "d", "d"], dtype=object)
+    batch = DataProto.from_dict(
+        tensors={"attention_mask": attention_mask, "response_mask": attention_mask[:, 6:], "advantages": advantages},
+        non_tensors={"uid": uids},
+    )
+    config = PPOConfig()
+    config.trainer.n_gpus_per_node, config.algorithm.disable_kl = 2, True
+    config.worker.actor.shared_prefix = shared_prefix
+    derive(config)
+    trainer = PPOTrainer.__new__(PPOTrainer)
+    trainer.config = config
+    metrics = {}
+    trainer._balance_computed_samples(batch, metrics)
+    computed = (batch.batch["advantages"] != 0).any(-1)
+    assert computed[:4].sum() == computed[4:].sum() == 2
+    assert metrics["perf/dp_token_imbalance/update"] == pytest.approx(1.0)
+    rank_uids = [set(batch.non_tensor_batch["uid"][:4]), set(batch.non_tensor_batch["uid"][4:])]
+    if shared_prefix:  # groups stay whole: two uids per rank
+        assert all(len(uids) == 2 for uids in rank_uids)
+    config.worker.actor.skip_zero_advantage = False
+    metrics = {}
+    trainer._balance_computed_samples(batch, metrics)
+    assert metrics == {}  # nothing skipped, the generation-time balance stands

@@ -23,18 +23,16 @@ import torch
 
 from .aggregation import aggregate_loss
 from .masked import masked_mean
+from .zero_advantage import ADVANTAGE_WEIGHTED_LOSSES
 
 
 if TYPE_CHECKING:
     from ..config import ActorConfig
-    from ..protocol import DataProto
 
 TokenLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
 _POLICY_LOSSES: dict[str, PolicyLoss] = {}
-# losses whose every token term is a multiple of that token's advantage (see `register_policy_loss`)
-_ADVANTAGE_WEIGHTED: set[str] = set()
 
 # exp() of a log-ratio beyond this overflows or gives useless gradients (also the nan-grad issue pytorch#10729)
 LOG_RATIO_LIMIT = 20.0
@@ -46,22 +44,17 @@ def register_policy_loss(name: str, advantage_weighted: bool = False):
 
     ``advantage_weighted``: each token's loss is its advantage times something finite, so a sample whose advantages
     are all zero adds nothing to the loss or its gradient (the actor then skips that sample's passes, see
-    `worker.actor.skip_zero_advantage`). Leave it false for a loss with any other term."""
+    zero_advantage.py). Leave it false for a loss with any other term. The built-in losses are listed there."""
 
     def decorator(token_loss: TokenLoss) -> TokenLoss:
         if name in _POLICY_LOSSES:
             raise ValueError(f"Policy loss `{name}` is registered twice.")
         _POLICY_LOSSES[name] = _full_loss(token_loss)
         if advantage_weighted:
-            _ADVANTAGE_WEIGHTED.add(name)
+            ADVANTAGE_WEIGHTED_LOSSES.add(name)
         return token_loss
 
     return decorator
-
-
-def is_advantage_weighted(name: str) -> bool:
-    """Whether the loss `name` was registered as ``advantage_weighted``: zero-advantage samples add nothing."""
-    return name in _ADVANTAGE_WEIGHTED
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
@@ -89,24 +82,6 @@ def compute_policy_loss(
     return get_policy_loss(config.loss_type)(
         old_log_probs, log_probs, advantages, response_mask, config, rollout_log_probs, loss_denominator
     )
-
-
-def skips_zero_advantage(config: "ActorConfig") -> bool:
-    """`worker.actor.skip_zero_advantage` where skipping changes nothing: every term of the loss is a multiple of
-    the advantage (an ``advantage_weighted`` loss, no entropy bonus, no KL loss)."""
-    return (
-        config.skip_zero_advantage
-        and config.entropy_coef == 0.0
-        and not (config.use_kl_loss and not config.disable_kl)
-        and is_advantage_weighted(config.loss_type)
-    )
-
-
-def nonzero_advantage(data: "DataProto") -> torch.Tensor:
-    """(batch,) bool: the samples with a nonzero advantage at some response token (those a skipping update
-    computes)."""
-    batch = data.batch
-    return ((batch["advantages"] != 0) & batch["response_mask"].bool()).any(-1)
 
 
 def truncated_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, cap: float) -> torch.Tensor:
@@ -181,7 +156,7 @@ def _clipped_surrogate(
     return loss, metrics
 
 
-@register_policy_loss("ppo", advantage_weighted=True)
+@register_policy_loss("ppo")
 def ppo_clip_loss(old_log_probs, log_probs, advantages, response_mask, config):
     """PPO clipped surrogate (Schulman et al. 2017, arXiv 1707.06347) with decoupled clip ranges (clip-higher, DAPO,
     Yu et al. 2025, arXiv 2503.14476) and dual clip (arXiv 1912.09729):
@@ -196,7 +171,7 @@ def _sequence_log_ratio(old_log_probs, log_probs, response_mask) -> torch.Tensor
     return masked_mean(log_probs - old_log_probs, response_mask, dim=-1).unsqueeze(-1)
 
 
-@register_policy_loss("gspo", advantage_weighted=True)
+@register_policy_loss("gspo")
 def gspo_loss(old_log_probs, log_probs, advantages, response_mask, config):
     """Group Sequence Policy Optimization (Zheng et al. 2025, arXiv 2507.18071): the ratio is per sequence,
 
@@ -210,7 +185,7 @@ def gspo_loss(old_log_probs, log_probs, advantages, response_mask, config):
     return _clipped_surrogate(log_ratio, advantages, config, dual_clip=False)
 
 
-@register_policy_loss("gspo_token", advantage_weighted=True)
+@register_policy_loss("gspo_token")
 def gspo_token_loss(old_log_probs, log_probs, advantages, response_mask, config):
     """GSPO-token (arXiv 2507.18071, section 4.3): token-level advantages with the sequence ratio's value,
 
@@ -223,7 +198,7 @@ def gspo_token_loss(old_log_probs, log_probs, advantages, response_mask, config)
     return _clipped_surrogate(log_ratio, advantages, config, dual_clip=False)
 
 
-@register_policy_loss("cispo", advantage_weighted=True)
+@register_policy_loss("cispo")
 def cispo_loss(old_log_probs, log_probs, advantages, response_mask, config):
     """Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv 2506.13585): clip the importance weight, never the
     token, so every token keeps a gradient:
@@ -237,7 +212,7 @@ def cispo_loss(old_log_probs, log_probs, advantages, response_mask, config):
     return loss, {"pg_clipfrac_higher": ratio > high, "pg_clipfrac_lower": ratio < low}
 
 
-@register_policy_loss("sapo", advantage_weighted=True)
+@register_policy_loss("sapo")
 def sapo_loss(old_log_probs, log_probs, advantages, response_mask, config):
     """Soft Adaptive Policy Optimization (Gao et al. 2025, arXiv 2511.20347): a smooth gate replaces the hard clip,
 

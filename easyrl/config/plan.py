@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from ..algorithms import zero_advantage
 from ..utils.platform import nvidia_gpus_visible
 from .load import read_config
 from .schema import PPOConfig
@@ -133,7 +134,7 @@ class RunPlan:
             f"{actor.micro_batch_size_per_device_for_update} (update) / "
             f"{actor.micro_batch_size_per_device_for_experience} (log-probs)",
             f"old log-probs: {self.old_log_prob_reason}",
-            f"zero-advantage samples: {_zero_advantage_decision(actor)}",
+            f"zero-advantage samples: {zero_advantage.decision(actor)[1]}",
             f"training steps: {steps}",
             f"validation: {_validation_schedule(config, self.validate_at_end)}",
         ]
@@ -151,22 +152,6 @@ def _validation_schedule(config: PPOConfig, at_end: bool) -> str:
     if at_end:
         parts.append("at the end")
     return ", ".join(parts) + (" (val_only: no training)" if trainer.val_only else "")
-
-
-def _zero_advantage_decision(actor) -> str:
-    """What the actor update does with samples whose advantage is zero everywhere (worker.actor.skip_zero_advantage;
-    the actor applies ``policy_loss.skips_zero_advantage``, the same rule)."""
-    from ..algorithms.policy_loss import is_advantage_weighted, skips_zero_advantage
-
-    if skips_zero_advantage(actor):
-        return "their update passes are skipped (they add nothing to the loss; worker.actor.skip_zero_advantage)"
-    if not actor.skip_zero_advantage:
-        return "computed (worker.actor.skip_zero_advantage=false)"
-    if actor.entropy_coef != 0.0:
-        return "computed (the entropy bonus, worker.actor.entropy_coef, counts every sample)"
-    if not is_advantage_weighted(actor.loss_type):
-        return f"computed (worker.actor.loss_type={actor.loss_type} is not registered as advantage-weighted)"
-    return "computed (the KL loss counts every sample)"
 
 
 def _old_log_prob_decision(config: PPOConfig, kl_in_reward: bool) -> tuple[bool, str]:

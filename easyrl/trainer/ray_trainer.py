@@ -27,7 +27,7 @@ from ..algorithms.advantage import compute_advantage
 from ..algorithms.filtering import GroupCollector
 from ..algorithms.kl import apply_kl_penalty, get_kl_controller
 from ..algorithms.masked import masked_mean
-from ..algorithms.policy_loss import nonzero_advantage, skips_zero_advantage
+from ..algorithms.zero_advantage import nonzero_advantage, skips_zero_advantage
 from ..config import RunPlan
 from ..controller.worker_group import WorkerDiedError
 from ..protocol import DataProto
@@ -273,6 +273,7 @@ class PPOTrainer:
                     critic_out = self.workers.critic.update_critic(batch)
                 metrics.update(critic_out.meta_info["metrics"])
             if self.global_step > self.config.trainer.critic_warmup:
+                self._balance_computed_samples(batch, metrics)
                 with timer("update_actor", timing):
                     actor_out = self.workers.actor_rollout.update_actor(batch, on_policy=self.plan.on_policy)
                 metrics.update(actor_out.meta_info["metrics"])
@@ -308,6 +309,24 @@ class PPOTrainer:
         if order is not None:
             batch.reorder(order)
         return order
+
+    def _balance_computed_samples(self, batch: DataProto, metrics: dict[str, Any]) -> None:
+        """Reorder ``batch`` in place so that the ranks' chunks hold about the same number of tokens the actor update
+        computes, where it skips zero-advantage samples (worker.actor.skip_zero_advantage): the balance made after
+        generation counted every sample, and each rank computes as many samples as the busiest one."""
+        actor = self.config.worker.actor
+        dp_size = self.config.world_size // max(actor.ulysses_size, 1)
+        if not (self.config.trainer.balance_batch and dp_size > 1 and skips_zero_advantage(actor)):
+            return
+        computed = nonzero_advantage(batch).to(batch.batch["attention_mask"].dtype)
+        uids = batch.non_tensor_batch.get("uid")
+        groups = groups_by_uid(uids) if actor.shared_prefix and uids is not None else None
+        order, balance_metrics = balance_permutation(
+            batch.batch["attention_mask"] * computed[:, None], dp_size, groups
+        )
+        metrics["perf/dp_token_imbalance/update"] = balance_metrics["perf/dp_token_imbalance"]
+        if order is not None:
+            batch.reorder(order)
 
     # ------------------------------------------------------------------------------------------------------------------
     # generation + reward, with DAPO online filtering

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..algorithms.policy_loss import nonzero_advantage, skips_zero_advantage
+from ..algorithms.zero_advantage import nonzero_advantage, skips_zero_advantage
 from ..config import RefConfig
 from ..models import prefix_group, ulysses
 from ..models.dynamic_batching import restore_order, split_micro_batches
