@@ -294,13 +294,18 @@ class PPOTrainer:
             metrics.update(self._actor_mfu(batch, timing["update_actor"]))
         return metrics
 
+    def _rank_chunks(self, batch: DataProto) -> tuple[int, list[list[int]] | None]:
+        """(data-parallel ranks, the row groups that must stay on one rank): with shared prefixes a prompt's samples
+        move together, so that on one rank they compute the prompt once."""
+        actor = self.config.worker.actor
+        uids = batch.non_tensor_batch.get("uid")
+        groups = groups_by_uid(uids) if actor.shared_prefix and uids is not None else None
+        return self.config.world_size // max(actor.ulysses_size, 1), groups
+
     def _balance_batch(self, batch: DataProto, metrics: dict[str, Any]) -> torch.Tensor | None:
         """Reorder ``batch`` in place for token-balanced data-parallel chunks; returns the order applied (None when
         off or when the rows do not split evenly). The imbalance metrics are logged either way."""
-        dp_size = self.config.world_size // max(self.config.worker.actor.ulysses_size, 1)
-        # with shared prefixes a prompt's samples move together: on one rank they compute the prompt once
-        uids = batch.non_tensor_batch.get("uid")
-        groups = groups_by_uid(uids) if self.config.worker.actor.shared_prefix and uids is not None else None
+        dp_size, groups = self._rank_chunks(batch)
         order, balance_metrics = balance_permutation(batch.batch["attention_mask"], dp_size, groups)
         if not self.config.trainer.balance_batch:
             balance_metrics["perf/dp_token_imbalance"] = balance_metrics["perf/dp_token_imbalance/before"]
@@ -314,13 +319,10 @@ class PPOTrainer:
         """Reorder ``batch`` in place so that the ranks' chunks hold about the same number of tokens the actor update
         computes, where it skips zero-advantage samples (worker.actor.skip_zero_advantage): the balance made after
         generation counted every sample, and each rank computes as many samples as the busiest one."""
-        actor = self.config.worker.actor
-        dp_size = self.config.world_size // max(actor.ulysses_size, 1)
-        if not (self.config.trainer.balance_batch and dp_size > 1 and skips_zero_advantage(actor)):
+        dp_size, groups = self._rank_chunks(batch)
+        if not (self.config.trainer.balance_batch and dp_size > 1 and skips_zero_advantage(self.config.worker.actor)):
             return
         computed = nonzero_advantage(batch).to(batch.batch["attention_mask"].dtype)
-        uids = batch.non_tensor_batch.get("uid")
-        groups = groups_by_uid(uids) if actor.shared_prefix and uids is not None else None
         order, balance_metrics = balance_permutation(
             batch.batch["attention_mask"] * computed[:, None], dp_size, groups
         )

@@ -53,8 +53,8 @@ def samples_to_compute(mini_batch: "DataProto", carries_gradient: torch.Tensor) 
     target = max_over_ranks(max(kept, 1))
     if target >= len(mini_batch):
         return mini_batch, 0
-    order = sorted(range(len(mini_batch)), key=lambda i: not bool(carries_gradient[i]))  # kept first, stable
-    return mini_batch[sorted(order[:target])], len(mini_batch) - target
+    kept_first = torch.argsort((~carries_gradient).to(torch.uint8), stable=True)
+    return mini_batch[kept_first[:target].sort().values], len(mini_batch) - target
 
 
 def run_ppo_updates(

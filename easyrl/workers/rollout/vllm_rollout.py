@@ -168,9 +168,8 @@ def _engine_kwargs(
         kwargs["limit_mm_per_prompt"] = {"image": config.limit_images}
     if config.kv_cache_memory_bytes is not None:
         kwargs["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
-    elif not device.is_cuda_available():
-        kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
     if not device.is_cuda_available():
+        kwargs.setdefault("kv_cache_memory_bytes", DEFAULT_CPU_KV_CACHE_BYTES)
         kwargs["block_size"] = CPU_KV_BLOCK_SIZE
     return kwargs
 
