@@ -14,6 +14,7 @@ from easyrl.config.schema import JudgeConfig
 from easyrl.workers.reward.judge import REQUEST_FAILED, UNPARSABLE
 from easyrl.workers.reward.judge_engine import JudgeEngineError, VllmJudge
 from easyrl.workers.reward.scorer import RewardScorer
+from easyrl.workers.rollout.vllm_rollout import kv_cache_kwargs
 from tests.fixtures.trainer_runs import TWO_STEP_HALF_RULE_OVERRIDES, metrics_by_step, run_training, train_args
 from tests.test_reward_judge import judged_batch
 
@@ -57,12 +58,20 @@ def test_the_engine_judges_a_batch_and_its_replies_are_read_by_the_regex(ray_clu
         verdicts = judge.score(["a sum"] * len(inputs), inputs)
         # the message went through the judge model's chat template as one user turn, the assistant's turn opened
         ids = ray.get(judge.engine.encode.remote("Grade this answer to a sum: 1 + 4 = 5"))
+        # the rollout's KV-cache arguments: the configured size, and on CPU the rollout's short blocks, so the
+        # judge messages share their template's blocks
+        cache = ray.get(
+            judge.engine.__ray_call__.remote(lambda engine: engine.llm.llm_engine.vllm_config.cache_config)
+        )
         # an engine that died stops the run with the key to look at, instead of scoring every sample 0
         ray.kill(judge.engine, no_restart=True)
         with pytest.raises(JudgeEngineError, match=r"judge engine \(worker.reward.judge.model_path=.*\) died while"):
             judge.score(["a sum"], inputs[:1])
     finally:
         judge.close()
+    assert cache.block_size == kv_cache_kwargs(None)["block_size"] == 32
+    assert kv_cache_kwargs(64 << 20)["kv_cache_memory_bytes"] == 64 << 20
+    assert kv_cache_kwargs(None)["kv_cache_memory_bytes"] == 1 << 30  # vLLM would read a share of host RAM
     assert len(verdicts) == 12
     parsed = [v for v in verdicts if v.failure is None]
     cut = [

@@ -28,7 +28,7 @@ from ...controller.worker_group import describe_death
 from ...demo.builtin_models import resolve_model_path
 from ...utils import device
 from ...utils.logging import setup_worker_logging
-from ..rollout.vllm_rollout import DEFAULT_CPU_KV_CACHE_BYTES, VLLM_DTYPES, _cpu_engine_environment
+from ..rollout.vllm_rollout import VLLM_DTYPES, _cpu_engine_environment, kv_cache_kwargs
 from .judge import (
     REQUEST_FAILED,
     JudgeFailure,
@@ -68,10 +68,7 @@ class JudgeEngine:
             "gpu_memory_utilization": config.gpu_memory_utilization,
             "disable_log_stats": True,
         }
-        if config.kv_cache_memory_bytes is not None:
-            kwargs["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
-        elif not cuda:  # on CPU gpu_memory_utilization would be read as a share of host RAM
-            kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
+        kwargs.update(kv_cache_kwargs(config.kv_cache_memory_bytes))  # judge prompts share their template's blocks
         path = resolve_model_path(config.model_path)
         with _cpu_engine_environment():
             from vllm import LLM, SamplingParams

@@ -166,8 +166,16 @@ def _engine_kwargs(
         kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
     if config.limit_images > 0:
         kwargs["limit_mm_per_prompt"] = {"image": config.limit_images}
-    if config.kv_cache_memory_bytes is not None:
-        kwargs["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
+    kwargs.update(kv_cache_kwargs(config.kv_cache_memory_bytes))
+    return kwargs
+
+
+def kv_cache_kwargs(kv_cache_memory_bytes: int | None) -> dict[str, Any]:
+    """The KV-cache arguments of a vLLM engine (the rollout's and a judge's): the configured size, and on CPU a
+    default size and CPU_KV_BLOCK_SIZE-token blocks."""
+    kwargs: dict[str, Any] = {}
+    if kv_cache_memory_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
     if not device.is_cuda_available():
         kwargs.setdefault("kv_cache_memory_bytes", DEFAULT_CPU_KV_CACHE_BYTES)
         kwargs["block_size"] = CPU_KV_BLOCK_SIZE
