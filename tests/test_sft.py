@@ -310,6 +310,32 @@ def test_sft_output_folder_is_an_rl_actor_model_path(sft_run, tiny_model_path, t
     assert f"model_path: {output}" in check.stdout
 
 
+def test_lora_sft_writes_the_base_with_the_adapters_merged_as_the_rl_model_and_the_adapters_beside_it(
+    sft_run, tiny_model_path, tokenizer, tmp_path
+):
+    """transformers cannot load an adapter folder as a model: with LoRA the model folder an RL run takes is the base
+    with the adapters merged in, and the adapters alone go to `adapter/` (as peft reads them)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    _, rows, args, _ = sft_run
+    ckpt = tmp_path / "ckpt"
+    lora_args = [a for a in args if not a.startswith(("trainer.save_checkpoint_path=", "data.val_files="))]
+    lora_args += [f"trainer.save_checkpoint_path={ckpt}", "worker.actor.model.lora.rank=8", "trainer.save_freq=-1"]
+    _run("sft", lora_args, tmp_path / "sft.log")
+    assert "the adapters alone are in" in (tmp_path / "sft.log").read_text()
+    merged = AutoModelForCausalLM.from_pretrained(ckpt / "huggingface", dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    base_nll = _assistant_nll(base, tokenizer, rows)
+    adapted = PeftModel.from_pretrained(base, ckpt / "adapter")
+    ids = tokenizer("What is 2+3? The answer is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, rtol=1e-4, atol=1e-4)
+    assert _assistant_nll(merged, tokenizer, rows) < base_nll - 0.5  # the adapters learned, and the merge kept it
+    assert (ckpt / "huggingface" / "tokenizer_config.json").is_file()
+    assert not (ckpt / "huggingface" / "adapter_config.json").exists()
+
+
 @pytest.mark.slow
 def test_sft_resumes_from_its_last_checkpoint(sft_run, tmp_path):
     folder, _, args, metrics = sft_run

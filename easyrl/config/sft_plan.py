@@ -30,6 +30,7 @@ from .validate import (
 
 
 HF_FOLDER = "huggingface"
+ADAPTER_FOLDER = "adapter"  # LoRA runs: the trained adapters alone, next to the merged model
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,14 @@ class SFTPlan:
     def hf_output_dir(self) -> str:
         """Where the trained model is written as a Hugging Face folder at the end of the run."""
         return os.path.join(self.config.trainer.save_checkpoint_path, HF_FOLDER)
+
+    @property
+    def adapter_output_dir(self) -> Optional[str]:
+        """With LoRA, where the trained adapters alone are written as a peft adapter folder; hf_output_dir then holds
+        the base model with them merged in, so that an RL run (with or without LoRA of its own) starts from it."""
+        if self.config.worker.actor.model.lora.rank == 0:
+            return None
+        return os.path.join(self.config.trainer.save_checkpoint_path, ADAPTER_FOLDER)
 
     def with_training_steps(self, batches_per_epoch: int) -> "SFTPlan":
         trainer = self.config.trainer
@@ -74,7 +83,12 @@ class SFTPlan:
                 f"micro-batches of {actor.micro_batch_size_per_device_for_update}), token-mean cross-entropy on the "
                 "assistant's tokens",
                 f"training steps: {steps}",
-                f"output: checkpoints in {config.trainer.save_checkpoint_path}, the model in {self.hf_output_dir}",
+                f"output: checkpoints in {config.trainer.save_checkpoint_path}, the model in {self.hf_output_dir}"
+                + (
+                    f" (the base with the LoRA adapters merged in; the adapters alone in {self.adapter_output_dir})"
+                    if self.adapter_output_dir
+                    else ""
+                ),
             ]
         )
 

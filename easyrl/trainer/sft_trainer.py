@@ -234,7 +234,16 @@ class SFTTrainer:
             ):
                 self.save_checkpoint(metrics)
             self.tracker.log(metrics, step=self.global_step)
-        self.workers.save_hf_model(self.plan.hf_output_dir)
+        adapter_dir = self.plan.adapter_output_dir
+        if adapter_dir is None:
+            self.workers.save_hf_model(self.plan.hf_output_dir)
+            return metrics
+        # LoRA: the workers write the adapters; the driver merges them into the base, so the model folder is one an
+        # RL run loads as it is (transformers cannot load an adapter folder as a model)
+        from ..workers.fsdp_checkpoint import merge_adapter_folder
+
+        self.workers.save_hf_model(adapter_dir)
+        merge_adapter_folder(adapter_dir, self.config.worker.actor.model.model_path, self.plan.hf_output_dir)
         return metrics
 
 
@@ -306,4 +315,8 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
         raise SystemExit(interrupted.exit_code)
     print(f"Checkpoints are in {config.trainer.save_checkpoint_path}")
     print(f"The fine-tuned model is in {plan.hf_output_dir} (use it as worker.actor.model.model_path)")
+    if plan.adapter_output_dir is not None:
+        print(
+            f"It is the base model with the LoRA adapters merged in; the adapters alone are in {plan.adapter_output_dir}"
+        )
     return metrics

@@ -238,9 +238,6 @@ def _merge_lora_checkpoint(
 ) -> None:
     import json
 
-    import transformers
-    from peft import PeftModel
-
     with open(os.path.join(hf_path, lora.ADAPTER_CONFIG_FILE), encoding="utf-8") as file:
         peft_config = json.load(file)
     adapters = {lora.peft_name(name): tensor for name, tensor in weights.items()}
@@ -255,14 +252,25 @@ def _merge_lora_checkpoint(
             f"--merge_lora needs the base model the adapters were trained on: `{base_path}` (base_model_name_or_path "
             f"in {os.path.join(hf_path, lora.ADAPTER_CONFIG_FILE)}) is not a folder here; pass --base_model PATH."
         )
-    config = transformers.AutoConfig.from_pretrained(hf_path)
-    model_cls = getattr(transformers, (config.architectures or ["AutoModelForCausalLM"])[0])
-    # the sum W + (alpha / r) B A in fp32, stored in the base's own dtype
-    base = model_cls.from_pretrained(base_path, dtype=torch.float32)
-    saved_dtype = getattr(transformers.AutoConfig.from_pretrained(base_path), "dtype", None) or torch.float32
     with tempfile.TemporaryDirectory() as adapter_dir:
         lora.write_adapter_folder(adapter_dir, adapters, peft_config)
-        merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+        merge_adapter_folder(adapter_dir, base_path, output_path, config_path=hf_path)
+
+
+def merge_adapter_folder(adapter_path: str, base_path: str, output_path: str, config_path: str | None = None) -> None:
+    """Write the base model at ``base_path`` with the peft adapters of ``adapter_path`` merged into its weights as a
+    Hugging Face folder at ``output_path``, with the tokenizer and processor files kept in ``config_path`` (default:
+    the adapter folder). In one process, on the CPU: the sum W + (alpha / r) B A is taken in fp32 and stored in the
+    base's own dtype."""
+    import transformers
+    from peft import PeftModel
+
+    config_path = config_path or adapter_path
+    config = transformers.AutoConfig.from_pretrained(config_path)
+    model_cls = getattr(transformers, (config.architectures or ["AutoModelForCausalLM"])[0])
+    base = model_cls.from_pretrained(base_path, dtype=torch.float32)
+    saved_dtype = getattr(transformers.AutoConfig.from_pretrained(base_path), "dtype", None) or torch.float32
+    merged = PeftModel.from_pretrained(base, adapter_path).merge_and_unload()
     merged.to(saved_dtype if isinstance(saved_dtype, torch.dtype) else getattr(torch, str(saved_dtype)))
     save_pretrained_in_released_layout(merged, output_path)
-    _copy_extras(hf_path, output_path, skip={"config.json", *adapter_files})
+    _copy_extras(config_path, output_path, skip={"config.json", lora.ADAPTER_CONFIG_FILE, lora.ADAPTER_WEIGHTS_FILE})
