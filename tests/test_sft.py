@@ -351,6 +351,40 @@ def test_sft_resumes_from_its_last_checkpoint(sft_run, tmp_path):
 
 
 @pytest.mark.slow
+def test_lora_sft_of_a_vision_language_model_writes_a_merged_model_with_its_processor(tmp_path):
+    """The shapes cold start with LoRA for two steps: the merged folder is the Qwen2.5-VL class with its processor,
+    and its logits on a picture are the base's with the adapters applied."""
+    from peft import PeftModel
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from easyrl.demo.builtin_models import resolve_model_path
+
+    ckpt = tmp_path / "ckpt"
+    args = [
+        f"config={REPO_ROOT / 'examples' / 'shapes_cold_start_sft.yaml'}",
+        "trainer.max_steps=2",
+        "trainer.save_freq=-1",
+        "worker.actor.model.lora.rank=8",
+        f"trainer.save_checkpoint_path={ckpt}",
+    ]
+    _run("sft", args, tmp_path / "sft.log")
+    merged = AutoModelForImageTextToText.from_pretrained(ckpt / "huggingface", dtype=torch.float32)
+    assert type(merged).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    base = AutoModelForImageTextToText.from_pretrained(resolve_model_path("builtin://Small-Qwen2.5-VL")).float()
+    processor = AutoProcessor.from_pretrained(ckpt / "huggingface")
+    picture = Image.new("RGB", (112, 112), "white")
+    text = "How many red circles?<|vision_start|><|image_pad|><|vision_end|>"
+    inputs = processor(text=[text], images=[picture], return_tensors="pt")
+    with torch.no_grad():
+        base_logits = base(**inputs).logits
+        adapted = PeftModel.from_pretrained(base, ckpt / "adapter")  # wraps base's own modules
+        merged_logits = merged(**inputs).logits
+        torch.testing.assert_close(merged_logits, adapted(**inputs).logits, rtol=1e-4, atol=1e-4)
+    assert (merged_logits - base_logits).abs().max() > 1e-3  # two steps moved the adapters off their zero start
+
+
+@pytest.mark.slow
 def test_sft_of_a_vision_language_model_matches_a_plain_forward_with_pictures_in_two_turns(tmp_path):
     """Pictures in the first and a later user turn: the workers' first-step loss (padding-free, pixel inputs built per
     micro-batch) equals a plain Hugging Face forward of each conversation with its pictures."""
