@@ -142,6 +142,31 @@ def test_missing_local_model_path(valid_args, tmp_path):
         load_config([*valid_args, f"worker.actor.model.model_path={tmp_path}/no_model"])
 
 
+@pytest.mark.parametrize(
+    "weights", [[], ["model.safetensors"], ["model.safetensors.index.json"], ["pytorch_model.bin"]]
+)
+def test_a_peft_adapter_folder_as_model_path_is_refused_naming_the_key(valid_args, tmp_path, weights):
+    """transformers and vLLM cannot load an adapter folder as a model: refused before Ray, unless model weights sit
+    beside the adapters (then it is a model); as tokenizer_path it is fine (it holds the tokenizer)."""
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    for name in ["adapter_config.json", "adapter_model.safetensors", "config.json", "tokenizer.json", *weights]:
+        (folder / name).write_text("{}")
+    args = [*valid_args, f"worker.actor.model.model_path={folder}"]
+    if weights:
+        assert load_config(args).worker.actor.model.model_path == str(folder)
+    else:
+        with pytest.raises(ConfigError, match=r"`worker\.actor\.model\.model_path`: .* is a peft adapter folder"):
+            load_config(args)
+    no_adapter = tmp_path / "plain_model"
+    no_adapter.mkdir()
+    (no_adapter / "config.json").write_text("{}")
+    config = load_config(
+        [*valid_args, f"worker.actor.model.model_path={no_adapter}", f"worker.actor.model.tokenizer_path={folder}"]
+    )
+    assert config.worker.actor.model.tokenizer_path == str(folder)
+
+
 def test_hub_model_id_is_accepted_without_download(valid_args, monkeypatch):
     # check reads no network; only a declared offline mode refuses a hub id (tests/test_config_ranges.py)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

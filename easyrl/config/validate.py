@@ -238,9 +238,25 @@ def _check_model_path(key: str, path: Optional[str], required: bool) -> None:
         raise ConfigError(f"`{key}`: `{path}` is a file; give the model's folder (the one holding config.json).")
     if looks_local(path) and not local.exists():
         raise ConfigError(f"`{key}`: local model path `{path}` does not exist.")
+    if key.endswith("model_path") and _is_adapter_folder(local):
+        raise ConfigError(
+            f"`{key}`: `{path}` is a peft adapter folder (adapter_config.json, no model weights), which transformers "
+            "and vLLM cannot load as a model. Merge the adapters into their base model and give that folder (peft: "
+            "PeftModel.from_pretrained(base, folder).merge_and_unload().save_pretrained(out)); after `easyrl sft` "
+            "with LoRA that is its `huggingface/` folder."
+        )
     if not local.exists():
         # a hub id; check reads no network: only a declared offline mode (the driver probes the hub before Ray)
         check_hub_model(key, path, probe=False)
+
+
+def _is_adapter_folder(folder: Path) -> bool:
+    """A peft adapter folder with no model weights beside the adapters' (a model saved with its adapters merged, or
+    with an adapter folder inside it, is a model)."""
+    if not (folder / "adapter_config.json").is_file():
+        return False
+    weights = [*folder.glob("*.safetensors"), *folder.glob("*.bin"), *folder.glob("*.safetensors.index.json")]
+    return all(file.name.startswith("adapter_model") for file in weights)
 
 
 def _offline_declared() -> Optional[str]:
