@@ -251,8 +251,9 @@ def _check_model_path(key: str, path: Optional[str], required: bool) -> None:
 
 
 def _is_adapter_folder(folder: Path) -> bool:
-    """A peft adapter folder with no model weights beside the adapters' (a model saved with its adapters merged, or
-    with an adapter folder inside it, is a model)."""
+    """A peft adapter folder with no model weights beside the adapters' (a folder that also holds model weights is a
+    model). The file names are models/lora.py's ADAPTER_*_FILE, spelled out: that module imports torch and peft, and
+    `easyrl check` must not."""
     if not (folder / "adapter_config.json").is_file():
         return False
     weights = [*folder.glob("*.safetensors"), *folder.glob("*.bin"), *folder.glob("*.safetensors.index.json")]

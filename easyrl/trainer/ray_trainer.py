@@ -319,8 +319,10 @@ class PPOTrainer:
         """Reorder ``batch`` in place so that the ranks' chunks hold about the same number of tokens the actor update
         computes, where it skips zero-advantage samples (worker.actor.skip_zero_advantage): the balance made after
         generation counted every sample, and each rank computes as many samples as the busiest one."""
+        if not (self.config.trainer.balance_batch and skips_zero_advantage(self.config.worker.actor)):
+            return
         dp_size, groups = self._rank_chunks(batch)
-        if not (self.config.trainer.balance_batch and dp_size > 1 and skips_zero_advantage(self.config.worker.actor)):
+        if dp_size == 1:
             return
         computed = nonzero_advantage(batch).to(batch.batch["attention_mask"].dtype)
         order, balance_metrics = balance_permutation(
