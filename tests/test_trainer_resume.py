@@ -43,7 +43,10 @@ def _same(name: str, resumed, reference) -> bool:
 @pytest.mark.timeout(1800)
 def test_a_killed_run_resumes_from_its_last_checkpoint_and_reproduces_the_next_step(tiny_grpo_run, tmp_path):
     save_dir = tmp_path / "checkpoints"
-    args = train_args(tiny_grpo_run.model_path, save_dir, GRPO_RUN_OVERRIDES)  # the reference run's command
+    # the reference run's command, with TensorBoard beside the default loggers: its events are rewound too
+    args = train_args(tiny_grpo_run.model_path, save_dir, GRPO_RUN_OVERRIDES) + [
+        "trainer.logger=[console,file,tensorboard]"
+    ]
 
     killed_log = tmp_path / "killed.log"
     proc = launch_training(args, killed_log)
@@ -75,3 +78,13 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_reproduces_the_next_s
     for name in ("reward/overall", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
         assert name in compared and math.isfinite(reference[name])
     assert "val/reward/overall" in compared
+
+    # one TensorBoard run across both attempts, one value per step, the resumed step's as in metrics.jsonl
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(save_dir / "tensorboard"), purge_orphaned_data=False)
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("reward/overall")] == [
+        (step, pytest.approx(metrics_by_step(save_dir)[step]["reward/overall"])) for step in (1, 2, 3)
+    ]
+    assert len(events.Tensors("config/text_summary")) == 1

@@ -190,7 +190,9 @@ class RunWorkers:
 
 
 def start_tracker(config: Any, config_dict: dict, total_steps: int | None) -> Any:
-    """The loggers of `trainer.logger`, writing under `trainer.save_checkpoint_path`."""
+    """The loggers of `trainer.logger`, writing under `trainer.save_checkpoint_path`; a run that will resume from a
+    checkpoint continues the tracker runs of the attempt that wrote it."""
+    from .checkpoint import resolve_resume_path
     from .loggers import Tracker
 
     return Tracker(
@@ -200,6 +202,7 @@ def start_tracker(config: Any, config_dict: dict, total_steps: int | None) -> An
         config_dict=config_dict,
         save_dir=config.trainer.save_checkpoint_path,
         total_steps=total_steps,
+        resume=resolve_resume_path(config.trainer) is not None,
     )
 
 

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 
 class MissingLoggerPackage(ImportError):
@@ -28,10 +28,17 @@ class RunInfo:
     total_steps: int | None = None
     initial_step: int = 0
     """Step the run starts from (non-zero when resuming), so progress and rates start there."""
+    resume: dict = field(default_factory=dict)
+    """What this backend's ``resume_state`` returned in the attempt this one continues (the run resumes from a
+    checkpoint); empty when the run starts afresh."""
 
 
 class Logger:
     """One backend. ``log`` gets plain ``{name: float}`` metrics; ``log_generations`` gets sample dicts."""
+
+    append_only: ClassVar[bool] = False
+    """The backend's history cannot be rewound (a remote service): after a resume the Tracker does not send it again
+    the steps it already holds, and sends it the checkpoint's own row when that never arrived."""
 
     def __init__(self, run: RunInfo) -> None:
         self.run = run
@@ -45,6 +52,11 @@ class Logger:
     def rewind_to(self, step: int, row: dict | None = None) -> None:
         """The run resumes after ``step`` (a checkpoint; -1 when it starts afresh): backends that keep their own
         history forget what they hold after it, and restore ``row`` (that step's metrics) when it never arrived."""
+
+    def resume_state(self) -> dict:
+        """What a later attempt of this run needs to continue this backend's run (its run id, its files), as JSON;
+        the Tracker keeps it next to the checkpoints and hands it back as ``RunInfo.resume``."""
+        return {}
 
     def finish(self) -> None:
         """Flush and close; called once at the end of the run."""

@@ -1,11 +1,17 @@
-"""MLflow. Uses ``$MLFLOW_TRACKING_URI`` when set; otherwise a local store under ``<save_dir>/mlflow``."""
+"""MLflow. Uses ``$MLFLOW_TRACKING_URI`` when set; otherwise a local store under ``<save_dir>/mlflow``.
 
+A run resumed from a checkpoint continues the MLflow run of the attempt it resumes, when the tracking store holds it.
+"""
+
+import logging
 import os
 import re
 
 from .base import Logger, RunInfo, explain_start_failure, flatten_dict, generation_columns, import_backend
 from .registry import register_logger
 
+
+logger = logging.getLogger(__name__)
 
 # MLflow accepts letters, digits and `_ - . / space` in metric and parameter names.
 _INVALID_NAME_CHARS = re.compile(r"[^\w\-./ ]")
@@ -20,6 +26,8 @@ def mlflow_name(name: str) -> str:
 
 @register_logger("mlflow")
 class MlflowLogger(Logger):
+    append_only = True
+
     def __init__(self, run: RunInfo) -> None:
         super().__init__(run)
         mlflow = import_backend("mlflow", "mlflow", "mlflow")
@@ -36,10 +44,37 @@ class MlflowLogger(Logger):
                 artifacts = os.path.join(local_root, "artifacts") if use_local_store else None
                 mlflow.create_experiment(run.project_name, artifact_location=artifacts)
             mlflow.set_experiment(run.project_name)
-            self.mlflow_run = mlflow.start_run(run_name=run.experiment_name)
+            self.mlflow_run = self._continue_run(run.resume.get("id")) or mlflow.start_run(
+                run_name=run.experiment_name
+            )
         params = {mlflow_name(k): str(v)[:_MAX_PARAM_CHARS] for k, v in flatten_dict(run.config).items()}
+        held = self.mlflow_run.data.params
+        changed = sorted(name for name, value in params.items() if name in held and held[name] != value)
+        if changed:
+            # MLflow refuses to change a logged parameter: the run keeps the values of its first attempt
+            logger.warning(
+                "mlflow: the resumed run's config differs from the first attempt's in %s; MLflow keeps the first "
+                "attempt's values of these parameters.",
+                ", ".join(changed),
+            )
+        params = {name: value for name, value in params.items() if name not in held}
         if params:
             mlflow.log_params(params)
+
+    def _continue_run(self, run_id: str | None):
+        """The earlier attempt's run, reopened; None (a new run is started) when the store does not hold it."""
+        if not run_id:
+            return None
+        try:
+            return self._mlflow.start_run(run_id=run_id)
+        except self._mlflow.exceptions.MlflowException as error:
+            logger.warning(
+                "mlflow: cannot continue run %s of the earlier attempt (%s); starting a new run.", run_id, error
+            )
+            return None
+
+    def resume_state(self) -> dict:
+        return {"id": self.mlflow_run.info.run_id}
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._mlflow.log_metrics({mlflow_name(name): value for name, value in metrics.items()}, step=step)

@@ -1,4 +1,7 @@
-"""SwanLab. ``SWANLAB_MODE=local`` or ``offline`` keeps the run on disk (``$SWANLAB_LOGDIR`` or ``<save_dir>/swanlog``)."""
+"""SwanLab. ``SWANLAB_MODE=local`` or ``offline`` keeps the run on disk (``$SWANLAB_LOGDIR`` or ``<save_dir>/swanlog``).
+
+A run resumed from a checkpoint continues the SwanLab run of the attempt it resumes (its id, ``resume="allow"``).
+"""
 
 import inspect
 import os
@@ -12,6 +15,8 @@ HOW_TO_FIX = "Log in (`swanlab login` or SWANLAB_API_KEY), or set SWANLAB_MODE=l
 
 @register_logger("swanlab")
 class SwanlabLogger(Logger):
+    append_only = True
+
     @classmethod
     def start_problem(cls) -> str | None:
         # what `swanlab.init` reads: a local/offline/disabled mode, the API key, then `swanlab login`'s netrc in
@@ -34,10 +39,20 @@ class SwanlabLogger(Logger):
         params = inspect.signature(swanlab.init).parameters
         name_key = "name" if "name" in params else "experiment_name"
         dir_key = "log_dir" if "log_dir" in params else "logdir"
+        continued = {}
+        if run.resume.get("id") and "resume" in params:
+            continued = {"id": run.resume["id"], "resume": "allow"}
         with explain_start_failure("swanlab", HOW_TO_FIX):
             self.swanlab_run = swanlab.init(
-                project=run.project_name, config=run.config, **{name_key: run.experiment_name, dir_key: log_dir}
+                project=run.project_name,
+                config=run.config,
+                **{name_key: run.experiment_name, dir_key: log_dir},
+                **continued,
             )
+
+    def resume_state(self) -> dict:
+        run_id = getattr(self.swanlab_run, "id", None)
+        return {"id": run_id} if run_id else {}
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._swanlab.log(metrics, step=step)

@@ -1,10 +1,58 @@
-"""TensorBoard event files under ``$TENSORBOARD_DIR`` or ``<trainer.save_checkpoint_path>/tensorboard``."""
+"""TensorBoard event files under ``$TENSORBOARD_DIR`` or ``<trainer.save_checkpoint_path>/tensorboard``.
 
+A run resumed from a checkpoint rewinds its own event files to the checkpoint's step and goes on writing next to
+them, so TensorBoard shows one curve with one value per step.
+"""
+
+import glob
 import json
+import logging
 import os
+import uuid
 
 from .base import Logger, RunInfo, generation_columns, import_backend, json_default
 from .registry import register_logger
+
+
+logger = logging.getLogger(__name__)
+
+CONFIG_TAG = "config/text_summary"  # what `add_text("config", ...)` writes
+
+
+def rewind_event_files(log_dir: str, suffix: str, step: int) -> tuple[int, bool]:
+    """Drop the events of steps after ``step``, and the config text (written again by the resumed run), from the
+    event files in ``log_dir`` whose names end with ``suffix`` (this run's; the folder may be shared). A file is
+    replaced atomically, or removed when nothing but its header is left. Returns the number of events of steps
+    after ``step`` dropped and whether a summary of ``step`` is left."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    dropped, has_step = 0, False
+    for path in sorted(glob.glob(os.path.join(glob.escape(log_dir), "events.out.tfevents.*" + glob.escape(suffix)))):
+        records = list(RawEventFileLoader(path).Load())  # a record cut short by a crash ends the file
+        kept, has_summary = [], False
+        for raw in records:
+            event = Event.FromString(raw)
+            is_config = any(value.tag == CONFIG_TAG for value in event.summary.value)
+            if event.HasField("file_version") or (event.step <= step and not is_config):
+                kept.append(raw)
+                has_summary = has_summary or event.HasField("summary")
+                has_step = has_step or (event.step == step and event.HasField("summary"))
+            elif not is_config:
+                dropped += 1
+        if not has_summary:
+            os.remove(path)
+        elif len(kept) < len(records):
+            staging = f"{path}.rewind"
+            with open(staging, "wb") as handle:
+                writer = RecordWriter(handle)
+                for raw in kept:
+                    writer.write(raw)
+                writer.flush()
+                os.fsync(handle.fileno())
+            os.replace(staging, path)
+    return dropped, has_step
 
 
 def markdown_table(samples: list[dict]) -> str:
@@ -24,11 +72,20 @@ class TensorBoardLogger(Logger):
     def __init__(self, run: RunInfo) -> None:
         super().__init__(run)
         import_backend("tensorboard", "tensorboard", "tensorboard")
-        summary = import_backend("torch.utils.tensorboard", "tensorboard", "tensorboard")
+        self._summary = import_backend("torch.utils.tensorboard", "tensorboard", "tensorboard")
         self.log_dir = os.environ.get("TENSORBOARD_DIR") or os.path.join(run.save_dir, "tensorboard")
-        self.writer = summary.SummaryWriter(self.log_dir)
-        config_text = json.dumps(run.config, indent=2, default=json_default)
-        self.writer.add_text("config", f"```\n{config_text}\n```", global_step=run.initial_step)
+        # The event files of this run (all its attempts) end with its own suffix: a rewind edits those only.
+        self.suffix = run.resume.get("suffix") or f".easyrl-{uuid.uuid4().hex[:12]}"
+        self._open()
+
+    def _open(self) -> None:
+        self.writer = self._summary.SummaryWriter(self.log_dir, filename_suffix=self.suffix)
+        config_text = json.dumps(self.run.config, indent=2, default=json_default)
+        self.writer.add_text("config", f"```\n{config_text}\n```", global_step=self.run.initial_step)
+        self.writer.flush()
+
+    def resume_state(self) -> dict:
+        return {"suffix": self.suffix}
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for name, value in metrics.items():
@@ -38,6 +95,23 @@ class TensorBoardLogger(Logger):
     def log_generations(self, samples: list[dict], step: int) -> None:
         self.writer.add_text("generations", markdown_table(samples), global_step=step)
         self.writer.flush()
+
+    def rewind_to(self, step: int, row: dict | None = None) -> None:
+        """Drop this run's events of steps after ``step`` (they are trained again) and restore ``row``, the metrics
+        of ``step`` kept in its checkpoint, when the crash came before they were written."""
+        self.writer.close()
+        dropped, has_step = rewind_event_files(self.log_dir, self.suffix, step)
+        if dropped:
+            logger.warning(
+                "%s: dropped %d event(s) of steps after %d: the run resumes after step %d and trains them again.",
+                self.log_dir,
+                dropped,
+                step,
+                step,
+            )
+        self._open()
+        if row and not has_step:
+            self.log(row, step)
 
     def finish(self) -> None:
         self.writer.close()

@@ -1,4 +1,8 @@
-"""Weights & Biases. ``WANDB_MODE=offline`` keeps the run on disk (``<save_dir>/wandb``) for a later ``wandb sync``."""
+"""Weights & Biases. ``WANDB_MODE=offline`` keeps the run on disk (``<save_dir>/wandb``) for a later ``wandb sync``.
+
+A run resumed from a checkpoint continues the W&B run of the attempt it resumes (its id, ``resume="allow"``) unless
+``WANDB_RUN_ID`` names one.
+"""
 
 import os
 from urllib.parse import urlparse
@@ -12,6 +16,8 @@ HOW_TO_FIX = "Log in (`wandb login` or WANDB_API_KEY), or set WANDB_MODE=offline
 
 @register_logger("wandb")
 class WandbLogger(Logger):
+    append_only = True
+
     @classmethod
     def start_problem(cls) -> str | None:
         # what `wandb.init` reads, in its order: an offline/disabled mode, the API key, then the netrc login
@@ -30,10 +36,16 @@ class WandbLogger(Logger):
         wandb = import_backend("wandb", "wandb", "wandb")
         self._wandb = wandb
         os.makedirs(run.save_dir, exist_ok=True)
+        continued = {}
+        if run.resume.get("id") and not os.environ.get("WANDB_RUN_ID"):
+            continued = {"id": run.resume["id"], "resume": "allow"}
         with explain_start_failure("wandb", HOW_TO_FIX):
             self.wandb_run = wandb.init(
-                project=run.project_name, name=run.experiment_name, config=run.config, dir=run.save_dir
+                project=run.project_name, name=run.experiment_name, config=run.config, dir=run.save_dir, **continued
             )
+
+    def resume_state(self) -> dict:
+        return {"id": self.wandb_run.id}
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.wandb_run.log(metrics, step=step)

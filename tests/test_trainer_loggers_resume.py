@@ -1,0 +1,230 @@
+"""A run resumed from a checkpoint continues its tracker runs: one run per backend, one value per step.
+
+Every attempt below is a real backend writing its own files (MLflow's sqlite store, TensorBoard event files, W&B and
+SwanLab offline runs), read back with the backend's own reader. The first attempt logs steps 1-5 and dies; its
+checkpoint is of step 3; the second attempt resumes after step 3 and logs steps 4-6 with other values.
+"""
+
+import glob
+import json
+import os
+
+import pytest
+
+from easyrl.trainer.loggers import Tracker
+from easyrl.trainer.loggers.tracker import TRACKER_STATE_FILE
+
+from .test_trainer_loggers import _read_wandb_records
+
+
+FIRST = {step: float(step) for step in range(1, 6)}  # attempt 1 logs steps 1-5, then dies
+SECOND = {step: 10.0 * step for step in range(4, 7)}  # attempt 2 resumes after the checkpoint of step 3
+
+
+def _attempts(save_dir, loggers, second_resumes=True, first=FIRST, checkpoint=3) -> None:
+    with Tracker(loggers, "proj", "exp", {"seed": 1}, str(save_dir)) as tracker:
+        tracker.rewind_to(-1)  # what the trainer does at a fresh start
+        for step, value in first.items():
+            tracker.log({"score": value}, step)
+        tracker.log_generations([{"output": f"attempt 1, step {max(first)}"}], max(first))
+    with Tracker(loggers, "proj", "exp", {"seed": 1}, str(save_dir), resume=second_resumes) as tracker:
+        tracker.rewind_to(checkpoint, {"score": float(checkpoint)} if second_resumes else None)
+        for step, value in SECOND.items():
+            tracker.log({"score": value}, step)
+
+
+@pytest.fixture
+def mlflow_store(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")  # the local store under the save dir
+    monkeypatch.chdir(tmp_path)
+
+    def runs(save_dir):
+        client = MlflowClient(f"sqlite:///{save_dir / 'mlflow' / 'mlflow.db'}")
+        found = client.search_runs([client.get_experiment_by_name("proj").experiment_id])
+        return client, found
+
+    return runs
+
+
+def test_mlflow_continues_one_run_and_keeps_the_first_values_of_the_retrained_steps(tmp_path, mlflow_store):
+    _attempts(tmp_path / "run", ["mlflow", "file"])
+    client, runs = mlflow_store(tmp_path / "run")
+    assert len(runs) == 1
+    history = client.get_metric_history(runs[0].info.run_id, "score")
+    # steps 4 and 5 were logged before the crash: MLflow cannot drop them, so it is not sent them twice
+    assert [(m.step, m.value) for m in history] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 5.0), (6, 60.0)]
+    assert runs[0].data.params["seed"] == "1" and runs[0].info.status == "FINISHED"
+    # metrics.jsonl drops the rows after the checkpoint and holds the retrained ones
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(row["step"], row["score"]) for row in rows] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 3.0),
+        (4, 40.0),
+        (5, 50.0),
+        (6, 60.0),
+    ]
+    state = json.loads((tmp_path / "run" / TRACKER_STATE_FILE).read_text())
+    assert state == {"backends": {"mlflow": {"id": runs[0].info.run_id}, "file": {}}, "logged_through": 6}
+
+
+def test_mlflow_gets_the_checkpoint_row_that_the_crash_kept_from_it(tmp_path, mlflow_store):
+    # the checkpoint of step 3 was written and the process died before step 3's metrics were logged
+    _attempts(tmp_path / "run", ["mlflow"], first={1: 1.0, 2: 2.0})
+    client, (run,) = mlflow_store(tmp_path / "run")
+    history = client.get_metric_history(run.info.run_id, "score")
+    assert [(m.step, m.value) for m in history] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0), (5, 50.0), (6, 60.0)]
+
+
+def test_a_run_that_starts_afresh_opens_a_new_mlflow_run(tmp_path, mlflow_store):
+    _attempts(tmp_path / "run", ["mlflow"], second_resumes=False, checkpoint=-1)
+    client, runs = mlflow_store(tmp_path / "run")
+    histories = sorted([(m.step, m.value) for m in client.get_metric_history(r.info.run_id, "score")] for r in runs)
+    assert histories == [list(FIRST.items()), list(SECOND.items())]
+
+
+def test_a_worker_restart_in_the_same_process_does_not_send_mlflow_a_step_twice(tmp_path, mlflow_store):
+    with Tracker(["mlflow"], "proj", "exp", {}, str(tmp_path / "run")) as tracker:
+        tracker.rewind_to(-1)
+        for step in (1, 2, 3):
+            tracker.log({"score": float(step)}, step)
+        tracker.rewind_to(1, {"score": 1.0})  # the workers died in step 3; the checkpoint is of step 1
+        for step in (2, 3, 4):
+            tracker.log({"score": 10.0 * step}, step)
+    client, (run,) = mlflow_store(tmp_path / "run")
+    history = client.get_metric_history(run.info.run_id, "score")
+    assert [(m.step, m.value) for m in history] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
+
+
+def test_an_mlflow_run_resumed_with_another_config_keeps_the_first_parameters(tmp_path, mlflow_store, caplog):
+    with Tracker(["mlflow"], "proj", "exp", {"lr": 1.0}, str(tmp_path / "run")) as tracker:
+        tracker.log({"score": 1.0}, 1)
+    with Tracker(["mlflow"], "proj", "exp", {"lr": 2.0, "seed": 3}, str(tmp_path / "run"), resume=True):
+        pass
+    _, (run,) = mlflow_store(tmp_path / "run")
+    assert run.data.params == {"lr": "1.0", "seed": "3"}
+    assert "differs from the first attempt's in lr" in caplog.text
+
+
+def _scalars(log_dir) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir), purge_orphaned_data=False)  # what is in the files, no reader fix-ups
+    events.Reload()
+    return [(event.step, event.value) for event in events.Scalars("score")], events
+
+
+def test_tensorboard_rewinds_its_own_event_files_to_the_checkpoint(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from tensorboard.compat.proto.event_pb2 import Event
+    from torch.utils.tensorboard import SummaryWriter
+
+    shared = tmp_path / "tb"
+    monkeypatch.setenv("TENSORBOARD_DIR", str(shared))
+    with SummaryWriter(str(shared)) as other:  # another run writing into the same $TENSORBOARD_DIR
+        other.add_scalar("other", 7.0, global_step=9)
+    foreign = glob.glob(str(shared / "events.out.tfevents.*"))
+    before = open(foreign[0], "rb").read()
+
+    _attempts(tmp_path / "run", ["tensorboard"])
+    scalars, events = _scalars(shared)
+    assert scalars == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0), (5, 50.0), (6, 60.0)]
+    assert "generations/text_summary" not in events.Tags()["tensors"]  # step 5's, dropped
+    assert len(events.Tensors("config/text_summary")) == 1
+    assert open(foreign[0], "rb").read() == before  # the other run's file is untouched
+    suffix = json.loads((tmp_path / "run" / TRACKER_STATE_FILE).read_text())["backends"]["tensorboard"]["suffix"]
+    ours = sorted(set(glob.glob(str(shared / "events.out.tfevents.*"))) - set(foreign))
+    # the first attempt's (steps 1-3 left) and the second's; those left with the config text only are removed
+    assert len(ours) == 2 and all(path.endswith(suffix) for path in ours)
+    steps = set()
+    for path in ours:
+        from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+
+        steps |= {Event.FromString(raw).step for raw in RawEventFileLoader(path).Load()}
+    assert steps == {0, 1, 2, 3, 4, 5, 6}
+
+
+def test_tensorboard_restores_the_checkpoint_row_and_a_fresh_start_leaves_old_files(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
+    _attempts(tmp_path / "run", ["tensorboard"], first={1: 1.0, 2: 2.0})
+    scalars, _ = _scalars(tmp_path / "run" / "tensorboard")
+    assert scalars == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0), (5, 50.0), (6, 60.0)]
+
+    # a fresh start with a new tracker state: the earlier run's files are another run's now, and kept as they are
+    files = sorted(glob.glob(str(tmp_path / "run" / "tensorboard" / "*")))
+    with Tracker(["tensorboard"], "proj", "exp", {}, str(tmp_path / "run")) as tracker:
+        tracker.rewind_to(-1)
+    assert set(files) < set(glob.glob(str(tmp_path / "run" / "tensorboard" / "*")))
+    assert _scalars(tmp_path / "run" / "tensorboard")[0] == scalars
+
+
+def _wandb_steps(run_dir) -> dict[int, float]:
+    from wandb.proto import wandb_internal_pb2
+
+    (run_file,) = glob.glob(os.path.join(run_dir, "*.wandb"))
+    steps = {}
+    for raw in _read_wandb_records(run_file):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") == "history":
+            items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
+            if "score" in items:
+                steps[items["_step"]] = items["score"]
+    return steps
+
+
+def test_wandb_continues_the_run_id_and_is_not_sent_the_steps_it_holds(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    _attempts(tmp_path / "run", ["wandb"])
+    first, second = sorted(glob.glob(str(tmp_path / "run" / "wandb" / "offline-run-*")))
+    assert first.rsplit("-", 1)[1] == second.rsplit("-", 1)[1]  # offline-run-<time>-<id>: the same W&B run
+    assert _wandb_steps(first) == FIRST
+    assert _wandb_steps(second) == {6: 60.0}
+
+    _attempts(tmp_path / "fresh", ["wandb"], second_resumes=False, checkpoint=-1)
+    first, second = glob.glob(str(tmp_path / "fresh" / "wandb" / "offline-run-*"))
+    assert first.rsplit("-", 1)[1] != second.rsplit("-", 1)[1]
+    assert sorted([_wandb_steps(first), _wandb_steps(second)], key=min) == [FIRST, SECOND]
+
+
+def test_swanlab_continues_the_run_id_and_is_not_sent_the_steps_it_holds(tmp_path, monkeypatch):
+    pytest.importorskip("swanlab")
+    from swanlab.proto.swanlab.record.v1.record_pb2 import Record
+    from swanlab.sdk.internal.core_python.store import DataStoreReader
+
+    monkeypatch.setenv("SWANLAB_MODE", "offline")
+    monkeypatch.delenv("SWANLAB_LOGDIR", raising=False)
+    _attempts(tmp_path / "run", ["swanlab"])
+    runs = sorted(glob.glob(str(tmp_path / "run" / "swanlog" / "run-*")))
+    assert len(runs) == 2 and runs[0].rsplit("-", 1)[1] == runs[1].rsplit("-", 1)[1]
+    scalars = []
+    for run_dir in runs:
+        reader = DataStoreReader()
+        reader.open(glob.glob(os.path.join(run_dir, "*.swanlab"))[0])
+        found = {}
+        while (raw := reader.scan()) is not None:
+            record = Record()
+            record.ParseFromString(raw)
+            if record.HasField("scalar") and record.scalar.key == "score":
+                found[record.scalar.step] = record.scalar.value.number
+        reader.close()
+        scalars.append(found)
+    assert scalars == [FIRST, {6: 60.0}]
+
+
+def test_an_unreadable_tracker_state_starts_new_runs_and_says_so(tmp_path, mlflow_store, caplog):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / TRACKER_STATE_FILE).write_text('{"backends": {"mlflow": {"id"')  # cut short by a crash
+    with Tracker(["mlflow"], "proj", "exp", {}, str(tmp_path / "run"), resume=True) as tracker:
+        tracker.log({"score": 1.0}, 1)
+    assert "is unreadable" in caplog.text
+    _, (run,) = mlflow_store(tmp_path / "run")
+    state = json.loads((tmp_path / "run" / TRACKER_STATE_FILE).read_text())
+    assert state["backends"]["mlflow"]["id"] == run.info.run_id and state["logged_through"] == 1
