@@ -124,10 +124,18 @@ def _merge(args: list[str]) -> int:
     parser.add_argument(
         "--base_model", default=None, help="with --merge_lora: the base model folder (default: the adapter's own)"
     )
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=["bfloat16", "float16", "float32"],
+        help="the dtype of the written weights (default: the one the checkpoint's config says, the model path's)",
+    )
     ns = parser.parse_args(args)
     from .trainer.merge import merge_checkpoint
 
-    out = merge_checkpoint(ns.local_dir, ns.output_dir, merge_lora=ns.merge_lora, base_model=ns.base_model)
+    out = merge_checkpoint(
+        ns.local_dir, ns.output_dir, merge_lora=ns.merge_lora, base_model=ns.base_model, dtype=ns.dtype
+    )
     print(f"Hugging Face model written to {out}")
     return 0
 

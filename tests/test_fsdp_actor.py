@@ -207,3 +207,48 @@ def test_weight_buckets_hold_one_decoder_layer_each_then_the_rest(two_workers, h
     for name, tensor in expected.items():
         assert torch.equal(streamed[name], tensor), name
     assert all(torch.equal(a[1], b[1]) for x, y in zip(rank0, rank1) for a, b in zip(x, y))
+
+
+@pytest.mark.timeout(300)
+def test_folders_written_from_a_bf16_model_are_bf16_though_training_holds_fp32(ray_cluster, tiny_model_path, tmp_path):
+    # a model released in bf16 (as most hub models are): training keeps fp32 master weights, and transformers then
+    # reports fp32 in the live config; the checkpoint's config, `easyrl merge` and the SFT export say and write bf16
+    import json
+    import shutil
+
+    import safetensors.torch
+
+    from easyrl.trainer.merge import merge_checkpoint
+
+    bf16_path = tmp_path / "bf16-model"
+    shutil.copytree(tiny_model_path, bf16_path)
+    released = load_hf_causal_lm(tiny_model_path).to(torch.bfloat16)
+    released.save_pretrained(bf16_path)
+    assert json.loads((bf16_path / "config.json").read_text())["dtype"] == "bfloat16"
+
+    pool, group = _start_group(str(bf16_path), 1, "actor")
+    try:
+        group.init_model()
+        data = make_batch(batch_size=6, seed=12)
+        group.update_actor(add_policy_targets(data, group.compute_log_probs(data).batch["old_log_probs"]))
+        live = group.get_full_state_dict()
+        assert live["lm_head.weight"].dtype == torch.float32
+        group.save_checkpoint(str(tmp_path / "ckpt"))
+        group.save_hf_model(str(tmp_path / "export"))
+    finally:
+        group.kill()
+        pool.release()
+
+    assert json.loads((tmp_path / "ckpt" / "huggingface" / "config.json").read_text())["dtype"] == "bfloat16"
+    for folder, dtype in (
+        (tmp_path / "export", None),
+        (merge_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "merged")), None),
+        (merge_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "merged32"), dtype="float32"), "float32"),
+    ):
+        tensors = safetensors.torch.load_file(os.path.join(folder, "model.safetensors"))
+        assert json.loads(open(os.path.join(folder, "config.json")).read())["dtype"] == (dtype or "bfloat16")
+        for name, tensor in live.items():
+            if name in tensors:  # the tied head is stored once
+                expected = tensor if dtype == "float32" else tensor.to(torch.bfloat16)
+                assert torch.equal(tensors[name], expected), (folder, name)
+        assert "model.embed_tokens.weight" in tensors

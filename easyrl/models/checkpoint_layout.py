@@ -76,9 +76,36 @@ def to_released_layout(
         yield name, (tensor if transpose is None else transpose.to_released(tensor))
 
 
-def save_pretrained_in_released_layout(model: PreTrainedModel, path: str) -> None:
+def released_dtype(config) -> torch.dtype | None:
+    """The floating dtype a checkpoint's weights are stored in, as its config says (``dtype``); None if unsaid.
+
+    Training holds the weights in its own dtype (fp32 master weights) and transformers then reports that one in the
+    live config, so the folders easyrl writes take the released dtype from the model path's config instead: a
+    Qwen2.5-7B released in bf16 is written in bf16, as EasyR1's merger does, not in fp32 at twice the size."""
+    dtype = getattr(config, "dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
+
+
+def set_config_dtype(config, dtype: torch.dtype | None) -> None:
+    """Say ``dtype`` in ``config`` and in its sub-configs (a VL model's text and vision configs)."""
+    if dtype is None:
+        return
+    config.dtype = dtype
+    for key in getattr(config, "sub_configs", {}) or {}:
+        sub_config = getattr(config, key, None)
+        if sub_config is not None and hasattr(sub_config, "dtype"):
+            sub_config.dtype = dtype
+
+
+def save_pretrained_in_released_layout(model: PreTrainedModel, path: str, dtype: torch.dtype | None = None) -> None:
     """``model.save_pretrained(path)``, with files in the released layout, so that vLLM and transformers both read
-    them. transformers writes the rest of the layout (its own reverse mapping, e.g. Qwen3-MoE's per-expert tensors)."""
+    them. transformers writes the rest of the layout (its own reverse mapping, e.g. Qwen3-MoE's per-expert tensors).
+    ``dtype``: the floating weights are cast to it first (the model is changed in place)."""
+    if dtype is not None:
+        model.to(dtype)
+        set_config_dtype(model.config, dtype)
     model_type = model.config.model_type
     if not in_place_transposes(model_type):
         model.save_pretrained(path)

@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..models import lora
-from ..models.checkpoint_layout import save_pretrained_in_released_layout
+from ..models.checkpoint_layout import released_dtype, save_pretrained_in_released_layout, set_config_dtype
 from ..utils.state_file import load_state, save_state
 from .fsdp_utils import unwrapped_class
 
@@ -95,27 +95,33 @@ def save_role_checkpoint(
     model_only: bool = False,
     tokenizer=None,
     processor=None,
+    released_dtype: torch.dtype | None = None,
 ) -> None:
     """Save one role's state under ``path`` (a collective: every rank calls it).
 
     With LoRA only the adapters and their optimizer state are saved (the base weights are the model path's, never
-    changed), and ``huggingface/`` is also a peft adapter folder of the current adapters."""
+    changed), and ``huggingface/`` is also a peft adapter folder of the current adapters. ``released_dtype``: the
+    dtype of the model path's weights, which ``huggingface/config.json`` says and `easyrl merge` writes."""
     state = {"model": _model_state(model)}
     if optimizer is not None and not model_only:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
     dcp.save(state, checkpoint_id=path)
     if _is_rank_zero() and lr_scheduler is not None and not model_only:
         save_state(os.path.join(path, EXTRA_STATE_FILE), {"lr_scheduler": lr_scheduler.state_dict()})
-    save_config_folder(os.path.join(path, HF_FOLDER), model, tokenizer, processor)
+    save_config_folder(os.path.join(path, HF_FOLDER), model, tokenizer, processor, dtype=released_dtype)
 
 
-def save_config_folder(path: str, model: torch.nn.Module, tokenizer=None, processor=None) -> None:
-    """The model's config (its class in ``architectures``) and tokenizer/processor in folder ``path``; with LoRA
-    also the adapters as a peft adapter folder. A collective (the adapters are gathered); rank 0 writes."""
+def save_config_folder(
+    path: str, model: torch.nn.Module, tokenizer=None, processor=None, dtype: torch.dtype | None = None
+) -> None:
+    """The model's config (its class in ``architectures``; ``dtype`` as its dtype, when given) and
+    tokenizer/processor in folder ``path``; with LoRA also the adapters as a peft adapter folder. A collective (the
+    adapters are gathered); rank 0 writes."""
     adapters = lora.lora_state_dict(model) if lora.has_lora(model) else None
     if _is_rank_zero():
         config = copy.deepcopy(model.config)
         config.architectures = [unwrapped_class(model).__name__]  # e.g. the critic's TokenClassification head
+        set_config_dtype(config, dtype)
         config.save_pretrained(path)
         for extra in (tokenizer, processor):
             if extra is not None:
@@ -202,14 +208,19 @@ def _copy_extras(hf_path: str, output_path: str, skip: set[str]) -> None:
 
 
 def merge_checkpoint_to_hf(
-    role_path: str, output_path: str, merge_lora: bool = False, base_model: str | None = None
+    role_path: str,
+    output_path: str,
+    merge_lora: bool = False,
+    base_model: str | None = None,
+    dtype: torch.dtype | None = None,
 ) -> None:
     """Turn one role folder of a DCP checkpoint into a Hugging Face folder, in one process, offline.
 
     Reads the tensor shapes from the checkpoint metadata, loads the ``model`` entries onto the CPU, and saves them
-    with the config and tokenizer kept in ``huggingface/``. A LoRA checkpoint gives a peft adapter folder
-    (``adapter_config.json`` + ``adapter_model.safetensors``), or with ``merge_lora`` the base model (``base_model``,
-    else the one the adapter config names) with the adapters merged into its weights.
+    with the config and tokenizer kept in ``huggingface/``, in ``dtype`` or else the dtype that config says (the
+    model path's). A LoRA checkpoint gives a peft adapter folder (``adapter_config.json`` +
+    ``adapter_model.safetensors``), or with ``merge_lora`` the base model (``base_model``, else the one the adapter
+    config names) with the adapters merged into its weights.
     """
     import transformers
 
@@ -218,7 +229,7 @@ def merge_checkpoint_to_hf(
         raise FileNotFoundError(f"`{role_path}` is not a role checkpoint folder (no {HF_FOLDER}/config.json).")
     weights = _checkpoint_model_weights(role_path)
     if is_lora_checkpoint(role_path):
-        _merge_lora_checkpoint(hf_path, weights, output_path, merge_lora, base_model)
+        _merge_lora_checkpoint(hf_path, weights, output_path, merge_lora, base_model, dtype)
         return
     if merge_lora:
         raise ValueError(f"`{role_path}` holds full weights, not LoRA adapters: drop --merge_lora.")
@@ -229,12 +240,17 @@ def merge_checkpoint_to_hf(
         model = model_cls._from_config(config)
     model.load_state_dict(weights, assign=True)
     model.tie_weights()
-    save_pretrained_in_released_layout(model, output_path)
+    save_pretrained_in_released_layout(model, output_path, dtype=dtype or released_dtype(config))
     _copy_extras(hf_path, output_path, skip={"config.json"})
 
 
 def _merge_lora_checkpoint(
-    hf_path: str, weights: dict[str, torch.Tensor], output_path: str, merge_lora: bool, base_model: str | None
+    hf_path: str,
+    weights: dict[str, torch.Tensor],
+    output_path: str,
+    merge_lora: bool,
+    base_model: str | None,
+    dtype: torch.dtype | None,
 ) -> None:
     import json
 
@@ -254,14 +270,20 @@ def _merge_lora_checkpoint(
         )
     with tempfile.TemporaryDirectory() as adapter_dir:
         lora.write_adapter_folder(adapter_dir, adapters, peft_config)
-        merge_adapter_folder(adapter_dir, base_path, output_path, config_path=hf_path)
+        merge_adapter_folder(adapter_dir, base_path, output_path, config_path=hf_path, dtype=dtype)
 
 
-def merge_adapter_folder(adapter_path: str, base_path: str, output_path: str, config_path: str | None = None) -> None:
+def merge_adapter_folder(
+    adapter_path: str,
+    base_path: str,
+    output_path: str,
+    config_path: str | None = None,
+    dtype: torch.dtype | None = None,
+) -> None:
     """Write the base model at ``base_path`` with the peft adapters of ``adapter_path`` merged into its weights as a
     Hugging Face folder at ``output_path``, with the tokenizer and processor files kept in ``config_path`` (default:
-    the adapter folder). In one process, on the CPU: the sum W + (alpha / r) B A is taken in fp32 and stored in the
-    base's own dtype."""
+    the adapter folder). In one process, on the CPU: the sum W + (alpha / r) B A is taken in fp32 and stored in
+    ``dtype``, by default the base's own."""
     import transformers
     from peft import PeftModel
 
@@ -269,8 +291,7 @@ def merge_adapter_folder(adapter_path: str, base_path: str, output_path: str, co
     config = transformers.AutoConfig.from_pretrained(config_path)
     model_cls = getattr(transformers, (config.architectures or ["AutoModelForCausalLM"])[0])
     base = model_cls.from_pretrained(base_path, dtype=torch.float32)
-    saved_dtype = getattr(transformers.AutoConfig.from_pretrained(base_path), "dtype", None) or torch.float32
+    dtype = dtype or released_dtype(transformers.AutoConfig.from_pretrained(base_path)) or torch.float32
     merged = PeftModel.from_pretrained(base, adapter_path).merge_and_unload()
-    merged.to(saved_dtype if isinstance(saved_dtype, torch.dtype) else getattr(torch, str(saved_dtype)))
-    save_pretrained_in_released_layout(merged, output_path)
+    save_pretrained_in_released_layout(merged, output_path, dtype=dtype)
     _copy_extras(config_path, output_path, skip={"config.json", lora.ADAPTER_CONFIG_FILE, lora.ADAPTER_WEIGHTS_FILE})

@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor
 
 from ..config import FSDPConfig, ModelConfig
 from ..models import attention, lora, vision, vision_encoder
-from ..models.checkpoint_layout import save_pretrained_in_released_layout
+from ..models.checkpoint_layout import released_dtype, save_pretrained_in_released_layout
 from ..utils import device
 from ..utils.remote_code import naming_the_remote_code_key
 
@@ -96,6 +96,12 @@ def load_hf_config(model_config: ModelConfig, kind: str):
     path = resolve_model_path(model_config.model_path)
     with naming_the_remote_code_key(path, _role(kind)):
         return AutoConfig.from_pretrained(path, trust_remote_code=model_config.trust_remote_code, **overrides)
+
+
+def model_path_dtype(model_config: ModelConfig, kind: str) -> torch.dtype | None:
+    """The dtype the weights at ``model_config.model_path`` are stored in: the Hugging Face folders written from
+    this model (checkpoint configs, `easyrl merge`, the SFT output) use it."""
+    return released_dtype(load_hf_config(model_config, kind))
 
 
 def _role(kind: str) -> str:
@@ -351,8 +357,11 @@ def unwrapped_class(model: torch.nn.Module) -> type:
     return cls
 
 
-def save_hf_pretrained(model: torch.nn.Module, path: str, tokenizer=None, processor=None) -> None:
-    """Write a standard Hugging Face folder (config, safetensors, tokenizer) from the sharded model. A collective."""
+def save_hf_pretrained(
+    model: torch.nn.Module, path: str, tokenizer=None, processor=None, dtype: torch.dtype | None = None
+) -> None:
+    """Write a standard Hugging Face folder (config, safetensors, tokenizer) from the sharded model, its weights in
+    ``dtype`` (None: the training dtype). A collective."""
     state = get_full_state_dict(model)
     if not dist.is_initialized() or dist.get_rank() == 0:
         with torch.device("meta"):
@@ -360,7 +369,7 @@ def save_hf_pretrained(model: torch.nn.Module, path: str, tokenizer=None, proces
         plain.load_state_dict(state, assign=True)
         plain.tie_weights()
         plain.config.use_cache = True
-        save_pretrained_in_released_layout(plain, path)
+        save_pretrained_in_released_layout(plain, path, dtype=dtype)
         for extra in (tokenizer, processor):
             if extra is not None:
                 extra.save_pretrained(path)

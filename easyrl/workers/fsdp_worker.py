@@ -105,6 +105,8 @@ class FSDPWorker(Worker):
         self.rollout: RolloutEngine | None = None
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self.lr_schedulers: dict[str, torch.optim.lr_scheduler.LRScheduler] = {}
+        # the dtype of each trainable role's model path: the Hugging Face folders written from it use it
+        self.released_dtypes: dict[str, torch.dtype | None] = {}
 
     # ------------------------------------------------------------------------------------------------------------------
     # building (the config was validated and its derived values filled before Ray started: nothing is checked here)
@@ -118,6 +120,7 @@ class FSDPWorker(Worker):
             trainable=True,
             default_dtype=torch.float32,
         )
+        self.released_dtypes[role] = fsdp_utils.model_path_dtype(role_config.model, kind)
         lora_lr = role_config.model.lora.lr if role_config.model.lora.rank > 0 else None
         optimizer = build_optimizer(module, role_config.optim, f"worker.{role}.optim", lr=lora_lr)
         self.optimizers[role] = optimizer
@@ -380,6 +383,7 @@ class FSDPWorker(Worker):
                 model_only=save_model_only,
                 tokenizer=self.tokenizer,
                 processor=self.processor,
+                released_dtype=self.released_dtypes.get(role),
             )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -394,12 +398,14 @@ class FSDPWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_hf_model(self, path: str, role: str = "actor") -> None:
         """Write ``role``'s current weights as a Hugging Face folder at ``path`` (rank 0 writes); with LoRA a peft
-        adapter folder (the base model is the model path's, unchanged)."""
+        adapter folder (the base model is the model path's, unchanged). The weights are written in the model
+        path's dtype."""
+        dtype = self.released_dtypes.get(role)
         with self._on_device(role) as module:
             if lora.has_lora(module):
-                save_config_folder(path, module, self.tokenizer, self.processor)
+                save_config_folder(path, module, self.tokenizer, self.processor, dtype=dtype)
             else:
-                fsdp_utils.save_hf_pretrained(module, path, self.tokenizer, self.processor)
+                fsdp_utils.save_hf_pretrained(module, path, self.tokenizer, self.processor, dtype=dtype)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL_RANK_ZERO)
     def get_full_state_dict(self, role: str = "actor") -> dict[str, torch.Tensor]:
