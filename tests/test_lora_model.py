@@ -212,3 +212,29 @@ def test_check_refuses_lora_on_the_critic_and_a_bad_dropout():
         load_run_plan(base + ["worker.actor.model.lora.dropout=1.0"])
     with pytest.raises(ConfigError, match=r"`worker\.actor\.model\.lora\.exclude_modules` is not a valid regex"):
         load_run_plan(base + ["worker.actor.model.lora.exclude_modules=.*visual(.*"])
+
+
+@pytest.mark.parametrize("out_dtype", [None, torch.float32])
+def test_merging_into_a_bf16_base_held_in_bf16_rounds_the_fp32_sum_once(tiny_model_path, tmp_path, out_dtype):
+    # the base stays in bf16 (half the memory of an fp32 copy); the result must equal the fp32 merge, rounded
+    from transformers import AutoModelForCausalLM
+
+    from easyrl.workers.fsdp_checkpoint import merge_adapter_folder
+
+    base_path = tmp_path / "bf16-base"
+    _text_model(tiny_model_path).to(torch.bfloat16).save_pretrained(base_path)
+    model = lora.apply_lora(_text_model(base_path), LoraConfig(rank=4, alpha=8), is_vision_language=False)
+    _randomise_b(model)
+    lora.write_adapter_folder(str(tmp_path / "adapter"), lora.lora_state_dict(model), lora.lora_peft_config(model))
+
+    adapter, merged_path = str(tmp_path / "adapter"), str(tmp_path / "merged")
+    merge_adapter_folder(adapter, str(base_path), merged_path, config_path=str(base_path), dtype=out_dtype)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype="auto").state_dict()
+    fp32_merge = PeftModel.from_pretrained(_text_model(base_path), tmp_path / "adapter").merge_and_unload()
+    expected = fp32_merge.to(out_dtype or torch.bfloat16).state_dict()
+    assert merged.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert merged[name].dtype == (out_dtype or torch.bfloat16) and torch.equal(merged[name], tensor), name
+    changed = [name for name in expected if name.endswith("q_proj.weight")]
+    base = _text_model(base_path).state_dict()
+    assert changed and all(not torch.equal(merged[name].float(), base[name]) for name in changed)

@@ -283,15 +283,20 @@ def merge_adapter_folder(
     """Write the base model at ``base_path`` with the peft adapters of ``adapter_path`` merged into its weights as a
     Hugging Face folder at ``output_path``, with the tokenizer and processor files kept in ``config_path`` (default:
     the adapter folder). In one process, on the CPU: the sum W + (alpha / r) B A is taken in fp32 and stored in
-    ``dtype``, by default the base's own."""
+    ``dtype``, by default the base's own.
+
+    The base is held in its own dtype (half the memory of fp32 for a bf16 base), which rounds the sum once all the
+    same: peft keeps the adapters in fp32 and the in-place add into a bf16 weight computes in fp32. Only an output
+    dtype other than the base's takes an fp32 copy of the base."""
     import transformers
     from peft import PeftModel
 
     config_path = config_path or adapter_path
     config = transformers.AutoConfig.from_pretrained(config_path)
     model_cls = getattr(transformers, (config.architectures or ["AutoModelForCausalLM"])[0])
-    base = model_cls.from_pretrained(base_path, dtype=torch.float32)
-    dtype = dtype or released_dtype(transformers.AutoConfig.from_pretrained(base_path)) or torch.float32
+    base_dtype = released_dtype(transformers.AutoConfig.from_pretrained(base_path)) or torch.float32
+    dtype = dtype or base_dtype
+    base = model_cls.from_pretrained(base_path, dtype=base_dtype if dtype == base_dtype else torch.float32)
     merged = PeftModel.from_pretrained(base, adapter_path).merge_and_unload()
     save_pretrained_in_released_layout(merged, output_path, dtype=dtype)
     _copy_extras(config_path, output_path, skip={"config.json", lora.ADAPTER_CONFIG_FILE, lora.ADAPTER_WEIGHTS_FILE})
