@@ -184,13 +184,16 @@ def load_role_checkpoint(
             )
 
 
-def _checkpoint_model_weights(role_path: str) -> dict[str, torch.Tensor]:
-    """The ``model`` entries of a DCP role folder, loaded onto the CPU in this process (no process group)."""
+def _checkpoint_model_weights(role_path: str, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The ``model`` entries of a DCP role folder, loaded onto the CPU in this process (no process group); the
+    floating ones in ``dtype`` when given (DCP rounds into it while reading: no full-precision copy is held)."""
     metadata = SafeFileSystemReader(role_path).read_metadata()
     weights = {}
     for key, meta in metadata.state_dict_metadata.items():
         if key.startswith("model.") and hasattr(meta, "size"):
-            weights[key[len("model.") :]] = torch.empty(meta.size, dtype=meta.properties.dtype)
+            saved = meta.properties.dtype
+            wanted = dtype if dtype is not None and saved.is_floating_point else saved
+            weights[key[len("model.") :]] = torch.empty(meta.size, dtype=wanted)
     dcp.load({"model": weights}, storage_reader=SafeFileSystemReader(role_path), no_dist=True)
     return weights
 
@@ -227,20 +230,23 @@ def merge_checkpoint_to_hf(
     hf_path = os.path.join(role_path, HF_FOLDER)
     if not os.path.isfile(os.path.join(hf_path, "config.json")):
         raise FileNotFoundError(f"`{role_path}` is not a role checkpoint folder (no {HF_FOLDER}/config.json).")
-    weights = _checkpoint_model_weights(role_path)
     if is_lora_checkpoint(role_path):
-        _merge_lora_checkpoint(hf_path, weights, output_path, merge_lora, base_model, dtype)
+        _merge_lora_checkpoint(
+            hf_path, _checkpoint_model_weights(role_path), output_path, merge_lora, base_model, dtype
+        )
         return
     if merge_lora:
         raise ValueError(f"`{role_path}` holds full weights, not LoRA adapters: drop --merge_lora.")
 
     config = transformers.AutoConfig.from_pretrained(hf_path)
+    dtype = dtype or released_dtype(config)
+    weights = _checkpoint_model_weights(role_path, dtype)  # a bf16 model is read as bf16: half the memory of fp32
     model_cls = getattr(transformers, (config.architectures or ["AutoModelForCausalLM"])[0])
     with torch.device("meta"):
         model = model_cls._from_config(config)
     model.load_state_dict(weights, assign=True)
     model.tie_weights()
-    save_pretrained_in_released_layout(model, output_path, dtype=dtype or released_dtype(config))
+    save_pretrained_in_released_layout(model, output_path, dtype=dtype)
     _copy_extras(hf_path, output_path, skip={"config.json"})
 
 
