@@ -15,6 +15,7 @@ from tests.fsdp_helpers import (
     padded_policy_loss,
     per_sequence_log_probs,
     worker_config,
+    worker_group,
 )
 
 
@@ -226,8 +227,7 @@ def test_folders_written_from_a_bf16_model_are_bf16_though_training_holds_fp32(r
     released.save_pretrained(bf16_path)
     assert json.loads((bf16_path / "config.json").read_text())["dtype"] == "bfloat16"
 
-    pool, group = _start_group(str(bf16_path), 1, "actor")
-    try:
+    with worker_group(FSDPWorker, worker_config(str(bf16_path), 1, lr=LR), "actor", name_prefix="bf16") as group:
         group.init_model()
         data = make_batch(batch_size=6, seed=12)
         group.update_actor(add_policy_targets(data, group.compute_log_probs(data).batch["old_log_probs"]))
@@ -235,9 +235,6 @@ def test_folders_written_from_a_bf16_model_are_bf16_though_training_holds_fp32(r
         assert live["lm_head.weight"].dtype == torch.float32
         group.save_checkpoint(str(tmp_path / "ckpt"))
         group.save_hf_model(str(tmp_path / "export"))
-    finally:
-        group.kill()
-        pool.release()
 
     assert json.loads((tmp_path / "ckpt" / "huggingface" / "config.json").read_text())["dtype"] == "bfloat16"
     for folder, dtype in (
