@@ -133,9 +133,13 @@ def _merge(args: list[str]) -> int:
     ns = parser.parse_args(args)
     from .trainer.merge import merge_checkpoint
 
-    out = merge_checkpoint(
-        ns.local_dir, ns.output_dir, merge_lora=ns.merge_lora, base_model=ns.base_model, dtype=ns.dtype
-    )
+    try:
+        out = merge_checkpoint(
+            ns.local_dir, ns.output_dir, merge_lora=ns.merge_lora, base_model=ns.base_model, dtype=ns.dtype
+        )
+    except (FileNotFoundError, ValueError) as err:  # a folder or flag that does not fit: the message says which
+        print(f"easyrl merge: {err}", file=sys.stderr)
+        return 2
     print(f"Hugging Face model written to {out}")
     return 0
 

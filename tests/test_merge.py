@@ -122,3 +122,23 @@ def test_merged_model_generates_the_same_greedy_tokens_in_vllm(merged, prompt_id
     assert result.returncode == 0 and lines, f"vLLM failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     vllm_tokens = [_cut_after_eos(tokens, eos) for tokens in json.loads(lines[0][len("GREEDY=") :])]
     assert vllm_tokens == expected
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_a_folder_one_level_off_is_refused_in_one_line_naming_the_role_folder(tiny_grpo_run, tmp_path, capsys):
+    from easyrl.cli import main
+
+    run = tiny_grpo_run.save_dir
+    step = run / "global_step_3"
+    cases = {
+        step: f"Did you mean --local_dir {step / 'actor'}?",  # the checkpoint, not its role
+        run: f"Did you mean --local_dir {step / 'actor'}?",  # the run folder: its newest checkpoint
+        f"{step / 'actor' / 'huggingface'}/": f"Did you mean --local_dir {step / 'actor'}?",  # the config folder
+        tmp_path: "Give .../global_step_N/actor.",
+    }
+    for local_dir, hint in cases.items():
+        assert main(["merge", "--local_dir", str(local_dir)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("easyrl merge: --local_dir") and err.strip().endswith(hint), err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (step / "huggingface").exists() and not (run / "huggingface").exists()
