@@ -167,6 +167,56 @@ def test_a_peft_adapter_folder_as_model_path_is_refused_naming_the_key(valid_arg
     assert config.worker.actor.model.tokenizer_path == str(folder)
 
 
+def _checkpoint_role(root, step: int, lora: bool = False):
+    """The files of an easyrl checkpoint's actor role folder that the check looks at: DCP metadata and shards, and
+    ``huggingface/`` with the config (and for LoRA the adapters)."""
+    role = root / f"global_step_{step}" / "actor"
+    (role / "huggingface").mkdir(parents=True)
+    for name in [".metadata", "__0_0.distcp", "huggingface/config.json", "huggingface/tokenizer.json"]:
+        (role / name).write_text("{}")
+    if lora:
+        (role / "huggingface" / "adapter_config.json").write_text("{}")
+    return role
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_checkpoint_given_as_model_path_is_refused_with_the_merge_command(valid_args, tmp_path, lora):
+    """A checkpoint, its role folder or its config folder holds sharded training state, no Hugging Face weights:
+    the workers would crash loading it. The error names the merge command; a merged folder is a model."""
+    run = tmp_path / "run"
+    role = _checkpoint_role(run, 10, lora)
+    _checkpoint_role(run, 2, lora)
+    flag = " --merge_lora" if lora else ""
+    for given in (role, role.parent, role / "huggingface"):
+        with pytest.raises(ConfigError) as error:
+            load_config([*valid_args, f"worker.actor.model.model_path={given}"])
+        assert str(error.value).startswith(
+            f"`worker.actor.model.model_path`: `{given}` is part of a training checkpoint"
+        )
+        assert str(error.value).endswith(f"`easyrl merge --local_dir {role}{flag}` and give `{role / 'huggingface'}`.")
+    # the run folder (no config.json): the newest checkpoint by step, not by name
+    with pytest.raises(ConfigError, match=rf"holds no config\.json.*`easyrl merge --local_dir {role}`\.$"):
+        load_config([*valid_args, f"worker.actor.model.model_path={run}"])
+    if not lora:  # after `easyrl merge`, huggingface/ holds the weights: a model
+        (role / "huggingface" / "model.safetensors").write_text("{}")
+        config = load_config([*valid_args, f"worker.actor.model.model_path={role / 'huggingface'}"])
+        assert config.worker.actor.model.model_path == str(role / "huggingface")
+    # as tokenizer_path, the checkpoint's config folder is fine: it holds the tokenizer
+    model = tmp_path / "plain_model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    args = [f"worker.actor.model.model_path={model}", f"worker.actor.model.tokenizer_path={role / 'huggingface'}"]
+    assert load_config([*valid_args, *args]).worker.actor.model.tokenizer_path == str(role / "huggingface")
+
+
+def test_a_folder_without_config_json_is_refused_as_model_path(valid_args, tmp_path):
+    (tmp_path / "weights.safetensors").write_text("{}")
+    with pytest.raises(
+        ConfigError, match=r"`worker\.actor\.model\.model_path`: .* holds no config\.json, so it is not"
+    ):
+        load_config([*valid_args, f"worker.actor.model.model_path={tmp_path}"])
+
+
 def test_hub_model_id_is_accepted_without_download(valid_args, monkeypatch):
     # check reads no network; only a declared offline mode refuses a hub id (tests/test_config_ranges.py)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

@@ -238,6 +238,21 @@ def _check_model_path(key: str, path: Optional[str], required: bool) -> None:
         raise ConfigError(f"`{key}`: `{path}` is a file; give the model's folder (the one holding config.json).")
     if looks_local(path) and not local.exists():
         raise ConfigError(f"`{key}`: local model path `{path}` does not exist.")
+    if key.endswith("model_path") and (role := _unmerged_checkpoint_role(local)) is not None:
+        lora_flag = " --merge_lora" if (role / "huggingface" / "adapter_config.json").is_file() else ""
+        raise ConfigError(
+            f"`{key}`: `{path}` is part of a training checkpoint (sharded model and optimizer state, no Hugging "
+            f"Face weights), which transformers and vLLM cannot load. Write it as a Hugging Face model with `easyrl "
+            f"merge --local_dir {role}{lora_flag}` and give `{role / 'huggingface'}`."
+        )
+    if key.endswith("model_path") and local.is_dir() and not (local / "config.json").is_file():
+        steps = sorted(local.glob("global_step_*/actor/huggingface/config.json"), key=lambda p: _step_of(p.parents[1]))
+        hint = (
+            f" It holds checkpoints: write the newest as a model with `easyrl merge --local_dir {steps[-1].parents[1]}`."
+            if steps
+            else ""
+        )
+        raise ConfigError(f"`{key}`: `{path}` holds no config.json, so it is not a Hugging Face model folder.{hint}")
     if key.endswith("model_path") and _is_adapter_folder(local):
         raise ConfigError(
             f"`{key}`: `{path}` is a peft adapter folder (adapter_config.json, no model weights), which transformers "
@@ -248,6 +263,25 @@ def _check_model_path(key: str, path: Optional[str], required: bool) -> None:
     if not local.exists():
         # a hub id; check reads no network: only a declared offline mode (the driver probes the hub before Ray)
         check_hub_model(key, path, probe=False)
+
+
+def _step_of(checkpoint: Path) -> int:
+    suffix = checkpoint.name.rsplit("_", 1)[-1]
+    return int(suffix) if suffix.isdigit() else -1
+
+
+def _unmerged_checkpoint_role(folder: Path) -> Optional[Path]:
+    """The role folder of an easyrl checkpoint (``global_step_N/actor``: DCP shards and a ``huggingface/`` config
+    folder) that ``folder`` names without a merged model in it: the role folder itself, its checkpoint
+    (``global_step_N``) or its ``huggingface/`` folder before `easyrl merge` wrote weights there. None otherwise."""
+    if not folder.is_dir():
+        return None
+    for role in (folder, folder / "actor", folder.parent):
+        if (role / ".metadata").is_file() and (role / "huggingface" / "config.json").is_file():
+            hf = role / "huggingface"
+            merged = any(hf.glob("*.safetensors")) or any(hf.glob("*.bin"))
+            return None if merged and folder == hf else role
+    return None
 
 
 def _is_adapter_folder(folder: Path) -> bool:
