@@ -68,7 +68,7 @@ def test_mlflow_continues_one_run_and_keeps_the_first_values_of_the_retrained_st
         (6, 60.0),
     ]
     state = json.loads((tmp_path / "run" / TRACKER_STATE_FILE).read_text())
-    assert state == {"backends": {"mlflow": {"id": runs[0].info.run_id}, "file": {}}, "logged_through": 6}
+    assert state == {"backends": {"mlflow": {"id": runs[0].info.run_id}, "file": {}}, "held_through": {"mlflow": 6}}
 
 
 def test_mlflow_gets_the_checkpoint_row_that_the_crash_kept_from_it(tmp_path, mlflow_store):
@@ -97,6 +97,23 @@ def test_a_worker_restart_in_the_same_process_does_not_send_mlflow_a_step_twice(
     client, (run,) = mlflow_store(tmp_path / "run")
     history = client.get_metric_history(run.info.run_id, "score")
     assert [(m.step, m.value) for m in history] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
+
+
+def test_a_tracker_added_on_resume_opens_its_run_and_gets_every_step_it_is_sent(tmp_path, mlflow_store, monkeypatch):
+    pytest.importorskip("tensorboard")
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
+    with Tracker(["tensorboard"], "proj", "exp", {}, str(tmp_path / "run")) as tracker:
+        tracker.rewind_to(-1)
+        for step, value in FIRST.items():
+            tracker.log({"score": value}, step)
+    with Tracker(["tensorboard", "mlflow"], "proj", "exp", {}, str(tmp_path / "run"), resume=True) as tracker:
+        tracker.rewind_to(3, {"score": 3.0})
+        for step, value in SECOND.items():
+            tracker.log({"score": value}, step)
+    client, (run,) = mlflow_store(tmp_path / "run")
+    history = client.get_metric_history(run.info.run_id, "score")
+    assert [(m.step, m.value) for m in history] == [(3, 3.0), (4, 40.0), (5, 50.0), (6, 60.0)]
+    assert _scalars(tmp_path / "run" / "tensorboard")[0] == [(1, 1.0), (2, 2.0), (3, 3.0), *SECOND.items()]
 
 
 def test_an_mlflow_run_resumed_with_another_config_keeps_the_first_parameters(tmp_path, mlflow_store, caplog):
@@ -227,4 +244,4 @@ def test_an_unreadable_tracker_state_starts_new_runs_and_says_so(tmp_path, mlflo
     assert "is unreadable" in caplog.text
     _, (run,) = mlflow_store(tmp_path / "run")
     state = json.loads((tmp_path / "run" / TRACKER_STATE_FILE).read_text())
-    assert state["backends"]["mlflow"]["id"] == run.info.run_id and state["logged_through"] == 1
+    assert state["backends"]["mlflow"]["id"] == run.info.run_id and state["held_through"] == {"mlflow": 1}

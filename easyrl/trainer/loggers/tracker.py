@@ -14,8 +14,8 @@ logger = logging.getLogger(__name__)
 
 TRACKER_STATE_FILE = "tracker_state.json"
 """Under ``trainer.save_checkpoint_path``: each backend's ``resume_state`` (W&B, SwanLab and MLflow run ids,
-TensorBoard's event files) and the last step logged, so that a run resumed from a checkpoint continues the same
-tracker runs instead of opening new ones."""
+TensorBoard's event files) and the highest step each append-only backend holds, so that a run resumed from a
+checkpoint continues the same tracker runs instead of opening new ones."""
 
 
 class Tracker:
@@ -27,8 +27,9 @@ class Tracker:
     ``resume``: the run continues from a checkpoint, so each backend reopens the run the earlier attempt started
     (what it kept in ``tracker_state.json``). A run that starts afresh opens new runs. After ``rewind_to`` the steps
     an append-only backend (W&B, SwanLab, MLflow) already holds are not sent to it again: it keeps the values it
-    got first (a resume is deterministic, so they are those the retrained steps reproduce), while the file and
-    TensorBoard backends drop the rows after the checkpoint and take the retrained ones.
+    got first (on a deterministic resume the retrained steps reproduce them), while the file and TensorBoard
+    backends drop the rows after the checkpoint and take the retrained ones. A backend that opens a new run (added
+    to ``trainer.logger`` on resume, or its run not found) is sent every step.
     """
 
     def __init__(
@@ -49,13 +50,18 @@ class Tracker:
         run = RunInfo(project_name, experiment_name, config_dict or {}, save_dir, total_steps, initial_step)
         self._state_path = os.path.join(save_dir, TRACKER_STATE_FILE)
         state = self._read_state() if resume else {}
-        saved = state.get("backends", {})
-        self._logged_through = int(state.get("logged_through", -1))  # the highest step any attempt logged
-        self._skip_through = -1  # append-only backends are not sent steps up to this one again
+        saved, held = state.get("backends") or {}, state.get("held_through") or {}
         self.backends: dict[str, Logger] = {}
+        # per append-only backend: the highest step its run holds (from the attempts before, when it continues
+        # their run), and after a rewind the steps it is not sent again
+        self._held: dict[str, int] = {}
+        self._skip_through: dict[str, int] = {}
         try:
             for name, cls in zip(names, classes):
-                self.backends[name] = cls(dataclasses.replace(run, resume=dict(saved.get(name) or {})))
+                continued = dict(saved.get(name) or {})
+                self.backends[name] = cls(dataclasses.replace(run, resume=continued))
+                if cls.append_only:
+                    self._held[name] = int(held.get(name, -1)) if continued else -1
         except BaseException:
             self.finish()  # close the backends already started (open runs, files) before re-raising
             raise
@@ -80,54 +86,56 @@ class Tracker:
             return
         state = {
             "backends": {name: backend.resume_state() for name, backend in self.backends.items()},
-            "logged_through": self._logged_through,
+            "held_through": self._held,
         }
         os.makedirs(os.path.dirname(self._state_path) or ".", exist_ok=True)
         replace_file(self._state_path, json.dumps(state, indent=1))
 
-    def _receivers(self, step: int) -> list[Logger]:
-        return [b for b in self.backends.values() if not (b.append_only and step <= self._skip_through)]
-
-    def _logged(self, step: int) -> None:
-        if step > self._logged_through:
-            self._logged_through = step
+    def _send(self, step: int, call) -> None:
+        """``call(backend)`` for every backend but the append-only ones that already hold ``step``."""
+        grown = False
+        for name, backend in self.backends.items():
+            if name in self._held:
+                if step <= self._skip_through.get(name, -1):
+                    continue
+                grown = grown or step > self._held[name]
+                self._held[name] = max(self._held[name], step)
+            call(backend)
+        if grown:
             self._write_state()
 
     def log(self, metrics: dict, step: int) -> None:
         scalars = {name: to_scalar(name, value) for name, value in metrics.items()}
-        for backend in self._receivers(step):
-            backend.log(scalars, step)
-        self._logged(step)
+        self._send(step, lambda backend: backend.log(scalars, step))
 
     def log_generations(self, samples: list[dict], step: int) -> None:
         if not samples:
             return
-        for backend in self._receivers(step):
-            backend.log_generations(samples, step)
-        self._logged(step)
+        self._send(step, lambda backend: backend.log_generations(samples, step))
 
     def rewind_to(self, step: int, row: dict | None = None) -> None:
         """The run resumes after ``step`` (-1: afresh); ``row`` is that step's metrics as its checkpoint kept them."""
         scalars = None if row is None else {name: to_scalar(name, value) for name, value in row.items()}
-        for backend in self.backends.values():
-            backend.rewind_to(step, scalars)
-        append_only = [name for name, backend in self.backends.items() if backend.append_only]
-        if not append_only:
-            return
-        if scalars and self._logged_through < step:
-            # the checkpoint was saved and the process died before its row was logged
-            for name in append_only:
-                self.backends[name].log(scalars, step)
-            self._logged(step)
-        self._skip_through = self._logged_through
-        if self._skip_through > step:
-            logger.warning(
-                "Steps %d-%d reached %s before the resume: the run trains them again and their new metrics go to the "
-                "other loggers only (these cannot drop what they hold; a deterministic resume gives the same values).",
-                step + 1,
-                self._skip_through,
-                ", ".join(append_only),
-            )
+        for name, backend in self.backends.items():
+            if name not in self._held:
+                backend.rewind_to(step, scalars)  # a backend that can drop what it holds after the checkpoint
+                continue
+            if scalars and self._held[name] < step:
+                # the checkpoint was saved and the process died before its row was logged
+                backend.log(scalars, step)
+                self._held[name] = step
+                self._write_state()
+            self._skip_through[name] = self._held[name]
+            if self._held[name] > step:
+                logger.warning(
+                    "Steps %d-%d reached %s before the resume: the run trains them again and their new metrics go "
+                    "to the other loggers only (%s cannot drop what it holds; a deterministic resume gives the same "
+                    "values).",
+                    step + 1,
+                    self._held[name],
+                    name,
+                    name,
+                )
 
     def finish(self) -> None:
         for backend in self.backends.values():
