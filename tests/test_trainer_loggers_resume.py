@@ -236,6 +236,22 @@ def test_swanlab_continues_the_run_id_and_is_not_sent_the_steps_it_holds(tmp_pat
     assert scalars == [FIRST, {6: 60.0}]
 
 
+def test_an_mlflow_run_the_store_does_not_hold_is_started_anew_and_sent_every_step(tmp_path, mlflow_store, caplog):
+    _attempts(tmp_path / "run", ["mlflow"])
+    state_path = tmp_path / "run" / TRACKER_STATE_FILE
+    state = json.loads(state_path.read_text())
+    state["backends"]["mlflow"]["id"] = "0" * 32  # e.g. MLFLOW_TRACKING_URI now names another store
+    state_path.write_text(json.dumps(state))
+    with Tracker(["mlflow"], "proj", "exp", {}, str(tmp_path / "run"), resume=True) as tracker:
+        tracker.rewind_to(6, {"score": 60.0})
+        tracker.log({"score": 70.0}, 7)
+    assert "cannot continue run 000" in caplog.text
+    client, runs = mlflow_store(tmp_path / "run")
+    newest = max(runs, key=lambda run: run.info.start_time)
+    history = client.get_metric_history(newest.info.run_id, "score")
+    assert len(runs) == 2 and [(m.step, m.value) for m in history] == [(6, 60.0), (7, 70.0)]
+
+
 def test_an_unreadable_tracker_state_starts_new_runs_and_says_so(tmp_path, mlflow_store, caplog):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / TRACKER_STATE_FILE).write_text('{"backends": {"mlflow": {"id"')  # cut short by a crash
