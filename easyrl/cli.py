@@ -48,6 +48,8 @@ def _run_command(command: str, load_plan, load_runner, run_errors: tuple = ()) -
 
 
 def _train(args: list[str]) -> int:
+    from .workers.reward.loader import RewardFunctionError
+
     def load_plan():
         from .config import load_run_plan
 
@@ -58,7 +60,8 @@ def _train(args: list[str]) -> int:
 
         return run_training
 
-    return _run_command("train", load_plan, load_runner)
+    # a reward function that cannot score (it raises on every sample, returns the wrong shape) stops the run
+    return _run_command("train", load_plan, load_runner, (RewardFunctionError,))
 
 
 def _generation_plan(args: list[str], command: str):

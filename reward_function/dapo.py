@@ -88,8 +88,16 @@ def final_answer(response: str) -> str:
     return lines[-1] if lines else NO_ANSWER
 
 
-def accuracy_reward(response: str, ground_truth: str) -> float:
-    return 1.0 if normalize(final_answer(response)) == normalize(ground_truth) else -1.0
+def answer_text(ground_truth: str | int | float) -> str:
+    """A number in the answer column (a parquet column of ints, or of floats where some rows lack a value) as the
+    text an answer line would hold: 72 and 72.0 -> "72". EasyR1's dapo.py raised on them."""
+    if isinstance(ground_truth, float) and ground_truth.is_integer():
+        return str(int(ground_truth))
+    return str(ground_truth)
+
+
+def accuracy_reward(response: str, ground_truth: str | int | float) -> float:
+    return 1.0 if normalize(final_answer(response)) == normalize(answer_text(ground_truth)) else -1.0
 
 
 def overlong_reward(response_length: int, max_response_length: int, overlong_buffer_length: int) -> float:

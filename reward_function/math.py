@@ -28,8 +28,9 @@ def format_reward(response: str) -> float:
     return 1.0 if _THINK_THEN_BOXED.fullmatch(response) else 0.0
 
 
-def accuracy_reward(response: str, ground_truth: str) -> float:
-    return 1.0 if grade_answer(extract_boxed_content(response), ground_truth) else 0.0
+def accuracy_reward(response: str, ground_truth: str | int | float) -> float:
+    # str(): a number in the answer column (e.g. a parquet column of ints) grades as its text (EasyR1's raised)
+    return 1.0 if grade_answer(extract_boxed_content(response), str(ground_truth)) else 0.0
 
 
 def compute_score(reward_inputs: list[dict], format_weight: float = 0.1) -> list[dict[str, float]]:

@@ -28,11 +28,12 @@ def format_reward(response: str) -> float:
     return 1.0 if _THINK_THEN_ANSWER.fullmatch(response) else 0.0
 
 
-def accuracy_reward(response: str, ground_truth: str) -> float:
+def accuracy_reward(response: str, ground_truth: str | int | float) -> float:
     try:
         tagged = _ANSWER_ON_ONE_LINE.search(response)
         answer = (tagged.group(1) if tagged else response).strip()
-        return 1.0 if grade_answer(answer, ground_truth.strip()) else 0.0
+        # str(): EasyR1's r1v.py failed here on a number in the answer column and scored every answer as wrong
+        return 1.0 if grade_answer(answer, str(ground_truth).strip()) else 0.0
     except Exception:  # noqa: BLE001 - EasyR1 scores any failure to grade as a wrong answer
         return 0.0
 

@@ -238,3 +238,35 @@ def test_sigterm_to_every_process_of_the_job_exits_at_once_naming_the_last_check
     run_training(args, tmp_path / "resumed.log")
     assert _logged_steps(save_dir) == [1, 2, 3]
     _assert_steps_equal_the_uninterrupted_run(save_dir, tiny_grpo_run.metrics, [3])
+
+
+@pytest.mark.timeout(900)
+def test_a_reward_that_raises_on_every_sample_stops_the_run_at_its_first_batch(tiny_model_path, tmp_path):
+    # the answer column holds numbers; the reward function treats them as text, as EasyR1's own math.py does
+    from tests.fixtures.trainer_runs import TINY_RUN_OVERRIDES, bare_run
+
+    data = tmp_path / "numbers.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"What is {i} + 1?", "answer": i + 1}) + "\n" for i in range(16)))
+    reward = tmp_path / "text_reward.py"
+    reward.write_text(
+        "def compute_score(reward_inputs):\n"
+        "    return [{'overall': float(item['ground_truth'].strip() in item['response'])} for item in reward_inputs]\n"
+    )
+    args = [
+        *TINY_RUN_OVERRIDES,
+        *bare_run(3, tmp_path / "run"),
+        f"worker.actor.model.model_path={tiny_model_path}",
+        "trainer.n_gpus_per_node=1",
+        f"data.train_files={data}",
+        "data.prompt_key=problem",
+        f"worker.reward.reward_function={reward}:compute_score",
+    ]
+    log_path = tmp_path / "train.log"
+    proc = launch_training(args, log_path)
+    returncode = _wait_for_exit(proc, log_path)
+    text = log_path.read_text(errors="replace")
+    assert returncode == 2, log_tail(log_path)
+    assert "easyrl train: Reward function `compute_score` in " in text
+    assert "raised on every sample of the run so far (16 of 16 in the last batch), so the run stops" in text
+    assert "include values of type int, not str" in text and "AttributeError" in text
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or _logged_steps(tmp_path / "run") == []

@@ -1,7 +1,8 @@
 """The shipped reward functions on real response strings, loaded the way training loads them.
 
 math.py, r1v.py and dapo.py carry EasyR1's contract: every expected value below is worked out by hand from EasyR1's
-examples/reward_function files (their formulas, regular expressions and mathruler's grading rules).
+examples/reward_function files (their formulas, regular expressions and mathruler's grading rules), except that a
+number in the answer column is graded as its text (EasyR1's files raised on it or scored it 0).
 """
 
 from pathlib import Path
@@ -146,8 +147,9 @@ def test_r1v_answer_tag_spanning_lines_is_not_an_answer():
     }
 
 
-def test_r1v_ground_truth_that_is_not_text_scores_no_accuracy():
-    assert score("r1v", "<think>x</think><answer>3</answer>", 3) == {"overall": 0.5, "format": 1.0, "accuracy": 0.0}
+def test_r1v_ground_truth_that_is_a_number_is_graded_as_its_text():
+    # EasyR1's r1v.py scored it 0 (its `.strip()` failed inside a catch-all): every answer counted as wrong
+    assert score("r1v", "<think>x</think><answer>3</answer>", 3) == {"overall": 1.0, "format": 1.0, "accuracy": 1.0}
 
 
 # ---- dapo.py: overall = (+1 | -1) + factor * R_length; accuracy_normalized = (accuracy + 1) / 2
@@ -196,3 +198,23 @@ def test_dapo_without_a_buffer_punishes_only_past_the_maximum():
 def test_dapo_keyword_arguments_are_required_as_in_easyr1():
     with pytest.raises(RewardFunctionError, match=r"reward_function_kwargs.*max_response_length"):
         load_reward_function(str(ROOT / "reward_function" / "dapo.py"), {})
+
+
+@pytest.mark.parametrize("truth", [72, 72.0, "72"])
+@pytest.mark.parametrize(
+    ("name", "response", "kwargs", "accuracy"),
+    [
+        ("math", "<think>sum</think> \\boxed{72}", {}, 1.0),
+        ("r1v", "<think>sum</think><answer>72</answer>", {}, 1.0),
+        (
+            "dapo",
+            "Answer: 72",
+            {"max_response_length": 100, "overlong_buffer_length": 10, "overlong_penalty_factor": 1.0},
+            1.0,
+        ),
+        ("math", "<think>sum</think> \\boxed{71}", {}, 0.0),
+    ],
+)
+def test_a_number_in_the_answer_column_grades_as_its_text(name, response, kwargs, accuracy, truth):
+    # a parquet or jsonl answer column of numbers (GSM8K-style) reaches the function as int or float, not str
+    assert score(name, response, truth, **kwargs)["accuracy"] == accuracy

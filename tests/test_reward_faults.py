@@ -192,3 +192,46 @@ def test_a_score_named_like_easyrls_own_counts_is_refused(reward_file):
     fn = load_reward_function(reward_file("def compute_score(items):\n    return [{'overall': 1.0, 'errors': 0}]\n"))
     with pytest.raises(RewardFunctionError, match=r"score named `errors`.*reward/errors.*rename"):
         fn.score([{"response": "r", "response_length": 1, "ground_truth": "1"}])
+
+
+STRIPS_THE_TRUTH = """
+def compute_score(reward_inputs):
+    return [{"overall": float(item["response"] == item["ground_truth"].strip())} for item in reward_inputs]
+"""
+
+STRIPS_EACH_TRUTH = """
+REWARD_TYPE = "sequential"
+
+def compute_score(item):
+    return {"overall": float(item["response"] == item["ground_truth"].strip())}
+"""
+
+
+def test_a_function_raising_on_every_sample_of_the_first_batch_stops_the_run_naming_the_answer_type(reward_file):
+    # a GSM8K-style parquet whose answer column holds ints, scored by a function that reads them as text
+    scorer = RewardScorer(RewardConfig(reward_function=reward_file(STRIPS_THE_TRUTH)), tokenizer=None, in_process=True)
+    batch = [{"response": "72", "response_length": 1, "ground_truth": 72} for _ in range(4)]
+    with pytest.raises(RewardFunctionError) as error:
+        scorer.score_inputs(batch)
+    message = str(error.value)
+    assert "raised on every sample of the run so far (4 of 4 in the last batch), so the run stops" in message
+    assert "include values of type int, not str" in message and "AttributeError" in message
+
+
+def test_after_a_batch_was_scored_only_a_streak_of_batches_raising_throughout_stops_the_run(reward_file):
+    from easyrl.workers.reward.scorer import ALL_RAISED_STREAK
+
+    scorer = RewardScorer(
+        RewardConfig(reward_function=reward_file(STRIPS_EACH_TRUTH)), tokenizer=None, in_process=True
+    )
+    text = [{"response": "72", "response_length": 1, "ground_truth": "72"}]
+    numbers = [{"response": "72", "response_length": 1, "ground_truth": 72}] * 2
+    assert scorer.score_inputs(text)[0] == [{"overall": 1.0}]
+    for _ in range(ALL_RAISED_STREAK - 1):  # a passing fault: scored 0 and counted, the run goes on
+        scores, failures = scorer.score_inputs(numbers)
+        assert scores == [{"overall": 0.0}] * 2 and all(f.kind == "raised" for f in failures)
+    scorer.score_inputs(text + numbers)  # one sample scored: the streak starts again
+    for _ in range(ALL_RAISED_STREAK - 1):
+        scorer.score_inputs(numbers)
+    with pytest.raises(RewardFunctionError, match=rf"every sample of {ALL_RAISED_STREAK} batches in a row"):
+        scorer.score_inputs(numbers)

@@ -18,7 +18,9 @@ scored within `worker.reward.timeout_s` (see pool.py). Each sample's `overall` s
 token (EasyR1's place). A sample scores 0 and is counted in `reward/errors` when the function raised on it (a batch
 call that fails fails for the whole batch), returned a NaN or infinite score, was not scored by the deadline (also
 counted in `reward/timeouts`), or its actor's process died; the first failure of each kind is logged once, with
-the sample's index in its batch.
+the sample's index in its batch. A function that raised on every sample it was given so far, or on every sample
+of ALL_RAISED_STREAK batches in a row, stops the run (RewardFunctionError): nothing can be learnt from zeros, and such a
+failure is a bug or a data mismatch (e.g. a number where the function expects a string), not a passing fault.
 
 Scoring runs in one thread of the driver, one batch after another in the order they were handed over, so that the
 trainer can score a batch while the workers compute log-probs (`worker.reward.overlap`); `score` is `score_async`
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PREFIX = "reward/"
+ALL_RAISED_STREAK = 3  # batches in a row raising on every sample that stop a run which scored before
 ERRORS_KEY = PREFIX + "errors"  # per-sample 1.0 where scoring failed (raised, non-finite, timed out, actor died)
 TIMEOUTS_KEY = PREFIX + "timeouts"  # per-sample 1.0 where the batch's deadline passed before it was scored
 JUDGE_ERRORS_KEY = PREFIX + "judge_errors"  # per-sample 1.0 where the judge gave no score (only with a judge)
@@ -170,6 +173,8 @@ class RewardScorer:
         self._executor = None if in_process else ThreadPoolExecutor(1, thread_name_prefix="reward-scoring")
         self._pending: list[PendingScores] = []
         self._logged: set[str] = set()  # the failure kinds already logged (each is logged once)
+        self._scored_once = False  # some sample of some batch was scored
+        self._all_raised_streak = 0  # batches in a row where the function raised on every sample
 
     def build_inputs(self, data: "DataProto") -> list[dict]:
         """The reward function's inputs: decoded `response`, its `response_length` in tokens, the `ground_truth`."""
@@ -217,9 +222,33 @@ class RewardScorer:
             raise ScoringCancelled("The scoring of this batch was cancelled; its scores are not known.")
         if outcome.fatal:
             raise RewardFunctionError(outcome.fatal)
+        self._stop_if_it_never_works(outcome.failures, inputs)
         self._report(outcome.failures)
         scores = [score if score is not None else {"overall": 0.0} for score in outcome.scores]
         return scores, outcome.failures
+
+    def _stop_if_it_never_works(self, failures: list[SampleFailure | None], inputs: list[dict]) -> None:
+        if not failures or not all(failure is not None and failure.kind == RAISED for failure in failures):
+            self._scored_once = self._scored_once or any(failure is None for failure in failures)
+            self._all_raised_streak = 0
+            return
+        self._all_raised_streak += 1
+        if self._scored_once and self._all_raised_streak < ALL_RAISED_STREAK:
+            return
+        when = "the run so far" if not self._scored_once else f"{ALL_RAISED_STREAK} batches in a row"
+        types = sorted({type(item["ground_truth"]).__name__ for item in inputs} - {"str"})
+        hint = (
+            f" The ground truths (data.answer_key's column) include values of type {', '.join(types)}, not str: a "
+            "function that reads them as text fails on them; convert the column, or the value in the function."
+            if types
+            else ""
+        )
+        raise RewardFunctionError(
+            f"Reward function {self.reward_fn.where} raised on every sample of {when} ({len(failures)} of "
+            f"{len(failures)} in the last batch), so the run stops: nothing can be learnt from scores of 0.{hint} The "
+            "first failure:\n"
+            f"{failures[0].detail}"
+        )
 
     def _report(self, failures: list[SampleFailure | None]) -> None:
         """Log the first failure of each kind once per run, naming the sample's index in its batch."""
