@@ -109,3 +109,52 @@ def test_collate_stacks_tensors_and_keeps_the_rest_per_sample(tmp_path, tokenize
     assert [len(ids) for ids in batch.non_tensor_batch["raw_prompt_ids"]] == batch.batch["attention_mask"].sum(
         -1
     ).tolist()
+
+
+def test_verl_rows_with_chat_message_prompts_and_the_answer_inside_a_column(tmp_path, tokenizer):
+    # verl's preprocessed data: `prompt` is a list of chat messages, the answer is reward_model.ground_truth
+    import datasets
+
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [
+                {"role": "system", "content": "Answer after ####."},
+                {"role": "user", "content": f"What is {i} + 1?"},
+            ],
+            "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
+            "extra_info": {"index": i},
+        }
+        for i in range(3)
+    ]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ content }} Think first.")
+    data_config = config(prompt_key="prompt", answer_key="reward_model.ground_truth", format_prompt=str(template))
+    item = RLHFDataset(str(tmp_path / "train.parquet"), tokenizer, None, data_config)[2]
+    expected = tokenizer.apply_chat_template(
+        [
+            {"role": "system", "content": "Answer after ####."},
+            {"role": "user", "content": "What is 2 + 1? Think first."},
+        ],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    assert tokenizer.decode(item["raw_prompt_ids"]) == expected
+    assert item["ground_truth"] == "3" and item["data_source"] == "openai/gsm8k"
+
+
+def test_a_prompt_list_that_is_not_chat_messages_is_skipped_and_named(tmp_path, tokenizer, caplog):
+    rows = [{"problem": ["two", "parts"], "answer": "1"}, {"problem": "fine", "answer": "2"}]
+    dataset = RLHFDataset(write_jsonl(tmp_path / "d.jsonl", rows), tokenizer, None, config())
+    assert len(dataset) == 1 and dataset[0]["ground_truth"] == "2"
+    assert "the prompt is a list, so it must be chat messages" in caplog.text and "item 0 is 'two'" in caplog.text
+
+
+def test_a_dotted_answer_key_needs_its_column(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"problem": "p", "answer": "1"}])
+    with pytest.raises(KeyError, match=r"no column 'reward_model\.ground_truth' \(data\.answer_key\)"):
+        RLHFDataset(path, tokenizer, None, config(answer_key="reward_model.ground_truth"))
+    rows = [{"problem": "p", "meta": {"answer": "7"}}, {"problem": "q", "meta": {"other": 1}}]
+    dataset = RLHFDataset(write_jsonl(tmp_path / "m.jsonl", rows), tokenizer, None, config(answer_key="meta.answer"))
+    assert len(dataset) == 1 and dataset[0]["ground_truth"] == "7"  # the row without the field is skipped

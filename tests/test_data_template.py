@@ -64,3 +64,29 @@ def test_override_chat_template_file(tmp_path, tokenizer):
 def test_tokenizer_chat_template_is_the_default(tokenizer):
     rendered = ChatTemplate(tokenizer)(build_messages("2+2?"))
     assert rendered.endswith("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_chat_message_prompts_keep_their_turns_and_place_media():
+    from easyrl.data.template import PromptFormatter, conversation_messages
+
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "<image> What is this?"},
+        {"role": "assistant", "content": "A dot."},
+        {"role": "user", "content": "How many?"},
+    ]
+    messages = conversation_messages(conversation, PromptFormatter(None), num_images=1)
+    assert messages[0] == {"role": "system", "content": "Be brief."} and messages[3]["content"] == "How many?"
+    assert messages[1]["content"] == [{"type": "image"}, {"type": "text", "text": " What is this?"}]
+    assert conversation[1]["content"] == "<image> What is this?"  # the row's own value is not changed
+    # without placeholders the pictures go before the text of the first user message
+    plain = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "How many?"}]
+    assert conversation_messages(plain, PromptFormatter(None), num_images=2)[1]["content"] == [
+        {"type": "image"},
+        {"type": "image"},
+        {"type": "text", "text": "How many?"},
+    ]
+    with pytest.raises(ValueError, match="hold no `user` message"):
+        conversation_messages([{"role": "system", "content": "x"}], PromptFormatter(None))
+    with pytest.raises(ValueError, match="1 <image> and 0 <video> placeholders but the row has 2 images"):
+        conversation_messages(conversation, PromptFormatter(None), num_images=2)

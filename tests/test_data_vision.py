@@ -458,3 +458,24 @@ def test_text_rows_of_a_picture_dataset_carry_an_empty_media_slot(tmp_path, vl_t
     assert list(text_only.non_tensor_batch["multi_modal_data"]) == [None]
     merged = DataProto.concat([text_only, with_picture])
     assert merged.non_tensor_batch["multi_modal_data"][1]["images"][0].size == (56, 56)
+
+
+def test_verl_geometry_rows_with_the_picture_placeholder_inside_a_chat_message(tmp_path, vl_tokenizer_and_processor):
+    # verl's geo3k: prompt = [{"role": "user", "content": "<image>..."}], images = [{"bytes", "path"}], the answer in
+    # reward_model.ground_truth
+    tokenizer, processor = vl_tokenizer_and_processor
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "<image>Find x. Put the answer in \\boxed{}."}],
+            "images": [{"bytes": png_bytes(picture(56, 56, i)), "path": None}],
+            "reward_model": {"ground_truth": str(i), "style": "rule"},
+        }
+        for i in range(2)
+    ]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "geo.parquet"))
+    data_config = vl_config(tmp_path, answer_key="reward_model.ground_truth")
+    item = RLHFDataset(str(tmp_path / "geo.parquet"), tokenizer, processor, data_config)[1]
+    assert item["ground_truth"] == "1" and len(item["multi_modal_data"]["images"]) == 1
+    assert pad_counts(item["input_ids"], tokenizer) == (4, 0)
+    text = tokenizer.decode(item["raw_prompt_ids"])
+    assert "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Find x." in text

@@ -28,11 +28,14 @@ class DataConfig:
     val_files: str = ""
     """Validation data, same forms as `train_files`; empty disables validation."""
     prompt_key: str = "prompt"
-    """Column holding the prompt text. A row without a value (null or absent) is skipped, counted and named in a
-    warning (rows numbered from 0); a file where no row has one is an error naming this key."""
+    """Column holding the prompt: a text, or a list of chat messages ``{"role", "content"}`` (verl's and TRL's
+    conversational data; data.format_prompt then renders the last user message). ``column.field`` reads a field
+    inside a column. A row without a value (null or absent) is skipped, counted and named in a warning (rows
+    numbered from 0); a file where no row has one is an error naming this key."""
     answer_key: str = "answer"
-    """Column holding the ground truth handed to the reward function; rows without one are skipped like rows without
-    a prompt (see prompt_key)."""
+    """Column holding the ground truth handed to the reward function (``column.field`` reads a field inside a
+    column: ``reward_model.ground_truth`` for verl's data); rows without one are skipped like rows without a prompt
+    (see prompt_key)."""
     image_key: str = "images"
     """Column holding a list of images (paths, {"bytes": ...} dicts or PIL images)."""
     video_key: str = "videos"

@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from ..config import DataConfig
 from .rope import make_position_id_fn
 from .sources import load_rows, split_path
 from .synthetic import BUILTIN_PREFIX
-from .template import ChatTemplate, PromptFormatter, build_messages
+from .template import ChatTemplate, PromptFormatter, build_messages, conversation_messages
 from .vision import PictureSizing, UnreadableMediaError, load_image, load_video
 
 
@@ -71,6 +72,19 @@ class MissingValueError(UnusableRowError):
 def _is_missing(value: Any) -> bool:
     """Null, or a float NaN (how a CSV reader may fill an empty cell)."""
     return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def row_value(row: dict, key: str) -> Any:
+    """``row[key]``, or for a dotted key a field inside a column (``reward_model.ground_truth``: verl's data sets keep
+    the answer there); None when absent."""
+    if key in row:
+        return row[key]
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, Mapping) or part not in value:  # a row inside datasets.map is a Mapping, no dict
+            return None
+        value = value[part]
+    return value
 
 
 def _as_list(value: Any) -> list:
@@ -134,12 +148,15 @@ class RowEncoder:
         return images, [frames for frames, _ in frames_and_fps], [fps for _, fps in frames_and_fps]
 
     def prompt(self, row: dict, index: int, num_images: int, num_videos: int) -> str:
-        text = row.get(self.config.prompt_key)
+        text = row_value(row, self.config.prompt_key)
         if _is_missing(text):
             raise MissingValueError("prompt_key", self.config.prompt_key)
         try:
-            messages = build_messages(self.formatter(str(text)), num_images, num_videos)
-        except ValueError as error:  # placeholders that do not match the row's media
+            if isinstance(text, (list, tuple, np.ndarray)):  # chat messages (verl's / TRL's conversational data)
+                messages = conversation_messages(list(text), self.formatter, num_images, num_videos)
+            else:
+                messages = build_messages(self.formatter(str(text)), num_images, num_videos)
+        except ValueError as error:  # placeholders that do not match the row's media, a list that is not messages
             raise UnusableRowError(str(error)) from error
         return self.chat_template(messages)
 
@@ -191,7 +208,7 @@ class RowEncoder:
         return int(positions[-1]) + 1 if len(positions) else 0
 
     def _check_answer(self, row: dict) -> None:
-        if _is_missing(row.get(self.config.answer_key)):
+        if _is_missing(row_value(row, self.config.answer_key)):
             raise MissingValueError("answer_key", self.config.answer_key)
 
     def measure(self, row: dict, index: int) -> dict[str, Any]:
@@ -342,7 +359,7 @@ class RLHFDataset(Dataset):
         columns = self.rows.column_names
         for key in ("prompt_key", "answer_key"):
             name = getattr(self.config, key)
-            if name not in columns:
+            if name not in columns and name.split(".")[0] not in columns:  # `column.field` reads inside a column
                 raise KeyError(f"{self.config_key}: no column {name!r} (data.{key}); the columns are {columns}.")
 
     def _warn_skipped(self, what: str, rows: list[tuple[int, str]], total: int, with_reasons: bool = True) -> None:
@@ -513,7 +530,7 @@ class RLHFDataset(Dataset):
             "attention_mask": _left_pad(torch.ones_like(input_ids), length, 0),
             "position_ids": _left_pad(position_ids, length, 0),
             "raw_prompt_ids": raw_prompt_ids,
-            "ground_truth": row[self.config.answer_key],
+            "ground_truth": row_value(row, self.config.answer_key),
             "data_source": row.get("data_source") or self.source_name,
         }
         if self.has_media:

@@ -10,8 +10,12 @@ once, naming the variables, because it is almost always a typo.
 
 ``<image>`` / ``<video>`` placeholders in the text mark where each image / video of the row goes; a row with
 images but no placeholders gets its images before the text.
+
+A prompt may also be a list of chat messages (verl's and TRL's conversational data): the format file then renders the
+text of its last user message, and the messages go to the chat template as they are.
 """
 
+import copy
 import logging
 import re
 from functools import lru_cache
@@ -91,27 +95,70 @@ class PromptFormatter:
 
 def build_messages(text: str, num_images: int = 0, num_videos: int = 0) -> list[dict[str, Any]]:
     """One user message. Text-only rows get a plain string; rows with media get typed content parts."""
-    if num_images == 0 and num_videos == 0:
-        return [{"role": "user", "content": text}]
+    return _place_media([{"role": "user", "content": text}], num_images, num_videos)
+
+
+def conversation_messages(
+    conversation: list, formatter: PromptFormatter, num_images: int = 0, num_videos: int = 0
+) -> list[dict[str, Any]]:
+    """A prompt given as chat messages, ``[{"role": ..., "content": ...}, ...]`` (the conversational format of verl's
+    and TRL's data sets: a system turn, earlier turns), as the messages the chat template renders. ``data.format_prompt``
+    renders the text of the last user message; media go where their placeholders are, else before the text of the
+    first user message. Raises ValueError for a list that is not such messages."""
+    messages = []
+    for i, message in enumerate(conversation):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str) and "content" in message):
+            raise ValueError(
+                f"the prompt is a list, so it must be chat messages {{'role': ..., 'content': ...}}; item {i} is "
+                f"{str(message)[:80]!r}"
+            )
+        messages.append(copy.deepcopy(message))  # the row's own value stays as it is
+    users = [message for message in messages if message["role"] == "user"]
+    if not users:
+        raise ValueError("the prompt's chat messages hold no `user` message")
+    content = users[-1]["content"]
+    if isinstance(content, str):
+        users[-1]["content"] = formatter(content)
+    elif isinstance(content, list) and (texts := [part for part in content if part.get("type") == "text"]):
+        texts[-1]["text"] = formatter(texts[-1].get("text", ""))
+    return _place_media(messages, num_images, num_videos)
+
+
+def _parts(text: str) -> list[dict[str, Any]]:
+    """A text with ``<image>`` / ``<video>`` placeholders as typed content parts."""
     parts: list[dict[str, Any]] = []
-    if not PLACEHOLDER.search(text):
-        parts += [{"type": "image"}] * num_images + [{"type": "video"}] * num_videos
-        parts.append({"type": "text", "text": text})
-    else:
-        for piece in PLACEHOLDER.split(text):
-            if piece == "<image>":
-                parts.append({"type": "image"})
-            elif piece == "<video>":
-                parts.append({"type": "video"})
-            elif piece:
-                parts.append({"type": "text", "text": piece})
-    found = sum(p["type"] == "image" for p in parts), sum(p["type"] == "video" for p in parts)
+    for piece in PLACEHOLDER.split(text):
+        if piece == "<image>":
+            parts.append({"type": "image"})
+        elif piece == "<video>":
+            parts.append({"type": "video"})
+        elif piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
+
+
+def _place_media(messages: list[dict[str, Any]], num_images: int, num_videos: int) -> list[dict[str, Any]]:
+    """Typed content parts for the row's media: at their placeholders, or (none anywhere) before the text of the
+    first user message. Text-only rows keep their messages as they are."""
+    if num_images == 0 and num_videos == 0:
+        return messages
+    for message in messages:
+        if isinstance(message["content"], str) and PLACEHOLDER.search(message["content"]):
+            message["content"] = _parts(message["content"])
+    kinds = [part.get("type") for m in messages if isinstance(m["content"], list) for part in m["content"]]
+    if "image" not in kinds and "video" not in kinds:
+        first = next(m for m in messages if m["role"] == "user")
+        text = first["content"]
+        rest = [{"type": "text", "text": text}] if isinstance(text, str) else list(text)
+        first["content"] = [{"type": "image"}] * num_images + [{"type": "video"}] * num_videos + rest
+        kinds = ["image"] * num_images + ["video"] * num_videos
+    found = kinds.count("image"), kinds.count("video")
     if found != (num_images, num_videos):
         raise ValueError(
             f"the prompt has {found[0]} <image> and {found[1]} <video> placeholders but the row has "
             f"{num_images} images and {num_videos} videos"
         )
-    return [{"role": "user", "content": parts}]
+    return messages
 
 
 class ChatTemplate:
