@@ -97,3 +97,61 @@ def test_a_file_named_math_does_not_shadow_the_standard_library(tmp_path):
     import math
 
     assert math.sqrt(4.0) == 2.0
+
+
+# ---- functions written for verl: compute_score(data_source, solution_str, ground_truth, extra_info), per response
+VERL_STYLE = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, format_score=0.0):
+    right = solution_str.strip().endswith("#### " + ground_truth)
+    if data_source != "openai/gsm8k":
+        return {"score": -1.0, "pred": "not gsm8k"}
+    return {"score": 1.0 if right else format_score, "acc": right, "index": extra_info["index"], "pred": solution_str}
+"""
+
+VERL_ITEMS = [
+    {"response": "so #### 72", "response_length": 4, "ground_truth": "72", "data_source": "openai/gsm8k",
+     "extra_info": {"index": 3}},
+    {"response": "so #### 71", "response_length": 4, "ground_truth": "72", "data_source": "openai/gsm8k",
+     "extra_info": {"index": 4}},
+    {"response": "x", "response_length": 1, "ground_truth": "1", "data_source": "other", "extra_info": None},
+]  # fmt: skip
+
+
+def test_a_verl_reward_function_is_called_as_verl_calls_it(tmp_path):
+    fn = load_reward_function(str(write(tmp_path, VERL_STYLE)), {"format_score": 0.1})
+    assert fn.reward_type == "verl" and "as verl calls it" in fn.describe()
+    # score -> overall; numeric entries (bools too) -> named scores; text (the predicted answer) dropped
+    assert fn.score(VERL_ITEMS) == [
+        {"overall": 1.0, "acc": 1.0, "index": 3.0},
+        {"overall": 0.1, "acc": 0.0, "index": 4.0},
+        {"overall": -1.0},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("def compute_score(solution_str, ground_truth):\n    return float(ground_truth in solution_str)\n", 1.0),
+        ("def compute_score(solution_str, **kwargs):\n    return float(kwargs['extra_info']['index'])\n", 3.0),
+        ("def compute_score(solution_str, ground_truth, method='strict'):\n    return 2\n", 2.0),
+    ],
+)
+def test_a_verl_function_gets_the_arguments_it_declares(tmp_path, source, expected):
+    fn = load_reward_function(str(write(tmp_path, source)), {})
+    assert fn.score(VERL_ITEMS[:1]) == [{"overall": expected}]
+
+
+def test_verl_style_errors_name_the_convention(tmp_path):
+    no_score = write(tmp_path, "def compute_score(solution_str, ground_truth):\n    return {'acc': 1.0}\n")
+    with pytest.raises(
+        RewardFunctionError, match=r"\(verl's convention\) returned a dict without `score` \(keys: acc\)"
+    ):
+        load_reward_function(str(no_score), {}).score(VERL_ITEMS[:1])
+    needs_more = write(tmp_path, "def compute_score(solution_str, ground_truth, tokenizer):\n    return 0.0\n", "b.py")
+    with pytest.raises(RewardFunctionError, match=r"called as verl calls it .* it cannot be: missing a required"):
+        load_reward_function(str(needs_more), {})
+    # a file that says REWARD_TYPE keeps easyrl's own conventions, whatever its parameters are called
+    explicit = write(
+        tmp_path, "REWARD_TYPE = 'sequential'\ndef compute_score(solution_str):\n    return 1.0\n", "c.py"
+    )
+    assert load_reward_function(str(explicit), {}).reward_type == "sequential"

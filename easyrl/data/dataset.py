@@ -9,6 +9,7 @@ One item is a dict of
                     media columns only; None for a row without media; images already at the size every processor keeps (vision.PictureSizing); video_fps: the
                     rate each video was sampled at, which the rollout engine needs too)
     ground_truth, data_source
+    extra_info      the row's `extra_info` column as stored (verl's data), when the data has one
 
 Every row is read, encoded and measured when the dataset is built (the driver builds the datasets before Ray
 starts), never first when it is drawn. A file that cannot be read is an error (see sources.py). Rows that cannot be
@@ -55,6 +56,9 @@ TEXT_ROWS_PER_SCREEN_BATCH = 1000
 ROWS_NAMED_IN_WARNINGS = 5
 # Tokens that belong to a picture or video block in Qwen-VL prompts; a cut must never fall at or before one.
 VISION_BLOCK_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+
+EXTRA_INFO_KEY = "extra_info"
 
 
 class UnusableRowError(ValueError):
@@ -337,6 +341,8 @@ class RLHFDataset(Dataset):
         self.num_filtered_overlong = 0
         self.num_truncated = 0
         self.has_media = any(key in self.rows.column_names for key in (config.image_key, config.video_key))
+        # verl's data keeps a row's metadata there; a reward function written for verl is handed it
+        self.has_extra_info = EXTRA_INFO_KEY in self.rows.column_names
         self._screen()
 
     @property
@@ -533,6 +539,8 @@ class RLHFDataset(Dataset):
             "ground_truth": row_value(row, self.config.answer_key),
             "data_source": row.get("data_source") or self.source_name,
         }
+        if self.has_extra_info:
+            out[EXTRA_INFO_KEY] = row.get(EXTRA_INFO_KEY)
         if self.has_media:
             # every item of a dataset with media columns has the key (None for a text row): batches of text rows
             # alone then still concatenate with batches of pictures (online filtering) without losing the pictures

@@ -11,6 +11,11 @@ Each input dict holds exactly EasyR1's keys: `response` (decoded text), `respons
 the last response token) and optionally more named scores (`format`, `accuracy`, ...), which become metrics.
 `worker.reward.reward_function_kwargs` are passed as keyword arguments. `REWARD_NAME` is read for the log only.
 
+A function written for verl, one that takes `solution_str` (verl calls `compute_score(data_source=..., solution_str=...,
+ground_truth=..., extra_info=...)` once per response), is called that way in a file without REWARD_TYPE: it gets the
+names it declares among those four (all four with `**kwargs`), and may return a number or a dict whose `score` is the
+reward; its other numeric entries become named scores and the rest (e.g. a predicted answer as text) are dropped.
+
 This module imports nothing heavy: the config check calls `resolve_reward_function` on the parsed file.
 """
 
@@ -31,6 +36,8 @@ from ...paths import shipped_files_hint
 EASYR1_DEFAULT_FUNCTION = "main"  # what EasyR1 calls when the spec names no function
 FALLBACK_FUNCTION = "compute_score"  # what EasyR1's own reward files define
 REWARD_TYPES = ("batch", "sequential")
+VERL_REWARD_TYPE = "verl"  # chosen from the signature (a `solution_str` parameter), never written in a file
+VERL_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
 DEFAULT_REWARD_TYPE = "batch"  # EasyR1's default for a file without REWARD_TYPE
 CONFIG_KEY = "worker.reward.reward_function"
 RESERVED_SCORE_NAMES = ("errors", "timeouts")  # the scorer's own counts, reward/errors and reward/timeouts
@@ -59,13 +66,18 @@ class RewardFunction:
     def describe(self) -> str:
         """One line for the log: which function of which file, its REWARD_NAME and REWARD_TYPE."""
         how = "" if self.name_was_given else f" (no `:function` in `{CONFIG_KEY}`; {_rule_text(self.name)})"
+        kind = f"REWARD_TYPE {self.reward_type!r}"
+        if self.reward_type == VERL_REWARD_TYPE:
+            kind = f"called once per response as verl calls it (it takes `solution_str`): {sorted(_verl_arguments(self.fn))}"
         return (
-            f"Reward function {self.where}{how}; REWARD_NAME {self.reward_name!r}, REWARD_TYPE {self.reward_type!r}, "
-            f"keyword arguments {self.kwargs}."
+            f"Reward function {self.where}{how}; REWARD_NAME {self.reward_name!r}, {kind}, keyword arguments "
+            f"{self.kwargs}."
         )
 
     def score(self, inputs: list[dict]) -> list[dict[str, float]]:
         """One score dict per input, checked and converted to floats. Exceptions of the function propagate."""
+        if self.reward_type == VERL_REWARD_TYPE:
+            return [self._check(self._from_verl(self._call_verl(item))) for item in inputs]
         if self.reward_type == "batch":
             outputs = self.fn(inputs, **self.kwargs)
             if not isinstance(outputs, (list, tuple)) or len(outputs) != len(inputs):
@@ -77,6 +89,35 @@ class RewardFunction:
         else:
             outputs = [self.fn(item, **self.kwargs) for item in inputs]
         return [self._check(output) for output in outputs]
+
+    def _call_verl(self, item: dict) -> Any:
+        values = {
+            "data_source": item.get("data_source"),
+            "solution_str": item["response"],
+            "ground_truth": item["ground_truth"],
+            "extra_info": item.get("extra_info"),
+        }
+        accepted = _verl_arguments(self.fn)
+        return self.fn(**{name: value for name, value in values.items() if name in accepted}, **self.kwargs)
+
+    def _from_verl(self, output: Any) -> Any:
+        """verl's return value as easyrl's score dict: a number is `overall`; a dict's `score` is, and its other
+        numeric entries are named scores."""
+        if isinstance(output, numbers.Real):  # a bool too (verl's `acc` often is one)
+            return {"overall": float(output)}
+        if isinstance(output, dict) and "score" in output:
+            extra = {
+                str(key): float(value)
+                for key, value in output.items()
+                if key not in ("score", "overall") and isinstance(value, numbers.Real)
+            }
+            return {"overall": output["score"], **extra}
+        if isinstance(output, dict):
+            raise RewardFunctionError(
+                f"Reward function {self.where} (verl's convention) returned a dict without `score` (keys: "
+                f"{', '.join(map(str, output)) or 'none'}); return a number or a dict with `score`."
+            )
+        return output
 
     def _check(self, output: Any) -> dict[str, float]:
         if isinstance(output, numbers.Real) and not isinstance(output, bool):
@@ -240,6 +281,8 @@ def load_reward_function(spec: str, kwargs: dict | None = None) -> RewardFunctio
     fn = getattr(module, name)
     if not callable(fn):
         raise RewardFunctionError(f"`{CONFIG_KEY}`: `{name}` in `{path_text}` is not a function.")
+    if not hasattr(module, "REWARD_TYPE") and "solution_str" in _verl_arguments(fn):
+        return _verl_function(fn, path, path_text, name, dict(kwargs or {}), module, requested is not None)
     reward_type = getattr(module, "REWARD_TYPE", DEFAULT_REWARD_TYPE)
     if reward_type not in REWARD_TYPES:
         raise RewardFunctionError(
@@ -264,4 +307,38 @@ def load_reward_function(spec: str, kwargs: dict | None = None) -> RewardFunctio
         kwargs=kwargs,
         reward_name=str(getattr(module, "REWARD_NAME", "unknown")),
         name_was_given=requested is not None,
+    )
+
+
+def _verl_arguments(fn: Callable) -> set[str]:
+    """The names of verl's four arguments that ``fn`` takes (all four when it takes ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return set(VERL_ARGUMENTS)
+    return {p.name for p in parameters if p.name in VERL_ARGUMENTS}
+
+
+def _verl_function(
+    fn: Callable, path: Path, path_text: str, name: str, kwargs: dict, module: Any, name_was_given: bool
+) -> RewardFunction:
+    """A reward function written for verl (see the module docstring), checked against the arguments it gets."""
+    try:
+        inspect.signature(fn).bind(**dict.fromkeys(_verl_arguments(fn)), **kwargs)
+    except TypeError as err:
+        raise RewardFunctionError(
+            f"Reward function `{name}` in `{path_text}` takes `solution_str`, so it is called as verl calls it (with "
+            f"{', '.join(VERL_ARGUMENTS)} by name) and the keyword arguments {sorted(kwargs)} from "
+            f"`worker.reward.reward_function_kwargs`; it cannot be: {err}."
+        ) from None
+    return RewardFunction(
+        fn=fn,
+        reward_type=VERL_REWARD_TYPE,
+        path=str(path),
+        name=name,
+        kwargs=kwargs,
+        reward_name=str(getattr(module, "REWARD_NAME", "unknown")),
+        name_was_given=name_was_given,
     )

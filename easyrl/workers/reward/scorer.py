@@ -40,7 +40,7 @@ from .actor import DIED, NON_FINITE, RAISED, TIMED_OUT, SampleFailure, merge, sc
 from .classifier import ClassifierJudge
 from .judge import HttpJudge, combine_scores, decode_prompts
 from .judge_engine import VllmJudge
-from .loader import RESERVED_SCORE_NAMES, RewardFunctionError, load_reward_function
+from .loader import RESERVED_SCORE_NAMES, VERL_REWARD_TYPE, RewardFunctionError, load_reward_function
 from .pool import RewardActorPool
 
 
@@ -198,6 +198,11 @@ class RewardScorer:
             {"response": text, "response_length": length, "ground_truth": truth}
             for text, length, truth in zip(texts, lengths, truths)
         ]
+        if self.reward_fn.reward_type == VERL_REWARD_TYPE:  # verl's arguments besides the response and the answer
+            sources = data.non_tensor_batch.get("data_source", [None] * len(inputs))
+            extras = data.non_tensor_batch.get("extra_info", [None] * len(inputs))
+            for item, source, extra in zip(inputs, sources, extras):
+                item["data_source"], item["extra_info"] = source, extra
         if "messages" in data.non_tensor_batch:  # a multi-turn rollout's turns after the prompt
             for item, messages in zip(inputs, data.non_tensor_batch["messages"]):
                 item["messages"] = list(messages)
