@@ -148,8 +148,11 @@ def test_verl_style_errors_name_the_convention(tmp_path):
     ):
         load_reward_function(str(no_score), {}).score(VERL_ITEMS[:1])
     needs_more = write(tmp_path, "def compute_score(solution_str, ground_truth, tokenizer):\n    return 0.0\n", "b.py")
-    with pytest.raises(RewardFunctionError, match=r"called as verl calls it .* it cannot be: missing a required"):
+    with pytest.raises(RewardFunctionError, match=r"cannot be called with verl's arguments by name .*: missing a"):
         load_reward_function(str(needs_more), {})
+    # `**kwargs` alone does not make a function verl's: EasyR1's batch convention stays the default
+    batch = write(tmp_path, "def compute_score(reward_inputs, **kwargs):\n    return [1.0]\n", "d.py")
+    assert load_reward_function(str(batch), {}).reward_type == "batch"
     # a file that says REWARD_TYPE keeps easyrl's own conventions, whatever its parameters are called
     explicit = write(
         tmp_path, "REWARD_TYPE = 'sequential'\ndef compute_score(solution_str):\n    return 1.0\n", "c.py"

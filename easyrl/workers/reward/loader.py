@@ -281,24 +281,18 @@ def load_reward_function(spec: str, kwargs: dict | None = None) -> RewardFunctio
     fn = getattr(module, name)
     if not callable(fn):
         raise RewardFunctionError(f"`{CONFIG_KEY}`: `{name}` in `{path_text}` is not a function.")
-    if not hasattr(module, "REWARD_TYPE") and "solution_str" in _verl_arguments(fn):
-        return _verl_function(fn, path, path_text, name, dict(kwargs or {}), module, requested is not None)
-    reward_type = getattr(module, "REWARD_TYPE", DEFAULT_REWARD_TYPE)
-    if reward_type not in REWARD_TYPES:
-        raise RewardFunctionError(
-            f"`REWARD_TYPE` in `{path_text}` is {reward_type!r}; use 'batch' (the function takes and returns lists) "
-            "or 'sequential' (one dict in, one dict out)."
-        )
     kwargs = dict(kwargs or {})
-    try:
-        inspect.signature(fn).bind(None, **kwargs)
-    except TypeError as err:
-        raise RewardFunctionError(
-            f"Reward function `{name}` in `{path_text}` cannot be called with one input and the keyword arguments "
-            f"{sorted(kwargs)} from `worker.reward.reward_function_kwargs`: {err}."
-        ) from None
-    except ValueError:
-        pass  # builtins without a signature: trust them
+    if not hasattr(module, "REWARD_TYPE") and "solution_str" in _parameter_names(fn):
+        reward_type = VERL_REWARD_TYPE
+        _check_binding(fn, kwargs, dict.fromkeys(_verl_arguments(fn)), name, path_text)
+    else:
+        reward_type = getattr(module, "REWARD_TYPE", DEFAULT_REWARD_TYPE)
+        if reward_type not in REWARD_TYPES:
+            raise RewardFunctionError(
+                f"`REWARD_TYPE` in `{path_text}` is {reward_type!r}; use 'batch' (the function takes and returns "
+                "lists) or 'sequential' (one dict in, one dict out)."
+            )
+        _check_binding(fn, kwargs, None, name, path_text)
     return RewardFunction(
         fn=fn,
         reward_type=reward_type,
@@ -310,6 +304,34 @@ def load_reward_function(spec: str, kwargs: dict | None = None) -> RewardFunctio
     )
 
 
+def _check_binding(fn: Callable, kwargs: dict, verl_arguments: dict | None, name: str, path_text: str) -> None:
+    """The function accepts one input (or, written for verl, its arguments by name) and the configured kwargs."""
+    try:
+        if verl_arguments is None:
+            inspect.signature(fn).bind(None, **kwargs)
+        else:
+            inspect.signature(fn).bind(**verl_arguments, **kwargs)
+    except TypeError as err:
+        called = (
+            "one input"
+            if verl_arguments is None
+            else f"verl's arguments by name ({', '.join(VERL_ARGUMENTS)}: it takes `solution_str`)"
+        )
+        raise RewardFunctionError(
+            f"Reward function `{name}` in `{path_text}` cannot be called with {called} and the keyword arguments "
+            f"{sorted(kwargs)} from `worker.reward.reward_function_kwargs`: {err}."
+        ) from None
+    except ValueError:
+        pass  # builtins without a signature: trust them
+
+
+def _parameter_names(fn: Callable) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
 def _verl_arguments(fn: Callable) -> set[str]:
     """The names of verl's four arguments that ``fn`` takes (all four when it takes ``**kwargs``)."""
     try:
@@ -319,26 +341,3 @@ def _verl_arguments(fn: Callable) -> set[str]:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return set(VERL_ARGUMENTS)
     return {p.name for p in parameters if p.name in VERL_ARGUMENTS}
-
-
-def _verl_function(
-    fn: Callable, path: Path, path_text: str, name: str, kwargs: dict, module: Any, name_was_given: bool
-) -> RewardFunction:
-    """A reward function written for verl (see the module docstring), checked against the arguments it gets."""
-    try:
-        inspect.signature(fn).bind(**dict.fromkeys(_verl_arguments(fn)), **kwargs)
-    except TypeError as err:
-        raise RewardFunctionError(
-            f"Reward function `{name}` in `{path_text}` takes `solution_str`, so it is called as verl calls it (with "
-            f"{', '.join(VERL_ARGUMENTS)} by name) and the keyword arguments {sorted(kwargs)} from "
-            f"`worker.reward.reward_function_kwargs`; it cannot be: {err}."
-        ) from None
-    return RewardFunction(
-        fn=fn,
-        reward_type=VERL_REWARD_TYPE,
-        path=str(path),
-        name=name,
-        kwargs=kwargs,
-        reward_name=str(getattr(module, "REWARD_NAME", "unknown")),
-        name_was_given=name_was_given,
-    )
