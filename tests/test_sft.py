@@ -68,6 +68,18 @@ def test_prompt_and_response_columns_make_one_exchange_through_the_prompt_templa
     assert tokenizer.decode(item["input_ids"][: labelled(encoder, item)[0][0]]) == prompt
 
 
+def test_chat_message_prompt_and_completion_columns_keep_their_turns(tokenizer):
+    # TRL's conversational prompt-completion rows: both columns hold chat messages
+    data = DataConfig(prompt_key="prompt")
+    encoder = ConversationEncoder(tokenizer, None, data, SFTConfig(response_key="completion"), "data.train_files")
+    prompt = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}]
+    item = encoder.encode({"prompt": prompt, "completion": [{"role": "assistant", "content": "2"}]})
+    assert "".join(text for _, text in labelled(encoder, item)) == "2<|im_end|>"
+    assert tokenizer.decode(item["input_ids"][: labelled(encoder, item)[0][0]]) == encoder.render(prompt, True)
+    with pytest.raises(UnusableConversationError, match=r"data.prompt_key='prompt': the prompt is a list, so it must"):
+        encoder.encode({"prompt": ["1+1?"], "completion": "2"})
+
+
 def test_a_picture_takes_its_pads_in_the_prompt_and_the_labels_stay_on_the_replies(tmp_path):
     from PIL import Image
     from transformers import AutoConfig

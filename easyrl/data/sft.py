@@ -36,7 +36,7 @@ from ..config.schema import DataConfig, SFTConfig
 from .dataset import _as_list, _is_missing, _name_rows, data_folder
 from .rope import make_position_id_fn
 from .sources import load_rows
-from .template import PLACEHOLDER, ChatTemplate, PromptFormatter
+from .template import PLACEHOLDER, ChatTemplate, PromptFormatter, conversation_messages
 from .vision import PictureSizing, UnreadableMediaError, load_image
 
 
@@ -173,8 +173,19 @@ class ConversationEncoder:
                 f"no value for sft.messages_key={self.sft.messages_key!r}, nor for both "
                 f"data.prompt_key={self.data.prompt_key!r} and sft.response_key={self.sft.response_key!r}"
             )
-        user = {"role": "user", "content": self.formatter(str(prompt))}
-        return normalize_messages([user, {"role": "assistant", "content": str(response)}], num_images)
+        # TRL's prompt-completion data may hold chat messages in both columns
+        if isinstance(prompt, (list, tuple, np.ndarray)):
+            try:
+                turns = conversation_messages(list(prompt), self.formatter)
+            except ValueError as error:
+                raise UnusableConversationError(f"data.prompt_key={self.data.prompt_key!r}: {error}") from error
+        else:
+            turns = [{"role": "user", "content": self.formatter(str(prompt))}]
+        if isinstance(response, (list, tuple, np.ndarray)):
+            turns += [dict(message) for message in response]
+        else:
+            turns.append({"role": "assistant", "content": str(response)})
+        return normalize_messages(turns, num_images)
 
     def images(self, row: dict) -> list:
         images = _as_list(row.get(self.data.image_key))
