@@ -708,7 +708,8 @@ class SFTConfig:
     message (and its end-of-turn token) only. Rows without it use data.prompt_key and sft.response_key."""
     response_key: str = "response"
     """Column holding the assistant's reply to data.prompt_key (a one-exchange conversation; the prompt goes through
-    data.format_prompt as in RL)."""
+    data.format_prompt as in RL). Both columns may hold chat messages instead of text (TRL's conversational
+    prompt-completion data)."""
     max_length: int = 2048
     """Longest conversation in tokens (pictures' tokens included); longer rows are skipped, counted and named."""
 
