@@ -158,3 +158,27 @@ def test_verl_style_errors_name_the_convention(tmp_path):
         tmp_path, "REWARD_TYPE = 'sequential'\ndef compute_score(solution_str):\n    return 1.0\n", "c.py"
     )
     assert load_reward_function(str(explicit), {}).reward_type == "sequential"
+
+
+# ---- functions written for TRL: fn(prompts=..., completions=..., completion_ids=..., **columns) -> list of numbers
+TRL_STYLE = """
+def accuracy_reward(completions, solution, **kwargs):
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [None if s is None else float(t.strip() == s) for t, s in zip(texts, solution)]
+"""
+
+
+def test_a_trl_reward_function_is_called_once_per_batch_as_trl_calls_it(tmp_path):
+    fn = load_reward_function(f"{write(tmp_path, TRL_STYLE)}:accuracy_reward", {})
+    assert fn.reward_type == "trl" and fn.whole_batch and "as TRL's GRPOTrainer calls it" in fn.describe()
+    items = [
+        {"response": " 72", "response_length": 2, "ground_truth": "72", "solution": "72", "conversational": True},
+        {"response": "71", "response_length": 1, "ground_truth": "72", "solution": "72", "conversational": False},
+        {"response": "x", "response_length": 1, "ground_truth": None, "solution": None},  # None: does not apply
+    ]
+    assert fn.score(items) == [{"overall": 1.0}, {"overall": 0.0}, {"overall": 0.0}]
+    wrong = write(tmp_path, "def reward(completions, **kwargs):\n    return [1.0]\n", "w.py")
+    with pytest.raises(
+        RewardFunctionError, match=r"TRL's convention.*must return a list of 3 numbers.*list of length 1"
+    ):
+        load_reward_function(f"{wrong}:reward", {}).score(items)

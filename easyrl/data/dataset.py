@@ -10,6 +10,7 @@ One item is a dict of
                     rate each video was sampled at, which the rollout engine needs too)
     ground_truth, data_source
     extra_info      the row's `extra_info` column as stored (verl's data), when the data has one
+    conversational  True where the prompt is chat messages (absent otherwise)
 
 Every row is read, encoded and measured when the dataset is built (the driver builds the datasets before Ray
 starts), never first when it is drawn. A file that cannot be read is an error (see sources.py). Rows that cannot be
@@ -541,6 +542,8 @@ class RLHFDataset(Dataset):
         }
         if self.has_extra_info:
             out[EXTRA_INFO_KEY] = row.get(EXTRA_INFO_KEY)
+        if isinstance(row_value(row, self.config.prompt_key), (list, tuple, np.ndarray)):
+            out["conversational"] = True  # a reward function written for TRL gets chat-message completions
         if self.has_media:
             # every item of a dataset with media columns has the key (None for a text row): batches of text rows
             # alone then still concatenate with batches of pictures (online filtering) without losing the pictures

@@ -172,6 +172,7 @@ class RunWorkers:
             tokenizer,
             run_dir=config.trainer.save_checkpoint_path,
             reward_model_group=self.reward_model_group if self.plan.use_reward_model else None,
+            answer_key=config.data.answer_key,
         )
 
     def kill(self, graceful_timeout_s: float = 10.0) -> None:

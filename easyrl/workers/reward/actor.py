@@ -77,7 +77,7 @@ def _score_call(reward_fn: RewardFunction, call: list[dict]) -> Scored:
 def score_calls(reward_fn: RewardFunction, inputs: list[dict]) -> Iterator[Scored]:
     """Score `inputs`, yielding the outcome of each call: one for a batch function (it fails as a whole), one per
     sample for a sequential one. Stops after a fatal outcome."""
-    calls = [inputs] if reward_fn.reward_type == "batch" else [[item] for item in inputs]
+    calls = [inputs] if reward_fn.whole_batch else [[item] for item in inputs]
     for call in calls:
         outcome = _score_call(reward_fn, call)
         yield outcome

@@ -16,6 +16,13 @@ ground_truth=..., extra_info=...)` once per response), is called that way in a f
 names it declares among those four (all four with `**kwargs`), and may return a number or a dict whose `score` is the
 reward; its other numeric entries become named scores and the rest (e.g. a predicted answer as text) are dropped.
 
+A function written for TRL, one that takes `completions` (TRL's GRPOTrainer calls `fn(prompts=..., completions=...,
+completion_ids=..., **columns)` once per batch and gets a list of numbers back), is called that way in a file without
+REWARD_TYPE: `completions` are the responses (as `[{"role": "assistant", "content": ...}]` where the prompt was chat
+messages), `prompts` the prompts as the model saw them (text), and the columns are the answer column under its own
+name (data.answer_key) and as `ground_truth`, `data_source` and `extra_info`. A None in the returned list (TRL: the
+function does not apply to that sample) scores 0.
+
 This module imports nothing heavy: the config check calls `resolve_reward_function` on the parsed file.
 """
 
@@ -38,6 +45,8 @@ FALLBACK_FUNCTION = "compute_score"  # what EasyR1's own reward files define
 REWARD_TYPES = ("batch", "sequential")
 VERL_REWARD_TYPE = "verl"  # chosen from the signature (a `solution_str` parameter), never written in a file
 VERL_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
+TRL_REWARD_TYPE = "trl"  # chosen from the signature (a `completions` parameter), never written in a file
+TRL_INPUT_KEYS = ("prompt", "completion_ids", "conversational")  # what the scorer adds to each input for TRL's call
 DEFAULT_REWARD_TYPE = "batch"  # EasyR1's default for a file without REWARD_TYPE
 CONFIG_KEY = "worker.reward.reward_function"
 RESERVED_SCORE_NAMES = ("errors", "timeouts")  # the scorer's own counts, reward/errors and reward/timeouts
@@ -60,6 +69,11 @@ class RewardFunction:
     name_was_given: bool = True  # False when `name` was chosen by the `main` / `compute_score` rule
 
     @property
+    def whole_batch(self) -> bool:
+        """One call scores the whole batch (EasyR1's batch functions, TRL's), else one call per response."""
+        return self.reward_type in ("batch", TRL_REWARD_TYPE)
+
+    @property
     def where(self) -> str:
         return f"`{self.name}` in {self.path}"
 
@@ -67,6 +81,8 @@ class RewardFunction:
         """One line for the log: which function of which file, its REWARD_NAME and REWARD_TYPE."""
         how = "" if self.name_was_given else f" (no `:function` in `{CONFIG_KEY}`; {_rule_text(self.name)})"
         kind = f"REWARD_TYPE {self.reward_type!r}"
+        if self.reward_type == TRL_REWARD_TYPE:
+            kind = "called once per batch as TRL's GRPOTrainer calls it (it takes `completions`)"
         if self.reward_type == VERL_REWARD_TYPE:
             kind = f"called once per response as verl calls it (it takes `solution_str`): {sorted(_verl_arguments(self.fn))}"
         return (
@@ -78,6 +94,8 @@ class RewardFunction:
         """One score dict per input, checked and converted to floats. Exceptions of the function propagate."""
         if self.reward_type == VERL_REWARD_TYPE:
             return [self._check(self._from_verl(self._call_verl(item))) for item in inputs]
+        if self.reward_type == TRL_REWARD_TYPE:
+            return [self._check({"overall": 0.0 if value is None else value}) for value in self._call_trl(inputs)]
         if self.reward_type == "batch":
             outputs = self.fn(inputs, **self.kwargs)
             if not isinstance(outputs, (list, tuple)) or len(outputs) != len(inputs):
@@ -99,6 +117,28 @@ class RewardFunction:
         }
         accepted = _verl_arguments(self.fn)
         return self.fn(**{name: value for name, value in values.items() if name in accepted}, **self.kwargs)
+
+    def _call_trl(self, inputs: list[dict]) -> list:
+        completions = [
+            [{"role": "assistant", "content": item["response"]}] if item.get("conversational") else item["response"]
+            for item in inputs
+        ]
+        standard = {"response", "response_length", *TRL_INPUT_KEYS}
+        columns = list(dict.fromkeys(key for item in inputs for key in item if key not in standard))
+        outputs = self.fn(
+            prompts=[item.get("prompt") for item in inputs],
+            completions=completions,
+            completion_ids=[item.get("completion_ids") for item in inputs],
+            **{column: [item.get(column) for item in inputs] for column in columns},
+            **self.kwargs,
+        )
+        if not isinstance(outputs, (list, tuple)) or len(outputs) != len(inputs):
+            got = type(outputs).__name__ + (f" of length {len(outputs)}" if hasattr(outputs, "__len__") else "")
+            raise RewardFunctionError(
+                f"Reward function {self.where} (TRL's convention: it takes `completions`) must return a list of "
+                f"{len(inputs)} numbers, one per completion; it returned a {got}."
+            )
+        return list(outputs)
 
     def _from_verl(self, output: Any) -> Any:
         """verl's return value as easyrl's score dict: a number is `overall`; a dict's `score` is, and its other
@@ -285,6 +325,8 @@ def load_reward_function(spec: str, kwargs: dict | None = None) -> RewardFunctio
     if not hasattr(module, "REWARD_TYPE") and "solution_str" in _parameter_names(fn):
         reward_type = VERL_REWARD_TYPE
         _check_binding(fn, kwargs, dict.fromkeys(_verl_arguments(fn)), name, path_text)
+    elif not hasattr(module, "REWARD_TYPE") and "completions" in _parameter_names(fn):
+        reward_type = TRL_REWARD_TYPE  # TRL's own call passes columns the function may not name: no binding check
     else:
         reward_type = getattr(module, "REWARD_TYPE", DEFAULT_REWARD_TYPE)
         if reward_type not in REWARD_TYPES:

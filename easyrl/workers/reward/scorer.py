@@ -40,7 +40,13 @@ from .actor import DIED, NON_FINITE, RAISED, TIMED_OUT, SampleFailure, merge, sc
 from .classifier import ClassifierJudge
 from .judge import HttpJudge, combine_scores, decode_prompts
 from .judge_engine import VllmJudge
-from .loader import RESERVED_SCORE_NAMES, VERL_REWARD_TYPE, RewardFunctionError, load_reward_function
+from .loader import (
+    RESERVED_SCORE_NAMES,
+    TRL_REWARD_TYPE,
+    VERL_REWARD_TYPE,
+    RewardFunctionError,
+    load_reward_function,
+)
 from .pool import RewardActorPool
 
 
@@ -131,17 +137,20 @@ class RewardScorer:
         in_process: bool = False,
         run_dir: str | None = None,
         reward_model_group=None,
+        answer_key: str | None = None,
     ):
         """`in_process=True` calls the function in this process, with no deadline and no protection from a
         function that hangs or exits the process: for tests and tools that run without Ray, never for training.
         `reward_model_group`: a callable returning the worker group that hosts the reward model (judge kind
         `classifier`; the current group, also after a restart of the workers).
         `run_dir`: the run's folder; logs/judge_engine_0.log in it gets the output of a `vllm` judge's engine
-        (None: it stays on the console)."""
+        (None: it stays on the console). `answer_key`: data.answer_key, the column name a function written for TRL
+        gets the answers under."""
         if not config.reward_function:
             raise RewardFunctionError("`worker.reward.reward_function` is not set; give path/to/file.py:function.")
         self.config = config
         self.tokenizer = tokenizer
+        self.answer_key = answer_key
         self.chunks_per_actor = chunks_per_actor
         # loading here first reports a broken file at once, with the driver's traceback
         self.reward_fn = load_reward_function(config.reward_function, config.reward_function_kwargs)
@@ -160,7 +169,7 @@ class RewardScorer:
         if not in_process:
             # a batch function runs as one call: one actor with all the CPUs; sequential calls spread over actors.
             # num_cpus 0 (EasyR1: an actor that reserves no CPU) is one actor reserving none, under the same deadline.
-            whole_batch = self.reward_fn.reward_type == "batch"
+            whole_batch = self.reward_fn.whole_batch
             self.pool = RewardActorPool(
                 config.reward_function,
                 config.reward_function_kwargs,
@@ -198,7 +207,14 @@ class RewardScorer:
             {"response": text, "response_length": length, "ground_truth": truth}
             for text, length, truth in zip(texts, lengths, truths)
         ]
-        if self.reward_fn.reward_type == VERL_REWARD_TYPE:  # verl's arguments besides the response and the answer
+        if self.reward_fn.reward_type == TRL_REWARD_TYPE:  # what TRL hands a reward function besides completions
+            prompts = decode_prompts(data, self.tokenizer, self.config.skip_special_tokens)
+            flags = data.non_tensor_batch.get("conversational", [None] * len(inputs))
+            for item, prompt, completion_ids, flag in zip(inputs, prompts, ids, flags):
+                item.update(prompt=prompt, completion_ids=completion_ids, conversational=bool(flag))
+                if self.answer_key and "." not in self.answer_key and self.answer_key != "ground_truth":
+                    item[self.answer_key] = item["ground_truth"]
+        if self.reward_fn.reward_type in (VERL_REWARD_TYPE, TRL_REWARD_TYPE):  # verl's / TRL's further arguments
             sources = data.non_tensor_batch.get("data_source", [None] * len(inputs))
             extras = data.non_tensor_batch.get("extra_info", [None] * len(inputs))
             for item, source, extra in zip(inputs, sources, extras):
@@ -217,7 +233,7 @@ class RewardScorer:
         """Per-sample score dicts (a failed sample: {"overall": 0.0}) and per-sample failures (None where scored)."""
         if self.pool is None:
             outcome = merge(list(score_calls(self.reward_fn, inputs)))
-        elif self.reward_fn.reward_type == "batch":
+        elif self.reward_fn.whole_batch:
             outcome = merge(self.pool.run([inputs], cancel))
         else:
             num_chunks = max(1, min(len(inputs), self.pool.num_actors * self.chunks_per_actor))

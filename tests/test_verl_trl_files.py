@@ -1,5 +1,6 @@
-"""A verl user's files as they are: a preprocessed parquet (chat-message prompts, the answer in
-``reward_model.ground_truth``, ``extra_info``) and a reward function with verl's signature, through `easyrl train`."""
+"""verl and TRL users' files as they are, through `easyrl train`: verl's preprocessed parquet (chat-message prompts,
+the answer in ``reward_model.ground_truth``, ``extra_info``) with a reward function of verl's signature, and TRL's
+conversational data with a reward function of TRL's."""
 
 import pytest
 
@@ -49,3 +50,41 @@ def test_a_verl_parquet_and_reward_function_train_unchanged(tiny_model_path, tmp
         assert row["reward/overall"] == 1.0 and row["reward/has_response"] == 1.0 and row["reward/errors"] == 0
         assert "reward/pred" not in row
     assert "as verl calls it (it takes `solution_str`)" in log_path.read_text(errors="replace")
+
+
+TRL_REWARD = """
+def same_row_reward(completions, solution, prompts, completion_ids, **kwargs):
+    # scores what reached it, not the (random) response: 1 when TRL's arguments are shaped and paired as TRL's are
+    return [
+        float(
+            isinstance(c, list) and c[0]["role"] == "assistant" and isinstance(c[0]["content"], str)
+            and s == g and f"What is {int(s) - 1} + 1?" in p and isinstance(ids, list)
+        )
+        for c, s, g, p, ids in zip(completions, solution, kwargs["ground_truth"], prompts, completion_ids)
+    ]
+"""
+
+
+@pytest.mark.timeout(900)
+def test_trl_conversational_data_and_a_trl_reward_function_train_unchanged(tiny_model_path, tmp_path):
+    import datasets
+
+    rows = [{"prompt": [{"role": "user", "content": f"What is {i} + 1?"}], "solution": str(i + 1)} for i in range(12)]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
+    (tmp_path / "trl_reward.py").write_text(TRL_REWARD)
+    args = [
+        *TINY_RUN_OVERRIDES,
+        *bare_run(1, tmp_path / "run"),
+        f"worker.actor.model.model_path={tiny_model_path}",
+        "trainer.n_gpus_per_node=1",
+        f"data.train_files={tmp_path / 'train.parquet'}",
+        "data.prompt_key=prompt",
+        "data.answer_key=solution",
+        "data.format_prompt=",
+        f"worker.reward.reward_function={tmp_path / 'trl_reward.py'}:same_row_reward",
+    ]
+    log_path = tmp_path / "train.log"
+    run_training(args, log_path)
+    row = metrics_by_step(tmp_path / "run")[1]
+    assert row["reward/overall"] == 1.0 and row["reward/errors"] == 0
+    assert "as TRL's GRPOTrainer calls it" in log_path.read_text(errors="replace")
