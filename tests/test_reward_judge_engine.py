@@ -140,14 +140,18 @@ def vllm_judge_args(valid_args, *extra):
 def test_check_accepts_a_judge_engine_and_refuses_one_it_cannot_run(valid_args, tmp_path):
     config = load_config(vllm_judge_args(valid_args, "worker.reward.judge.model_path=builtin://SmolLM2-135M-Instruct"))
     assert config.worker.reward.judge.num_gpus == 0  # a CPU engine unless told
+    judge = tmp_path / "judge"  # a model folder as far as the check reads it
+    judge.mkdir()
+    (judge / "config.json").write_text("{}")
     for extra, message in [
         ([], "`worker.reward.judge.model_path` is not set"),
         ([f"worker.reward.judge.model_path={tmp_path / 'nowhere'}"], "does not exist"),
         (["worker.reward.judge.model_path=builtin://Nope"], "unknown built-in model"),
-        ([f"worker.reward.judge.model_path={tmp_path}", "worker.reward.judge.dtype=int8"], "which is not one of"),
-        ([f"worker.reward.judge.model_path={tmp_path}", "worker.reward.judge.num_gpus=-1"], "must be >= 0"),
-        ([f"worker.reward.judge.model_path={tmp_path}", "worker.reward.judge.num_gpus=1"], "has no NVIDIA GPU"),
-        ([f"worker.reward.judge.model_path={tmp_path}", "worker.reward.judge.score_pattern=x"], "0 groups"),
+        ([f"worker.reward.judge.model_path={judge}", "worker.reward.judge.dtype=int8"], "which is not one of"),
+        ([f"worker.reward.judge.model_path={judge}", "worker.reward.judge.num_gpus=-1"], "must be >= 0"),
+        ([f"worker.reward.judge.model_path={judge}", "worker.reward.judge.num_gpus=1"], "has no NVIDIA GPU"),
+        ([f"worker.reward.judge.model_path={judge}", "worker.reward.judge.score_pattern=x"], "0 groups"),
+        ([f"worker.reward.judge.model_path={tmp_path}"], "holds no config.json"),
     ]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_config(vllm_judge_args(valid_args, *extra))

@@ -8,6 +8,7 @@ checkpoint is of step 3; the second attempt resumes after step 3 and logs steps 
 import glob
 import json
 import os
+import re
 
 import pytest
 
@@ -179,6 +180,17 @@ def test_tensorboard_restores_the_checkpoint_row_and_a_fresh_start_leaves_old_fi
     assert _scalars(tmp_path / "run" / "tensorboard")[0] == scalars
 
 
+def _wandb_runs(save_dir) -> list[tuple[str, str]]:
+    """(folder, run id) of each offline run: offline-run-<time>-<id>, with a suffix when two share a second."""
+    runs = []
+    for folder in glob.glob(str(save_dir / "wandb" / "offline-run-*")):
+        match = re.fullmatch(r"offline-run-\d{8}_\d{6}-([a-z0-9]+)(-\d+)?", os.path.basename(folder))
+        assert match, folder
+        runs.append((folder, match.group(1)))
+    assert len(runs) == 2, runs
+    return runs
+
+
 def _wandb_steps(run_dir) -> dict[int, float]:
     from wandb.proto import wandb_internal_pb2
 
@@ -200,14 +212,13 @@ def test_wandb_continues_the_run_id_and_is_not_sent_the_steps_it_holds(tmp_path,
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_RUN_ID", raising=False)
     _attempts(tmp_path / "run", ["wandb"])
-    first, second = sorted(glob.glob(str(tmp_path / "run" / "wandb" / "offline-run-*")))
-    assert first.rsplit("-", 1)[1] == second.rsplit("-", 1)[1]  # offline-run-<time>-<id>: the same W&B run
-    assert _wandb_steps(first) == FIRST
-    assert _wandb_steps(second) == {6: 60.0}
+    (first, first_id), (second, second_id) = _wandb_runs(tmp_path / "run")
+    assert first_id == second_id  # the same W&B run, continued
+    assert sorted([_wandb_steps(first), _wandb_steps(second)], key=min) == [FIRST, {6: 60.0}]
 
     _attempts(tmp_path / "fresh", ["wandb"], second_resumes=False, checkpoint=-1)
-    first, second = glob.glob(str(tmp_path / "fresh" / "wandb" / "offline-run-*"))
-    assert first.rsplit("-", 1)[1] != second.rsplit("-", 1)[1]
+    (first, first_id), (second, second_id) = _wandb_runs(tmp_path / "fresh")
+    assert first_id != second_id
     assert sorted([_wandb_steps(first), _wandb_steps(second)], key=min) == [FIRST, SECOND]
 
 

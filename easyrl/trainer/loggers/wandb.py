@@ -39,10 +39,20 @@ class WandbLogger(Logger):
         continued = {}
         if run.resume.get("id") and not os.environ.get("WANDB_RUN_ID"):
             continued = {"id": run.resume["id"], "resume": "allow"}
-        with explain_start_failure("wandb", HOW_TO_FIX):
-            self.wandb_run = wandb.init(
-                project=run.project_name, name=run.experiment_name, config=run.config, dir=run.save_dir, **continued
-            )
+        try:
+            with explain_start_failure("wandb", HOW_TO_FIX):
+                self.wandb_run = wandb.init(
+                    project=run.project_name,
+                    name=run.experiment_name,
+                    config=run.config,
+                    dir=run.save_dir,
+                    **continued,
+                )
+        except BaseException:
+            # a failed start leaves wandb's process-wide setup (its mode, its login) behind for the next run in
+            # this process: drop it, as finish() does
+            wandb.teardown()
+            raise
 
     def resume_state(self) -> dict:
         return {"id": self.wandb_run.id}

@@ -257,7 +257,8 @@ class RewardScorer:
         if self._scored_once and self._all_raised_streak < ALL_RAISED_STREAK:
             return
         when = "the run so far" if not self._scored_once else f"{ALL_RAISED_STREAK} batches in a row"
-        types = sorted({type(item["ground_truth"]).__name__ for item in inputs} - {"str"})
+        # numbers where text was expected: the usual cause (a code reward's dict of tests is no hint)
+        types = sorted({type(item["ground_truth"]).__name__ for item in inputs} & {"int", "float", "bool"})
         hint = (
             f" The ground truths (data.answer_key's column) include values of type {', '.join(types)}, not str: a "
             "function that reads them as text fails on them; convert the column, or the value in the function."
