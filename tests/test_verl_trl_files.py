@@ -16,7 +16,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 @pytest.mark.timeout(900)
-def test_a_verl_parquet_and_reward_function_train_unchanged(tiny_model_path, tmp_path):
+@pytest.mark.parametrize("estimator", ["grpo", "remax"])  # remax also scores each prompt's greedy answer
+def test_a_verl_parquet_and_reward_function_train_unchanged(tiny_model_path, tmp_path, estimator):
     import datasets
 
     rows = [
@@ -41,6 +42,7 @@ def test_a_verl_parquet_and_reward_function_train_unchanged(tiny_model_path, tmp
         "data.answer_key=reward_model.ground_truth",
         "data.format_prompt=",
         f"worker.reward.reward_function={tmp_path / 'gsm8k_reward.py'}:compute_score",
+        f"algorithm.adv_estimator={estimator}",
     ]
     log_path = tmp_path / "train.log"
     run_training(args, log_path)
@@ -49,6 +51,8 @@ def test_a_verl_parquet_and_reward_function_train_unchanged(tiny_model_path, tmp
     for row in rows.values():
         assert row["reward/overall"] == 1.0 and row["reward/has_response"] == 1.0 and row["reward/errors"] == 0
         assert "reward/pred" not in row
+        if estimator == "remax":  # the greedy answers were scored with their rows' arguments too: baseline 1
+            assert row["critic/advantages/max"] == row["critic/advantages/min"] == 0.0
     assert "as verl calls it (it takes `solution_str`)" in log_path.read_text(errors="replace")
 
 

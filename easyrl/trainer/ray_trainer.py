@@ -424,7 +424,10 @@ class PPOTrainer:
             with timer("gen_baseline", timing):
                 greedy_request = GenerationRequest(sampling_override={"temperature": 0.0, "n": 1}, seed=seed)
                 greedy = rollout.generate_sequences(gen_input, greedy_request)
-                greedy.non_tensor_batch["ground_truth"] = prompts.non_tensor_batch["ground_truth"]
+                # what a reward function reads of the row: the answer, and for verl's and TRL's conventions more
+                for key in ("ground_truth", "data_source", "extra_info", "conversational"):
+                    if key in prompts.non_tensor_batch:
+                        greedy.non_tensor_batch[key] = prompts.non_tensor_batch[key]
                 baseline_scores, _ = self.reward_scorer.score(greedy)
             prompts.non_tensor_batch["reward_baselines"] = np.array(baseline_scores.sum(-1).tolist(), dtype=object)
 
