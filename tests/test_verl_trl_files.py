@@ -15,9 +15,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("estimator", ["grpo", "remax"])  # remax also scores each prompt's greedy answer
-def test_a_verl_parquet_and_reward_function_train_unchanged(tiny_model_path, tmp_path, estimator):
+def _verl_files(folder) -> list[str]:
+    """verl's gsm8k parquet (12 rows) and a reward file of verl's signature; the keys that name them."""
     import datasets
 
     rows = [
@@ -30,18 +29,26 @@ def test_a_verl_parquet_and_reward_function_train_unchanged(tiny_model_path, tmp
         }
         for i in range(12)
     ]
-    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
-    (tmp_path / "gsm8k_reward.py").write_text(VERL_REWARD)
+    datasets.Dataset.from_list(rows).to_parquet(str(folder / "train.parquet"))
+    (folder / "gsm8k_reward.py").write_text(VERL_REWARD)
+    return [
+        "data.prompt_key=prompt",
+        "data.answer_key=reward_model.ground_truth",
+        "data.format_prompt=",
+        f"worker.reward.reward_function={folder / 'gsm8k_reward.py'}:compute_score",
+    ]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("estimator", ["grpo", "remax"])  # remax also scores each prompt's greedy answer
+def test_a_verl_parquet_and_reward_function_train_unchanged(tiny_model_path, tmp_path, estimator):
     args = [
         *TINY_RUN_OVERRIDES,
         *bare_run(2, tmp_path / "run"),
         f"worker.actor.model.model_path={tiny_model_path}",
         "trainer.n_gpus_per_node=1",
         f"data.train_files={tmp_path / 'train.parquet'}",
-        "data.prompt_key=prompt",
-        "data.answer_key=reward_model.ground_truth",
-        "data.format_prompt=",
-        f"worker.reward.reward_function={tmp_path / 'gsm8k_reward.py'}:compute_score",
+        *_verl_files(tmp_path),
         f"algorithm.adv_estimator={estimator}",
     ]
     log_path = tmp_path / "train.log"
@@ -54,6 +61,26 @@ def test_a_verl_parquet_and_reward_function_train_unchanged(tiny_model_path, tmp
         if estimator == "remax":  # the greedy answers were scored with their rows' arguments too: baseline 1
             assert row["critic/advantages/max"] == row["critic/advantages/min"] == 0.0
     assert "as verl calls it (it takes `solution_str`)" in log_path.read_text(errors="replace")
+
+
+@pytest.mark.timeout(900)
+def test_eval_scores_a_verl_parquet_with_its_verl_reward_function(tiny_model_path, tmp_path):
+    import json
+
+    args = [
+        *TINY_RUN_OVERRIDES,
+        f"worker.actor.model.model_path={tiny_model_path}",
+        f"trainer.save_checkpoint_path={tmp_path / 'eval'}",
+        "trainer.n_gpus_per_node=1",
+        f"data.val_files={tmp_path / 'train.parquet'}",
+        "data.val_batch_size=6",
+        "eval.k=2",
+        *_verl_files(tmp_path),
+    ]
+    run_training(args, tmp_path / "eval.log", command="eval")
+    results = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert list(results["sources"]) == ["openai/gsm8k"]
+    assert results["sources"]["openai/gsm8k"]["prompts"] == 12 and results["sources"]["openai/gsm8k"]["mean@2"] == 1.0
 
 
 TRL_REWARD = """
