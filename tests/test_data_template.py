@@ -88,5 +88,7 @@ def test_chat_message_prompts_keep_their_turns_and_place_media():
     ]
     with pytest.raises(ValueError, match="hold no `user` message"):
         conversation_messages([{"role": "system", "content": "x"}], PromptFormatter(None))
+    with pytest.raises(ValueError, match="must be chat messages .* item 0 is"):  # content parts must be dicts
+        conversation_messages([{"role": "user", "content": ["a", "b"]}], PromptFormatter(None))
     with pytest.raises(ValueError, match="1 <image> and 0 <video> placeholders but the row has 2 images"):
         conversation_messages(conversation, PromptFormatter(None), num_images=2)

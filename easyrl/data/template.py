@@ -102,12 +102,16 @@ def conversation_messages(
     conversation: list, formatter: PromptFormatter, num_images: int = 0, num_videos: int = 0
 ) -> list[dict[str, Any]]:
     """A prompt given as chat messages, ``[{"role": ..., "content": ...}, ...]`` (the conversational format of verl's
-    and TRL's data sets: a system turn, earlier turns), as the messages the chat template renders. ``data.format_prompt``
-    renders the text of the last user message; media go where their placeholders are, else before the text of the
-    first user message. Raises ValueError for a list that is not such messages."""
+    and TRL's data sets: a system turn, earlier turns), as the messages the chat template renders.
+    ``data.format_prompt`` renders the text of the last user message; media go where their placeholders are, else
+    before the text of the first user message. Raises ValueError for a list that is not such messages."""
     messages = []
     for i, message in enumerate(conversation):
-        if not (isinstance(message, dict) and isinstance(message.get("role"), str) and "content" in message):
+        content = message.get("content") if isinstance(message, dict) else None
+        parts_ok = not isinstance(content, list) or all(isinstance(part, dict) for part in content)
+        if not (
+            isinstance(message, dict) and isinstance(message.get("role"), str) and "content" in message and parts_ok
+        ):
             raise ValueError(
                 f"the prompt is a list, so it must be chat messages {{'role': ..., 'content': ...}}; item {i} is "
                 f"{str(message)[:80]!r}"
