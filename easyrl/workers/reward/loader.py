@@ -27,6 +27,7 @@ This module imports nothing heavy: the config check calls `resolve_reward_functi
 """
 
 import ast
+import functools
 import hashlib
 import importlib.util
 import inspect
@@ -77,6 +78,11 @@ class RewardFunction:
     def where(self) -> str:
         return f"`{self.name}` in {self.path}"
 
+    @functools.cached_property
+    def verl_arguments(self) -> set[str]:
+        """Which of verl's four arguments the function takes (read once, not per response)."""
+        return _verl_arguments(self.fn)
+
     def describe(self) -> str:
         """One line for the log: which function of which file, its REWARD_NAME and REWARD_TYPE."""
         how = "" if self.name_was_given else f" (no `:function` in `{CONFIG_KEY}`; {_rule_text(self.name)})"
@@ -84,7 +90,9 @@ class RewardFunction:
         if self.reward_type == TRL_REWARD_TYPE:
             kind = "called once per batch as TRL's GRPOTrainer calls it (it takes `completions`)"
         if self.reward_type == VERL_REWARD_TYPE:
-            kind = f"called once per response as verl calls it (it takes `solution_str`): {sorted(_verl_arguments(self.fn))}"
+            kind = (
+                f"called once per response as verl calls it (it takes `solution_str`): {sorted(self.verl_arguments)}"
+            )
         return (
             f"Reward function {self.where}{how}; REWARD_NAME {self.reward_name!r}, {kind}, keyword arguments "
             f"{self.kwargs}."
@@ -98,12 +106,7 @@ class RewardFunction:
             return [self._check({"overall": 0.0 if value is None else value}) for value in self._call_trl(inputs)]
         if self.reward_type == "batch":
             outputs = self.fn(inputs, **self.kwargs)
-            if not isinstance(outputs, (list, tuple)) or len(outputs) != len(inputs):
-                got = type(outputs).__name__ + (f" of length {len(outputs)}" if hasattr(outputs, "__len__") else "")
-                raise RewardFunctionError(
-                    f"Reward function {self.where} (REWARD_TYPE='batch') must return a list of {len(inputs)} dicts, "
-                    f"one per input; it returned a {got}."
-                )
+            outputs = self._one_per_input(outputs, inputs, "(REWARD_TYPE='batch')", "dicts, one per input")
         else:
             outputs = [self.fn(item, **self.kwargs) for item in inputs]
         return [self._check(output) for output in outputs]
@@ -115,7 +118,7 @@ class RewardFunction:
             "ground_truth": item["ground_truth"],
             "extra_info": item.get("extra_info"),
         }
-        accepted = _verl_arguments(self.fn)
+        accepted = self.verl_arguments
         return self.fn(**{name: value for name, value in values.items() if name in accepted}, **self.kwargs)
 
     def _call_trl(self, inputs: list[dict]) -> list:
@@ -132,11 +135,16 @@ class RewardFunction:
             **{column: [item.get(column) for item in inputs] for column in columns},
             **self.kwargs,
         )
+        convention = "(TRL's convention: it takes `completions`)"
+        return self._one_per_input(outputs, inputs, convention, "numbers, one per completion")
+
+    def _one_per_input(self, outputs: Any, inputs: list[dict], convention: str, items: str) -> list:
+        """The list a batch call returned, refused unless it holds one entry per input."""
         if not isinstance(outputs, (list, tuple)) or len(outputs) != len(inputs):
             got = type(outputs).__name__ + (f" of length {len(outputs)}" if hasattr(outputs, "__len__") else "")
             raise RewardFunctionError(
-                f"Reward function {self.where} (TRL's convention: it takes `completions`) must return a list of "
-                f"{len(inputs)} numbers, one per completion; it returned a {got}."
+                f"Reward function {self.where} {convention} must return a list of {len(inputs)} {items}; it "
+                f"returned a {got}."
             )
         return list(outputs)
 
@@ -367,19 +375,21 @@ def _check_binding(fn: Callable, kwargs: dict, verl_arguments: dict | None, name
         pass  # builtins without a signature: trust them
 
 
-def _parameter_names(fn: Callable) -> set[str]:
+def _parameters(fn: Callable) -> list[inspect.Parameter]:
+    """The function's parameters; none known for a builtin without a signature."""
     try:
-        return set(inspect.signature(fn).parameters)
+        return list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        return set()
+        return []
+
+
+def _parameter_names(fn: Callable) -> set[str]:
+    return {parameter.name for parameter in _parameters(fn)}
 
 
 def _verl_arguments(fn: Callable) -> set[str]:
     """The names of verl's four arguments that ``fn`` takes (all four when it takes ``**kwargs``)."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return set()
+    parameters = _parameters(fn)
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return set(VERL_ARGUMENTS)
     return {p.name for p in parameters if p.name in VERL_ARGUMENTS}
