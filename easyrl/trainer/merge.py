@@ -19,12 +19,12 @@ def merge_checkpoint(
     """
     import torch
 
-    from ..workers.fsdp_checkpoint import HF_FOLDER, merge_checkpoint_to_hf
+    from ..workers.fsdp_checkpoint import HF_FOLDER, is_role_folder, merge_checkpoint_to_hf
 
     local_dir = os.path.normpath(local_dir)
     if not os.path.isdir(local_dir):
         raise FileNotFoundError(f"--local_dir `{local_dir}` is not a folder; give a checkpoint's actor folder.")
-    if not _is_role_folder(local_dir):
+    if not is_role_folder(local_dir):
         hint = _role_folder_near(local_dir)
         raise FileNotFoundError(
             f"--local_dir `{local_dir}` is not a role folder of a checkpoint (no {HF_FOLDER}/config.json in it). "
@@ -37,19 +37,14 @@ def merge_checkpoint(
     return output_dir
 
 
-def _is_role_folder(path: str) -> bool:
-    from ..workers.fsdp_checkpoint import HF_FOLDER
-
-    return os.path.isfile(os.path.join(path, HF_FOLDER, "config.json"))
-
-
 def _role_folder_near(path: str) -> str | None:
     """The role folder meant by a path one level off: a checkpoint (its actor), a run folder (its newest
     checkpoint's actor), or the role's own ``huggingface`` folder (the role)."""
+    from ..workers.fsdp_checkpoint import is_role_folder
     from .checkpoint import find_last_checkpoint
 
     newest = find_last_checkpoint(path)
     for candidate in (os.path.join(path, "actor"), newest and os.path.join(newest, "actor"), os.path.dirname(path)):
-        if candidate and _is_role_folder(candidate):
+        if candidate and is_role_folder(candidate):
             return candidate
     return None

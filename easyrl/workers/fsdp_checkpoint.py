@@ -198,6 +198,11 @@ def _checkpoint_model_weights(role_path: str, dtype: torch.dtype | None = None) 
     return weights
 
 
+def is_role_folder(path: str) -> bool:
+    """``path`` is a role folder of a checkpoint (``global_step_N/actor``): it has ``huggingface/config.json``."""
+    return os.path.isfile(os.path.join(path, HF_FOLDER, "config.json"))
+
+
 def is_lora_checkpoint(role_path: str) -> bool:
     """The role folder was written by a LoRA run (its ``huggingface/`` is an adapter folder)."""
     return os.path.isfile(os.path.join(role_path, HF_FOLDER, lora.ADAPTER_CONFIG_FILE))
@@ -228,7 +233,7 @@ def merge_checkpoint_to_hf(
     import transformers
 
     hf_path = os.path.join(role_path, HF_FOLDER)
-    if not os.path.isfile(os.path.join(hf_path, "config.json")):
+    if not is_role_folder(role_path):
         raise FileNotFoundError(f"`{role_path}` is not a role checkpoint folder (no {HF_FOLDER}/config.json).")
     if is_lora_checkpoint(role_path):
         _merge_lora_checkpoint(
