@@ -60,9 +60,8 @@ class Tracker:
             for name, cls in zip(names, classes):
                 continued = dict(saved.get(name) or {})
                 self.backends[name] = cls(dataclasses.replace(run, resume=continued))
-                if (
-                    cls.append_only
-                ):  # a backend that could not reopen its run (WANDB_RUN_ID, another store) starts anew
+                if cls.append_only:
+                    # a backend that could not reopen its run (WANDB_RUN_ID, another store) starts anew
                     reopened = continued and self.backends[name].resume_state() == continued
                     self._held[name] = int(held.get(name, -1)) if reopened else -1
         except BaseException:
