@@ -42,7 +42,7 @@ from ..config import DataConfig
 from .rope import make_position_id_fn
 from .sources import load_rows, split_path
 from .synthetic import BUILTIN_PREFIX
-from .template import ChatTemplate, PromptFormatter, build_messages, conversation_messages
+from .template import ChatTemplate, PromptFormatter, build_messages, conversation_messages, is_chat_messages
 from .vision import PictureSizing, UnreadableMediaError, load_image, load_video
 
 
@@ -157,7 +157,7 @@ class RowEncoder:
         if _is_missing(text):
             raise MissingValueError("prompt_key", self.config.prompt_key)
         try:
-            if isinstance(text, (list, tuple, np.ndarray)):  # chat messages (verl's / TRL's conversational data)
+            if is_chat_messages(text):  # verl's / TRL's conversational data
                 messages = conversation_messages(list(text), self.formatter, num_images, num_videos)
             else:
                 messages = build_messages(self.formatter(str(text)), num_images, num_videos)
@@ -542,7 +542,7 @@ class RLHFDataset(Dataset):
         }
         if self.has_extra_info:
             out[EXTRA_INFO_KEY] = row.get(EXTRA_INFO_KEY)
-        if isinstance(row_value(row, self.config.prompt_key), (list, tuple, np.ndarray)):
+        if is_chat_messages(row_value(row, self.config.prompt_key)):
             out["conversational"] = True  # a reward function written for TRL gets chat-message completions
         if self.has_media:
             # every item of a dataset with media columns has the key (None for a text row): batches of text rows

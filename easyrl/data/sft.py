@@ -36,7 +36,7 @@ from ..config.schema import DataConfig, SFTConfig
 from .dataset import _as_list, _is_missing, _name_rows, data_folder
 from .rope import make_position_id_fn
 from .sources import load_rows
-from .template import PLACEHOLDER, ChatTemplate, PromptFormatter, conversation_messages
+from .template import PLACEHOLDER, ChatTemplate, PromptFormatter, conversation_messages, is_chat_messages
 from .vision import PictureSizing, UnreadableMediaError, load_image
 
 
@@ -174,14 +174,14 @@ class ConversationEncoder:
                 f"data.prompt_key={self.data.prompt_key!r} and sft.response_key={self.sft.response_key!r}"
             )
         # TRL's prompt-completion data may hold chat messages in both columns
-        if isinstance(prompt, (list, tuple, np.ndarray)):
+        if is_chat_messages(prompt):
             try:
                 turns = conversation_messages(list(prompt), self.formatter)
             except ValueError as error:
                 raise UnusableConversationError(f"data.prompt_key={self.data.prompt_key!r}: {error}") from error
         else:
             turns = [{"role": "user", "content": self.formatter(str(prompt))}]
-        if isinstance(response, (list, tuple, np.ndarray)):
+        if is_chat_messages(response):
             turns += [dict(message) for message in response]
         else:
             turns.append({"role": "assistant", "content": str(response)})

@@ -24,6 +24,7 @@ from typing import Any
 
 import jinja2
 import jinja2.meta
+import numpy as np
 
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,12 @@ class PromptFormatter:
 def build_messages(text: str, num_images: int = 0, num_videos: int = 0) -> list[dict[str, Any]]:
     """One user message. Text-only rows get a plain string; rows with media get typed content parts."""
     return _place_media([{"role": "user", "content": text}], num_images, num_videos)
+
+
+def is_chat_messages(value: Any) -> bool:
+    """A prompt (or reply) column's value that is a sequence of chat messages rather than a text (how parquet and
+    pandas readers hand lists over: a list, or an object array)."""
+    return isinstance(value, (list, tuple, np.ndarray))
 
 
 def conversation_messages(
