@@ -32,7 +32,7 @@ from ..config import RunPlan
 from ..controller.worker_group import WorkerDiedError
 from ..protocol import DataProto
 from ..workers.fsdp_utils import to_dtype
-from ..workers.reward.scorer import PendingScores, reduce_reward_metrics, scores_to_non_tensor
+from ..workers.reward.scorer import ROW_FIELDS, PendingScores, reduce_reward_metrics, scores_to_non_tensor
 from ..workers.rollout.base import GenerationRequest
 from .balance import balance_permutation, groups_by_uid, inverse_permutation
 from .checkpoint import (
@@ -424,8 +424,7 @@ class PPOTrainer:
             with timer("gen_baseline", timing):
                 greedy_request = GenerationRequest(sampling_override={"temperature": 0.0, "n": 1}, seed=seed)
                 greedy = rollout.generate_sequences(gen_input, greedy_request)
-                # what a reward function reads of the row: the answer, and for verl's and TRL's conventions more
-                for key in ("ground_truth", "data_source", "extra_info", "conversational"):
+                for key in ROW_FIELDS:  # what the scorer reads of the rows: the answer, and for verl / TRL more
                     if key in prompts.non_tensor_batch:
                         greedy.non_tensor_batch[key] = prompts.non_tensor_batch[key]
                 baseline_scores, _ = self.reward_scorer.score(greedy)

@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PREFIX = "reward/"
+ROW_FIELDS = ("ground_truth", "data_source", "extra_info", "conversational")
+"""The non-tensor fields of a batch's rows that `build_inputs` reads (the last three for verl's and TRL's calls)."""
 ALL_RAISED_STREAK = 3  # batches in a row raising on every sample that stop a run which scored before
 ERRORS_KEY = PREFIX + "errors"  # per-sample 1.0 where scoring failed (raised, non-finite, timed out, actor died)
 TIMEOUTS_KEY = PREFIX + "timeouts"  # per-sample 1.0 where the batch's deadline passed before it was scored
