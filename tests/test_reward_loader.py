@@ -160,6 +160,23 @@ def test_verl_style_errors_name_the_convention(tmp_path):
     assert load_reward_function(str(explicit), {}).reward_type == "sequential"
 
 
+COLUMNS_SEEN = """
+def seen(completions, prompts, completion_ids, **kwargs):
+    return [repr(sorted(kwargs.items()))] * len(completions)
+"""
+
+
+def test_a_trl_reward_function_gets_the_rows_columns_by_name(tmp_path):
+    """Every column of the row arrives under its name (TRL passes them all); the names of TRL's own arguments and
+    `prompt` / `completion` (which TRL does not pass) do not, and reward_function_kwargs win over a column."""
+    fn = load_reward_function(f"{write(tmp_path, COLUMNS_SEEN)}:seen", {"weight": 2})
+    fn._check = lambda output: output  # the raw return value: what the function was given
+    columns = {"task": "add", "prompt": "p", "completion": "c", "completions": "x", "weight": 9, "tests": [1]}
+    item = {"response": "r", "response_length": 1, "ground_truth": "7", "row_columns": columns, "prompt": "P"}
+    (seen,) = fn.score([item])
+    assert seen == {"overall": repr([("ground_truth", ["7"]), ("task", ["add"]), ("tests", [[1]]), ("weight", 2)])}
+
+
 # ---- functions written for TRL: fn(prompts=..., completions=..., completion_ids=..., **columns) -> list of numbers
 TRL_STYLE = """
 def accuracy_reward(completions, solution, **kwargs):

@@ -84,35 +84,85 @@ def test_eval_scores_a_verl_parquet_with_its_verl_reward_function(tiny_model_pat
 
 
 TRL_REWARD = """
-def same_row_reward(completions, solution, prompts, completion_ids, **kwargs):
-    # scores what reached it, not the (random) response: 1 when TRL's arguments are shaped and paired as TRL's are
+def same_row_reward(completions, solution, prompts, completion_ids, task, **kwargs):
+    # scores what reached it, not the (random) response: 1 when TRL's arguments are shaped and paired as TRL's are,
+    # every column of the row included (open-r1's code rewards read kwargs["verification_info"])
     return [
         float(
             isinstance(c, list) and c[0]["role"] == "assistant" and isinstance(c[0]["content"], str)
             and s == g and f"What is {int(s) - 1} + 1?" in p and isinstance(ids, list)
+            and t == f"sum-{s}" and info["answer"] == int(s)
         )
-        for c, s, g, p, ids in zip(completions, solution, kwargs["ground_truth"], prompts, completion_ids)
+        for c, s, g, p, ids, t, info in zip(
+            completions, solution, kwargs["ground_truth"], prompts, completion_ids, task, kwargs["verification_info"]
+        )
     ]
 """
 
 
-@pytest.mark.timeout(900)
-def test_trl_conversational_data_and_a_trl_reward_function_train_unchanged(tiny_model_path, tmp_path):
+def _trl_files(folder, reward: str = TRL_REWARD) -> list[str]:
+    """TRL's conversational parquet (12 rows, with the columns a TRL reward function reads) and a reward file of
+    TRL's signature; the keys that name them."""
     import datasets
 
-    rows = [{"prompt": [{"role": "user", "content": f"What is {i} + 1?"}], "solution": str(i + 1)} for i in range(12)]
-    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
-    (tmp_path / "trl_reward.py").write_text(TRL_REWARD)
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"What is {i} + 1?"}],
+            "solution": str(i + 1),
+            "task": f"sum-{i + 1}",
+            "verification_info": {"answer": i + 1, "language": "python"},
+        }
+        for i in range(12)
+    ]
+    datasets.Dataset.from_list(rows).to_parquet(str(folder / "train.parquet"))
+    (folder / "trl_reward.py").write_text(reward)
+    return [
+        f"data.train_files={folder / 'train.parquet'}",
+        "data.prompt_key=prompt",
+        "data.answer_key=solution",
+        "data.format_prompt=",
+        f"worker.reward.reward_function={folder / 'trl_reward.py'}:same_row_reward",
+    ]
+
+
+def test_a_trl_reward_function_gets_every_column_and_one_the_data_lacks_stops_before_ray(tiny_model_path, tmp_path):
+    from easyrl.config import load_run_plan
+    from easyrl.trainer.main import prepare_run_data
+    from easyrl.workers.reward.loader import RewardFunctionError
+
+    args = [
+        *TINY_RUN_OVERRIDES,
+        f"worker.actor.model.model_path={tiny_model_path}",
+        "trainer.n_gpus_per_node=1",
+        "data.val_files=",
+        *_trl_files(tmp_path),
+    ]
+    batch = next(iter(prepare_run_data(load_run_plan(args)).train_loader))
+    row = batch.non_tensor_batch["row_columns"][0]
+    assert sorted(row) == ["prompt", "solution", "task", "verification_info"]
+    assert row["task"] == f"sum-{row['solution']}" and row["verification_info"]["answer"] == int(row["solution"])
+    # a reward function of EasyR1's kind gets none of it: the batch carries only what the scorer reads
+    easyr1 = [*args, f"worker.reward.reward_function={tmp_path / 'easyr1.py'}:compute_score"]
+    (tmp_path / "easyr1.py").write_text("def compute_score(reward_inputs):\n    return [{'overall': 0.0}]\n")
+    assert "row_columns" not in next(iter(prepare_run_data(load_run_plan(easyr1)).train_loader)).non_tensor_batch
+
+    (tmp_path / "trl_reward.py").write_text(
+        "def same_row_reward(completions, tests, solution, **kwargs):\n    return []\n"
+    )
+    with pytest.raises(RewardFunctionError, match=r"takes `tests`, but `data\.train_files` has no such column.*task"):
+        prepare_run_data(load_run_plan(args))
+    # a default, or the value given in reward_function_kwargs, fills it
+    prepare_run_data(load_run_plan([*args, "worker.reward.reward_function_kwargs={tests: []}"]))
+
+
+@pytest.mark.timeout(900)
+def test_trl_conversational_data_and_a_trl_reward_function_train_unchanged(tiny_model_path, tmp_path):
     args = [
         *TINY_RUN_OVERRIDES,
         *bare_run(1, tmp_path / "run"),
         f"worker.actor.model.model_path={tiny_model_path}",
         "trainer.n_gpus_per_node=1",
-        f"data.train_files={tmp_path / 'train.parquet'}",
-        "data.prompt_key=prompt",
-        "data.answer_key=solution",
-        "data.format_prompt=",
-        f"worker.reward.reward_function={tmp_path / 'trl_reward.py'}:same_row_reward",
+        *_trl_files(tmp_path),
     ]
     log_path = tmp_path / "train.log"
     run_training(args, log_path)

@@ -11,6 +11,8 @@ One item is a dict of
     ground_truth, data_source
     extra_info      the row's `extra_info` column as stored (verl's data), when the data has one
     conversational  True where the prompt is chat messages (absent otherwise)
+    row_columns     {column: value} of the row's other columns (all but the media columns), for a reward function
+                    written for TRL, which gets every column of the dataset (``carry_columns=True`` only)
 
 Every row is read, encoded and measured when the dataset is built (the driver builds the datasets before Ray
 starts), never first when it is drawn. A file that cannot be read is an error (see sources.py). Rows that cannot be
@@ -60,6 +62,7 @@ VISION_BLOCK_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<
 
 
 EXTRA_INFO_KEY = "extra_info"
+ROW_COLUMNS_KEY = "row_columns"
 
 
 class UnusableRowError(ValueError):
@@ -311,6 +314,7 @@ class RLHFDataset(Dataset):
         config_key: str = "data.train_files",
         model_config: Any = None,
         tools: list[dict] | None = None,
+        carry_columns: bool = False,
     ):
         self.config = config
         self.config_key = config_key
@@ -344,6 +348,12 @@ class RLHFDataset(Dataset):
         self.has_media = any(key in self.rows.column_names for key in (config.image_key, config.video_key))
         # verl's data keeps a row's metadata there; a reward function written for verl is handed it
         self.has_extra_info = EXTRA_INFO_KEY in self.rows.column_names
+        # a reward function written for TRL is handed every column of the row (TRL's GRPOTrainer passes them all);
+        # pictures and videos stay out: they can be megabytes a row and travel with every batch
+        media_columns = (config.image_key, config.video_key)
+        self.carried_columns = (
+            [name for name in self.rows.column_names if name not in media_columns] if carry_columns else []
+        )
         self._screen()
 
     @property
@@ -542,6 +552,8 @@ class RLHFDataset(Dataset):
         }
         if self.has_extra_info:
             out[EXTRA_INFO_KEY] = row.get(EXTRA_INFO_KEY)
+        if self.carried_columns:
+            out[ROW_COLUMNS_KEY] = {name: row.get(name) for name in self.carried_columns}
         if is_chat_messages(row_value(row, self.config.prompt_key)):
             out["conversational"] = True  # a reward function written for TRL gets chat-message completions
         if self.has_media:

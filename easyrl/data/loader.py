@@ -14,10 +14,17 @@ from .dataset import RLHFDataset
 
 
 def create_dataloaders(
-    config: DataConfig, tokenizer: Any, processor: Any = None, *, model_config: Any = None, tools: Any = None
+    config: DataConfig,
+    tokenizer: Any,
+    processor: Any = None,
+    *,
+    model_config: Any = None,
+    tools: Any = None,
+    carry_columns: bool = False,
 ) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
     """(train_loader, val_loader); val_loader is None when ``data.val_files`` is empty. Batches are DataProtos.
-    ``tools``: JSON schemas the chat template advertises (multi-turn rollouts with tools)."""
+    ``tools``: JSON schemas the chat template advertises (multi-turn rollouts with tools). ``carry_columns``: every
+    item carries the row's other columns (a reward function written for TRL gets them)."""
     train = RLHFDataset(
         config.train_files,
         tokenizer,
@@ -26,6 +33,7 @@ def create_dataloaders(
         config_key="data.train_files",
         model_config=model_config,
         tools=tools,
+        carry_columns=carry_columns,
     )
     batch_size = config.mini_rollout_batch_size or config.rollout_batch_size
     if len(train) < batch_size:
@@ -51,11 +59,20 @@ def create_dataloaders(
     )
     if not config.val_files:
         return train_loader, None
-    return train_loader, create_val_loader(config, tokenizer, processor, model_config=model_config, tools=tools)
+    val_loader = create_val_loader(
+        config, tokenizer, processor, model_config=model_config, tools=tools, carry_columns=carry_columns
+    )
+    return train_loader, val_loader
 
 
 def create_val_loader(
-    config: DataConfig, tokenizer: Any, processor: Any = None, *, model_config: Any = None, tools: Any = None
+    config: DataConfig,
+    tokenizer: Any,
+    processor: Any = None,
+    *,
+    model_config: Any = None,
+    tools: Any = None,
+    carry_columns: bool = False,
 ) -> StatefulDataLoader:
     """The loader of ``data.val_files``: every prompt once, in file order (also what `easyrl generate` reads)."""
     val = RLHFDataset(
@@ -66,6 +83,7 @@ def create_val_loader(
         config_key="data.val_files",
         model_config=model_config,
         tools=tools,
+        carry_columns=carry_columns,
     )
     return StatefulDataLoader(
         val,

@@ -218,7 +218,7 @@ class GenerationRun:
 
     def __init__(self, plan: RunPlan) -> None:
         from ..data.loader import create_val_loader
-        from .main import init_ray, load_model_side
+        from .main import chat_tools, init_ray, load_model_side, trl_reward_function
 
         if not plan.config.data.val_files:
             raise ValueError(
@@ -227,14 +227,18 @@ class GenerationRun:
         self.plan = plan
         setup_driver_logging(plan.config.trainer.save_checkpoint_path)
         self.tokenizer, processor, model_config = load_model_side(plan)
-        tools = None
-        if plan.config.worker.rollout.multi_turn.tools:  # advertised by the chat template, as in training
-            from ..workers.rollout.multi_turn import tool_schemas
-
-            tools = tool_schemas(plan.config.worker.rollout.multi_turn.tools)
+        trl_reward = trl_reward_function(plan.config)
         self.val_loader = create_val_loader(
-            plan.config.data, self.tokenizer, processor, model_config=model_config, tools=tools
+            plan.config.data,
+            self.tokenizer,
+            processor,
+            model_config=model_config,
+            tools=chat_tools(plan.config),
+            carry_columns=trl_reward is not None,
         )
+        if trl_reward is not None:
+            columns = self.val_loader.dataset.carried_columns
+            trl_reward.check_columns(columns, plan.config.data.answer_key, "data.val_files")
         init_ray(plan)
         self.workers = None
         self.reward = None

@@ -89,20 +89,46 @@ def load_model_side(plan: RunPlan) -> tuple[Any, Any, Any]:
     return tokenizer, processor, load_hf_config(model, "causal_lm")
 
 
+def chat_tools(config: Any) -> list[dict] | None:
+    """The tool schemas the chat template advertises (multi-turn rollouts with tools), as in training."""
+    if not config.worker.rollout.multi_turn.tools:
+        return None
+    from ..workers.rollout.multi_turn import tool_schemas
+
+    return tool_schemas(config.worker.rollout.multi_turn.tools)
+
+
+def trl_reward_function(config: Any) -> Any:
+    """The run's reward function when it is written for TRL (imported here, on the driver), else None. Its datasets
+    carry every column of a row, which TRL's GRPOTrainer hands a reward function."""
+    from ..workers.reward.loader import TRL_REWARD_TYPE, load_reward_function
+
+    reward = config.worker.reward
+    if not reward.reward_function:
+        return None
+    function = load_reward_function(reward.reward_function, reward.reward_function_kwargs)
+    return function if function.reward_type == TRL_REWARD_TYPE else None
+
+
 def prepare_run_data(plan: RunPlan) -> RunData:
     """Resolve built-in model paths, load the tokenizer/processor and the data, and count the training steps."""
     from ..data.loader import create_dataloaders
 
     config = plan.config
     tokenizer, processor, model_config = load_model_side(plan)
-    tools = None
-    if config.worker.rollout.multi_turn.tools:  # advertised by the chat template where it reads `tools`
-        from ..workers.rollout.multi_turn import tool_schemas
-
-        tools = tool_schemas(config.worker.rollout.multi_turn.tools)
+    trl_reward = trl_reward_function(config)
     train_loader, val_loader = create_dataloaders(
-        config.data, tokenizer, processor, model_config=model_config, tools=tools
+        config.data,
+        tokenizer,
+        processor,
+        model_config=model_config,
+        tools=chat_tools(config),
+        carry_columns=trl_reward is not None,
     )
+    if trl_reward is not None:  # a parameter the data has no column for: named now, not at the first batch
+        for key, loader in (("data.train_files", train_loader), ("data.val_files", val_loader)):
+            if loader is not None:
+                trl_reward.check_columns(loader.dataset.carried_columns, config.data.answer_key, key)
     plan = plan.with_training_steps(len(train_loader))
     return RunData(plan, tokenizer, processor, train_loader, val_loader)
 

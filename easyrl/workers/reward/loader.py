@@ -19,9 +19,9 @@ reward; its other numeric entries become named scores and the rest (e.g. a predi
 A function written for TRL, one that takes `completions` (TRL's GRPOTrainer calls `fn(prompts=..., completions=...,
 completion_ids=..., **columns)` once per batch and gets a list of numbers back), is called that way in a file without
 REWARD_TYPE: `completions` are the responses (as `[{"role": "assistant", "content": ...}]` where the prompt was chat
-messages), `prompts` the prompts as the model saw them (text), and the columns are the answer column under its own
-name (data.answer_key) and as `ground_truth`, `data_source` and `extra_info`. A None in the returned list (TRL: the
-function does not apply to that sample) scores 0.
+messages), `prompts` the prompts as the model saw them (text), and the columns are every column of the row but the
+picture and video columns, the answer (data.answer_key) also as `ground_truth`, and `data_source` and `extra_info`. A None in the returned list (TRL: the function does not
+apply to that sample) scores 0. A parameter without a default that none of these fill stops the run before it starts.
 
 This module imports nothing heavy: the config check calls `resolve_reward_function` on the parsed file.
 """
@@ -47,7 +47,10 @@ REWARD_TYPES = ("batch", "sequential")
 VERL_REWARD_TYPE = "verl"  # chosen from the signature (a `solution_str` parameter), never written in a file
 VERL_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
 TRL_REWARD_TYPE = "trl"  # chosen from the signature (a `completions` parameter), never written in a file
-TRL_INPUT_KEYS = ("prompt", "completion_ids", "conversational")  # what the scorer adds to each input for TRL's call
+TRL_INPUT_KEYS = ("prompt", "completion_ids", "conversational", "row_columns")  # the scorer's additions for TRL
+TRL_CALL_ARGUMENTS = ("prompts", "completions", "completion_ids")  # what TRL's call passes besides the columns
+TRL_SKIPPED_COLUMNS = ("prompt", "completion", *TRL_CALL_ARGUMENTS)  # columns TRL does not pass (or that would clash)
+ROW_FIELD_ARGUMENTS = ("ground_truth", "data_source", "extra_info")  # easyrl's per-row fields, passed by name
 DEFAULT_REWARD_TYPE = "batch"  # EasyR1's default for a file without REWARD_TYPE
 CONFIG_KEY = "worker.reward.reward_function"
 RESERVED_SCORE_NAMES = ("errors", "timeouts")  # the scorer's own counts, reward/errors and reward/timeouts
@@ -127,16 +130,43 @@ class RewardFunction:
             for item in inputs
         ]
         standard = {"response", "response_length", *TRL_INPUT_KEYS}
-        columns = list(dict.fromkeys(key for item in inputs for key in item if key not in standard))
+        rows = [item.get("row_columns") or {} for item in inputs]
+        columns = {  # the row's own columns, then easyrl's fields (the answer as ground_truth, ...) by the same name
+            name: [row.get(name) for row in rows]
+            for name in dict.fromkeys(name for row in rows for name in row)
+            if name not in TRL_SKIPPED_COLUMNS
+        }
+        for name in dict.fromkeys(key for item in inputs for key in item if key not in standard):
+            columns[name] = [item.get(name) for item in inputs]
         outputs = self.fn(
             prompts=[item.get("prompt") for item in inputs],
             completions=completions,
             completion_ids=[item.get("completion_ids") for item in inputs],
-            **{column: [item.get(column) for item in inputs] for column in columns},
+            **{name: values for name, values in columns.items() if name not in self.kwargs},
             **self.kwargs,
         )
         convention = "(TRL's convention: it takes `completions`)"
         return self._one_per_input(outputs, inputs, convention, "numbers, one per completion")
+
+    def check_columns(self, columns: Collection[str], answer_key: str, config_key: str) -> None:
+        """A function written for TRL gets the data's columns by name: one that takes a parameter without a default
+        that no column (nor TRL's own arguments, easyrl's row fields or the configured kwargs) fills is refused,
+        before the run starts, naming the parameter and the columns of the data named by ``config_key``."""
+        given = {*TRL_CALL_ARGUMENTS, *ROW_FIELD_ARGUMENTS, *columns, answer_key, *self.kwargs}
+        missing = [
+            parameter.name
+            for parameter in _parameters(self.fn)
+            if parameter.default is parameter.empty
+            and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+            and parameter.name not in given
+        ]
+        if missing:
+            raise RewardFunctionError(
+                f"Reward function {self.where} (TRL's convention: it takes `completions`) takes "
+                f"{', '.join(f'`{name}`' for name in missing)}, but `{config_key}` has no such column (its columns: "
+                f"{', '.join(columns) or 'none'}; pictures and videos are not passed). Rename the column, give the "
+                f"parameter a default, or set it in `worker.reward.reward_function_kwargs`."
+            )
 
     def _one_per_input(self, outputs: Any, inputs: list[dict], convention: str, items: str) -> list:
         """The list a batch call returned, refused unless it holds one entry per input."""

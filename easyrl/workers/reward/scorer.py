@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PREFIX = "reward/"
-ROW_FIELDS = ("ground_truth", "data_source", "extra_info", "conversational")
+ROW_FIELDS = ("ground_truth", "data_source", "extra_info", "conversational", "row_columns")
 """The non-tensor fields of a batch's rows that `build_inputs` reads (the last three for verl's and TRL's calls)."""
 ALL_RAISED_STREAK = 3  # batches in a row raising on every sample that stop a run which scored before
 ERRORS_KEY = PREFIX + "errors"  # per-sample 1.0 where scoring failed (raised, non-finite, timed out, actor died)
@@ -212,8 +212,9 @@ class RewardScorer:
         if self.reward_fn.reward_type == TRL_REWARD_TYPE:  # what TRL hands a reward function besides completions
             prompts = decode_prompts(data, self.tokenizer, self.config.skip_special_tokens)
             flags = data.non_tensor_batch.get("conversational", [None] * len(inputs))
-            for item, prompt, completion_ids, flag in zip(inputs, prompts, ids, flags):
-                item.update(prompt=prompt, completion_ids=completion_ids, conversational=bool(flag))
+            rows = data.non_tensor_batch.get("row_columns", [None] * len(inputs))
+            for item, prompt, completion_ids, flag, row in zip(inputs, prompts, ids, flags, rows):
+                item.update(prompt=prompt, completion_ids=completion_ids, conversational=bool(flag), row_columns=row)
                 if self.answer_key and "." not in self.answer_key and self.answer_key != "ground_truth":
                     item[self.answer_key] = item["ground_truth"]
         if self.reward_fn.reward_type in (VERL_REWARD_TYPE, TRL_REWARD_TYPE):  # verl's / TRL's further arguments
