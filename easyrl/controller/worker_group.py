@@ -196,6 +196,7 @@ class RayWorkerGroup:
                 for pid, node_id, log_file in self.apply_all(_process_identity)
             ]
             self._memory_watch = _MemoryWatch(self.processes)
+            logger.info("%s", self.placement())
         except BaseException:
             self.kill()
             raise
@@ -204,6 +205,18 @@ class RayWorkerGroup:
     @property
     def world_size(self) -> int:
         return len(self.workers)
+
+    def placement(self) -> str:
+        """Which ranks run on which Ray node (the driver's marked), for the log of a run over several nodes."""
+        ranks: dict[str, list[int]] = {}
+        for rank, process in enumerate(self.processes):
+            ranks.setdefault(process.node_id, []).append(rank)
+        driver_node = ray.get_runtime_context().get_node_id()
+        nodes = "; ".join(
+            f"node {node[:12]}{' (the driver)' if node == driver_node else ''}: ranks {', '.join(map(str, on))}"
+            for node, on in ranks.items()
+        )
+        return f"{self.role}: {len(self.processes)} worker(s) on {len(ranks)} node(s): {nodes}"
 
     # ------------------------------------------------------------------------------------------------------------------
     # calling the ranks
