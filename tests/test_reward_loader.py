@@ -162,7 +162,8 @@ def test_verl_style_errors_name_the_convention(tmp_path):
 
 COLUMNS_SEEN = """
 def seen(completions, prompts, completion_ids, **kwargs):
-    return [repr(sorted(kwargs.items()))] * len(completions)
+    columns = {k: v for k, v in kwargs.items() if k not in ("trainer_state", "log_extra", "log_metric")}
+    return [repr(sorted(columns.items()))] * len(completions)
 """
 
 
@@ -172,9 +173,43 @@ def test_a_trl_reward_function_gets_the_rows_columns_by_name(tmp_path):
     fn = load_reward_function(f"{write(tmp_path, COLUMNS_SEEN)}:seen", {"weight": 2})
     fn._check = lambda output: output  # the raw return value: what the function was given
     columns = {"task": "add", "prompt": "p", "completion": "c", "completions": "x", "weight": 9, "tests": [1]}
+    columns["log_metric"] = "a column of that name"  # skipped: the name of one of TRL's own arguments
     item = {"response": "r", "response_length": 1, "ground_truth": "7", "row_columns": columns, "prompt": "P"}
     (seen,) = fn.score([item])
     assert seen == {"overall": repr([("ground_truth", ["7"]), ("task", ["add"]), ("tests", [[1]]), ("weight", 2)])}
+
+
+TRL_EXTRAS = """
+import asyncio
+
+async def graded(completions, trainer_state, log_metric, log_extra, **kwargs):
+    await asyncio.sleep(0)
+    log_metric("progress", trainer_state.global_step / trainer_state.max_steps)
+    log_metric("progress", 0.0)
+    log_extra("judged", ["a"] * len(completions))
+    return [trainer_state.epoch] * len(completions)
+
+def declared_only(completions, answer):
+    return [float(c == a) for c, a in zip(completions, answer)]
+"""
+
+
+def test_trl_trainer_state_log_metric_log_extra_and_async_functions(tmp_path, caplog):
+    """TRL's further arguments: the training progress, a scalar logged as a named score of the batch (the mean of
+    its calls), log_extra accepted with one warning; an `async def` function is awaited."""
+    path = write(tmp_path, TRL_EXTRAS)
+    fn = load_reward_function(f"{path}:graded", {})
+    state = {"global_step": 3, "max_steps": 4, "epoch": 1.5}
+    items = [{"response": "r", "response_length": 1, "ground_truth": "7", "trainer_state": state}] * 2
+    with caplog.at_level("WARNING"):
+        assert fn.score(items) == [{"overall": 1.5, "progress": 0.375}] * 2
+        fn.score(items)
+    assert sum("easyrl keeps no completions table" in r.getMessage() for r in caplog.records) == 1
+    # without **kwargs only the declared names arrive (TRL's full call would raise on the others)
+    declared = load_reward_function(f"{path}:declared_only", {})
+    row = {"answer": "7", "task": "add"}
+    items = [{"response": "7", "response_length": 1, "ground_truth": "7", "row_columns": row, "prompt": "p"}]
+    assert declared.score(items) == [{"overall": 1.0}]
 
 
 # ---- functions written for TRL: fn(prompts=..., completions=..., completion_ids=..., **columns) -> list of numbers

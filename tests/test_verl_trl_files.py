@@ -84,9 +84,11 @@ def test_eval_scores_a_verl_parquet_with_its_verl_reward_function(tiny_model_pat
 
 
 TRL_REWARD = """
-def same_row_reward(completions, solution, prompts, completion_ids, task, **kwargs):
+def same_row_reward(completions, solution, prompts, completion_ids, task, trainer_state, log_metric, **kwargs):
     # scores what reached it, not the (random) response: 1 when TRL's arguments are shaped and paired as TRL's are,
     # every column of the row included (open-r1's code rewards read kwargs["verification_info"])
+    log_metric("steps_done", trainer_state.global_step)
+    log_metric("max_steps", trainer_state.max_steps)
     return [
         float(
             isinstance(c, list) and c[0]["role"] == "assistant" and isinstance(c[0]["content"], str)
@@ -168,4 +170,5 @@ def test_trl_conversational_data_and_a_trl_reward_function_train_unchanged(tiny_
     run_training(args, log_path)
     row = metrics_by_step(tmp_path / "run")[1]
     assert row["reward/overall"] == 1.0 and row["reward/errors"] == 0
+    assert row["reward/steps_done"] == 0 and row["reward/max_steps"] == 1  # trainer_state, logged with log_metric
     assert "as TRL's GRPOTrainer calls it" in log_path.read_text(errors="replace")

@@ -400,6 +400,11 @@ class PPOTrainer:
         scores = DataProto.concat(parts) if len(parts) > 1 else parts[0]
         return batch.union(scores[: len(batch)] if len(scores) > len(batch) else scores), all_reward_metrics
 
+    def _trainer_state(self, steps_done: int) -> dict[str, float]:
+        """The training progress a reward function written for TRL reads as `trainer_state` (TRL's names)."""
+        epoch = steps_done / max(len(self.train_loader), 1)
+        return {"global_step": steps_done, "max_steps": self.training_steps, "epoch": epoch}
+
     def _sampling_seed(self, kind: int, index: int) -> list[int]:
         """The rollout seed of one generation call, a function of (rollout.seed, kind, step, index) only: a resumed
         run samples exactly what the uninterrupted run sampled. kind 0 = training rounds, 1 = validation batches."""
@@ -427,6 +432,7 @@ class PPOTrainer:
                 for key in ROW_FIELDS:  # what the scorer reads of the rows: the answer, and for verl / TRL more
                     if key in prompts.non_tensor_batch:
                         greedy.non_tensor_batch[key] = prompts.non_tensor_batch[key]
+                greedy.meta_info["trainer_state"] = self._trainer_state(self.global_step - 1)
                 baseline_scores, _ = self.reward_scorer.score(greedy)
             prompts.non_tensor_batch["reward_baselines"] = np.array(baseline_scores.sum(-1).tolist(), dtype=object)
 
@@ -435,6 +441,7 @@ class PPOTrainer:
             batch.batch["reward_baselines"] = torch.tensor(
                 batch.non_tensor_batch.pop("reward_baselines").astype(float)
             )
+        batch.meta_info["trainer_state"] = self._trainer_state(self.global_step - 1)  # the steps done before this one
         with timer("reward_wait", timing):  # the step waits for the decoding
             pending = self.reward_scorer.score_async(batch)
         return batch, pending
@@ -462,6 +469,7 @@ class PPOTrainer:
             self._rollout_metrics.append(sync)
             repeat = len(generated) // len(prompts)
             batch = join_rollout_output(prompts.repeat(repeat, interleave=True), generated)
+            batch.meta_info["trainer_state"] = self._trainer_state(self.global_step)
             scores, reward_metrics = self.val_reward_scorer.score(batch)
             overall = scores.sum(-1).tolist()
             sources = batch.non_tensor_batch.get("data_source", np.array(["val"] * len(batch), dtype=object))

@@ -22,17 +22,24 @@ REWARD_TYPE: `completions` are the responses (as `[{"role": "assistant", "conten
 messages), `prompts` the prompts as the model saw them (text), and the columns are every column of the row but the
 picture and video columns, the answer (data.answer_key) also as `ground_truth`, and `data_source` and `extra_info`. A None in the returned list (TRL: the function does not
 apply to that sample) scores 0. A parameter without a default that none of these fill stops the run before it starts.
+As TRL does, the call also passes `trainer_state` (`global_step`: training steps done, `max_steps`, `epoch`),
+`log_metric(name, value)` (the value is logged as reward/<name> for the batch) and `log_extra(column, values)`
+(accepted; easyrl keeps no completions table, and says so once). An `async def` function is awaited. A function
+without `**kwargs` gets only the names it declares.
 
 This module imports nothing heavy: the config check calls `resolve_reward_function` on the parsed file.
 """
 
 import ast
+import asyncio
 import functools
 import hashlib
 import importlib.util
 import inspect
+import logging
 import numbers
 import sys
+import types
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,8 +54,10 @@ REWARD_TYPES = ("batch", "sequential")
 VERL_REWARD_TYPE = "verl"  # chosen from the signature (a `solution_str` parameter), never written in a file
 VERL_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
 TRL_REWARD_TYPE = "trl"  # chosen from the signature (a `completions` parameter), never written in a file
-TRL_INPUT_KEYS = ("prompt", "completion_ids", "conversational", "row_columns")  # the scorer's additions for TRL
-TRL_CALL_ARGUMENTS = ("prompts", "completions", "completion_ids")  # what TRL's call passes besides the columns
+# the scorer's additions to each input for TRL's call (the training progress as {"global_step", "max_steps", "epoch"})
+TRL_INPUT_KEYS = ("prompt", "completion_ids", "conversational", "row_columns", "trainer_state")
+# what TRL's call passes besides the columns
+TRL_CALL_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 TRL_SKIPPED_COLUMNS = ("prompt", "completion", *TRL_CALL_ARGUMENTS)  # columns TRL does not pass (or that would clash)
 ROW_FIELD_ARGUMENTS = ("ground_truth", "data_source", "extra_info")  # easyrl's per-row fields, passed by name
 DEFAULT_REWARD_TYPE = "batch"  # EasyR1's default for a file without REWARD_TYPE
@@ -71,6 +80,7 @@ class RewardFunction:
     kwargs: dict = field(default_factory=dict)
     reward_name: str = "unknown"  # the file's REWARD_NAME, for the log
     name_was_given: bool = True  # False when `name` was chosen by the `main` / `compute_score` rule
+    _log_extra_warned: bool = field(default=False, init=False, repr=False)
 
     @property
     def whole_batch(self) -> bool:
@@ -106,7 +116,8 @@ class RewardFunction:
         if self.reward_type == VERL_REWARD_TYPE:
             return [self._check(self._from_verl(self._call_verl(item))) for item in inputs]
         if self.reward_type == TRL_REWARD_TYPE:
-            return [self._check({"overall": 0.0 if value is None else value}) for value in self._call_trl(inputs)]
+            values, logged = self._call_trl(inputs)
+            return [self._check({"overall": 0.0 if value is None else value, **logged}) for value in values]
         if self.reward_type == "batch":
             outputs = self.fn(inputs, **self.kwargs)
             outputs = self._one_per_input(outputs, inputs, "(REWARD_TYPE='batch')", "dicts, one per input")
@@ -124,7 +135,8 @@ class RewardFunction:
         accepted = self.verl_arguments
         return self.fn(**{name: value for name, value in values.items() if name in accepted}, **self.kwargs)
 
-    def _call_trl(self, inputs: list[dict]) -> list:
+    def _call_trl(self, inputs: list[dict]) -> tuple[list, dict[str, float]]:
+        """(one value per input, the metrics the function logged with `log_metric`: each name's mean)."""
         completions = [
             [{"role": "assistant", "content": item["response"]}] if item.get("conversational") else item["response"]
             for item in inputs
@@ -138,15 +150,45 @@ class RewardFunction:
         }
         for name in dict.fromkeys(key for item in inputs for key in item if key not in standard):
             columns[name] = [item.get(name) for item in inputs]
-        outputs = self.fn(
-            prompts=[item.get("prompt") for item in inputs],
-            completions=completions,
-            completion_ids=[item.get("completion_ids") for item in inputs],
-            **{name: values for name, values in columns.items() if name not in self.kwargs},
+        logged: dict[str, list[float]] = {}
+        state = next((item["trainer_state"] for item in inputs if item.get("trainer_state")), None) or {}
+        arguments = {
+            **columns,
+            "prompts": [item.get("prompt") for item in inputs],
+            "completions": completions,
+            "completion_ids": [item.get("completion_ids") for item in inputs],
+            "trainer_state": types.SimpleNamespace(**{"global_step": 0, "max_steps": 0, "epoch": 0.0, **state}),
+            "log_extra": self._log_extra,
+            "log_metric": lambda name, value: logged.setdefault(str(name), []).append(float(value)),
             **self.kwargs,
-        )
+        }
+        accepted = self.trl_arguments
+        if accepted is not None:  # no **kwargs: only the names it declares (TRL's call would fail on the rest)
+            arguments = {name: value for name, value in arguments.items() if name in accepted}
+        outputs = self.fn(**arguments)
+        if inspect.isawaitable(outputs):  # TRL awaits `async def` reward functions
+            outputs = asyncio.run(_awaited(outputs))
         convention = "(TRL's convention: it takes `completions`)"
-        return self._one_per_input(outputs, inputs, convention, "numbers, one per completion")
+        values = self._one_per_input(outputs, inputs, convention, "numbers, one per completion")
+        return values, {name: sum(seen) / len(seen) for name, seen in logged.items()}
+
+    @functools.cached_property
+    def trl_arguments(self) -> set[str] | None:
+        """The argument names a function written for TRL declares; None when it takes ``**kwargs`` (it gets all)."""
+        parameters = _parameters(self.fn)
+        if not parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            return None
+        return {p.name for p in parameters}
+
+    def _log_extra(self, column: str, values: list) -> None:
+        if not self._log_extra_warned:
+            self._log_extra_warned = True
+            logging.getLogger(__name__).warning(
+                "Reward function %s called log_extra(%r, ...): easyrl keeps no completions table, so the column is "
+                "not logged (log_metric's scalars are, as reward/<name>).",
+                self.where,
+                column,
+            )
 
     def check_columns(self, columns: Collection[str], answer_key: str, config_key: str) -> None:
         """A function written for TRL gets the data's columns by name: one that takes a parameter without a default
@@ -224,6 +266,10 @@ class RewardFunction:
         raise RewardFunctionError(
             f"Reward function {self.where} must return a dict with at least an `overall` float per response; {hint}."
         )
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:

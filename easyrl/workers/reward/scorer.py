@@ -215,6 +215,7 @@ class RewardScorer:
             rows = data.non_tensor_batch.get("row_columns", [None] * len(inputs))
             for item, prompt, completion_ids, flag, row in zip(inputs, prompts, ids, flags, rows):
                 item.update(prompt=prompt, completion_ids=completion_ids, conversational=bool(flag), row_columns=row)
+                item["trainer_state"] = data.meta_info.get("trainer_state")
                 if self.answer_key and "." not in self.answer_key and self.answer_key != "ground_truth":
                     item[self.answer_key] = item["ground_truth"]
         if self.reward_fn.reward_type in (VERL_REWARD_TYPE, TRL_REWARD_TYPE):  # verl's / TRL's further arguments
