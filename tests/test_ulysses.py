@@ -69,22 +69,57 @@ def test_pictures_are_shared_over_the_group_by_patch_count():
 def test_heads_not_divisible_by_ulysses_size_name_the_key_and_the_counts():
     from transformers import Qwen2Config
 
-    config = Qwen2Config(num_attention_heads=4, num_key_value_heads=2)
-    ulysses.check_heads(config, 2, "worker.actor.ulysses_size")
-    with pytest.raises(ValueError, match=r"worker\.actor\.ulysses_size.*4 attention heads and 2 key/value heads"):
+    # fewer key/value heads than ranks is fine when the ranks are a multiple of them (each is repeated)
+    for heads, kv_heads, size in [(4, 2, 2), (4, 2, 4), (16, 2, 8), (4, 1, 2)]:
+        ulysses.check_heads(Qwen2Config(num_attention_heads=heads, num_key_value_heads=kv_heads), size, "key")
+    config = Qwen2Config(num_attention_heads=6, num_key_value_heads=2)
+    with pytest.raises(ValueError, match=r"worker\.actor\.ulysses_size.*6 attention heads.*one of 1, 2, 6\.$"):
         ulysses.check_heads(config, 4, "worker.actor.ulysses_size")
+    config = Qwen2Config(num_attention_heads=12, num_key_value_heads=4)
+    with pytest.raises(ValueError, match=r"12 attention heads and 4 key/value heads.*one of 1, 2, 4, 12\.$"):
+        ulysses.check_heads(config, 6, "worker.actor.ulysses_size")
 
 
-def test_an_actor_on_a_model_with_one_key_value_head_refuses_ulysses_2_at_start(tiny_model_path):
+def test_easyrl_train_refuses_ulysses_the_model_heads_cannot_split_before_ray(tmp_path):
+    import json
+
+    from easyrl.config.plan import load_run_plan
+    from easyrl.testing.tiny_models import build_tiny_causal_lm
+    from easyrl.trainer.main import prepare_run_data
+
+    path = build_tiny_causal_lm(tmp_path / "model", hidden_size=96, num_heads=3, num_kv_heads=1)
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"{i} + 1", "answer": str(i + 1)}) + "\n" for i in range(8)))
+    args = [
+        f"data.train_files={data}",
+        "data.prompt_key=problem",
+        "data.rollout_batch_size=4",
+        f"worker.actor.model.model_path={path}",
+        f"worker.reward.reward_function={tmp_path / 'reward.py'}:compute_score",
+        "worker.actor.global_batch_size=4",
+        "worker.actor.micro_batch_size_per_device_for_update=2",
+        "worker.rollout.n=2",
+        "trainer.n_gpus_per_node=2",
+        "worker.actor.ulysses_size=2",
+    ]
+    (tmp_path / "reward.py").write_text("def compute_score(reward_inputs):\n    return []\n")
+    with pytest.raises(ValueError, match=r"`worker\.actor\.ulysses_size` is 2.*3 attention heads.*one of 1, 3\.$"):
+        prepare_run_data(load_run_plan(args))
+    assert len(prepare_run_data(load_run_plan([*args, "worker.actor.ulysses_size=1"])).train_loader) == 2
+
+
+def test_an_actor_on_a_model_with_odd_heads_refuses_ulysses_2_at_start(tmp_path):
     # the head counts live in the model's config: the worker finds them when it builds the actor
     from transformers import AutoModelForCausalLM
 
     from easyrl.config import ActorConfig
+    from easyrl.testing.tiny_models import build_tiny_causal_lm
     from easyrl.workers.actor import Actor
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32, attn_implementation="sdpa")
+    path = build_tiny_causal_lm(tmp_path, hidden_size=96, num_heads=3, num_kv_heads=1)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
     with pytest.raises(
-        ValueError, match=r"`worker\.actor\.ulysses_size` is 2.*2 attention heads and 1 key/value heads"
+        ValueError, match=r"`worker\.actor\.ulysses_size` is 2.*3 attention heads and 1 key/value heads"
     ):
         Actor(ActorConfig(use_torch_compile=False), model, sp=_sp(0))
     assert model.config._attn_implementation == "sdpa"  # left as it was
@@ -295,6 +330,15 @@ def gqa_model_path(tmp_path_factory):
 
 def test_ulysses_2_log_probs_entropy_and_gradients_equal_ulysses_1(gqa_model_path):
     _run_two_ranks(_actor_equality, gqa_model_path, False)
+
+
+def test_ulysses_2_equals_ulysses_1_with_one_key_value_head(tmp_path):
+    """One key/value head for 4 query heads (Qwen2.5-VL-3B has 2 for 16, and runs ulysses 4 or 8): each rank gets
+    a copy of it, and the copies' gradients add up to the head's."""
+    from easyrl.testing.tiny_models import build_tiny_causal_lm
+
+    path = build_tiny_causal_lm(tmp_path, hidden_size=128, num_heads=4, num_kv_heads=1, tie_word_embeddings=False)
+    _run_two_ranks(_actor_equality, str(path), False)
 
 
 @pytest.mark.slow

@@ -91,8 +91,9 @@ EASYR1_DIFFERENCES: dict[str, str] = {
         "lora_adapter/); LoRA on the critic is refused"
     ),
     "worker.actor.ulysses_size": (
-        "also runs for vision-language models (EasyR1: text only); a model whose key/value heads are not divisible "
-        "by the size is refused at worker start, naming the key (verl repeats the heads); the driver sends each "
-        "sequence-parallel group one chunk of the batch instead of gathering inside the group"
+        "also runs for vision-language models (EasyR1: text only); a model with fewer key/value heads than the size "
+        "repeats each head over the ranks (as verl does; the size must then be a multiple of them), and one whose "
+        "heads cannot be split is refused before Ray starts, naming the key and the sizes that work; the driver sends "
+        "each sequence-parallel group one chunk of the batch instead of gathering inside the group"
     ),
 }

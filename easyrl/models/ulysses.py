@@ -28,8 +28,8 @@ language model then keeps this rank's slice of the embeddings, of the 3-D rope p
 features. One long video is still one item: its encoder pass runs on one rank (splitting it by frames is not done).
 """
 
+import contextlib
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -99,16 +99,20 @@ def text_config(model: torch.nn.Module):
 
 
 def check_heads(hf_config, ulysses_size: int, key: str) -> None:
-    """Each rank attends with 1/k of the query heads and 1/k of the key/value heads (GQA groups stay whole)."""
+    """Each rank attends with 1/k of the query heads and 1/k of the key/value heads (GQA groups stay whole); with
+    fewer key/value heads than ranks (k a multiple of them) each key/value head is repeated until every rank has one.
+    """
     heads = getattr(hf_config, "num_attention_heads", None)
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     if heads is None:
         raise ValueError(f"`{key}` is {ulysses_size} but the model config names no num_attention_heads.")
-    if heads % ulysses_size or kv_heads % ulysses_size:
+    if heads % ulysses_size or (kv_heads % ulysses_size and ulysses_size % kv_heads):
+        sizes = [k for k in range(1, heads + 1) if heads % k == 0 and (kv_heads % k == 0 or k % kv_heads == 0)]
         raise ValueError(
             f"`{key}` is {ulysses_size}, but Ulysses splits the attention heads over the sequence-parallel ranks and "
-            f"this model has {heads} attention heads and {kv_heads} key/value heads: both must be divisible by "
-            f"{key}. Choose a divisor of {math.gcd(heads, kv_heads)} (or 1)."
+            f"this model has {heads} attention heads and {kv_heads} key/value heads: the attention heads must be "
+            f"divisible by {key}, and the key/value heads divisible by it or a divisor of it. Choose one of "
+            f"{', '.join(map(str, sizes))}."
         )
 
 
@@ -305,9 +309,30 @@ def ulysses_attention_forward(
         return function(module, query, key, value, attention_mask, *args, **kwargs)
     if attention_mask is not None or query.shape[0] != 1:
         raise ValueError("Ulysses attention runs on one packed row without an attention mask (padding_free).")
+    if key.shape[1] % sp.size:  # fewer key/value heads than ranks: each is repeated so that every rank gets one
+        # (check_heads: k is a multiple of them); rank j's query heads all belong to the group of head j // repeats.
+        # The backward of the repeat sums the copies' gradients.
+        repeats = sp.size // key.shape[1]
+        key, value = key.repeat_interleave(repeats, dim=1), value.repeat_interleave(repeats, dim=1)
     # (1, heads, tokens / k, dim) -> (1, heads / k, tokens, dim)
     query, key, value = (all_to_all(t, sp, scatter_dim=1, gather_dim=2) for t in (query, key, value))
     # position ids of the slice no longer match the gathered row; the boundaries come from cu_seq_lens_q
     kwargs.pop("position_ids", None)
-    out, _ = function(module, query, key, value, None, *args, **kwargs)  # (1, tokens, heads / k, dim)
+    with _key_value_groups(module, query.shape[1] // key.shape[1]):
+        out, _ = function(module, query, key, value, None, *args, **kwargs)  # (1, tokens, heads / k, dim)
     return all_to_all(out, sp, scatter_dim=1, gather_dim=2), None  # (1, tokens / k, heads, dim)
+
+
+@contextlib.contextmanager
+def _key_value_groups(module: torch.nn.Module, groups: int):
+    """The layer's ``num_key_value_groups`` (which transformers' sdpa reads to repeat key/value heads) as this rank's
+    heads have it, for one call: repeated key/value heads make the groups smaller than the model's."""
+    saved = getattr(module, "num_key_value_groups", None)
+    if saved is None or saved == groups:
+        yield
+        return
+    module.num_key_value_groups = groups
+    try:
+        yield
+    finally:
+        module.num_key_value_groups = saved

@@ -116,6 +116,11 @@ def prepare_run_data(plan: RunPlan) -> RunData:
 
     config = plan.config
     tokenizer, processor, model_config = load_model_side(plan)
+    if config.worker.actor.ulysses_size > 1:  # the head counts are in the model's config: checked now, not in Ray
+        from ..models.ulysses import check_heads
+
+        text_config = getattr(model_config, "text_config", None) or model_config
+        check_heads(text_config, config.worker.actor.ulysses_size, "worker.actor.ulysses_size")
     trl_reward = trl_reward_function(config)
     train_loader, val_loader = create_dataloaders(
         config.data,
