@@ -44,7 +44,7 @@ def _split_function(path: str, folder: str) -> tuple[str, str]:
     """(file, `:function` suffix or ""); only reward specs carry a function."""
     if folder == "reward_function":
         file, sep, name = path.rpartition(":")
-        if sep and name.isidentifier():
+        if sep and all(part.isidentifier() for part in name.split(",")):  # `:f` or `:f,g` (combined functions)
             return file, sep + name
     return path, ""
 

@@ -132,6 +132,20 @@ def test_missing_reward_function_lists_the_ones_found(valid_args):
         load_config([*valid_args, f"worker.reward.reward_function={reward_file}:score_it"])
 
 
+def test_combined_reward_functions_and_their_weights_are_checked(valid_args, tmp_path):
+    reward_file = tmp_path / "two.py"
+    reward_file.write_text("def a(completions, **kw):\n    return []\n\ndef b(completions, **kw):\n    return []\n")
+    spec = f"worker.reward.reward_function={reward_file}:a,b"
+    config = load_config([*valid_args, spec, "worker.reward.reward_weights=[1.0,0.25]"])
+    assert config.worker.reward.reward_weights == [1.0, 0.25]
+    with pytest.raises(ConfigError, match=r"`worker\.reward\.reward_weights` has 1 weight\(s\) for 2 .*\(a, b\)"):
+        load_config([*valid_args, spec, "worker.reward.reward_weights=[1.0]"])
+    with pytest.raises(ConfigError, match=r"`worker\.reward\.reward_weights` is \[1\.0, 'x'\]; give a list"):
+        load_config([*valid_args, spec, "worker.reward.reward_weights=[1.0,x]"])
+    with pytest.raises(ConfigError, match=r"defines no function `c`\. Functions found: a, b"):
+        load_config([*valid_args, f"worker.reward.reward_function={reward_file}:a,c"])
+
+
 def test_missing_format_prompt_file(valid_args, tmp_path):
     with pytest.raises(ConfigError, match=r"`data\.format_prompt`: prompt template file .*missing\.jinja"):
         load_config([*valid_args, f"data.format_prompt={tmp_path}/missing.jinja"])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from easyrl.workers.reward.loader import RewardFunctionError, load_reward_function
+from easyrl.workers.reward.loader import RewardFunction, RewardFunctionError, load_reward_function
 
 
 def write(tmp_path, text, name="my_reward.py"):
@@ -210,6 +210,45 @@ def test_trl_trainer_state_log_metric_log_extra_and_async_functions(tmp_path, ca
     row = {"answer": "7", "task": "add"}
     items = [{"response": "7", "response_length": 1, "ground_truth": "7", "row_columns": row, "prompt": "p"}]
     assert declared.score(items) == [{"overall": 1.0}]
+
+
+COMBINED = """
+def accuracy(completions, answer, **kwargs):
+    return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+def brevity(completions, limit):  # no **kwargs: gets the reward_function_kwargs it names only
+    return [float(len(c) <= limit) for c in completions]
+
+def verl_style(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": 0.5, "acc": solution_str.strip() == ground_truth}
+"""
+
+
+def test_several_functions_of_one_file_combine_with_their_weights(tmp_path):
+    """`file.py:f,g` (TRL's reward_funcs + reward_weights): overall is the weighted sum, each function's own score
+    is named after it, a function's other named scores are prefixed with its name, kwargs go where they fit."""
+    path = write(tmp_path, COMBINED)
+    fn = load_reward_function(f"{path}:accuracy,brevity,verl_style", {"limit": 3}, [1.0, 0.5, 2.0])
+    assert fn.whole_batch and fn.uses("trl") and fn.uses("verl") and not fn.uses("batch")
+    assert [part.kwargs for part in fn.parts] == [{"limit": 3}, {"limit": 3}, {}]
+    assert "overall = 1 x accuracy + 0.5 x brevity + 2 x verl_style" in fn.describe()
+    items = [
+        {"response": " 7", "response_length": 1, "ground_truth": "7", "row_columns": {"answer": "7"}},
+        {"response": "wrong", "response_length": 1, "ground_truth": "7", "row_columns": {"answer": "7"}},
+    ]
+    assert fn.score(items) == [
+        {"overall": 1.0 + 0.5 + 1.0, "accuracy": 1.0, "brevity": 1.0, "verl_style": 0.5, "verl_style/acc": 1.0},
+        {"overall": 0.0 + 0.0 + 1.0, "accuracy": 0.0, "brevity": 0.0, "verl_style": 0.5, "verl_style/acc": 0.0},
+    ]
+    with pytest.raises(RewardFunctionError, match=r"reward_weights` has 1 weight\(s\) for 2 reward function"):
+        load_reward_function(f"{path}:accuracy,brevity", {"limit": 3}, [1.0])
+    with pytest.raises(RewardFunctionError, match=r"\['unknown'\]: none of the functions.*takes them"):
+        load_reward_function(f"{path}:brevity,verl_style", {"limit": 3, "unknown": 1})  # neither takes **kwargs
+    with pytest.raises(RewardFunctionError, match=r"defines no function `missing`"):
+        load_reward_function(f"{path}:accuracy,missing")
+    # one function with weight 1 is the function itself; with another weight, its scores are scaled
+    assert isinstance(load_reward_function(f"{path}:accuracy", {}, [1.0]), RewardFunction)
+    assert load_reward_function(f"{path}:accuracy", {}, [0.5]).score(items[:1]) == [{"overall": 0.5, "accuracy": 1.0}]
 
 
 # ---- functions written for TRL: fn(prompts=..., completions=..., completion_ids=..., **columns) -> list of numbers

@@ -99,6 +99,10 @@ def same_row_reward(completions, solution, prompts, completion_ids, task, traine
             completions, solution, kwargs["ground_truth"], prompts, completion_ids, task, kwargs["verification_info"]
         )
     ]
+
+
+def half(completions, **kwargs):  # a second function of the file, combined with the first (TRL's reward_funcs)
+    return [0.5] * len(completions)
 """
 
 
@@ -165,10 +169,14 @@ def test_trl_conversational_data_and_a_trl_reward_function_train_unchanged(tiny_
         f"worker.actor.model.model_path={tiny_model_path}",
         "trainer.n_gpus_per_node=1",
         *_trl_files(tmp_path),
+        f"worker.reward.reward_function={tmp_path / 'trl_reward.py'}:same_row_reward,half",
+        "worker.reward.reward_weights=[1.0,2.0]",
     ]
     log_path = tmp_path / "train.log"
     run_training(args, log_path)
     row = metrics_by_step(tmp_path / "run")[1]
-    assert row["reward/overall"] == 1.0 and row["reward/errors"] == 0
-    assert row["reward/steps_done"] == 0 and row["reward/max_steps"] == 1  # trainer_state, logged with log_metric
+    assert row["reward/overall"] == 1.0 + 2.0 * 0.5 and row["reward/errors"] == 0
+    assert row["reward/same_row_reward"] == 1.0 and row["reward/half"] == 0.5
+    # trainer_state, logged with log_metric (under the function's name: two functions may log the same name)
+    assert row["reward/same_row_reward/steps_done"] == 0 and row["reward/same_row_reward/max_steps"] == 1
     assert "as TRL's GRPOTrainer calls it" in log_path.read_text(errors="replace")

@@ -551,7 +551,8 @@ class RewardConfig:
 
     reward_function: Optional[str] = None
     """Reward function as `path/to/file.py:function`; without `:function` the file's `main` (EasyR1's default), else
-    its `compute_score`. The file's REWARD_TYPE is `batch` (default: called once with the whole batch, list[dict] ->
+    its `compute_score`; `path/to/file.py:f,g` combines several functions of the file (see reward_weights). The
+    file's REWARD_TYPE is `batch` (default: called once with the whole batch, list[dict] ->
     list[dict]) or `sequential` (dict -> dict); inputs `response`, `response_length`, `ground_truth`; each output
     needs `overall` (placed on the last response token), other keys become `reward/<key>` metrics and per-sample
     columns for algorithm.filter_key. In a file without REWARD_TYPE, a function that takes `solution_str` is called as
@@ -560,7 +561,11 @@ class RewardConfig:
     column of the row but pictures and videos). A missing `.../reward_function/{math,r1v,dapo}.py` is replaced by
     easyrl's file of that name (EasyR1's scores and keys), with a warning naming both paths."""
     reward_function_kwargs: dict = field(default_factory=dict)
-    """Extra keyword arguments passed to the reward function."""
+    """Extra keyword arguments passed to the reward function (to each of combined functions, the ones it takes)."""
+    reward_weights: Optional[list] = None
+    """Weights of the functions `reward_function` names as `path.py:f,g` (TRL's reward_funcs and reward_weights): the
+    reward is the weighted sum of their `overall` scores, each also logged as reward/<function name>. One number per
+    function, in the same order; null weighs each 1."""
     skip_special_tokens: bool = True
     """Strip special tokens when decoding responses for the reward function."""
     num_cpus: int = 1

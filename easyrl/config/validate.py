@@ -18,7 +18,12 @@ from ..demo import builtin_models
 from ..paths import BUILTIN_PREFIX, looks_local, shipped_files_hint
 from ..utils.platform import nvidia_gpus_visible
 from ..workers.reward.judge import CHAT_PATH, compile_score_pattern, load_template
-from ..workers.reward.loader import RewardFunctionError, parse_user_file, resolve_reward_function
+from ..workers.reward.loader import (
+    FUNCTION_SEPARATOR,
+    RewardFunctionError,
+    parse_user_file,
+    resolve_reward_function,
+)
 from .schema import ConfigError, JudgeConfig, PPOConfig
 
 
@@ -575,6 +580,22 @@ def _check_tool_call_parser(parser: str, tools: str, tree: ast.Module) -> None:
         )
 
 
+def _check_reward_weights(weights: Any, functions: list[str]) -> None:
+    """`worker.reward.reward_weights`: null, or one finite number per function of worker.reward.reward_function."""
+    if weights is None:
+        return
+    key = "worker.reward.reward_weights"
+    if not isinstance(weights, (list, tuple)) or not all(
+        isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weights
+    ):
+        raise ConfigError(f"`{key}` is {weights!r}; give a list of numbers, one per reward function.")
+    if len(weights) != len(functions):
+        raise ConfigError(
+            f"`{key}` has {len(weights)} weight(s) for {len(functions)} reward function(s) ({', '.join(functions)}); "
+            "give one per function of worker.reward.reward_function, in the same order."
+        )
+
+
 def _check_env_file(spec: str, tools: Any, key: str) -> None:
     """`worker.rollout.multi_turn.env`: `path.py:ClassName`, the file exists and parses and defines (or imports) the
     class; not together with tools."""
@@ -862,7 +883,8 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
         _check_model_path("worker.critic.model.model_path", critic.model.model_path, required=True)
     try:  # the loader's own rule (`main`, else `compute_score`), read from the file without running it
         if config.worker.reward.reward_function or needs_reward:
-            resolve_reward_function(config.worker.reward.reward_function)
+            _, chosen = resolve_reward_function(config.worker.reward.reward_function)
+            _check_reward_weights(config.worker.reward.reward_weights, chosen.split(FUNCTION_SEPARATOR))
     except RewardFunctionError as err:
         raise ConfigError(str(err)) from None
     _check_judge(config)

@@ -106,8 +106,8 @@ def trl_reward_function(config: Any) -> Any:
     reward = config.worker.reward
     if not reward.reward_function:
         return None
-    function = load_reward_function(reward.reward_function, reward.reward_function_kwargs)
-    return function if function.reward_type == TRL_REWARD_TYPE else None
+    function = load_reward_function(reward.reward_function, reward.reward_function_kwargs, reward.reward_weights)
+    return function if function.uses(TRL_REWARD_TYPE) else None
 
 
 def prepare_run_data(plan: RunPlan) -> RunData:

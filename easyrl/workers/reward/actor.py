@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import ray
 
-from .loader import RewardFunction, RewardFunctionError, load_reward_function
+from .loader import CombinedReward, RewardFunction, RewardFunctionError, load_reward_function
 
 
 # why a sample scores 0
@@ -63,7 +63,7 @@ def _non_finite(score: dict[str, float]) -> SampleFailure | None:
     return SampleFailure(NON_FINITE, ", ".join(bad)) if bad else None
 
 
-def _score_call(reward_fn: RewardFunction, call: list[dict]) -> Scored:
+def _score_call(reward_fn: RewardFunction | CombinedReward, call: list[dict]) -> Scored:
     try:
         scores = reward_fn.score(call)
     except RewardFunctionError as err:
@@ -74,7 +74,7 @@ def _score_call(reward_fn: RewardFunction, call: list[dict]) -> Scored:
     return Scored(scores=[None if f else s for s, f in zip(scores, failures)], failures=failures)
 
 
-def score_calls(reward_fn: RewardFunction, inputs: list[dict]) -> Iterator[Scored]:
+def score_calls(reward_fn: RewardFunction | CombinedReward, inputs: list[dict]) -> Iterator[Scored]:
     """Score `inputs`, yielding the outcome of each call: one for a batch function (it fails as a whole), one per
     sample for a sequential one. Stops after a fatal outcome."""
     calls = [inputs] if reward_fn.whole_batch else [[item] for item in inputs]
@@ -91,8 +91,8 @@ class RewardActor:
     math-verify's, work) and is a streaming generator: the driver receives each call's outcome as soon as it
     exists, so the samples scored before a call hangs keep their scores."""
 
-    def __init__(self, spec: str, kwargs: dict):
-        self.reward_fn = load_reward_function(spec, kwargs)
+    def __init__(self, spec: str, kwargs: dict, weights: list[float] | None = None):
+        self.reward_fn = load_reward_function(spec, kwargs, weights)
 
     def ready(self) -> bool:
         return True

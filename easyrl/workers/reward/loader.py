@@ -27,6 +27,9 @@ As TRL does, the call also passes `trainer_state` (`global_step`: training steps
 (accepted; easyrl keeps no completions table, and says so once). An `async def` function is awaited. A function
 without `**kwargs` gets only the names it declares.
 
+`path.py:f,g` names several functions of the file, combined as TRL combines its `reward_funcs` (`CombinedReward`):
+the reward is the sum of their `overall` scores times `worker.reward.reward_weights`.
+
 This module imports nothing heavy: the config check calls `resolve_reward_function` on the parsed file.
 """
 
@@ -62,6 +65,8 @@ TRL_SKIPPED_COLUMNS = ("prompt", "completion", *TRL_CALL_ARGUMENTS)  # columns T
 ROW_FIELD_ARGUMENTS = ("ground_truth", "data_source", "extra_info")  # easyrl's per-row fields, passed by name
 DEFAULT_REWARD_TYPE = "batch"  # EasyR1's default for a file without REWARD_TYPE
 CONFIG_KEY = "worker.reward.reward_function"
+WEIGHTS_KEY = "worker.reward.reward_weights"
+FUNCTION_SEPARATOR = ","  # `path.py:f,g`: several functions of one file, combined (TRL's reward_funcs)
 RESERVED_SCORE_NAMES = ("errors", "timeouts")  # the scorer's own counts, reward/errors and reward/timeouts
 
 
@@ -90,6 +95,10 @@ class RewardFunction:
     @property
     def where(self) -> str:
         return f"`{self.name}` in {self.path}"
+
+    def uses(self, reward_type: str) -> bool:
+        """The function is called by ``reward_type``'s convention (the scorer gives such calls more inputs)."""
+        return self.reward_type == reward_type
 
     @functools.cached_property
     def verl_arguments(self) -> set[str]:
@@ -268,16 +277,64 @@ class RewardFunction:
         )
 
 
+@dataclass
+class CombinedReward:
+    """Several functions of one file (`path.py:f,g`), as TRL combines its `reward_funcs`: `overall` is the sum of
+    each function's `overall` times its weight (`worker.reward.reward_weights`); each function's own `overall` is a
+    named score under the function's name (reward/<name>, TRL's rewards/<name>), and its other named scores are
+    kept as `<name>/<score>`. One call scores the whole batch when any of them does; a function that raises fails
+    the samples of that call, as a single function would."""
+
+    parts: list[RewardFunction]
+    weights: list[float]
+
+    reward_type = "combined"
+
+    @property
+    def whole_batch(self) -> bool:
+        return any(part.whole_batch for part in self.parts)
+
+    @property
+    def where(self) -> str:
+        return f"{', '.join(f'`{part.name}`' for part in self.parts)} in {self.parts[0].path}"
+
+    def uses(self, reward_type: str) -> bool:
+        return any(part.uses(reward_type) for part in self.parts)
+
+    def describe(self) -> str:
+        weighted = " + ".join(f"{weight:g} x {part.name}" for part, weight in zip(self.parts, self.weights))
+        return f"Reward functions combined as overall = {weighted}:\n" + "\n".join(
+            "  " + part.describe() for part in self.parts
+        )
+
+    def check_columns(self, columns: Collection[str], answer_key: str, config_key: str) -> None:
+        for part in self.parts:
+            if part.uses(TRL_REWARD_TYPE):
+                part.check_columns(columns, answer_key, config_key)
+
+    def score(self, inputs: list[dict]) -> list[dict[str, float]]:
+        each = [part.score(inputs) for part in self.parts]
+        combined = []
+        for index in range(len(inputs)):
+            scores = {"overall": sum(weight * got[index]["overall"] for weight, got in zip(self.weights, each))}
+            for part, got in zip(self.parts, each):
+                scores[part.name] = got[index]["overall"]
+                scores.update({f"{part.name}/{key}": value for key, value in got[index].items() if key != "overall"})
+            combined.append(scores)
+        return combined
+
+
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
-    """`path.py:fn` -> (path, fn); `path.py` -> (path, None): the function is chosen by `choose_function_name`."""
+    """`path.py:fn` -> (path, fn); `path.py:f,g` -> (path, "f,g"); `path.py` -> (path, None): the function is chosen
+    by `choose_function_name`."""
     if not spec:
         raise RewardFunctionError(f"`{CONFIG_KEY}` is empty; give a reward module as path/to/file.py:function.")
     path, sep, name = spec.rpartition(":")
-    if not sep or not name.isidentifier():
+    if not sep or not all(part.isidentifier() for part in name.split(FUNCTION_SEPARATOR)):
         return spec, None
     return path, name
 
@@ -369,7 +426,8 @@ def resolve_reward_function(spec: str) -> tuple[str, str]:
     """
     path_text, requested = parse_spec(spec)
     path, names, functions = parse_user_file(path_text, CONFIG_KEY)
-    return str(path), choose_function_name(path_text, requested, names, functions)
+    chosen = [choose_function_name(path_text, name, names, functions) for name in function_names(requested)]
+    return str(path), FUNCTION_SEPARATOR.join(chosen)
 
 
 def _import_file(path: Path, config_key: str = CONFIG_KEY):
@@ -395,17 +453,64 @@ def _import_file(path: Path, config_key: str = CONFIG_KEY):
     return module
 
 
-def load_reward_function(spec: str, kwargs: dict | None = None) -> RewardFunction:
-    """Import `path.py[:fn]`, choose the function, read REWARD_TYPE, and check that it accepts `kwargs`."""
+def load_reward_function(
+    spec: str, kwargs: dict | None = None, weights: list[float] | None = None
+) -> "RewardFunction | CombinedReward":
+    """Import `path.py[:fn]`, choose the function, read REWARD_TYPE, and check that it accepts `kwargs`.
+
+    `path.py:f,g` names several functions of the file (TRL's `reward_funcs`): they are combined with `weights`
+    (TRL's `reward_weights`; default 1 each) into a `CombinedReward`, each getting the `kwargs` it accepts."""
     path_text, requested = parse_spec(spec)
     path = _existing_file(path_text)
     module = _import_file(path)
+    names = function_names(requested)
+    if weights is not None and len(weights) != len(names):
+        raise RewardFunctionError(
+            f"`{WEIGHTS_KEY}` has {len(weights)} weight(s) for {len(names)} reward function(s) in `{CONFIG_KEY}`; "
+            "give one weight per function, in the same order."
+        )
+    kwargs = dict(kwargs or {})
+    if len(names) == 1 and (weights is None or float(weights[0]) == 1.0):
+        return _load_one(module, path, path_text, names[0], kwargs)
+    if len(set(names)) != len(names):
+        raise RewardFunctionError(f"`{CONFIG_KEY}` names a function twice: {spec}.")
+    taken = [name for name in names if name in ("overall", *RESERVED_SCORE_NAMES)]
+    if taken:  # each function's score is logged under its name
+        raise RewardFunctionError(
+            f"`{CONFIG_KEY}`: a combined function may not be called `{taken[0]}` (its score would be logged as "
+            f"reward/{taken[0]}, a name easyrl uses); rename it."
+        )
+    parts = []
+    for name in names:
+        fn = getattr(module, name, None)
+        accepted = _parameter_names(fn) if callable(fn) and _takes_only_declared(fn) else None
+        part_kwargs = kwargs if accepted is None else {k: v for k, v in kwargs.items() if k in accepted}
+        parts.append(_load_one(module, path, path_text, name, part_kwargs))
+    unused = [key for key in kwargs if not any(key in part.kwargs for part in parts)]
+    if unused:
+        raise RewardFunctionError(
+            f"`worker.reward.reward_function_kwargs` {sorted(unused)}: none of the functions of `{CONFIG_KEY}` "
+            f"({', '.join(names)}) takes them."
+        )
+    return CombinedReward(parts, [1.0] * len(parts) if weights is None else [float(w) for w in weights])
+
+
+def function_names(requested: str | None) -> list[str | None]:
+    """The function names of a spec's `:f,g` part ([None]: the file's `main` / `compute_score` rule chooses)."""
+    return requested.split(FUNCTION_SEPARATOR) if requested else [None]
+
+
+def _takes_only_declared(fn: Callable) -> bool:
+    parameters = _parameters(fn)
+    return bool(parameters) and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def _load_one(module: Any, path: Path, path_text: str, requested: str | None, kwargs: dict) -> RewardFunction:
     functions = {name for name, obj in vars(module).items() if inspect.isfunction(obj)}
     name = choose_function_name(path_text, requested, set(vars(module)), functions)
     fn = getattr(module, name)
     if not callable(fn):
         raise RewardFunctionError(f"`{CONFIG_KEY}`: `{name}` in `{path_text}` is not a function.")
-    kwargs = dict(kwargs or {})
     if not hasattr(module, "REWARD_TYPE") and "solution_str" in _parameter_names(fn):
         reward_type = VERL_REWARD_TYPE
         _check_binding(fn, kwargs, dict.fromkeys(_verl_arguments(fn)), name, path_text)

@@ -155,7 +155,9 @@ class RewardScorer:
         self.answer_key = answer_key
         self.chunks_per_actor = chunks_per_actor
         # loading here first reports a broken file at once, with the driver's traceback
-        self.reward_fn = load_reward_function(config.reward_function, config.reward_function_kwargs)
+        self.reward_fn = load_reward_function(
+            config.reward_function, config.reward_function_kwargs, config.reward_weights
+        )
         logger.info(self.reward_fn.describe())
         # worker.reward.judge (see judge.py): asked from here, while the rule reward is scored
         self.judge = None
@@ -175,6 +177,7 @@ class RewardScorer:
             self.pool = RewardActorPool(
                 config.reward_function,
                 config.reward_function_kwargs,
+                weights=config.reward_weights,
                 num_actors=1 if whole_batch else max(1, config.num_cpus),
                 timeout_s=config.timeout_s,
                 actor_num_cpus=actor_num_cpus * (config.num_cpus if whole_batch else min(1, config.num_cpus)),
@@ -209,7 +212,7 @@ class RewardScorer:
             {"response": text, "response_length": length, "ground_truth": truth}
             for text, length, truth in zip(texts, lengths, truths)
         ]
-        if self.reward_fn.reward_type == TRL_REWARD_TYPE:  # what TRL hands a reward function besides completions
+        if self.reward_fn.uses(TRL_REWARD_TYPE):  # what TRL hands a reward function besides completions
             prompts = decode_prompts(data, self.tokenizer, self.config.skip_special_tokens)
             flags = data.non_tensor_batch.get("conversational", [None] * len(inputs))
             rows = data.non_tensor_batch.get("row_columns", [None] * len(inputs))
@@ -218,7 +221,7 @@ class RewardScorer:
                 item["trainer_state"] = data.meta_info.get("trainer_state")
                 if self.answer_key and "." not in self.answer_key and self.answer_key != "ground_truth":
                     item[self.answer_key] = item["ground_truth"]
-        if self.reward_fn.reward_type in (VERL_REWARD_TYPE, TRL_REWARD_TYPE):  # verl's / TRL's further arguments
+        if self.reward_fn.uses(VERL_REWARD_TYPE) or self.reward_fn.uses(TRL_REWARD_TYPE):  # their further arguments
             sources = data.non_tensor_batch.get("data_source", [None] * len(inputs))
             extras = data.non_tensor_batch.get("extra_info", [None] * len(inputs))
             for item, source, extra in zip(inputs, sources, extras):
