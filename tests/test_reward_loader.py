@@ -205,6 +205,11 @@ def test_trl_trainer_state_log_metric_log_extra_and_async_functions(tmp_path, ca
         assert fn.score(items) == [{"overall": 1.5, "progress": 0.375}] * 2
         fn.score(items)
     assert sum("easyrl keeps no completions table" in r.getMessage() for r in caplog.records) == 1
+    taken = write(
+        tmp_path, "def f(completions, log_metric, **kw):\n    log_metric('overall', 1.0)\n    return [0.0]\n", "t.py"
+    )
+    with pytest.raises(RewardFunctionError, match=r"log_metric\('overall', \.\.\.\): reward/overall is easyrl's own"):
+        load_reward_function(f"{taken}:f", {}).score(items[:1])
     # without **kwargs only the declared names arrive (TRL's full call would raise on the others)
     declared = load_reward_function(f"{path}:declared_only", {})
     row = {"answer": "7", "task": "add"}

@@ -85,14 +85,15 @@ def test_eval_scores_a_verl_parquet_with_its_verl_reward_function(tiny_model_pat
 
 TRL_REWARD = """
 def same_row_reward(completions, solution, prompts, completion_ids, task, trainer_state, log_metric, **kwargs):
-    # scores what reached it, not the (random) response: 1 when TRL's arguments are shaped and paired as TRL's are,
-    # every column of the row included (open-r1's code rewards read kwargs["verification_info"])
+    # scores what reached it, not the (random) response: 1 when TRL's arguments are shaped and paired as TRL's are
+    # (a conversational prompt as its messages), every column of the row included (open-r1's code rewards read
+    # kwargs["verification_info"])
     log_metric("steps_done", trainer_state.global_step)
     log_metric("max_steps", trainer_state.max_steps)
     return [
         float(
             isinstance(c, list) and c[0]["role"] == "assistant" and isinstance(c[0]["content"], str)
-            and s == g and f"What is {int(s) - 1} + 1?" in p and isinstance(ids, list)
+            and s == g and p == [{"role": "user", "content": f"What is {int(s) - 1} + 1?"}] and isinstance(ids, list)
             and t == f"sum-{s}" and info["answer"] == int(s)
         )
         for c, s, g, p, ids, t, info in zip(

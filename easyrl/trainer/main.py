@@ -204,6 +204,7 @@ class RunWorkers:
             run_dir=config.trainer.save_checkpoint_path,
             reward_model_group=self.reward_model_group if self.plan.use_reward_model else None,
             answer_key=config.data.answer_key,
+            prompt_key=config.data.prompt_key,
         )
 
     def kill(self, graceful_timeout_s: float = 10.0) -> None:

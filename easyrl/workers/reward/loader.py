@@ -19,7 +19,8 @@ reward; its other numeric entries become named scores and the rest (e.g. a predi
 A function written for TRL, one that takes `completions` (TRL's GRPOTrainer calls `fn(prompts=..., completions=...,
 completion_ids=..., **columns)` once per batch and gets a list of numbers back), is called that way in a file without
 REWARD_TYPE: `completions` are the responses (as `[{"role": "assistant", "content": ...}]` where the prompt was chat
-messages), `prompts` the prompts as the model saw them (text), and the columns are every column of the row but the
+messages), `prompts` the prompts (their chat messages where the data has them, as TRL passes them; otherwise the
+text the model saw), and the columns are every column of the row but the
 picture and video columns, the answer (data.answer_key) also as `ground_truth`, and `data_source` and `extra_info`. A None in the returned list (TRL: the function does not
 apply to that sample) scores 0. A parameter without a default that none of these fill stops the run before it starts.
 As TRL does, the call also passes `trainer_state` (`global_step`: training steps done, `max_steps`, `epoch`),
@@ -179,6 +180,12 @@ class RewardFunction:
             outputs = asyncio.run(_awaited(outputs))
         convention = "(TRL's convention: it takes `completions`)"
         values = self._one_per_input(outputs, inputs, convention, "numbers, one per completion")
+        taken = [name for name in logged if name in ("overall", *RESERVED_SCORE_NAMES)]
+        if taken:
+            raise RewardFunctionError(
+                f"Reward function {self.where} called log_metric({taken[0]!r}, ...): reward/{taken[0]} is easyrl's own "
+                "metric; log it under another name."
+            )
         return values, {name: sum(seen) / len(seen) for name, seen in logged.items()}
 
     @functools.cached_property

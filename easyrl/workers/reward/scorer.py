@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ...data.dataset import row_value
+from ...data.template import is_chat_messages
 from .actor import DIED, NON_FINITE, RAISED, TIMED_OUT, SampleFailure, merge, score_calls
 from .classifier import ClassifierJudge
 from .judge import HttpJudge, combine_scores, decode_prompts
@@ -140,6 +142,7 @@ class RewardScorer:
         run_dir: str | None = None,
         reward_model_group=None,
         answer_key: str | None = None,
+        prompt_key: str | None = None,
     ):
         """`in_process=True` calls the function in this process, with no deadline and no protection from a
         function that hangs or exits the process: for tests and tools that run without Ray, never for training.
@@ -147,12 +150,14 @@ class RewardScorer:
         `classifier`; the current group, also after a restart of the workers).
         `run_dir`: the run's folder; logs/judge_engine_0.log in it gets the output of a `vllm` judge's engine
         (None: it stays on the console). `answer_key`: data.answer_key, the column name a function written for TRL
-        gets the answers under."""
+        gets the answers under; `prompt_key`: data.prompt_key, whose chat messages such a function gets as `prompts` (as
+        TRL passes conversational prompts)."""
         if not config.reward_function:
             raise RewardFunctionError("`worker.reward.reward_function` is not set; give path/to/file.py:function.")
         self.config = config
         self.tokenizer = tokenizer
         self.answer_key = answer_key
+        self.prompt_key = prompt_key
         self.chunks_per_actor = chunks_per_actor
         # loading here first reports a broken file at once, with the driver's traceback
         self.reward_fn = load_reward_function(
@@ -217,6 +222,9 @@ class RewardScorer:
             flags = data.non_tensor_batch.get("conversational", [None] * len(inputs))
             rows = data.non_tensor_batch.get("row_columns", [None] * len(inputs))
             for item, prompt, completion_ids, flag, row in zip(inputs, prompts, ids, flags, rows):
+                messages = row_value(row, self.prompt_key) if flag and row and self.prompt_key else None
+                if is_chat_messages(messages):  # TRL passes a conversational prompt as its messages
+                    prompt = list(messages)
                 item.update(prompt=prompt, completion_ids=completion_ids, conversational=bool(flag), row_columns=row)
                 item["trainer_state"] = data.meta_info.get("trainer_state")
                 if self.answer_key and "." not in self.answer_key and self.answer_key != "ground_truth":
