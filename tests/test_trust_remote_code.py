@@ -73,21 +73,9 @@ def test_tokenizer_that_needs_its_code_names_the_key(tmp_path, tokenizer):
 
 def test_easyrl_run_stops_before_ray_and_names_the_key(tmp_path, remote_code_model):
     from easyrl.trainer.main import prepare_run_data
+    from tests.fixtures.configs import driver_args
 
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{i} + 1", "answer": str(i + 1)}) + "\n" for i in range(4)))
-    args = [
-        f"data.train_files={data}",
-        "data.rollout_batch_size=2",
-        "data.max_prompt_length=64",
-        f"worker.actor.model.model_path={remote_code_model}",
-        f"worker.reward.reward_function={ROOT / 'tests' / 'data' / 'word_start_reward.py'}:compute_score",
-        "worker.actor.global_batch_size=2",
-        "worker.rollout.n=2",
-        "worker.rollout.tensor_parallel_size=1",
-        "trainer.n_gpus_per_node=1",
-        f"trainer.save_checkpoint_path={tmp_path / 'run'}",
-    ]
+    args = driver_args(tmp_path, remote_code_model)
     with pytest.raises(RemoteCodeRefusedError, match=r"worker\.actor\.model\.trust_remote_code=true"):
         prepare_run_data(load_run_plan(args))
     data_ready = prepare_run_data(load_run_plan([*args, "worker.actor.model.trust_remote_code=true"]))

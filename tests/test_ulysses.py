@@ -81,28 +81,13 @@ def test_heads_not_divisible_by_ulysses_size_name_the_key_and_the_counts():
 
 
 def test_easyrl_train_refuses_ulysses_the_model_heads_cannot_split_before_ray(tmp_path):
-    import json
-
     from easyrl.config.plan import load_run_plan
     from easyrl.testing.tiny_models import build_tiny_causal_lm
     from easyrl.trainer.main import prepare_run_data
+    from tests.fixtures.configs import driver_args
 
     path = build_tiny_causal_lm(tmp_path / "model", hidden_size=96, num_heads=3, num_kv_heads=1)
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"problem": f"{i} + 1", "answer": str(i + 1)}) + "\n" for i in range(8)))
-    args = [
-        f"data.train_files={data}",
-        "data.prompt_key=problem",
-        "data.rollout_batch_size=4",
-        f"worker.actor.model.model_path={path}",
-        f"worker.reward.reward_function={tmp_path / 'reward.py'}:compute_score",
-        "worker.actor.global_batch_size=4",
-        "worker.actor.micro_batch_size_per_device_for_update=2",
-        "worker.rollout.n=2",
-        "trainer.n_gpus_per_node=2",
-        "worker.actor.ulysses_size=2",
-    ]
-    (tmp_path / "reward.py").write_text("def compute_score(reward_inputs):\n    return []\n")
+    args = [*driver_args(tmp_path, path, workers=2), "worker.actor.ulysses_size=2"]
     with pytest.raises(ValueError, match=r"`worker\.actor\.ulysses_size` is 2.*3 attention heads.*one of 1, 3\.$"):
         prepare_run_data(load_run_plan(args))
     assert len(prepare_run_data(load_run_plan([*args, "worker.actor.ulysses_size=1"])).train_loader) == 2

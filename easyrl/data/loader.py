@@ -14,27 +14,13 @@ from .dataset import RLHFDataset
 
 
 def create_dataloaders(
-    config: DataConfig,
-    tokenizer: Any,
-    processor: Any = None,
-    *,
-    model_config: Any = None,
-    tools: Any = None,
-    carry_columns: bool = False,
+    config: DataConfig, tokenizer: Any, processor: Any = None, **options: Any
 ) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
     """(train_loader, val_loader); val_loader is None when ``data.val_files`` is empty. Batches are DataProtos.
-    ``tools``: JSON schemas the chat template advertises (multi-turn rollouts with tools). ``carry_columns``: every
-    item carries the row's other columns (a reward function written for TRL gets them)."""
-    train = RLHFDataset(
-        config.train_files,
-        tokenizer,
-        processor,
-        config,
-        config_key="data.train_files",
-        model_config=model_config,
-        tools=tools,
-        carry_columns=carry_columns,
-    )
+    ``options``: the datasets' keyword arguments (see ``RLHFDataset``): ``model_config``, ``tools`` (JSON schemas the
+    chat template advertises, for multi-turn rollouts with tools), ``carry_columns`` (every item carries the row's
+    other columns, which a reward function written for TRL gets)."""
+    train = RLHFDataset(config.train_files, tokenizer, processor, config, config_key="data.train_files", **options)
     batch_size = config.mini_rollout_batch_size or config.rollout_batch_size
     if len(train) < batch_size:
         raise ValueError(
@@ -59,32 +45,13 @@ def create_dataloaders(
     )
     if not config.val_files:
         return train_loader, None
-    val_loader = create_val_loader(
-        config, tokenizer, processor, model_config=model_config, tools=tools, carry_columns=carry_columns
-    )
-    return train_loader, val_loader
+    return train_loader, create_val_loader(config, tokenizer, processor, **options)
 
 
-def create_val_loader(
-    config: DataConfig,
-    tokenizer: Any,
-    processor: Any = None,
-    *,
-    model_config: Any = None,
-    tools: Any = None,
-    carry_columns: bool = False,
-) -> StatefulDataLoader:
-    """The loader of ``data.val_files``: every prompt once, in file order (also what `easyrl generate` reads)."""
-    val = RLHFDataset(
-        config.val_files,
-        tokenizer,
-        processor,
-        config,
-        config_key="data.val_files",
-        model_config=model_config,
-        tools=tools,
-        carry_columns=carry_columns,
-    )
+def create_val_loader(config: DataConfig, tokenizer: Any, processor: Any = None, **options: Any) -> StatefulDataLoader:
+    """The loader of ``data.val_files``: every prompt once, in file order (also what `easyrl generate` reads);
+    ``options`` as for ``create_dataloaders``."""
+    val = RLHFDataset(config.val_files, tokenizer, processor, config, config_key="data.val_files", **options)
     return StatefulDataLoader(
         val,
         batch_size=len(val) if config.val_batch_size == -1 else config.val_batch_size,
