@@ -19,6 +19,17 @@ def test_the_first_signal_sets_the_request_and_the_old_handlers_come_back():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_sigusr1_before_a_time_limit_asks_for_a_checkpoint_like_sigterm():
+    """SLURM's `--signal=B:USR1@<seconds>` (PyTorch Lightning's convention): without a handler, SIGUSR1 would end
+    the driver at once."""
+    before = signal.getsignal(signal.SIGUSR1)
+    with StopRequest().installed() as stop:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.requested and stop.signal_name == "SIGUSR1"
+    assert signal.getsignal(signal.SIGUSR1) is before
+    assert RunStopped("SIGUSR1", signal.SIGUSR1, 3, "/ckpt/global_step_3", "HINT.").exit_code == 138
+
+
 def test_a_second_signal_exits_at_once_with_128_plus_its_number():
     program = (
         "import os, signal, time\n"

@@ -1,8 +1,8 @@
 """How a run ends when it cannot finish: a stop signal, or a worker process that died.
 
-SIGTERM (what SLURM and Kubernetes send before they stop a job) and SIGINT (Ctrl-C) ask the driver to stop: the
-current step finishes, a checkpoint is written, and the run exits with 128 + the signal number (143, 130) and one
-line saying where the checkpoint is. A second signal exits at once, without a checkpoint. The handlers replace Ray's
+SIGTERM (what SLURM and Kubernetes send before they stop a job), SIGINT (Ctrl-C) and SIGUSR1 (what SLURM jobs are
+often set to send before their time limit) ask the driver to stop: the current step finishes, a checkpoint is
+written, and the run exits with 128 + the signal number (143, 130, 138) and one line saying where the checkpoint is. A second signal exits at once, without a checkpoint. The handlers replace Ray's
 own SIGTERM handler in the driver, which would otherwise tear the local cluster down (workers included) at once.
 Only the driver gets a signal sent to its pid. A signal sent to every process of the job (a process-group kill,
 SLURM's scancel) also reaches the local Ray cluster's own processes: SIGINT is blocked in them, SIGTERM ends them.
@@ -24,7 +24,9 @@ from typing import Any
 
 
 logger = logging.getLogger(__name__)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGUSR1: what SLURM jobs are often told to send before their time limit (`--signal=B:USR1@<seconds>`, the
+# convention of PyTorch Lightning's requeueing); without a handler it would end the driver without a checkpoint.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 # How often, once a stop was asked, the driver checks that the local Ray cluster survived the signal.
@@ -46,7 +48,7 @@ def _local_cluster_processes() -> list:
 
 
 class StopRequest:
-    """Set by the first SIGTERM / SIGINT while ``installed()``; the trainer reads it between steps.
+    """Set by the first stop signal (``STOP_SIGNALS``) while ``installed()``; the trainer reads it between steps.
 
     ``resume_hint`` (set by the trainer) says where a run can resume from; the watch's message ends with it.
     """
@@ -99,7 +101,7 @@ class StopRequest:
 
     @contextmanager
     def installed(self) -> Iterator["StopRequest"]:
-        """Handle SIGTERM and SIGINT in this (the main) thread until the block ends, then restore the handlers."""
+        """Handle the stop signals in this (the main) thread until the block ends, then restore the handlers."""
         previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._handle)
