@@ -196,7 +196,9 @@ class RayWorkerGroup:
                 for pid, node_id, log_file in self.apply_all(_process_identity)
             ]
             self._memory_watch = _MemoryWatch(self.processes)
-            logger.info("%s", self.placement())
+            # on the console only for a run over several nodes (where a rank is matters then)
+            several_nodes = len({process.node_id for process in self.processes}) > 1
+            logger.log(logging.INFO if several_nodes else logging.DEBUG, "%s", self.placement())
         except BaseException:
             self.kill()
             raise
