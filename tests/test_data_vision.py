@@ -14,6 +14,7 @@ from transformers import Qwen2VLImageProcessor
 from easyrl.config import DataConfig
 from easyrl.data.collate import collate_fn
 from easyrl.data.dataset import RLHFDataset
+from easyrl.data.template import media_in_messages
 from easyrl.data.vision import PictureSizing, UnreadableMediaError, load_image, load_video
 from easyrl.testing.tiny_vl import tiny_vl_processor
 from easyrl.testing.tiny_vlms import tiny_qwen3_vl_processor
@@ -403,6 +404,72 @@ def test_pictures_without_placeholders_go_before_the_text(tmp_path, vl_tokenizer
     pair = "<|vision_start|><|image_pad|><|vision_end|>" * 2
     assert f"<|im_start|>user\n{pair}Which is wider?<|im_end|>" in tokenizer.decode(item["raw_prompt_ids"])
     assert pad_counts(item["input_ids"], tokenizer) == (4 + 8, 0)
+
+
+def test_pictures_load_from_data_uris_and_urls_and_a_bad_one_is_named_briefly(tmp_path):
+    import base64
+    import functools
+    import http.server
+    import threading
+
+    image = picture(40, 30)
+    uri = "data:image/png;base64," + base64.b64encode(png_bytes(image)).decode()
+    image.save(tmp_path / "a.png")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/a.png"
+        for source in (uri, url):
+            assert np.array_equal(np.asarray(load_image(source)), np.asarray(image))
+        with pytest.raises(UnreadableMediaError, match=r"cannot download .*/missing\.png': HTTP 404"):
+            load_image(url.replace("a.png", "missing.png"))
+    finally:
+        server.shutdown()
+    broken = uri[:-40] + "!!!!" + uri[-36:]
+    with pytest.raises(UnreadableMediaError, match=r"base64 is malformed") as error:
+        load_image(broken)
+    assert len(str(error.value)) < 300  # the picture is named by its start and size, not a screenful of base64
+
+
+def test_chat_messages_that_carry_their_own_pictures(tmp_path, vl_tokenizer_and_processor):
+    """Qwen's own format ({"type": "image", "image": path}), transformers' ({"type": "image", "url": ...}) and
+    OpenAI's ({"type": "image_url", "image_url": {"url": "data:..."}}): the pictures are read from the parts, in
+    order, and the chat template gets bare image parts."""
+    import base64
+
+    tokenizer, processor = vl_tokenizer_and_processor
+    picture(56, 56).save(tmp_path / "a.png")
+    uri = "data:image/png;base64," + base64.b64encode(png_bytes(picture(112, 56))).decode()
+
+    def row(parts, images=None):
+        return {"prompt": [{"role": "user", "content": parts}], "answer": "1", "images": images}
+
+    text = {"type": "text", "text": "How many?"}
+    rows = [
+        row([{"type": "image", "image": str(tmp_path / "a.png")}, text]),
+        row(
+            [
+                {"type": "image", "url": f"file://{tmp_path / 'a.png'}"},
+                text,
+                {"type": "image_url", "image_url": {"url": uri}},
+            ]
+        ),
+        row([text, {"type": "image_url", "image_url": {"url": uri}}]),
+        row([{"type": "image", "image": "a.png"}, text], images=["a.png"]),  # both: which pictures? skipped
+        row([text]),
+    ]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "m.parquet"))  # parts with every key, None if unused
+    dataset = RLHFDataset(str(tmp_path / "m.parquet"), tokenizer, processor, vl_config(tmp_path))
+    assert [index for index, _ in dataset.unusable_rows] == [3]
+    assert "name their own pictures/videos and the row also has some" in dataset.unusable_rows[0][1]
+    sizes = [[im.size for im in (dataset[i]["multi_modal_data"] or {}).get("images", [])] for i in range(4)]
+    assert sizes == [[(56, 56)], [(56, 56), (112, 56)], [(112, 56)], []]
+    assert [pad_counts(dataset[i]["input_ids"], tokenizer)[0] for i in range(4)] == [4, 12, 8, 0]
+    block = "<|vision_start|><|image_pad|><|vision_end|>"
+    assert f"How many?{block}<|im_end|>" in tokenizer.decode(dataset[2]["raw_prompt_ids"])
+    # OpenAI also allows the URL as a plain string
+    assert media_in_messages([{"role": "user", "content": [{"type": "image_url", "image_url": uri}]}]) == ([uri], [])
 
 
 def test_rows_whose_text_does_not_match_their_pictures_are_skipped_and_named(

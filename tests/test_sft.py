@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -110,6 +111,20 @@ def test_a_picture_takes_its_pads_in_the_prompt_and_the_labels_stay_on_the_repli
     assert item["position_ids"].shape == (3, 46)
     assert item["position_ids"][:, -1].tolist() == [43, 43, 43]
     assert len(item["multi_modal_data"]["images"]) == 1
+    # the same conversation in Qwen's / OpenAI's format: the picture named inside the message, no image column
+    Image.new("RGB", (56, 56), (255, 0, 0)).save(tmp_path / "red.png")
+    for part in (
+        {"type": "image", "image": str(tmp_path / "red.png")},
+        {"type": "image_url", "image_url": {"url": str(tmp_path / "red.png")}},
+    ):
+        named = [{"role": "user", "content": [part, {"type": "text", "text": "How many?"}]}, *messages[1:]]
+        same = encoder.encode({"messages": named})
+        assert torch.equal(same["input_ids"], ids) and torch.equal(same["loss_mask"], item["loss_mask"])
+        assert np.array_equal(
+            np.asarray(same["multi_modal_data"]["images"][0]), np.asarray(item["multi_modal_data"]["images"][0])
+        )
+    with pytest.raises(UnusableConversationError, match=r"name their own pictures and the row also has some"):
+        encoder.encode({"messages": named, "images": [Image.new("RGB", (56, 56))]})
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused_with_the_key_to_change():

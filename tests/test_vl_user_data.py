@@ -249,3 +249,40 @@ def test_the_reported_setup_trains_with_the_default_kl_settings(red_dots_dataset
     for step, row in metrics.items():
         assert math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["actor/entropy"]), (step, row)
         assert row["rollout/logprob_abs_diff/mean"] < LOGPROB_TOLERANCE, (step, row["rollout/logprob_abs_diff/mean"])
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 120)
+def test_chat_messages_that_carry_their_pictures_train_and_match_vllm(red_dots_dataset, tiny_vlm_paths, tmp_path):
+    """The same pictures given the way Qwen's and OpenAI's chat formats give them: inside the messages, as
+    {"type": "image", "image": path} and {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}},
+    with no image column. The actor and vLLM must both see them (equal log-probs)."""
+    import base64
+    import json
+
+    rows = []
+    for i, line in enumerate((red_dots_dataset / "data.jsonl").read_text().splitlines()):
+        original = json.loads(line)
+        path = red_dots_dataset / original["images"][0]
+        if i % 2:
+            url = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+            picture = {"type": "image_url", "image_url": {"url": url}, "image": None}
+        else:
+            picture = {"type": "image", "image": str(path), "image_url": None}
+        text = {"type": "text", "text": "How many red dots are in the picture?", "image": None, "image_url": None}
+        rows.append({"prompt": [{"role": "user", "content": [picture, text]}], "answer": original["answer"]})
+    data_file = tmp_path / "messages.jsonl"
+    data_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    save_dir, log_path = tmp_path / "checkpoints", tmp_path / "train.log"
+    args = user_data_overrides(data_file, tmp_path, tiny_vlm_paths["qwen2_5_vl"], save_dir) + [
+        "data.prompt_key=prompt",
+        "data.format_prompt=",
+        "worker.rollout.n=2",
+        "trainer.n_gpus_per_node=1",
+        "worker.rollout.tensor_parallel_size=1",
+        "trainer.max_steps=1",
+    ]
+    run_training(args, log_path, RUN_TIMEOUT_S)
+    (row,) = metrics_by_step(save_dir).values()
+    assert math.isfinite(row["actor/pg_loss"]) and row["actor/grad_norm"] > 0, row
+    assert row["rollout/logprob_abs_diff/mean"] < LOGPROB_TOLERANCE, row["rollout/logprob_abs_diff/mean"]
+    assert "cannot be used" not in log_path.read_text(errors="replace")  # no row was skipped

@@ -37,7 +37,10 @@ class DataConfig:
     column: ``reward_model.ground_truth`` for verl's data); rows without one are skipped like rows without a prompt
     (see prompt_key)."""
     image_key: str = "images"
-    """Column holding a list of images (paths, {"bytes": ...} dicts or PIL images)."""
+    """Column holding a list of images (paths, file:// or http(s) URLs, data:image/...;base64 URIs, {"bytes": ...}
+    dicts or PIL images). Chat-message prompts may name their pictures inside their content parts instead (Qwen's
+    {"type": "image", "image": ...}, OpenAI's {"type": "image_url", "image_url": {"url": ...}}); a row may not do
+    both."""
     video_key: str = "videos"
     """Column holding a list of videos (paths or lists of frames)."""
     image_dir: Optional[str] = None

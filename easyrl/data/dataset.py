@@ -44,7 +44,14 @@ from ..config import DataConfig
 from .rope import make_position_id_fn
 from .sources import load_rows, split_path
 from .synthetic import BUILTIN_PREFIX
-from .template import ChatTemplate, PromptFormatter, build_messages, conversation_messages, is_chat_messages
+from .template import (
+    ChatTemplate,
+    PromptFormatter,
+    build_messages,
+    conversation_messages,
+    is_chat_messages,
+    media_in_messages,
+)
 from .vision import PictureSizing, UnreadableMediaError, load_image, load_video
 
 
@@ -140,6 +147,14 @@ class RowEncoder:
         """Loaded images, videos and each video's sampling rate; raises UnreadableMediaError."""
         cfg = self.config
         images, videos = _as_list(row.get(cfg.image_key)), _as_list(row.get(cfg.video_key))
+        in_messages = media_in_messages(row_value(row, cfg.prompt_key))  # Qwen's / OpenAI's content parts
+        if any(in_messages):
+            if images or videos:
+                raise UnusableRowError(
+                    f"the prompt's messages name their own pictures/videos and the row also has some in "
+                    f"data.image_key={cfg.image_key!r} / data.video_key={cfg.video_key!r}; keep one of the two"
+                )
+            images, videos = in_messages
         if (images or videos) and self.processor is None:
             raise ValueError(
                 f"{self.config_key}: rows have images/videos but the model has no processor; use a vision-language "
@@ -345,7 +360,9 @@ class RLHFDataset(Dataset):
         self.unusable_rows: list[tuple[int, str]] = []
         self.num_filtered_overlong = 0
         self.num_truncated = 0
-        self.has_media = any(key in self.rows.column_names for key in (config.image_key, config.video_key))
+        self.has_media = any(
+            key in self.rows.column_names for key in (config.image_key, config.video_key)
+        ) or self._messages_carry_media(processor)
         # verl's data keeps a row's metadata there; a reward function written for verl is handed it
         self.has_extra_info = EXTRA_INFO_KEY in self.rows.column_names
         # a reward function written for TRL is handed every column of the row (TRL's GRPOTrainer passes them all);
@@ -368,6 +385,18 @@ class RLHFDataset(Dataset):
     # ------------------------------------------------------------------------------------------------------------------
     # set-up checks
     # ------------------------------------------------------------------------------------------------------------------
+    def _messages_carry_media(self, processor: Any) -> bool:
+        """Some chat-message prompt names its own pictures or videos in its content parts (Qwen's and OpenAI's
+        format); only the prompt column is read."""
+        column = self.config.prompt_key.split(".")[0]
+        if processor is None or column not in self.rows.column_names:
+            return False
+        if not is_chat_messages(row_value(self.rows[0], self.config.prompt_key)):
+            return False
+        return any(
+            any(media_in_messages(row_value({column: value}, self.config.prompt_key))) for value in self.rows[column]
+        )
+
     def _check_columns(self) -> None:
         if len(self.rows) == 0:
             raise ValueError(

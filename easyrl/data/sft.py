@@ -36,7 +36,14 @@ from ..config.schema import DataConfig, SFTConfig
 from .dataset import _as_list, _is_missing, _name_rows, data_folder
 from .rope import make_position_id_fn
 from .sources import load_rows
-from .template import PLACEHOLDER, ChatTemplate, PromptFormatter, conversation_messages, is_chat_messages
+from .template import (
+    PLACEHOLDER,
+    ChatTemplate,
+    PromptFormatter,
+    conversation_messages,
+    is_chat_messages,
+    media_in_messages,
+)
 from .vision import PictureSizing, UnreadableMediaError, load_image
 
 
@@ -79,7 +86,7 @@ def normalize_messages(messages: Any, num_images: int) -> list[dict[str, Any]]:
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind == "text":
                     parts.extend(_text_parts(str(part.get("text") or "")))
-                elif kind == "image":
+                elif kind in ("image", "image_url"):  # its picture, if it names one, is read by `images`
                     parts.append({"type": "image"})
                 else:
                     raise UnusableConversationError(f"message {index} has a content part {part!r}: not text or image")
@@ -191,6 +198,18 @@ class ConversationEncoder:
         images = _as_list(row.get(self.data.image_key))
         if _as_list(row.get(self.data.video_key)):
             raise UnusableConversationError("videos are not supported in SFT data yet")
+        conversation = row.get(self.sft.messages_key)
+        in_messages, videos = media_in_messages(
+            row.get(self.data.prompt_key) if _is_missing(conversation) else conversation
+        )  # Qwen's / OpenAI's content parts that name their pictures
+        if videos:
+            raise UnusableConversationError("videos are not supported in SFT data yet")
+        if in_messages and images:
+            raise UnusableConversationError(
+                f"the messages name their own pictures and the row also has some in data.image_key="
+                f"{self.data.image_key!r}; keep one of the two"
+            )
+        images = images or in_messages
         if images and self.processor is None:
             raise ValueError(
                 f"{self.config_key}: rows have images but the model has no processor; use a vision-language model "
@@ -262,16 +281,19 @@ class SFTDataset(Dataset):
         self.rows = load_rows(data_path, config_key)
         media_dirs = tuple(folder for folder in (data.image_dir, data_folder(data_path)) if folder)
         self.encoder = ConversationEncoder(tokenizer, processor, data, sft, config_key, media_dirs, model_config)
+        # a media column, or (found while encoding) messages that name their own pictures
         self.has_media = data.image_key in self.rows.column_names
         self.unusable_rows: list[tuple[int, str]] = []
         self.overlong_rows: list[int] = []
         kept = []
         for index in range(len(self.rows)):
             try:
-                length = len(self.encoder.encode(self.rows[index])["input_ids"])
+                encoded = self.encoder.encode(self.rows[index])
             except (UnusableConversationError, UnreadableMediaError) as error:
                 self.unusable_rows.append((index, str(error)))
                 continue
+            length = len(encoded["input_ids"])
+            self.has_media = self.has_media or "multi_modal_data" in encoded
             if length > sft.max_length:
                 self.overlong_rows.append(index)
             else:

@@ -105,6 +105,38 @@ def is_chat_messages(value: Any) -> bool:
     return isinstance(value, (list, tuple, np.ndarray))
 
 
+# Where a content part names its picture or video: Qwen's / qwen-vl-utils' {"type": "image", "image": ...},
+# transformers' {"type": "image", "url" | "path": ...}, OpenAI's {"type": "image_url", "image_url": {"url": ...}}.
+MEDIA_SOURCE_KEYS = {"image": ("image", "url", "path"), "video": ("video", "url", "path")}
+
+
+def _part_media(part: Any) -> tuple[str, Any] | None:
+    """(kind, source) of a content part that carries its own picture or video, else None."""
+    if not isinstance(part, dict):
+        return None
+    if part.get("type") == "image_url":
+        url = part.get("image_url")
+        return "image", url.get("url") if isinstance(url, dict) else url
+    kind = part.get("type")
+    for key in MEDIA_SOURCE_KEYS.get(kind, ()):
+        if part.get(key) is not None:
+            return kind, part[key]
+    return None
+
+
+def media_in_messages(conversation: Any) -> tuple[list, list]:
+    """(pictures, videos) that a chat-message prompt carries inside its content parts, in order (see
+    ``MEDIA_SOURCE_KEYS``); empty when the media come from the row's columns instead."""
+    found: dict[str, list] = {"image": [], "video": []}
+    for message in conversation if is_chat_messages(conversation) else []:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, (list, tuple, np.ndarray)) else []:
+            media = _part_media(part)
+            if media is not None:
+                found[media[0]].append(media[1])
+    return found["image"], found["video"]
+
+
 def conversation_messages(
     conversation: list, formatter: PromptFormatter, num_images: int = 0, num_videos: int = 0
 ) -> list[dict[str, Any]]:
@@ -123,7 +155,18 @@ def conversation_messages(
                 f"the prompt is a list, so it must be chat messages {{'role': ..., 'content': ...}}; item {i} is "
                 f"{str(message)[:80]!r}"
             )
-        messages.append(copy.deepcopy(message))  # the row's own value stays as it is
+        message = copy.deepcopy(message)  # the row's own value stays as it is
+        if isinstance(content, list):
+            # a part that names its picture is a bare part for the chat template; a part read from parquet carries
+            # every key of every part (None where unused), and Qwen's template takes a part with an `image` key
+            # for a picture: the None keys go
+            message["content"] = [
+                {"type": media[0]}
+                if (media := _part_media(part)) is not None
+                else {key: value for key, value in part.items() if value is not None}
+                for part in message["content"]
+            ]
+        messages.append(message)
     users = [message for message in messages if message["role"] == "user"]
     if not users:
         raise ValueError("the prompt's chat messages hold no `user` message")

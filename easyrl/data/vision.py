@@ -18,6 +18,8 @@ outside its range could never take effect anyway (EasyR1's dataset resize follow
 same sizes, up to rounding, with two interpolations instead of one).
 """
 
+import base64
+import binascii
 import importlib
 import inspect
 import io
@@ -69,12 +71,41 @@ def _open_image(image: Any, media_dir: str | Sequence[str | None] | None) -> Ima
         raise UnreadableMediaError(f"image dict has neither 'bytes' nor 'path' (keys: {sorted(image)})")
     if isinstance(image, (bytes, bytearray)):
         return Image.open(io.BytesIO(image))
+    if isinstance(image, str) and image.startswith("data:"):  # a data URI: data:image/png;base64,<bytes>
+        header, comma, payload = image.partition(",")
+        if not comma or not header.endswith(";base64"):
+            raise UnreadableMediaError("a data URI image must be base64: data:image/<format>;base64,<data>")
+        try:
+            return Image.open(io.BytesIO(base64.b64decode(payload, validate=True)))
+        except binascii.Error as error:
+            raise UnreadableMediaError(f"the data URI's base64 is malformed: {error}") from error
+    if isinstance(image, str) and image.startswith(("http://", "https://")):
+        return Image.open(io.BytesIO(_download(image)))
     if isinstance(image, str):
         return Image.open(resolve_path(image, media_dir))
     raise UnreadableMediaError(f"unsupported image value of type {type(image).__name__}")
 
 
+URL_TIMEOUT_S = 30.0
+
+
+def _download(url: str) -> bytes:
+    """The bytes at an http(s) URL (qwen-vl-utils reads pictures from URLs too); an error says what failed."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S) as response:
+            return response.read()
+    except urllib.error.HTTPError as error:
+        raise UnreadableMediaError(f"cannot download {url!r}: HTTP {error.code} {error.reason}") from error
+    except (urllib.error.URLError, TimeoutError, OSError) as error:
+        raise UnreadableMediaError(f"cannot download {url!r}: {getattr(error, 'reason', error)}") from error
+
+
 def _describe(image: Any) -> str:
+    if isinstance(image, str) and len(image) > 120:  # a data URI: its start and size, not a screenful of base64
+        return f"{image[:60]!r}... ({len(image)} characters)"
     if isinstance(image, str):
         return repr(image)
     if isinstance(image, dict) and image.get("bytes") is None and image.get("path"):
