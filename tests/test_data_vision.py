@@ -142,6 +142,23 @@ def test_video_row_of_frames(tmp_path, vl_tokenizer_and_processor):
     assert item["position_ids"][0, video].unique().diff().tolist() == [2]
 
 
+def test_a_video_named_inside_a_message_is_read_like_one_in_the_video_column(tmp_path, vl_tokenizer_and_processor):
+    tokenizer, processor = vl_tokenizer_and_processor
+    for i in range(4):
+        picture(56, 56, i).save(tmp_path / f"f{i}.png")
+    frames = [f"f{i}.png" for i in range(4)]
+    column = {"prompt": "What moves?", "answer": "x", "videos": [frames]}
+    part = {"type": "video", "video": frames}
+    named = {"prompt": [{"role": "user", "content": [part, {"type": "text", "text": "What moves?"}]}], "answer": "x"}
+    items = [
+        RLHFDataset(write_jsonl(tmp_path / f"{name}.jsonl", [row]), tokenizer, processor, vl_config(tmp_path))[0]
+        for name, row in (("column", column), ("named", named))
+    ]
+    assert torch.equal(items[0]["multi_modal_data"]["videos"][0], items[1]["multi_modal_data"]["videos"][0])
+    assert torch.equal(items[0]["input_ids"], items[1]["input_ids"])
+    assert pad_counts(items[1]["input_ids"], tokenizer) == (0, 8)
+
+
 def test_corrupt_image_row_is_skipped_counted_and_reported(tmp_path, vl_tokenizer_and_processor, caplog):
     tokenizer, processor = vl_tokenizer_and_processor
     picture(56, 56).save(tmp_path / "ok.png")
