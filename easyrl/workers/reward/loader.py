@@ -20,9 +20,10 @@ A function written for TRL, one that takes `completions` (TRL's GRPOTrainer call
 completion_ids=..., **columns)` once per batch and gets a list of numbers back), is called that way in a file without
 REWARD_TYPE: `completions` are the responses (as `[{"role": "assistant", "content": ...}]` where the prompt was chat
 messages), `prompts` the prompts (their chat messages where the data has them, as TRL passes them; otherwise the
-text the model saw), and the columns are every column of the row but the
-picture and video columns, the answer (data.answer_key) also as `ground_truth`, and `data_source` and `extra_info`. A None in the returned list (TRL: the function does not
-apply to that sample) scores 0. A parameter without a default that none of these fill stops the run before it starts.
+text the model saw), and the columns are every column of the row but the picture and video columns, the answer
+(data.answer_key) also as `ground_truth`, and `data_source` and `extra_info`. A None in the returned list (TRL: the
+function does not apply to that sample) scores 0. A parameter without a default that none of these fill stops the
+run before it starts.
 As TRL does, the call also passes `trainer_state` (`global_step`: training steps done, `max_steps`, `epoch`),
 `log_metric(name, value)` (the value is logged as reward/<name> for the batch) and `log_extra(column, values)`
 (accepted; easyrl keeps no completions table, and says so once). An `async def` function is awaited. A function
