@@ -106,6 +106,18 @@ def test_summary_without_accuracy_uses_overall_and_the_threshold():
         summarize(rows, correct_key="accuracy")
 
 
+def test_combined_functions_are_judged_by_their_accuracy_not_the_weighted_sum():
+    # TRL's accuracy_reward + format_reward at weight 1 each: a well-formatted wrong answer has overall 1
+    scores = [
+        {"overall": 1.0, "accuracy_reward": 0.0, "format_reward": 1.0},
+        {"overall": 2.0, "accuracy_reward": 1.0, "format_reward": 1.0},
+    ]
+    rows = [{"index": 0, "data_source": "s", "responses": ["a", "b"], "scores": scores}]
+    results = summarize(rows)
+    assert results["correct"] == "accuracy_reward >= 1" and results["sources"]["s"]["pass@1"] == pytest.approx(0.5)
+    assert summarize(rows, correct_key="overall")["sources"]["s"]["pass@1"] == pytest.approx(1.0)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # the resumable file
 # ----------------------------------------------------------------------------------------------------------------------

@@ -698,7 +698,8 @@ class EvalConfig:
     `<trainer.save_checkpoint_path>/eval_generations.jsonl`."""
     correct_key: Optional[str] = None
     """The reward score that decides whether a sample is correct (pass@k); null: `accuracy` when the reward function
-    returns it, else `overall`."""
+    returns it, else its one score named like an accuracy (`accuracy_reward` of combined TRL-style functions), else
+    `overall`."""
     correct_threshold: float = 1.0
     """A sample is correct when its `correct_key` score is at least this (the rule rewards give 0 or 1 accuracy)."""
     val_sampling: bool = False
