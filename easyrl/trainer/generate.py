@@ -218,7 +218,7 @@ class GenerationRun:
 
     def __init__(self, plan: RunPlan) -> None:
         from ..data.loader import create_val_loader
-        from .main import chat_tools, init_ray, load_model_side, trl_reward_function
+        from .main import check_reward_columns, dataset_options, init_ray, load_model_side, load_run_reward
 
         if not plan.config.data.val_files:
             raise ValueError(
@@ -227,18 +227,12 @@ class GenerationRun:
         self.plan = plan
         setup_driver_logging(plan.config.trainer.save_checkpoint_path)
         self.tokenizer, processor, model_config = load_model_side(plan)
-        trl_reward = trl_reward_function(plan.config)
+        self.reward_fn = load_run_reward(plan.config)
+        options = dataset_options(plan.config, self.reward_fn)
         self.val_loader = create_val_loader(
-            plan.config.data,
-            self.tokenizer,
-            processor,
-            model_config=model_config,
-            tools=chat_tools(plan.config),
-            carry_columns=trl_reward is not None,
+            plan.config.data, self.tokenizer, processor, model_config=model_config, **options
         )
-        if trl_reward is not None:
-            columns = self.val_loader.dataset.carried_columns
-            trl_reward.check_columns(columns, plan.config.data.answer_key, "data.val_files")
+        check_reward_columns(plan.config, self.reward_fn, {"data.val_files": self.val_loader})
         init_ray(plan)
         self.workers = None
         self.reward = None
@@ -253,7 +247,7 @@ class GenerationRun:
             groups = self.workers.start()
             self.rollout = groups.actor_rollout
             if config.worker.reward.reward_function:
-                self.reward = self.workers.reward_scorer(self.tokenizer)
+                self.reward = self.workers.reward_scorer(self.tokenizer, self.reward_fn)
         except BaseException:
             self.close()
             raise

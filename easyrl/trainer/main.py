@@ -69,6 +69,7 @@ class RunData:
     processor: Any
     train_loader: Any
     val_loader: Any
+    reward_fn: Any = None  # the loaded reward function (see load_run_reward), handed on to the scorer
 
 
 def load_model_side(plan: RunPlan) -> tuple[Any, Any, Any]:
@@ -89,25 +90,43 @@ def load_model_side(plan: RunPlan) -> tuple[Any, Any, Any]:
     return tokenizer, processor, load_hf_config(model, "causal_lm")
 
 
-def chat_tools(config: Any) -> list[dict] | None:
-    """The tool schemas the chat template advertises (multi-turn rollouts with tools), as in training."""
-    if not config.worker.rollout.multi_turn.tools:
-        return None
-    from ..workers.rollout.multi_turn import tool_schemas
-
-    return tool_schemas(config.worker.rollout.multi_turn.tools)
-
-
-def trl_reward_function(config: Any) -> Any:
-    """The run's reward function when it is written for TRL (imported here, on the driver), else None. Its datasets
-    carry every column of a row, which TRL's GRPOTrainer hands a reward function."""
-    from ..workers.reward.loader import TRL_REWARD_TYPE, load_reward_function
-
+def load_run_reward(config: Any) -> Any:
+    """The run's reward function, imported once, on the driver (None without worker.reward.reward_function): the
+    datasets ask it whether to carry every column of a row (a function written for TRL gets them all, as TRL's
+    GRPOTrainer hands them over), and the run's scorer then uses it (a file is not imported twice)."""
     reward = config.worker.reward
     if not reward.reward_function:
         return None
-    function = load_reward_function(reward.reward_function, reward.reward_function_kwargs, reward.reward_weights)
-    return function if function.uses(TRL_REWARD_TYPE) else None
+    from ..workers.reward.loader import load_reward_function
+
+    return load_reward_function(reward.reward_function, reward.reward_function_kwargs, reward.reward_weights)
+
+
+def _takes_columns(reward_fn: Any) -> bool:
+    from ..workers.reward.loader import TRL_REWARD_TYPE
+
+    return reward_fn is not None and reward_fn.uses(TRL_REWARD_TYPE)
+
+
+def dataset_options(config: Any, reward_fn: Any) -> dict[str, Any]:
+    """The datasets' options beyond the data keys: ``tools``, the schemas the chat template advertises (multi-turn
+    rollouts with tools), and ``carry_columns`` for a reward function written for TRL."""
+    tools = None
+    if config.worker.rollout.multi_turn.tools:
+        from ..workers.rollout.multi_turn import tool_schemas
+
+        tools = tool_schemas(config.worker.rollout.multi_turn.tools)
+    return {"tools": tools, "carry_columns": _takes_columns(reward_fn)}
+
+
+def check_reward_columns(config: Any, reward_fn: Any, loaders: dict[str, Any]) -> None:
+    """A reward function written for TRL that takes a parameter the data has no column for is refused now, before
+    Ray starts, not at the first batch (``loaders``: config key -> loader or None)."""
+    if not _takes_columns(reward_fn):
+        return
+    for key, loader in loaders.items():
+        if loader is not None:
+            reward_fn.check_columns(loader.dataset.carried_columns, config.data.answer_key, key)
 
 
 def prepare_run_data(plan: RunPlan) -> RunData:
@@ -121,21 +140,13 @@ def prepare_run_data(plan: RunPlan) -> RunData:
 
         text_config = getattr(model_config, "text_config", None) or model_config
         check_heads(text_config, config.worker.actor.ulysses_size, "worker.actor.ulysses_size")
-    trl_reward = trl_reward_function(config)
+    reward_fn = load_run_reward(config)
     train_loader, val_loader = create_dataloaders(
-        config.data,
-        tokenizer,
-        processor,
-        model_config=model_config,
-        tools=chat_tools(config),
-        carry_columns=trl_reward is not None,
+        config.data, tokenizer, processor, model_config=model_config, **dataset_options(config, reward_fn)
     )
-    if trl_reward is not None:  # a parameter the data has no column for: named now, not at the first batch
-        for key, loader in (("data.train_files", train_loader), ("data.val_files", val_loader)):
-            if loader is not None:
-                trl_reward.check_columns(loader.dataset.carried_columns, config.data.answer_key, key)
+    check_reward_columns(config, reward_fn, {"data.train_files": train_loader, "data.val_files": val_loader})
     plan = plan.with_training_steps(len(train_loader))
-    return RunData(plan, tokenizer, processor, train_loader, val_loader)
+    return RunData(plan, tokenizer, processor, train_loader, val_loader, reward_fn)
 
 
 class RunWorkers:
@@ -193,14 +204,16 @@ class RunWorkers:
             raise RuntimeError("The workers are not running: no reward model to score with.")
         return self.groups[0]
 
-    def reward_scorer(self, tokenizer: Any) -> Any:
-        """The run's `RewardScorer`, scoring with the reward model on these workers when the plan has one."""
+    def reward_scorer(self, tokenizer: Any, reward_fn: Any = None) -> Any:
+        """The run's `RewardScorer`, scoring with the reward model on these workers when the plan has one;
+        ``reward_fn``: the reward function already loaded on the driver (None: the scorer loads it)."""
         from ..workers.reward.scorer import RewardScorer
 
         config = self.plan.config
         return RewardScorer(
             config.worker.reward,
             tokenizer,
+            reward_fn=reward_fn,
             run_dir=config.trainer.save_checkpoint_path,
             reward_model_group=self.reward_model_group if self.plan.use_reward_model else None,
             answer_key=config.data.answer_key,
@@ -253,7 +266,7 @@ def build_trainer(plan: RunPlan, data: RunData | None = None, stop: Any = None) 
     run_workers = RunWorkers(plan)
     try:
         workers = run_workers.start()
-        reward = run_workers.reward_scorer(data.tokenizer)
+        reward = run_workers.reward_scorer(data.tokenizer, data.reward_fn)
     except BaseException:
         run_workers.release()
         tracker.finish()

@@ -46,6 +46,8 @@ from .loader import (
     RESERVED_SCORE_NAMES,
     TRL_REWARD_TYPE,
     VERL_REWARD_TYPE,
+    CombinedReward,
+    RewardFunction,
     RewardFunctionError,
     load_reward_function,
 )
@@ -143,6 +145,7 @@ class RewardScorer:
         reward_model_group=None,
         answer_key: str | None = None,
         prompt_key: str | None = None,
+        reward_fn: RewardFunction | CombinedReward | None = None,
     ):
         """`in_process=True` calls the function in this process, with no deadline and no protection from a
         function that hangs or exits the process: for tests and tools that run without Ray, never for training.
@@ -151,7 +154,8 @@ class RewardScorer:
         `run_dir`: the run's folder; logs/judge_engine_0.log in it gets the output of a `vllm` judge's engine
         (None: it stays on the console). `answer_key`: data.answer_key, the column name a function written for TRL
         gets the answers under; `prompt_key`: data.prompt_key, whose chat messages such a function gets as `prompts` (as
-        TRL passes conversational prompts)."""
+        TRL passes conversational prompts). `reward_fn`: the function of `config`, when the driver has loaded it already
+        (None: it is loaded here)."""
         if not config.reward_function:
             raise RewardFunctionError("`worker.reward.reward_function` is not set; give path/to/file.py:function.")
         self.config = config
@@ -159,8 +163,8 @@ class RewardScorer:
         self.answer_key = answer_key
         self.prompt_key = prompt_key
         self.chunks_per_actor = chunks_per_actor
-        # loading here first reports a broken file at once, with the driver's traceback
-        self.reward_fn = load_reward_function(
+        # loading on the driver first reports a broken file at once, with the driver's traceback
+        self.reward_fn = reward_fn or load_reward_function(
             config.reward_function, config.reward_function_kwargs, config.reward_weights
         )
         logger.info(self.reward_fn.describe())
