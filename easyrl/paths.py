@@ -40,11 +40,19 @@ def shipped_files_hint(folder: str) -> str:
     return hint + "."
 
 
+FUNCTION_SEPARATOR = ","  # a reward spec `path.py:f,g` names several functions of one file, combined
+
+
+def names_functions(suffix: str) -> bool:
+    """``suffix`` (what follows a spec's last `:`) names one function, or several joined by FUNCTION_SEPARATOR."""
+    return all(part.isidentifier() for part in suffix.split(FUNCTION_SEPARATOR))
+
+
 def _split_function(path: str, folder: str) -> tuple[str, str]:
     """(file, `:function` suffix or ""); only reward specs carry a function."""
     if folder == "reward_function":
         file, sep, name = path.rpartition(":")
-        if sep and all(part.isidentifier() for part in name.split(",")):  # `:f` or `:f,g` (combined functions)
+        if sep and names_functions(name):
             return file, sep + name
     return path, ""
 

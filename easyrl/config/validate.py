@@ -15,15 +15,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..demo import builtin_models
-from ..paths import BUILTIN_PREFIX, looks_local, shipped_files_hint
+from ..paths import BUILTIN_PREFIX, FUNCTION_SEPARATOR, looks_local, shipped_files_hint
 from ..utils.platform import nvidia_gpus_visible
 from ..workers.reward.judge import CHAT_PATH, compile_score_pattern, load_template
-from ..workers.reward.loader import (
-    FUNCTION_SEPARATOR,
-    RewardFunctionError,
-    parse_user_file,
-    resolve_reward_function,
-)
+from ..workers.reward.loader import RewardFunctionError, parse_user_file, resolve_reward_function
 from .schema import ConfigError, JudgeConfig, PPOConfig
 
 

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...paths import shipped_files_hint
+from ...paths import FUNCTION_SEPARATOR, names_functions, shipped_files_hint
 
 
 EASYR1_DEFAULT_FUNCTION = "main"  # what EasyR1 calls when the spec names no function
@@ -68,7 +68,6 @@ ROW_FIELD_ARGUMENTS = ("ground_truth", "data_source", "extra_info")  # easyrl's 
 DEFAULT_REWARD_TYPE = "batch"  # EasyR1's default for a file without REWARD_TYPE
 CONFIG_KEY = "worker.reward.reward_function"
 WEIGHTS_KEY = "worker.reward.reward_weights"
-FUNCTION_SEPARATOR = ","  # `path.py:f,g`: several functions of one file, combined (TRL's reward_funcs)
 RESERVED_SCORE_NAMES = ("errors", "timeouts")  # the scorer's own counts, reward/errors and reward/timeouts
 
 
@@ -192,10 +191,7 @@ class RewardFunction:
     @functools.cached_property
     def trl_arguments(self) -> set[str] | None:
         """The argument names a function written for TRL declares; None when it takes ``**kwargs`` (it gets all)."""
-        parameters = _parameters(self.fn)
-        if not parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-            return None
-        return {p.name for p in parameters}
+        return _declared_names(self.fn)
 
     def _log_extra(self, column: str, values: list) -> None:
         if not self._log_extra_warned:
@@ -342,7 +338,7 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     if not spec:
         raise RewardFunctionError(f"`{CONFIG_KEY}` is empty; give a reward module as path/to/file.py:function.")
     path, sep, name = spec.rpartition(":")
-    if not sep or not all(part.isidentifier() for part in name.split(FUNCTION_SEPARATOR)):
+    if not sep or not names_functions(name):
         return spec, None
     return path, name
 
@@ -491,7 +487,7 @@ def load_reward_function(
     parts = []
     for name in names:
         fn = getattr(module, name, None)
-        accepted = _parameter_names(fn) if callable(fn) and _takes_only_declared(fn) else None
+        accepted = _declared_names(fn) if callable(fn) else None
         part_kwargs = kwargs if accepted is None else {k: v for k, v in kwargs.items() if k in accepted}
         parts.append(_load_one(module, path, path_text, name, part_kwargs))
     unused = [key for key in kwargs if not any(key in part.kwargs for part in parts)]
@@ -506,11 +502,6 @@ def load_reward_function(
 def function_names(requested: str | None) -> list[str | None]:
     """The function names of a spec's `:f,g` part ([None]: the file's `main` / `compute_score` rule chooses)."""
     return requested.split(FUNCTION_SEPARATOR) if requested else [None]
-
-
-def _takes_only_declared(fn: Callable) -> bool:
-    parameters = _parameters(fn)
-    return bool(parameters) and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def _load_one(module: Any, path: Path, path_text: str, requested: str | None, kwargs: dict) -> RewardFunction:
@@ -576,9 +567,16 @@ def _parameter_names(fn: Callable) -> set[str]:
     return {parameter.name for parameter in _parameters(fn)}
 
 
+def _declared_names(fn: Callable) -> set[str] | None:
+    """The argument names ``fn`` declares; None when any name reaches it (it takes ``**kwargs``, or has no known
+    signature)."""
+    parameters = _parameters(fn)
+    if not parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name for p in parameters}
+
+
 def _verl_arguments(fn: Callable) -> set[str]:
     """The names of verl's four arguments that ``fn`` takes (all four when it takes ``**kwargs``)."""
-    parameters = _parameters(fn)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return set(VERL_ARGUMENTS)
-    return {p.name for p in parameters if p.name in VERL_ARGUMENTS}
+    declared = _declared_names(fn)
+    return set(VERL_ARGUMENTS) if declared is None else declared & set(VERL_ARGUMENTS)
