@@ -2,8 +2,9 @@
 
 SIGTERM (what SLURM and Kubernetes send before they stop a job), SIGINT (Ctrl-C) and SIGUSR1 (what SLURM jobs are
 often set to send before their time limit) ask the driver to stop: the current step finishes, a checkpoint is
-written, and the run exits with 128 + the signal number (143, 130, 138) and one line saying where the checkpoint is. A second signal exits at once, without a checkpoint. The handlers replace Ray's
-own SIGTERM handler in the driver, which would otherwise tear the local cluster down (workers included) at once.
+written, and the run exits with 128 + the signal number (143, 130, 138) and one line saying where the checkpoint is.
+A second signal exits at once, without a checkpoint. The handlers replace Ray's own SIGTERM handler in the driver,
+which would otherwise tear the local cluster down (workers included) at once.
 Only the driver gets a signal sent to its pid. A signal sent to every process of the job (a process-group kill,
 SLURM's scancel) also reaches the local Ray cluster's own processes: SIGINT is blocked in them, SIGTERM ends them.
 Without its cluster the driver can save nothing, and Ray would end it only after a minute of reconnection attempts:
