@@ -13,6 +13,7 @@ import torch
 
 from easyrl.config.schema import DataConfig, SFTConfig
 from easyrl.data.collate import sft_collate
+from easyrl.data.dataset import UnusableRowError
 from easyrl.data.sft import ConversationEncoder, UnusableConversationError, labelled_pieces
 from tests.fixtures.trainer_runs import (
     REPO_ROOT,
@@ -123,8 +124,80 @@ def test_a_picture_takes_its_pads_in_the_prompt_and_the_labels_stay_on_the_repli
         assert np.array_equal(
             np.asarray(same["multi_modal_data"]["images"][0]), np.asarray(item["multi_modal_data"]["images"][0])
         )
-    with pytest.raises(UnusableConversationError, match=r"name their own pictures and the row also has some"):
+    with pytest.raises(UnusableRowError, match=r"name their own pictures/videos and the row also has some"):
         encoder.encode({"messages": named, "images": [Image.new("RGB", (56, 56))]})
+
+
+def test_a_video_and_a_picture_in_two_turns_are_tokenized_and_placed_as_in_one_processor_call(tmp_path):
+    """Each turn is tokenized on its own with the media whose pads it holds: the ids, grids and 3-D rope positions
+    equal those of the whole conversation in one processor call, the video is the dataset's sampled frames (what the
+    actor encodes), and a video named inside its message part is read like one in the video column."""
+    from PIL import Image
+    from transformers import AutoConfig
+
+    from easyrl.data.dataset import video_kwargs
+    from easyrl.data.rope import make_position_id_fn
+    from easyrl.data.tokenizer import load_tokenizer_and_processor
+    from easyrl.testing.tiny_vl import build_tiny_qwen2_5_vl
+
+    path = build_tiny_qwen2_5_vl(tmp_path / "vl")
+    tokenizer, processor = load_tokenizer_and_processor(str(path))
+    model_config = AutoConfig.from_pretrained(path)
+    data = DataConfig(min_pixels=28 * 28, max_pixels=56 * 56, video_fps=2.0)
+    encoder = ConversationEncoder(
+        tokenizer, processor, data, SFTConfig(), "data.train_files", (str(tmp_path),), model_config=model_config
+    )
+    for i in range(4):
+        Image.new("RGB", (56, 56), (60 * i, 0, 0)).save(tmp_path / f"f{i}.png")
+    Image.new("RGB", (56, 28), (0, 0, 255)).save(tmp_path / "blue.png")
+    frames = [f"f{i}.png" for i in range(4)]
+    messages = [
+        {"role": "user", "content": "<video>What moves?"},
+        {"role": "assistant", "content": "red"},
+        {"role": "user", "content": "And here? <image>"},
+        {"role": "assistant", "content": "blue"},
+    ]
+    item = encoder.encode({"messages": messages, "videos": [frames], "images": ["blue.png"]})
+    ids = item["input_ids"]
+    video_pad, image_pad = processor.video_token_id, processor.image_token_id
+    # 4 frames / temporal patch 2 = 2 steps x 2x2 merged tokens; the 56x28 picture: 2x1
+    assert (int((ids == video_pad).sum()), int((ids == image_pad).sum())) == (8, 2)
+    assert [text for _, text in labelled(encoder, item)] == ["red", "<|im_end|>", "blue", "<|im_end|>"]
+    assert int(torch.nonzero(ids == video_pad).max()) < int(torch.nonzero(ids == image_pad).min())
+    media = item["multi_modal_data"]
+    assert media["videos"][0].shape == (4, 3, 56, 56) and media["video_fps"] == [2.0]
+    assert [image.size for image in media["images"]] == [(56, 28)]
+
+    whole_text = encoder.render(encoder.messages({"messages": messages}, 1, 1), False)
+    whole = processor(
+        text=[whole_text], images=media["images"], videos=media["videos"], add_special_tokens=False,
+        return_tensors="pt", **video_kwargs(media["videos"], media["video_fps"]),
+    )  # fmt: skip
+    assert torch.equal(ids, whole["input_ids"][0])
+    expected = make_position_id_fn(processor, model_config)(dict(whole))
+    assert torch.equal(item["position_ids"], expected)
+    # the video's two time steps are tokens_per_second * temporal_patch / fps = 2 positions apart
+    assert item["position_ids"][0, ids == video_pad].unique().diff().tolist() == [2]
+
+    video_part = {"type": "video", "video": frames}
+    picture_part = {"type": "image_url", "image_url": {"url": "blue.png"}}
+    named = [
+        {"role": "user", "content": [video_part, {"type": "text", "text": "What moves?"}]},
+        messages[1],
+        {"role": "user", "content": [{"type": "text", "text": "And here? "}, picture_part]},
+        messages[3],
+    ]
+    same = encoder.encode({"messages": named})
+    assert torch.equal(same["input_ids"], ids) and torch.equal(same["position_ids"], item["position_ids"])
+    assert torch.equal(same["multi_modal_data"]["videos"][0], media["videos"][0])
+    # a video place without a video, a video in a reply: skipped with the reason
+    with pytest.raises(
+        UnusableConversationError, match="1 <image> and 1 <video> placeholders but the row has 1 images and 0"
+    ):
+        encoder.encode({"messages": messages, "images": ["blue.png"]})
+    reply_video = [messages[0], {"role": "assistant", "content": "<video>"}]
+    with pytest.raises(UnusableConversationError, match="an assistant message holds an image or video"):
+        encoder.encode({"messages": reply_video, "videos": [frames, frames]})
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused_with_the_key_to_change():
@@ -412,9 +485,10 @@ def test_lora_sft_of_a_vision_language_model_writes_a_merged_model_with_its_proc
 
 
 @pytest.mark.slow
-def test_sft_of_a_vision_language_model_matches_a_plain_forward_with_pictures_in_two_turns(tmp_path):
-    """Pictures in the first and a later user turn: the workers' first-step loss (padding-free, pixel inputs built per
-    micro-batch) equals a plain Hugging Face forward of each conversation with its pictures."""
+def test_sft_of_a_vision_language_model_matches_a_plain_forward_with_pictures_and_videos_in_two_turns(tmp_path):
+    """A picture in the first user turn, a picture or a video (mixed rows in one micro-batch) in a later one: the
+    workers' first-step loss (padding-free, pixel inputs built per micro-batch) equals a plain Hugging Face forward of
+    each conversation with its media."""
     from PIL import Image
     from transformers import AutoModelForImageTextToText
 
@@ -430,11 +504,12 @@ def test_sft_of_a_vision_language_model_matches_a_plain_forward_with_pictures_in
             "messages": [
                 {"role": "user", "content": "<image>What colour?"},
                 {"role": "assistant", "content": f"Colour {n}."},
-                {"role": "user", "content": "And this one? <image>"},
+                {"role": "user", "content": f"And this one? {'<video>' if n % 2 else '<image>'}"},
                 {"role": "assistant", "content": f"Colour {(n + 1) % 4}."},
             ],
-            "images": [f"img{n}.png", f"img{(n + 1) % 4}.png"],
+            "images": [f"img{n}.png"] if n % 2 else [f"img{n}.png", f"img{(n + 1) % 4}.png"],
         }
+        | ({"videos": [[f"img{(n + 1) % 4}.png"] * 2 + [f"img{n}.png"] * 2]} if n % 2 else {})
         for n in range(4)
     ]
     data = tmp_path / "vl.jsonl"
@@ -464,12 +539,14 @@ def test_sft_of_a_vision_language_model_matches_a_plain_forward_with_pictures_in
     with torch.no_grad():
         for row in rows:
             item = encoder.encode(row)
-            pixels = processor.image_processor(images=item["multi_modal_data"]["images"], return_tensors="pt")
-            logits = model(
-                input_ids=item["input_ids"][None],
-                pixel_values=pixels["pixel_values"],
-                image_grid_thw=pixels["image_grid_thw"],
-            ).logits[0, :-1]
+            media = item["multi_modal_data"]
+            inputs = dict(processor.image_processor(images=media["images"], return_tensors="pt"))
+            if "videos" in media:
+                videos = processor.video_processor(videos=media["videos"], do_sample_frames=False, return_tensors="pt")
+                inputs.update(videos)
+            # the positions the dataset computed (vLLM's and the released Qwen2.5-VL's rope after a video)
+            inputs["position_ids"] = item["position_ids"][:, None]
+            logits = model(input_ids=item["input_ids"][None], **inputs).logits[0, :-1]
             nll = torch.nn.functional.cross_entropy(logits, item["input_ids"][1:], reduction="none")
             mask = item["loss_mask"][1:].bool()
             total, count = total + float(nll[mask].sum()), count + int(mask.sum())

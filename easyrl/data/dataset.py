@@ -144,31 +144,11 @@ class RowEncoder:
     pad_ids: dict[str, int] = field(default_factory=dict)
 
     def media(self, row: dict) -> tuple[list, list, list[float]]:
-        """Loaded images, videos and each video's sampling rate; raises UnreadableMediaError."""
-        cfg = self.config
-        images, videos = _as_list(row.get(cfg.image_key)), _as_list(row.get(cfg.video_key))
-        in_messages = media_in_messages(row_value(row, cfg.prompt_key))  # Qwen's / OpenAI's content parts
-        if any(in_messages):
-            if images or videos:
-                raise UnusableRowError(
-                    f"the prompt's messages name their own pictures/videos and the row also has some in "
-                    f"data.image_key={cfg.image_key!r} / data.video_key={cfg.video_key!r}; keep one of the two"
-                )
-            images, videos = in_messages
-        if (images or videos) and self.processor is None:
-            raise ValueError(
-                f"{self.config_key}: rows have images/videos but the model has no processor; use a vision-language "
-                "model or drop the media columns."
-            )
-        images = [
-            load_image(image, self.media_dirs, self.sizing, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
-            for image in images
-        ]
-        frames_and_fps = [
-            load_video(video, self.media_dirs, cfg.video_fps, cfg.min_pixels, cfg.max_pixels, cfg.max_frames)
-            for video in videos
-        ]
-        return images, [frames for frames, _ in frames_and_fps], [fps for _, fps in frames_and_fps]
+        """Loaded images, videos and each video's sampling rate; raises UnreadableMediaError / UnusableRowError."""
+        return load_row_media(
+            row, self.config, row_value(row, self.config.prompt_key), self.processor, self.media_dirs, self.sizing,
+            self.config_key,
+        )  # fmt: skip
 
     def prompt(self, row: dict, index: int, num_images: int, num_videos: int) -> str:
         text = row_value(row, self.config.prompt_key)
@@ -194,7 +174,7 @@ class RowEncoder:
                 videos=videos or None,
                 add_special_tokens=False,
                 return_tensors="pt",
-                **_video_kwargs(videos, fps),
+                **video_kwargs(videos, fps),
             )
         else:
             model_inputs = self.tokenizer([prompt], add_special_tokens=False, return_tensors="pt")
@@ -276,7 +256,45 @@ def _unusable(error: Exception) -> dict[str, Any]:
     return {"length": -1, "shortest_cut": -1, "unusable": str(error), "missing": missing}
 
 
-def _video_kwargs(videos: list, fps: list[float]) -> dict[str, Any]:
+def load_row_media(
+    row: dict,
+    config: DataConfig,
+    conversation: Any,
+    processor: Any,
+    media_dirs: tuple[str, ...],
+    sizing: PictureSizing | None,
+    config_key: str,
+) -> tuple[list, list, list[float]]:
+    """A row's loaded images, videos and each video's sampling rate: from ``data.image_key`` / ``data.video_key``, or
+    from the content parts of ``conversation`` (the row's chat messages) that name their own (Qwen's / OpenAI's
+    format); both at once is an UnusableRowError, a file that cannot be read an UnreadableMediaError. Shared by RL
+    prompts and SFT conversations."""
+    images, videos = _as_list(row.get(config.image_key)), _as_list(row.get(config.video_key))
+    in_messages = media_in_messages(conversation)
+    if any(in_messages):
+        if images or videos:
+            raise UnusableRowError(
+                f"the messages name their own pictures/videos and the row also has some in "
+                f"data.image_key={config.image_key!r} / data.video_key={config.video_key!r}; keep one of the two"
+            )
+        images, videos = in_messages
+    if (images or videos) and processor is None:
+        raise ValueError(
+            f"{config_key}: rows have images/videos but the model has no processor; use a vision-language model or "
+            "drop the media columns."
+        )
+    images = [
+        load_image(image, media_dirs, sizing, min_pixels=config.min_pixels, max_pixels=config.max_pixels)
+        for image in images
+    ]
+    frames_and_fps = [
+        load_video(video, media_dirs, config.video_fps, config.min_pixels, config.max_pixels, config.max_frames)
+        for video in videos
+    ]
+    return images, [frames for frames, _ in frames_and_fps], [fps for _, fps in frames_and_fps]
+
+
+def video_kwargs(videos: list, fps: list[float]) -> dict[str, Any]:
     """Tell the processor the rate the frames were sampled at (it sets the temporal rope spacing from it)."""
     if not videos:
         return {}

@@ -3,9 +3,10 @@
 A row is either a conversation, ``sft.messages_key`` (default ``messages``): an OpenAI-style list of
 ``{"role": ..., "content": ...}``, or a single exchange: ``data.prompt_key`` (the user's turn, passed through
 ``data.format_prompt`` as in RL, so the model learns the prompt the RL run will show it) and ``sft.response_key``
-(the assistant's reply). Pictures come from ``data.image_key`` as in RL data: ``<image>`` placeholders in a message's
-text (or ``{"type": "image"}`` parts) mark where each goes; with no placeholder at all they go before the first
-user message's text.
+(the assistant's reply). Pictures and videos come from ``data.image_key`` / ``data.video_key`` (or from content parts
+that name them) and are read exactly as for RL prompts: ``<image>`` / ``<video>`` placeholders in a message's text (or
+``{"type": "image"}`` / ``{"type": "video"}`` parts) mark where each goes; with no placeholder at all they go before
+the first user message's text.
 
 Where the loss falls (the labels): the chat template is rendered turn by turn. For the assistant message i,
 ``render(messages[:i], add_generation_prompt=True)`` is what the model reads before it answers (exactly the prompt an
@@ -19,10 +20,10 @@ turns differently once later turns follow (one that drops earlier reasoning) can
 skipped and named.
 
 One item: ``input_ids`` (L,), ``loss_mask`` (L,) 0/1, ``position_ids`` (L,) or (3, L) for Qwen-VL, and
-``multi_modal_data`` for datasets with a media column. ``collate.sft_collate`` turns items into the actor's layout:
-the part before the first labelled token is the "prompt" (left-padded), the rest the "response" (right-padded) whose
-``response_mask`` is the loss mask, so the actor's padding-free forward pass and its token-mean denominator serve SFT
-unchanged.
+``multi_modal_data`` ({"images", "videos", "video_fps"} as in RL items) for datasets with media.
+``collate.sft_collate`` turns items into the actor's layout: the part before the first labelled token is the "prompt"
+(left-padded), the rest the "response" (right-padded) whose ``response_mask`` is the loss mask, so the actor's
+padding-free forward pass and its token-mean denominator serve SFT unchanged.
 """
 
 import logging
@@ -33,7 +34,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config.schema import DataConfig, SFTConfig
-from .dataset import _as_list, _is_missing, _name_rows, data_folder
+from .dataset import UnusableRowError, _as_list, _is_missing, _name_rows, data_folder, load_row_media, video_kwargs
 from .rope import make_position_id_fn
 from .sources import load_rows
 from .template import (
@@ -42,34 +43,23 @@ from .template import (
     PromptFormatter,
     conversation_messages,
     is_chat_messages,
-    media_in_messages,
+    place_media,
+    placeholder_parts,
 )
-from .vision import PictureSizing, UnreadableMediaError, load_image
+from .vision import PictureSizing, UnreadableMediaError
 
 
 logger = logging.getLogger(__name__)
 
 
-class UnusableConversationError(ValueError):
+class UnusableConversationError(UnusableRowError):
     """A row that cannot be trained on as it stands; the dataset skips it, counts it and names it."""
 
 
-def _text_parts(text: str) -> list[dict[str, Any]]:
-    parts: list[dict[str, Any]] = []
-    for piece in PLACEHOLDER.split(text):
-        if piece == "<image>":
-            parts.append({"type": "image"})
-        elif piece == "<video>":
-            raise UnusableConversationError("videos are not supported in SFT data yet; remove the <video> placeholder")
-        elif piece:
-            parts.append({"type": "text", "text": piece})
-    return parts
-
-
-def normalize_messages(messages: Any, num_images: int) -> list[dict[str, Any]]:
-    """Messages with plain string content where there is no picture, typed parts where there are; checks that the
-    number of picture places equals ``num_images`` (placeholders absent: the pictures go before the first user
-    message's text)."""
+def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> list[dict[str, Any]]:
+    """Messages with plain string content where there is no picture or video, typed parts where there are; checks that
+    the places of pictures and videos match the row's ``num_images`` / ``num_videos`` (no placeholder at all: the media
+    go before the first user message's text, pictures first)."""
     messages = _as_list(messages)
     if not messages:
         raise UnusableConversationError("the conversation has no messages")
@@ -79,41 +69,46 @@ def normalize_messages(messages: Any, num_images: int) -> list[dict[str, Any]]:
             raise UnusableConversationError(f"message {index} is not a {{role, content}} dict")
         content = message["content"]
         if isinstance(content, str):
-            parts = _text_parts(content) if PLACEHOLDER.search(content) else content
+            parts = placeholder_parts(content) if PLACEHOLDER.search(content) else content
         else:  # typed parts; a column read by `datasets` fills the keys a part lacks with None
             parts = []
             for part in _as_list(content):
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind == "text":
-                    parts.extend(_text_parts(str(part.get("text") or "")))
-                elif kind in ("image", "image_url"):  # its picture, if it names one, is read by `images`
-                    parts.append({"type": "image"})
+                    parts.extend(placeholder_parts(str(part.get("text") or "")))
+                elif kind in MEDIA_PART_KINDS:  # its picture or video, if it names one, is read by `media`
+                    parts.append({"type": MEDIA_PART_KINDS[kind]})
                 else:
-                    raise UnusableConversationError(f"message {index} has a content part {part!r}: not text or image")
+                    raise UnusableConversationError(
+                        f"message {index} has a content part {part!r}: not text, image or video"
+                    )
         out.append({"role": str(message["role"]), "content": parts})
-    places = sum(_picture_places(message["content"]) for message in out)
-    if places == 0 and num_images:
-        first_user = next((m for m in out if m["role"] == "user"), None)
-        if first_user is None:
-            raise UnusableConversationError("the row has images but no user message to put them in")
-        text = first_user["content"]
-        text_parts = [{"type": "text", "text": text}] if isinstance(text, str) else text
-        first_user["content"] = [{"type": "image"}] * num_images + text_parts
-    elif places != num_images:
+    if num_images or num_videos:
+        try:
+            place_media(out, num_images, num_videos)
+        except ValueError as error:
+            raise UnusableConversationError(str(error)) from error
+    elif places := sum(_media_places(message["content"]) for message in out):
         raise UnusableConversationError(
-            f"the conversation has {places} image places but the row has {num_images} images"
+            f"the conversation has {places} <image> / <video> places but the row has no images or videos"
         )
     for message in out:
-        if message["role"] == "assistant" and _picture_places(message["content"]):
-            raise UnusableConversationError("an assistant message holds an image; pictures go in user messages")
-        if isinstance(message["content"], list) and not _picture_places(message["content"]):
+        if message["role"] == "assistant" and _media_places(message["content"]):
+            raise UnusableConversationError(
+                "an assistant message holds an image or video; pictures and videos go in user messages"
+            )
+        if isinstance(message["content"], list) and not _media_places(message["content"]):
             # text alone is a plain string: what every chat template (text-only ones too) renders
             message["content"] = "".join(part["text"] for part in message["content"])
     return out
 
 
-def _picture_places(content: str | list[dict[str, Any]]) -> int:
-    return 0 if isinstance(content, str) else sum(part["type"] == "image" for part in content)
+# content part type -> the bare part a chat template takes (OpenAI's image_url is a picture)
+MEDIA_PART_KINDS = {"image": "image", "image_url": "image", "video": "video"}
+
+
+def _media_places(content: str | list[dict[str, Any]]) -> int:
+    return 0 if isinstance(content, str) else sum(part["type"] in ("image", "video") for part in content)
 
 
 def labelled_pieces(messages: list[dict[str, Any]], render) -> list[tuple[str, bool]]:
@@ -170,10 +165,15 @@ class ConversationEncoder:
             messages, chat_template=self._template, add_generation_prompt=add_generation_prompt, tokenize=False
         )
 
-    def messages(self, row: dict, num_images: int) -> list[dict[str, Any]]:
+    def conversation(self, row: dict) -> Any:
+        """The row's chat messages as stored: ``sft.messages_key``, else the prompt column."""
+        conversation = row.get(self.sft.messages_key)
+        return row.get(self.data.prompt_key) if _is_missing(conversation) else conversation
+
+    def messages(self, row: dict, num_images: int, num_videos: int) -> list[dict[str, Any]]:
         conversation = row.get(self.sft.messages_key)
         if not _is_missing(conversation):
-            return normalize_messages(conversation, num_images)
+            return normalize_messages(conversation, num_images, num_videos)
         prompt, response = row.get(self.data.prompt_key), row.get(self.sft.response_key)
         if _is_missing(prompt) or _is_missing(response):
             raise UnusableConversationError(
@@ -192,53 +192,44 @@ class ConversationEncoder:
             turns += [dict(message) for message in response]
         else:
             turns.append({"role": "assistant", "content": str(response)})
-        return normalize_messages(turns, num_images)
+        return normalize_messages(turns, num_images, num_videos)
 
-    def images(self, row: dict) -> list:
-        images = _as_list(row.get(self.data.image_key))
-        if _as_list(row.get(self.data.video_key)):
-            raise UnusableConversationError("videos are not supported in SFT data yet")
-        conversation = row.get(self.sft.messages_key)
-        in_messages, videos = media_in_messages(
-            row.get(self.data.prompt_key) if _is_missing(conversation) else conversation
-        )  # Qwen's / OpenAI's content parts that name their pictures
-        if videos:
-            raise UnusableConversationError("videos are not supported in SFT data yet")
-        if in_messages and images:
-            raise UnusableConversationError(
-                f"the messages name their own pictures and the row also has some in data.image_key="
-                f"{self.data.image_key!r}; keep one of the two"
-            )
-        images = images or in_messages
-        if images and self.processor is None:
-            raise ValueError(
-                f"{self.config_key}: rows have images but the model has no processor; use a vision-language model "
-                "or drop the image column."
-            )
-        return [
-            load_image(
-                image, self.media_dirs, self.sizing, min_pixels=self.data.min_pixels, max_pixels=self.data.max_pixels
-            )
-            for image in images
-        ]
+    def media(self, row: dict) -> tuple[list, list, list[float]]:
+        """The row's pictures, videos (sampled frames) and each video's sampling rate, read as for RL prompts."""
+        return load_row_media(
+            row, self.data, self.conversation(row), self.processor, self.media_dirs, self.sizing, self.config_key
+        )
 
-    def _tokenize(self, text: str, images: list) -> dict[str, Any]:
-        if images:
-            out = self.processor(text=[text], images=images, add_special_tokens=False, return_tensors="pt")
-            return {"input_ids": out["input_ids"][0], "image_grid_thw": out["image_grid_thw"]}
+    def _tokenize(self, text: str, images: list, videos: list, fps: list[float]) -> dict[str, Any]:
+        if images or videos:
+            out = self.processor(
+                text=[text],
+                images=images or None,
+                videos=videos or None,
+                add_special_tokens=False,
+                return_tensors="pt",
+                **video_kwargs(videos, fps),
+            )
+            return {"input_ids": out["input_ids"][0], **{key: out[key] for key in GRID_KEYS if key in out}}
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return {"input_ids": torch.tensor(ids, dtype=torch.long)}
 
     def encode(self, row: dict) -> dict[str, Any]:
-        images = self.images(row)
-        pieces = labelled_pieces(self.messages(row, len(images)), self.render)
-        image_token = getattr(self.processor, "image_token", None)
-        ids, labels, grids = [], [], []
-        next_image = 0
+        images, videos, fps = self.media(row)
+        pieces = labelled_pieces(self.messages(row, len(images), len(videos)), self.render)
+        media_tokens = {
+            kind: getattr(self.processor, f"{kind}_token", None) if items else None
+            for kind, items in (("image", images), ("video", videos))
+        }
+        ids, labels = [], []
+        grids: dict[str, list] = {key: [] for key in GRID_KEYS}
+        used = {"image": 0, "video": 0}
         for text, labelled in pieces:
-            count = text.count(image_token) if image_token and images else 0
-            out = self._tokenize(text, images[next_image : next_image + count])
-            next_image += count
+            # each piece is tokenized with the pictures and videos whose pads it holds, in order
+            counts = {kind: text.count(token) if token else 0 for kind, token in media_tokens.items()}
+            window = {kind: slice(used[kind], used[kind] + counts[kind]) for kind in counts}
+            out = self._tokenize(text, images[window["image"]], videos[window["video"]], fps[window["video"]])
+            used = {kind: used[kind] + counts[kind] for kind in used}
             piece_ids = out["input_ids"]
             mask = torch.zeros_like(piece_ids)
             if labelled:
@@ -248,18 +239,26 @@ class ConversationEncoder:
                 mask[: int(ends[-1]) + 1 if len(ends) else len(piece_ids)] = 1
             ids.append(piece_ids)
             labels.append(mask)
-            if "image_grid_thw" in out:
-                grids.append(out["image_grid_thw"])
-        if next_image != len(images):
+            for key in GRID_KEYS:
+                if key in out:
+                    grids[key].append(torch.as_tensor(out[key]))
+        if (used["image"], used["video"]) != (len(images), len(videos)):
             raise UnusableConversationError(
-                f"the rendered conversation holds {next_image} image tokens for {len(images)} images"
+                f"the rendered conversation holds {used['image']} image and {used['video']} video blocks for "
+                f"{len(images)} images and {len(videos)} videos"
             )
         input_ids, loss_mask = torch.cat(ids), torch.cat(labels)
-        model_inputs = {"input_ids": input_ids[None], "image_grid_thw": torch.cat(grids) if grids else None}
+        model_inputs = {"input_ids": input_ids[None]}
+        model_inputs.update({key: torch.cat(parts) for key, parts in grids.items() if parts})
         item = {"input_ids": input_ids, "loss_mask": loss_mask, "position_ids": self.position_ids(model_inputs)}
-        if images:
-            item["multi_modal_data"] = {"images": images}
+        if images or videos:  # as RL prompts carry them
+            media = {"images": images, "videos": videos, "video_fps": fps}
+            item["multi_modal_data"] = {key: value for key, value in media.items() if value}
         return item
+
+
+# what a processor returns beside the ids that the 3-D rope positions read
+GRID_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
 
 class SFTDataset(Dataset):
@@ -281,15 +280,15 @@ class SFTDataset(Dataset):
         self.rows = load_rows(data_path, config_key)
         media_dirs = tuple(folder for folder in (data.image_dir, data_folder(data_path)) if folder)
         self.encoder = ConversationEncoder(tokenizer, processor, data, sft, config_key, media_dirs, model_config)
-        # a media column, or (found while encoding) messages that name their own pictures
-        self.has_media = data.image_key in self.rows.column_names
+        # a media column, or (found while encoding) messages that name their own pictures or videos
+        self.has_media = any(key in self.rows.column_names for key in (data.image_key, data.video_key))
         self.unusable_rows: list[tuple[int, str]] = []
         self.overlong_rows: list[int] = []
         kept = []
         for index in range(len(self.rows)):
             try:
                 encoded = self.encoder.encode(self.rows[index])
-            except (UnusableConversationError, UnreadableMediaError) as error:
+            except (UnusableRowError, UnreadableMediaError) as error:
                 self.unusable_rows.append((index, str(error)))
                 continue
             length = len(encoded["input_ids"])
@@ -326,7 +325,7 @@ class SFTDataset(Dataset):
         index = int(self.row_index[item])
         try:
             out = self.encoder.encode(self.rows[index])
-        except (UnusableConversationError, UnreadableMediaError) as error:
+        except (UnusableRowError, UnreadableMediaError) as error:
             raise type(error)(f"{self.config_key}: row {index}: {error}") from error
         if self.has_media:
             out.setdefault("multi_modal_data", None)

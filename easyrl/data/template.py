@@ -96,7 +96,7 @@ class PromptFormatter:
 
 def build_messages(text: str, num_images: int = 0, num_videos: int = 0) -> list[dict[str, Any]]:
     """One user message. Text-only rows get a plain string; rows with media get typed content parts."""
-    return _place_media([{"role": "user", "content": text}], num_images, num_videos)
+    return place_media([{"role": "user", "content": text}], num_images, num_videos)
 
 
 def is_chat_messages(value: Any) -> bool:
@@ -175,10 +175,10 @@ def conversation_messages(
         users[-1]["content"] = formatter(content)
     elif isinstance(content, list) and (texts := [part for part in content if part.get("type") == "text"]):
         texts[-1]["text"] = formatter(texts[-1].get("text", ""))
-    return _place_media(messages, num_images, num_videos)
+    return place_media(messages, num_images, num_videos)
 
 
-def _parts(text: str) -> list[dict[str, Any]]:
+def placeholder_parts(text: str) -> list[dict[str, Any]]:
     """A text with ``<image>`` / ``<video>`` placeholders as typed content parts."""
     parts: list[dict[str, Any]] = []
     for piece in PLACEHOLDER.split(text):
@@ -191,17 +191,19 @@ def _parts(text: str) -> list[dict[str, Any]]:
     return parts
 
 
-def _place_media(messages: list[dict[str, Any]], num_images: int, num_videos: int) -> list[dict[str, Any]]:
+def place_media(messages: list[dict[str, Any]], num_images: int, num_videos: int) -> list[dict[str, Any]]:
     """Typed content parts for the row's media: at their placeholders, or (none anywhere) before the text of the
     first user message. Text-only rows keep their messages as they are."""
     if num_images == 0 and num_videos == 0:
         return messages
     for message in messages:
         if isinstance(message["content"], str) and PLACEHOLDER.search(message["content"]):
-            message["content"] = _parts(message["content"])
+            message["content"] = placeholder_parts(message["content"])
     kinds = [part.get("type") for m in messages if isinstance(m["content"], list) for part in m["content"]]
     if "image" not in kinds and "video" not in kinds:
-        first = next(m for m in messages if m["role"] == "user")
+        first = next((m for m in messages if m["role"] == "user"), None)
+        if first is None:
+            raise ValueError("the row has media but no user message to put them in")
         text = first["content"]
         rest = [{"type": "text", "text": text}] if isinstance(text, str) else list(text)
         first["content"] = [{"type": "image"}] * num_images + [{"type": "video"}] * num_videos + rest
@@ -209,7 +211,7 @@ def _place_media(messages: list[dict[str, Any]], num_images: int, num_videos: in
     found = kinds.count("image"), kinds.count("video")
     if found != (num_images, num_videos):
         raise ValueError(
-            f"the prompt has {found[0]} <image> and {found[1]} <video> placeholders but the row has "
+            f"the messages have {found[0]} <image> and {found[1]} <video> placeholders but the row has "
             f"{num_images} images and {num_videos} videos"
         )
     return messages
