@@ -16,8 +16,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # the same scores under the same keys on the same inputs, the templates have the same text. A missing EasyR1 path
 # to one of them is served by easyrl's copy, with a warning. Other shipped files (arithmetic.*) are easyrl's own.
 EASYR1_EQUIVALENTS = {
-    "reward_function": ("math.py", "r1v.py", "dapo.py"),
-    "format_prompt": ("math.jinja", "r1v.jinja", "dapo.jinja"),
+    "reward_function": ("math.py", "r1v.py", "dapo.py", "android_gui.py"),
+    "format_prompt": ("math.jinja", "r1v.jinja", "dapo.jinja", "android_gui.jinja"),
 }
 _CONFIG_KEYS = {"reward_function": "worker.reward.reward_function", "format_prompt": "data.format_prompt"}
 

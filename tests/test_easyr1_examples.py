@@ -1,15 +1,16 @@
-"""Every example command line of EasyR1 either runs in easyrl or is refused by `easyrl check`, naming the key and the
-reason: none passes check and then fails in the workers.
+"""Every example command line of EasyR1 runs in easyrl: none is refused, none passes check and then fails in the
+workers.
 
 The table below holds, for each `examples/**/*.sh` script of EasyR1 (hiyouga/EasyR1 at b44b311), the arguments its
 command passes after `config=examples/config.yaml` (as the program receives them: shell quotes removed, `${VAR}`
-replaced by the script's default value) and the outcome: it runs, or check refuses it and names the key.
+replaced by the script's default value) and the plan it must give.
 
 - Test A (fast): each exact command line (EasyR1's config.yaml, `tests/data/easyr1_config.yaml`, plus the script's
-  arguments; hub model ids and hub datasets as written: check does not download) goes through `load_run_plan`. The
-  ones that run get a plan with the recipe's decisions (hand-worked numbers); the refused ones raise ConfigError
-  naming the key and the fix, and pass once that key alone is changed.
-- Test B (real runs on CPU): each example that runs, shrunk to tiny sizes, trains 2 steps. Every key that decides the
+  arguments; hub model ids and hub datasets as written: check does not download) goes through `load_run_plan` and gets
+  a plan with the recipe's decisions (hand-worked numbers). EasyR1's `examples/reward_function/*.py` and
+  `examples/format_prompt/*.jinja` are served by the files easyrl ships under the same names; a file of another
+  name that does not exist is refused, naming the key and where easyrl's files are.
+- Test B (real runs on CPU): each example, shrunk to tiny sizes, trains 2 steps. Every key that decides the
   algorithm stays as the recipe sets it (estimator, KL, losses, clip ratios, loss averaging, filtering, reward file
   and its keyword arguments scaled to the tiny lengths, prompt template, validation sampling); models, data, batch
   sizes, lengths and the device count are replaced (see `tiny_overrides`). Two runs are in the default suite, the
@@ -63,12 +64,6 @@ class Example:
     """The script's path in EasyR1's repository."""
     args: tuple[str, ...]
     """The arguments after `config=examples/config.yaml`, as the program receives them."""
-    refused_key: Optional[str] = None
-    """None: the example runs; else the key check must name."""
-    refused_fix: Optional[str] = None
-    """A piece of the fix the refusal must state."""
-    accepted_with: tuple[str, ...] = ()
-    """For a refused example: the arguments that, appended, make check accept it (only the named key changes)."""
     plan: dict[str, Any] = field(default_factory=dict)
     """Expected values of the plan: dotted attribute of RunPlan -> value (hand-worked from the recipe)."""
 
@@ -181,13 +176,6 @@ EXAMPLES = [
             "trainer.val_freq=2",
             "trainer.val_generations_to_log=10",
             "trainer.save_freq=10",
-        ),
-        # EasyR1's GUI-agent reward and prompt (examples/android_gui_cookbook) have no easyrl counterpart
-        refused_key="worker.reward.reward_function",
-        refused_fix="android_gui.py",
-        accepted_with=(
-            "worker.reward.reward_function=./examples/reward_function/r1v.py:compute_score",
-            "data.format_prompt=./examples/format_prompt/r1v.jinja",
         ),
         # 32 prompts x 8 samples in one optimizer step (global_batch_size = rollout_batch_size, KL as a loss): the
         # update's own log-probs are the old ones; 32 x 8 / 2 workers = 128 samples per device
@@ -445,8 +433,7 @@ EXAMPLES = [
         plan={"world_size": 2, "ref_from_actor": True, "worker_role": "actor_rollout"},
     ),
 ]
-RUNS = [example for example in EXAMPLES if example.refused_key is None]
-REFUSED = [example for example in EXAMPLES if example.refused_key is not None]
+RUNS = EXAMPLES
 BY_NAME = {example.name: example for example in EXAMPLES}
 
 
@@ -475,9 +462,8 @@ def plan_value(plan: RunPlan, dotted: str) -> Any:
 # Test A: the exact command lines through check
 # ----------------------------------------------------------------------------------------------------------------------
 def test_the_table_holds_every_example_script_of_easyr1():
-    # 20 scripts at b44b311: 19 run, 1 is refused (the Android GUI agent's reward and prompt)
+    # 20 scripts at b44b311, all run (the Android GUI agent's since easyrl ships android_gui.py and .jinja)
     assert len(EXAMPLES) == 20 and len(BY_NAME) == 20
-    assert (len(RUNS), len(REFUSED)) == (19, 1)
 
 
 def _resolved(plan: RunPlan, key: str) -> Any:
@@ -514,26 +500,6 @@ def test_example_that_runs_passes_check_with_the_recipes_plan(example):
     assert any("enforce_eager" in note for note in plan.notes)
 
 
-@pytest.mark.parametrize("example", REFUSED, ids=lambda e: e.name)
-def test_example_that_cannot_run_is_refused_naming_the_key_and_the_fix(example):
-    with pytest.raises(ConfigError) as refusal:
-        load_run_plan(command_line(example))
-    message = str(refusal.value)
-    assert f"`{example.refused_key}`" in message, message
-    assert example.refused_fix in message, message
-
-
-@pytest.mark.parametrize("example", REFUSED, ids=lambda e: e.name)
-def test_refused_example_passes_once_the_named_key_is_changed(example):
-    # the named key is the only obstacle: the rest of the recipe plans as written
-    plan = load_run_plan(command_line(example, *example.accepted_with))
-    for argument in example.args:
-        if argument.split("=")[0] not in {a.split("=")[0] for a in example.accepted_with}:
-            _assert_argument_took_effect(plan, argument)
-    for dotted, value in expected_plan(example).items():
-        assert plan_value(plan, dotted) == value, dotted
-
-
 def test_dapo17k_recipe_plans_dapo_with_easyrl_files_of_easyr1s_contract(caplog):
     plan = load_run_plan(command_line(BY_NAME["qwen3_14b_dapo17k_dapo"], "worker.actor.ulysses_size=1"))
     config = plan.config
@@ -549,18 +515,34 @@ def test_dapo17k_recipe_plans_dapo_with_easyrl_files_of_easyr1s_contract(caplog)
     assert "online filtering may add rounds" in plan.describe()
 
 
-def test_android_gui_refusal_says_where_easyrls_reward_files_are():
-    with pytest.raises(ConfigError) as refusal:
-        load_run_plan(command_line(BY_NAME["qwen2_5_vl_3b_android_gui_grpo"]))
-    assert str(PROJECT_ROOT / "reward_function") in str(refusal.value)
+def test_android_gui_recipe_plans_with_easyrl_files_of_easyr1s_contract():
+    config = load_run_plan(command_line(BY_NAME["qwen2_5_vl_3b_android_gui_grpo"])).config
+    assert config.worker.reward.reward_function == (
+        f"{PROJECT_ROOT / 'reward_function' / 'android_gui.py'}:compute_score"
+    )
+    assert config.data.format_prompt == str(PROJECT_ROOT / "format_prompt" / "android_gui.jinja")
+    assert (config.data.filter_overlong_prompts, config.worker.rollout.limit_images) == (False, 1)
 
 
-def test_android_gui_prompt_refusal_says_where_easyrls_templates_are():
+# A reward file or a template of a name easyrl does not ship, where the recipe's own file is not there either
+MISSING_REWARD = "worker.reward.reward_function=examples/reward_function/gui_agent.py:compute_score"
+MISSING_TEMPLATE = "data.format_prompt=examples/format_prompt/gui_agent.jinja"
+
+
+@pytest.mark.parametrize(
+    ("argument", "key", "folder"),
+    [
+        (MISSING_REWARD, "worker.reward.reward_function", "reward_function"),
+        (MISSING_TEMPLATE, "data.format_prompt", "format_prompt"),
+    ],
+)
+def test_a_missing_file_easyrl_does_not_ship_is_refused_naming_the_key_and_easyrls_files(argument, key, folder):
     example = BY_NAME["qwen2_5_vl_3b_android_gui_grpo"]
     with pytest.raises(ConfigError) as refusal:
-        load_run_plan(command_line(example, example.accepted_with[0]))  # a reward file that exists
-    assert "`data.format_prompt`" in str(refusal.value)
-    assert str(PROJECT_ROOT / "format_prompt") in str(refusal.value)
+        load_run_plan(command_line(example, argument))
+    message = str(refusal.value)
+    assert f"`{key}`" in message and "gui_agent." in message, message
+    assert str(PROJECT_ROOT / folder) in message and "android_gui." in message, message
 
 
 @pytest.mark.parametrize("name", ["qwen2_5_7b_math_grpo", "qwen2_5_vl_7b_geo3k_swanlab"])
@@ -581,9 +563,15 @@ def test_check_refuses_a_remote_logger_that_cannot_start(name, tmp_path):
     assert "trainer.logger" in result.stderr
 
 
-def test_easyrl_check_exits_2_naming_the_key_of_a_refused_example():
+def test_easyrl_check_exits_2_naming_the_key_of_a_missing_reward_file():
     result = subprocess.run(
-        [sys.executable, "-m", "easyrl", "check", *command_line(BY_NAME["qwen2_5_vl_3b_android_gui_grpo"])],
+        [
+            sys.executable,
+            "-m",
+            "easyrl",
+            "check",
+            *command_line(BY_NAME["qwen2_5_vl_3b_android_gui_grpo"], MISSING_REWARD),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -591,7 +579,7 @@ def test_easyrl_check_exits_2_naming_the_key_of_a_refused_example():
     )
     assert result.returncode == 2, result.stderr
     assert "worker.reward.reward_function" in result.stderr
-    assert "android_gui.py" in result.stderr
+    assert "gui_agent.py" in result.stderr
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -599,7 +587,7 @@ def test_easyrl_check_exits_2_naming_the_key_of_a_refused_example():
 # ----------------------------------------------------------------------------------------------------------------------
 # The answer each scripted model writes (with probability 1/2, else nothing), in the format of the recipe's reward:
 # math.py wants `<think>...</think>...\boxed{...}`, r1v.py `<think>...</think><answer>...</answer>`, dapo.py a line
-# `Answer: ...`. The shapes pictures mostly hold one shape of the asked kind (answer "1"); the DAPO stand-in data
+# `Answer: ...`, android_gui.py a card position. The shapes pictures mostly hold one shape of the asked kind (answer "1"); the DAPO stand-in data
 # (`tiny_data`) is answered right.
 SCRIPTED_ANSWERS = {
     "math": "<think>x</think>\\boxed{1}",
@@ -607,6 +595,8 @@ SCRIPTED_ANSWERS = {
     # of the 4 `>`: the vocabulary has few tokens holding one (`>)`, `><`, `>\\`, `>`), hence the odd spelling
     "r1v": "<think>) </think><answer>\\boxed{1}</answer>",
     "dapo": "Answer: 7",
+    # android_gui.py reads the first 0, 1 or 2: the middle card (the stand-in data's right card, see `tiny_data`)
+    "android_gui": "1",
 }
 SEVENS = DATA_DIR / "sevens"
 MODEL_KEY = "worker.actor.model.model_path"
@@ -729,6 +719,43 @@ def scripted_models(tiny_model_path, tmp_path_factory):
     return get
 
 
+def number_game_rows(count: int, seed: int) -> list[dict]:
+    """Rows shaped as EasyR1's Android GUI data (yuehua-s/numbergame): a phone-shaped screenshot (90 x 200) with a
+    traffic light at the top and three numbered cards, `problem` "<image>", `answer` the card position as text.
+    The right card is always the middle one ("1"), so the scripted model's answer is right on every row (as the
+    shapes and sevens stand-ins are): the light and the numbers vary, the rule then puts the right one in the middle."""
+    import io
+    import random
+
+    from PIL import Image, ImageDraw
+
+    rng = random.Random(seed)
+    lights = {"green": (40, 200, 60), "red": (220, 40, 40), "yellow": (240, 200, 30)}
+    rows = []
+    for _ in range(count):
+        light = rng.choice(sorted(lights))
+        low, mid, high = sorted(rng.sample(range(1, 100), 3))
+        outer = [low, high]
+        rng.shuffle(outer)
+        # green: the largest in the middle; red: the smallest; yellow: the middle one
+        middle = {"green": high, "red": low, "yellow": mid}[light]
+        rest = [n for n in (low, mid, high) if n != middle]
+        rng.shuffle(rest)
+        cards = [rest[0], middle, rest[1]]
+        image = Image.new("RGB", (90, 200), (245, 245, 245))
+        draw = ImageDraw.Draw(image)
+        for slot, name in enumerate(("red", "yellow", "green")):
+            fill = lights[name] if name == light else (90, 90, 90)
+            draw.ellipse((30 + slot * 12 - 5, 15, 30 + slot * 12 + 5, 25), fill=fill)
+        for slot, number in enumerate(cards):
+            draw.rectangle((5 + slot * 28, 90, 29 + slot * 28, 130), outline=(0, 0, 0), fill=(255, 255, 255))
+            draw.text((10 + slot * 28, 104), str(number), fill=(0, 0, 0))
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        rows.append({"problem": "<image>", "answer": "1", "images": [{"bytes": buffer.getvalue(), "path": None}]})
+    return rows
+
+
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory) -> Callable[[str], tuple[str, str]]:
     """Data kind -> (train_files, val_files) of the shrunk runs, written on first use.
@@ -738,6 +765,7 @@ def tiny_data(tmp_path_factory) -> Callable[[str], tuple[str, str]]:
     one picture in `images`, as geometry3k, clevr_count_70k and GEOQA_8K_R1V): EasyR1's config filters overlong
     prompts, which measures every row through the processor (a minute for the 1024 rows of shapes@train here);
     multi_image: rows of two shapes pictures each (the question is about the first), as journeybench-multi-image-vqa;
+    numbergame: phone-shaped screenshots of EasyR1's Android number game (`number_game_rows`), as yuehua-s/numbergame;
     sevens: tests/data/easyr1_examples/sevens, small sums and differences that all equal 7, the stand-in for dapo17k:
     dapo.py's filter key is the accuracy, and a model that cannot read the problem is right only where every
     answer is the same."""
@@ -769,9 +797,16 @@ def tiny_data(tmp_path_factory) -> Callable[[str], tuple[str, str]]:
         "multi_image": lambda: save(
             "multi_image", {"train": pairs(shapes("train")[:128]), "test": pairs(shapes("test")[:32])}
         ),
+        "numbergame": lambda: save(
+            "numbergame", {"train": number_game_rows(64, seed=0), "test": number_game_rows(16, seed=1)}
+        ),
         "sevens": lambda: (f"{SEVENS}@train", f"{SEVENS}@test"),
     }
     return functools.cache(lambda kind: kinds[kind]())
+
+
+# The Android GUI prompt spells out the game's rules: ~260 tokens before the screenshot's
+PROMPT_LENGTHS = {"qwen2_5_vl_3b_android_gui_grpo": 384}
 
 
 def tiny_overrides(example: Example, full: RunPlan, model_path: Path, data: tuple[str, str]) -> list[str]:
@@ -794,7 +829,7 @@ def tiny_overrides(example: Example, full: RunPlan, model_path: Path, data: tupl
         f"data.val_files={data[1]}",
         f"data.rollout_batch_size={rollout_batch}",
         f"worker.actor.global_batch_size={global_batch}",
-        f"data.max_prompt_length={192 if example.vision else 160}",
+        f"data.max_prompt_length={PROMPT_LENGTHS.get(example.name, 192 if example.vision else 160)}",
         "data.max_response_length=24",
         f"worker.actor.model.model_path={model_path}",
         f"worker.rollout.tensor_parallel_size={min(config.worker.rollout.tensor_parallel_size, world)}",
@@ -835,6 +870,8 @@ def _data_kind(example: Example) -> str:
         return "sevens"
     if example.name == "qwen2_5_vl_7b_multi_image":
         return "multi_image"
+    if example.name == "qwen2_5_vl_3b_android_gui_grpo":
+        return "numbergame"
     return "vision" if example.vision else "text"
 
 

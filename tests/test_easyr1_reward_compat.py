@@ -140,6 +140,19 @@ def test_shipped_dapo_template_renders_easyr1s_prompt_with_its_literal_backslash
     )
 
 
+def test_shipped_android_gui_template_renders_easyr1s_game_rules_then_the_content():
+    text = render("android_gui.jinja", "<image>")
+    assert text.startswith("You are playing a number selection game. Your goal is to select the CORRECT number")
+    for rule in (
+        "* **GREEN light**: Select the LARGEST number",
+        "* **RED light**: Select the SMALLEST number",
+        "* **YELLOW light**: Select the MIDDLE number (not largest, not smallest)",
+        "- 0 (left card)\n- 1 (middle card)\n- 2 (right card)",
+    ):
+        assert rule in text
+    assert text.endswith("Do not include any explanation or other text.\n\n---\n\n<image>")
+
+
 def test_template_file_is_stripped_before_rendering_as_in_easyr1(tmp_path):
     path = tmp_path / "mine.jinja"
     path.write_text("\n\n  Question: {{ content }}\nThink first.  \n\n")
@@ -163,6 +176,8 @@ def test_unknown_template_variable_renders_empty_as_in_easyr1_and_is_announced(t
         ("./examples/reward_function/dapo.py:compute_score", "reward_function", "reward_function/dapo.py"),
         ("./examples/reward_function/r1v.py", "reward_function", "reward_function/r1v.py"),
         ("./examples/format_prompt/math.jinja", "format_prompt", "format_prompt/math.jinja"),
+        ("examples/reward_function/android_gui.py:compute_score", "reward_function", "reward_function/android_gui.py"),
+        ("examples/format_prompt/android_gui.jinja", "format_prompt", "format_prompt/android_gui.jinja"),
     ],
 )
 def test_missing_easyr1_example_path_is_served_by_the_equivalent_file_with_a_warning(
@@ -181,16 +196,16 @@ def test_missing_easyr1_example_path_is_served_by_the_equivalent_file_with_a_war
 def test_missing_path_without_an_equivalent_is_left_for_the_check_to_report(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
     with caplog.at_level(logging.WARNING, logger="easyrl.config.shipped"):
-        # EasyR1's android_gui.py has no easyrl counterpart; a user's own folder is never swapped for a shipped file
-        assert resolve_shipped_file("./examples/reward_function/android_gui.py", "reward_function") == (
-            "./examples/reward_function/android_gui.py"
+        # a name easyrl does not ship; a user's own folder is never swapped for a shipped file
+        assert resolve_shipped_file("./examples/reward_function/gui_agent.py", "reward_function") == (
+            "./examples/reward_function/gui_agent.py"
         )
         assert resolve_shipped_file("./my_rewards/math.py:compute_score", "reward_function") == (
             "./my_rewards/math.py:compute_score"
         )
     assert caplog.text == ""
-    with pytest.raises(RewardFunctionError, match=r"android_gui.py` does not exist.*easyrl ships .*dapo.py, math.py"):
-        resolve_reward_function("./examples/reward_function/android_gui.py")
+    with pytest.raises(RewardFunctionError, match=r"gui_agent.py` does not exist.*easyrl ships .*dapo.py, math.py"):
+        resolve_reward_function("./examples/reward_function/gui_agent.py")
 
 
 def test_existing_path_is_made_absolute_and_kept(tmp_path, monkeypatch):

@@ -1,8 +1,8 @@
 """The shipped reward functions on real response strings, loaded the way training loads them.
 
-math.py, r1v.py and dapo.py carry EasyR1's contract: every expected value below is worked out by hand from EasyR1's
-examples/reward_function files (their formulas, regular expressions and mathruler's grading rules), except that a
-number in the answer column is graded as its text (EasyR1's files raised on it or scored it 0).
+math.py, r1v.py, dapo.py and android_gui.py carry EasyR1's contract: every expected value below is worked out by hand
+from EasyR1's examples/reward_function files (their formulas, regular expressions and mathruler's grading rules),
+except that a number in the answer column is graded as its text (EasyR1's files raised on it or scored it 0).
 """
 
 from pathlib import Path
@@ -218,3 +218,40 @@ def test_dapo_keyword_arguments_are_required_as_in_easyr1():
 def test_a_number_in_the_answer_column_grades_as_its_text(name, response, kwargs, accuracy, truth):
     # a parquet or jsonl answer column of numbers (GSM8K-style) reaches the function as int or float, not str
     assert score(name, response, truth, **kwargs)["accuracy"] == accuracy
+
+
+@pytest.mark.parametrize(
+    ("response", "truth", "right"),
+    [
+        # the cases of EasyR1's own android_gui.py, scored as it scores them
+        ("0", "0", True),
+        ("1", "1", True),
+        ("2", "2", True),
+        ("The answer is 1", "1", True),
+        ("I choose option 2", "2", True),
+        ("0", "1", False),
+        ("2", "0", False),
+        ("I don't know", "1", False),
+        ("", "2", False),
+        # the first of 0, 1, 2 anywhere: "12" names the middle card, "3 or 2" the right one; other digits are no card
+        ("12", "1", True),
+        ("3 or 2", "2", True),
+        ("\n 2 \n", "2", True),
+        ("9", "9", False),
+        # a number in the answer column is its text; no choice is never right, even against an empty answer
+        ("2", 2, True),
+        ("1", 1.0, True),
+        ("1", " 1 ", True),
+        ("no digit", "", False),
+    ],
+)
+def test_android_gui_scores_the_card_position_the_response_names(response, truth, right):
+    scores = score("android_gui", response, truth)
+    assert scores == {"overall": float(right), "accuracy": float(right)}
+
+
+def test_android_gui_is_a_batch_function_named_as_easyr1s():
+    fn = load_reward_function(str(ROOT / "reward_function" / "android_gui.py:compute_score"), {})
+    assert (fn.reward_type, fn.reward_name) == ("batch", "number_game")
+    items = [{"response": r, "response_length": 1, "ground_truth": "1"} for r in ("1", "0", "middle: 1")]
+    assert [s["overall"] for s in fn.score(items)] == [1.0, 0.0, 1.0]

@@ -44,8 +44,8 @@ EASYR1_DIFFERENCES: dict[str, str] = {
     ),
     "data.format_prompt": (
         "a template file that does not exist is an error (EasyR1 prints 'not found' and trains without a "
-        "template, which silently changes every prompt), except EasyR1's own math/r1v/dapo templates, which easyrl "
-        "ships with the same text"
+        "template, which silently changes every prompt), except EasyR1's own math/r1v/dapo/android_gui templates, "
+        "which easyrl ships with the same text"
     ),
     "worker.reward.reward_function": (
         "without `:function`, `main` is called when the file defines it and `compute_score` otherwise (EasyR1: always "

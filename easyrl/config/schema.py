@@ -69,8 +69,9 @@ class DataConfig:
     format_prompt: Optional[str] = None
     """Jinja template file applied to each prompt before the chat template: its text stripped of surrounding
     whitespace (as EasyR1 does), rendered with `content` = the row's prompt text (other variables render empty, with a
-    warning). A missing `.../format_prompt/{math,r1v,dapo}.jinja` (EasyR1's `./examples/format_prompt/...`) is
-    replaced by easyrl's copy under `format_prompt/` (EasyR1's exact text), with a warning naming both paths."""
+    warning). A missing `.../format_prompt/{math,r1v,dapo,android_gui}.jinja` (EasyR1's
+    `./examples/format_prompt/...`) is replaced by easyrl's copy under `format_prompt/` (EasyR1's exact text), with a
+    warning naming both paths."""
     override_chat_template: Optional[str] = None
     """Jinja chat-template file used instead of the tokenizer's own."""
     shuffle: bool = True
@@ -561,8 +562,8 @@ class RewardConfig:
     columns for algorithm.filter_key. In a file without REWARD_TYPE, a function that takes `solution_str` is called as
     verl calls it (once per response: data_source, solution_str, ground_truth, extra_info) and one that takes
     `completions` as TRL's GRPOTrainer calls it (once per batch: prompts, completions, completion_ids and every
-    column of the row but pictures and videos). A missing `.../reward_function/{math,r1v,dapo}.py` is replaced by
-    easyrl's file of that name (EasyR1's scores and keys), with a warning naming both paths."""
+    column of the row but pictures and videos). A missing `.../reward_function/{math,r1v,dapo,android_gui}.py` is
+    replaced by easyrl's file of that name (EasyR1's scores and keys), with a warning naming both paths."""
     reward_function_kwargs: dict = field(default_factory=dict)
     """Extra keyword arguments passed to the reward function (to each of combined functions, the ones it takes)."""
     reward_weights: Optional[list] = None
