@@ -211,21 +211,40 @@ def test_weight_buckets_hold_one_decoder_layer_each_then_the_rest(two_workers, h
 
 
 @pytest.mark.timeout(300)
-def test_folders_written_from_a_bf16_model_are_bf16_though_training_holds_fp32(ray_cluster, tiny_model_path, tmp_path):
+def test_folders_written_from_a_released_model_are_bf16_and_keep_its_generation_config(
+    ray_cluster, tiny_model_path, tmp_path, caplog
+):
     # a model released in bf16 (as most hub models are): training keeps fp32 master weights, and transformers then
-    # reports fp32 in the live config; the checkpoint's config, `easyrl merge` and the SFT export say and write bf16
+    # reports fp32 in the live config; the checkpoint's config, `easyrl merge` and the SFT export say and write bf16.
+    # Its generation_config.json (an instruct model's: two stop ids, sampling defaults) is carried to each folder:
+    # a model rebuilt from config.json alone would get one stop id and no sampling defaults, and vLLM serving the
+    # merged folder would sample differently from the released model and run past <|endoftext|>.
     import json
+    import logging
     import shutil
 
     import safetensors.torch
+    from transformers import GenerationConfig
 
     from easyrl.trainer.merge import merge_checkpoint
 
     bf16_path = tmp_path / "bf16-model"
     shutil.copytree(tiny_model_path, bf16_path)
     released = load_hf_causal_lm(tiny_model_path).to(torch.bfloat16)
+    eos = released.config.eos_token_id
+    released.generation_config = GenerationConfig(
+        bos_token_id=released.config.bos_token_id,
+        eos_token_id=[eos, eos + 1],
+        do_sample=True,
+        temperature=0.7,
+        top_p=0.8,
+        top_k=20,
+        repetition_penalty=1.05,
+    )
     released.save_pretrained(bf16_path)
     assert json.loads((bf16_path / "config.json").read_text())["dtype"] == "bfloat16"
+    generation_keys = ("eos_token_id", "do_sample", "temperature", "top_p", "top_k", "repetition_penalty")
+    released_generation = {key: getattr(released.generation_config, key) for key in generation_keys}
 
     with worker_group(FSDPWorker, worker_config(str(bf16_path), 1, lr=LR), "actor", name_prefix="bf16") as group:
         group.init_model()
@@ -249,3 +268,13 @@ def test_folders_written_from_a_bf16_model_are_bf16_though_training_holds_fp32(r
                 expected = tensor if dtype == "float32" else tensor.to(torch.bfloat16)
                 assert torch.equal(tensors[name], expected), (folder, name)
         assert "model.embed_tokens.weight" in tensors
+    for folder in (tmp_path / "ckpt" / "huggingface", tmp_path / "export", tmp_path / "merged", tmp_path / "merged32"):
+        written = GenerationConfig.from_pretrained(folder)
+        assert {key: getattr(written, key) for key in generation_keys} == released_generation, folder
+
+    # a checkpoint written before the generation config was kept: merged with the defaults, and the user is told
+    (tmp_path / "ckpt" / "huggingface" / "generation_config.json").unlink()
+    with caplog.at_level(logging.WARNING, logger="easyrl.workers.fsdp_checkpoint"):
+        merged = merge_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "merged_old"))
+    assert GenerationConfig.from_pretrained(merged).eos_token_id == eos
+    assert "holds no generation_config.json" in caplog.text and "copy that model's" in caplog.text

@@ -12,6 +12,7 @@ else cannot run code when loaded.
 """
 
 import copy
+import logging
 import os
 import pickle
 import shutil
@@ -33,13 +34,17 @@ from torch.distributed.checkpoint.state_dict import (
 from ..models import lora
 from ..models.checkpoint_layout import released_dtype, save_pretrained_in_released_layout, set_config_dtype
 from ..utils.state_file import load_state, save_state
-from .fsdp_utils import unwrapped_class
+from .fsdp_utils import loaded_generation_config, unwrapped_class
+
+
+logger = logging.getLogger(__name__)
 
 
 EXTRA_STATE_FILE = "extra_state.json"
 # What easyrl wrote before its state files were pickle-free; never loaded (a pickle can run code).
 LEGACY_EXTRA_STATE_FILE = "extra_state.pt"
 HF_FOLDER = "huggingface"
+GENERATION_CONFIG_FILE = "generation_config.json"
 
 
 # What DCP metadata is made of, besides the classes of torch.distributed.checkpoint.metadata and torch dtypes.
@@ -114,15 +119,17 @@ def save_role_checkpoint(
 def save_config_folder(
     path: str, model: torch.nn.Module, tokenizer=None, processor=None, dtype: torch.dtype | None = None
 ) -> None:
-    """The model's config (its class in ``architectures``; ``dtype`` as its dtype, when given) and
-    tokenizer/processor in folder ``path``; with LoRA also the adapters as a peft adapter folder. A collective (the
-    adapters are gathered); rank 0 writes."""
+    """The model's config (its class in ``architectures``; ``dtype`` as its dtype, when given), the generation
+    config it was loaded with and tokenizer/processor in folder ``path``; with LoRA also the adapters as a peft
+    adapter folder. A collective (the adapters are gathered); rank 0 writes."""
     adapters = lora.lora_state_dict(model) if lora.has_lora(model) else None
     if _is_rank_zero():
         config = copy.deepcopy(model.config)
         config.architectures = [unwrapped_class(model).__name__]  # e.g. the critic's TokenClassification head
         set_config_dtype(config, dtype)
         config.save_pretrained(path)
+        if (generation_config := loaded_generation_config(model)) is not None:
+            generation_config.save_pretrained(path)
         for extra in (tokenizer, processor):
             if extra is not None:
                 extra.save_pretrained(path)
@@ -251,8 +258,20 @@ def merge_checkpoint_to_hf(
         model = model_cls._from_config(config)
     model.load_state_dict(weights, assign=True)
     model.tie_weights()
+    if os.path.isfile(os.path.join(hf_path, GENERATION_CONFIG_FILE)):
+        model.generation_config = transformers.GenerationConfig.from_pretrained(hf_path)
+    elif model.can_generate():
+        logger.warning(
+            "%s holds no %s (an older easyrl wrote this checkpoint): the merged folder's generation "
+            "config is derived from config.json, without the stop ids and sampling defaults of the model you "
+            "trained from; copy that model's %s into %s.",
+            hf_path,
+            GENERATION_CONFIG_FILE,
+            GENERATION_CONFIG_FILE,
+            output_path,
+        )
     save_pretrained_in_released_layout(model, output_path, dtype=dtype)
-    _copy_extras(hf_path, output_path, skip={"config.json"})
+    _copy_extras(hf_path, output_path, skip={"config.json", GENERATION_CONFIG_FILE})
 
 
 def _merge_lora_checkpoint(

@@ -5,6 +5,7 @@ also lists the vision blocks), then on a VLM's vision tower (its patch embedding
 1-D device mesh (or a 2-D replicate x shard mesh for hybrid sharding, ``fsdp.fsdp_size``).
 """
 
+import copy
 import importlib.util
 import inspect
 import logging
@@ -357,11 +358,21 @@ def unwrapped_class(model: torch.nn.Module) -> type:
     return cls
 
 
+def loaded_generation_config(model: torch.nn.Module):
+    """The generation settings the model was loaded with: its folder's ``generation_config.json`` (end-of-sequence
+    ids, sampling defaults), or None for a model that does not generate (the critic). A folder written from it
+    must carry these, not the defaults a model built from its config gets: vLLM and transformers read their stop
+    ids and default sampling from that file."""
+    if lora.has_lora(model):
+        model = model.get_base_model()
+    return getattr(model, "generation_config", None)
+
+
 def save_hf_pretrained(
     model: torch.nn.Module, path: str, tokenizer=None, processor=None, dtype: torch.dtype | None = None
 ) -> None:
-    """Write a standard Hugging Face folder (config, safetensors, tokenizer) from the sharded model, its weights in
-    ``dtype`` (None: the training dtype). A collective."""
+    """Write a standard Hugging Face folder (config, safetensors, tokenizer, the generation config the model was
+    loaded with) from the sharded model, its weights in ``dtype`` (None: the training dtype). A collective."""
     state = get_full_state_dict(model)
     if not dist.is_initialized() or dist.get_rank() == 0:
         with torch.device("meta"):
@@ -369,6 +380,8 @@ def save_hf_pretrained(
         plain.load_state_dict(state, assign=True)
         plain.tie_weights()
         plain.config.use_cache = True
+        if (generation_config := loaded_generation_config(model)) is not None:
+            plain.generation_config = copy.deepcopy(generation_config)
         save_pretrained_in_released_layout(plain, path, dtype=dtype)
         for extra in (tokenizer, processor):
             if extra is not None:
