@@ -133,10 +133,18 @@ def _merge(args: list[str]) -> int:
         choices=["bfloat16", "float16", "float32"],
         help="the dtype of the written weights (default: the one the checkpoint's config says, the model path's)",
     )
+    parser.add_argument(
+        "--hf_upload_path",
+        default=None,
+        help="then upload the folder to this Hugging Face Hub repo (user/name), as EasyR1's merger does; a new repo "
+        "is created private (EasyR1's: public). Needs a login (`hf auth login` or HF_TOKEN)",
+    )
     ns = parser.parse_args(args)
-    from .trainer.merge import merge_checkpoint
+    from .trainer.merge import merge_checkpoint, upload_to_hub, validate_hub_repo
 
     try:
+        if ns.hf_upload_path:  # before the merge, which may take long: a malformed repo id is known now
+            validate_hub_repo(ns.hf_upload_path)
         out = merge_checkpoint(
             ns.local_dir, ns.output_dir, merge_lora=ns.merge_lora, base_model=ns.base_model, dtype=ns.dtype
         )
@@ -144,6 +152,17 @@ def _merge(args: list[str]) -> int:
         print(f"easyrl merge: {err}", file=sys.stderr)
         return 2
     print(f"Hugging Face model written to {out}")
+    if ns.hf_upload_path:
+        try:
+            url = upload_to_hub(out, ns.hf_upload_path)
+        except Exception as err:  # noqa: BLE001 - network, login, permissions: the folder is kept either way
+            print(
+                f"easyrl merge: the folder is written ({out}), but uploading it to {ns.hf_upload_path} failed: "
+                f"{type(err).__name__}: {err}\nUpload it later with: hf upload {ns.hf_upload_path} {out}",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"Uploaded to {url}")
     return 0
 
 

@@ -142,3 +142,39 @@ def test_a_folder_one_level_off_is_refused_in_one_line_naming_the_role_folder(ti
         assert err.startswith("easyrl merge: --local_dir") and err.strip().endswith(hint), err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (step / "huggingface").exists() and not (run / "huggingface").exists()
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_an_upload_that_cannot_reach_the_hub_keeps_the_folder_and_says_how_to_upload_it(merged, tmp_path):
+    # EasyR1's merger takes --hf_upload_path; here the Hub is out of reach (offline mode stands for no network)
+    import os
+
+    actor_dir, _ = merged
+    out = tmp_path / "out"
+    args = ["--local_dir", str(actor_dir), "--output_dir", str(out), "--hf_upload_path", "me/tiny-grpo"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "easyrl", "merge", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert f"Hugging Face model written to {out}" in result.stdout
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    assert f"the folder is written ({out}), but uploading it to me/tiny-grpo failed" in result.stderr
+    assert "offline mode is enabled" in result.stderr
+    assert result.stderr.strip().endswith(f"Upload it later with: hf upload me/tiny-grpo {out}")
+
+
+def test_a_malformed_hub_repo_is_refused_before_the_merge(tmp_path, capsys):
+    from easyrl.cli import main
+
+    out = tmp_path / "out"
+    args = ["--local_dir", str(tmp_path), "--output_dir", str(out), "--hf_upload_path", "me/my model"]
+    assert main(["merge", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("easyrl merge: --hf_upload_path `me/my model` is not a Hugging Face Hub repo id"), err
+    assert not out.exists()

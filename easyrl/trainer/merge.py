@@ -48,3 +48,25 @@ def _role_folder_near(path: str) -> str | None:
         if candidate and is_role_folder(candidate):
             return candidate
     return None
+
+
+def validate_hub_repo(repo_id: str) -> None:
+    """A ValueError naming ``--hf_upload_path`` when ``repo_id`` is not a Hub repo id (``user/name``, or ``name`` in
+    the login's own namespace)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise ValueError(f"--hf_upload_path `{repo_id}` is not a Hugging Face Hub repo id (user/name): {err}") from err
+
+
+def upload_to_hub(folder: str, repo_id: str) -> str:
+    """Upload ``folder`` to the model repo ``repo_id``, creating it private when it does not exist (EasyR1 creates
+    it public: a trained model is published only when its owner means to). Returns the repo's URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    url = api.create_repo(repo_id=repo_id, repo_type="model", private=True, exist_ok=True)
+    api.upload_folder(repo_id=repo_id, folder_path=folder, repo_type="model")
+    return str(url)
