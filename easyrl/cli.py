@@ -120,12 +120,20 @@ def _merge(args: list[str]) -> int:
     )
     parser.add_argument("--output_dir", default=None, help="where to write; defaults to <local_dir>/huggingface")
     parser.add_argument(
-        "--merge_lora",
+        "--adapter_only",
         action="store_true",
-        help="LoRA checkpoints: write the full model with the adapters merged in (default: the adapter folder)",
+        help="LoRA checkpoints: write the peft adapter folder (default: the full model with the adapters merged in, "
+        "as EasyR1's merger writes)",
     )
     parser.add_argument(
-        "--base_model", default=None, help="with --merge_lora: the base model folder (default: the adapter's own)"
+        "--merge_lora",
+        action="store_true",
+        help="LoRA checkpoints: the full model with the adapters merged in (the default; kept for older commands)",
+    )
+    parser.add_argument(
+        "--base_model",
+        default=None,
+        help="LoRA checkpoints: the base model folder or hub id (default: the one the adapter config names)",
     )
     parser.add_argument(
         "--dtype",
@@ -140,13 +148,15 @@ def _merge(args: list[str]) -> int:
         "is created private (EasyR1's: public). Needs a login (`hf auth login` or HF_TOKEN)",
     )
     ns = parser.parse_args(args)
+    if ns.adapter_only and ns.merge_lora:
+        parser.error("--adapter_only and --merge_lora ask for opposite things: give one.")
     from .trainer.merge import merge_checkpoint, upload_to_hub, validate_hub_repo
 
     try:
         if ns.hf_upload_path:  # before the merge, which may take long: a malformed repo id is known now
             validate_hub_repo(ns.hf_upload_path)
         out = merge_checkpoint(
-            ns.local_dir, ns.output_dir, merge_lora=ns.merge_lora, base_model=ns.base_model, dtype=ns.dtype
+            ns.local_dir, ns.output_dir, adapter_only=ns.adapter_only, base_model=ns.base_model, dtype=ns.dtype
         )
     except (FileNotFoundError, ValueError) as err:  # a folder or flag that does not fit: the message says which
         print(f"easyrl merge: {err}", file=sys.stderr)

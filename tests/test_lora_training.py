@@ -4,6 +4,7 @@ merged model. The slow tests train real `easyrl train` runs (text, resume after 
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -139,7 +140,10 @@ def test_lora_checkpoint_holds_the_adapters_alone_and_restores_them(lora_workers
 
 
 @pytest.mark.timeout(300)
-def test_merge_writes_the_adapter_folder_or_the_merged_model(lora_workers, tiny_model_path, tmp_path):
+def test_merge_writes_the_merged_model_or_the_adapter_folder(lora_workers, tiny_model_path, tmp_path, caplog):
+    import logging
+    import shutil
+
     from peft import PeftModel
 
     from easyrl.trainer.merge import merge_checkpoint
@@ -150,13 +154,13 @@ def test_merge_writes_the_adapter_folder_or_the_merged_model(lora_workers, tiny_
     lora_workers.save_checkpoint(str(tmp_path / "ckpt"))
     live = lora_workers.compute_log_probs(data).batch["old_log_probs"]
 
-    adapter_dir = merge_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "adapter"))
+    adapter_dir = merge_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "adapter"), adapter_only=True)
     assert {p.name for p in (tmp_path / "adapter").iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
     assert not (tmp_path / "adapter" / "model.safetensors").exists()
     with_adapter = PeftModel.from_pretrained(load_hf_causal_lm(tiny_model_path), adapter_dir)
     torch.testing.assert_close(per_sequence_log_probs(with_adapter, data, 0.7), live, atol=1e-5, rtol=0)
 
-    merged_dir = merge_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "merged"), merge_lora=True)
+    merged_dir = merge_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "merged"))  # the default, as EasyR1's
     merged = load_hf_causal_lm(merged_dir)
     assert not any("lora" in name for name in merged.state_dict())
     ids = make_batch(batch_size=2, seed=7).batch["input_ids"]
@@ -170,6 +174,44 @@ def test_merge_writes_the_adapter_folder_or_the_merged_model(lora_workers, tiny_
     )
     assert torch.equal(state["model.embed_tokens.weight"], base["model.embed_tokens.weight"])
     assert torch.equal(state["model.norm.weight"], base["model.norm.weight"])
+
+    # in place (EasyR1's command: --local_dir only): huggingface/ becomes the merged model, the adapters move to
+    # lora_adapter/ (a folder holding both would load in transformers as base + adapters); merging again still works
+    role = tmp_path / "in_place"
+    shutil.copytree(tmp_path / "ckpt", role)
+    for attempt in range(2):
+        with caplog.at_level(logging.WARNING, logger="easyrl.workers.fsdp_checkpoint"):
+            assert merge_checkpoint(str(role)) == str(role / "huggingface")
+        names = {p.name for p in (role / "huggingface").iterdir()}
+        assert "model.safetensors" in names and not names & {"adapter_config.json", "adapter_model.safetensors"}
+        assert {p.name for p in (role / "lora_adapter").iterdir()} == {
+            "adapter_config.json",
+            "adapter_model.safetensors",
+        }
+        in_place = load_hf_causal_lm(role / "huggingface").state_dict()
+        assert in_place.keys() == state.keys() and all(torch.equal(in_place[k], v) for k, v in state.items())
+        assert ("adapters of" in caplog.text) == (attempt == 0)  # moved once
+        caplog.clear()
+    again = merge_checkpoint(str(role), str(tmp_path / "adapter_again"), adapter_only=True)
+    with_adapter_again = PeftModel.from_pretrained(load_hf_causal_lm(tiny_model_path), again)
+    torch.testing.assert_close(per_sequence_log_probs(with_adapter_again, data, 0.7), live, atol=1e-5, rtol=0)
+
+    # a base that is not here: a missing folder, or a hub id out of reach (offline), says how to go on
+    config_file = role / "lora_adapter" / "adapter_config.json"
+    adapter_config = json.loads(config_file.read_text())
+    for base in ("/nowhere/base-model", "someone/not-in-the-cache"):
+        config_file.write_text(json.dumps({**adapter_config, "base_model_name_or_path": base}))
+        result = subprocess.run(
+            [sys.executable, "-m", "easyrl", "merge", "--local_dir", str(role), "--output_dir", str(tmp_path / "x")],
+            cwd=REPO_ROOT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert f"`{base}`" in result.stderr and "pass --base_model PATH" in result.stderr, result.stderr[-2000:]
+        assert "--adapter_only to write the adapter folder" in result.stderr
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -223,7 +265,7 @@ def test_easyrl_merge_of_a_lora_run_loads_as_adapter_and_as_merged_model(lora_ru
     from peft import PeftModel
 
     role = lora_run / "global_step_3" / "actor"
-    for extra, out in (([], "adapter"), (["--merge_lora"], "merged")):
+    for extra, out in ((["--adapter_only"], "adapter"), ([], "merged")):
         result = subprocess.run(
             [sys.executable, "-m", "easyrl", "merge", "--local_dir", str(role), "--output_dir", str(tmp_path / out)]
             + extra,

@@ -239,11 +239,10 @@ def _check_model_path(key: str, path: Optional[str], required: bool) -> None:
     if looks_local(path) and not local.exists():
         raise ConfigError(f"`{key}`: local model path `{path}` does not exist.")
     if key.endswith("model_path") and (role := _unmerged_checkpoint_role(local)) is not None:
-        lora_flag = " --merge_lora" if (role / "huggingface" / "adapter_config.json").is_file() else ""
         raise ConfigError(
             f"`{key}`: `{path}` is part of a training checkpoint (sharded model and optimizer state, no Hugging "
             f"Face weights), which transformers and vLLM cannot load. Write it as a Hugging Face model with `easyrl "
-            f"merge --local_dir {role}{lora_flag}` and give `{role / 'huggingface'}`."
+            f"merge --local_dir {role}` and give `{role / 'huggingface'}`."
         )
     if key.endswith("model_path") and local.is_dir() and not (local / "config.json").is_file():
         steps = sorted(local.glob("global_step_*/actor/huggingface/config.json"), key=lambda p: _step_of(p.parents[1]))

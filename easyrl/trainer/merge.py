@@ -6,15 +6,16 @@ import os
 def merge_checkpoint(
     local_dir: str,
     output_dir: str | None = None,
-    merge_lora: bool = False,
+    adapter_only: bool = False,
     base_model: str | None = None,
     dtype: str | None = None,
 ) -> str:
     """Write `<local_dir>/huggingface` (or `output_dir`): safetensors, config, generation config, tokenizer/processor.
 
     `local_dir` is a role folder of a checkpoint, e.g. `checkpoints/proj/exp/global_step_40/actor`. A LoRA
-    checkpoint gives a peft adapter folder, or with `merge_lora` the full model with the adapters merged in
-    (`base_model`: the base model's folder, when it is not where the adapter config says). The weights are written
+    checkpoint gives the full model with the adapters merged in, as EasyR1's merger does (`base_model`: the base
+    model's folder or hub id, when it is not the one the adapter config names; written in place, the adapter files
+    move to `<local_dir>/lora_adapter`), or with `adapter_only` the peft adapter folder. The weights are written
     in `dtype` (`bfloat16`, `float16`, `float32`), by default the dtype of the model the run started from.
     """
     import torch
@@ -33,7 +34,7 @@ def merge_checkpoint(
     output_dir = output_dir or os.path.join(local_dir, HF_FOLDER)
     os.makedirs(output_dir, exist_ok=True)
     torch_dtype = getattr(torch, dtype) if dtype else None
-    merge_checkpoint_to_hf(local_dir, output_dir, merge_lora=merge_lora, base_model=base_model, dtype=torch_dtype)
+    merge_checkpoint_to_hf(local_dir, output_dir, adapter_only=adapter_only, base_model=base_model, dtype=torch_dtype)
     return output_dir
 
 

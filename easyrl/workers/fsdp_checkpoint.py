@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ..models import lora
 from ..models.checkpoint_layout import released_dtype, save_pretrained_in_released_layout, set_config_dtype
+from ..paths import looks_local
 from ..utils.state_file import load_state, save_state
 from .fsdp_utils import loaded_generation_config, unwrapped_class
 
@@ -44,6 +45,9 @@ EXTRA_STATE_FILE = "extra_state.json"
 # What easyrl wrote before its state files were pickle-free; never loaded (a pickle can run code).
 LEGACY_EXTRA_STATE_FILE = "extra_state.pt"
 HF_FOLDER = "huggingface"
+# Where `easyrl merge` moves a LoRA checkpoint's adapter files before writing the merged model into its huggingface/
+# folder (EasyR1 keeps a LoRA run's adapters there from the start).
+ADAPTER_FOLDER = "lora_adapter"
 GENERATION_CONFIG_FILE = "generation_config.json"
 
 
@@ -210,9 +214,18 @@ def is_role_folder(path: str) -> bool:
     return os.path.isfile(os.path.join(path, HF_FOLDER, "config.json"))
 
 
+def _adapter_config_file(role_path: str) -> str | None:
+    """A LoRA checkpoint's adapter config: in ``huggingface/`` as saved, in ``lora_adapter/`` once merged in place."""
+    for folder in (HF_FOLDER, ADAPTER_FOLDER):
+        path = os.path.join(role_path, folder, lora.ADAPTER_CONFIG_FILE)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
 def is_lora_checkpoint(role_path: str) -> bool:
-    """The role folder was written by a LoRA run (its ``huggingface/`` is an adapter folder)."""
-    return os.path.isfile(os.path.join(role_path, HF_FOLDER, lora.ADAPTER_CONFIG_FILE))
+    """The role folder was written by a LoRA run (its adapter config is in ``huggingface/`` or ``lora_adapter/``)."""
+    return _adapter_config_file(role_path) is not None
 
 
 def _copy_extras(hf_path: str, output_path: str, skip: set[str]) -> None:
@@ -225,7 +238,7 @@ def _copy_extras(hf_path: str, output_path: str, skip: set[str]) -> None:
 def merge_checkpoint_to_hf(
     role_path: str,
     output_path: str,
-    merge_lora: bool = False,
+    adapter_only: bool = False,
     base_model: str | None = None,
     dtype: torch.dtype | None = None,
 ) -> None:
@@ -233,9 +246,9 @@ def merge_checkpoint_to_hf(
 
     Reads the tensor shapes from the checkpoint metadata, loads the ``model`` entries onto the CPU, and saves them
     with the config and tokenizer kept in ``huggingface/``, in ``dtype`` or else the dtype that config says (the
-    model path's). A LoRA checkpoint gives a peft adapter folder (``adapter_config.json`` +
-    ``adapter_model.safetensors``), or with ``merge_lora`` the base model (``base_model``, else the one the adapter
-    config names) with the adapters merged into its weights.
+    model path's). A LoRA checkpoint gives the base model (``base_model``, else the one the adapter config names)
+    with the adapters merged into its weights, as EasyR1's merger does; with ``adapter_only`` the peft adapter
+    folder (``adapter_config.json`` + ``adapter_model.safetensors``).
     """
     import transformers
 
@@ -243,12 +256,10 @@ def merge_checkpoint_to_hf(
     if not is_role_folder(role_path):
         raise FileNotFoundError(f"`{role_path}` is not a role checkpoint folder (no {HF_FOLDER}/config.json).")
     if is_lora_checkpoint(role_path):
-        _merge_lora_checkpoint(
-            hf_path, _checkpoint_model_weights(role_path), output_path, merge_lora, base_model, dtype
-        )
+        _merge_lora_checkpoint(role_path, output_path, adapter_only, base_model, dtype)
         return
-    if merge_lora:
-        raise ValueError(f"`{role_path}` holds full weights, not LoRA adapters: drop --merge_lora.")
+    if adapter_only:
+        raise ValueError(f"`{role_path}` holds full weights, not LoRA adapters: drop --adapter_only.")
 
     config = transformers.AutoConfig.from_pretrained(hf_path)
     dtype = dtype or released_dtype(config)
@@ -275,32 +286,62 @@ def merge_checkpoint_to_hf(
 
 
 def _merge_lora_checkpoint(
-    hf_path: str,
-    weights: dict[str, torch.Tensor],
-    output_path: str,
-    merge_lora: bool,
-    base_model: str | None,
-    dtype: torch.dtype | None,
+    role_path: str, output_path: str, adapter_only: bool, base_model: str | None, dtype: torch.dtype | None
 ) -> None:
     import json
 
-    with open(os.path.join(hf_path, lora.ADAPTER_CONFIG_FILE), encoding="utf-8") as file:
+    hf_path = os.path.join(role_path, HF_FOLDER)
+    config_file = _adapter_config_file(role_path)
+    with open(config_file, encoding="utf-8") as file:
         peft_config = json.load(file)
-    adapters = {lora.peft_name(name): tensor for name, tensor in weights.items()}
-    adapter_files = {lora.ADAPTER_CONFIG_FILE, lora.ADAPTER_WEIGHTS_FILE}
-    if not merge_lora:
+    adapters = {lora.peft_name(name): tensor for name, tensor in _checkpoint_model_weights(role_path).items()}
+    adapter_files = (lora.ADAPTER_CONFIG_FILE, lora.ADAPTER_WEIGHTS_FILE)
+    if adapter_only:
         lora.write_adapter_folder(output_path, adapters, peft_config)
         _copy_extras(hf_path, output_path, skip={"config.json", *adapter_files})
         return
-    base_path = base_model or peft_config.get("base_model_name_or_path")
-    if not base_path or not os.path.isdir(base_path):
-        raise FileNotFoundError(
-            f"--merge_lora needs the base model the adapters were trained on: `{base_path}` (base_model_name_or_path "
-            f"in {os.path.join(hf_path, lora.ADAPTER_CONFIG_FILE)}) is not a folder here; pass --base_model PATH."
-        )
+    base_path = _base_model_path(base_model or peft_config.get("base_model_name_or_path"), config_file)
+    if os.path.realpath(output_path) == os.path.realpath(hf_path):
+        _move_adapter_files(role_path, adapter_files)
     with tempfile.TemporaryDirectory() as adapter_dir:
         lora.write_adapter_folder(adapter_dir, adapters, peft_config)
-        merge_adapter_folder(adapter_dir, base_path, output_path, config_path=hf_path, dtype=dtype)
+        try:
+            merge_adapter_folder(adapter_dir, base_path, output_path, config_path=hf_path, dtype=dtype)
+        except OSError as err:  # transformers: a hub id neither in the local cache nor reachable
+            raise FileNotFoundError(
+                f"The base model the adapters were trained on, `{base_path}`, could not be loaded ({err}): pass "
+                "--base_model PATH (its folder), or --adapter_only to write the adapter folder."
+            ) from err
+
+
+def _move_adapter_files(role_path: str, names: tuple[str, ...]) -> None:
+    """Move the adapter files out of ``huggingface/`` into ``lora_adapter/`` before the merged model is written
+    there: a folder holding both would load in transformers as the base plus the adapters, not as the model."""
+    hf_path, kept = os.path.join(role_path, HF_FOLDER), os.path.join(role_path, ADAPTER_FOLDER)
+    moving = [name for name in names if os.path.isfile(os.path.join(hf_path, name))]
+    if not moving:  # moved by an earlier merge
+        return
+    os.makedirs(kept, exist_ok=True)
+    for name in moving:
+        os.replace(os.path.join(hf_path, name), os.path.join(kept, name))
+    logger.warning("The LoRA adapters of %s are moved to %s; the merged model goes to %s.", role_path, kept, hf_path)
+
+
+def _base_model_path(base_path: str | None, config_file: str) -> str:
+    """The base model to merge into: a local folder, or a hub id that transformers resolves (its cache first)."""
+    if not base_path:
+        raise FileNotFoundError(
+            f"{config_file} names no base model (base_model_name_or_path): pass --base_model PATH, or --adapter_only "
+            "to write the adapter folder."
+        )
+    if os.path.isdir(os.path.expanduser(base_path)):
+        return os.path.expanduser(base_path)
+    if looks_local(base_path):
+        raise FileNotFoundError(
+            f"The base model the adapters were trained on, `{base_path}` (base_model_name_or_path in {config_file}), "
+            "is not a folder here: pass --base_model PATH, or --adapter_only to write the adapter folder."
+        )
+    return base_path
 
 
 def merge_adapter_folder(
