@@ -65,3 +65,33 @@ def test_critic_updates_lower_the_value_loss_and_keep_replicas_identical(critic_
     for name, tensor in rank0.items():
         assert torch.equal(rank1[name], tensor), name
     assert rank0["score.weight"].shape == (1, 64)  # each rank holds the whole parameter, not a shard
+
+
+@pytest.mark.timeout(300)
+def test_a_merged_critic_checkpoint_is_a_token_classification_model_with_the_trained_values(critic_workers, tmp_path):
+    # `easyrl merge --local_dir .../critic`: the value model as a Hugging Face folder (a one-label token
+    # classification head over the language model), giving the trained critic's values
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    from easyrl.trainer.merge import merge_checkpoint
+
+    data = make_batch(batch_size=6, seed=11)
+    critic_workers.update_critic(_value_targets(data, critic_workers.compute_values(data).batch["values"]))
+    values = critic_workers.compute_values(data).batch["values"]
+    critic_workers.save_checkpoint(str(tmp_path / "critic"))
+    merged = merge_checkpoint(str(tmp_path / "critic"))
+
+    config = AutoConfig.from_pretrained(merged)
+    assert len(config.architectures) == 1 and config.architectures[0].endswith("ForTokenClassification")
+    assert config.num_labels == 1
+    assert not (tmp_path / "critic" / "huggingface" / "generation_config.json").exists()  # a critic does not generate
+    model = AutoModelForTokenClassification.from_pretrained(merged, dtype=torch.float32, attn_implementation="sdpa")
+    batch = data.batch
+    response_length = batch["responses"].shape[-1]
+    with torch.no_grad():
+        out = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+        )
+    torch.testing.assert_close(
+        out.logits[:, -response_length - 1 : -1, 0] * batch["response_mask"], values, atol=1e-5, rtol=0
+    )
