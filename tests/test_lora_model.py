@@ -238,3 +238,44 @@ def test_merging_into_a_bf16_base_held_in_bf16_rounds_the_fp32_sum_once(tiny_mod
     changed = [name for name in expected if name.endswith("q_proj.weight")]
     base = _text_model(base_path).state_dict()
     assert changed and all(not torch.equal(merged[name].float(), base[name]) for name in changed)
+
+
+@pytest.mark.parametrize("vision_tower", [False, True])
+def test_a_vision_language_adapter_merges_into_a_model_that_loads_in_the_released_layout(
+    tiny_vl_model_path, tmp_path, vision_tower
+):
+    # the merge `easyrl merge` now writes by default for a LoRA checkpoint, on a Qwen2.5-VL: the merged folder loads
+    # as a plain model (released key names, no adapter keys) and gives the adapted model's logits, picture included
+    import safetensors.torch
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    from easyrl.workers.fsdp_checkpoint import merge_adapter_folder
+
+    config = LoraConfig(rank=4, alpha=8, vision_tower=vision_tower)
+    model = lora.apply_lora(_vl_model(tiny_vl_model_path), config, is_vision_language=True)
+    _randomise_b(model)
+    adapter = tmp_path / "adapter"
+    lora.write_adapter_folder(str(adapter), lora.lora_state_dict(model), lora.lora_peft_config(model))
+    merge_adapter_folder(
+        str(adapter), str(tiny_vl_model_path), str(tmp_path / "merged"), config_path=str(tiny_vl_model_path)
+    )
+
+    written = safetensors.torch.load_file(tmp_path / "merged" / "model.safetensors")
+    released = safetensors.torch.load_file(next(tiny_vl_model_path.glob("*.safetensors")))
+    assert written.keys() == released.keys()  # the layout the base was released in, which vLLM reads
+    merged = _vl_model(tmp_path / "merged")
+    processor = AutoProcessor.from_pretrained(tiny_vl_model_path)
+    picture = Image.new("RGB", (56, 56), (200, 30, 30))
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour?"}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    inputs = processor(text=[text], images=[picture], return_tensors="pt")
+    with torch.no_grad():
+        expected = model(**inputs).logits
+        torch.testing.assert_close(merged(**inputs).logits, expected, atol=1e-5, rtol=0)
+        with model.disable_adapter():
+            assert (model(**inputs).logits - expected).abs().max() > 1e-4  # the adapters matter
+    changed_tower = any(
+        not torch.equal(written[name], released[name]) for name in released if "visual" in name and "weight" in name
+    )
+    assert changed_tower == vision_tower
