@@ -2,10 +2,11 @@
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
+
+from tests.fixtures import trainer_runs
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -13,10 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run_easyrl(*args: str) -> subprocess.CompletedProcess:
     # EasyR1's config logs to wandb: the user here can (offline mode stands for a login)
-    env = {**os.environ, "WANDB_MODE": "offline"}
-    return subprocess.run(
-        [sys.executable, "-m", "easyrl", *args], capture_output=True, text=True, cwd=ROOT, timeout=120, env=env
-    )
+    return trainer_runs.run_easyrl(*args, env={**os.environ, "WANDB_MODE": "offline"}, timeout=120)
 
 
 def test_help_lists_subcommands():

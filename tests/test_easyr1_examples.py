@@ -29,8 +29,6 @@ import functools
 import json
 import math
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +38,7 @@ from typing import Any, Optional
 import pytest
 
 from easyrl.config import PROJECT_ROOT, ConfigError, RunPlan, load_run_plan
+from tests.fixtures.trainer_runs import run_easyrl
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -551,32 +550,14 @@ def test_check_refuses_a_remote_logger_that_cannot_start(name, tmp_path):
     # mode neither can start a run, which check can see before anything starts (environment, ~/.netrc)
     env = {key: value for key, value in os.environ.items() if not key.startswith(("WANDB_", "SWANLAB_"))}
     env["HOME"] = str(tmp_path)
-    result = subprocess.run(
-        [sys.executable, "-m", "easyrl", "check", *command_line(BY_NAME[name])],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_easyrl("check", *command_line(BY_NAME[name]), env=env, timeout=120)
     assert result.returncode == 2, result.stdout[-2000:]
     assert "trainer.logger" in result.stderr
 
 
 def test_easyrl_check_exits_2_naming_the_key_of_a_missing_reward_file():
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "easyrl",
-            "check",
-            *command_line(BY_NAME["qwen2_5_vl_3b_android_gui_grpo"], MISSING_REWARD),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    example = BY_NAME["qwen2_5_vl_3b_android_gui_grpo"]
+    result = run_easyrl("check", *command_line(example, MISSING_REWARD), timeout=120)
     assert result.returncode == 2, result.stderr
     assert "worker.reward.reward_function" in result.stderr
     assert "gui_agent.py" in result.stderr

@@ -6,8 +6,6 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,6 +20,7 @@ from tests.fixtures.trainer_runs import (
     kill_process_group,
     launch_training,
     metrics_by_step,
+    run_easyrl,
     run_training,
     train_args,
     wait_for_path,
@@ -201,14 +200,8 @@ def test_merge_writes_the_merged_model_or_the_adapter_folder(lora_workers, tiny_
     adapter_config = json.loads(config_file.read_text())
     for base in ("/nowhere/base-model", "someone/not-in-the-cache"):
         config_file.write_text(json.dumps({**adapter_config, "base_model_name_or_path": base}))
-        result = subprocess.run(
-            [sys.executable, "-m", "easyrl", "merge", "--local_dir", str(role), "--output_dir", str(tmp_path / "x")],
-            cwd=REPO_ROOT,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        args = ["--local_dir", str(role), "--output_dir", str(tmp_path / "x")]
+        result = run_easyrl("merge", *args, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         assert result.returncode == 2, result.stderr[-2000:]
         assert f"`{base}`" in result.stderr and "pass --base_model PATH" in result.stderr, result.stderr[-2000:]
         assert "--adapter_only to write the adapter folder" in result.stderr
@@ -266,14 +259,7 @@ def test_easyrl_merge_of_a_lora_run_loads_as_adapter_and_as_merged_model(lora_ru
 
     role = lora_run / "global_step_3" / "actor"
     for extra, out in ((["--adapter_only"], "adapter"), ([], "merged")):
-        result = subprocess.run(
-            [sys.executable, "-m", "easyrl", "merge", "--local_dir", str(role), "--output_dir", str(tmp_path / out)]
-            + extra,
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        result = run_easyrl("merge", "--local_dir", str(role), "--output_dir", str(tmp_path / out), *extra)
         assert result.returncode == 0, result.stderr[-3000:]
     with_adapter = PeftModel.from_pretrained(load_hf_causal_lm(tiny_model_path), tmp_path / "adapter")
     merged = load_hf_causal_lm(tmp_path / "merged")

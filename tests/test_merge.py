@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from tests.fixtures.trainer_runs import REPO_ROOT, checkpoint_weights
+from tests.fixtures.trainer_runs import REPO_ROOT, checkpoint_weights, run_easyrl
 
 
 PROMPTS = ["What is 12 + 30?", "Tell me a story about a cat.", "Name three colours."]
@@ -152,15 +152,7 @@ def test_an_upload_that_cannot_reach_the_hub_keeps_the_folder_and_says_how_to_up
     actor_dir, _ = merged
     out = tmp_path / "out"
     args = ["--local_dir", str(actor_dir), "--output_dir", str(out), "--hf_upload_path", "me/tiny-grpo"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "easyrl", "merge", *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_easyrl("merge", *args, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 1, result.stderr[-2000:]
     assert f"Hugging Face model written to {out}" in result.stdout
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
