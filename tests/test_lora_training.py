@@ -191,6 +191,8 @@ def test_merge_writes_the_merged_model_or_the_adapter_folder(lora_workers, tiny_
         assert in_place.keys() == state.keys() and all(torch.equal(in_place[k], v) for k, v in state.items())
         assert ("adapters of" in caplog.text) == (attempt == 0)  # moved once
         caplog.clear()
+    with pytest.raises(ValueError, match="holds the merged model, and the adapter folder is .*lora_adapter"):
+        merge_checkpoint(str(role), adapter_only=True)  # in place: it would put the adapters beside the model
     again = merge_checkpoint(str(role), str(tmp_path / "adapter_again"), adapter_only=True)
     with_adapter_again = PeftModel.from_pretrained(load_hf_causal_lm(tiny_model_path), again)
     torch.testing.assert_close(per_sequence_log_probs(with_adapter_again, data, 0.7), live, atol=1e-5, rtol=0)

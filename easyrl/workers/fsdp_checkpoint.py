@@ -296,21 +296,27 @@ def _merge_lora_checkpoint(
         peft_config = json.load(file)
     adapters = {lora.peft_name(name): tensor for name, tensor in _checkpoint_model_weights(role_path).items()}
     adapter_files = (lora.ADAPTER_CONFIG_FILE, lora.ADAPTER_WEIGHTS_FILE)
+    in_place = os.path.realpath(output_path) == os.path.realpath(hf_path)
+    if adapter_only and in_place and not config_file.startswith(hf_path + os.sep):
+        raise ValueError(
+            f"{hf_path} holds the merged model, and the adapter folder is {os.path.dirname(config_file)}: use that "
+            "one, or give --output_dir for a new copy."
+        )
     if adapter_only:
         lora.write_adapter_folder(output_path, adapters, peft_config)
         _copy_extras(hf_path, output_path, skip={"config.json", *adapter_files})
         return
     base_path = _base_model_path(base_model or peft_config.get("base_model_name_or_path"), config_file)
-    if os.path.realpath(output_path) == os.path.realpath(hf_path):
+    if in_place:
         _move_adapter_files(role_path, adapter_files)
     with tempfile.TemporaryDirectory() as adapter_dir:
         lora.write_adapter_folder(adapter_dir, adapters, peft_config)
         try:
             merge_adapter_folder(adapter_dir, base_path, output_path, config_path=hf_path, dtype=dtype)
-        except OSError as err:  # transformers: a hub id neither in the local cache nor reachable
+        except FileNotFoundError as err:
             raise FileNotFoundError(
-                f"The base model the adapters were trained on, `{base_path}`, could not be loaded ({err}): pass "
-                "--base_model PATH (its folder), or --adapter_only to write the adapter folder."
+                f"{err}: it is the base model the adapters were trained on; pass --base_model PATH (its folder), or "
+                "--adapter_only to write the adapter folder."
             ) from err
 
 
@@ -365,9 +371,12 @@ def merge_adapter_folder(
     config_path = config_path or adapter_path
     config = transformers.AutoConfig.from_pretrained(config_path)
     model_cls = getattr(transformers, (config.architectures or ["AutoModelForCausalLM"])[0])
-    base_dtype = released_dtype(transformers.AutoConfig.from_pretrained(base_path)) or torch.float32
-    dtype = dtype or base_dtype
-    base = model_cls.from_pretrained(base_path, dtype=base_dtype if dtype == base_dtype else torch.float32)
+    try:
+        base_dtype = released_dtype(transformers.AutoConfig.from_pretrained(base_path)) or torch.float32
+        dtype = dtype or base_dtype
+        base = model_cls.from_pretrained(base_path, dtype=base_dtype if dtype == base_dtype else torch.float32)
+    except OSError as err:  # a hub id neither in the local cache nor reachable, a folder without the model
+        raise FileNotFoundError(f"The base model `{base_path}` could not be loaded ({err})") from err
     merged = PeftModel.from_pretrained(base, adapter_path).merge_and_unload()
     save_pretrained_in_released_layout(merged, output_path, dtype=dtype)
     _copy_extras(config_path, output_path, skip={"config.json", lora.ADAPTER_CONFIG_FILE, lora.ADAPTER_WEIGHTS_FILE})
