@@ -168,14 +168,7 @@ class RowEncoder:
         images, videos, fps = self.media(row)
         prompt = self.prompt(row, index, len(images), len(videos))
         if images or videos:
-            model_inputs = self.processor(
-                text=[prompt],
-                images=images or None,
-                videos=videos or None,
-                add_special_tokens=False,
-                return_tensors="pt",
-                **video_kwargs(videos, fps),
-            )
+            model_inputs = process_with_media(self.processor, prompt, images, videos, fps)
         else:
             model_inputs = self.tokenizer([prompt], add_special_tokens=False, return_tensors="pt")
         model_inputs = dict(model_inputs)
@@ -292,6 +285,19 @@ def load_row_media(
         for video in videos
     ]
     return images, [frames for frames, _ in frames_and_fps], [fps for _, fps in frames_and_fps]
+
+
+def process_with_media(processor: Any, text: str, images: list, videos: list, fps: list[float]) -> Any:
+    """The processor's model inputs for one text with its loaded pictures and its videos' sampled frames (which the
+    processor must take as they are). Shared by RL prompts and SFT conversation pieces."""
+    return processor(
+        text=[text],
+        images=images or None,
+        videos=videos or None,
+        add_special_tokens=False,
+        return_tensors="pt",
+        **video_kwargs(videos, fps),
+    )
 
 
 def video_kwargs(videos: list, fps: list[float]) -> dict[str, Any]:

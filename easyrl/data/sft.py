@@ -34,7 +34,15 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config.schema import DataConfig, SFTConfig
-from .dataset import UnusableRowError, _as_list, _is_missing, _name_rows, data_folder, load_row_media, video_kwargs
+from .dataset import (
+    UnusableRowError,
+    _as_list,
+    _is_missing,
+    _name_rows,
+    data_folder,
+    load_row_media,
+    process_with_media,
+)
 from .rope import make_position_id_fn
 from .sources import load_rows
 from .template import (
@@ -202,14 +210,7 @@ class ConversationEncoder:
 
     def _tokenize(self, text: str, images: list, videos: list, fps: list[float]) -> dict[str, Any]:
         if images or videos:
-            out = self.processor(
-                text=[text],
-                images=images or None,
-                videos=videos or None,
-                add_special_tokens=False,
-                return_tensors="pt",
-                **video_kwargs(videos, fps),
-            )
+            out = process_with_media(self.processor, text, images, videos, fps)
             return {"input_ids": out["input_ids"][0], **{key: out[key] for key in GRID_KEYS if key in out}}
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return {"input_ids": torch.tensor(ids, dtype=torch.long)}

@@ -297,7 +297,7 @@ def _merge_lora_checkpoint(
     adapters = {lora.peft_name(name): tensor for name, tensor in _checkpoint_model_weights(role_path).items()}
     adapter_files = (lora.ADAPTER_CONFIG_FILE, lora.ADAPTER_WEIGHTS_FILE)
     in_place = os.path.realpath(output_path) == os.path.realpath(hf_path)
-    if adapter_only and in_place and not config_file.startswith(hf_path + os.sep):
+    if adapter_only and in_place and os.path.dirname(config_file) != hf_path:  # moved out by an earlier merge
         raise ValueError(
             f"{hf_path} holds the merged model, and the adapter folder is {os.path.dirname(config_file)}: use that "
             "one, or give --output_dir for a new copy."
