@@ -394,3 +394,65 @@ def test_two_grpo_steps_with_pictures_in_the_observations(tmp_path):
         assert row["rollout/multi_turn/env_errors"] == 0 and row["rollout/multi_turn/turns/mean"] == 2
         assert np.isfinite(row["actor/pg_loss"]) and np.isfinite(row["actor/grad_norm"])
         assert row["rollout/logprob_abs_diff/mean"] < LOGPROB_TOLERANCE  # the actor saw the pictures vLLM saw
+
+
+# A tool environment (TRL's environment_factory class) on a VLM: reset keeps the row's picture (`images`) and adds a
+# sentence to the prompt's last user message; its `look` method shows a crop of that picture.
+LOOK_ENV = '''
+class LookEnv:
+    def reset(self, images, **kwargs):
+        self.picture, self.looks = images[0], 0
+        return " Look closely."
+
+    def get_reward(self) -> float:
+        return float(self.looks)
+
+    def look(self, corner: str) -> list:
+        """Look at a corner of the picture.
+
+        Args:
+            corner: Which corner, e.g. "top left".
+        """
+        self.looks += 1
+        return ["Here:", self.picture.crop((0, 0, 56, 56))]
+'''
+
+
+def test_a_tool_environment_grows_a_picture_prompt_and_its_method_shows_a_crop(vl_tokenizer_and_processor, tmp_path):
+    """The grown prompt (picture, text, reset's sentence) is what vLLM reads and what the actor scores: its ids, and
+    3-D rope positions that are the model's own over the whole sequence with the prompt's picture and the crop."""
+    tokenizer, processor = vl_tokenizer_and_processor
+    model_path = Path(processor.tokenizer.name_or_path)
+    (tmp_path / "look_env.py").write_text(LOOK_ENV)
+    eos, pad = tokenizer.eos_token_id, processor.image_token_id
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    call, answer = encode(CALL) + [eos], encode("A red square.") + [eos]
+    engine, llm = scripted_engine(tokenizer, {0: [call, answer]}, response_length=64)
+    config = MultiTurnConfig(env=f"{tmp_path / 'look_env.py'}:LookEnv", max_turns=3)
+    rollout = MultiTurnRollout(engine, config, processor=processor, model_path=str(model_path))
+    image = random_image(0, **PROMPT_IMAGE)
+    prompts = vl_prompts(processor, model_path, [VLSample("Describe it.", [image])])
+    width = prompts.batch["input_ids"].shape[-1] + 8
+    for key in ("input_ids", "attention_mask", "position_ids"):  # room for the sentence (data.max_prompt_length)
+        value = prompts.batch[key]
+        fill = tokenizer.pad_token_id if key == "input_ids" else 0
+        prompts.batch[key] = torch.cat([torch.full((*value.shape[:-1], 8), fill, dtype=value.dtype), value], -1)
+    out = rollout.generate_sequences(prompts)
+
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe it. Look closely."}]}
+    ]
+    grown = encode(processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+    assert llm.seen[0] == [grown] and llm.seen[1] == [grown + call + encode(TOOL_TEXT)]
+    assert out.non_tensor_batch["env_get_reward"].tolist() == [1.0]
+    crop = out.non_tensor_batch["multi_modal_data"][0]["images"][1]
+    assert np.array_equal(np.asarray(crop), np.asarray(image)[:56, :56])
+    # the actor's prompt: the grown one with the picture's pad expanded; positions the model's own throughout
+    attended = out.batch["attention_mask"][0].bool()
+    ids = out.batch["input_ids"][0][attended]
+    expanded = [token for t in grown for token in ([pad] * 6 if t == pad else [t])]
+    assert ids[: len(expanded)].tolist() == expanded and int(attended[:width].sum()) == len(expanded)
+    grids = processor.image_processor(images=[image, crop], return_tensors="pt")["image_grid_thw"]
+    positions_of = make_position_id_fn(processor, model_path=str(model_path))
+    expected = positions_of({"input_ids": ids, "image_grid_thw": grids})
+    assert torch.equal(out.batch["position_ids"][0][:, attended], expected)

@@ -387,15 +387,20 @@ class MultiTurnConfig:
     a vision-language model; other values are turned into text with str()). A function's JSON schema is its `schema` attribute (an OpenAI-style dict) when set, else it is read from
     its type hints and Google-style docstring (transformers' get_json_schema). See `tools/calculator.py`."""
     env: Optional[str] = None
-    """An environment instead of tools, as `path/to/file.py:ClassName`. One instance per trajectory, built with no
-    arguments; `reset(row)` is called before the first turn with the prompt's dataset row (a dict: ground_truth and
-    the other non-tensor fields) and sets up its state (the dataset prompt is the first observation: what reset
-    returns is not shown to the model); `step(action_text)` gets each model turn's text and returns
-    `(observation, reward, done)`: the observation (text, a PIL image, or a list of both) is given to the model as a `user` message unless done, the
-    rewards are summed per trajectory and handed to the reward function as `env_reward` (reward_function/env_reward.py
-    scores with it alone). A reset or step that raises or takes longer than `tool_timeout` ends its trajectory and is
-    counted in rollout/multi_turn/env_errors; the step goes on. Not together with `tools` (an environment reads tool
-    calls in its step if it wants them)."""
+    """An environment, as `path/to/file.py:ClassName`; one instance per trajectory, built with no arguments. Two
+    kinds. A class with `step` is stepped: `reset(row)` is called before the first turn with the prompt's dataset row
+    (a dict: ground_truth and the other non-tensor fields) and sets up its state (the dataset prompt is the first
+    observation: what reset returns is not shown to the model); `step(action_text)` gets each model turn's text and
+    returns `(observation, reward, done)`: the observation (text, a PIL image, or a list of both) is given to the
+    model as a `user` message unless done, the rewards are summed per trajectory and handed to the reward function as
+    `env_reward` (reward_function/env_reward.py scores with it alone); not together with `tools`. A class without
+    `step` is a tool environment (TRL's `environment_factory`): its public methods but `reset` and `get_reward` are
+    the model's tools on that instance (with `tools`' too, when set), `reset(**columns)` gets the row's columns (only
+    those it names, without **kwargs) and the text it returns is added to the end of the prompt's last user message;
+    `get_reward()`, when defined, is called when the trajectory ends and added to the reward function's `overall`
+    (reward/env_reward), unless the reward file sets `SCORES_ENV_REWARD = True` (env_reward.py does). A reset, step
+    or get_reward that raises or takes longer than `tool_timeout` is counted in rollout/multi_turn/env_errors and
+    ends its trajectory (a failed get_reward gives 0); the step goes on."""
     max_turns: int = 4
     """Most model turns per trajectory; a trajectory still calling tools (or not done) after its last turn ends
     there."""

@@ -592,23 +592,27 @@ def _check_reward_weights(weights: Any, functions: list[str]) -> None:
 
 def _check_env_file(spec: str, tools: Any, key: str) -> None:
     """`worker.rollout.multi_turn.env`: `path.py:ClassName`, the file exists and parses and defines (or imports) the
-    class; not together with tools."""
-    if tools:
-        raise ConfigError(
-            f"`{key}` and `worker.rollout.multi_turn.tools` are both set; give one of them (an environment reads tool "
-            "calls in its step if it wants them)."
-        )
+    class; tools beside it only when it is a tool environment (no `step`: TRL's environment_factory classes)."""
     path_text, sep, name = spec.rpartition(":")
     if not sep or not name.isidentifier():
         raise ConfigError(f"`{key}` is {spec!r}; give it as path/to/file.py:ClassName.")
     try:
-        _, names, _ = parse_user_file(path_text, key)
+        path, names, _ = parse_user_file(path_text, key)
     except RewardFunctionError as err:
         raise ConfigError(str(err)) from None
     if name not in names:
         raise ConfigError(
             f"`{key}`: `{path_text}` defines no `{name}`; name the environment class as {path_text}:<ClassName>."
         )
+    if tools:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        body = next((n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), [])
+        if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "step" for n in body):
+            raise ConfigError(
+                f"`{key}` and `worker.rollout.multi_turn.tools` are both set, and `{name}` has `step`; give one of "
+                "them (a stepped environment reads tool calls in its step if it wants them; an environment without "
+                "`step`, whose methods are tools, may come with more tools)."
+            )
 
 
 def _check_loggers_can_start(names: Any) -> None:

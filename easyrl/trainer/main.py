@@ -110,13 +110,16 @@ def _takes_columns(reward_fn: Any) -> bool:
 
 def dataset_options(config: Any, reward_fn: Any) -> dict[str, Any]:
     """The datasets' options beyond the data keys: ``tools``, the schemas the chat template advertises (multi-turn
-    rollouts with tools), and ``carry_columns`` for a reward function written for TRL."""
-    tools = None
-    if config.worker.rollout.multi_turn.tools:
-        from ..workers.rollout.multi_turn import tool_schemas
+    rollouts with tools or a tool environment's methods), and ``carry_columns`` for a reward function written for TRL
+    and a tool environment, whose reset gets the row's columns (TRL's environment_factory)."""
+    multi_turn = config.worker.rollout.multi_turn
+    tools, tool_env = None, False
+    if multi_turn.tools or multi_turn.env:
+        from ..workers.rollout.multi_turn import is_tool_env, load_env_class, tool_schemas
 
-        tools = tool_schemas(config.worker.rollout.multi_turn.tools)
-    return {"tools": tools, "carry_columns": _takes_columns(reward_fn)}
+        tool_env = bool(multi_turn.env) and is_tool_env(load_env_class(multi_turn.env))
+        tools = tool_schemas(multi_turn.tools, multi_turn.env) or None
+    return {"tools": tools, "carry_columns": _takes_columns(reward_fn) or tool_env}
 
 
 def check_reward_columns(config: Any, reward_fn: Any, loaders: dict[str, Any]) -> None:
@@ -124,9 +127,17 @@ def check_reward_columns(config: Any, reward_fn: Any, loaders: dict[str, Any]) -
     Ray starts, not at the first batch (``loaders``: config key -> loader or None)."""
     if not _takes_columns(reward_fn):
         return
+    multi_turn = config.worker.rollout.multi_turn
+    rollout_fields = []  # what a multi-turn rollout hands the reward function beside the columns
+    if multi_turn.enabled:
+        rollout_fields.append("messages")
+    if multi_turn.env:
+        from ..workers.rollout.multi_turn import is_tool_env, load_env_class
+
+        rollout_fields += ["env_reward", *(["environments"] if is_tool_env(load_env_class(multi_turn.env)) else [])]
     for key, loader in loaders.items():
         if loader is not None:
-            reward_fn.check_columns(loader.dataset.carried_columns, config.data.answer_key, key)
+            reward_fn.check_columns(loader.dataset.carried_columns, config.data.answer_key, key, rollout_fields)
 
 
 def prepare_run_data(plan: RunPlan) -> RunData:

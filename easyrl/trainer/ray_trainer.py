@@ -65,9 +65,10 @@ def generation_non_tensor_keys(prompts: DataProto, multi_turn: Any) -> list[str]
 
 
 def join_rollout_output(repeated_prompts: DataProto, generated: DataProto) -> DataProto:
-    """The prompts (repeated once per sample) with the rollout's output. The rollout's multi_modal_data replaces the
-    prompts': a multi-turn rollout appends the pictures that tools returned to each sample's."""
-    media = [key for key in ("multi_modal_data",) if key in generated.non_tensor_batch]
+    """The prompts (repeated once per sample) with the rollout's output. The rollout's multi_modal_data and
+    raw_prompt_ids replace the prompts': a multi-turn rollout appends the pictures that tools returned to each
+    sample's, and a tool environment's reset adds text to its prompt."""
+    media = [key for key in ("multi_modal_data", "raw_prompt_ids") if key in generated.non_tensor_batch]
     media = [key for key in media if key in repeated_prompts.non_tensor_batch]
     repeated_prompts.pop(batch_keys=list(GENERATION_KEYS), non_tensor_batch_keys=media)
     return repeated_prompts.union(generated)

@@ -32,6 +32,10 @@ without `**kwargs` gets only the names it declares.
 `path.py:f,g` names several functions of the file, combined as TRL combines its `reward_funcs` (`CombinedReward`):
 the reward is the sum of their `overall` scores times `worker.reward.reward_weights`.
 
+With a tool environment that has `get_reward` (TRL's environment_factory), the scorer adds its reward to `overall`
+(weight 1, as TRL sums it with its reward functions) unless the file sets `SCORES_ENV_REWARD = True`: its function
+then puts `env_reward` into `overall` itself (reward_function/env_reward.py does).
+
 This module imports nothing heavy: the config check calls `resolve_reward_function` on the parsed file.
 """
 
@@ -86,6 +90,7 @@ class RewardFunction:
     kwargs: dict = field(default_factory=dict)
     reward_name: str = "unknown"  # the file's REWARD_NAME, for the log
     name_was_given: bool = True  # False when `name` was chosen by the `main` / `compute_score` rule
+    scores_env_reward: bool = False  # the file's SCORES_ENV_REWARD: its overall holds the environment's reward
     _log_extra_warned: bool = field(default=False, init=False, repr=False)
 
     @property
@@ -203,11 +208,14 @@ class RewardFunction:
                 column,
             )
 
-    def check_columns(self, columns: Collection[str], answer_key: str, config_key: str) -> None:
+    def check_columns(
+        self, columns: Collection[str], answer_key: str, config_key: str, rollout_fields: Collection[str] = ()
+    ) -> None:
         """A function written for TRL gets the data's columns by name: one that takes a parameter without a default
-        that no column (nor TRL's own arguments, easyrl's row fields or the configured kwargs) fills is refused,
-        before the run starts, naming the parameter and the columns of the data named by ``config_key``."""
-        given = {*TRL_CALL_ARGUMENTS, *ROW_FIELD_ARGUMENTS, *columns, answer_key, *self.kwargs}
+        that no column (nor TRL's own arguments, easyrl's row fields, what the rollout adds (``rollout_fields``:
+        `messages`, `env_reward`, `environments`) or the configured kwargs) fills is refused, before the run starts,
+        naming the parameter and the columns of the data named by ``config_key``."""
+        given = {*TRL_CALL_ARGUMENTS, *ROW_FIELD_ARGUMENTS, *columns, answer_key, *self.kwargs, *rollout_fields}
         missing = [
             parameter.name
             for parameter in _parameters(self.fn)
@@ -305,16 +313,22 @@ class CombinedReward:
     def uses(self, reward_type: str) -> bool:
         return any(part.uses(reward_type) for part in self.parts)
 
+    @property
+    def scores_env_reward(self) -> bool:
+        return any(part.scores_env_reward for part in self.parts)
+
     def describe(self) -> str:
         weighted = " + ".join(f"{weight:g} x {part.name}" for part, weight in zip(self.parts, self.weights))
         return f"Reward functions combined as overall = {weighted}:\n" + "\n".join(
             "  " + part.describe() for part in self.parts
         )
 
-    def check_columns(self, columns: Collection[str], answer_key: str, config_key: str) -> None:
+    def check_columns(
+        self, columns: Collection[str], answer_key: str, config_key: str, rollout_fields: Collection[str] = ()
+    ) -> None:
         for part in self.parts:
             if part.uses(TRL_REWARD_TYPE):
-                part.check_columns(columns, answer_key, config_key)
+                part.check_columns(columns, answer_key, config_key, rollout_fields)
 
     def score(self, inputs: list[dict]) -> list[dict[str, float]]:
         each = [part.score(inputs) for part in self.parts]
@@ -531,6 +545,7 @@ def _load_one(module: Any, path: Path, path_text: str, requested: str | None, kw
         kwargs=kwargs,
         reward_name=str(getattr(module, "REWARD_NAME", "unknown")),
         name_was_given=requested is not None,
+        scores_env_reward=bool(getattr(module, "SCORES_ENV_REWARD", False)),
     )
 
 

@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -64,6 +64,7 @@ PREFIX = "reward/"
 ROW_FIELDS = ("ground_truth", "data_source", "extra_info", "conversational", "row_columns")
 """The non-tensor fields of a batch's rows that `build_inputs` reads (the last three for verl's and TRL's calls)."""
 ALL_RAISED_STREAK = 3  # batches in a row raising on every sample that stop a run which scored before
+ENV_REWARD_SCORE = "env_reward"  # a tool environment's get_reward(), added to overall: reward/env_reward
 ERRORS_KEY = PREFIX + "errors"  # per-sample 1.0 where scoring failed (raised, non-finite, timed out, actor died)
 TIMEOUTS_KEY = PREFIX + "timeouts"  # per-sample 1.0 where the batch's deadline passed before it was scored
 JUDGE_ERRORS_KEY = PREFIX + "judge_errors"  # per-sample 1.0 where the judge gave no score (only with a judge)
@@ -241,9 +242,13 @@ class RewardScorer:
         if "messages" in data.non_tensor_batch:  # a multi-turn rollout's turns after the prompt
             for item, messages in zip(inputs, data.non_tensor_batch["messages"]):
                 item["messages"] = list(messages)
-        if "env_reward" in data.non_tensor_batch:  # the summed rewards of a multi-turn environment's steps
-            for item, reward in zip(inputs, data.non_tensor_batch["env_reward"]):
+        # the summed rewards of a stepped environment's steps, or a tool environment's get_reward()
+        for key in ("env_reward", "env_get_reward"):
+            for item, reward in zip(inputs, data.non_tensor_batch.get(key, ())):
                 item["env_reward"] = float(reward)
+        if "environments" in data.non_tensor_batch:  # TRL's `environments`: each tool environment's attributes
+            for item, state in zip(inputs, data.non_tensor_batch["environments"]):
+                item["environments"] = state
         return inputs
 
     def score_inputs(
@@ -339,7 +344,10 @@ class RewardScorer:
         judging = None
         if self.judge is not None:  # its requests run while the rule reward is scored
             judging = self.judge.submit(decode_prompts(data, self.tokenizer, self.config.skip_special_tokens), inputs)
-        args = (data.batch["responses"], data.batch["response_mask"], inputs, judging)
+        added = data.non_tensor_batch.get("env_get_reward")
+        if added is not None and self.reward_fn.scores_env_reward:
+            added = None  # the function's overall already holds it
+        args = (data.batch["responses"], data.batch["response_mask"], inputs, judging, added)
         decode_s = time.perf_counter() - start
         cancel_event = threading.Event()
         if self._executor is None:  # in-process: scored here (a signal-based timeout needs the main thread)
@@ -367,6 +375,7 @@ class RewardScorer:
         response_mask: torch.Tensor,
         inputs: list[dict],
         judging,
+        env_rewards: Any = None,
         cancel: threading.Event | None = None,
     ) -> tuple[torch.Tensor, dict[str, list[float]]]:
         scores, failures = self.score_inputs(inputs, cancel)
@@ -374,6 +383,11 @@ class RewardScorer:
         if judging is not None:
             verdicts = self.judge.collect(judging)
             scores, judge_errors = combine_scores(scores, verdicts, self.config.rule_weight, self.config.judge.weight)
+        if env_rewards is not None:  # a tool environment's get_reward(), one more term of weight 1 (TRL's contract)
+            scores = [
+                {**score, "overall": score["overall"] + float(env), ENV_REWARD_SCORE: float(env)}
+                for score, env in zip(scores, env_rewards)
+            ]
         token_level_scores = torch.zeros(responses.shape, dtype=torch.float32)
         # the reward sits on the model's last token (after any tool results of a multi-turn rollout)
         positions = torch.arange(response_mask.shape[-1], device=response_mask.device)

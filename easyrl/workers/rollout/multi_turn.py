@@ -18,6 +18,15 @@ is the first observation (it is already rendered and tokenized, ending with the 
 only sets the environment up). The rewards of a trajectory's steps are summed into the non-tensor ``env_reward``,
 which the reward function receives.
 
+A class without ``step`` is a tool environment, the contract of TRL's ``environment_factory``: one instance per
+trajectory, its public methods (all but ``reset`` and ``get_reward``) are the model's tools on that instance (beside
+the tools file's, when ``tools`` is set too), and the prompts advertise their schemas. ``reset(**columns)`` gets the
+row's columns; the text it returns is added to the end of the prompt's last user message (the engine and the actor
+both read the grown prompt, which must fit data.max_prompt_length). ``get_reward()``, when the class has it, is called
+once the trajectory ends and handed over as the non-tensor ``env_get_reward``, which the scorer adds to the reward
+function's ``overall``, as TRL sums it with its reward functions. The non-tensor ``environments`` holds each
+instance's attributes (``EnvState``) for reward functions that read TRL's ``environments``.
+
 Output: BaseRollout's format (base.py). ``responses`` holds every turn's tokens back to back; ``response_mask`` is 1
 only on tokens the model generated (tool tokens are in the sequence, attended to, but out of the loss, the log-probs
 and the KL, which all aggregate over response_mask); ``rollout_log_probs`` is the engine's log-prob on model tokens
@@ -40,6 +49,8 @@ import functools
 import inspect
 import json
 import logging
+import math
+import pickle
 import re
 import threading
 import time
@@ -62,6 +73,7 @@ from .base import (
     GenerationTimer,
     WeightBuckets,
     build_rollout_output,
+    continue_position_ids,
     generation_metrics,
     prompt_token_lists,
     repeat_greedy,
@@ -126,24 +138,41 @@ def takes_row(fn: Callable) -> bool:
         return False
 
 
-def tool_schema(fn: Callable) -> dict:
+def tool_schema(fn: Callable, method: bool = False) -> dict:
     """The OpenAI-style JSON schema of a tool: its ``schema`` attribute, else read from its type hints and Google-style
     docstring the way transformers' chat templates read tools (without the ``row`` argument, which the rollout
-    fills)."""
+    fills). ``method``: ``fn`` is a tool method of an environment class, read from the class (its first parameter,
+    ``self``, is not shown either)."""
     schema = getattr(fn, "schema", None)
     if schema is not None:
         return schema
     from transformers.utils import get_json_schema
 
-    if takes_row(fn):
+    signature = inspect.signature(fn)
+    hidden = {ROW_ARGUMENT, *list(signature.parameters)[:1]} if method else {ROW_ARGUMENT}
+    if hidden & set(signature.parameters):
         shown = functools.wraps(fn)(lambda **kwargs: None)
-        signature = inspect.signature(fn)
         shown.__signature__ = signature.replace(
-            parameters=[p for name, p in signature.parameters.items() if name != ROW_ARGUMENT]
+            parameters=[p for name, p in signature.parameters.items() if name not in hidden]
         )
-        shown.__annotations__ = {k: v for k, v in getattr(fn, "__annotations__", {}).items() if k != ROW_ARGUMENT}
+        shown.__annotations__ = {k: v for k, v in getattr(fn, "__annotations__", {}).items() if k not in hidden}
         return get_json_schema(shown)
     return get_json_schema(fn)
+
+
+def _named_schemas(functions: list[Callable], where: str, key: str, method: bool = False) -> dict[str, dict]:
+    """name -> JSON schema of each tool (the name the model calls it by is the schema's)."""
+    schemas = {}
+    for fn in functions:
+        try:
+            schema = tool_schema(fn, method)
+        except Exception as err:  # transformers' DocstringParsingException, TypeHintParsingException
+            raise ValueError(
+                f"`{key}`: no JSON schema for `{getattr(fn, '__name__', fn)}` in `{where}`: {err}. Give it type "
+                "hints and a Google-style docstring with an `Args:` line per argument, or a `schema` attribute."
+            ) from None
+        schemas[schema.get("function", schema).get("name", fn.__name__)] = schema
+    return schemas
 
 
 def load_tools(path: str) -> dict[str, Callable]:
@@ -152,22 +181,18 @@ def load_tools(path: str) -> dict[str, Callable]:
     listed = getattr(module, "TOOLS", None)
     if not isinstance(listed, (list, tuple)) or not listed or not all(callable(fn) for fn in listed):
         raise ValueError(f"`{TOOLS_KEY}`: `TOOLS` in `{path}` must be a non-empty list of functions.")
-    tools = {}
-    for fn in listed:
-        try:
-            schema = tool_schema(fn)
-        except Exception as err:  # transformers' DocstringParsingException, TypeHintParsingException
-            raise ValueError(
-                f"`{TOOLS_KEY}`: no JSON schema for `{getattr(fn, '__name__', fn)}` in `{path}`: {err}. Give it type "
-                "hints and a Google-style docstring with an `Args:` line per argument, or a `schema` attribute."
-            ) from None
-        tools[schema.get("function", schema).get("name", fn.__name__)] = fn
-    return tools
+    return dict(zip(_named_schemas(list(listed), path, TOOLS_KEY), listed))
 
 
-def tool_schemas(path: str) -> list[dict]:
-    """The JSON schemas of the tools of ``path``, for the chat template's ``tools=`` (the prompts advertise them)."""
-    return [tool_schema(fn) for fn in load_tools(path).values()]
+def tool_schemas(tools: Optional[str], env: Optional[str] = None) -> list[dict]:
+    """The JSON schemas the chat template's ``tools=`` advertises in the prompts: the tools of the file ``tools``,
+    then the tool methods of a tool environment ``env`` (TRL's environment_factory classes)."""
+    schemas = [tool_schema(fn) for fn in load_tools(tools).values()] if tools else []
+    if env:
+        env_class = load_env_class(env)
+        if is_tool_env(env_class):
+            schemas += list(env_tool_schemas(env_class).values())
+    return schemas
 
 
 def _call(fn: Callable, arguments: dict, row: Optional[dict] = None) -> Any:
@@ -179,12 +204,13 @@ def _call(fn: Callable, arguments: dict, row: Optional[dict] = None) -> Any:
 
 def run_tool_calls(
     calls: list[ToolCall | str],
-    tools: dict[str, Callable],
+    tools: dict[str, Callable] | list[dict[str, Callable]],
     timeout: float,
     rows: Optional[list[Optional[dict]]] = None,
 ) -> tuple[list[ToolResult], float]:
     """Run every call at once, each in a daemon thread, and wait at most ``timeout`` seconds for all of them; returns
     the results in order and the wall seconds. A string in ``calls`` is a parse error, answered as an error.
+    ``tools``: name -> function, or one such dict per call (a tool environment's methods are its trajectory's own).
     ``rows[i]``: the dataset row that call i's tool gets when it takes a ``row`` argument.
 
     Daemon threads, not a pool: a tool that hangs forever cannot be stopped from Python, and its thread must neither
@@ -193,9 +219,13 @@ def run_tool_calls(
     results: list[Optional[ToolResult]] = [None] * len(calls)
     threads = []
 
+    def tools_of(index: int) -> dict[str, Callable]:
+        return tools[index] if isinstance(tools, list) else tools
+
     def work(index: int, call: ToolCall) -> None:
         try:
-            content, pictures = to_content(_call(tools[call.name], call.arguments, rows[index] if rows else None))
+            fn = tools_of(index)[call.name]
+            content, pictures = to_content(_call(fn, call.arguments, rows[index] if rows else None))
             results[index] = ToolResult(content, pictures=pictures)
         except Exception as err:  # the model reads what went wrong; the step goes on
             results[index] = ToolResult(f"Error: {call.name} raised {type(err).__name__}: {err}", error=True)
@@ -203,8 +233,8 @@ def run_tool_calls(
     for index, call in enumerate(calls):
         if isinstance(call, str):
             results[index] = ToolResult(call, error=True)
-        elif call.name not in tools:
-            known = ", ".join(sorted(tools))
+        elif call.name not in tools_of(index):
+            known = ", ".join(sorted(tools_of(index)))
             results[index] = ToolResult(f"Error: unknown tool {call.name!r}; the tools are: {known}.", error=True)
         else:
             thread = threading.Thread(target=work, args=(index, call), daemon=True, name=f"tool-{call.name}")
@@ -225,17 +255,90 @@ def run_tool_calls(
 # environments: loading and stepping
 # ----------------------------------------------------------------------------------------------------------------------
 def load_env_class(spec: str) -> type:
-    """The environment class of ``path.py:ClassName`` (``worker.rollout.multi_turn.env``)."""
+    """The environment class of ``path.py:ClassName`` (``worker.rollout.multi_turn.env``): a stepped environment
+    (``reset(row)`` and ``step(action_text)``) or a tool environment (``reset(**columns)`` and tool methods, the
+    classes of TRL's ``environment_factory``; ``is_tool_env``)."""
     path, sep, name = spec.rpartition(":")
     if not sep or not name.isidentifier():
         raise ValueError(f"`{ENV_KEY}` is {spec!r}; give it as path/to/file.py:ClassName.")
     module = import_user_file(path, ENV_KEY)
     cls = getattr(module, name, None)
-    if not isinstance(cls, type) or not all(callable(getattr(cls, m, None)) for m in ("reset", "step")):
+    if not isinstance(cls, type) or not callable(getattr(cls, "reset", None)):
         raise ValueError(
-            f"`{ENV_KEY}`: `{name}` in `{path}` must be a class with `reset(row)` and `step(action_text)`."
+            f"`{ENV_KEY}`: `{name}` in `{path}` must be a class with `reset(row)` and `step(action_text)`, or (TRL's "
+            "environment_factory classes) `reset(**columns)` and public methods the model calls as tools."
+        )
+    if is_tool_env(cls) and not env_tool_methods(cls):
+        raise ValueError(
+            f"`{ENV_KEY}`: `{name}` in `{path}` has neither `step(action_text)` nor a public method for the model to "
+            "call as a tool; give it one of the two."
         )
     return cls
+
+
+# A tool environment's methods that are not tools (TRL's reserved names); names starting with `_` are not tools either.
+ENV_RESERVED_METHODS = ("reset", "get_reward")
+
+
+def is_tool_env(cls: type) -> bool:
+    """True for a class without ``step``: its public methods are the model's tools and ``reset(**columns)`` sets it up
+    (TRL's environment_factory contract); a class with ``step`` is stepped on each model turn's text."""
+    return not callable(getattr(cls, "step", None))
+
+
+def env_tool_methods(cls: type) -> list[str]:
+    """The names of a tool environment's tool methods: its public functions but ``reset`` and ``get_reward``."""
+    return [
+        name
+        for name, _ in inspect.getmembers(cls, predicate=inspect.isfunction)
+        if not name.startswith("_") and name not in ENV_RESERVED_METHODS
+    ]
+
+
+def env_tool_schemas(cls: type) -> dict[str, dict]:
+    """name -> JSON schema of each tool method of a tool environment class."""
+    methods = [getattr(cls, name) for name in env_tool_methods(cls)]
+    return _named_schemas(methods, f"{cls.__module__}.{cls.__qualname__}", ENV_KEY, method=True)
+
+
+def reset_arguments(reset: Callable, columns: dict) -> dict:
+    """What a tool environment's ``reset`` gets of its row's columns: all of them as keyword arguments (TRL passes
+    every column), or only the names it declares when it takes no ``**kwargs``."""
+    parameters = inspect.signature(reset).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return dict(columns)
+    names = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {name: value for name, value in columns.items() if name in names}
+
+
+class EnvState:
+    """What a reward function gets as one of TRL's ``environments``: the attributes of a trajectory's environment
+    instance when the trajectory ended. The instance stays in the rollout worker (it may hold a process or a socket);
+    its attributes that can be pickled travel to the reward function, methods do not."""
+
+    def __init__(self, env: Any) -> None:
+        self._class_name = type(env).__name__
+        self._dropped: list[str] = []
+        for name, value in vars(env).items():
+            try:
+                pickle.dumps(value)
+            except Exception:
+                self._dropped.append(name)
+                continue
+            setattr(self, name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_class_name", "_dropped"):
+            raise AttributeError(name)
+        if name in self._dropped:
+            why = "its value cannot be pickled"
+        else:
+            why = "it is no attribute of the instance (methods stay in the rollout worker: use them in get_reward)"
+        raise AttributeError(f"{self._class_name}.{name} is not available to the reward function: {why}.")
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{self._class_name}({fields})"
 
 
 @dataclass
@@ -292,6 +395,32 @@ def _env_reset(env_class: type, row: dict) -> EnvOutcome:
     if inspect.isawaitable(output):
         asyncio.run(output)
     return EnvOutcome(env=env)
+
+
+def _tool_env_reset(env_class: type, columns: dict) -> EnvOutcome:
+    """A new tool environment reset with its row's columns; the text it returns (None: nothing) is added to the last
+    user message of the prompt, as TRL does."""
+    env = env_class()
+    output = env.reset(**reset_arguments(env.reset, columns))
+    if inspect.isawaitable(output):
+        output = asyncio.run(_awaited(output))
+    if output is not None and not isinstance(output, str):
+        raise TypeError(f"reset must return None or text to add to the prompt, not {type(output).__name__}")
+    return EnvOutcome(observation=output or None, env=env)
+
+
+def _env_get_reward(env: Any) -> EnvOutcome:
+    value = env.get_reward()
+    if inspect.isawaitable(value):
+        value = asyncio.run(_awaited(value))
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise ValueError(f"get_reward returned {value!r}; it must return a finite number")
+    return EnvOutcome(reward=reward)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -374,6 +503,14 @@ class ToolMessageRenderer:
             conversation + tool_messages, tokenize=False, add_generation_prompt=True
         )
         return text[text.rindex(_TURN_END) + len(_TURN_END) :]
+
+    def user_turn_end(self) -> list[int]:
+        """The tokens between a user message's text and the model's turn: the end of the message and the assistant
+        header (``<|im_end|>\n<|im_start|>assistant\n`` for Qwen), where text added to the last user message goes."""
+        text = self.template_owner.apply_chat_template(
+            [{"role": "user", "content": _PROBE}], tokenize=False, add_generation_prompt=True
+        )
+        return self.tokenizer.encode(text[text.rindex(_PROBE) + len(_PROBE) :], add_special_tokens=False)
 
     def messages(self, calls: list, results: list[ToolResult]) -> list[dict]:
         """The tool messages of ``results`` (content: text, or parts with {"type": "image"} for each picture)."""
@@ -471,6 +608,7 @@ class Trajectory:
     tool_errors: int = 0
     tool_timeouts: int = 0
     env: Any = None  # this trajectory's environment instance (worker.rollout.multi_turn.env)
+    prompt_insert: list[int] = field(default_factory=list)  # a tool environment's reset text, in the last user message
     env_reward: float = 0.0
     env_errors: int = 0
     env_timeouts: int = 0
@@ -527,30 +665,29 @@ class Trajectory:
         return end < len(expanded)
 
 
-def multi_turn_metrics(trajectories: list[Trajectory], tool_seconds: float, env: bool = False) -> dict[str, float]:
+def multi_turn_metrics(
+    trajectories: list[Trajectory], tool_seconds: float, env: bool = False, tools: bool = True
+) -> dict[str, float]:
+    """``env``: the environment counts (a stepped or a tool environment); ``tools``: the tool-call counts (tools, or a
+    tool environment's methods). The seconds spent in tools and environments are one figure (they run in turn)."""
     turns = np.array([t.turns for t in trajectories], dtype=float)
-    if env:
-        rewards = np.array([t.env_reward for t in trajectories], dtype=float)
-        return {
-            "rollout/multi_turn/turns/mean": float(turns.mean()) if len(turns) else 0.0,
-            "rollout/multi_turn/turns/max": float(turns.max()) if len(turns) else 0.0,
-            "rollout/multi_turn/env_reward/mean": float(rewards.mean()) if len(rewards) else 0.0,
-            "rollout/multi_turn/env_errors": float(sum(t.env_errors for t in trajectories)),
-            "rollout/multi_turn/env_timeouts": float(sum(t.env_timeouts for t in trajectories)),
-            "rollout/multi_turn/env_seconds": tool_seconds,
-            "rollout/multi_turn/truncated": float(sum(t.truncated for t in trajectories)),
-            "rollout/multi_turn/max_turns_reached": float(sum(t.max_turns_reached for t in trajectories)),
-        }
-    return {
+    metrics = {
         "rollout/multi_turn/turns/mean": float(turns.mean()) if len(turns) else 0.0,
         "rollout/multi_turn/turns/max": float(turns.max()) if len(turns) else 0.0,
-        "rollout/multi_turn/tool_calls": float(sum(t.tool_calls for t in trajectories)),
-        "rollout/multi_turn/tool_errors": float(sum(t.tool_errors for t in trajectories)),
-        "rollout/multi_turn/tool_timeouts": float(sum(t.tool_timeouts for t in trajectories)),
-        "rollout/multi_turn/tool_seconds": tool_seconds,
-        "rollout/multi_turn/truncated": float(sum(t.truncated for t in trajectories)),
-        "rollout/multi_turn/max_turns_reached": float(sum(t.max_turns_reached for t in trajectories)),
     }
+    if env:
+        rewards = np.array([t.env_reward for t in trajectories], dtype=float)
+        metrics["rollout/multi_turn/env_reward/mean"] = float(rewards.mean()) if len(rewards) else 0.0
+        metrics["rollout/multi_turn/env_errors"] = float(sum(t.env_errors for t in trajectories))
+        metrics["rollout/multi_turn/env_timeouts"] = float(sum(t.env_timeouts for t in trajectories))
+    if tools:
+        metrics["rollout/multi_turn/tool_calls"] = float(sum(t.tool_calls for t in trajectories))
+        metrics["rollout/multi_turn/tool_errors"] = float(sum(t.tool_errors for t in trajectories))
+        metrics["rollout/multi_turn/tool_timeouts"] = float(sum(t.tool_timeouts for t in trajectories))
+    metrics["rollout/multi_turn/tool_seconds" if tools else "rollout/multi_turn/env_seconds"] = tool_seconds
+    metrics["rollout/multi_turn/truncated"] = float(sum(t.truncated for t in trajectories))
+    metrics["rollout/multi_turn/max_turns_reached"] = float(sum(t.max_turns_reached for t in trajectories))
+    return metrics
 
 
 class MultiTurnRollout(BaseRollout):
@@ -564,17 +701,29 @@ class MultiTurnRollout(BaseRollout):
         the model folder whose config gives the 3-D rope (defaults to the processor's tokenizer's)."""
         self.engine = engine
         self.multi_turn = config
-        if config.tools and config.env:
-            raise ValueError(f"`{TOOLS_KEY}` and `{ENV_KEY}` are both set; give one of them.")
         self.env_class = load_env_class(config.env) if config.env else None
+        # a tool environment (TRL's environment_factory): its methods are tools, each trajectory's on its own instance
+        self.tool_env = self.env_class is not None and is_tool_env(self.env_class)
+        self.stepped_env = self.env_class is not None and not self.tool_env
+        if config.tools and self.stepped_env:
+            raise ValueError(
+                f"`{TOOLS_KEY}` and `{ENV_KEY}` are both set, and the environment has `step`; give one of them (a "
+                "stepped environment reads tool calls in its step if it wants them)."
+            )
         self.tools = load_tools(config.tools) if config.tools else {}  # first: it may register its own parser
         if config.parser not in TOOL_CALL_PARSERS:
             raise ValueError(
                 f"`worker.rollout.multi_turn.parser` is {config.parser!r}; registered: {', '.join(TOOL_CALL_PARSERS)}."
             )
         self.parse = TOOL_CALL_PARSERS[config.parser]
-        self.renderer = ToolMessageRenderer(engine.tokenizer, tools=self.env_class is None, processor=processor)
+        self.renderer = ToolMessageRenderer(engine.tokenizer, tools=not self.stepped_env, processor=processor)
         self.tools_take_row = any(takes_row(fn) for fn in self.tools.values())
+        if self.tool_env:
+            # the name the model calls each method by (its schema's) -> the method's attribute name
+            self.env_methods = dict(zip(env_tool_schemas(self.env_class), env_tool_methods(self.env_class)))
+            self.tools_take_row |= any(takes_row(getattr(self.env_class, m)) for m in self.env_methods.values())
+            self.env_rewards = callable(getattr(self.env_class, "get_reward", None))
+            self.user_turn_end = self.renderer.user_turn_end()
         vlm = processor is not None and getattr(processor, "image_token_id", None) is not None
         self.pictures = PictureTokens(processor, model_path) if vlm else None
 
@@ -600,6 +749,7 @@ class MultiTurnRollout(BaseRollout):
         engine._wake({"weights", "kv_cache"})
         multi_modal = prompts.non_tensor_batch.get("multi_modal_data")
         fields = prompts.non_tensor_batch if self.tools_take_row else {}
+        stepped, tool_env = self.stepped_env, self.tool_env
         trajectories = [
             Trajectory(
                 ids,
@@ -612,16 +762,21 @@ class MultiTurnRollout(BaseRollout):
         one_sample = replace(settings, n=1)
         tool_seconds = 0.0
         with GenerationTimer() as timer:
-            if self.env_class is not None:
+            if stepped:
                 tool_seconds += self._reset_envs(trajectories, prompts, settings.engine_n)
+            if tool_env:
+                tool_seconds += self._reset_tool_envs(trajectories, prompts, settings.engine_n)
             for turn in range(self.multi_turn.max_turns):
                 active = [t for t in trajectories if not t.done]
                 if not active:
                     break
                 self._generate_turn(active, one_sample, budget, request, turn)
-                if self.env_class is not None:
+                if stepped:
                     tool_seconds += self._step_envs(active, budget, turn)
                     continue
+                for t in active:
+                    if tool_env and t.env is None:
+                        t.done = True  # its reset failed: the first turn is all it gets
                 calling = [(t, self.parse(t.messages[-1]["content"])) for t in active if not t.done]
                 calling = [(t, calls) for t, calls in calling if calls]
                 for t in active:
@@ -636,13 +791,16 @@ class MultiTurnRollout(BaseRollout):
                     break
                 flat = [call for _, calls in calling for call in calls]
                 rows = [t.row for t, calls in calling for _ in calls]
-                results, seconds = run_tool_calls(flat, self.tools, self.multi_turn.tool_timeout, rows)
+                tools = [self._tools_of(t) for t, calls in calling for _ in calls] if tool_env else self.tools
+                results, seconds = run_tool_calls(flat, tools, self.multi_turn.tool_timeout, rows)
                 tool_seconds += seconds
                 position = 0
                 for t, calls in calling:
                     mine = results[position : position + len(calls)]
                     position += len(calls)
                     self._append_tool_results(t, calls, mine, budget)
+            if tool_env and self.env_rewards:
+                tool_seconds += self._env_get_rewards(trajectories)
         response_ids = repeat_greedy([t.response_ids for t in trajectories], settings)
         data = build_rollout_output(
             prompts,
@@ -652,6 +810,8 @@ class MultiTurnRollout(BaseRollout):
             response_length=budget,
             pad_token_id=engine.pad_token_id,
         )
+        if any(t.prompt_insert for t in trajectories):
+            self._insert_into_prompts(data, repeat_greedy(trajectories, settings))
         # every token is attended to (attention_mask); only the model's are trained on (response_mask)
         model_mask = repeat_greedy([t.model_mask for t in trajectories], settings)
         response_mask = torch.zeros_like(data.batch["response_mask"])
@@ -661,11 +821,18 @@ class MultiTurnRollout(BaseRollout):
         data.non_tensor_batch["messages"] = _object_array(repeat_greedy([t.messages for t in trajectories], settings))
         if any(t.pictures for t in trajectories):
             self._add_pictures(data, repeat_greedy(trajectories, settings), budget)
-        if self.env_class is not None:
-            rewards = repeat_greedy([t.env_reward for t in trajectories], settings)
-            data.non_tensor_batch["env_reward"] = np.array(rewards, dtype=np.float64)
+        rewards = np.array(repeat_greedy([t.env_reward for t in trajectories], settings), dtype=np.float64)
+        if stepped:
+            data.non_tensor_batch["env_reward"] = rewards
+        if tool_env:
+            # TRL's `environments`: each trajectory's instance, as its attributes (the instance stays here)
+            states = [EnvState(t.env) if t.env is not None else None for t in trajectories]
+            data.non_tensor_batch["environments"] = _object_array(repeat_greedy(states, settings))
+            if self.env_rewards:  # added to the reward function's overall by the scorer (TRL's contract)
+                data.non_tensor_batch["env_get_reward"] = rewards
         metrics = generation_metrics(response_mask, timer.seconds)
-        metrics.update(multi_turn_metrics(trajectories, tool_seconds, env=self.env_class is not None))
+        env_counts = stepped or (tool_env and self.env_rewards) or any(t.env_errors for t in trajectories)
+        metrics.update(multi_turn_metrics(trajectories, tool_seconds, env=env_counts, tools=not stepped))
         metrics.update(engine._last_sync_metrics)  # reported once, with the first generation after a sync
         engine._last_sync_metrics = {}
         data.meta_info["metrics"] = metrics
@@ -714,6 +881,105 @@ class MultiTurnRollout(BaseRollout):
         for t, outcome in zip(trajectories, outcomes):
             if not self._count_env_failure(t, outcome):
                 t.env = outcome.env
+        return seconds
+
+    def _reset_tool_envs(self, trajectories: list[Trajectory], prompts: Any, engine_n: int) -> float:
+        """One new tool environment per trajectory, reset with its row's columns (all at once, with the deadline); the
+        text a reset returns joins the end of the prompt's last user message. A failed reset, or text that does not
+        fit data.max_prompt_length, ends the trajectory after its first turn (a response is never empty)."""
+        fields = prompts.non_tensor_batch
+        columns = [reset_columns(fields, i // engine_n) for i in range(len(trajectories))]
+        jobs = [lambda row=row: _tool_env_reset(self.env_class, row) for row in columns]
+        outcomes, seconds = run_with_deadline(jobs, self.multi_turn.tool_timeout, "reset")
+        attended = prompts.batch["attention_mask"].sum(-1).tolist()
+        width = prompts.batch["attention_mask"].shape[-1]
+        for index, (t, outcome) in enumerate(zip(trajectories, outcomes)):
+            if self._count_env_failure(t, outcome):
+                continue
+            t.env = outcome.env
+            if outcome.observation is None:
+                continue
+            try:
+                self._add_to_prompt(t, outcome.observation, int(attended[index // engine_n]), width)
+            except ValueError as err:
+                self._count_env_failure(t, EnvOutcome(error=f"reset: {err}"))
+        return seconds
+
+    def _add_to_prompt(self, t: Trajectory, text: str, actor_length: int, width: int) -> None:
+        """Put ``text`` at the end of the prompt's last user message, before the tokens that close it and open the
+        model's turn (``actor_length``: the prompt's tokens as the actor reads it, ``width``: data.max_prompt_length).
+        The text is tokenized on its own."""
+        end = self.user_turn_end
+        if not end or t.prompt_ids[-len(end) :] != end:
+            raise ValueError(
+                "it returned text for the last user message, but the prompt does not end with a user message and the "
+                f"assistant header of the chat template ({self.engine.tokenizer.decode(end)!r}), so there is no user "
+                "message to add it to; give the data chat prompts ending with the user's message"
+            )
+        insert = self.engine.tokenizer.encode(text, add_special_tokens=False)
+        if actor_length + len(insert) > width:
+            raise ValueError(
+                f"the {len(insert)} tokens of its text and the prompt's {actor_length} are more than "
+                f"data.max_prompt_length={width}; raise data.max_prompt_length"
+            )
+        t.prompt_ids = t.prompt_ids[: -len(end)] + insert + end
+        t.prompt_insert = insert
+
+    def _insert_into_prompts(self, data: Any, trajectories: list[Trajectory]) -> None:
+        """The output rows' prompts with each trajectory's reset text in its last user message (what the engine
+        generated from): prompt ids, masks and positions, and the whole sequence's, which follow the prompt."""
+        prompt_ids, mask = data.batch["prompts"].clone(), data.batch["attention_mask"].clone()
+        positions = data.batch["position_ids"].clone()
+        width, responses = prompt_ids.shape[-1], data.batch["responses"]
+        end = len(self.user_turn_end)
+        raw = data.non_tensor_batch.get("raw_prompt_ids")
+        for row, t in enumerate(trajectories):
+            if not t.prompt_insert:
+                continue
+            length = int(mask[row, :width].sum())
+            grown = length + len(t.prompt_insert)
+            insert = torch.tensor(t.prompt_insert, dtype=prompt_ids.dtype)
+            ids = torch.cat([prompt_ids[row, width - length : width - end], insert, prompt_ids[row, width - end :]])
+            kept = positions[row, ..., width - length : width - end].clone()  # text follows: every rope axis counts on
+            added = kept[..., -1:] + torch.arange(1, len(insert) + end + 1, dtype=positions.dtype)
+            prompt_ids[row] = self.engine.pad_token_id
+            prompt_ids[row, width - grown :] = ids
+            mask[row, :width] = 0
+            mask[row, width - grown : width] = 1
+            positions[row, ..., :width] = 0
+            positions[row, ..., width - grown : width] = torch.cat([kept, added], dim=-1)
+            if raw is not None:
+                raw[row] = list(t.prompt_ids)
+        prompt_positions = positions[..., :width]
+        data.batch["prompts"] = prompt_ids
+        data.batch["input_ids"] = torch.cat([prompt_ids, responses], dim=-1)
+        data.batch["attention_mask"] = mask
+        data.batch["position_ids"] = torch.cat(
+            [prompt_positions, continue_position_ids(prompt_positions, responses.shape[-1])], dim=-1
+        )
+
+    def _tools_of(self, t: Trajectory) -> dict[str, Callable]:
+        """A trajectory's tools: the tools file's, then its own environment instance's methods."""
+        if t.env is None:
+            return dict(self.tools)
+        return {**self.tools, **{name: getattr(t.env, method) for name, method in self.env_methods.items()}}
+
+    def _env_get_rewards(self, trajectories: list[Trajectory]) -> float:
+        """Each tool environment's ``get_reward()`` once its trajectory ended (all at once, with the deadline); one
+        that raises, is late or is not a finite number counts as an environment error and its reward is 0."""
+        scored = [t for t in trajectories if t.env is not None]
+        outcomes, seconds = run_with_deadline(
+            [lambda t=t: _env_get_reward(t.env) for t in scored], self.multi_turn.tool_timeout, "get_reward"
+        )
+        for t, outcome in zip(scored, outcomes):
+            if outcome.error is None:
+                t.env_reward = outcome.reward
+                continue
+            t.env_errors += 1
+            t.env_timeouts += outcome.timed_out
+            logger.warning(
+                "Environment %s: %s; the trajectory's environment reward is 0.", self.multi_turn.env, outcome.error
+            )
         return seconds
 
     def _count_env_failure(self, t: Trajectory, outcome: EnvOutcome) -> bool:
@@ -830,6 +1096,20 @@ class MultiTurnRollout(BaseRollout):
             tail = torch.arange(1, budget - length + 1, dtype=positions.dtype)
             positions[row, :, prompt_length + length :] = response[:, -1:] + tail
         data.batch["position_ids"] = positions
+
+
+def reset_columns(fields: dict, index: int) -> dict:
+    """The columns a tool environment's reset gets for prompt ``index``, as TRL passes a row's: the row's own columns
+    (``row_columns``: all but the media columns), ``ground_truth`` and ``data_source``, and the row's pictures as
+    ``images`` (PIL, at the size the model sees them) unless a column has that name."""
+    columns = dict(fields["row_columns"][index] or {}) if "row_columns" in fields else {}
+    for key in ("ground_truth", "data_source"):
+        if key in fields and key not in columns:
+            columns[key] = fields[key][index]
+    media = fields["multi_modal_data"][index] if "multi_modal_data" in fields else None
+    if media and media.get("images") and "images" not in columns:
+        columns["images"] = list(media["images"])
+    return columns
 
 
 def _media(t: Trajectory) -> Any:

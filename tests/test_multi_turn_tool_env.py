@@ -1,0 +1,439 @@
+"""Tool environments (worker.rollout.multi_turn.env naming a class without `step`: the contract of TRL's
+environment_factory): one instance per trajectory whose public methods are the model's tools, `reset(**columns)`
+whose text joins the prompt's last user message (in the engine's prompt and in the actor's, ids, masks and
+positions), `get_reward()` added to the reward function's overall, and each instance's attributes handed to reward
+functions as TRL's `environments`. The turn bookkeeping runs with a scripted turn source; the real engine against the
+actor is a slow test."""
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import easyrl  # noqa: F401  (process environment before Ray starts)
+from easyrl.config import ConfigError, RewardConfig, load_config
+from easyrl.config.schema import MultiTurnConfig
+from easyrl.protocol import DataProto
+from easyrl.workers.rollout.base import rollout_logprob_mismatch
+from easyrl.workers.rollout.multi_turn import (
+    EnvState,
+    MultiTurnRollout,
+    is_tool_env,
+    load_env_class,
+    reset_arguments,
+    tool_schemas,
+)
+from tests.rollout_helpers import rollout_worker_config
+from tests.test_multi_turn import LOGPROB_TOLERANCE, _runs, scripted_engine
+
+
+ROOT = Path(__file__).resolve().parent.parent
+WIDTH = 48  # the prompts' width (data.max_prompt_length) in the scripted tests
+
+# TRL's documented example, with the target read from the row: reset returns the task, `increment` is the tool,
+# get_reward scores the counter; a negative target fails the reset.
+COUNTER_ENV = '''
+import threading
+
+
+class CounterEnv:
+    def reset(self, target, **kwargs):
+        self.counter, self.target = 0, int(target)
+        self.lock = threading.Lock()  # cannot be pickled: not handed to the reward function
+        if self.target < 0:
+            raise ValueError("no such target")
+        return f" Reach {self.target}."
+
+    def get_reward(self) -> float:
+        return float(self.counter == self.target)
+
+    def increment(self, step: int) -> int:
+        """Increment the counter.
+
+        Args:
+            step: Value to add to the counter.
+        """
+        self.counter += step
+        return self.counter
+
+    def _helper(self):
+        return "not a tool"
+'''
+
+
+@pytest.fixture
+def env_file(tmp_path):
+    path = tmp_path / "counter_env.py"
+    path.write_text(COUNTER_ENV)
+    return f"{path}:CounterEnv"
+
+
+def chat_prompts(tokenizer, texts, columns, width=WIDTH):
+    """Prompts as the dataset makes them from chat rows: the template's rendering of one user message, left-padded
+    to ``width``, with the row's columns carried (``row_columns``)."""
+    token_lists = [tokenizer.encode(rendered(tokenizer, text), add_special_tokens=False) for text in texts]
+    input_ids = torch.full((len(texts), width), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(texts), width), dtype=torch.long)
+    for i, ids in enumerate(token_lists):
+        input_ids[i, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[i, width - len(ids) :] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    raw = np.empty(len(texts), dtype=object)
+    raw[:] = token_lists
+    rows = np.empty(len(texts), dtype=object)
+    rows[:] = columns
+    return DataProto.from_dict(
+        tensors={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
+        non_tensors={
+            "raw_prompt_ids": raw,
+            "row_columns": rows,
+            "ground_truth": np.array([str(c.get("target")) for c in columns], dtype=object),
+        },
+    )
+
+
+def rendered(tokenizer, text):
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
+
+
+def test_the_methods_are_each_trajectorys_tools_and_the_reset_text_joins_the_last_user_message(tokenizer, env_file):
+    from easyrl.workers.reward.scorer import RewardScorer
+
+    eos = tokenizer.eos_token_id
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+
+    def call(step):
+        return encode(f'<tool_call>{{"name": "increment", "arguments": {{"step": {step}}}}}</tool_call>') + [eos]
+
+    done = encode("Done.") + [eos]
+    # 0: target 3, one call of 3 then done (reward 1); 1: target 2, calls 1 then done (reward 0); 2: its reset fails
+    turns = {0: [call(3), done], 1: [call(1), done], 2: [done]}
+    engine, llm = scripted_engine(tokenizer, turns, 128)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(env=env_file, max_turns=3, tool_timeout=5.0))
+    assert rollout.tool_env and rollout.env_methods == {"increment": "increment"}
+    columns = [
+        {"prompt": "Count.", "target": 3},
+        {"prompt": "Count.", "target": 2},
+        {"prompt": "Count.", "target": -1},
+    ]
+    prompts = chat_prompts(tokenizer, ["Count."] * 3, columns)
+    original = [list(ids) for ids in prompts.non_tensor_batch["raw_prompt_ids"]]
+    out = rollout.generate_sequences(prompts)
+
+    # the engine generated from the template's rendering of the user message with reset's text at its end
+    grown = [encode(rendered(tokenizer, f"Count. Reach {target}.")) for target in (3, 2)]
+    assert llm.seen[0] == [grown[0], grown[1], original[2]]  # the failed reset leaves its prompt as it was
+    tool = encode("\n<|im_start|>tool\n3<|im_end|>\n<|im_start|>assistant\n")
+    assert llm.seen[1] == [
+        grown[0] + call(3) + tool,
+        grown[1] + call(1) + encode("\n<|im_start|>tool\n1<|im_end|>\n<|im_start|>assistant\n"),
+    ]
+    # the actor reads the same prompt: ids, mask, positions 0.. and the response counting on after it
+    batch = out.batch
+    for row, ids in enumerate([grown[0], grown[1], original[2]]):
+        length = len(ids)
+        assert batch["prompts"][row, WIDTH - length :].tolist() == ids, row
+        assert batch["prompts"][row, : WIDTH - length].eq(tokenizer.pad_token_id).all()
+        assert batch["attention_mask"][row, :WIDTH].tolist() == [0] * (WIDTH - length) + [1] * length
+        assert batch["position_ids"][row, WIDTH - length :].tolist() == list(range(length + 128))
+        assert batch["input_ids"][row, WIDTH - length : WIDTH].tolist() == ids
+        assert list(out.non_tensor_batch["raw_prompt_ids"][row]) == ids
+    first = call(3) + tool + done
+    assert batch["responses"][0, : len(first)].tolist() == first
+    assert batch["response_mask"][0, : len(first)].tolist() == [1] * len(call(3)) + [0] * len(tool) + [1] * len(done)
+    assert batch["responses"][2, : len(done)].tolist() == done and batch["response_mask"][2].sum() == len(done)
+    # get_reward per trajectory; the instances' attributes (the lock left out) for TRL's `environments`
+    assert out.non_tensor_batch["env_get_reward"].tolist() == [1.0, 0.0, 0.0]
+    states = out.non_tensor_batch["environments"]
+    assert (states[0].counter, states[0].target, states[1].counter) == (3, 3, 1) and states[2] is None
+    with pytest.raises(AttributeError, match="CounterEnv.lock is not available to the reward function: its value"):
+        _ = states[0].lock
+    assert "env_reward" not in out.non_tensor_batch  # a stepped environment's key
+    metrics = out.meta_info["metrics"]
+    assert metrics["rollout/multi_turn/tool_calls"] == 2 and metrics["rollout/multi_turn/tool_errors"] == 0
+    assert metrics["rollout/multi_turn/env_errors"] == 1
+    assert metrics["rollout/multi_turn/env_reward/mean"] == pytest.approx(1 / 3)
+    assert (
+        out.non_tensor_batch["messages"][2][0]["content"]
+        == f"Error: {env_file} reset raised ValueError: no such target."
+    )
+
+    # the reward: a TRL function reading `environments`, plus get_reward (weight 1, TRL's sum) ...
+    reward_file = Path(env_file.rpartition(":")[0]).parent / "rewards.py"
+    reward_file.write_text(
+        "def tried(completions, environments, **kwargs):\n"
+        "    return [0.5 if env is not None and env.counter > 0 else 0.0 for env in environments]\n"
+    )
+    scorer = RewardScorer(RewardConfig(reward_function=f"{reward_file}:tried"), tokenizer, True)
+    scores, metrics = scorer.score(out)
+    assert scores.sum(-1).tolist() == [1.5, 0.5, 0.0]
+    assert metrics["reward/env_reward"] == [1.0, 0.0, 0.0] and metrics["reward/overall"] == [1.5, 0.5, 0.0]
+    # ... not added twice where the reward file scores with env_reward itself
+    scorer = RewardScorer(
+        RewardConfig(reward_function=str(ROOT / "reward_function" / "env_reward.py")), tokenizer, True
+    )
+    scores, _ = scorer.score(out)
+    assert scores.sum(-1).tolist() == [1.0, 0.0, 0.0]
+
+
+def test_a_greedy_rollout_copies_the_grown_prompt_to_every_sample(tokenizer, env_file):
+    from easyrl.workers.rollout.base import GenerationRequest
+
+    eos = tokenizer.eos_token_id
+    done = tokenizer.encode("Done.", add_special_tokens=False) + [eos]
+    engine, _ = scripted_engine(tokenizer, {0: [done], 1: [done]}, 64)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(env=env_file, max_turns=2, tool_timeout=5.0))
+    prompts = chat_prompts(tokenizer, ["Go.", "Run."], [{"target": 1}, {"target": 4}])
+    out = rollout.generate_sequences(prompts, GenerationRequest(sampling_override={"temperature": 0.0, "n": 2}))
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    want = [
+        encode(rendered(tokenizer, text))
+        for text in ("Go. Reach 1.", "Go. Reach 1.", "Run. Reach 4.", "Run. Reach 4.")
+    ]
+    for row, ids in enumerate(want):
+        assert out.batch["prompts"][row, WIDTH - len(ids) :].tolist() == ids
+        assert int(out.batch["attention_mask"][row, :WIDTH].sum()) == len(ids)
+    assert out.non_tensor_batch["env_get_reward"].tolist() == [0.0] * 4
+
+
+def test_reset_text_that_cannot_join_the_prompt_is_an_environment_error(tokenizer, env_file):
+    """Text that would not fit data.max_prompt_length, or a prompt that does not end with a user message (a plain
+    text prompt), ends the trajectory after its first turn, counted and said; the prompt stays as it was."""
+    eos = tokenizer.eos_token_id
+    done = tokenizer.encode("Done.", add_special_tokens=False) + [eos]
+    engine, llm = scripted_engine(tokenizer, {0: [done], 1: [done]}, 64)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(env=env_file, max_turns=2, tool_timeout=5.0))
+    tight = chat_prompts(tokenizer, ["Count.", "Count."], [{"target": 3}, {"target": 3}])
+    length = len(tight.non_tensor_batch["raw_prompt_ids"][0])
+    tight = chat_prompts(tokenizer, ["Count.", "Count."], [{"target": 3}, {"target": 3}], width=length + 2)
+    plain_ids = tokenizer.encode("Count to three:", add_special_tokens=False)
+    tight.non_tensor_batch["raw_prompt_ids"][1] = plain_ids
+    out = rollout.generate_sequences(tight)
+    messages = out.non_tensor_batch["messages"]
+    assert "more than data.max_prompt_length=" in messages[0][0]["content"]
+    assert "does not end with a user message" in messages[1][0]["content"]
+    assert out.meta_info["metrics"]["rollout/multi_turn/env_errors"] == 2
+    assert llm.seen[0][0] == list(tight.non_tensor_batch["raw_prompt_ids"][0]) and llm.seen[0][1] == plain_ids
+    assert out.non_tensor_batch["environments"].tolist() == [None, None]
+
+
+def test_a_failing_get_reward_counts_and_gives_zero(tokenizer, tmp_path):
+    path = tmp_path / "env.py"
+    path.write_text(
+        "class Env:\n"
+        "    def reset(self, **kwargs):\n        self.n = kwargs['target']\n"
+        "    def get_reward(self):\n        return float('nan') if self.n == 1 else 1 / (self.n - 2)\n"
+        "    def noop(self) -> str:\n        '''Does nothing.'''\n        return ''\n"
+    )
+    done = tokenizer.encode("Done.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    engine, _ = scripted_engine(tokenizer, {i: [done] for i in range(3)}, 32)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(env=f"{path}:Env", max_turns=1, tool_timeout=5.0))
+    out = rollout.generate_sequences(chat_prompts(tokenizer, ["a", "b", "c"], [{"target": n} for n in (1, 2, 4)]))
+    assert out.non_tensor_batch["env_get_reward"].tolist() == [0.0, 0.0, 0.5]  # NaN and ZeroDivisionError give 0
+    assert out.meta_info["metrics"]["rollout/multi_turn/env_errors"] == 2
+
+
+def test_schemas_kinds_reset_arguments_and_state(env_file, tmp_path):
+    cls = load_env_class(env_file)
+    assert is_tool_env(cls)
+    (schema,) = tool_schemas(None, env_file)
+    function = schema["function"]
+    assert function["name"] == "increment" and list(function["parameters"]["properties"]) == ["step"]
+    assert function["parameters"]["properties"]["step"] == {
+        "type": "integer",
+        "description": "Value to add to the counter.",
+    }
+    both = tool_schemas(str(ROOT / "tools" / "calculator.py"), env_file)
+    assert [s["function"]["name"] for s in both] == ["calculator", "increment"]
+
+    # reset gets every column with **kwargs, else only the names it declares (TRL would pass them all and fail)
+    def declared(self, target):
+        pass
+
+    def open_ended(self, **kwargs):
+        pass
+
+    columns = {"prompt": "p", "target": 3}
+    assert reset_arguments(declared.__get__(object()), columns) == {"target": 3}
+    assert reset_arguments(open_ended.__get__(object()), columns) == columns
+
+    # a class with neither step nor a public method is refused, naming the key
+    (tmp_path / "empty.py").write_text("class Empty:\n    def reset(self, **kwargs):\n        pass\n")
+    with pytest.raises(ValueError, match="has neither `step\\(action_text\\)` nor a public method"):
+        load_env_class(f"{tmp_path / 'empty.py'}:Empty")
+
+    class Box:
+        def __init__(self):
+            self.count, self.handle = 2, (lambda: None)
+
+    state = pickle.loads(pickle.dumps(EnvState(Box())))
+    assert state.count == 2 and "count=2" in repr(state)
+    with pytest.raises(AttributeError, match="Box.handle is not available to the reward function"):
+        _ = state.handle
+    with pytest.raises(AttributeError, match="methods stay in the rollout worker"):
+        state.get_reward()
+
+
+def test_check_accepts_tools_beside_a_tool_env_and_refuses_them_beside_a_stepped_one(valid_args, env_file, tmp_path):
+    from easyrl.trainer.main import dataset_options
+
+    calculator = f"worker.rollout.multi_turn.tools={ROOT / 'tools/calculator.py'}"
+    config = load_config([*valid_args, f"worker.rollout.multi_turn.env={env_file}", calculator])
+    assert config.worker.rollout.multi_turn.enabled
+    options = dataset_options(config, None)
+    assert options["carry_columns"]  # reset gets the row's columns
+    assert [s["function"]["name"] for s in options["tools"]] == ["calculator", "increment"]
+    stepped = tmp_path / "stepped.py"
+    stepped.write_text(
+        "class Stepped:\n    def reset(self, row):\n        pass\n    def step(self, text):\n        pass\n"
+    )
+    with pytest.raises(ConfigError, match="and `Stepped` has `step`; give one of them"):
+        load_config([*valid_args, f"worker.rollout.multi_turn.env={stepped}:Stepped", calculator])
+    config = load_config([*valid_args, f"worker.rollout.multi_turn.env={stepped}:Stepped"])
+    assert dataset_options(config, None) == {"tools": None, "carry_columns": False}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the real engine in the FSDP worker: the grown prompt is what the actor scores
+# ----------------------------------------------------------------------------------------------------------------------
+ENGINE_ENV = '''
+class NoteEnv:
+    def reset(self, target, **kwargs):
+        self.notes = []
+        return f" The secret word is {target}."
+
+    def get_reward(self) -> float:
+        return float(len(self.notes))
+
+    def note(self, text: str) -> str:
+        """Write a note.
+
+        Args:
+            text: The note.
+        """
+        self.notes.append(text)
+        return "noted"
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_engine_tool_env_prompts_and_log_probs_match_the_actor(ray_cluster, tiny_model_path, tokenizer, tmp_path):
+    from easyrl.workers.fsdp_worker import FSDPWorker
+    from easyrl.workers.rollout.base import GenerationRequest
+    from tests.fsdp_helpers import worker_group
+
+    env_path = tmp_path / "note_env.py"
+    env_path.write_text(ENGINE_ENV)
+    config = rollout_worker_config(tiny_model_path, 1)
+    rollout = config.rollout
+    rollout.prompt_length = WIDTH
+    rollout.response_length = 64
+    rollout.max_model_len = WIDTH + rollout.response_length
+    rollout.multi_turn = MultiTurnConfig(env=f"{env_path}:NoteEnv", max_turns=2, turn_max_tokens=8, tool_timeout=5)
+    prompts = chat_prompts(tokenizer, ["Hi.", "Say it."], [{"target": "apple"}, {"target": "kiwi"}])
+    with worker_group(
+        FSDPWorker, config, "actor_rollout", name_prefix="toolenv", process_group_timeout_s=240
+    ) as group:
+        group.init_model()
+        out = group.generate_sequences(prompts, GenerationRequest(sampling_override={"n": 2}, seed=5))
+        actor = group.compute_log_probs(out).batch["old_log_probs"]
+    batch = out.batch
+    for row in range(len(out)):
+        target = ("apple", "kiwi")[row // 2]
+        length = int(batch["attention_mask"][row, :WIDTH].sum())
+        text = tokenizer.decode(batch["prompts"][row, WIDTH - length :])
+        assert text.endswith(f" The secret word is {target}.<|im_end|>\n<|im_start|>assistant\n"), text
+        mask = batch["response_mask"][row].tolist()
+        assert [v for v, _, _ in _runs(mask)][0] == 1  # the response opens with the model's turn
+    mismatch = rollout_logprob_mismatch(actor, batch["rollout_log_probs"], batch["response_mask"])
+    print(f"tool environment rollout vs actor log-prob |diff|: {mismatch}")
+    assert mismatch["rollout/logprob_abs_diff/max"] < LOGPROB_TOLERANCE
+    assert out.non_tensor_batch["env_get_reward"].shape == (4,)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a run: GRPO with a tool environment and a reward function written for TRL, through `easyrl train`
+# ----------------------------------------------------------------------------------------------------------------------
+TRL_ENV = '''
+import ast
+import operator
+
+OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
+
+
+def _value(node):
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
+        return OPERATORS[type(node.op)](_value(node.left), _value(node.right))
+    raise ValueError("only whole numbers and + - * //")
+
+
+class CalculatorEnv:
+    def reset(self, answer, **kwargs):
+        self.answer, self.calls, self.last = str(answer).strip(), 0, None
+        return " Check it with the calculator."
+
+    def get_reward(self) -> float:  # 1 for a calculation that gave the answer, else 0.5
+        return 1.0 if self.last == self.answer else 0.5
+
+    def calculator(self, expression: str) -> str:
+        """Evaluate an arithmetic expression.
+
+        Args:
+            expression: The expression, e.g. "12 * (3 + 4)".
+        """
+        self.calls += 1
+        self.last = str(_value(ast.parse(expression, mode="eval").body))
+        return self.last
+'''
+
+TRL_REWARD = """
+def tried(completions, environments, answer, **kwargs):  # each sample's environment was reset with its row
+    return [0.25 if env.answer == str(a).strip() else -1.0 for env, a in zip(environments, answer)]
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_two_grpo_steps_with_a_trl_tool_environment(tmp_path):
+    """The calculator recipe with TRL's environment_factory class in place of the tools file (its calculator is a
+    method, reset adds a sentence to the prompt, get_reward scores the last result) and a TRL reward function that
+    reads `environments`: 4 prompts x 4 samples, 2 steps."""
+    from tests.fixtures.trainer_runs import REPO_ROOT, bare_run, metrics_by_step, run_training
+
+    (tmp_path / "calc_env.py").write_text(TRL_ENV)
+    (tmp_path / "rewards.py").write_text(TRL_REWARD)
+    save_dir = tmp_path / "checkpoints"
+    args = [
+        f"config={REPO_ROOT / 'examples' / 'smollm2_arithmetic_grpo_tools.yaml'}",
+        "worker.rollout.multi_turn.tools=",
+        f"worker.rollout.multi_turn.env={tmp_path / 'calc_env.py'}:CalculatorEnv",
+        f"worker.reward.reward_function={tmp_path / 'rewards.py'}:tried",
+        "data.max_prompt_length=136",
+        "data.rollout_batch_size=4",
+        "worker.actor.global_batch_size=4",
+        "worker.rollout.n=4",
+        "worker.actor.micro_batch_size_per_device_for_update=4",
+        "worker.actor.micro_batch_size_per_device_for_experience=4",
+        "worker.rollout.kv_cache_memory_bytes=67108864",
+        "worker.reward.num_cpus=0",
+        *bare_run(2, save_dir),
+    ]
+    run_training(args, tmp_path / "train.log", timeout=1400)
+    metrics = metrics_by_step(save_dir)
+    assert {1, 2} <= set(metrics), sorted(metrics)
+    for step in (1, 2):
+        row = metrics[step]
+        assert row["rollout/multi_turn/env_errors"] == 0  # every reset got `answer` and its text fit the prompt
+        assert row["reward/errors"] == 0  # the reward function read env.answer of every sample
+        assert "rollout/multi_turn/tool_calls" in row
+        assert 0.5 <= row["reward/env_reward"] <= 1.0
+        # overall = the function's 0.25 + get_reward, summed as TRL sums them
+        assert row["reward/env_reward"] == pytest.approx(row["rollout/multi_turn/env_reward/mean"])
+        assert row["reward/overall"] == pytest.approx(0.25 + row["reward/env_reward"])
