@@ -278,3 +278,22 @@ def test_a_trl_reward_function_is_called_once_per_batch_as_trl_calls_it(tmp_path
         RewardFunctionError, match=r"TRL's convention.*must return a list of 3 numbers.*list of length 1"
     ):
         load_reward_function(f"{wrong}:reward", {}).score(items)
+
+
+def test_a_function_taking_completion_ids_or_environments_is_trls(tmp_path):
+    """TRL's docs write reward functions that take only `completion_ids` or only `environments` (its 2048 and Wordle
+    examples score `env.score` / `env.reward`): they are called as TRL calls them, not as EasyR1's batch functions."""
+    source = (
+        "def by_ids(completion_ids, **kwargs):\n    return [float(len(ids)) for ids in completion_ids]\n"
+        "def by_env(environments, **kwargs):\n    return [env.score for env in environments]\n"
+    )
+    path = write(tmp_path, source, "trl_style.py")
+    items = [
+        {"response": "ab", "response_length": 2, "ground_truth": "", "completion_ids": [5, 6], "environments": None}
+    ]
+    by_ids = load_reward_function(f"{path}:by_ids", {})
+    assert by_ids.reward_type == "trl" and by_ids.score(items) == [{"overall": 2.0}]
+    by_env = load_reward_function(f"{path}:by_env", {})
+    items[0]["environments"] = type("State", (), {"score": 4.5})()
+    assert by_env.reward_type == "trl" and by_env.score(items) == [{"overall": 4.5}]
+    assert "it takes one of `completions`, `completion_ids`, `environments`" in by_env.describe()

@@ -566,8 +566,9 @@ class RewardConfig:
     needs `overall` (placed on the last response token), other keys become `reward/<key>` metrics and per-sample
     columns for algorithm.filter_key. In a file without REWARD_TYPE, a function that takes `solution_str` is called as
     verl calls it (once per response: data_source, solution_str, ground_truth, extra_info) and one that takes
-    `completions` as TRL's GRPOTrainer calls it (once per batch: prompts, completions, completion_ids and every
-    column of the row but pictures and videos). A missing `.../reward_function/{math,r1v,dapo,android_gui}.py` is
+    `completions`, `completion_ids` or `environments` as TRL's GRPOTrainer calls it (once per batch: prompts,
+    completions, completion_ids, a tool environment's `environments`, and every column of the row but pictures and
+    videos). A missing `.../reward_function/{math,r1v,dapo,android_gui}.py` is
     replaced by easyrl's file of that name (EasyR1's scores and keys), with a warning naming both paths."""
     reward_function_kwargs: dict = field(default_factory=dict)
     """Extra keyword arguments passed to the reward function (to each of combined functions, the ones it takes)."""

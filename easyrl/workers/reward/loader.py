@@ -16,9 +16,9 @@ ground_truth=..., extra_info=...)` once per response), is called that way in a f
 names it declares among those four (all four with `**kwargs`), and may return a number or a dict whose `score` is the
 reward; its other numeric entries become named scores and the rest (e.g. a predicted answer as text) are dropped.
 
-A function written for TRL, one that takes `completions` (TRL's GRPOTrainer calls `fn(prompts=..., completions=...,
-completion_ids=..., **columns)` once per batch and gets a list of numbers back), is called that way in a file without
-REWARD_TYPE: `completions` are the responses (as `[{"role": "assistant", "content": ...}]` where the prompt was chat
+A function written for TRL, one that takes `completions`, `completion_ids` or `environments` (TRL's GRPOTrainer
+calls `fn(prompts=..., completions=..., completion_ids=..., **columns)` once per batch and gets a list of numbers
+back), is called that way in a file without REWARD_TYPE: `completions` are the responses (as `[{"role": "assistant", "content": ...}]` where the prompt was chat
 messages), `prompts` the prompts (their chat messages where the data has them, as TRL passes them; otherwise the
 text the model saw), and the columns are every column of the row but the picture and video columns, the answer
 (data.answer_key) also as `ground_truth`, and `data_source` and `extra_info`. A None in the returned list (TRL: the
@@ -66,6 +66,9 @@ TRL_REWARD_TYPE = "trl"  # chosen from the signature (a `completions` parameter)
 # the scorer's additions to each input for TRL's call (the training progress as {"global_step", "max_steps", "epoch"})
 TRL_INPUT_KEYS = ("prompt", "completion_ids", "conversational", "row_columns", "trainer_state")
 # what TRL's call passes besides the columns
+# a parameter of one of these names makes a function TRL's (TRL's docs write functions taking any of them, e.g.
+# `reward_func(completion_ids, **kwargs)` or `reward_func(environments, **kwargs)`; EasyR1's take `reward_inputs`)
+TRL_SIGNATURE_NAMES = ("completions", "completion_ids", "environments")
 TRL_CALL_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 TRL_SKIPPED_COLUMNS = ("prompt", "completion", *TRL_CALL_ARGUMENTS)  # columns TRL does not pass (or that would clash)
 ROW_FIELD_ARGUMENTS = ("ground_truth", "data_source", "extra_info")  # easyrl's per-row fields, passed by name
@@ -116,7 +119,11 @@ class RewardFunction:
         how = "" if self.name_was_given else f" (no `:function` in `{CONFIG_KEY}`; {_rule_text(self.name)})"
         kind = f"REWARD_TYPE {self.reward_type!r}"
         if self.reward_type == TRL_REWARD_TYPE:
-            kind = "called once per batch as TRL's GRPOTrainer calls it (it takes `completions`)"
+            kind = (
+                "called once per batch as TRL's GRPOTrainer calls it (it takes one of "
+                + ", ".join(f"`{name}`" for name in TRL_SIGNATURE_NAMES)
+                + ")"
+            )
         if self.reward_type == VERL_REWARD_TYPE:
             kind = (
                 f"called once per response as verl calls it (it takes `solution_str`): {sorted(self.verl_arguments)}"
@@ -183,7 +190,7 @@ class RewardFunction:
         outputs = self.fn(**arguments)
         if inspect.isawaitable(outputs):  # TRL awaits `async def` reward functions
             outputs = asyncio.run(_awaited(outputs))
-        convention = "(TRL's convention: it takes `completions`)"
+        convention = "(TRL's convention)"
         values = self._one_per_input(outputs, inputs, convention, "numbers, one per completion")
         taken = [name for name in logged if name in ("overall", *RESERVED_SCORE_NAMES)]
         if taken:
@@ -225,7 +232,7 @@ class RewardFunction:
         ]
         if missing:
             raise RewardFunctionError(
-                f"Reward function {self.where} (TRL's convention: it takes `completions`) takes "
+                f"Reward function {self.where} (TRL's convention) takes "
                 f"{', '.join(f'`{name}`' for name in missing)}, but `{config_key}` has no such column (its columns: "
                 f"{', '.join(columns) or 'none'}; pictures and videos are not passed). Rename the column, give the "
                 f"parameter a default, or set it in `worker.reward.reward_function_kwargs`."
@@ -527,7 +534,7 @@ def _load_one(module: Any, path: Path, path_text: str, requested: str | None, kw
     if not hasattr(module, "REWARD_TYPE") and "solution_str" in _parameter_names(fn):
         reward_type = VERL_REWARD_TYPE
         _check_binding(fn, kwargs, dict.fromkeys(_verl_arguments(fn)), name, path_text)
-    elif not hasattr(module, "REWARD_TYPE") and "completions" in _parameter_names(fn):
+    elif not hasattr(module, "REWARD_TYPE") and _parameter_names(fn) & set(TRL_SIGNATURE_NAMES):
         reward_type = TRL_REWARD_TYPE  # TRL's own call passes columns the function may not name: no binding check
     else:
         reward_type = getattr(module, "REWARD_TYPE", DEFAULT_REWARD_TYPE)
