@@ -437,3 +437,39 @@ def test_two_grpo_steps_with_a_trl_tool_environment(tmp_path):
         # overall = the function's 0.25 + get_reward, summed as TRL sums them
         assert row["reward/env_reward"] == pytest.approx(row["rollout/multi_turn/env_reward/mean"])
         assert row["reward/overall"] == pytest.approx(0.25 + row["reward/env_reward"])
+
+
+def test_the_shipped_calculator_environment_and_a_name_both_sources_give(tokenizer, valid_args):
+    """tools/calculator.py:CalculatorEnv: the calculator as each trajectory's method, a bonus when its last result is
+    the row's answer; a tools file naming a tool like a method is refused before Ray starts."""
+    from easyrl.trainer.main import dataset_options
+    from easyrl.workers.rollout.multi_turn import check_tool_names
+
+    spec = f"{ROOT / 'tools' / 'calculator.py'}:CalculatorEnv"
+    eos = tokenizer.eos_token_id
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+
+    def call(expression):
+        return encode(
+            f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
+        ) + [eos]
+
+    done = encode("Done.") + [eos]
+    turns = {0: [call("3*4"), done], 1: [call("2+2"), done], 2: [done]}
+    engine, _ = scripted_engine(tokenizer, turns, 128)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(env=spec, max_turns=3, tool_timeout=5.0))
+    columns = [{"answer": 12}, {"answer": "5"}, {"answer": "1"}]
+    out = rollout.generate_sequences(chat_prompts(tokenizer, ["q"] * 3, columns))
+    assert out.non_tensor_batch["env_get_reward"].tolist() == [0.1, 0.0, 0.0]
+    assert [state.results for state in out.non_tensor_batch["environments"]] == [["12"], ["4"], []]
+    with pytest.raises(ValueError, match="both name calculator; the model could only call one"):
+        check_tool_names({"calculator": None}, {"calculator": "calculator"})
+    config = load_config(
+        [
+            *valid_args,
+            f"worker.rollout.multi_turn.env={spec}",
+            f"worker.rollout.multi_turn.tools={ROOT / 'tools' / 'calculator.py'}",
+        ]
+    )
+    with pytest.raises(ValueError, match="both name calculator"):
+        dataset_options(config, None)

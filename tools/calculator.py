@@ -55,3 +55,32 @@ def calculator(expression: str) -> str:
 
 
 TOOLS = [calculator]
+
+
+RESULT_BONUS = 0.1  # CalculatorEnv's reward for a trajectory whose last calculation gave the answer
+
+
+class CalculatorEnv:
+    """The calculator as a tool environment, TRL's environment_factory contract
+    (`worker.rollout.multi_turn.env: tools/calculator.py:CalculatorEnv`, in place of `tools`). Each trajectory gets
+    its own instance: `reset` reads the row's answer column (`answer`, as the built-in arithmetic data names it), the
+    `calculator` method is the tool and records each result, and `get_reward` gives RESULT_BONUS when the last result
+    is the answer. easyrl adds that to the reward function's overall (TRL sums them), so with
+    reward_function/arithmetic.py a right answer checked with the calculator earns a little more than one without."""
+
+    def reset(self, answer=None, **kwargs) -> None:
+        self.answer = None if answer is None else str(answer).strip()
+        self.results: list[str] = []
+
+    def get_reward(self) -> float:
+        return RESULT_BONUS if self.results and self.results[-1] == self.answer else 0.0
+
+    def calculator(self, expression: str) -> str:
+        """Evaluate an arithmetic expression and return its value.
+
+        Args:
+            expression: The expression, with numbers, + - * / // % ** and brackets, e.g. "12 * (3 + 4)".
+        """
+        result = calculator(expression)
+        self.results.append(result)
+        return result

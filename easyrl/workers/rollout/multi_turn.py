@@ -191,8 +191,20 @@ def tool_schemas(tools: Optional[str], env: Optional[str] = None) -> list[dict]:
     if env:
         env_class = load_env_class(env)
         if is_tool_env(env_class):
-            schemas += list(env_tool_schemas(env_class).values())
+            methods = env_tool_schemas(env_class)
+            check_tool_names(load_tools(tools) if tools else {}, methods)
+            schemas += list(methods.values())
     return schemas
+
+
+def check_tool_names(tools: dict, methods: dict) -> None:
+    """A tool environment's method and a tool of `tools` may not share a name: the model could call only one."""
+    both = sorted(set(tools) & set(methods))
+    if both:
+        raise ValueError(
+            f"`{TOOLS_KEY}` and the tool methods of `{ENV_KEY}` both name {', '.join(both)}; the model could only call "
+            "one of each name. Rename one, or leave the tools file out."
+        )
 
 
 def _call(fn: Callable, arguments: dict, row: Optional[dict] = None) -> Any:
@@ -721,6 +733,7 @@ class MultiTurnRollout(BaseRollout):
         if self.tool_env:
             # the name the model calls each method by (its schema's) -> the method's attribute name
             self.env_methods = dict(zip(env_tool_schemas(self.env_class), env_tool_methods(self.env_class)))
+            check_tool_names(self.tools, self.env_methods)
             self.tools_take_row |= any(takes_row(getattr(self.env_class, m)) for m in self.env_methods.values())
             self.env_rewards = callable(getattr(self.env_class, "get_reward", None))
             self.user_turn_end = self.renderer.user_turn_end()
