@@ -445,6 +445,9 @@ class PPOTrainer:
         batch.meta_info["trainer_state"] = self._trainer_state(self.global_step - 1)  # the steps done before this one
         with timer("reward_wait", timing):  # the step waits for the decoding
             pending = self.reward_scorer.score_async(batch)
+        # a tool environment's states are for the reward function only (which has them now): the workers do not
+        # need them shipped with every call
+        batch.non_tensor_batch.pop("environments", None)
         return batch, pending
 
     # ------------------------------------------------------------------------------------------------------------------
