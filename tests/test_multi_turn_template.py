@@ -58,3 +58,41 @@ def test_validation_samples_decode_the_whole_attended_response(tokenizer):
     (sample,) = PPOTrainer._decode_samples(SimpleNamespace(global_step=2, tokenizer=tokenizer), batch, [1.0])
     assert sample["response"] == "call\ntool\n7\nIt is 7."  # the tool's result too, special tokens dropped
     assert sample["prompt"] == "What is 3+4?" and sample["score"] == 1.0 and sample["step"] == 2
+
+
+# ChatML with the tool role written as `observation`: a template a user gives in data.override_chat_template
+OBSERVATION_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ 'observation' if m.role == 'tool' else m.role }}\n{{ m.content }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_tool_results_render_with_the_override_chat_template_the_prompts_used(tokenizer, tmp_path, valid_args):
+    """data.override_chat_template reaches the multi-turn rollout (worker.rollout.multi_turn.chat_template): tool
+    results and a tool environment's reset text are rendered with the template the prompts were rendered with, not
+    the model's own (SmolLM2's writes `tool`)."""
+    from easyrl.config import load_config
+    from easyrl.workers.rollout.multi_turn import MultiTurnRollout, ToolCall, ToolMessageRenderer, ToolResult
+    from tests.test_multi_turn import scripted_engine
+
+    template = tmp_path / "observation.jinja"
+    template.write_text(OBSERVATION_TEMPLATE)
+    config = load_config(
+        [*valid_args, f"data.override_chat_template={template}", f"worker.rollout.multi_turn.tools={CALCULATOR}"]
+    )
+    assert config.worker.rollout.multi_turn.chat_template == str(template)
+    stop = "<|im_end|>"
+    calls, results = [ToolCall("calculator", {"expression": "3+4"})], [ToolResult("7")]
+    own = ToolMessageRenderer(tokenizer)
+    overridden = ToolMessageRenderer(tokenizer, chat_template=str(template))
+    decode = tokenizer.decode
+    assert (
+        decode(own.token_ids(own.messages(calls, results), stop))
+        == "\n<|im_start|>tool\n7<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert decode(overridden.token_ids(overridden.messages(calls, results), stop)) == (
+        "\n<|im_start|>observation\n7<|im_end|>\n<|im_start|>assistant\n"
+    )
+    engine, _ = scripted_engine(tokenizer, {}, 16)
+    rollout = MultiTurnRollout(engine, config.worker.rollout.multi_turn)
+    assert rollout.renderer.template == OBSERVATION_TEMPLATE

@@ -250,6 +250,7 @@ def derive(config: PPOConfig) -> None:
     config.data.format_prompt = resolve_shipped_file(config.data.format_prompt, "format_prompt")
     for key in ("format_prompt", "override_chat_template", "image_dir"):
         setattr(config.data, key, absolute_if_local(getattr(config.data, key)))
+    rollout.multi_turn.chat_template = config.data.override_chat_template
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -415,6 +415,10 @@ class MultiTurnConfig:
     </tool_call>`, the format of Qwen2.5/Qwen3 and Hermes); more parsers register in
     easyrl/workers/rollout/multi_turn.py (TOOL_CALL_PARSERS)."""
 
+    chat_template: Optional[str] = field(default=None, metadata=DERIVED)
+    """Copied from data.override_chat_template (derived): tool results, observations and a tool environment's reset
+    text are rendered with the template the prompts were rendered with."""
+
     @property
     def enabled(self) -> bool:
         return bool(self.tools or self.env)

@@ -64,6 +64,7 @@ from PIL import Image
 
 from ...config.schema import MultiTurnConfig
 from ...data.rope import make_position_id_fn
+from ...data.template import read_template_file
 from ...data.vision import PictureSizing, to_rgb
 from ...models.vision import text_token_for_sampled_pads
 from ..reward.loader import import_user_file
@@ -492,10 +493,15 @@ class ToolMessageRenderer:
     conversation, so a trajectory reads as one chat. A template that renders no ``tool`` role (its text is missing)
     gets the results as ``user`` messages, said once in the log."""
 
-    def __init__(self, tokenizer: Any, tools: bool = True, processor: Any = None) -> None:
+    def __init__(
+        self, tokenizer: Any, tools: bool = True, processor: Any = None, chat_template: Optional[str] = None
+    ) -> None:
+        """``chat_template``: the data.override_chat_template file the prompts were rendered with (None: the model's
+        own template)."""
         self.tokenizer = tokenizer
         # a VLM's processor holds the template that renders pictures in messages (the dataset renders prompts with it)
         self.template_owner = processor if getattr(processor, "chat_template", None) else tokenizer
+        self.template = read_template_file(chat_template, "data.override_chat_template") if chat_template else None
         self.role = "tool"
         if not tools:  # an environment's observations are user messages: no tool role to look for
             return
@@ -511,18 +517,19 @@ class ToolMessageRenderer:
 
     def _render(self, tool_messages: list[dict]) -> str:
         conversation = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _TURN_END}]
-        text = self.template_owner.apply_chat_template(
-            conversation + tool_messages, tokenize=False, add_generation_prompt=True
-        )
+        text = self._apply(conversation + tool_messages)
         return text[text.rindex(_TURN_END) + len(_TURN_END) :]
 
     def user_turn_end(self) -> list[int]:
         """The tokens between a user message's text and the model's turn: the end of the message and the assistant
         header (``<|im_end|>\n<|im_start|>assistant\n`` for Qwen), where text added to the last user message goes."""
-        text = self.template_owner.apply_chat_template(
-            [{"role": "user", "content": _PROBE}], tokenize=False, add_generation_prompt=True
-        )
+        text = self._apply([{"role": "user", "content": _PROBE}])
         return self.tokenizer.encode(text[text.rindex(_PROBE) + len(_PROBE) :], add_special_tokens=False)
+
+    def _apply(self, messages: list[dict]) -> str:
+        return self.template_owner.apply_chat_template(
+            messages, chat_template=self.template, tokenize=False, add_generation_prompt=True
+        )
 
     def messages(self, calls: list, results: list[ToolResult]) -> list[dict]:
         """The tool messages of ``results`` (content: text, or parts with {"type": "image"} for each picture)."""
@@ -728,7 +735,9 @@ class MultiTurnRollout(BaseRollout):
                 f"`worker.rollout.multi_turn.parser` is {config.parser!r}; registered: {', '.join(TOOL_CALL_PARSERS)}."
             )
         self.parse = TOOL_CALL_PARSERS[config.parser]
-        self.renderer = ToolMessageRenderer(engine.tokenizer, tools=not self.stepped_env, processor=processor)
+        self.renderer = ToolMessageRenderer(
+            engine.tokenizer, tools=not self.stepped_env, processor=processor, chat_template=config.chat_template
+        )
         self.tools_take_row = any(takes_row(fn) for fn in self.tools.values())
         if self.tool_env:
             # the name the model calls each method by (its schema's) -> the method's attribute name
