@@ -936,7 +936,8 @@ class MultiTurnRollout(BaseRollout):
             raise ValueError(
                 "it returned text for the last user message, but the prompt does not end with a user message and the "
                 f"assistant header of the chat template ({self.engine.tokenizer.decode(end)!r}), so there is no user "
-                "message to add it to; give the data chat prompts ending with the user's message"
+                "message to add it to; give the data chat prompts ending with the user's message (a prompt cut at "
+                "data.max_prompt_length loses that end: raise it)"
             )
         insert = self.engine.tokenizer.encode(text, add_special_tokens=False)
         if actor_length + len(insert) > width:
