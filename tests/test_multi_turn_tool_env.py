@@ -114,7 +114,7 @@ def test_the_methods_are_each_trajectorys_tools_and_the_reset_text_joins_the_las
     turns = {0: [call(3), done], 1: [call(1), done], 2: [done]}
     engine, llm = scripted_engine(tokenizer, turns, 128)
     rollout = MultiTurnRollout(engine, MultiTurnConfig(env=env_file, max_turns=3, tool_timeout=5.0))
-    assert rollout.tool_env and rollout.env_methods == {"increment": "increment"}
+    assert rollout.tool_env and rollout.env_methods == {None: {"increment": "increment"}}
     columns = [
         {"prompt": "Count.", "target": 3},
         {"prompt": "Count.", "target": 2},
@@ -473,3 +473,119 @@ def test_the_shipped_calculator_environment_and_a_name_both_sources_give(tokeniz
     )
     with pytest.raises(ValueError, match="both name calculator"):
         dataset_options(config, None)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# several environments (TRL's dictionary environment_factory): each row names its own in an `environment` column
+# ----------------------------------------------------------------------------------------------------------------------
+ECHO_ENV = '''
+class EchoEnv:
+    def reset(self, **kwargs):
+        self.heard = []
+        assert "environment" not in kwargs  # the routing column is not the environment's
+
+    def echo(self, text: str) -> str:
+        """Say the text back.
+
+        Args:
+            text: What to say back.
+        """
+        self.heard.append(text)
+        return text.upper()
+'''
+
+
+@pytest.fixture
+def two_envs(env_file, tmp_path):
+    (tmp_path / "echo_env.py").write_text(ECHO_ENV)
+    return {"counter": env_file, "echo": f"{tmp_path / 'echo_env.py'}:EchoEnv"}
+
+
+def test_each_row_gets_its_own_environment_and_only_its_tools(tokenizer, two_envs):
+    eos = tokenizer.eos_token_id
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+
+    def call(name, arguments):
+        return encode(f'<tool_call>{{"name": "{name}", "arguments": {arguments}}}</tool_call>') + [eos]
+
+    done = encode("Done.") + [eos]
+    turns = {
+        0: [call("increment", '{"step": 3}'), done],  # a counter row
+        1: [call("echo", '{"text": "hi"}'), done],  # an echo row
+        2: [call("increment", '{"step": 1}'), done],  # an echo row calling the counter's tool
+        3: [done],  # a row naming no known environment
+    }
+    engine, llm = scripted_engine(tokenizer, turns, 128)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(env=two_envs, max_turns=3, tool_timeout=5.0))
+    columns = [
+        {"environment": "counter", "target": 3},
+        {"environment": "echo", "target": 0},
+        {"environment": "echo", "target": 0},
+        {"environment": "chess", "target": 0},
+    ]
+    out = rollout.generate_sequences(chat_prompts(tokenizer, ["Go."] * 4, columns))
+    messages = out.non_tensor_batch["messages"]
+    assert messages[0][1]["content"] == "3" and messages[1][1]["content"] == "HI"
+    assert messages[2][1]["content"] == "Error: unknown tool 'increment'; the tools are: echo."
+    assert "the row's `environment` is 'chess', not one of 'counter', 'echo'" in messages[3][0]["content"]
+    # only the counter's reset added text; get_reward only where the class has it
+    assert llm.seen[0][0] == tokenizer.encode(rendered(tokenizer, "Go. Reach 3."), add_special_tokens=False)
+    assert llm.seen[0][1] == tokenizer.encode(rendered(tokenizer, "Go."), add_special_tokens=False)
+    assert out.non_tensor_batch["env_get_reward"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    states = out.non_tensor_batch["environments"]
+    assert states[1].heard == ["hi"] and states[2].heard == [] and states[3] is None
+    assert out.meta_info["metrics"]["rollout/multi_turn/env_errors"] == 1
+
+
+def test_rows_advertise_their_own_environments_tools_and_a_row_naming_none_is_skipped(tokenizer, two_envs, tmp_path):
+    import json
+
+    from easyrl.data.dataset import RLHFDataset
+    from tests.test_bad_data import data_config
+    from tests.test_multi_turn_template import TOOL_TEMPLATE
+
+    template = tmp_path / "tools.jinja"
+    template.write_text(TOOL_TEMPLATE)
+    path = tmp_path / "rows.jsonl"
+    rows = [
+        {"problem": "count", "answer": "3", "environment": "counter", "target": 3},
+        {"problem": "say", "answer": "x", "environment": "echo", "target": 0},
+        {"problem": "lost", "answer": "x", "environment": None, "target": 0},
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tools = tool_schemas(str(ROOT / "tools" / "calculator.py"), two_envs)
+    assert {name: [s["function"]["name"] for s in schemas] for name, schemas in tools.items()} == {
+        "counter": ["calculator", "increment"],
+        "echo": ["calculator", "echo"],
+    }
+    config = data_config(override_chat_template=str(template), max_prompt_length=128)
+    dataset = RLHFDataset(str(path), tokenizer, None, config, tools=tools, carry_columns=True)
+    assert len(dataset) == 2 and dataset.unusable_rows[0][0] == 2
+    assert "its `environment` is None; with several environments" in dataset.unusable_rows[0][1]
+    prompts = [tokenizer.decode(dataset[i]["raw_prompt_ids"]) for i in range(2)]
+    assert prompts[0].startswith("TOOLS: calculator(expression) increment(step)<user>count")
+    assert prompts[1].startswith("TOOLS: calculator(expression) echo(text)<user>say")
+    assert dataset[0]["row_columns"]["environment"] == "counter"
+
+
+def test_check_reads_several_environments_and_refuses_a_stepped_one_among_them(
+    tokenizer, valid_args, two_envs, tmp_path
+):
+    from easyrl.trainer.main import dataset_options
+
+    args = [f"worker.rollout.multi_turn.env.{name}={spec}" for name, spec in two_envs.items()]
+    config = load_config([*valid_args, *args])
+    assert config.worker.rollout.multi_turn.env == two_envs
+    options = dataset_options(config, None)
+    assert options["carry_columns"] and set(options["tools"]) == {"counter", "echo"}
+    stepped = tmp_path / "stepped.py"
+    stepped.write_text(
+        "class Stepped:\n    def reset(self, row):\n        pass\n    def step(self, text):\n        pass\n"
+    )
+    with pytest.raises(ConfigError, match="`worker.rollout.multi_turn.env.game`: .* has `step`; several environments"):
+        load_config([*valid_args, *args, f"worker.rollout.multi_turn.env.game={stepped}:Stepped"])
+    with pytest.raises(ValueError, match="has `step`; several environments are tool environments"):
+        MultiTurnRollout(
+            scripted_engine(tokenizer, {}, 8)[0],
+            MultiTurnConfig(env={**two_envs, "game": f"{stepped}:Stepped"}),
+        )

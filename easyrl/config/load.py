@@ -30,7 +30,7 @@ def _field_types(cls: type = PPOConfig, prefix: str = "") -> dict[str, Any]:
 
 FIELDS = _field_types()
 # Dict-valued fields whose contents are free-form (not checked against the tree).
-FREE_DICT_KEYS = {key for key, f in FIELDS.items() if f.type is dict}
+FREE_DICT_KEYS = {key for key, f in FIELDS.items() if f.type is dict or f.metadata.get("mapping")}
 DERIVED_KEYS = {key for key, f in FIELDS.items() if f.metadata.get("derived")}
 
 

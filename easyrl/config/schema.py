@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 
 DERIVED = {"derived": True}
+MAPPING = {"mapping": True}  # a field that may hold a mapping of free keys (given whole, or key by key: `field.name=`)
 
 
 class ConfigError(ValueError):
@@ -386,9 +387,11 @@ class MultiTurnConfig:
     row, left out of the schema) and returns what the model sees: text, a PIL image, or a list of both (pictures need
     a vision-language model; other values are turned into text with str()). A function's JSON schema is its `schema` attribute (an OpenAI-style dict) when set, else it is read from
     its type hints and Google-style docstring (transformers' get_json_schema). See `tools/calculator.py`."""
-    env: Optional[str] = None
-    """An environment, as `path/to/file.py:ClassName`; one instance per trajectory, built with no arguments. Two
-    kinds. A class with `step` is stepped: `reset(row)` is called before the first turn with the prompt's dataset row
+    env: Any = field(default=None, metadata=MAPPING)
+    """An environment, as `path/to/file.py:ClassName`, or several tool environments as a mapping name ->
+    `path/to/file.py:ClassName` (TRL's dictionary environment_factory: each row names its own in an `environment`
+    column, and its prompt advertises that environment's tools only); one instance per trajectory, built with no
+    arguments. Two kinds. A class with `step` is stepped: `reset(row)` is called before the first turn with the prompt's dataset row
     (a dict: ground_truth and the other non-tensor fields) and sets up its state (the dataset prompt is the first
     observation: what reset returns is not shown to the model); `step(action_text)` gets each model turn's text and
     returns `(observation, reward, done)`: the observation (text, a PIL image, or a list of both) is given to the

@@ -590,9 +590,33 @@ def _check_reward_weights(weights: Any, functions: list[str]) -> None:
         )
 
 
-def _check_env_file(spec: str, tools: Any, key: str) -> None:
-    """`worker.rollout.multi_turn.env`: `path.py:ClassName`, the file exists and parses and defines (or imports) the
-    class; tools beside it only when it is a tool environment (no `step`: TRL's environment_factory classes)."""
+def _check_env_file(env: Any, tools: Any, key: str) -> None:
+    """`worker.rollout.multi_turn.env`: `path.py:ClassName` (or a mapping of names to them: TRL's dictionary of
+    tool environments), the file exists and parses and defines (or imports) the class; tools beside it only when it
+    is a tool environment (no `step`: TRL's environment_factory classes), and only those in a mapping."""
+    if isinstance(env, dict):
+        if not env or not all(isinstance(name, str) and isinstance(spec, str) for name, spec in env.items()):
+            raise ConfigError(f"`{key}` is {env!r}; give a mapping of names to path/to/file.py:ClassName.")
+        for name, spec in env.items():
+            if _class_has_step(spec, f"{key}.{name}"):
+                raise ConfigError(
+                    f"`{key}.{name}`: `{spec}` has `step`; several environments are tool environments (TRL's "
+                    "environment_factory classes: reset and tool methods), a stepped one is given alone."
+                )
+        return
+    if not isinstance(env, str):
+        raise ConfigError(f"`{key}` is {env!r}; give path/to/file.py:ClassName.")
+    if _class_has_step(env, key) and tools:
+        raise ConfigError(
+            f"`{key}` and `worker.rollout.multi_turn.tools` are both set, and `{env.rpartition(':')[2]}` has `step`; "
+            "give one of them (a stepped environment reads tool calls in its step if it wants them; an environment "
+            "without `step`, whose methods are tools, may come with more tools)."
+        )
+
+
+def _class_has_step(spec: str, key: str) -> bool:
+    """`path.py:ClassName` names a class the file defines or imports (read, not run); True when the file's own class
+    body defines `step` (a class it imports is judged when the rollout loads it)."""
     path_text, sep, name = spec.rpartition(":")
     if not sep or not name.isidentifier():
         raise ConfigError(f"`{key}` is {spec!r}; give it as path/to/file.py:ClassName.")
@@ -604,15 +628,9 @@ def _check_env_file(spec: str, tools: Any, key: str) -> None:
         raise ConfigError(
             f"`{key}`: `{path_text}` defines no `{name}`; name the environment class as {path_text}:<ClassName>."
         )
-    if tools:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        body = next((n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), [])
-        if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "step" for n in body):
-            raise ConfigError(
-                f"`{key}` and `worker.rollout.multi_turn.tools` are both set, and `{name}` has `step`; give one of "
-                "them (a stepped environment reads tool calls in its step if it wants them; an environment without "
-                "`step`, whose methods are tools, may come with more tools)."
-            )
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    body = next((n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), [])
+    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "step" for n in body)
 
 
 def _check_loggers_can_start(names: Any) -> None:

@@ -70,6 +70,8 @@ VISION_BLOCK_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<
 
 EXTRA_INFO_KEY = "extra_info"
 ROW_COLUMNS_KEY = "row_columns"
+# with several environments (worker.rollout.multi_turn.env as a mapping), the column naming a row's own (TRL's name)
+ENVIRONMENT_COLUMN = "environment"
 
 
 class UnusableRowError(ValueError):
@@ -142,6 +144,8 @@ class RowEncoder:
     sizing: PictureSizing | None = None
     vision_block_ids: list[int] = field(default_factory=list)
     pad_ids: dict[str, int] = field(default_factory=dict)
+    tools_by_env: dict[str, list[dict]] | None = None
+    """With several environments: the tool schemas each one's rows advertise (the row's ENVIRONMENT_COLUMN)."""
 
     def media(self, row: dict) -> tuple[list, list, list[float]]:
         """Loaded images, videos and each video's sampling rate; raises UnreadableMediaError / UnusableRowError."""
@@ -161,6 +165,14 @@ class RowEncoder:
                 messages = build_messages(self.formatter(str(text)), num_images, num_videos)
         except ValueError as error:  # placeholders that do not match the row's media, a list that is not messages
             raise UnusableRowError(str(error)) from error
+        if self.tools_by_env is not None:
+            name = row.get(ENVIRONMENT_COLUMN)
+            if name not in self.tools_by_env:
+                raise UnusableRowError(
+                    f"its `{ENVIRONMENT_COLUMN}` is {name!r}; with several environments (worker.rollout.multi_turn.env) "
+                    f"each row names its own, one of: {', '.join(self.tools_by_env)}"
+                )
+            return self.chat_template(messages, tools=self.tools_by_env[name])
         return self.chat_template(messages)
 
     def encode(self, row: dict, index: int) -> dict[str, Any]:
@@ -352,7 +364,7 @@ class RLHFDataset(Dataset):
         *,
         config_key: str = "data.train_files",
         model_config: Any = None,
-        tools: list[dict] | None = None,
+        tools: list[dict] | dict[str, list[dict]] | None = None,
         carry_columns: bool = False,
     ):
         self.config = config
@@ -369,7 +381,9 @@ class RLHFDataset(Dataset):
             processor=processor,
             config=config,
             formatter=PromptFormatter(config.format_prompt),
-            chat_template=ChatTemplate(tokenizer, processor, config.override_chat_template, tools),
+            chat_template=ChatTemplate(
+                tokenizer, processor, config.override_chat_template, None if isinstance(tools, dict) else tools
+            ),
             config_key=config_key,
             media_dirs=media_dirs,
             sizing=PictureSizing.from_processor(processor, config.min_pixels, config.max_pixels)
@@ -377,6 +391,7 @@ class RLHFDataset(Dataset):
             else None,
             vision_block_ids=vision_block_ids,
             pad_ids=pad_ids,
+            tools_by_env=tools if isinstance(tools, dict) else None,
         )
         self.position_ids = make_position_id_fn(processor, model_config)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -244,8 +244,10 @@ class ChatTemplate:
                 "Jinja chat-template file."
             )
 
-    def __call__(self, messages: list[dict[str, Any]]) -> str:
-        extra = {"tools": self.tools} if self.tools else {}
+    def __call__(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str:
+        """``tools``: this prompt's schemas, in place of the template's own (a row's environment's)."""
+        tools = tools if tools is not None else self.tools
+        extra = {"tools": tools} if tools else {}
         return self.renderer.apply_chat_template(
             messages, chat_template=self.template, add_generation_prompt=True, tokenize=False, **extra
         )

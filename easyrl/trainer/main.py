@@ -115,9 +115,9 @@ def dataset_options(config: Any, reward_fn: Any) -> dict[str, Any]:
     multi_turn = config.worker.rollout.multi_turn
     tools, tool_env = None, False
     if multi_turn.tools or multi_turn.env:
-        from ..workers.rollout.multi_turn import is_tool_env, load_env_class, tool_schemas
+        from ..workers.rollout.multi_turn import has_tool_env, tool_schemas
 
-        tool_env = bool(multi_turn.env) and is_tool_env(load_env_class(multi_turn.env))
+        tool_env = has_tool_env(multi_turn.env)
         tools = tool_schemas(multi_turn.tools, multi_turn.env) or None
     return {"tools": tools, "carry_columns": _takes_columns(reward_fn) or tool_env}
 
@@ -132,9 +132,9 @@ def check_reward_columns(config: Any, reward_fn: Any, loaders: dict[str, Any]) -
     if multi_turn.enabled:
         rollout_fields.append("messages")
     if multi_turn.env:
-        from ..workers.rollout.multi_turn import is_tool_env, load_env_class
+        from ..workers.rollout.multi_turn import has_tool_env
 
-        rollout_fields += ["env_reward", *(["environments"] if is_tool_env(load_env_class(multi_turn.env)) else [])]
+        rollout_fields += ["env_reward", *(["environments"] if has_tool_env(multi_turn.env) else [])]
     for key, loader in loaders.items():
         if loader is not None:
             reward_fn.check_columns(loader.dataset.carried_columns, config.data.answer_key, key, rollout_fields)

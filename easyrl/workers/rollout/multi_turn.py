@@ -54,7 +54,7 @@ import pickle
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
@@ -63,6 +63,7 @@ import torch
 from PIL import Image
 
 from ...config.schema import MultiTurnConfig
+from ...data.dataset import ENVIRONMENT_COLUMN
 from ...data.rope import make_position_id_fn
 from ...data.template import read_template_file
 from ...data.vision import PictureSizing, to_rgb
@@ -185,17 +186,18 @@ def load_tools(path: str) -> dict[str, Callable]:
     return dict(zip(_named_schemas(list(listed), path, TOOLS_KEY), listed))
 
 
-def tool_schemas(tools: Optional[str], env: Optional[str] = None) -> list[dict]:
+def tool_schemas(tools: Optional[str], env: Any = None) -> list[dict] | dict[str, list[dict]]:
     """The JSON schemas the chat template's ``tools=`` advertises in the prompts: the tools of the file ``tools``,
-    then the tool methods of a tool environment ``env`` (TRL's environment_factory classes)."""
-    schemas = [tool_schema(fn) for fn in load_tools(tools).values()] if tools else []
-    if env:
-        env_class = load_env_class(env)
-        if is_tool_env(env_class):
-            methods = env_tool_schemas(env_class)
-            check_tool_names(load_tools(tools) if tools else {}, methods)
-            schemas += list(methods.values())
-    return schemas
+    then the tool methods of a tool environment ``env`` (TRL's environment_factory classes). With several
+    environments (a mapping), one list per environment name: a row's prompt advertises its own environment's."""
+    file_tools = load_tools(tools) if tools else {}
+    schemas = [tool_schema(fn) for fn in file_tools.values()]
+    by_name = {}
+    for name, env_class in load_env_classes(env).items():
+        methods = env_tool_schemas(env_class) if is_tool_env(env_class) else {}
+        check_tool_names(file_tools, methods)
+        by_name[name] = schemas + list(methods.values())
+    return by_name if isinstance(env, Mapping) else by_name.get(None, schemas)
 
 
 def check_tool_names(tools: dict, methods: dict) -> None:
@@ -287,6 +289,39 @@ def load_env_class(spec: str) -> type:
             "call as a tool; give it one of the two."
         )
     return cls
+
+
+def env_specs(env: Any) -> dict[Optional[str], str]:
+    """``worker.rollout.multi_turn.env`` as name -> `path.py:Class`: {None: spec} for one environment, the mapping
+    itself for several (TRL's dictionary environment_factory), {} for none."""
+    if not env:
+        return {}
+    if isinstance(env, str):
+        return {None: env}
+    if isinstance(env, Mapping) and all(isinstance(k, str) and k and isinstance(v, str) for k, v in env.items()):
+        return dict(env)
+    raise ValueError(
+        f"`{ENV_KEY}` is {env!r}; give path/to/file.py:ClassName, or a mapping of names to path/to/file.py:ClassName."
+    )
+
+
+def load_env_classes(env: Any) -> dict[Optional[str], type]:
+    """name -> environment class of ``worker.rollout.multi_turn.env`` (see env_specs); several environments are tool
+    environments, as TRL's dictionary holds."""
+    classes = {name: load_env_class(spec) for name, spec in env_specs(env).items()}
+    if isinstance(env, Mapping):
+        stepped = [name for name, cls in classes.items() if not is_tool_env(cls)]
+        if stepped:
+            raise ValueError(
+                f"`{ENV_KEY}.{stepped[0]}` ({env[stepped[0]]}) has `step`; several environments are tool environments "
+                "(TRL's environment_factory classes: reset and tool methods), a stepped one is given alone."
+            )
+    return classes
+
+
+def has_tool_env(env: Any) -> bool:
+    """``worker.rollout.multi_turn.env`` names tool environments (their reset gets the row's columns)."""
+    return any(is_tool_env(cls) for cls in load_env_classes(env).values())
 
 
 # A tool environment's methods that are not tools (TRL's reserved names); names starting with `_` are not tools either.
@@ -628,6 +663,7 @@ class Trajectory:
     tool_timeouts: int = 0
     env: Any = None  # this trajectory's environment instance (worker.rollout.multi_turn.env)
     prompt_insert: list[int] = field(default_factory=list)  # a tool environment's reset text, in the last user message
+    env_name: Optional[str] = None  # with several environments, the name of this trajectory's (its row's column)
     env_reward: float = 0.0
     env_errors: int = 0
     env_timeouts: int = 0
@@ -720,7 +756,10 @@ class MultiTurnRollout(BaseRollout):
         the model folder whose config gives the 3-D rope (defaults to the processor's tokenizer's)."""
         self.engine = engine
         self.multi_turn = config
-        self.env_class = load_env_class(config.env) if config.env else None
+        self.env_specs = env_specs(config.env)
+        self.env_classes = load_env_classes(config.env)
+        self.env_class = next(iter(self.env_classes.values()), None)  # the one environment (a stepped one is alone)
+        self.multi_env = isinstance(config.env, Mapping)  # rows name their environment (ENVIRONMENT_COLUMN)
         # a tool environment (TRL's environment_factory): its methods are tools, each trajectory's on its own instance
         self.tool_env = self.env_class is not None and is_tool_env(self.env_class)
         self.stepped_env = self.env_class is not None and not self.tool_env
@@ -740,11 +779,14 @@ class MultiTurnRollout(BaseRollout):
         )
         self.tools_take_row = any(takes_row(fn) for fn in self.tools.values())
         if self.tool_env:
-            # the name the model calls each method by (its schema's) -> the method's attribute name
-            self.env_methods = dict(zip(env_tool_schemas(self.env_class), env_tool_methods(self.env_class)))
-            check_tool_names(self.tools, self.env_methods)
-            self.tools_take_row |= any(takes_row(getattr(self.env_class, m)) for m in self.env_methods.values())
-            self.env_rewards = callable(getattr(self.env_class, "get_reward", None))
+            # per environment: the name the model calls each method by (its schema's) -> the method's attribute name
+            self.env_methods = {
+                name: dict(zip(env_tool_schemas(cls), env_tool_methods(cls))) for name, cls in self.env_classes.items()
+            }
+            for name, cls in self.env_classes.items():
+                check_tool_names(self.tools, self.env_methods[name])
+                self.tools_take_row |= any(takes_row(getattr(cls, m)) for m in self.env_methods[name].values())
+            self.env_rewards = any(callable(getattr(cls, "get_reward", None)) for cls in self.env_classes.values())
             self.user_turn_end = self.renderer.user_turn_end()
         vlm = processor is not None and getattr(processor, "image_token_id", None) is not None
         self.pictures = PictureTokens(processor, model_path) if vlm else None
@@ -911,7 +953,10 @@ class MultiTurnRollout(BaseRollout):
         fit data.max_prompt_length, ends the trajectory after its first turn (a response is never empty)."""
         fields = prompts.non_tensor_batch
         columns = [reset_columns(fields, i // engine_n) for i in range(len(trajectories))]
-        jobs = [lambda row=row: _tool_env_reset(self.env_class, row) for row in columns]
+        for t, row in zip(trajectories, columns):
+            # TRL's routing column chooses the environment and is not handed to reset
+            t.env_name = row.pop(ENVIRONMENT_COLUMN, None) if self.multi_env else None
+        jobs = [lambda t=t, row=row: self._tool_env_reset(t, row) for t, row in zip(trajectories, columns)]
         outcomes, seconds = run_with_deadline(jobs, self.multi_turn.tool_timeout, "reset")
         attended = prompts.batch["attention_mask"].sum(-1).tolist()
         width = prompts.batch["attention_mask"].shape[-1]
@@ -926,6 +971,12 @@ class MultiTurnRollout(BaseRollout):
             except ValueError as err:
                 self._count_env_failure(t, EnvOutcome(error=f"reset: {err}"))
         return seconds
+
+    def _tool_env_reset(self, t: Trajectory, columns: dict) -> EnvOutcome:
+        if t.env_name not in self.env_classes:
+            names = ", ".join(map(repr, self.env_classes))
+            raise ValueError(f"the row's `{ENVIRONMENT_COLUMN}` is {t.env_name!r}, not one of {names}")
+        return _tool_env_reset(self.env_classes[t.env_name], columns)
 
     def _add_to_prompt(self, t: Trajectory, text: str, actor_length: int, width: int) -> None:
         """Put ``text`` at the end of the prompt's last user message, before the tokens that close it and open the
@@ -985,12 +1036,13 @@ class MultiTurnRollout(BaseRollout):
         """A trajectory's tools: the tools file's, then its own environment instance's methods."""
         if t.env is None:
             return dict(self.tools)
-        return {**self.tools, **{name: getattr(t.env, method) for name, method in self.env_methods.items()}}
+        methods = self.env_methods[t.env_name]
+        return {**self.tools, **{name: getattr(t.env, method) for name, method in methods.items()}}
 
     def _env_get_rewards(self, trajectories: list[Trajectory]) -> float:
         """Each tool environment's ``get_reward()`` once its trajectory ended (all at once, with the deadline); one
         that raises, is late or is not a finite number counts as an environment error and its reward is 0."""
-        scored = [t for t in trajectories if t.env is not None]
+        scored = [t for t in trajectories if t.env is not None and callable(getattr(t.env, "get_reward", None))]
         outcomes, seconds = run_with_deadline(
             [lambda t=t: _env_get_reward(t.env) for t in scored], self.multi_turn.tool_timeout, "get_reward"
         )
@@ -1001,7 +1053,7 @@ class MultiTurnRollout(BaseRollout):
             t.env_errors += 1
             t.env_timeouts += outcome.timed_out
             logger.warning(
-                "Environment %s: %s; the trajectory's environment reward is 0.", self.multi_turn.env, outcome.error
+                "Environment %s: %s; the trajectory's environment reward is 0.", self._label(t), outcome.error
             )
         return seconds
 
@@ -1011,9 +1063,13 @@ class MultiTurnRollout(BaseRollout):
         t.env_errors += 1
         t.env_timeouts += outcome.timed_out
         t.env = None  # abandoned: a hung call may still hold it
-        t.messages.append({"role": "user", "content": f"Error: {self.multi_turn.env} {outcome.error}."})
-        logger.warning("Environment %s: %s; the trajectory ends.", self.multi_turn.env, outcome.error)
+        t.messages.append({"role": "user", "content": f"Error: {self._label(t)} {outcome.error}."})
+        logger.warning("Environment %s: %s; the trajectory ends.", self._label(t), outcome.error)
         return True
+
+    def _label(self, t: Trajectory) -> str:
+        """The environment of a trajectory as the config names it."""
+        return self.env_specs.get(t.env_name) or str(self.multi_turn.env)
 
     def _step_envs(self, active: list[Trajectory], budget: int, turn: int) -> float:
         """Step every active trajectory's environment on its turn's text; append the observations of those that go on."""
