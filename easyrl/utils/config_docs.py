@@ -52,6 +52,8 @@ def _default(f) -> str:
 
 
 def _type(f) -> str:
+    if f.metadata.get("mapping"):  # a value, or a mapping of free keys to values
+        return "str, mapping or null"
     args = getattr(f.type, "__args__", None)
     if args and type(None) in args:
         inner = next(a for a in args if a is not type(None))
