@@ -11,20 +11,28 @@ PROMPT_TEXTS = ["What is 2 + 3?", "Tell me a story about a cat", "Hello", "Name 
 
 def make_prompts(tokenizer, texts=PROMPT_TEXTS):
     """A prompt DataProto as the data pipeline produces it: left-padded ids, masks, positions, raw ids."""
+    token_lists = [tokenizer(text, add_special_tokens=False)["input_ids"][:PROMPT_LENGTH] for text in texts]
+    return padded_prompts(token_lists, PROMPT_LENGTH, tokenizer.pad_token_id)
+
+
+def padded_prompts(token_lists: list[list[int]], width: int, pad_token_id: int, **non_tensors):
+    """The prompt DataProto of unpadded ``token_lists``: left-padded to ``width``, masks, positions from 0, raw ids,
+    and ``non_tensors`` (one value per prompt each) as object arrays."""
     from easyrl.protocol import DataProto
 
-    token_lists = [tokenizer(text, add_special_tokens=False)["input_ids"][:PROMPT_LENGTH] for text in texts]
-    input_ids = torch.full((len(texts), PROMPT_LENGTH), tokenizer.pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(texts), PROMPT_LENGTH), dtype=torch.long)
+    input_ids = torch.full((len(token_lists), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(token_lists), width), dtype=torch.long)
     for i, ids in enumerate(token_lists):
-        input_ids[i, PROMPT_LENGTH - len(ids) :] = torch.tensor(ids)
-        attention_mask[i, PROMPT_LENGTH - len(ids) :] = 1
+        input_ids[i, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[i, width - len(ids) :] = 1
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    raw = np.empty(len(texts), dtype=object)
-    raw[:] = token_lists
+    arrays = {}
+    for key, values in {"raw_prompt_ids": token_lists, **non_tensors}.items():
+        arrays[key] = np.empty(len(token_lists), dtype=object)
+        arrays[key][:] = list(values)
     return DataProto.from_dict(
         tensors={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
-        non_tensors={"raw_prompt_ids": raw},
+        non_tensors=arrays,
     )
 
 

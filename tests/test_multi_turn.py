@@ -416,24 +416,9 @@ def test_engine_trajectories_mask_exactly_the_model_tokens_and_match_the_actor(m
 @pytest.mark.timeout(1500)
 def test_three_grpo_steps_with_the_calculator_tool(tmp_path):
     """The shipped recipe (SmolLM2-135M-Instruct, the calculator), shrunk to 4 prompts x 4 samples, 3 steps."""
-    from tests.fixtures.trainer_runs import REPO_ROOT, bare_run, metrics_by_step, run_training
+    from tests.fixtures.trainer_runs import small_tools_run, train_for_metrics
 
-    save_dir = tmp_path / "checkpoints"
-    args = [
-        f"config={REPO_ROOT / 'examples' / 'smollm2_arithmetic_grpo_tools.yaml'}",
-        "data.rollout_batch_size=4",
-        "worker.actor.global_batch_size=4",
-        "worker.rollout.n=4",
-        "worker.actor.micro_batch_size_per_device_for_update=4",
-        "worker.actor.micro_batch_size_per_device_for_experience=4",
-        "worker.rollout.kv_cache_memory_bytes=67108864",
-        "worker.actor.use_torch_compile=false",
-        "worker.reward.num_cpus=0",
-        *bare_run(3, save_dir),
-    ]
-    run_training(args, tmp_path / "train.log", timeout=1400)
-    metrics = metrics_by_step(save_dir)
-    assert {1, 2, 3} <= set(metrics), sorted(metrics)
+    metrics = train_for_metrics(small_tools_run(3, tmp_path / "checkpoints"), tmp_path, 3)
     for step in (1, 2, 3):
         row = metrics[step]
         print(step, {key: value for key, value in row.items() if "multi_turn" in key or key == "reward/overall"})

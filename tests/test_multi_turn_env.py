@@ -239,29 +239,18 @@ class ArithmeticEnv:
 def test_two_grpo_steps_with_an_environment(tmp_path):
     """The calculator recipe with an environment instead of the tools (the answer in a turn earns 1, else the model
     is told to try again) and env_reward.py as the reward, 4 prompts x 4 samples, 2 steps."""
-    from tests.fixtures.trainer_runs import REPO_ROOT, bare_run, metrics_by_step, run_training
+    from tests.fixtures.trainer_runs import REPO_ROOT, small_tools_run, train_for_metrics
 
     env_path = tmp_path / "arith_env.py"
     env_path.write_text(ARITHMETIC_ENV)
-    save_dir = tmp_path / "checkpoints"
-    args = [
-        f"config={REPO_ROOT / 'examples' / 'smollm2_arithmetic_grpo_tools.yaml'}",
+    args = small_tools_run(
+        2,
+        tmp_path / "checkpoints",
         "worker.rollout.multi_turn.tools=",
         f"worker.rollout.multi_turn.env={env_path}:ArithmeticEnv",
         f"worker.reward.reward_function={REPO_ROOT / 'reward_function' / 'env_reward.py'}:compute_score",
-        "data.rollout_batch_size=4",
-        "worker.actor.global_batch_size=4",
-        "worker.rollout.n=4",
-        "worker.actor.micro_batch_size_per_device_for_update=4",
-        "worker.actor.micro_batch_size_per_device_for_experience=4",
-        "worker.rollout.kv_cache_memory_bytes=67108864",
-        "worker.actor.use_torch_compile=false",
-        "worker.reward.num_cpus=0",
-        *bare_run(2, save_dir),
-    ]
-    run_training(args, tmp_path / "train.log", timeout=1400)
-    metrics = metrics_by_step(save_dir)
-    assert {1, 2} <= set(metrics), sorted(metrics)
+    )
+    metrics = train_for_metrics(args, tmp_path, 2)
     for step in (1, 2):
         row = metrics[step]
         assert row["rollout/multi_turn/env_errors"] == 0  # reset got the row's ground_truth

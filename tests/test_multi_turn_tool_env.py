@@ -8,14 +8,11 @@ actor is a slow test."""
 import pickle
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
 from easyrl.config import ConfigError, RewardConfig, load_config
 from easyrl.config.schema import MultiTurnConfig
-from easyrl.protocol import DataProto
 from easyrl.workers.rollout.base import rollout_logprob_mismatch
 from easyrl.workers.rollout.multi_turn import (
     EnvState,
@@ -25,7 +22,7 @@ from easyrl.workers.rollout.multi_turn import (
     reset_arguments,
     tool_schemas,
 )
-from tests.rollout_helpers import rollout_worker_config
+from tests.rollout_helpers import padded_prompts, rollout_worker_config
 from tests.test_multi_turn import LOGPROB_TOLERANCE, _runs, scripted_engine
 
 
@@ -74,24 +71,8 @@ def chat_prompts(tokenizer, texts, columns, width=WIDTH):
     """Prompts as the dataset makes them from chat rows: the template's rendering of one user message, left-padded
     to ``width``, with the row's columns carried (``row_columns``)."""
     token_lists = [tokenizer.encode(rendered(tokenizer, text), add_special_tokens=False) for text in texts]
-    input_ids = torch.full((len(texts), width), tokenizer.pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(texts), width), dtype=torch.long)
-    for i, ids in enumerate(token_lists):
-        input_ids[i, width - len(ids) :] = torch.tensor(ids)
-        attention_mask[i, width - len(ids) :] = 1
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    raw = np.empty(len(texts), dtype=object)
-    raw[:] = token_lists
-    rows = np.empty(len(texts), dtype=object)
-    rows[:] = columns
-    return DataProto.from_dict(
-        tensors={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
-        non_tensors={
-            "raw_prompt_ids": raw,
-            "row_columns": rows,
-            "ground_truth": np.array([str(c.get("target")) for c in columns], dtype=object),
-        },
-    )
+    truths = [str(c.get("target")) for c in columns]
+    return padded_prompts(token_lists, width, tokenizer.pad_token_id, row_columns=columns, ground_truth=truths)
 
 
 def rendered(tokenizer, text):
@@ -405,29 +386,19 @@ def test_two_grpo_steps_with_a_trl_tool_environment(tmp_path):
     """The calculator recipe with TRL's environment_factory class in place of the tools file (its calculator is a
     method, reset adds a sentence to the prompt, get_reward scores the last result) and a TRL reward function that
     reads `environments`: 4 prompts x 4 samples, 2 steps."""
-    from tests.fixtures.trainer_runs import REPO_ROOT, bare_run, metrics_by_step, run_training
+    from tests.fixtures.trainer_runs import small_tools_run, train_for_metrics
 
     (tmp_path / "calc_env.py").write_text(TRL_ENV)
     (tmp_path / "rewards.py").write_text(TRL_REWARD)
-    save_dir = tmp_path / "checkpoints"
-    args = [
-        f"config={REPO_ROOT / 'examples' / 'smollm2_arithmetic_grpo_tools.yaml'}",
+    args = small_tools_run(
+        2,
+        tmp_path / "checkpoints",
         "worker.rollout.multi_turn.tools=",
         f"worker.rollout.multi_turn.env={tmp_path / 'calc_env.py'}:CalculatorEnv",
         f"worker.reward.reward_function={tmp_path / 'rewards.py'}:tried",
         "data.max_prompt_length=136",
-        "data.rollout_batch_size=4",
-        "worker.actor.global_batch_size=4",
-        "worker.rollout.n=4",
-        "worker.actor.micro_batch_size_per_device_for_update=4",
-        "worker.actor.micro_batch_size_per_device_for_experience=4",
-        "worker.rollout.kv_cache_memory_bytes=67108864",
-        "worker.reward.num_cpus=0",
-        *bare_run(2, save_dir),
-    ]
-    run_training(args, tmp_path / "train.log", timeout=1400)
-    metrics = metrics_by_step(save_dir)
-    assert {1, 2} <= set(metrics), sorted(metrics)
+    )
+    metrics = train_for_metrics(args, tmp_path, 2)
     for step in (1, 2):
         row = metrics[step]
         assert row["rollout/multi_turn/env_errors"] == 0  # every reset got `answer` and its text fit the prompt

@@ -372,22 +372,19 @@ class ZoomEnv:
 def test_two_grpo_steps_with_pictures_in_the_observations(tmp_path):
     """The CPU zoom recipe (tiny random Qwen2.5-VL, shapes) with the environment above, 4 prompts x 4 samples, 2
     steps: the pictures go through the trainer's batch into the actor's forward and update."""
-    from tests.fixtures.trainer_runs import REPO_ROOT, bare_run, metrics_by_step, run_training
+    from tests.fixtures.trainer_runs import REPO_ROOT, bare_run, train_for_metrics
 
     env_path = tmp_path / "zoom_env.py"
     env_path.write_text(ZOOM_ENV)
-    save_dir = tmp_path / "checkpoints"
     args = [
         f"config={REPO_ROOT / 'examples' / 'shapes_tiny_vl_grpo_tools.yaml'}",
         "worker.rollout.multi_turn.tools=",
         f"worker.rollout.multi_turn.env={env_path}:ZoomEnv",
         "worker.rollout.multi_turn.max_turns=2",
         "worker.reward.num_cpus=0",
-        *bare_run(2, save_dir),
+        *bare_run(2, tmp_path / "checkpoints"),
     ]
-    run_training(args, tmp_path / "train.log", timeout=1400)
-    metrics = metrics_by_step(save_dir)
-    assert {1, 2} <= set(metrics), sorted(metrics)
+    metrics = train_for_metrics(args, tmp_path, 2)
     for step in (1, 2):
         row = metrics[step]
         print(step, {key: value for key, value in row.items() if "multi_turn" in key or "logprob" in key})
