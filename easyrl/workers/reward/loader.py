@@ -188,8 +188,7 @@ class RewardFunction:
         if accepted is not None:  # no **kwargs: only the names it declares (TRL's call would fail on the rest)
             arguments = {name: value for name, value in arguments.items() if name in accepted}
         outputs = self.fn(**arguments)
-        if inspect.isawaitable(outputs):  # TRL awaits `async def` reward functions
-            outputs = asyncio.run(_awaited(outputs))
+        outputs = resolved(outputs)  # TRL awaits `async def` reward functions
         convention = "(TRL's convention)"
         values = self._one_per_input(outputs, inputs, convention, "numbers, one per completion")
         taken = [name for name in logged if name in ("overall", *RESERVED_SCORE_NAMES)]
@@ -347,6 +346,11 @@ class CombinedReward:
                 scores.update({f"{part.name}/{key}": value for key, value in got[index].items() if key != "overall"})
             combined.append(scores)
         return combined
+
+
+def resolved(value: Any) -> Any:
+    """``value``, or what it resolves to when it is awaitable (a user's `async def` function, run to its end here)."""
+    return asyncio.run(_awaited(value)) if inspect.isawaitable(value) else value
 
 
 async def _awaited(awaitable: Any) -> Any:

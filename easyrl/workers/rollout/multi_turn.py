@@ -44,7 +44,6 @@ A tool that takes a ``row`` argument gets the prompt's dataset row (its ``multi_
 pictures); ``row`` is not part of the schema the model sees.
 """
 
-import asyncio
 import functools
 import inspect
 import json
@@ -68,7 +67,7 @@ from ...data.rope import make_position_id_fn
 from ...data.template import read_template_file
 from ...data.vision import PictureSizing, to_rgb
 from ...models.vision import text_token_for_sampled_pads
-from ..reward.loader import import_user_file
+from ..reward.loader import import_user_file, resolved
 from .base import (
     BaseRollout,
     GenerationRequest,
@@ -214,7 +213,7 @@ def _call(fn: Callable, arguments: dict, row: Optional[dict] = None) -> Any:
     if takes_row(fn):
         arguments = {**arguments, ROW_ARGUMENT: row}
     result = fn(**arguments)
-    return asyncio.run(result) if inspect.isawaitable(result) else result
+    return resolved(result)
 
 
 def run_tool_calls(
@@ -269,6 +268,7 @@ def run_tool_calls(
 # ----------------------------------------------------------------------------------------------------------------------
 # environments: loading and stepping
 # ----------------------------------------------------------------------------------------------------------------------
+@functools.cache  # one import of a file per process, as Python imports a module once
 def load_env_class(spec: str) -> type:
     """The environment class of ``path.py:ClassName`` (``worker.rollout.multi_turn.env``): a stepped environment
     (``reset(row)`` and ``step(action_text)``) or a tool environment (``reset(**columns)`` and tool methods, the
@@ -425,9 +425,7 @@ def run_with_deadline(jobs: list[Callable[[], Any]], timeout: float, what: str) 
 
 
 def _env_step(env: Any, action_text: str) -> EnvOutcome:
-    output = env.step(action_text)
-    if inspect.isawaitable(output):
-        output = asyncio.run(output)
+    output = resolved(env.step(action_text))
     if not isinstance(output, (tuple, list)) or len(output) != 3:
         raise TypeError(f"step must return (observation, reward, done), not {type(output).__name__}")
     observation, reward, done = output
@@ -439,9 +437,7 @@ def _env_step(env: Any, action_text: str) -> EnvOutcome:
 
 def _env_reset(env_class: type, row: dict) -> EnvOutcome:
     env = env_class()
-    output = env.reset(row)
-    if inspect.isawaitable(output):
-        asyncio.run(output)
+    resolved(env.reset(row))
     return EnvOutcome(env=env)
 
 
@@ -449,26 +445,18 @@ def _tool_env_reset(env_class: type, columns: dict) -> EnvOutcome:
     """A new tool environment reset with its row's columns; the text it returns (None: nothing) is added to the last
     user message of the prompt, as TRL does."""
     env = env_class()
-    output = env.reset(**reset_arguments(env.reset, columns))
-    if inspect.isawaitable(output):
-        output = asyncio.run(_awaited(output))
+    output = resolved(env.reset(**reset_arguments(env.reset, columns)))
     if output is not None and not isinstance(output, str):
         raise TypeError(f"reset must return None or text to add to the prompt, not {type(output).__name__}")
     return EnvOutcome(observation=output or None, env=env)
 
 
 def _env_get_reward(env: Any) -> EnvOutcome:
-    value = env.get_reward()
-    if inspect.isawaitable(value):
-        value = asyncio.run(_awaited(value))
+    value = resolved(env.get_reward())
     reward = float(value)
     if not math.isfinite(reward):
         raise ValueError(f"get_reward returned {value!r}; it must return a finite number")
     return EnvOutcome(reward=reward)
-
-
-async def _awaited(awaitable: Any) -> Any:
-    return await awaitable
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -895,8 +883,7 @@ class MultiTurnRollout(BaseRollout):
             if self.env_rewards:  # added to the reward function's overall by the scorer (TRL's contract)
                 data.non_tensor_batch["env_get_reward"] = rewards
         metrics = generation_metrics(response_mask, timer.seconds)
-        env_counts = stepped or (tool_env and self.env_rewards) or any(t.env_errors for t in trajectories)
-        metrics.update(multi_turn_metrics(trajectories, tool_seconds, env=env_counts, tools=not stepped))
+        metrics.update(multi_turn_metrics(trajectories, tool_seconds, env=stepped or tool_env, tools=not stepped))
         metrics.update(engine._last_sync_metrics)  # reported once, with the first generation after a sync
         engine._last_sync_metrics = {}
         data.meta_info["metrics"] = metrics
@@ -956,7 +943,7 @@ class MultiTurnRollout(BaseRollout):
         for t, row in zip(trajectories, columns):
             # TRL's routing column chooses the environment and is not handed to reset
             t.env_name = row.pop(ENVIRONMENT_COLUMN, None) if self.multi_env else None
-        jobs = [lambda t=t, row=row: self._tool_env_reset(t, row) for t, row in zip(trajectories, columns)]
+        jobs = [lambda t=t, row=row: self._reset_one(t, row) for t, row in zip(trajectories, columns)]
         outcomes, seconds = run_with_deadline(jobs, self.multi_turn.tool_timeout, "reset")
         attended = prompts.batch["attention_mask"].sum(-1).tolist()
         width = prompts.batch["attention_mask"].shape[-1]
@@ -972,7 +959,8 @@ class MultiTurnRollout(BaseRollout):
                 self._count_env_failure(t, EnvOutcome(error=f"reset: {err}"))
         return seconds
 
-    def _tool_env_reset(self, t: Trajectory, columns: dict) -> EnvOutcome:
+    def _reset_one(self, t: Trajectory, columns: dict) -> EnvOutcome:
+        """A new instance of the trajectory's tool environment (its row's, with several), reset with ``columns``."""
         if t.env_name not in self.env_classes:
             names = ", ".join(map(repr, self.env_classes))
             raise ValueError(f"the row's `{ENVIRONMENT_COLUMN}` is {t.env_name!r}, not one of {names}")
