@@ -181,6 +181,33 @@ def test_a_greedy_rollout_copies_the_grown_prompt_to_every_sample(tokenizer, env
     assert out.non_tensor_batch["env_get_reward"].tolist() == [0.0] * 4
 
 
+def test_generate_writes_the_prompt_each_sample_was_generated_from(tokenizer, env_file, tmp_path):
+    """`easyrl generate` keeps the dataset's prompt (what a resumed run checks) and, where a reset added text, the
+    prompt each sample saw; a row whose prompts no reset changed has no sample_prompts."""
+    from types import SimpleNamespace
+
+    from easyrl.config.schema import PPOConfig
+    from easyrl.trainer.generate import generate_to_file, read_rows
+    from easyrl.workers.rollout.base import GenerationRequest
+
+    done = tokenizer.encode("Done.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    engine, _ = scripted_engine(tokenizer, {0: [done], 1: [done]}, 32)
+    multi_turn = MultiTurnConfig(env=env_file, max_turns=1, tool_timeout=5.0)
+    rollout = MultiTurnRollout(engine, multi_turn)
+    config = PPOConfig()
+    config.worker.rollout.multi_turn = multi_turn
+    prompts = chat_prompts(tokenizer, ["Go.", "Run."], [{"target": 2}, {"target": -1}])  # the second reset fails
+    path = str(tmp_path / "generations.jsonl")
+    summary = generate_to_file(
+        SimpleNamespace(config=config), tokenizer, [prompts], rollout, None, path, lambda b: GenerationRequest(), 1
+    )
+    assert summary.generated == 2
+    grown, failed = read_rows(path)
+    assert grown["prompt"] == rendered(tokenizer, "Go.") and grown["responses"] == ["Done."]
+    assert grown["sample_prompts"] == [rendered(tokenizer, "Go. Reach 2.")]
+    assert failed["prompt"] == rendered(tokenizer, "Run.") and "sample_prompts" not in failed
+
+
 def test_reset_text_that_cannot_join_the_prompt_is_an_environment_error(tokenizer, env_file):
     """Text that would not fit data.max_prompt_length, or a prompt that does not end with a user message (a plain
     text prompt), ends the trajectory after its first turn, counted and said; the prompt stays as it was."""

@@ -689,8 +689,9 @@ class GenerateConfig:
     """`generate.*`: `easyrl generate`, n samples per prompt of `data.val_files` written to a jsonl file."""
 
     output: Optional[str] = None
-    """The jsonl file the rows go to (one per prompt: index, data_source, prompt, ground_truth, responses, scores);
-    null: `<trainer.save_checkpoint_path>/generations.jsonl`. Rows are appended batch by batch; a run with an existing
+    """The jsonl file the rows go to (one per prompt: index, data_source, prompt, ground_truth, responses, scores;
+    with a tool environment whose reset adds text, sample_prompts); null:
+    `<trainer.save_checkpoint_path>/generations.jsonl`. Rows are appended batch by batch; a run with an existing
     file generates only the prompts it lacks (a killed run continues, no row twice)."""
     val_sampling: bool = False
     """Sample with `worker.rollout.val_override_config` applied (the trainer's validation sampling); false: the

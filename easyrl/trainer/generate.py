@@ -7,6 +7,10 @@ model itself; no optimizer, reference or critic) and the reward scorer. One row 
     {"index": 3, "data_source": "...", "prompt": "<templated prompt text>", "ground_truth": "...",
      "responses": ["...", ...], "scores": [{"overall": 1.0, "accuracy": 1.0, ...}, ...]}
 
+With a tool environment (``worker.rollout.multi_turn.env``) whose ``reset`` adds text to the prompt, the row also
+holds ``"sample_prompts"``: the prompt each sample was generated from (``prompt`` stays the dataset's, which a
+resumed run checks).
+
 ``index`` is the prompt's position in the validation data (stable for the same data and data.* keys). Each batch's
 rows are appended in one write, flushed and fsynced before the next batch starts: a run killed at any moment leaves
 whole rows plus at most one partial last line. A run with an existing output drops that partial line (with a
@@ -166,6 +170,7 @@ def generate_to_file(
             raise RuntimeError(f"The engine returned {repeat} samples per prompt, {samples_per_prompt} expected.")
         batch = join_rollout_output(prompts.repeat(repeat, interleave=True), generated_batch)  # samples adjacent
         responses = _decode_responses(tokenizer, batch)
+        seen = [tokenizer.decode(ids) for ids in batch.non_tensor_batch["raw_prompt_ids"]]  # a reset's text in them
         scores: list[dict[str, float]] | None = None
         if reward is not None:
             token_scores, reward_metrics = reward.score(batch)
@@ -184,6 +189,8 @@ def generate_to_file(
                 "ground_truth": _jsonable(batch.non_tensor_batch["ground_truth"][i * repeat]),
                 "responses": responses[samples],
             }
+            if any(text != texts[i] for text in seen[samples]):
+                row["sample_prompts"] = seen[samples]
             if scores is not None:
                 row["scores"] = scores[samples]
             rows.append(row)
