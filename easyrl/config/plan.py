@@ -13,10 +13,15 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..algorithms import zero_advantage
+from ..paths import PROJECT_ROOT
 from ..utils.platform import nvidia_gpus_visible
 from .load import read_config
 from .schema import PPOConfig
-from .validate import uses_critic, validate_config
+from .validate import env_owns_data, env_owns_reward, uses_critic, validate_config
+
+
+# The reward of a tool environment with get_reward when no reward function is given (TRL's contract).
+ENV_REWARD_FILE = str(PROJECT_ROOT / "reward_function" / "env_reward.py")
 
 
 @dataclass(frozen=True)
@@ -176,13 +181,28 @@ def _old_log_prob_decision(config: PPOConfig, kl_in_reward: bool) -> tuple[bool,
 def make_run_plan(config: PPOConfig, needs_reward: bool = True) -> RunPlan:
     """Validate ``config`` and decide everything about the run that does not need the data or the workers
     (``needs_reward=False``: `easyrl generate`, which scores only when a reward function is given)."""
+    notes = []
+    multi_turn = config.worker.rollout.multi_turn
+    if not config.worker.reward.reward_function and env_owns_reward(multi_turn.env):
+        # TRL's contract: an environment with get_reward is a reward source of its own, no reward function needed
+        config.worker.reward.reward_function = f"{ENV_REWARD_FILE}:compute_score"
+        notes.append(
+            "worker.reward.reward_function is empty and the environment has get_reward: the reward is what it returns "
+            f"({ENV_REWARD_FILE})."
+        )
     validate_config(config, needs_reward)
     algorithm, data, actor, rollout = config.algorithm, config.data, config.worker.actor, config.worker.rollout
     use_reference = not algorithm.disable_kl
     kl_in_reward = use_reference and not algorithm.use_kl_loss
     on_policy, reason = _old_log_prob_decision(config, kl_in_reward)
     generation_batch_size = data.mini_rollout_batch_size or data.rollout_batch_size
-    notes = []
+    if env_owns_data(config):
+        notes.append(
+            f"data.train_files is empty: the environment owns the data; each training prompt is what its reset "
+            f"returns, {config.trainer.max_steps} steps (trainer.max_steps)"
+            + (", without data.format_prompt (it formats dataset rows)" if data.format_prompt else "")
+            + "."
+        )
     enforce_eager = rollout.enforce_eager
     if not enforce_eager and rollout.name == "vllm" and not nvidia_gpus_visible():
         enforce_eager = True

@@ -25,7 +25,8 @@ class DataConfig:
     """Training data: a .jsonl/.json/.parquet/.csv file, a folder saved by `datasets`, `name@split`, or
     `builtin://NAME@split`. Every row is read and encoded when the run starts, before Ray: a file with no rows, a byte
     that is not UTF-8 (.jsonl/.json/.csv) or a .jsonl line that is not JSON is an error naming the file and line; CSV
-    cells are read as text."""
+    cells are read as text. Empty with a tool environment (worker.rollout.multi_turn.env) and trainer.max_steps: the
+    environment owns the data, each prompt is what its reset returns (TRL without a train_dataset)."""
     val_files: str = ""
     """Validation data, same forms as `train_files`; empty disables validation."""
     prompt_key: str = "prompt"
@@ -576,7 +577,8 @@ class RewardConfig:
     `completions`, `completion_ids` or `environments` as TRL's GRPOTrainer calls it (once per batch: prompts,
     completions, completion_ids, a tool environment's `environments`, and every column of the row but pictures and
     videos). A missing `.../reward_function/{math,r1v,dapo,android_gui}.py` is
-    replaced by easyrl's file of that name (EasyR1's scores and keys), with a warning naming both paths."""
+    replaced by easyrl's file of that name (EasyR1's scores and keys), with a warning naming both paths. Empty with
+    a tool environment that defines get_reward: `reward_function/env_reward.py`, the environment's reward."""
     reward_function_kwargs: dict = field(default_factory=dict)
     """Extra keyword arguments passed to the reward function (to each of combined functions, the ones it takes)."""
     reward_weights: Optional[list] = None

@@ -617,6 +617,12 @@ def _check_env_file(env: Any, tools: Any, key: str) -> None:
 def _class_has_step(spec: str, key: str) -> bool:
     """`path.py:ClassName` names a class the file defines or imports (read, not run); True when the file's own class
     body defines `step` (a class it imports is judged when the rollout loads it)."""
+    return "step" in class_method_names(spec, key)
+
+
+def class_method_names(spec: str, key: str) -> set[str]:
+    """The methods the class body of `path.py:ClassName` defines, read from the file without running it (none for a
+    class the file imports); a ConfigError naming ``key`` when the file or the class is missing."""
     path_text, sep, name = spec.rpartition(":")
     if not sep or not name.isidentifier():
         raise ConfigError(f"`{key}` is {spec!r}; give it as path/to/file.py:ClassName.")
@@ -630,7 +636,26 @@ def _class_has_step(spec: str, key: str) -> bool:
         )
     tree = ast.parse(path.read_text(encoding="utf-8"))
     body = next((n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), [])
-    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "step" for n in body)
+    return {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def env_owns_data(config: PPOConfig) -> bool:
+    """No `data.train_files` and one tool environment (TRL's environment_factory without a train_dataset): each
+    training prompt is the text its `reset` returns."""
+    env = config.worker.rollout.multi_turn.env
+    if config.data.train_files or config.trainer.val_only or not isinstance(env, str) or not env:
+        return False
+    return "step" not in class_method_names(env, "worker.rollout.multi_turn.env")
+
+
+def env_owns_reward(env: Any) -> bool:
+    """Every class of `worker.rollout.multi_turn.env` is a tool environment whose own body defines `get_reward` (TRL:
+    the environment then is a reward source, and no reward function is needed)."""
+    specs = list(env.values()) if isinstance(env, dict) else [env] if isinstance(env, str) and env else []
+    key = "worker.rollout.multi_turn.env"
+    return bool(specs) and all(
+        {"get_reward"} <= (methods := class_method_names(spec, key)) and "step" not in methods for spec in specs
+    )
 
 
 def _check_loggers_can_start(names: Any) -> None:
@@ -773,7 +798,7 @@ def _check_required(config: PPOConfig, needs_reward: bool = True) -> None:
     (``needs_reward=False``) samples without scoring when no reward is given."""
     needed = {
         "worker.actor.model.model_path": config.worker.actor.model.model_path,
-        "data.train_files": config.data.train_files or config.trainer.val_only,
+        "data.train_files": config.data.train_files or config.trainer.val_only or env_owns_data(config),
         "worker.reward.reward_function": config.worker.reward.reward_function or not needs_reward,
     }
     missing = [key for key, value in needed.items() if not value]
@@ -782,6 +807,17 @@ def _check_required(config: PPOConfig, needs_reward: bool = True) -> None:
             f"a run needs a model, data and a reward; set {', '.join(f'`{key}`' for key in missing)} (in a "
             "config=FILE.yaml or as key=value). `easyrl train config=examples/smollm2_arithmetic_grpo.yaml` runs the "
             "embedded default: a small model, built-in data and its reward."
+            + (
+                " A tool environment (worker.rollout.multi_turn.env) that defines get_reward needs no reward function."
+                if "worker.reward.reward_function" in missing and config.worker.rollout.multi_turn.env
+                else ""
+            )
+        )
+    if env_owns_data(config) and config.trainer.max_steps is None:
+        raise ConfigError(
+            "`data.train_files` is empty, so the tool environment of worker.rollout.multi_turn.env owns the data (each "
+            "prompt is what its reset returns) and there are no epochs to count: set `trainer.max_steps` to the "
+            "number of training steps, or give data.train_files."
         )
 
 

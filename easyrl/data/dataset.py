@@ -366,12 +366,14 @@ class RLHFDataset(Dataset):
         model_config: Any = None,
         tools: list[dict] | dict[str, list[dict]] | None = None,
         carry_columns: bool = False,
+        rows: datasets.Dataset | None = None,
     ):
+        """``rows``: the rows themselves (``data_path`` then only names them)."""
         self.config = config
         self.config_key = config_key
         self.tokenizer = tokenizer
         self.data_path = data_path
-        self.rows = load_rows(data_path, config_key)
+        self.rows = load_rows(data_path, config_key) if rows is None else rows
         self.source_name = os.path.splitext(os.path.basename(data_path.split("@")[0].rstrip("/")))[0] or data_path
         self._check_columns()
         media_dirs = tuple(folder for folder in (config.image_dir, data_folder(data_path)) if folder)

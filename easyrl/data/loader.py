@@ -1,8 +1,10 @@
 """Train and validation loaders. The train loader's position (epoch, sampler state, samples already served) is part
 of every checkpoint: ``state_dict()`` / ``load_state_dict()`` resume exactly mid-epoch (torchdata StatefulDataLoader)."""
 
+import dataclasses
 from typing import Any
 
+import datasets
 import torch
 from torch.utils.data import SequentialSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -13,6 +15,10 @@ from .collate import collate_fn
 from .dataset import RLHFDataset
 
 
+# The name (and data_source) of the prompts of a tool environment that owns the data.
+ENV_PROMPTS = "environment"
+
+
 def create_dataloaders(
     config: DataConfig, tokenizer: Any, processor: Any = None, **options: Any
 ) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
@@ -20,8 +26,11 @@ def create_dataloaders(
     ``options``: the datasets' keyword arguments (see ``RLHFDataset``): ``model_config``, ``tools`` (JSON schemas the
     chat template advertises, for multi-turn rollouts with tools), ``carry_columns`` (every item carries the row's
     other columns, which a reward function written for TRL gets)."""
-    train = RLHFDataset(config.train_files, tokenizer, processor, config, config_key="data.train_files", **options)
     batch_size = config.mini_rollout_batch_size or config.rollout_batch_size
+    if config.train_files:
+        train = RLHFDataset(config.train_files, tokenizer, processor, config, config_key="data.train_files", **options)
+    else:  # validation allows no training data only where the environment owns it
+        train = env_prompt_dataset(config, tokenizer, processor, batch_size, **options)
     if len(train) < batch_size:
         raise ValueError(
             f"data.train_files has {len(train)} usable prompts, fewer than one batch "
@@ -46,6 +55,15 @@ def create_dataloaders(
     if not config.val_files:
         return train_loader, None
     return train_loader, create_val_loader(config, tokenizer, processor, **options)
+
+
+def env_prompt_dataset(config: DataConfig, tokenizer: Any, processor: Any, size: int, **options: Any) -> RLHFDataset:
+    """The training prompts of a tool environment that owns the data (empty ``data.train_files``, as TRL's GRPOTrainer
+    without a train_dataset): ``size`` rows of one empty user message, to which each trajectory's reset adds its task.
+    The rows are easyrl's, so the data.* keys that name columns, and data.format_prompt, do not apply to them."""
+    rows = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": ""}], "answer": ""}] * size)
+    own = dataclasses.replace(config, prompt_key="prompt", answer_key="answer", format_prompt=None)
+    return RLHFDataset(ENV_PROMPTS, tokenizer, processor, own, config_key="data.train_files", rows=rows, **options)
 
 
 def create_val_loader(config: DataConfig, tokenizer: Any, processor: Any = None, **options: Any) -> StatefulDataLoader:

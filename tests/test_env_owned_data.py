@@ -1,0 +1,148 @@
+"""A tool environment that owns the data and the reward (TRL's GRPOTrainer with an environment_factory and no
+train_dataset or reward function): empty data.train_files makes each training prompt one user message holding what
+the trajectory's reset returns, trainer.max_steps sets the length, and a get_reward method is the reward when no
+reward function is given."""
+
+import pytest
+
+import easyrl  # noqa: F401  (process environment before Ray starts)
+from easyrl.config import ConfigError, load_run_plan
+from easyrl.config.schema import MultiTurnConfig
+from easyrl.workers.rollout.multi_turn import MultiTurnRollout
+from tests.test_multi_turn import scripted_engine
+
+
+# TRL's documented example of an environment that owns the data, with a fixed target so the prompts are known
+OWNING_ENV = '''
+class IncrementEnv:
+    def reset(self, **kwargs) -> str | None:
+        self.counter, self.target = 0, 2
+        return f"Increment the counter by {self.target}."
+
+    def get_reward(self) -> float:
+        return float(self.counter == self.target)
+
+    def increment(self, step: int) -> int:
+        """Increment the internal counter.
+
+        Args:
+            step: Value to add to the counter.
+        """
+        self.counter += step
+        return self.counter
+'''
+
+
+@pytest.fixture
+def owning_env(tmp_path):
+    path = tmp_path / "increment_env.py"
+    path.write_text(OWNING_ENV)
+    return f"{path}:IncrementEnv"
+
+
+def without(args: list[str], *keys: str) -> list[str]:
+    return [arg for arg in args if arg.split("=", 1)[0] not in keys]
+
+
+def owning_args(valid_args, env_spec, *more):
+    bare = without(valid_args, "data.train_files", "worker.reward.reward_function")
+    return [*bare, f"worker.rollout.multi_turn.env={env_spec}", *more]
+
+
+def test_the_plan_takes_the_prompts_and_the_reward_from_the_environment(valid_args, owning_env):
+    plan = load_run_plan(owning_args(valid_args, owning_env, "trainer.max_steps=3"))
+    reward = plan.config.worker.reward.reward_function
+    assert reward.endswith("reward_function/env_reward.py:compute_score"), reward
+    assert plan.config.data.train_files in ("", None)
+    notes = "\n".join(plan.notes)
+    assert "the reward is what it returns" in notes
+    assert "the environment owns the data; each training prompt is what its reset returns, 3 steps" in notes
+    # a reward function of the user's is kept, and the data is the user's when given
+    kept = load_run_plan([*owning_args(valid_args, owning_env, "trainer.max_steps=3"), valid_args[2]])
+    assert kept.config.worker.reward.reward_function == valid_args[2].split("=", 1)[1]
+    with_data = load_run_plan([*valid_args, f"worker.rollout.multi_turn.env={owning_env}"])
+    assert not any("owns the data" in note for note in with_data.notes)
+
+
+def test_what_cannot_own_the_data_or_the_reward_is_refused_naming_the_key(valid_args, owning_env, tmp_path):
+    with pytest.raises(ConfigError, match="there are no epochs to count: set `trainer.max_steps`"):
+        load_run_plan(owning_args(valid_args, owning_env))
+    # several environments need a routing column, which only a dataset has (as TRL says)
+    mapping = f"worker.rollout.multi_turn.env={{a: '{owning_env}', b: '{owning_env}'}}"
+    bare = without(valid_args, "data.train_files")
+    with pytest.raises(ConfigError, match="set `data.train_files`"):
+        load_run_plan([*bare, mapping, "trainer.max_steps=3"])
+    # a stepped environment reads its task from the row
+    stepped = tmp_path / "stepped.py"
+    stepped.write_text(
+        "class Stepped:\n    def reset(self, row):\n        pass\n    def step(self, text):\n        pass\n"
+    )
+    with pytest.raises(ConfigError, match="set `data.train_files`"):
+        load_run_plan([*bare, f"worker.rollout.multi_turn.env={stepped}:Stepped", "trainer.max_steps=3"])
+    # without get_reward there is no reward source: the error says both ways out
+    no_reward = tmp_path / "no_reward.py"
+    no_reward.write_text(OWNING_ENV.replace("def get_reward", "def _get_reward"))
+    with pytest.raises(ConfigError, match="`worker.reward.reward_function`.*that defines get_reward needs no reward"):
+        load_run_plan(owning_args(valid_args, f"{no_reward}:IncrementEnv", "trainer.max_steps=3"))
+    with pytest.raises(ConfigError, match="defines no `Missing`"):
+        load_run_plan(owning_args(valid_args, f"{no_reward}:Missing", "trainer.max_steps=3"))
+
+
+def test_each_training_prompt_is_the_template_rendering_of_its_reset_text(tokenizer, valid_args, owning_env, tmp_path):
+    """The loader serves data.rollout_batch_size rows of an empty user message (data.format_prompt left out); the
+    engine generates from the chat template's rendering of the reset text as the user message, with the tools."""
+    from easyrl.data.loader import ENV_PROMPTS, create_dataloaders
+    from easyrl.trainer.main import dataset_options
+
+    template = tmp_path / "template.jinja"
+    template.write_text("{{ content }} Answer in one line.")
+    overrides = ["trainer.max_steps=2", "data.rollout_batch_size=3", "worker.actor.global_batch_size=3"]
+    overrides += [
+        "worker.actor.micro_batch_size_per_device_for_update=1",
+        "data.val_files=",
+        f"data.format_prompt={template}",
+    ]
+    plan = load_run_plan(owning_args(valid_args, owning_env, *overrides))
+    options = dataset_options(plan.config, None)
+    train_loader, val_loader = create_dataloaders(plan.config.data, tokenizer, None, **options)
+    assert val_loader is None and len(train_loader.dataset) == 3
+    prompts = next(iter(train_loader))
+    assert prompts.non_tensor_batch["data_source"].tolist() == [ENV_PROMPTS] * 3
+
+    done = tokenizer.encode("Done.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    engine, llm = scripted_engine(tokenizer, {i: [done] for i in range(3)}, 32)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(env=owning_env, max_turns=1, tool_timeout=5.0))
+    out = rollout.generate_sequences(prompts)
+    expected = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Increment the counter by 2."}],
+        tools=options["tools"],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    assert [tokenizer.decode(ids) for ids in llm.seen[0]] == [expected] * 3
+    assert [tokenizer.decode(ids) for ids in out.non_tensor_batch["raw_prompt_ids"]] == [expected] * 3
+    assert out.non_tensor_batch["env_get_reward"].tolist() == [0.0] * 3
+    assert out.meta_info["metrics"]["rollout/multi_turn/env_errors"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_two_grpo_steps_with_an_environment_that_owns_the_data_and_the_reward(tmp_path, owning_env):
+    """`easyrl train` with no data file and no reward function, as TRL's example runs: the prompts are the reset
+    texts, the reward is get_reward's."""
+    from tests.fixtures.trainer_runs import small_tools_run, train_for_metrics
+
+    args = small_tools_run(
+        2,
+        tmp_path / "checkpoints",
+        "data.train_files=",
+        "worker.reward.reward_function=",
+        "worker.rollout.multi_turn.tools=",
+        f"worker.rollout.multi_turn.env={owning_env}",
+    )
+    metrics = train_for_metrics(args, tmp_path, 2)
+    for step in (1, 2):
+        row = metrics[step]
+        assert 0.0 <= row["reward/env_reward"] <= 1.0
+        assert row["reward/overall"] == pytest.approx(row["reward/env_reward"])
+        assert row["rollout/multi_turn/env_errors"] == 0
