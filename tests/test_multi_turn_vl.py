@@ -100,6 +100,49 @@ def test_tool_returns_become_message_content_with_pictures_in_order():
     assert pictures == [picture, picture]
 
 
+def test_chat_content_parts_as_trls_multimodal_tools_return_them(tmp_path):
+    """TRL's VLM environments answer with content blocks ({"type": "image", "image": ...}, {"type": "text", ...});
+    the picture may be a PIL image, a file or a data URI (OpenAI's image_url too). A part easyrl cannot read is a tool
+    error that names it."""
+    import base64
+    import io
+
+    from easyrl.workers.rollout.multi_turn import ToolCall, run_tool_calls
+
+    picture = Image.new("RGB", (28, 28), (200, 10, 10))
+    saved = tmp_path / "frame.png"
+    picture.save(saved)
+    encoded = io.BytesIO()
+    picture.save(encoded, format="PNG")
+    uri = "data:image/png;base64," + base64.b64encode(encoded.getvalue()).decode()
+    content, pictures = to_content(
+        [
+            {"type": "image", "image": picture},
+            {"type": "text", "text": "Speed 3."},
+            {"type": "image", "image": str(saved)},
+            {"type": "image_url", "image_url": {"url": uri}},
+        ]
+    )
+    assert content == [
+        {"type": "image"},
+        {"type": "text", "text": "Speed 3."},
+        {"type": "image"},
+        {"type": "image"},
+    ]
+    assert pictures[0] is picture
+    assert [p.size for p in pictures[1:]] == [(28, 28)] * 2
+    assert all(p.getpixel((5, 5)) == (200, 10, 10) for p in pictures[1:])
+    # text parts alone are text, and a dict of another shape stays as it was written
+    assert to_content([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]) == ("a\nb", [])
+    assert to_content([{"speed": 3}]) == ("{'speed': 3}", [])
+
+    def observe():
+        return [{"type": "image", "image": str(tmp_path / "missing.png")}]
+
+    (result,), _ = run_tool_calls([ToolCall("observe", {})], {"observe": observe}, timeout=5.0)
+    assert result.error and "missing.png" in result.content
+
+
 def test_a_tool_taking_row_gets_it_and_the_schema_hides_it(look_tools):
     (look,) = load_tools(look_tools).values()
     schema = tool_schema(look)["function"]

@@ -65,7 +65,7 @@ from ...config.schema import MultiTurnConfig
 from ...data.dataset import ENVIRONMENT_COLUMN
 from ...data.rope import make_position_id_fn
 from ...data.template import read_template_file
-from ...data.vision import PictureSizing, to_rgb
+from ...data.vision import PictureSizing, load_image, to_rgb
 from ...models.vision import text_token_for_sampled_pads
 from ..reward.loader import import_user_file, resolved
 from .base import (
@@ -114,8 +114,9 @@ ROW_ARGUMENT = "row"  # a tool with this parameter gets its trajectory's dataset
 def to_content(value: Any) -> tuple[str | list[dict], list]:
     """What a tool returns (or an environment observes) -> (chat message content, its pictures). A string is text; a
     PIL image is a picture; a list or tuple mixes both, shown in its order (other items become text with str());
-    anything else is str(value). Without pictures the content is plain text (list items joined by newlines)."""
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    anything else is str(value). Without pictures the content is plain text (list items joined by newlines). The items
+    of a list may also be chat content parts, as TRL's multimodal tools return them (``_content_item``)."""
+    items = [_content_item(item) for item in value] if isinstance(value, (list, tuple)) else [value]
     pictures = [item for item in items if isinstance(item, Image.Image)]
     if not pictures:
         return ("\n".join(map(str, items)) if isinstance(value, (list, tuple)) else str(value)), []
@@ -123,6 +124,24 @@ def to_content(value: Any) -> tuple[str | list[dict], list]:
         {"type": "image"} if isinstance(item, Image.Image) else {"type": "text", "text": str(item)} for item in items
     ]
     return parts, pictures
+
+
+def _content_item(item: Any) -> Any:
+    """A chat content part -> its text or its picture: ``{"type": "text", "text": ...}``, ``{"type": "image",
+    "image": ...}`` (TRL's and Qwen's; a PIL image, or a path, URL or data URI, read here) and OpenAI's
+    ``{"type": "image_url", "image_url": {"url": ...}}``. Anything else is returned as it is."""
+    if not isinstance(item, dict):
+        return item
+    kind = item.get("type")
+    if kind == "text" and isinstance(item.get("text"), str):
+        return item["text"]
+    if kind == "image" and item.get("image") is not None:
+        picture = item["image"]
+    elif kind == "image_url" and item.get("image_url"):
+        picture = item["image_url"]["url"] if isinstance(item["image_url"], dict) else item["image_url"]
+    else:
+        return item
+    return picture if isinstance(picture, Image.Image) else load_image(picture)
 
 
 def content_text(content: str | list[dict]) -> str:
