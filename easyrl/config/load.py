@@ -251,6 +251,7 @@ def derive(config: PPOConfig) -> None:
     for key in ("format_prompt", "override_chat_template", "image_dir"):
         setattr(config.data, key, absolute_if_local(getattr(config.data, key)))
     rollout.multi_turn.chat_template = config.data.override_chat_template
+    rollout.multi_turn.chat_template_kwargs = dict(config.data.apply_chat_template_kwargs)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

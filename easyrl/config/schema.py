@@ -76,6 +76,11 @@ class DataConfig:
     warning naming both paths."""
     override_chat_template: Optional[str] = None
     """Jinja chat-template file used instead of the tokenizer's own."""
+    apply_chat_template_kwargs: dict = field(default_factory=dict)
+    """Variables handed to the chat template wherever it renders: prompts, tool and environment turns, SFT
+    conversations (verl's key of this name; TRL's chat_template_kwargs), e.g. `{enable_thinking: false}` turns Qwen3's
+    thinking off (its template then opens each reply with an empty think block). A template ignores names it does not
+    read."""
     shuffle: bool = True
     """Shuffle the training data every epoch."""
     seed: int = 1
@@ -422,6 +427,8 @@ class MultiTurnConfig:
     chat_template: Optional[str] = field(default=None, metadata=DERIVED)
     """Copied from data.override_chat_template (derived): tool results, observations and a tool environment's reset
     text are rendered with the template the prompts were rendered with."""
+    chat_template_kwargs: dict = field(default_factory=dict, metadata=DERIVED)
+    """Copied from data.apply_chat_template_kwargs (derived): the turns render with the variables the prompts did."""
 
     @property
     def enabled(self) -> bool:

@@ -26,6 +26,7 @@ from .validate import (
     _check_ranges,
     _check_unsupported,
     _get,
+    check_template_kwargs,
 )
 
 
@@ -136,6 +137,7 @@ def validate_sft_config(config: PPOConfig) -> None:
     _check_model_path("worker.actor.model.tokenizer_path", actor.model.tokenizer_path, required=False)
     _check_file("data.format_prompt", data.format_prompt, "prompt template")
     _check_file("data.override_chat_template", data.override_chat_template, "chat template")
+    check_template_kwargs(data.apply_chat_template_kwargs)
     for key, files in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
         path = (files or "").split("@", 1)[0]
         if files and not files.startswith(BUILTIN_PREFIX) and os.path.splitext(path)[1] and not os.path.exists(path):

@@ -590,6 +590,48 @@ def _check_reward_weights(weights: Any, functions: list[str]) -> None:
         )
 
 
+# what the renderers pass themselves; a template variable of the same name would collide with it
+TEMPLATE_CALL_ARGUMENTS = (
+    "conversation",
+    "messages",
+    "tools",
+    "documents",
+    "chat_template",
+    "add_generation_prompt",
+    "continue_final_message",
+    "tokenize",
+    "padding",
+    "truncation",
+    "max_length",
+    "return_tensors",
+    "return_dict",
+    "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
+)
+
+
+def check_template_kwargs(kwargs: Any) -> None:
+    """`data.apply_chat_template_kwargs`: a mapping of template variable names (identifiers) to values, none of them
+    an argument easyrl sets itself when it renders."""
+    key = "data.apply_chat_template_kwargs"
+    if not isinstance(kwargs, dict):
+        raise ConfigError(
+            f"`{key}` is {kwargs!r}; give a mapping of template variables, e.g. {{enable_thinking: false}}."
+        )
+    for name in kwargs:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ConfigError(f"`{key}` has the name {name!r}; template variables are names like enable_thinking.")
+        if name in TEMPLATE_CALL_ARGUMENTS:
+            hint = {
+                "tools": "worker.rollout.multi_turn.tools",
+                "chat_template": "data.override_chat_template",
+            }.get(name, "easyrl sets it for each rendering")
+            raise ConfigError(
+                f"`{key}.{name}`: `{name}` is an argument of the rendering itself, not a template "
+                f"variable ({hint}); remove it."
+            )
+
+
 def _check_env_file(env: Any, tools: Any, key: str) -> None:
     """`worker.rollout.multi_turn.env`: `path.py:ClassName` (or a mapping of names to them: TRL's dictionary of
     tool environments), the file exists and parses and defines (or imports) the class; tools beside it only when it
@@ -943,6 +985,7 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
     _check_tools_file(config)
     _check_file("data.format_prompt", data.format_prompt, "prompt template", shipped_files_hint("format_prompt"))
     _check_file("data.override_chat_template", data.override_chat_template, "chat template")
+    check_template_kwargs(data.apply_chat_template_kwargs)
     for key in ("data.train_files", "data.val_files"):
         value = _get(config, key)
         if value and not value.startswith(BUILTIN_PREFIX) and not os.path.exists(os.path.expanduser(value)):

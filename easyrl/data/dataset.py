@@ -384,7 +384,11 @@ class RLHFDataset(Dataset):
             config=config,
             formatter=PromptFormatter(config.format_prompt),
             chat_template=ChatTemplate(
-                tokenizer, processor, config.override_chat_template, None if isinstance(tools, dict) else tools
+                tokenizer,
+                processor,
+                config.override_chat_template,
+                None if isinstance(tools, dict) else tools,
+                config.apply_chat_template_kwargs,
             ),
             config_key=config_key,
             media_dirs=media_dirs,

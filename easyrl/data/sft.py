@@ -159,8 +159,9 @@ class ConversationEncoder:
     ):
         self.tokenizer, self.processor, self.data, self.sft = tokenizer, processor, data, sft
         self.config_key, self.media_dirs = config_key, media_dirs
-        chat_template = ChatTemplate(tokenizer, processor, data.override_chat_template)
-        self._renderer, self._template = chat_template.renderer, chat_template.template
+        self.chat_template = ChatTemplate(
+            tokenizer, processor, data.override_chat_template, template_kwargs=data.apply_chat_template_kwargs
+        )
         self.formatter = PromptFormatter(data.format_prompt)
         self.sizing = PictureSizing.from_processor(processor, data.min_pixels, data.max_pixels) if processor else None
         self.position_ids = make_position_id_fn(processor, model_config)
@@ -169,9 +170,7 @@ class ConversationEncoder:
         self.special_ids |= {int(i) for i in tokenizer.all_special_ids}
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        return self._renderer.apply_chat_template(
-            messages, chat_template=self._template, add_generation_prompt=add_generation_prompt, tokenize=False
-        )
+        return self.chat_template.render(messages, add_generation_prompt)
 
     def conversation(self, row: dict) -> Any:
         """The row's chat messages as stored: ``sft.messages_key``, else the prompt column."""

@@ -230,9 +230,12 @@ class ChatTemplate:
         processor: Any = None,
         override_chat_template: str | None = None,
         tools: list[dict] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ):
+        """``template_kwargs``: variables for the template (data.apply_chat_template_kwargs)."""
         self.renderer = processor if processor is not None else tokenizer
         self.tools = tools or None
+        self.kwargs = dict(template_kwargs or {})
         self.template = (
             read_template_file(override_chat_template, "data.override_chat_template")
             if override_chat_template
@@ -248,6 +251,15 @@ class ChatTemplate:
         """``tools``: this prompt's schemas, in place of the template's own (a row's environment's)."""
         tools = tools if tools is not None else self.tools
         extra = {"tools": tools} if tools else {}
+        return self.render(messages, add_generation_prompt=True, **extra)
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, **extra: Any) -> str:
+        """The template's text of ``messages`` (with the template variables)."""
         return self.renderer.apply_chat_template(
-            messages, chat_template=self.template, add_generation_prompt=True, tokenize=False, **extra
+            messages,
+            chat_template=self.template,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **self.kwargs,
+            **extra,
         )

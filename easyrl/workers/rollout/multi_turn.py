@@ -536,14 +536,20 @@ class ToolMessageRenderer:
     gets the results as ``user`` messages, said once in the log."""
 
     def __init__(
-        self, tokenizer: Any, tools: bool = True, processor: Any = None, chat_template: Optional[str] = None
+        self,
+        tokenizer: Any,
+        tools: bool = True,
+        processor: Any = None,
+        chat_template: Optional[str] = None,
+        template_kwargs: Optional[dict] = None,
     ) -> None:
         """``chat_template``: the data.override_chat_template file the prompts were rendered with (None: the model's
-        own template)."""
+        own template); ``template_kwargs``: the variables they were rendered with (data.apply_chat_template_kwargs)."""
         self.tokenizer = tokenizer
         # a VLM's processor holds the template that renders pictures in messages (the dataset renders prompts with it)
         self.template_owner = processor if getattr(processor, "chat_template", None) else tokenizer
         self.template = read_template_file(chat_template, "data.override_chat_template") if chat_template else None
+        self.template_kwargs = dict(template_kwargs or {})
         self.role = "tool"
         if not tools:  # an environment's observations are user messages: no tool role to look for
             return
@@ -570,7 +576,7 @@ class ToolMessageRenderer:
 
     def _apply(self, messages: list[dict]) -> str:
         return self.template_owner.apply_chat_template(
-            messages, chat_template=self.template, tokenize=False, add_generation_prompt=True
+            messages, chat_template=self.template, tokenize=False, add_generation_prompt=True, **self.template_kwargs
         )
 
     def messages(self, calls: list, results: list[ToolResult]) -> list[dict]:
@@ -782,7 +788,11 @@ class MultiTurnRollout(BaseRollout):
             )
         self.parse = TOOL_CALL_PARSERS[config.parser]
         self.renderer = ToolMessageRenderer(
-            engine.tokenizer, tools=not self.stepped_env, processor=processor, chat_template=config.chat_template
+            engine.tokenizer,
+            tools=not self.stepped_env,
+            processor=processor,
+            chat_template=config.chat_template,
+            template_kwargs=config.chat_template_kwargs,
         )
         self.tools_take_row = any(takes_row(fn) for fn in self.tools.values())
         if self.tool_env:
