@@ -582,10 +582,12 @@ SCRIPTED_ANSWERS = {
 SEVENS = DATA_DIR / "sevens"
 MODEL_KEY = "worker.actor.model.model_path"
 RUN_TIMEOUT_S = 900
-# The two runs of the default suite: EasyR1's config.yaml as it is (GRPO, KL loss, several optimizer steps per batch,
-# validation before and after), and DAPO (mini-batch generation, online filtering on dapo.py's accuracy_normalized,
-# the overlong penalty, validation with 16 samples per prompt).
-DEFAULT_SUITE_RUNS = ("qwen2_5_7b_math_grpo", "qwen3_14b_dapo17k_dapo")
+# The run of the default suite: EasyR1's config.yaml as it is (GRPO, KL loss, several optimizer steps per batch,
+# validation before and after). DAPO's (mini-batch generation, online filtering on dapo.py's accuracy_normalized, the
+# overlong penalty, validation with 16 samples per prompt) is in the slow set with the others, to keep the default
+# suite within its time budget: test_trainer_reward_overlap runs mini-batch generation with online filtering, and
+# tests/test_reward_builtin.py scores the overlong penalty.
+DEFAULT_SUITE_RUNS = ("qwen2_5_7b_math_grpo",)
 # Examples whose shrunk run changes one more key: DAPO's Ulysses size 8 needs 8 workers (the shrunk run has 2) and a
 # model whose head counts it divides (the scripted tiny model has 1 key/value head); tests/test_ulysses.py trains
 # with ulysses_size 2 through `easyrl train`.

@@ -1,5 +1,8 @@
 """End to end with images: `easyrl train` on the built-in shapes task with a tiny random Qwen2.5-VL (Ray, 2 FSDP2
-workers on gloo, vLLM rollout with pictures), 2 GRPO steps from examples/shapes_tiny_vl_grpo.yaml."""
+workers on gloo, vLLM rollout with pictures), 2 GRPO steps from examples/shapes_tiny_vl_grpo.yaml.
+
+Slow set: tests/test_vl_user_data.py makes the same checks (every step logged, finite losses, a gradient, the actor's
+log-probs equal vLLM's) in the default suite, on pictures from files on disk with Qwen2.5-VL and Qwen3-VL."""
 
 import math
 
@@ -34,6 +37,7 @@ def vl_run_metrics(tmp_path_factory) -> dict[int, dict]:
     return metrics_by_step(root / "checkpoints")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
 def test_image_grpo_run_logs_every_step_with_finite_losses_and_a_gradient(vl_run_metrics):
     assert sorted(vl_run_metrics) == [1, 2]
@@ -43,6 +47,7 @@ def test_image_grpo_run_logs_every_step_with_finite_losses_and_a_gradient(vl_run
         assert row["actor/grad_norm"] > 0.0, f"step {step}: no gradient reached the policy"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
 def test_actor_log_probs_with_pictures_match_the_vllm_rollout(vl_run_metrics):
     # the actor sees each sample's pictures through the processor, vLLM through its own input pipeline (fp32)
