@@ -57,6 +57,7 @@ def test_the_plan_takes_the_prompts_and_the_reward_from_the_environment(valid_ar
     notes = "\n".join(plan.notes)
     assert "the reward is what it returns" in notes
     assert "the environment owns the data; each training prompt is what its reset returns, 3 steps" in notes
+    assert "training steps: 3 (trainer.max_steps)" in plan.describe()
     # a reward function of the user's is kept, and the data is the user's when given
     kept = load_run_plan([*owning_args(valid_args, owning_env, "trainer.max_steps=3"), valid_args[2]])
     assert kept.config.worker.reward.reward_function == valid_args[2].split("=", 1)[1]

@@ -124,9 +124,12 @@ class RunPlan:
             + (["critic"] if self.use_critic else [])
         )
         kl = "in the reward" if self.kl_in_reward else "as an actor loss" if self.kl_loss else "off"
-        steps = str(self.training_steps) if self.training_steps is not None else "set when the training data is read"
-        if self.training_steps is None and config.trainer.max_steps is None:
-            steps += f" (rollout batches per epoch x {config.trainer.total_epochs} epochs)"
+        if self.training_steps is not None:
+            steps = str(self.training_steps)
+        elif config.trainer.max_steps is not None:
+            steps = f"{config.trainer.max_steps} (trainer.max_steps)"
+        else:
+            steps = f"set when the training data is read (rollout batches per epoch x {config.trainer.total_epochs} epochs)"
         lines = [
             f"workers: {self.world_size} ({config.trainer.nnodes} node(s) x {config.trainer.n_gpus_per_node}), "
             f"roles: {', '.join(roles)}",
