@@ -10,34 +10,21 @@ from easyrl.config import ConfigError, load_run_plan
 from easyrl.config.schema import MultiTurnConfig
 from easyrl.workers.rollout.multi_turn import MultiTurnRollout
 from tests.test_multi_turn import scripted_engine
+from tests.test_multi_turn_tool_env import COUNTER_ENV
 
 
-# TRL's documented example of an environment that owns the data, with a fixed target so the prompts are known
-OWNING_ENV = '''
-class IncrementEnv:
-    def reset(self, **kwargs) -> str | None:
-        self.counter, self.target = 0, 2
-        return f"Increment the counter by {self.target}."
-
-    def get_reward(self) -> float:
-        return float(self.counter == self.target)
-
-    def increment(self, step: int) -> int:
-        """Increment the internal counter.
-
-        Args:
-            step: Value to add to the counter.
-        """
-        self.counter += step
-        return self.counter
-'''
+# TRL's counter environment as one that owns the data: no row names the target, reset picks it (a fixed one here, so
+# that the prompts are known) and returns the whole task
+OWNING_ENV = COUNTER_ENV.replace("def reset(self, target, **kwargs)", "def reset(self, target=2, **kwargs)").replace(
+    'return f" Reach {self.target}."', 'return f"Increment the counter by {self.target}."'
+)
 
 
 @pytest.fixture
 def owning_env(tmp_path):
     path = tmp_path / "increment_env.py"
     path.write_text(OWNING_ENV)
-    return f"{path}:IncrementEnv"
+    return f"{path}:CounterEnv"
 
 
 def without(args: list[str], *keys: str) -> list[str]:
@@ -84,7 +71,7 @@ def test_what_cannot_own_the_data_or_the_reward_is_refused_naming_the_key(valid_
     no_reward = tmp_path / "no_reward.py"
     no_reward.write_text(OWNING_ENV.replace("def get_reward", "def _get_reward"))
     with pytest.raises(ConfigError, match="`worker.reward.reward_function`.*that defines get_reward needs no reward"):
-        load_run_plan(owning_args(valid_args, f"{no_reward}:IncrementEnv", "trainer.max_steps=3"))
+        load_run_plan(owning_args(valid_args, f"{no_reward}:CounterEnv", "trainer.max_steps=3"))
     with pytest.raises(ConfigError, match="defines no `Missing`"):
         load_run_plan(owning_args(valid_args, f"{no_reward}:Missing", "trainer.max_steps=3"))
 
