@@ -87,3 +87,24 @@ def test_the_key_is_copied_to_the_turns_and_rendering_arguments_are_refused(vali
         load_config([*valid_args, "data.apply_chat_template_kwargs={'enable thinking': false}"])
     with pytest.raises(ConfigError, match="derived"):
         load_config([*valid_args, "worker.rollout.multi_turn.chat_template_kwargs={a: 1}"])
+
+
+def test_a_variable_the_template_never_reads_is_said_once(tokenizer, template_file, caplog):
+    messages = [{"role": "user", "content": "2+3?"}]
+    with caplog.at_level("WARNING", logger="easyrl.data.template"):
+        ChatTemplate(tokenizer, None, None, template_kwargs={"reasoning_depth": 2})(messages)  # SmolLM2's reads none
+        ChatTemplate(tokenizer, None, None, template_kwargs={"reasoning_depth": 2})(messages)
+        ChatTemplate(tokenizer, None, template_file, template_kwargs={"enable_thinking": False})(messages)
+    warned = [r.getMessage() for r in caplog.records if "apply_chat_template_kwargs" in r.getMessage()]
+    assert len(warned) == 1 and "reads no `reasoning_depth`, so setting it changes nothing" in warned[0], warned
+
+
+def test_templates_with_transformers_generation_blocks_are_read():
+    """A training template's `{% generation %}` block (transformers' tag) is read for its variables too."""
+    import jinja2.meta
+
+    from easyrl.data.template import _CHAT_ENVIRONMENT
+
+    source = QWEN3_LIKE.replace("+ m.content +", "+ '' }}{% generation %}{{ m.content }}{% endgeneration %}{{ ''")
+    variables = jinja2.meta.find_undeclared_variables(_CHAT_ENVIRONMENT.parse(source))
+    assert {"messages", "add_generation_prompt", "enable_thinking"} <= variables

@@ -79,8 +79,8 @@ class DataConfig:
     apply_chat_template_kwargs: dict = field(default_factory=dict)
     """Variables handed to the chat template wherever it renders: prompts, tool and environment turns, SFT
     conversations (verl's key of this name; TRL's chat_template_kwargs), e.g. `{enable_thinking: false}` turns Qwen3's
-    thinking off (its template then opens each reply with an empty think block). A template ignores names it does not
-    read."""
+    thinking off (its template then opens each reply with an empty think block). A name the template does not
+    read changes nothing, which the log says once."""
     shuffle: bool = True
     """Shuffle the training data every epoch."""
     seed: int = 1

@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.ext
 import jinja2.meta
+import jinja2.nodes
 import numpy as np
 
 
@@ -217,6 +219,40 @@ def place_media(messages: list[dict[str, Any]], num_images: int, num_videos: int
     return messages
 
 
+class _GenerationBlock(jinja2.ext.Extension):
+    """transformers' `{% generation %}...{% endgeneration %}` (it marks the assistant's tokens), read as its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> Any:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
+# what transformers renders chat templates with: loop controls (`{% break %}`) and the generation block
+_CHAT_ENVIRONMENT = jinja2.Environment(extensions=["jinja2.ext.loopcontrols", _GenerationBlock])
+
+
+@lru_cache(maxsize=32)
+def _warn_unread_template_variables(sources: tuple[str, ...], names: tuple[str, ...]) -> None:
+    """Once per template and process: a data.apply_chat_template_kwargs name the template never reads changes
+    nothing (a Qwen2.5 template has no enable_thinking), which the user should know."""
+    read: set[str] = set()
+    for source in sources:
+        try:
+            read |= jinja2.meta.find_undeclared_variables(_CHAT_ENVIRONMENT.parse(source))
+        except jinja2.TemplateSyntaxError:  # a tag only transformers knows: which variables it reads is unknown
+            return
+    unread = [name for name in names if name not in read]
+    if unread:
+        logger.warning(
+            "data.apply_chat_template_kwargs: the chat template reads no %s, so setting it changes nothing (is it "
+            "the template of the model you meant?).",
+            ", ".join(f"`{name}`" for name in unread),
+        )
+
+
 class ChatTemplate:
     """Applies the chat template of the tokenizer / processor, or the ``data.override_chat_template`` file.
 
@@ -246,6 +282,10 @@ class ChatTemplate:
                 f"{type(self.renderer).__name__} has no chat template; set data.override_chat_template to a "
                 "Jinja chat-template file."
             )
+        if self.kwargs:
+            source = self.template or self.renderer.chat_template
+            sources = tuple(source.values()) if isinstance(source, dict) else (source,)
+            _warn_unread_template_variables(sources, tuple(sorted(self.kwargs)))
 
     def __call__(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str:
         """``tools``: this prompt's schemas, in place of the template's own (a row's environment's)."""
