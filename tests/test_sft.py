@@ -294,6 +294,8 @@ def test_sft_plan_counts_conversations_per_device_and_names_the_keys_it_needs(ti
         load_sft_plan([*base, "trainer.n_gpus_per_node=2", "worker.actor.global_batch_size=3"])
     with pytest.raises(ConfigError, match="micro_batch_size_per_device_for_update"):
         load_sft_plan([*base, "trainer.n_gpus_per_node=1", "worker.actor.global_batch_size=6"])
+    with pytest.raises(ConfigError, match="`data.apply_chat_template_kwargs.tokenize`: `tokenize` is an argument"):
+        load_sft_plan([*base, "data.apply_chat_template_kwargs.tokenize=false"])
 
 
 # ----------------------------------------------------------------------------------------------------------------------
