@@ -587,3 +587,29 @@ def test_check_reads_several_environments_and_refuses_a_stepped_one_among_them(
             scripted_engine(tokenizer, {}, 8)[0],
             MultiTurnConfig(env={**two_envs, "game": f"{stepped}:Stepped"}),
         )
+
+
+def test_a_reset_may_return_text_parts_and_one_with_pictures_is_refused():
+    """TRL also takes a list from reset: text parts are its text; pictures are refused naming the ways that work."""
+    from PIL import Image
+
+    from easyrl.workers.rollout.multi_turn import _tool_env_reset
+
+    class Parts:
+        answer: list = []
+
+        def reset(self, **kwargs):
+            return Parts.answer
+
+        def look(self) -> str:
+            """Look."""
+            return ""
+
+    Parts.answer = [{"type": "text", "text": " Reach 3."}, " Go."]
+    assert _tool_env_reset(Parts, {}).observation == " Reach 3.\n Go."
+    Parts.answer = [{"type": "text", "text": "See:"}, {"type": "image", "image": Image.new("RGB", (8, 8))}]
+    with pytest.raises(TypeError, match="give the first picture through the data's image column, or return it from"):
+        _tool_env_reset(Parts, {})
+    Parts.answer = [3]
+    with pytest.raises(TypeError, match="items that are not text parts"):
+        _tool_env_reset(Parts, {})

@@ -465,6 +465,14 @@ def _tool_env_reset(env_class: type, columns: dict) -> EnvOutcome:
     user message of the prompt, as TRL does."""
     env = env_class()
     output = resolved(env.reset(**reset_arguments(env.reset, columns)))
+    if isinstance(output, (list, tuple)):  # TRL also takes content parts: text ones are the text
+        content, pictures = to_content(output)
+        if pictures or not all(isinstance(part, (str, dict)) for part in output):
+            raise TypeError(
+                "reset returned a list with pictures (or items that are not text parts): a reset adds text to the "
+                "prompt; give the first picture through the data's image column, or return it from a tool"
+            )
+        output = content_text(content)
     if output is not None and not isinstance(output, str):
         raise TypeError(f"reset must return None or text to add to the prompt, not {type(output).__name__}")
     return EnvOutcome(observation=output or None, env=env)
