@@ -95,4 +95,4 @@ def test_tool_results_render_with_the_override_chat_template_the_prompts_used(to
     )
     engine, _ = scripted_engine(tokenizer, {}, 16)
     rollout = MultiTurnRollout(engine, config.worker.rollout.multi_turn)
-    assert rollout.renderer.template == OBSERVATION_TEMPLATE
+    assert rollout.renderer.chat_template.template == OBSERVATION_TEMPLATE

@@ -64,7 +64,7 @@ from PIL import Image
 from ...config.schema import MultiTurnConfig
 from ...data.dataset import ENVIRONMENT_COLUMN
 from ...data.rope import make_position_id_fn
-from ...data.template import read_template_file
+from ...data.template import ChatTemplate
 from ...data.vision import PictureSizing, load_image, to_rgb
 from ...models.vision import text_token_for_sampled_pads
 from ..reward.loader import import_user_file, resolved
@@ -555,9 +555,8 @@ class ToolMessageRenderer:
         own template); ``template_kwargs``: the variables they were rendered with (data.apply_chat_template_kwargs)."""
         self.tokenizer = tokenizer
         # a VLM's processor holds the template that renders pictures in messages (the dataset renders prompts with it)
-        self.template_owner = processor if getattr(processor, "chat_template", None) else tokenizer
-        self.template = read_template_file(chat_template, "data.override_chat_template") if chat_template else None
-        self.template_kwargs = dict(template_kwargs or {})
+        owner = processor if getattr(processor, "chat_template", None) else None
+        self.chat_template = ChatTemplate(tokenizer, owner, chat_template, template_kwargs=template_kwargs)
         self.role = "tool"
         if not tools:  # an environment's observations are user messages: no tool role to look for
             return
@@ -583,9 +582,7 @@ class ToolMessageRenderer:
         return self.tokenizer.encode(text[text.rindex(_PROBE) + len(_PROBE) :], add_special_tokens=False)
 
     def _apply(self, messages: list[dict]) -> str:
-        return self.template_owner.apply_chat_template(
-            messages, chat_template=self.template, tokenize=False, add_generation_prompt=True, **self.template_kwargs
-        )
+        return self.chat_template.render(messages, add_generation_prompt=True)
 
     def messages(self, calls: list, results: list[ToolResult]) -> list[dict]:
         """The tool messages of ``results`` (content: text, or parts with {"type": "image"} for each picture)."""
