@@ -838,9 +838,10 @@ def _check_judge(config: PPOConfig) -> None:
 def _check_required(config: PPOConfig, needs_reward: bool = True) -> None:
     """The three things every run needs, all named at once (the bare defaults have none of them); `easyrl generate`
     (``needs_reward=False``) samples without scoring when no reward is given."""
+    env_data = env_owns_data(config)  # reads the environment's file: once
     needed = {
         "worker.actor.model.model_path": config.worker.actor.model.model_path,
-        "data.train_files": config.data.train_files or config.trainer.val_only or env_owns_data(config),
+        "data.train_files": config.data.train_files or config.trainer.val_only or env_data,
         "worker.reward.reward_function": config.worker.reward.reward_function or not needs_reward,
     }
     missing = [key for key, value in needed.items() if not value]
@@ -855,7 +856,7 @@ def _check_required(config: PPOConfig, needs_reward: bool = True) -> None:
                 else ""
             )
         )
-    if env_owns_data(config) and config.trainer.max_steps is None:
+    if env_data and config.trainer.max_steps is None:
         raise ConfigError(
             "`data.train_files` is empty, so the tool environment of worker.rollout.multi_turn.env owns the data (each "
             "prompt is what its reset returns) and there are no epochs to count: set `trainer.max_steps` to the "
