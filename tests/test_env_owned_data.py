@@ -3,12 +3,16 @@ train_dataset or reward function): empty data.train_files makes each training pr
 the trajectory's reset returns, trainer.max_steps sets the length, and a get_reward method is the reward when no
 reward function is given."""
 
+import random
+
 import pytest
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
 from easyrl.config import ConfigError, load_run_plan
 from easyrl.config.schema import MultiTurnConfig
+from easyrl.workers.rollout.base import GenerationRequest
 from easyrl.workers.rollout.multi_turn import MultiTurnRollout
+from tests.rollout_helpers import padded_prompts
 from tests.test_multi_turn import scripted_engine
 from tests.test_multi_turn_tool_env import COUNTER_ENV
 
@@ -137,3 +141,80 @@ def test_two_grpo_steps_with_an_environment_that_owns_the_data_and_the_reward(tm
         assert row["rollout/multi_turn/env_errors"] == 0 and row["reward/errors"] == 0
     log = (tmp_path / "train.log").read_text()
     assert "the environment owns the data" in log and "the reward is what it returns" in log
+
+
+# Reset draws its task from a generator: seeded by reset's `seed` argument, or by nothing (then every trajectory of a
+# prompt gets another task, which GRPO's group baseline cannot compare)
+DRAWING_ENV = '''
+import random
+
+
+class DrawingEnv:
+    def reset(self, seed=None, **kwargs):
+        self.target = random.Random(seed).randint(1, 10**9)
+        return f"Reach {self.target}."
+
+    def get_reward(self) -> float:
+        return 0.0
+
+    def guess(self, number: int) -> str:
+        """Guess the target.
+
+        Args:
+            number: The guess.
+        """
+        return "right" if number == self.target else "wrong"
+'''
+
+
+def drawn_targets(tokenizer, out) -> list[int]:
+    texts = [tokenizer.decode(ids) for ids in out.non_tensor_batch["raw_prompt_ids"]]
+    return [int(text.split("Reach ")[1].split(".")[0]) for text in texts]
+
+
+def drawing_rollout(tokenizer, tmp_path, source):
+    path = tmp_path / "drawing_env.py"
+    path.write_text(source)
+    done = tokenizer.encode("Done.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    engine, _ = scripted_engine(tokenizer, {i: [done] * 8 for i in range(6)}, 16)  # a turn per call
+    return MultiTurnRollout(engine, MultiTurnConfig(env=f"{path}:DrawingEnv", max_turns=1, tool_timeout=5.0))
+
+
+def empty_user_prompts(tokenizer, count, **columns):
+    text = tokenizer.apply_chat_template([{"role": "user", "content": ""}], add_generation_prompt=True, tokenize=False)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    rows = [{key: values[i] for key, values in columns.items()} for i in range(count)]
+    return padded_prompts([list(ids)] * count, 48, tokenizer.pad_token_id, row_columns=rows)
+
+
+def test_reset_gets_a_seed_shared_by_the_samples_of_a_prompt_and_fixed_by_the_calls_seed(tokenizer, tmp_path, caplog):
+    rollout = drawing_rollout(tokenizer, tmp_path, DRAWING_ENV)
+    step = lambda seed: GenerationRequest(sampling_override={"n": 2}, seed=[1, 0, seed, 0])  # noqa: E731
+    out = rollout.generate_sequences(empty_user_prompts(tokenizer, 3), step(5))
+    targets = drawn_targets(tokenizer, out)
+    # one task per prompt, the same for its two samples; three prompts, three tasks
+    assert targets[0::2] == targets[1::2] and len(set(targets)) == 3, targets
+    assert out.meta_info["metrics"]["rollout/multi_turn/reset_differs"] == 0
+    # a resumed run's call of the same step resets as the first did; another step draws other tasks
+    assert drawn_targets(tokenizer, rollout.generate_sequences(empty_user_prompts(tokenizer, 3), step(5))) == targets
+    other = drawn_targets(tokenizer, rollout.generate_sequences(empty_user_prompts(tokenizer, 3), step(6)))
+    assert other[0::2] == other[1::2] and not set(other) & set(targets)
+    # a column named seed is the row's own and wins
+    rows = empty_user_prompts(tokenizer, 3, seed=[11, 11, 12])
+    expected = [random.Random(seed).randint(1, 10**9) for seed in (11, 11, 11, 11, 12, 12)]
+    assert drawn_targets(tokenizer, rollout.generate_sequences(rows, step(5))) == expected
+    assert "got different text from reset" not in caplog.text
+
+
+def test_samples_of_a_prompt_reset_to_different_tasks_are_counted_and_said_once(tokenizer, tmp_path, caplog):
+    unseeded = DRAWING_ENV.replace("random.Random(seed).randint", "random.randint")
+    rollout = drawing_rollout(tokenizer, tmp_path, unseeded)
+    request = GenerationRequest(sampling_override={"n": 2}, seed=[1, 0, 5, 0])
+    for _ in range(2):
+        out = rollout.generate_sequences(empty_user_prompts(tokenizer, 3), request)
+        assert out.meta_info["metrics"]["rollout/multi_turn/reset_differs"] == 3
+    assert caplog.text.count("the samples of 3 of 3 prompts got different text from reset") == 1
+    assert "its `seed` argument" in caplog.text
+    # one sample per prompt has nothing to compare
+    single = rollout.generate_sequences(empty_user_prompts(tokenizer, 3), GenerationRequest(seed=[1, 0, 5, 0]))
+    assert single.meta_info["metrics"]["rollout/multi_turn/reset_differs"] == 0

@@ -231,6 +231,7 @@ def scripted_engine(tokenizer, turns, response_length):
 
     engine = SimpleNamespace(
         config=config,
+        dp_rank=0,
         tokenizer=tokenizer,
         pad_token_id=tokenizer.pad_token_id,
         stop_token_ids=[tokenizer.eos_token_id],

@@ -113,6 +113,31 @@ def test_env_observations_are_user_turns_out_of_the_mask_and_failures_end_only_t
     assert scores.sum(-1).tolist() == [1.5, 0.0, 0.0, 1.5, 0.0]
 
 
+def test_a_stepped_environment_reads_its_prompts_seed_in_the_row(tokenizer, tmp_path):
+    """The row a stepped environment is reset with carries `seed`: the same for the samples of a prompt, another for
+    each prompt (a column of that name is the row's own)."""
+    from easyrl.workers.rollout.base import GenerationRequest
+
+    path = tmp_path / "seed_env.py"
+    path.write_text(
+        "class SeedEnv:\n"
+        "    def reset(self, row):\n"
+        "        self.seed = row['seed']\n"
+        "    def step(self, action_text):\n"
+        "        return str(self.seed), 0.0, True\n"
+    )
+    turn = tokenizer.encode("Fine.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    rollout, _ = _scripted_env_rollout(tokenizer, f"{path}:SeedEnv", {i: [turn] * 2 for i in range(6)}, max_turns=1)
+    request = GenerationRequest(sampling_override={"n": 2}, seed=[1, 0, 3, 0])
+    out = rollout.generate_sequences(make_prompts(tokenizer, ["a", "b", "c"]), request)
+    seeds = [messages[-1]["content"] for messages in out.non_tensor_batch["messages"]]
+    assert seeds[0::2] == seeds[1::2] and len(set(seeds)) == 3 and all(s.isdigit() for s in seeds), seeds
+    prompts = make_prompts(tokenizer, ["a", "b", "c"])
+    prompts.non_tensor_batch["seed"] = np.array([4, 4, 9], dtype=object)
+    out = rollout.generate_sequences(prompts, request)
+    assert [m[-1]["content"] for m in out.non_tensor_batch["messages"]] == ["4", "4", "4", "4", "9", "9"]
+
+
 def test_env_class_is_loaded_from_path_and_name(env_file, tmp_path):
     assert load_env_class(env_file).__name__ == "ScriptedEnv"
     with pytest.raises(ValueError, match="give it as path/to/file.py:ClassName"):

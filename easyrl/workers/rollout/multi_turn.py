@@ -80,7 +80,7 @@ from .base import (
     repeat_greedy,
     resolve_sampling,
 )
-from .vllm_rollout import _vllm_multi_modal_data
+from .vllm_rollout import MAX_REQUEST_SEED, _vllm_multi_modal_data, call_request_seeds
 
 
 logger = logging.getLogger(__name__)
@@ -345,6 +345,10 @@ def has_tool_env(env: Any) -> bool:
 
 # A tool environment's methods that are not tools (TRL's reserved names); names starting with `_` are not tools either.
 ENV_RESERVED_METHODS = ("reset", "get_reward")
+# An environment's reset gets `seed` (Gymnasium's name), an integer shared by the samples of a prompt, unless the row
+# has a column of that name; RESET_SEED_STREAM keeps these seeds apart from the sampling seeds of the same call.
+RESET_SEED = "seed"
+RESET_SEED_STREAM = 7
 
 
 def is_tool_env(cls: type) -> bool:
@@ -810,6 +814,9 @@ class MultiTurnRollout(BaseRollout):
                 self.tools_take_row |= any(takes_row(getattr(cls, m)) for m in self.env_methods[name].values())
             self.env_rewards = any(callable(getattr(cls, "get_reward", None)) for cls in self.env_classes.values())
             self.user_turn_end = self.renderer.user_turn_end()
+            self._warned_tasks_differ = False
+        # the reset seeds of calls that name no seed of their own (library callers)
+        self._reset_rng = np.random.default_rng([engine.config.seed, engine.dp_rank, RESET_SEED_STREAM])
         vlm = processor is not None and getattr(processor, "image_token_id", None) is not None
         self.pictures = PictureTokens(processor, model_path) if vlm else None
 
@@ -848,10 +855,11 @@ class MultiTurnRollout(BaseRollout):
         one_sample = replace(settings, n=1)
         tool_seconds = 0.0
         with GenerationTimer() as timer:
-            if stepped:
-                tool_seconds += self._reset_envs(trajectories, prompts, settings.engine_n)
-            if tool_env:
-                tool_seconds += self._reset_tool_envs(trajectories, prompts, settings.engine_n)
+            if stepped or tool_env:
+                seeds = self._reset_seeds(request, len(prompts))
+                reset = self._reset_envs if stepped else self._reset_tool_envs
+                tool_seconds += reset(trajectories, prompts, settings.engine_n, seeds)
+            reset_differs = self._tasks_differ(trajectories, settings.engine_n) if tool_env else 0
             for turn in range(self.multi_turn.max_turns):
                 active = [t for t in trajectories if not t.done]
                 if not active:
@@ -918,6 +926,8 @@ class MultiTurnRollout(BaseRollout):
                 data.non_tensor_batch["env_get_reward"] = rewards
         metrics = generation_metrics(response_mask, timer.seconds)
         metrics.update(multi_turn_metrics(trajectories, tool_seconds, env=stepped or tool_env, tools=not stepped))
+        if tool_env:
+            metrics["rollout/multi_turn/reset_differs"] = float(reset_differs)
         metrics.update(engine._last_sync_metrics)  # reported once, with the first generation after a sync
         engine._last_sync_metrics = {}
         data.meta_info["metrics"] = metrics
@@ -956,11 +966,23 @@ class MultiTurnRollout(BaseRollout):
             if len(t.response_ids) >= budget and not t.stopped:
                 t.truncated, t.done = True, True  # cut mid-answer at the response budget
 
-    def _reset_envs(self, trajectories: list[Trajectory], prompts: Any, engine_n: int) -> float:
-        """One new environment per trajectory, reset with its prompt's row (all at once, with the deadline). A failed
-        reset ends the trajectory after its first turn (a response is never empty), with no step taken."""
+    def _reset_seeds(self, request: GenerationRequest, num_prompts: int) -> list[int]:
+        """The ``seed`` each prompt's environments are reset with: one per prompt, shared by its n samples (GRPO
+        compares the samples of one task), a function of the call's seed, the rollout rank and the prompt only when
+        the trainer names the call's seed (a resumed run resets as the uninterrupted run did)."""
+        if request.seed is None:
+            return self._reset_rng.integers(0, MAX_REQUEST_SEED, size=num_prompts).tolist()
+        return call_request_seeds([*np.atleast_1d(request.seed), RESET_SEED_STREAM], self.engine.dp_rank, num_prompts)
+
+    def _reset_envs(self, trajectories: list[Trajectory], prompts: Any, engine_n: int, seeds: list[int]) -> float:
+        """One new environment per trajectory, reset with its prompt's row and ``seeds`` (all at once, with the
+        deadline). A failed reset ends the trajectory after its first turn (a response is never empty), with no step
+        taken."""
         fields = prompts.non_tensor_batch
-        rows = [{key: values[i // engine_n] for key, values in fields.items()} for i in range(len(trajectories))]
+        rows = [
+            {RESET_SEED: seeds[i // engine_n], **{key: values[i // engine_n] for key, values in fields.items()}}
+            for i in range(len(trajectories))
+        ]
         jobs = [lambda row=row: _env_reset(self.env_class, row) for row in rows]
         outcomes, seconds = run_with_deadline(jobs, self.multi_turn.tool_timeout, "reset")
         for t, outcome in zip(trajectories, outcomes):
@@ -968,12 +990,16 @@ class MultiTurnRollout(BaseRollout):
                 t.env = outcome.env
         return seconds
 
-    def _reset_tool_envs(self, trajectories: list[Trajectory], prompts: Any, engine_n: int) -> float:
-        """One new tool environment per trajectory, reset with its row's columns (all at once, with the deadline); the
-        text a reset returns joins the end of the prompt's last user message. A failed reset, or text that does not
-        fit data.max_prompt_length, ends the trajectory after its first turn (a response is never empty)."""
+    def _reset_tool_envs(self, trajectories: list[Trajectory], prompts: Any, engine_n: int, seeds: list[int]) -> float:
+        """One new tool environment per trajectory, reset with its row's columns and ``seeds`` (all at once, with the
+        deadline); the text a reset returns joins the end of the prompt's last user message. A failed reset, or text
+        that does not fit data.max_prompt_length, ends the trajectory after its first turn (a response is never
+        empty)."""
         fields = prompts.non_tensor_batch
-        columns = [reset_columns(fields, i // engine_n) for i in range(len(trajectories))]
+        columns = [
+            {RESET_SEED: seeds[i // engine_n], **reset_columns(fields, i // engine_n)}
+            for i in range(len(trajectories))
+        ]
         for t, row in zip(trajectories, columns):
             # TRL's routing column chooses the environment and is not handed to reset
             t.env_name = row.pop(ENVIRONMENT_COLUMN, None) if self.multi_env else None
@@ -992,6 +1018,26 @@ class MultiTurnRollout(BaseRollout):
             except ValueError as err:
                 self._count_env_failure(t, EnvOutcome(error=f"reset: {err}"))
         return seconds
+
+    def _tasks_differ(self, trajectories: list[Trajectory], engine_n: int) -> int:
+        """The prompts whose samples' resets returned different text, said once in the log: the samples of a prompt
+        are compared with each other (GRPO's group baseline), which means nothing when each was given another task."""
+        groups = (
+            [trajectories[i : i + engine_n] for i in range(0, len(trajectories), engine_n)] if engine_n > 1 else []
+        )
+        differ = sum(len({tuple(t.prompt_insert) for t in group if t.env is not None}) > 1 for group in groups)
+        if differ and not self._warned_tasks_differ:
+            self._warned_tasks_differ = True
+            logger.warning(
+                "Environment %s: the samples of %d of %d prompts got different text from reset. The samples of a "
+                "prompt are compared with each other (GRPO's group baseline), which needs one task for all of them: "
+                "make reset depend only on the row's columns and its `seed` argument, which is the same for the "
+                "samples of a prompt (counted in rollout/multi_turn/reset_differs).",
+                self._label(trajectories[0]),
+                differ,
+                len(groups),
+            )
+        return differ
 
     def _reset_one(self, t: Trajectory, columns: dict) -> EnvOutcome:
         """A new instance of the trajectory's tool environment (its row's, with several), reset with ``columns``."""
