@@ -589,8 +589,8 @@ def test_check_reads_several_environments_and_refuses_a_stepped_one_among_them(
         )
 
 
-def test_a_reset_may_return_text_parts_and_one_with_pictures_is_refused():
-    """TRL also takes a list from reset: text parts are its text; pictures are refused naming the ways that work."""
+def test_a_reset_may_return_text_parts_pictures_and_content_parts():
+    """TRL also takes a list from reset: text parts are its text, pictures (PIL, or image parts) come with it."""
     from PIL import Image
 
     from easyrl.workers.rollout.multi_turn import _tool_env_reset
@@ -607,9 +607,13 @@ def test_a_reset_may_return_text_parts_and_one_with_pictures_is_refused():
 
     Parts.answer = [{"type": "text", "text": " Reach 3."}, " Go."]
     assert _tool_env_reset(Parts, {}).observation == " Reach 3.\n Go."
-    Parts.answer = [{"type": "text", "text": "See:"}, {"type": "image", "image": Image.new("RGB", (8, 8))}]
-    with pytest.raises(TypeError, match="give the first picture through the data's image column, or return it from"):
-        _tool_env_reset(Parts, {})
+    picture = Image.new("RGB", (8, 8))
+    Parts.answer = [{"type": "text", "text": "See:"}, {"type": "image", "image": picture}]
+    outcome = _tool_env_reset(Parts, {})
+    assert outcome.observation == [{"type": "text", "text": "See:"}, {"type": "image"}]
+    assert outcome.pictures == [picture]
+    Parts.answer = picture  # a picture alone
+    assert _tool_env_reset(Parts, {}).observation == [{"type": "image"}]
     Parts.answer = [3]
-    with pytest.raises(TypeError, match="items that are not text parts"):
+    with pytest.raises(TypeError, match="items that are neither text, pictures nor content parts"):
         _tool_env_reset(Parts, {})

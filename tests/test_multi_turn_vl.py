@@ -8,6 +8,7 @@ bookkeeping runs with a scripted turn source; the real engine in the FSDP worker
 vLLM's on the model tokens.
 """
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from easyrl.testing.vl_batch import VLSample, processor_inputs, random_image
 from easyrl.workers.rollout.base import rollout_logprob_mismatch
 from easyrl.workers.rollout.multi_turn import MultiTurnRollout, load_tools, to_content, tool_schema
 from tests.test_multi_turn import LOGPROB_TOLERANCE, _runs, scripted_engine
+from tests.test_multi_turn_tool_env import chat_prompts
 
 
 # A tool that shows the model a part of the row's own picture: it takes `row` (the prompt's dataset row), which the
@@ -296,30 +298,38 @@ TOOLS = [look]""",
 ENGINE_RESPONSE_LENGTH = 96
 
 
-@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
-def vl_multi_turn_worker(request, ray_cluster, tmp_path_factory):
-    """(worker group, model folder) of a tiny random VLM of each family."""
+@contextlib.contextmanager
+def vl_worker(family: str, folder: Path, multi_turn: MultiTurnConfig, prompt_length: int = 48):
+    """(worker group, model folder) of a tiny random VLM of ``family`` whose engine rolls out with ``multi_turn``."""
     from easyrl.testing.tiny_vlms import build_tiny_vlm
     from easyrl.workers.fsdp_worker import FSDPWorker
     from tests.fsdp_helpers import worker_group
     from tests.rollout_helpers import rollout_worker_config
 
-    model_path = build_tiny_vlm(request.param, tmp_path_factory.mktemp(request.param))
-    tools_file = tmp_path_factory.mktemp("vl_tools") / "look_tools.py"
-    tools_file.write_text(ENGINE_TOOLS)
+    model_path = build_tiny_vlm(family, folder)
     config = rollout_worker_config(model_path, 1)
     rollout = config.rollout
-    rollout.prompt_length = 48
+    rollout.prompt_length = prompt_length
     rollout.response_length = ENGINE_RESPONSE_LENGTH
     rollout.max_model_len = rollout.prompt_length + rollout.response_length
-    rollout.multi_turn = MultiTurnConfig(
-        tools=str(tools_file), max_turns=2, turn_max_tokens=6, tool_timeout=10, parser="always_look"
-    )
+    rollout.multi_turn = multi_turn
     with worker_group(
         FSDPWorker, config, "actor_rollout", name_prefix="multiturnvl", process_group_timeout_s=240
     ) as group:
         group.init_model()
         yield group, model_path
+
+
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def vl_multi_turn_worker(request, ray_cluster, tmp_path_factory):
+    """(worker group, model folder) of a tiny random VLM of each family, with the look tool."""
+    tools_file = tmp_path_factory.mktemp("vl_tools") / "look_tools.py"
+    tools_file.write_text(ENGINE_TOOLS)
+    multi_turn = MultiTurnConfig(
+        tools=str(tools_file), max_turns=2, turn_max_tokens=6, tool_timeout=10, parser="always_look"
+    )
+    with vl_worker(request.param, tmp_path_factory.mktemp(request.param), multi_turn) as worker:
+        yield worker
 
 
 @pytest.mark.slow  # ~140 s, mostly starting Ray and the engine; the scripted tests above run by default
@@ -496,3 +506,164 @@ def test_a_tool_environment_grows_a_picture_prompt_and_its_method_shows_a_crop(v
     positions_of = make_position_id_fn(processor, model_path=str(model_path))
     expected = positions_of({"input_ids": ids, "image_grid_thw": grids})
     assert torch.equal(out.batch["position_ids"][0][:, attended], expected)
+
+
+# A tool environment whose reset shows a picture of its own (a GUI's first screenshot, a generated diagram): it joins
+# the prompt's last user message after the row's picture, as TRL adds a reset's content parts there.
+SHOW_ENV = '''
+from easyrl.testing.vl_batch import random_image
+
+
+class ShowEnv:
+    def reset(self, **kwargs):
+        self.looks = 0
+        return [" Compare with:", {"type": "image", "image": random_image(1, width=56, height=56)}]
+
+    def get_reward(self) -> float:
+        return float(self.looks)
+
+    def look(self, corner: str) -> list:
+        """Look at a corner of the picture.
+
+        Args:
+            corner: Which corner, e.g. "top left".
+        """
+        self.looks += 1
+        return ["Here:", random_image(2, width=56, height=56)]
+'''
+
+
+def test_a_reset_picture_joins_the_prompt_after_the_rows_with_the_models_own_rope(
+    vl_tokenizer_and_processor, tmp_path, tokenizer
+):
+    """vLLM reads the grown prompt with one pad per picture and the reset's picture after the row's; the actor reads it
+    with the pads expanded, the pictures in the same order, and 3-D rope positions that are the model's own over the
+    whole sequence (prompt picture, reset picture, tool picture)."""
+    vl_tokenizer, processor = vl_tokenizer_and_processor
+    model_path = Path(processor.tokenizer.name_or_path)
+    (tmp_path / "show_env.py").write_text(SHOW_ENV)
+    eos, pad = vl_tokenizer.eos_token_id, processor.image_token_id
+    encode = lambda text: vl_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    call, answer = encode(CALL) + [eos], encode("The same.") + [eos]
+    engine, llm = scripted_engine(vl_tokenizer, {0: [call, answer]}, response_length=64)
+    seen_media = []
+    generate = llm.generate
+
+    def recording_generate(inputs, params, use_tqdm, lora_request):
+        seen_media.append([item.get("multi_modal_data") for item in inputs])
+        return generate(inputs, params, use_tqdm, lora_request)
+
+    llm.generate = recording_generate
+    config = MultiTurnConfig(env=f"{tmp_path / 'show_env.py'}:ShowEnv", max_turns=3)
+    rollout = MultiTurnRollout(engine, config, processor=processor, model_path=str(model_path))
+    image = random_image(0, **PROMPT_IMAGE)
+    prompts = vl_prompts(processor, model_path, [VLSample("Describe it.", [image])])
+    width = prompts.batch["input_ids"].shape[-1] + 16
+    for key in ("input_ids", "attention_mask", "position_ids"):  # room for the reset (data.max_prompt_length)
+        value = prompts.batch[key]
+        fill = vl_tokenizer.pad_token_id if key == "input_ids" else 0
+        prompts.batch[key] = torch.cat([torch.full((*value.shape[:-1], 16), fill, dtype=value.dtype), value], -1)
+    out = rollout.generate_sequences(prompts)
+
+    content = [{"type": "image"}, {"type": "text", "text": "Describe it."}, {"type": "text", "text": " Compare with:"}]
+    messages = [{"role": "user", "content": [*content, {"type": "image"}]}]
+    grown = encode(processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+    assert grown.count(pad) == 2
+    assert llm.seen[0] == [grown] and llm.seen[1] == [grown + call + encode(TOOL_TEXT)]
+    shown = random_image(1, width=56, height=56)
+    first_turn, second_turn = seen_media[0][0]["image"], seen_media[1][0]["image"]
+    assert len(first_turn) == 2 and first_turn[0] is image and np.array_equal(first_turn[1], shown)
+    assert len(second_turn) == 3 and np.array_equal(second_turn[2], random_image(2, width=56, height=56))
+    media = out.non_tensor_batch["multi_modal_data"][0]["images"]
+    assert media[0] is image and [np.asarray(p).tolist() for p in media[1:]] == [
+        np.asarray(shown).tolist(),
+        np.asarray(random_image(2, width=56, height=56)).tolist(),
+    ]
+    assert out.non_tensor_batch["raw_prompt_ids"][0] == grown
+    assert prompts.non_tensor_batch["multi_modal_data"][0] == {"images": [image]}  # the row is untouched
+    assert out.non_tensor_batch["env_get_reward"].tolist() == [1.0]
+    # the actor's prompt: the grown one, each pad expanded (6 vision tokens for the row's, 4 for the reset's)
+    attended = out.batch["attention_mask"][0].bool()
+    ids = out.batch["input_ids"][0][attended]
+    sizes = iter([6, CROP_TOKENS])
+    expanded = [token for t in grown for token in ([pad] * next(sizes) if t == pad else [t])]
+    assert ids[: len(expanded)].tolist() == expanded and int(attended[:width].sum()) == len(expanded)
+    grids = processor.image_processor(images=[image, shown, shown], return_tensors="pt")["image_grid_thw"]
+    positions_of = make_position_id_fn(processor, model_path=str(model_path))
+    expected = positions_of({"input_ids": ids, "image_grid_thw": grids})
+    assert torch.equal(out.batch["position_ids"][0][:, attended], expected)
+    vision = build_vision_inputs(
+        out.batch["input_ids"], out.batch["attention_mask"], out.non_tensor_batch["multi_modal_data"], processor, 64
+    )
+    assert vision.image_grid_thw.tolist() == [[1, 6, 4], [1, 4, 4], [1, 4, 4]]
+
+    # a text model cannot see it: the reset is an environment error, counted, and the prompt stays as it was
+    engine, llm = scripted_engine(tokenizer, {0: [[tokenizer.eos_token_id]]}, response_length=16)
+    rollout = MultiTurnRollout(engine, config)
+    text_prompts = chat_prompts(tokenizer, ["Describe it."], [{}])
+    out = rollout.generate_sequences(text_prompts)
+    assert out.meta_info["metrics"]["rollout/multi_turn/env_errors"] == 1
+    assert llm.seen[0] == [list(text_prompts.non_tensor_batch["raw_prompt_ids"][0])]
+    assert "reset: it returned 1 picture(s), but the model has no multimodal processor" in str(
+        out.non_tensor_batch["messages"][0]
+    )
+
+
+# the same environment in the engine: every model turn calls `look` (a random model never writes a call itself)
+ENGINE_SHOW_ENV = (
+    SHOW_ENV
+    + """
+
+from easyrl.workers.rollout.multi_turn import ToolCall, register_tool_call_parser
+
+
+@register_tool_call_parser("always_look_env")
+def always_look_env(text):
+    return [ToolCall("look", {"corner": "top left"})]
+"""
+)
+RESET_PROMPT_WIDTH = 64  # the row's picture and text, and the reset's text and picture
+
+
+@pytest.mark.slow  # ~150 s per family, mostly starting Ray and the engine
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_engine_reset_pictures_reach_the_actor_whose_log_probs_match_vllm(family, ray_cluster, tmp_path):
+    from easyrl.data.tokenizer import load_tokenizer_and_processor
+    from easyrl.workers.rollout.base import GenerationRequest
+
+    (tmp_path / "show_env.py").write_text(ENGINE_SHOW_ENV)
+    multi_turn = MultiTurnConfig(
+        env=f"{tmp_path / 'show_env.py'}:ShowEnv",
+        max_turns=2,
+        turn_max_tokens=6,
+        tool_timeout=10,
+        parser="always_look_env",
+    )
+    with vl_worker(family, tmp_path / family, multi_turn, RESET_PROMPT_WIDTH) as (worker, model_path):
+        tokenizer, processor = load_tokenizer_and_processor(str(model_path))
+        samples = [VLSample("Describe it.", [random_image(seed, **PROMPT_IMAGE)]) for seed in range(2)]
+        prompts = vl_prompts(processor, model_path, samples)
+        extra = RESET_PROMPT_WIDTH - prompts.batch["input_ids"].shape[-1]
+        for key in ("input_ids", "attention_mask", "position_ids"):
+            value = prompts.batch[key]
+            fill = tokenizer.pad_token_id if key == "input_ids" else 0
+            prompts.batch[key] = torch.cat(
+                [torch.full((*value.shape[:-1], extra), fill, dtype=value.dtype), value], -1
+            )
+        out = worker.generate_sequences(prompts, GenerationRequest(sampling_override={"n": 2}, seed=3))
+        metrics = out.meta_info["metrics"]
+        assert metrics["rollout/multi_turn/env_errors"] == 0 and metrics["rollout/multi_turn/reset_differs"] == 0
+        assert metrics["rollout/multi_turn/tool_calls"] == 4
+        pad = processor.image_token_id
+        for row in range(len(out)):
+            prompt = out.batch["prompts"][row][out.batch["attention_mask"][row, :RESET_PROMPT_WIDTH].bool()].tolist()
+            assert " Compare with:" in tokenizer.decode(prompt)
+            media = out.non_tensor_batch["multi_modal_data"][row]["images"]
+            # the row's picture, the reset's, the tool's: the prompt holds the pads of the first two
+            assert len(media) == 3 and prompt.count(pad) == 6 + CROP_TOKENS, (family, prompt.count(pad))
+        actor = worker.compute_log_probs(out).batch["old_log_probs"]
+        batch = out.batch
+        mismatch = rollout_logprob_mismatch(actor, batch["rollout_log_probs"], batch["response_mask"])
+        print(f"{family}: reset pictures, rollout vs actor log-prob |diff|: {mismatch}")
+        assert mismatch["rollout/logprob_abs_diff/max"] < LOGPROB_TOLERANCE

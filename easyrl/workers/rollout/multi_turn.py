@@ -465,20 +465,20 @@ def _env_reset(env_class: type, row: dict) -> EnvOutcome:
 
 
 def _tool_env_reset(env_class: type, columns: dict) -> EnvOutcome:
-    """A new tool environment reset with its row's columns; the text it returns (None: nothing) is added to the last
-    user message of the prompt, as TRL does."""
+    """A new tool environment reset with its row's columns; what it returns (None: nothing) is added to the last user
+    message of the prompt, as TRL does: text, or a list of text and pictures (PIL images, or TRL's / OpenAI's content
+    parts), whose text alone is joined by newlines as a tool result's."""
     env = env_class()
     output = resolved(env.reset(**reset_arguments(env.reset, columns)))
-    if isinstance(output, (list, tuple)):  # TRL also takes content parts: text ones are the text
+    if isinstance(output, Image.Image):
+        output = [output]
+    if isinstance(output, (list, tuple)):
+        if not all(isinstance(part, (str, dict, Image.Image)) for part in output):
+            raise TypeError("reset returned a list with items that are neither text, pictures nor content parts")
         content, pictures = to_content(output)
-        if pictures or not all(isinstance(part, (str, dict)) for part in output):
-            raise TypeError(
-                "reset returned a list with pictures (or items that are not text parts): a reset adds text to the "
-                "prompt; give the first picture through the data's image column, or return it from a tool"
-            )
-        output = content_text(content)
+        return EnvOutcome(observation=content or None, pictures=pictures, env=env)
     if output is not None and not isinstance(output, str):
-        raise TypeError(f"reset must return None or text to add to the prompt, not {type(output).__name__}")
+        raise TypeError(f"reset must return None, text or a list of text and pictures, not {type(output).__name__}")
     return EnvOutcome(observation=output or None, env=env)
 
 
@@ -585,6 +585,15 @@ class ToolMessageRenderer:
         text = self._apply([{"role": "user", "content": _PROBE}])
         return self.tokenizer.encode(text[text.rindex(_PROBE) + len(_PROBE) :], add_special_tokens=False)
 
+    def user_content_ids(self, parts: list[dict]) -> list[int]:
+        """The tokens of content ``parts`` (text and ``{"type": "image"}``) as the template renders them inside a user
+        message: a picture's are its placeholder (one pad, vLLM's form)."""
+        fenced = [{"type": "text", "text": _PROBE}, *parts, {"type": "text", "text": _PROBE}]
+        text = self._apply([{"role": "user", "content": fenced}])
+        return self.tokenizer.encode(
+            text[text.index(_PROBE) + len(_PROBE) : text.rindex(_PROBE)], add_special_tokens=False
+        )
+
     def _apply(self, messages: list[dict]) -> str:
         return self.chat_template.render(messages, add_generation_prompt=True)
 
@@ -637,8 +646,8 @@ class PictureTokens:
         if found != len(pictures):
             raise ValueError(
                 f"The chat template rendered {found} image placeholder(s) for {len(pictures)} picture(s) of a tool "
-                "result / observation: it does not render pictures in that role. Use a template whose tool/user "
-                "messages take content lists with {'type': 'image'} (data.override_chat_template)."
+                "result, observation or reset: it does not render pictures in that role. Use a template whose "
+                "tool/user messages take content lists with {'type': 'image'} (data.override_chat_template)."
             )
         grids = [self.grid(picture) for picture in pictures]
         tokens = iter(int(grid.prod()) // self.merge**2 for grid in grids)
@@ -685,6 +694,8 @@ class Trajectory:
     tool_timeouts: int = 0
     env: Any = None  # this trajectory's environment instance (worker.rollout.multi_turn.env)
     prompt_insert: list[int] = field(default_factory=list)  # a tool environment's reset text, in the last user message
+    prompt_pictures: list = field(default_factory=list)  # the reset's pictures (in prompt_insert, after the row's)
+    prompt_grids: list = field(default_factory=list)  # their (3,) patch grids
     env_name: Optional[str] = None  # with several environments, the name of this trajectory's (its row's column)
     env_reward: float = 0.0
     env_errors: int = 0
@@ -913,7 +924,7 @@ class MultiTurnRollout(BaseRollout):
             response_mask[i, : len(mask)] = torch.tensor(mask, dtype=response_mask.dtype)
         data.batch["response_mask"] = response_mask
         data.non_tensor_batch["messages"] = _object_array(repeat_greedy([t.messages for t in trajectories], settings))
-        if any(t.pictures for t in trajectories):
+        if any(t.pictures or t.prompt_pictures for t in trajectories):
             self._add_pictures(data, repeat_greedy(trajectories, settings), budget)
         rewards = np.array(repeat_greedy([t.env_reward for t in trajectories], settings), dtype=np.float64)
         if stepped:
@@ -1014,7 +1025,7 @@ class MultiTurnRollout(BaseRollout):
             if outcome.observation is None:
                 continue
             try:
-                self._add_to_prompt(t, outcome.observation, int(attended[index // engine_n]), width)
+                self._add_to_prompt(t, outcome, int(attended[index // engine_n]), width)
             except ValueError as err:
                 self._count_env_failure(t, EnvOutcome(error=f"reset: {err}"))
         return seconds
@@ -1025,7 +1036,7 @@ class MultiTurnRollout(BaseRollout):
         groups = (
             [trajectories[i : i + engine_n] for i in range(0, len(trajectories), engine_n)] if engine_n > 1 else []
         )
-        differ = sum(len({tuple(t.prompt_insert) for t in group if t.env is not None}) > 1 for group in groups)
+        differ = sum(len({_reset_task(t) for t in group if t.env is not None}) > 1 for group in groups)
         if differ and not self._warned_tasks_differ:
             self._warned_tasks_differ = True
             logger.warning(
@@ -1046,10 +1057,11 @@ class MultiTurnRollout(BaseRollout):
             raise ValueError(f"the row's `{ENVIRONMENT_COLUMN}` is {t.env_name!r}, not one of {names}")
         return _tool_env_reset(self.env_classes[t.env_name], columns)
 
-    def _add_to_prompt(self, t: Trajectory, text: str, actor_length: int, width: int) -> None:
-        """Put ``text`` at the end of the prompt's last user message, before the tokens that close it and open the
-        model's turn (``actor_length``: the prompt's tokens as the actor reads it, ``width``: data.max_prompt_length).
-        The text is tokenized on its own."""
+    def _add_to_prompt(self, t: Trajectory, outcome: EnvOutcome, actor_length: int, width: int) -> None:
+        """Put a reset's text (tokenized on its own) or its text and pictures (rendered by the chat template as parts
+        of a user message) at the end of the prompt's last user message, before the tokens that close it and open
+        the model's turn (``actor_length``: the prompt's tokens as the actor reads it, ``width``:
+        data.max_prompt_length). The pictures follow the row's in the trajectory's multi_modal_data."""
         end = self.user_turn_end
         if not end or t.prompt_ids[-len(end) :] != end:
             raise ValueError(
@@ -1058,20 +1070,31 @@ class MultiTurnRollout(BaseRollout):
                 "message to add it to; give the data chat prompts ending with the user's message (a prompt cut at "
                 "data.max_prompt_length loses that end: raise it)"
             )
-        insert = self.engine.tokenizer.encode(text, add_special_tokens=False)
-        if actor_length + len(insert) > width:
+        pictures, grids = self._prepare_pictures(t, outcome.pictures, "it"), []
+        if pictures:
+            insert = self.renderer.user_content_ids(outcome.observation)
+            expanded, grids = self.pictures.expand(insert, pictures)
+        else:
+            insert = expanded = self.engine.tokenizer.encode(outcome.observation, add_special_tokens=False)
+        if actor_length + len(expanded) > width:
             raise ValueError(
-                f"the {len(insert)} tokens of its text and the prompt's {actor_length} are more than "
+                f"the {len(expanded)} tokens of what it returned and the prompt's {actor_length} are more than "
                 f"data.max_prompt_length={width}; raise data.max_prompt_length"
             )
         t.prompt_ids = t.prompt_ids[: -len(end)] + insert + end
-        t.prompt_insert = insert
+        t.prompt_insert, t.prompt_pictures, t.prompt_grids = expanded, pictures, grids
+        if pictures:  # a copy: the samples of a prompt share the row's
+            media = dict(t.multi_modal_data or {})
+            media["images"] = list(media.get("images") or []) + pictures
+            t.multi_modal_data = media
 
     def _insert_into_prompts(self, data: Any, trajectories: list[Trajectory]) -> None:
         """The output rows' prompts with each trajectory's reset text in its last user message (what the engine
         generated from): prompt ids, masks and positions, and the whole sequence's, which follow the prompt."""
         prompt_ids, mask = data.batch["prompts"].clone(), data.batch["attention_mask"].clone()
         positions = data.batch["position_ids"].clone()
+        if positions.dim() == 2 and any(t.prompt_grids for t in trajectories):  # 3-D rope from here on
+            positions = positions[:, None, :].expand(-1, 3, -1).clone()
         width, responses = prompt_ids.shape[-1], data.batch["responses"]
         end = len(self.user_turn_end)
         raw = data.non_tensor_batch.get("raw_prompt_ids")
@@ -1082,8 +1105,12 @@ class MultiTurnRollout(BaseRollout):
             grown = length + len(t.prompt_insert)
             insert = torch.tensor(t.prompt_insert, dtype=prompt_ids.dtype)
             ids = torch.cat([prompt_ids[row, width - length : width - end], insert, prompt_ids[row, width - end :]])
-            kept = positions[row, ..., width - length : width - end].clone()  # text follows: every rope axis counts on
-            added = kept[..., -1:] + torch.arange(1, len(insert) + end + 1, dtype=positions.dtype)
+            kept = positions[row, ..., width - length : width - end].clone()
+            if t.prompt_grids:  # the pictures' 3-D rope positions, after the text the insert follows
+                tail = ids[len(ids) - len(insert) - end :].tolist()
+                added = self.pictures.response_positions(tail, [0] * len(tail), t.prompt_grids, kept[:, -1])
+            else:  # text follows: every rope axis counts on
+                added = kept[..., -1:] + torch.arange(1, len(insert) + end + 1, dtype=positions.dtype)
             prompt_ids[row] = self.engine.pad_token_id
             prompt_ids[row, width - grown :] = ids
             mask[row, :width] = 0
@@ -1243,6 +1270,11 @@ class MultiTurnRollout(BaseRollout):
             tail = torch.arange(1, budget - length + 1, dtype=positions.dtype)
             positions[row, :, prompt_length + length :] = response[:, -1:] + tail
         data.batch["position_ids"] = positions
+
+
+def _reset_task(t: Trajectory) -> tuple:
+    """What a trajectory's reset put into its prompt: the tokens and the pictures' pixels."""
+    return tuple(t.prompt_insert), tuple(picture.tobytes() for picture in t.prompt_pictures)
 
 
 def reset_columns(fields: dict, index: int) -> dict:
