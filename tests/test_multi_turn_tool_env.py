@@ -617,3 +617,55 @@ def test_a_reset_may_return_text_parts_pictures_and_content_parts():
     Parts.answer = [3]
     with pytest.raises(TypeError, match="items that are neither text, pictures nor content parts"):
         _tool_env_reset(Parts, {})
+
+
+# Counts its constructions: each instance knows its serial; reset keeps a log it never clears (state that a reused
+# instance carries, which the reward function's copy must not see change)
+SERIAL_ENV = """
+import itertools
+
+_serials = itertools.count()
+
+
+class SerialEnv:
+    def __init__(self):
+        self.serial, self.log = next(_serials), []
+
+    def reset(self, target, **kwargs):
+        if int(target) < 0:
+            raise ValueError("no such target")
+        self.log.append(int(target))
+
+    def noop(self) -> str:
+        \"\"\"Do nothing.\"\"\"
+        return ""
+"""
+
+
+def test_instances_are_reused_across_steps_but_not_after_a_failure(tokenizer, tmp_path):
+    """TRL's "construct once, reset often": the instances of one call are reset at the next instead of built again,
+    but for one whose reset failed; the reward function's copies of their attributes stay as they were."""
+    from easyrl.workers.rollout.base import GenerationRequest
+
+    path = tmp_path / "serial_env.py"
+    path.write_text(SERIAL_ENV)
+    done = tokenizer.encode("Done.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    engine, _ = scripted_engine(tokenizer, {i: [done] * 3 for i in range(6)}, 16)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(env=f"{path}:SerialEnv", max_turns=1, tool_timeout=5.0))
+    request = GenerationRequest(sampling_override={"n": 2})
+
+    def serials_and_logs(targets):
+        columns = [{"target": target} for target in targets]
+        out = rollout.generate_sequences(chat_prompts(tokenizer, ["Count."] * len(targets), columns), request)
+        states = out.non_tensor_batch["environments"]
+        return [s.serial if s is not None else None for s in states], [s.log if s else None for s in states]
+
+    serials, logs = serials_and_logs([1, 2, -1])
+    assert sorted(serials[:4]) == [0, 1, 2, 3] and serials[4:] == [None, None]  # -1: two failed resets
+    assert logs[:4] == [[1], [1], [2], [2]]
+    again, relogged = serials_and_logs([3, 4, 5])
+    # the four healthy instances are reset again; the two failed ones were dropped, two new ones take their place
+    assert sorted(again) == [0, 1, 2, 3, 6, 7]
+    by_serial = dict(zip(again, relogged))
+    assert all(len(by_serial[s]) == 2 for s in (0, 1, 2, 3)) and by_serial[6] == [5] and by_serial[7] == [5]
+    assert logs[:4] == [[1], [1], [2], [2]]  # the first call's copies did not change

@@ -397,15 +397,18 @@ class MultiTurnConfig:
     """An environment, as `path/to/file.py:ClassName`, or several tool environments as a mapping name ->
     `path/to/file.py:ClassName` (TRL's dictionary environment_factory: each row names its own in an `environment`
     column, and its prompt advertises that environment's tools only); one instance per trajectory, built with no
-    arguments. Two kinds. A class with `step` is stepped: `reset(row)` is called before the first turn with the prompt's dataset row
-    (a dict: ground_truth and the other non-tensor fields) and sets up its state (the dataset prompt is the first
+    arguments. Two kinds. A class with `step` is stepped, a new instance each time: `reset(row)` is called before the
+    first turn with the prompt's dataset row (a dict: ground_truth, `seed` and the other non-tensor fields) and sets
+    up its state (the dataset prompt is the first
     observation: what reset returns is not shown to the model); `step(action_text)` gets each model turn's text and
     returns `(observation, reward, done)`: the observation (text, a PIL image, or a list of both) is given to the
     model as a `user` message unless done, the rewards are summed per trajectory and handed to the reward function as
     `env_reward` (reward_function/env_reward.py scores with it alone); not together with `tools`. A class without
     `step` is a tool environment (TRL's `environment_factory`): its public methods but `reset` and `get_reward` are
-    the model's tools on that instance (with `tools`' too, when set), `reset(**columns)` gets the row's columns (only
-    those it names, without **kwargs) and the text it returns is added to the end of the prompt's last user message;
+    the model's tools on that instance (with `tools`' too, when set), instances are reused across steps (TRL's
+    "construct once, reset often"), `reset(**columns)` gets the row's columns and `seed` (one per prompt, shared by
+    its samples; only the names it declares, without **kwargs) and the text (and, on a vision-language model,
+    pictures) it returns is added to the end of the prompt's last user message;
     `get_reward()`, when defined, is called when the trajectory ends and added to the reward function's `overall`
     (reward/env_reward), unless the reward file sets `SCORES_ENV_REWARD = True` (env_reward.py does). A reset, step
     or get_reward that raises or takes longer than `tool_timeout` is counted in rollout/multi_turn/env_errors and

@@ -385,18 +385,19 @@ def reset_arguments(reset: Callable, columns: dict) -> dict:
 class EnvState:
     """What a reward function gets as one of TRL's ``environments``: the attributes of a trajectory's environment
     instance when the trajectory ended. The instance stays in the rollout worker (it may hold a process or a socket);
-    its attributes that can be pickled travel to the reward function, methods do not."""
+    its attributes that can be pickled travel to the reward function, methods do not. They are copies: the instance is
+    reset for another trajectory at the next step."""
 
     def __init__(self, env: Any) -> None:
         self._class_name = type(env).__name__
         self._dropped: list[str] = []
         for name, value in vars(env).items():
             try:
-                pickle.dumps(value)
+                copied = pickle.loads(pickle.dumps(value))
             except Exception:
                 self._dropped.append(name)
                 continue
-            setattr(self, name, value)
+            setattr(self, name, copied)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_class_name", "_dropped"):
@@ -464,11 +465,11 @@ def _env_reset(env_class: type, row: dict) -> EnvOutcome:
     return EnvOutcome(env=env)
 
 
-def _tool_env_reset(env_class: type, columns: dict) -> EnvOutcome:
-    """A new tool environment reset with its row's columns; what it returns (None: nothing) is added to the last user
+def _tool_env_reset(take: Callable[[], Any], columns: dict) -> EnvOutcome:
+    """A tool environment (``take()``: an idle instance or a new one) reset with its row's columns; what it returns (None: nothing) is added to the last user
     message of the prompt, as TRL does: text, or a list of text and pictures (PIL images, or TRL's / OpenAI's content
     parts), whose text alone is joined by newlines as a tool result's."""
-    env = env_class()
+    env = take()
     output = resolved(env.reset(**reset_arguments(env.reset, columns)))
     if isinstance(output, Image.Image):
         output = [output]
@@ -826,6 +827,7 @@ class MultiTurnRollout(BaseRollout):
             self.env_rewards = any(callable(getattr(cls, "get_reward", None)) for cls in self.env_classes.values())
             self.user_turn_end = self.renderer.user_turn_end()
             self._warned_tasks_differ = False
+            self._idle_envs: dict[Optional[str], list] = {name: [] for name in self.env_classes}
         # the reset seeds of calls that name no seed of their own (library callers)
         self._reset_rng = np.random.default_rng([engine.config.seed, engine.dp_rank, RESET_SEED_STREAM])
         vlm = processor is not None and getattr(processor, "image_token_id", None) is not None
@@ -933,6 +935,7 @@ class MultiTurnRollout(BaseRollout):
             # TRL's `environments`: each trajectory's instance, as its attributes (the instance stays here)
             states = [EnvState(t.env) if t.env is not None else None for t in trajectories]
             data.non_tensor_batch["environments"] = _object_array(repeat_greedy(states, settings))
+            self._release_envs(trajectories)
             if self.env_rewards:  # added to the reward function's overall by the scorer (TRL's contract)
                 data.non_tensor_batch["env_get_reward"] = rewards
         metrics = generation_metrics(response_mask, timer.seconds)
@@ -1051,11 +1054,27 @@ class MultiTurnRollout(BaseRollout):
         return differ
 
     def _reset_one(self, t: Trajectory, columns: dict) -> EnvOutcome:
-        """A new instance of the trajectory's tool environment (its row's, with several), reset with ``columns``."""
+        """An instance of the trajectory's tool environment (its row's, with several), reset with ``columns``."""
         if t.env_name not in self.env_classes:
             names = ", ".join(map(repr, self.env_classes))
             raise ValueError(f"the row's `{ENVIRONMENT_COLUMN}` is {t.env_name!r}, not one of {names}")
-        return _tool_env_reset(self.env_classes[t.env_name], columns)
+        return _tool_env_reset(functools.partial(self._take_env, t.env_name), columns)
+
+    def _take_env(self, name: Optional[str]) -> Any:
+        """An idle instance of the tool environment ``name``, else a new one (called from the reset threads: a list's
+        pop is atomic). Instances are reused across steps, TRL's "construct once, reset often": an expensive
+        ``__init__`` (a sandbox, a browser, an emulator) is paid once per concurrent trajectory, not every step."""
+        try:
+            return self._idle_envs[name].pop()
+        except IndexError:
+            return self.env_classes[name]()
+
+    def _release_envs(self, trajectories: list[Trajectory]) -> None:
+        """The instances of finished trajectories back to the idle pool, but for those a call may still be running in
+        (a reset, tool or get_reward past its deadline) and those whose reset or step failed (``t.env`` is None)."""
+        for t in trajectories:
+            if t.env is not None and not t.tool_timeouts and not t.env_timeouts:
+                self._idle_envs[t.env_name].append(t.env)
 
     def _add_to_prompt(self, t: Trajectory, outcome: EnvOutcome, actor_length: int, width: int) -> None:
         """Put a reset's text (tokenized on its own) or its text and pictures (rendered by the chat template as parts
