@@ -297,3 +297,73 @@ def test_a_function_taking_completion_ids_or_environments_is_trls(tmp_path):
     items[0]["environments"] = type("State", (), {"score": 4.5})()
     assert by_env.reward_type == "trl" and by_env.score(items) == [{"overall": 4.5}]
     assert "it takes one of `completions`, `completion_ids`, `environments`" in by_env.describe()
+
+
+def test_async_user_code_runs_on_one_loop_so_what_it_opens_stays_usable():
+    """An `async def` of the user's (reward function, tool, environment method) runs on one event loop per process,
+    from any thread: a loop-bound object it made at one call (a future here; an HTTP client session in real code)
+    works at the next, as in TRL. A fresh loop per call failed that second call."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from easyrl.workers.reward.loader import resolved
+
+    state = {}
+
+    async def open_it():  # a connection whose reader answers later, on the loop it was opened on
+        loop = asyncio.get_running_loop()
+        state["pending"] = loop.create_future()
+        loop.call_later(0.05, state["pending"].set_result, 7)
+        return "opened"
+
+    async def use_it():
+        return await asyncio.wait_for(state["pending"], 5)
+
+    assert resolved(open_it()) == "opened" and resolved(use_it()) == 7
+
+    async def loop_id():
+        await asyncio.sleep(0.05)  # the calls overlap: they run concurrently on the loop
+        return id(asyncio.get_running_loop())
+
+    with ThreadPoolExecutor(4) as pool:
+        loops = list(pool.map(lambda _: resolved(loop_id()), range(8)))
+    assert len(set(loops)) == 1
+    assert resolved(5) == 5  # not awaitable: as it is
+
+    async def fails():
+        raise KeyError("inside")
+
+    with pytest.raises(KeyError, match="inside"):
+        resolved(fails())
+
+
+def test_a_loop_blocked_by_a_sync_call_is_left_and_said(monkeypatch, caplog):
+    """A sync call inside an `async def` blocks the shared loop; the next calls get a new one instead of waiting out
+    every deadline after it."""
+    import threading
+    import time
+
+    from easyrl.workers.reward import loader
+
+    monkeypatch.setattr(loader, "HEARTBEAT_S", 0.02)
+    monkeypatch.setattr(loader, "BLOCKED_AFTER_S", 0.5)
+    monkeypatch.setattr(loader, "_USER_LOOP", None)
+
+    async def blocking():
+        time.sleep(3.0)  # the user's mistake: a sync sleep inside async def
+        return "late"
+
+    async def quick():
+        return "quick"
+
+    assert loader.resolved(quick()) == "quick"
+    first = loader.user_loop()
+    late = []
+    thread = threading.Thread(target=lambda: late.append(loader.resolved(blocking())), daemon=True)
+    thread.start()
+    time.sleep(1.0)
+    assert loader.resolved(quick()) == "quick" and not late  # answered while the blocked loop still sleeps
+    assert loader.user_loop() is not first
+    assert caplog.text.count("has blocked its event loop") == 1
+    thread.join(5)
+    assert late == ["late"]  # the blocked call still finished, on its own loop

@@ -47,7 +47,10 @@ import importlib.util
 import inspect
 import logging
 import numbers
+import os
 import sys
+import threading
+import time
 import types
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -349,8 +352,59 @@ class CombinedReward:
 
 
 def resolved(value: Any) -> Any:
-    """``value``, or what it resolves to when it is awaitable (a user's `async def` function, run to its end here)."""
-    return asyncio.run(_awaited(value)) if inspect.isawaitable(value) else value
+    """``value``, or what it resolves to when it is awaitable (a user's `async def` function, run to its end on the
+    process's user loop; callable from any thread but that loop's)."""
+    if not inspect.isawaitable(value):
+        return value
+    return asyncio.run_coroutine_threadsafe(_awaited(value), user_loop()).result()
+
+
+# A user's loop that has not run its heartbeat for this long is blocked by a sync call inside an `async def` (a
+# `requests.get`, a `time.sleep`): the next calls get a new loop, so that one such call costs its own deadline only.
+HEARTBEAT_S = 1.0
+BLOCKED_AFTER_S = 10.0
+
+
+class _UserLoop:
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.beat = time.monotonic()
+        self.loop.call_soon(self._heartbeat)
+        threading.Thread(target=self.loop.run_forever, name="easyrl-user-async", daemon=True).start()
+
+    def _heartbeat(self) -> None:
+        self.beat = time.monotonic()
+        self.loop.call_later(HEARTBEAT_S, self._heartbeat)
+
+    def blocked(self) -> bool:
+        return time.monotonic() - self.beat > BLOCKED_AFTER_S
+
+
+_USER_LOOP: _UserLoop | None = None
+_USER_LOOP_LOCK = threading.Lock()
+
+
+def user_loop() -> asyncio.AbstractEventLoop:
+    """One event loop per process, running in a daemon thread, for every `async def` of the user's (reward functions,
+    tools, environment methods). What their code opens on a loop (an HTTP client, a sandbox connection) stays usable
+    at the next call, as in TRL, which runs them on one loop too; a fresh loop per call (asyncio.run) would close it.
+    A forked child builds its own (the parent's thread is not there), and a loop blocked by a sync call is left to it
+    (said in the log)."""
+    global _USER_LOOP
+    with _USER_LOOP_LOCK:
+        current = _USER_LOOP
+        if current is not None and current.pid == os.getpid() and current.blocked():
+            logging.getLogger(__name__).warning(
+                "An `async def` of yours has blocked its event loop for over %.0f s (a sync call such as "
+                "requests.get or time.sleep inside it; await an async client instead): the next calls run on a new "
+                "loop, and what was opened on the blocked one (clients, connections) is not reused.",
+                BLOCKED_AFTER_S,
+            )
+            current = None
+        if current is None or current.pid != os.getpid():
+            current = _USER_LOOP = _UserLoop()
+        return current.loop
 
 
 async def _awaited(awaitable: Any) -> Any:
