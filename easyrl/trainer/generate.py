@@ -32,6 +32,7 @@ from ..protocol import DataProto
 from ..utils.logging import setup_driver_logging
 from ..workers.reward.scorer import scores_to_non_tensor
 from ..workers.rollout.base import GenerationRequest
+from ..workers.rollout.multi_turn import has_tool_env
 from .ray_trainer import GENERATION_KEYS, generation_non_tensor_keys, join_rollout_output
 
 
@@ -147,6 +148,7 @@ def generate_to_file(
     done = {int(row["index"]): row for row in read_rows(path, repair=True)}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     position, generated, errors = 0, 0, 0
+    resets_grow = has_tool_env(plan.config.worker.rollout.multi_turn.env)
     for batch_index, prompts in enumerate(_batches(val_loader)):
         indices = list(range(position, position + len(prompts)))
         position += len(prompts)
@@ -170,7 +172,8 @@ def generate_to_file(
             raise RuntimeError(f"The engine returned {repeat} samples per prompt, {samples_per_prompt} expected.")
         batch = join_rollout_output(prompts.repeat(repeat, interleave=True), generated_batch)  # samples adjacent
         responses = _decode_responses(tokenizer, batch)
-        seen = [tokenizer.decode(ids) for ids in batch.non_tensor_batch["raw_prompt_ids"]]  # a reset's text in them
+        # the prompts the samples were generated from: a tool environment's reset may have grown them
+        seen = [tokenizer.decode(ids) for ids in batch.non_tensor_batch["raw_prompt_ids"]] if resets_grow else None
         scores: list[dict[str, float]] | None = None
         if reward is not None:
             token_scores, reward_metrics = reward.score(batch)
@@ -189,7 +192,7 @@ def generate_to_file(
                 "ground_truth": _jsonable(batch.non_tensor_batch["ground_truth"][i * repeat]),
                 "responses": responses[samples],
             }
-            if any(text != texts[i] for text in seen[samples]):
+            if seen is not None and any(text != texts[i] for text in seen[samples]):
                 row["sample_prompts"] = seen[samples]
             if scores is not None:
                 row["scores"] = scores[samples]
