@@ -218,3 +218,30 @@ def test_samples_of_a_prompt_reset_to_different_tasks_are_counted_and_said_once(
     # one sample per prompt has nothing to compare
     single = rollout.generate_sequences(empty_user_prompts(tokenizer, 3), GenerationRequest(seed=[1, 0, 5, 0]))
     assert single.meta_info["metrics"]["rollout/multi_turn/reset_differs"] == 0
+
+
+ASKED_REWARD = """
+def asked(prompts, completions, **kwargs):  # TRL's call: the prompt holds what reset returned
+    return [float(prompt[-1]["content"] == "Increment the counter by 2.") for prompt in prompts]
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_trl_reward_function_reads_the_task_reset_put_in_the_prompt(tmp_path, owning_env):
+    """The environment owns the data, a TRL reward function reads `prompts` (each holds its reset's task, as TRL
+    hands it) and get_reward adds to it: overall = 1 + get_reward on every sample."""
+    from tests.fixtures.trainer_runs import small_tools_run, train_for_metrics
+
+    (tmp_path / "asked.py").write_text(ASKED_REWARD)
+    args = small_tools_run(
+        1,
+        tmp_path / "checkpoints",
+        "data.train_files=",
+        f"worker.reward.reward_function={tmp_path / 'asked.py'}:asked",
+        "worker.rollout.multi_turn.tools=",
+        f"worker.rollout.multi_turn.env={owning_env}",
+    )
+    row = train_for_metrics(args, tmp_path, 1)[1]
+    assert row["reward/errors"] == 0
+    assert row["reward/overall"] == pytest.approx(1.0 + row["rollout/multi_turn/env_reward/mean"])

@@ -293,7 +293,7 @@ def test_check_accepts_tools_beside_a_tool_env_and_refuses_them_beside_a_stepped
     config = load_config([*valid_args, f"worker.rollout.multi_turn.env={env_file}", calculator])
     assert config.worker.rollout.multi_turn.enabled
     options = dataset_options(config, None)
-    assert options["carry_columns"]  # reset gets the row's columns
+    assert options["carry_columns"] and options["env_prompts"]  # reset gets the row's columns, may give its task
     assert [s["function"]["name"] for s in options["tools"]] == ["calculator", "increment"]
     stepped = tmp_path / "stepped.py"
     stepped.write_text(
@@ -302,7 +302,7 @@ def test_check_accepts_tools_beside_a_tool_env_and_refuses_them_beside_a_stepped
     with pytest.raises(ConfigError, match="and `Stepped` has `step`; give one of them"):
         load_config([*valid_args, f"worker.rollout.multi_turn.env={stepped}:Stepped", calculator])
     config = load_config([*valid_args, f"worker.rollout.multi_turn.env={stepped}:Stepped"])
-    assert dataset_options(config, None) == {"tools": None, "carry_columns": False}
+    assert dataset_options(config, None) == {"tools": None, "carry_columns": False, "env_prompts": False}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -669,3 +669,92 @@ def test_instances_are_reused_across_steps_but_not_after_a_failure(tokenizer, tm
     by_serial = dict(zip(again, relogged))
     assert all(len(by_serial[s]) == 2 for s in (0, 1, 2, 3)) and by_serial[6] == [5] and by_serial[7] == [5]
     assert logs[:4] == [[1], [1], [2], [2]]  # the first call's copies did not change
+
+
+TRL_PROMPT_REWARD = """
+def asked(prompts, completions, **kwargs):
+    return [float("Reach" in prompt[-1]["content"]) for prompt in prompts]
+"""
+
+
+def test_a_trl_reward_function_reads_the_prompt_the_reset_grew(tokenizer, env_file, tmp_path):
+    """TRL hands its reward functions the prompts with each reset's text in the last user message; so does easyrl,
+    for chat rows (and the reset's pictures as image parts)."""
+    import numpy as np
+
+    from easyrl.data.template import with_reset_content
+    from easyrl.workers.reward.scorer import RewardScorer
+
+    done = tokenizer.encode("Done.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    engine, _ = scripted_engine(tokenizer, {i: [done] for i in range(2)}, 16)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(env=env_file, max_turns=1, tool_timeout=5.0))
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Count."}]
+    columns = [{"prompt": chat, "target": 3}, {"prompt": chat, "target": -1}]  # the second reset fails
+    prompts = chat_prompts(tokenizer, ["Count."] * 2, columns)
+    prompts.non_tensor_batch["conversational"] = np.array([True, True], dtype=object)
+    out = rollout.generate_sequences(prompts)
+    path = tmp_path / "asked.py"
+    path.write_text(TRL_PROMPT_REWARD)
+    config = RewardConfig(reward_function=f"{path}:asked")
+    scorer = RewardScorer(config, tokenizer, in_process=True, prompt_key="prompt")
+    inputs = scorer.build_inputs(out)
+    assert inputs[0]["prompt"] == [chat[0], {"role": "user", "content": "Count. Reach 3."}]
+    assert inputs[1]["prompt"] == chat  # no reset text: the row's prompt as it was
+    assert columns[0]["prompt"] == chat  # the row is not changed
+    scores, _ = scorer.score(out)
+    assert scores.sum(-1).tolist() == [1.0, 0.0]
+
+    picture = object()
+    parts = [{"type": "text", "text": " See:"}, {"type": "image", "image": picture}]
+    grown = with_reset_content([{"role": "user", "content": "Count."}], parts)
+    assert grown == [{"role": "user", "content": [{"type": "text", "text": "Count."}, *parts]}]
+    listed = [{"role": "user", "content": [{"type": "text", "text": "Count."}]}]
+    assert with_reset_content(listed, " More.")[0]["content"][-1] == {"type": "text", "text": " More."}
+
+
+def test_rows_that_only_route_to_an_environment_get_an_empty_prompt_its_reset_fills(
+    tokenizer, two_envs, tmp_path, caplog
+):
+    """TRL's multi-environment data: rows holding only `environment` (and the reset's arguments), no prompt or answer
+    column. Each prompt is an empty user message; the counter's reset gives its task, the echo's adds nothing."""
+    import json
+
+    from easyrl.data.collate import collate_fn
+    from easyrl.data.dataset import RLHFDataset
+    from easyrl.protocol import DataProto
+    from tests.test_bad_data import data_config
+
+    path = tmp_path / "routes.jsonl"
+    rows = [{"environment": "counter", "target": 3}, {"environment": "echo", "target": 0}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    template = tmp_path / "format.jinja"
+    template.write_text("Solve: {{ content }}")
+    tools = tool_schemas(None, two_envs)
+    config = data_config(max_prompt_length=128, format_prompt=str(template))
+    dataset = RLHFDataset(str(path), tokenizer, None, config, tools=tools, carry_columns=True, env_prompts=True)
+    assert len(dataset) == 2 and not dataset.unusable_rows
+    assert "has no column 'problem' or 'answer': the environment's reset gives each row its task" in caplog.text
+    assert "without data.format_prompt" in caplog.text
+    assert dataset.carried_columns == ["environment", "target"]  # the filled columns are not the row's
+    items = [dataset[i] for i in range(2)]
+    empty = tokenizer.apply_chat_template(
+        [{"role": "user", "content": ""}], tools=tools["counter"], add_generation_prompt=True, tokenize=False
+    )
+    assert tokenizer.decode(items[0]["raw_prompt_ids"]) == empty  # no "Solve:" of the format template
+    assert items[0]["ground_truth"] == ""
+
+    # through the rollout: the counter's reset writes the task into the empty message
+    done = tokenizer.encode("Done.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    engine, llm = scripted_engine(tokenizer, {0: [done], 1: [done]}, 16)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(env=two_envs, max_turns=1, tool_timeout=5.0))
+    batch = collate_fn(items)
+    batch = batch if isinstance(batch, DataProto) else DataProto.from_single_dict(batch)
+    rollout.generate_sequences(batch)
+    grown = tokenizer.apply_chat_template(
+        [{"role": "user", "content": " Reach 3."}], tools=tools["counter"], add_generation_prompt=True, tokenize=False
+    )
+    assert tokenizer.decode(llm.seen[0][0]) == grown
+
+    # without a tool environment, a missing prompt column is still an error naming the key
+    with pytest.raises(KeyError, match="no column 'problem' \\(data.prompt_key\\)"):
+        RLHFDataset(str(path), tokenizer, None, config, carry_columns=True)

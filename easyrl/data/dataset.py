@@ -26,6 +26,7 @@ EasyR1 does, cut to their first max_prompt_length tokens; either way their numbe
 built.
 """
 
+import dataclasses
 import logging
 import math
 import os
@@ -367,14 +368,18 @@ class RLHFDataset(Dataset):
         tools: list[dict] | dict[str, list[dict]] | None = None,
         carry_columns: bool = False,
         rows: datasets.Dataset | None = None,
+        env_prompts: bool = False,
     ):
-        """``rows``: the rows themselves (``data_path`` then only names them)."""
+        """``rows``: the rows themselves (``data_path`` then only names them); ``env_prompts``: a tool environment's
+        reset gives each row's task, so data without a prompt (or answer) column is accepted (``_fill_env_columns``)."""
         self.config = config
         self.config_key = config_key
         self.tokenizer = tokenizer
         self.data_path = data_path
         self.rows = load_rows(data_path, config_key) if rows is None else rows
         self.source_name = os.path.splitext(os.path.basename(data_path.split("@")[0].rstrip("/")))[0] or data_path
+        filled = self._fill_env_columns() if env_prompts and len(self.rows) else []
+        config = self.config
         self._check_columns()
         media_dirs = tuple(folder for folder in (config.image_dir, data_folder(data_path)) if folder)
         vision_block_ids, pad_ids = _vision_token_ids(tokenizer, processor)
@@ -414,7 +419,7 @@ class RLHFDataset(Dataset):
         # pictures and videos stay out: they can be megabytes a row and travel with every batch
         media_columns = (config.image_key, config.video_key)
         self.carried_columns = (
-            [name for name in self.rows.column_names if name not in media_columns] if carry_columns else []
+            [name for name in self.rows.column_names if name not in (*media_columns, *filled)] if carry_columns else []
         )
         self._screen()
 
@@ -441,6 +446,31 @@ class RLHFDataset(Dataset):
         return any(
             any(media_in_messages(row_value({column: value}, self.config.prompt_key))) for value in self.rows[column]
         )
+
+    def _fill_env_columns(self) -> list[str]:
+        """TRL's rows that only choose an environment (its `environment` column) or hold its reset's arguments: data
+        with no column at all for data.prompt_key gets an empty user message in each row, which the reset fills
+        (data.format_prompt, which formats a row's prompt, is then left out), and data with none for
+        data.answer_key an empty answer. Returns the columns added (not handed to reset or reward functions)."""
+        columns, filled = self.rows.column_names, []
+        for key, value in (("prompt_key", [{"role": "user", "content": ""}]), ("answer_key", "")):
+            name = getattr(self.config, key)
+            if "." in name or name in columns:  # a field inside a column is the user's to point at
+                continue
+            self.rows = self.rows.add_column(name, [value] * len(self.rows))
+            filled.append(name)
+        if self.config.prompt_key in filled:
+            self.config = dataclasses.replace(self.config, format_prompt=None)
+        if filled:
+            logger.warning(
+                "%s: %s has no column %s: the environment's reset gives each row its task (TRL's rows that only "
+                "route to an environment), so each prompt is an empty user message it fills%s.",
+                self.config_key,
+                self.data_path,
+                " or ".join(repr(name) for name in filled),
+                ", without data.format_prompt" if self.config.prompt_key in filled else "",
+            )
+        return filled
 
     def _check_columns(self) -> None:
         if len(self.rows) == 0:

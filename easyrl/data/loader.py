@@ -61,8 +61,11 @@ def env_prompt_dataset(config: DataConfig, tokenizer: Any, processor: Any, size:
     """The training prompts of a tool environment that owns the data (empty ``data.train_files``, as TRL's GRPOTrainer
     without a train_dataset): ``size`` rows of one empty user message, to which each trajectory's reset adds its task.
     The rows are easyrl's, so the data.* keys that name columns, and data.format_prompt, do not apply to them."""
-    rows = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": ""}], "answer": ""}] * size)
-    own = dataclasses.replace(config, prompt_key="prompt", answer_key="answer", format_prompt=None)
+    # named as data.* names its columns where they are plain names: the reward scorer reads a row's chat prompt there
+    prompt_key = config.prompt_key if "." not in config.prompt_key else "prompt"
+    answer_key = config.answer_key if "." not in config.answer_key and config.answer_key != prompt_key else "answer"
+    rows = datasets.Dataset.from_list([{prompt_key: [{"role": "user", "content": ""}], answer_key: ""}] * size)
+    own = dataclasses.replace(config, prompt_key=prompt_key, answer_key=answer_key, format_prompt=None)
     return RLHFDataset(ENV_PROMPTS, tokenizer, processor, own, config_key="data.train_files", rows=rows, **options)
 
 

@@ -107,6 +107,28 @@ def is_chat_messages(value: Any) -> bool:
     return isinstance(value, (list, tuple, np.ndarray))
 
 
+# The rollout output's field holding what each sample's tool-environment reset added to its prompt (message content)
+RESET_CONTENT = "reset_content"
+
+
+def with_reset_content(messages: list, content: Any) -> list:
+    """Chat ``messages`` whose last message has ``content`` (a reset's text or content parts) added at its end, as
+    TRL grows the prompt it hands reward functions; text meeting parts becomes a text part. The messages are not
+    changed in place."""
+    if content is None or not messages:
+        return messages
+    last = messages[-1]
+    present = last.get("content") or ""
+    if isinstance(content, list) and isinstance(present, str):
+        present = [{"type": "text", "text": present}] if present else []
+    if isinstance(content, str) and not isinstance(present, str):
+        content = [{"type": "text", "text": content}]
+    return [
+        *messages[:-1],
+        {**last, "content": list(present) + content if isinstance(content, list) else present + content},
+    ]
+
+
 # Where a content part names its picture or video: Qwen's / qwen-vl-utils' {"type": "image", "image": ...},
 # transformers' {"type": "image", "url" | "path": ...}, OpenAI's {"type": "image_url", "image_url": {"url": ...}}.
 MEDIA_SOURCE_KEYS = {"image": ("image", "url", "path"), "video": ("video", "url", "path")}

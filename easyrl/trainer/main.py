@@ -110,8 +110,9 @@ def _takes_columns(reward_fn: Any) -> bool:
 
 def dataset_options(config: Any, reward_fn: Any) -> dict[str, Any]:
     """The datasets' options beyond the data keys: ``tools``, the schemas the chat template advertises (multi-turn
-    rollouts with tools or a tool environment's methods), and ``carry_columns`` for a reward function written for TRL
-    and a tool environment, whose reset gets the row's columns (TRL's environment_factory)."""
+    rollouts with tools or a tool environment's methods), ``carry_columns`` for a reward function written for TRL
+    and a tool environment, whose reset gets the row's columns (TRL's environment_factory), and ``env_prompts`` (a
+    tool environment's reset may give a row its whole task: data without a prompt column is accepted)."""
     multi_turn = config.worker.rollout.multi_turn
     tools, tool_env = None, False
     if multi_turn.tools or multi_turn.env:
@@ -119,7 +120,7 @@ def dataset_options(config: Any, reward_fn: Any) -> dict[str, Any]:
 
         tool_env = has_tool_env(multi_turn.env)
         tools = tool_schemas(multi_turn.tools, multi_turn.env) or None
-    return {"tools": tools, "carry_columns": _takes_columns(reward_fn) or tool_env}
+    return {"tools": tools, "carry_columns": _takes_columns(reward_fn) or tool_env, "env_prompts": tool_env}
 
 
 def check_reward_columns(config: Any, reward_fn: Any, loaders: dict[str, Any]) -> None:

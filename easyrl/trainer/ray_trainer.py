@@ -30,6 +30,7 @@ from ..algorithms.masked import masked_mean
 from ..algorithms.zero_advantage import nonzero_advantage, skips_zero_advantage
 from ..config import RunPlan
 from ..controller.worker_group import WorkerDiedError
+from ..data.template import RESET_CONTENT
 from ..protocol import DataProto
 from ..workers.fsdp_utils import to_dtype
 from ..workers.reward.scorer import ROW_FIELDS, PendingScores, reduce_reward_metrics, scores_to_non_tensor
@@ -445,9 +446,10 @@ class PPOTrainer:
         batch.meta_info["trainer_state"] = self._trainer_state(self.global_step - 1)  # the steps done before this one
         with timer("reward_wait", timing):  # the step waits for the decoding
             pending = self.reward_scorer.score_async(batch)
-        # a tool environment's states are for the reward function only (which has them now): the workers do not
-        # need them shipped with every call
-        batch.non_tensor_batch.pop("environments", None)
+        # a tool environment's states and reset contents are for the reward function only (which has them now): the
+        # workers do not need them shipped with every call
+        for key in ("environments", RESET_CONTENT):
+            batch.non_tensor_batch.pop(key, None)
         return batch, pending
 
     # ------------------------------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from ...data.dataset import row_value
-from ...data.template import is_chat_messages
+from ...data.template import RESET_CONTENT, is_chat_messages, with_reset_content
 from .actor import DIED, NON_FINITE, RAISED, TIMED_OUT, SampleFailure, merge, score_calls
 from .classifier import ClassifierJudge
 from .judge import HttpJudge, combine_scores, decode_prompts
@@ -226,10 +226,11 @@ class RewardScorer:
             prompts = decode_prompts(data, self.tokenizer, self.config.skip_special_tokens)
             flags = data.non_tensor_batch.get("conversational", [None] * len(inputs))
             rows = data.non_tensor_batch.get("row_columns", [None] * len(inputs))
-            for item, prompt, completion_ids, flag, row in zip(inputs, prompts, ids, flags, rows):
+            resets = data.non_tensor_batch.get(RESET_CONTENT, [None] * len(inputs))
+            for item, prompt, completion_ids, flag, row, reset in zip(inputs, prompts, ids, flags, rows, resets):
                 messages = row_value(row, self.prompt_key) if flag and row and self.prompt_key else None
                 if is_chat_messages(messages):  # TRL passes a conversational prompt as its messages
-                    prompt = list(messages)
+                    prompt = with_reset_content(list(messages), reset)
                 item.update(prompt=prompt, completion_ids=completion_ids, conversational=bool(flag), row_columns=row)
                 item["trainer_state"] = data.meta_info.get("trainer_state")
                 if self.answer_key and "." not in self.answer_key and self.answer_key != "ground_truth":

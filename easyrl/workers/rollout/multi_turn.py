@@ -64,7 +64,7 @@ from PIL import Image
 from ...config.schema import MultiTurnConfig
 from ...data.dataset import ENVIRONMENT_COLUMN
 from ...data.rope import make_position_id_fn
-from ...data.template import ChatTemplate
+from ...data.template import RESET_CONTENT, ChatTemplate
 from ...data.vision import PictureSizing, load_image, to_rgb
 from ...models.vision import text_token_for_sampled_pads
 from ..reward.loader import import_user_file, resolved
@@ -697,6 +697,7 @@ class Trajectory:
     prompt_insert: list[int] = field(default_factory=list)  # a tool environment's reset text, in the last user message
     prompt_pictures: list = field(default_factory=list)  # the reset's pictures (in prompt_insert, after the row's)
     prompt_grids: list = field(default_factory=list)  # their (3,) patch grids
+    reset_content: Any = None  # what the reset added, as message content (its pictures in place), for TRL rewards
     env_name: Optional[str] = None  # with several environments, the name of this trajectory's (its row's column)
     env_reward: float = 0.0
     env_errors: int = 0
@@ -935,6 +936,9 @@ class MultiTurnRollout(BaseRollout):
             # TRL's `environments`: each trajectory's instance, as its attributes (the instance stays here)
             states = [EnvState(t.env) if t.env is not None else None for t in trajectories]
             data.non_tensor_batch["environments"] = _object_array(repeat_greedy(states, settings))
+            if any(t.reset_content is not None for t in trajectories):  # TRL's reward functions read grown prompts
+                contents = [t.reset_content for t in trajectories]
+                data.non_tensor_batch[RESET_CONTENT] = _object_array(repeat_greedy(contents, settings))
             self._release_envs(trajectories)
             if self.env_rewards:  # added to the reward function's overall by the scorer (TRL's contract)
                 data.non_tensor_batch["env_get_reward"] = rewards
@@ -1102,6 +1106,7 @@ class MultiTurnRollout(BaseRollout):
             )
         t.prompt_ids = t.prompt_ids[: -len(end)] + insert + end
         t.prompt_insert, t.prompt_pictures, t.prompt_grids = expanded, pictures, grids
+        t.reset_content = _with_pictures(outcome.observation, pictures)
         if pictures:  # a copy: the samples of a prompt share the row's
             media = dict(t.multi_modal_data or {})
             media["images"] = list(media.get("images") or []) + pictures
@@ -1289,6 +1294,14 @@ class MultiTurnRollout(BaseRollout):
             tail = torch.arange(1, budget - length + 1, dtype=positions.dtype)
             positions[row, :, prompt_length + length :] = response[:, -1:] + tail
         data.batch["position_ids"] = positions
+
+
+def _with_pictures(content: str | list[dict], pictures: list) -> str | list[dict]:
+    """Message content with its ``{"type": "image"}`` placeholders holding their pictures, in order."""
+    if not pictures:
+        return content
+    shown = iter(pictures)
+    return [{"type": "image", "image": next(shown)} if part.get("type") == "image" else part for part in content]
 
 
 def _reset_task(t: Trajectory) -> tuple:
