@@ -83,6 +83,28 @@ def vl_prompts(processor, model_path, samples: list[VLSample]):
     )
 
 
+def widened(prompts, extra: int, pad_token_id: int):
+    """``prompts`` left-padded by ``extra`` more columns: room (data.max_prompt_length) for what a reset adds."""
+    for key in ("input_ids", "attention_mask", "position_ids"):
+        value = prompts.batch[key]
+        fill = pad_token_id if key == "input_ids" else 0
+        prompts.batch[key] = torch.cat([torch.full((*value.shape[:-1], extra), fill, dtype=value.dtype), value], -1)
+    return prompts
+
+
+def record_media(llm) -> list:
+    """The multi_modal_data of each generate call's inputs, recorded as the scripted engine is called."""
+    seen_media = []
+    generate = llm.generate
+
+    def recording_generate(inputs, params, use_tqdm, lora_request):
+        seen_media.append([item.get("multi_modal_data") for item in inputs])
+        return generate(inputs, params, use_tqdm, lora_request)
+
+    llm.generate = recording_generate
+    return seen_media
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # return shapes and the `row` argument
 # ----------------------------------------------------------------------------------------------------------------------
@@ -195,14 +217,7 @@ def test_a_tool_picture_reaches_the_next_turn_the_rows_pictures_and_the_rope(vl_
     sampled_pad_call = encode("Hm") + [pad] + call  # the policy sampled a vision pad: text, not a picture
     turns = {0: [call, answer], 1: [sampled_pad_call, answer]}
     engine, llm = scripted_engine(tokenizer, turns, response_length=64)
-    seen_media = []
-    generate = llm.generate
-
-    def recording_generate(inputs, params, use_tqdm, lora_request):
-        seen_media.append([item.get("multi_modal_data") for item in inputs])
-        return generate(inputs, params, use_tqdm, lora_request)
-
-    llm.generate = recording_generate
+    seen_media = record_media(llm)
     rollout = MultiTurnRollout(
         engine, MultiTurnConfig(tools=look_tools, max_turns=3), processor=processor, model_path=str(model_path)
     )
@@ -468,25 +483,29 @@ class LookEnv:
 '''
 
 
+def env_rollout(tokenizer_and_processor, folder: Path, source: str, class_name: str, turns: list):
+    """(rollout, scripted llm) of one trajectory of the tool environment ``source`` on the tiny VLM's processor."""
+    tokenizer, processor = tokenizer_and_processor
+    (folder / "env.py").write_text(source)
+    engine, llm = scripted_engine(tokenizer, {0: turns}, response_length=64)
+    config = MultiTurnConfig(env=f"{folder / 'env.py'}:{class_name}", max_turns=3)
+    model_path = processor.tokenizer.name_or_path
+    return MultiTurnRollout(engine, config, processor=processor, model_path=str(model_path)), llm
+
+
 def test_a_tool_environment_grows_a_picture_prompt_and_its_method_shows_a_crop(vl_tokenizer_and_processor, tmp_path):
     """The grown prompt (picture, text, reset's sentence) is what vLLM reads and what the actor scores: its ids, and
     3-D rope positions that are the model's own over the whole sequence with the prompt's picture and the crop."""
     tokenizer, processor = vl_tokenizer_and_processor
     model_path = Path(processor.tokenizer.name_or_path)
-    (tmp_path / "look_env.py").write_text(LOOK_ENV)
     eos, pad = tokenizer.eos_token_id, processor.image_token_id
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     call, answer = encode(CALL) + [eos], encode("A red square.") + [eos]
-    engine, llm = scripted_engine(tokenizer, {0: [call, answer]}, response_length=64)
-    config = MultiTurnConfig(env=f"{tmp_path / 'look_env.py'}:LookEnv", max_turns=3)
-    rollout = MultiTurnRollout(engine, config, processor=processor, model_path=str(model_path))
+    rollout, llm = env_rollout(vl_tokenizer_and_processor, tmp_path, LOOK_ENV, "LookEnv", [call, answer])
     image = random_image(0, **PROMPT_IMAGE)
     prompts = vl_prompts(processor, model_path, [VLSample("Describe it.", [image])])
     width = prompts.batch["input_ids"].shape[-1] + 8
-    for key in ("input_ids", "attention_mask", "position_ids"):  # room for the sentence (data.max_prompt_length)
-        value = prompts.batch[key]
-        fill = tokenizer.pad_token_id if key == "input_ids" else 0
-        prompts.batch[key] = torch.cat([torch.full((*value.shape[:-1], 8), fill, dtype=value.dtype), value], -1)
+    widened(prompts, 8, tokenizer.pad_token_id)  # room for the sentence
     out = rollout.generate_sequences(prompts)
 
     messages = [
@@ -510,27 +529,13 @@ def test_a_tool_environment_grows_a_picture_prompt_and_its_method_shows_a_crop(v
 
 # A tool environment whose reset shows a picture of its own (a GUI's first screenshot, a generated diagram): it joins
 # the prompt's last user message after the row's picture, as TRL adds a reset's content parts there.
-SHOW_ENV = '''
-from easyrl.testing.vl_batch import random_image
-
-
-class ShowEnv:
-    def reset(self, **kwargs):
-        self.looks = 0
-        return [" Compare with:", {"type": "image", "image": random_image(1, width=56, height=56)}]
-
-    def get_reward(self) -> float:
-        return float(self.looks)
-
-    def look(self, corner: str) -> list:
-        """Look at a corner of the picture.
-
-        Args:
-            corner: Which corner, e.g. "top left".
-        """
-        self.looks += 1
-        return ["Here:", random_image(2, width=56, height=56)]
-'''
+SHOW_ENV = "from easyrl.testing.vl_batch import random_image\n" + LOOK_ENV.replace(
+    "class LookEnv:", "class ShowEnv:"
+).replace("def reset(self, images, **kwargs)", "def reset(self, **kwargs)").replace(
+    'self.picture, self.looks = images[0], 0\n        return " Look closely."',
+    "self.picture, self.looks = random_image(2, width=56, height=56), 0\n"
+    '        return [" Compare with:", {"type": "image", "image": random_image(1, width=56, height=56)}]',
+)
 
 
 def test_a_reset_picture_joins_the_prompt_after_the_rows_with_the_models_own_rope(
@@ -541,28 +546,15 @@ def test_a_reset_picture_joins_the_prompt_after_the_rows_with_the_models_own_rop
     whole sequence (prompt picture, reset picture, tool picture)."""
     vl_tokenizer, processor = vl_tokenizer_and_processor
     model_path = Path(processor.tokenizer.name_or_path)
-    (tmp_path / "show_env.py").write_text(SHOW_ENV)
     eos, pad = vl_tokenizer.eos_token_id, processor.image_token_id
     encode = lambda text: vl_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     call, answer = encode(CALL) + [eos], encode("The same.") + [eos]
-    engine, llm = scripted_engine(vl_tokenizer, {0: [call, answer]}, response_length=64)
-    seen_media = []
-    generate = llm.generate
-
-    def recording_generate(inputs, params, use_tqdm, lora_request):
-        seen_media.append([item.get("multi_modal_data") for item in inputs])
-        return generate(inputs, params, use_tqdm, lora_request)
-
-    llm.generate = recording_generate
-    config = MultiTurnConfig(env=f"{tmp_path / 'show_env.py'}:ShowEnv", max_turns=3)
-    rollout = MultiTurnRollout(engine, config, processor=processor, model_path=str(model_path))
+    rollout, llm = env_rollout(vl_tokenizer_and_processor, tmp_path, SHOW_ENV, "ShowEnv", [call, answer])
+    seen_media = record_media(llm)
     image = random_image(0, **PROMPT_IMAGE)
     prompts = vl_prompts(processor, model_path, [VLSample("Describe it.", [image])])
     width = prompts.batch["input_ids"].shape[-1] + 16
-    for key in ("input_ids", "attention_mask", "position_ids"):  # room for the reset (data.max_prompt_length)
-        value = prompts.batch[key]
-        fill = vl_tokenizer.pad_token_id if key == "input_ids" else 0
-        prompts.batch[key] = torch.cat([torch.full((*value.shape[:-1], 16), fill, dtype=value.dtype), value], -1)
+    widened(prompts, 16, vl_tokenizer.pad_token_id)  # room for the reset
     out = rollout.generate_sequences(prompts)
 
     content = [{"type": "image"}, {"type": "text", "text": "Describe it."}, {"type": "text", "text": " Compare with:"}]
@@ -599,7 +591,7 @@ def test_a_reset_picture_joins_the_prompt_after_the_rows_with_the_models_own_rop
 
     # a text model cannot see it: the reset is an environment error, counted, and the prompt stays as it was
     engine, llm = scripted_engine(tokenizer, {0: [[tokenizer.eos_token_id]]}, response_length=16)
-    rollout = MultiTurnRollout(engine, config)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(env=f"{tmp_path / 'env.py'}:ShowEnv", max_turns=3))
     text_prompts = chat_prompts(tokenizer, ["Describe it."], [{}])
     out = rollout.generate_sequences(text_prompts)
     assert out.meta_info["metrics"]["rollout/multi_turn/env_errors"] == 1
@@ -644,13 +636,7 @@ def test_engine_reset_pictures_reach_the_actor_whose_log_probs_match_vllm(family
         tokenizer, processor = load_tokenizer_and_processor(str(model_path))
         samples = [VLSample("Describe it.", [random_image(seed, **PROMPT_IMAGE)]) for seed in range(2)]
         prompts = vl_prompts(processor, model_path, samples)
-        extra = RESET_PROMPT_WIDTH - prompts.batch["input_ids"].shape[-1]
-        for key in ("input_ids", "attention_mask", "position_ids"):
-            value = prompts.batch[key]
-            fill = tokenizer.pad_token_id if key == "input_ids" else 0
-            prompts.batch[key] = torch.cat(
-                [torch.full((*value.shape[:-1], extra), fill, dtype=value.dtype), value], -1
-            )
+        widened(prompts, RESET_PROMPT_WIDTH - prompts.batch["input_ids"].shape[-1], tokenizer.pad_token_id)
         out = worker.generate_sequences(prompts, GenerationRequest(sampling_override={"n": 2}, seed=3))
         metrics = out.meta_info["metrics"]
         assert metrics["rollout/multi_turn/env_errors"] == 0 and metrics["rollout/multi_turn/reset_differs"] == 0
