@@ -532,7 +532,11 @@ def test_each_row_gets_its_own_environment_and_only_its_tools(tokenizer, two_env
     assert out.non_tensor_batch["env_get_reward"].tolist() == [1.0, 0.0, 0.0, 0.0]
     states = out.non_tensor_batch["environments"]
     assert states[1].heard == ["hi"] and states[2].heard == [] and states[3] is None
-    assert out.meta_info["metrics"]["rollout/multi_turn/env_errors"] == 1
+    metrics = out.meta_info["metrics"]
+    assert metrics["rollout/multi_turn/env_errors"] == 1
+    # each environment's own reward, as TRL logs it: the counter's only (the echo has no get_reward)
+    assert metrics["rollout/multi_turn/env_reward/counter/mean"] == 1.0
+    assert not any(key.startswith("rollout/multi_turn/env_reward/echo") for key in metrics)
 
 
 def test_rows_advertise_their_own_environments_tools_and_a_row_naming_none_is_skipped(tokenizer, two_envs, tmp_path):

@@ -946,6 +946,7 @@ class MultiTurnRollout(BaseRollout):
         metrics.update(multi_turn_metrics(trajectories, tool_seconds, env=stepped or tool_env, tools=not stepped))
         if tool_env:
             metrics["rollout/multi_turn/reset_differs"] = float(reset_differs)
+            metrics.update(self._env_reward_by_name(trajectories))
         metrics.update(engine._last_sync_metrics)  # reported once, with the first generation after a sync
         engine._last_sync_metrics = {}
         data.meta_info["metrics"] = metrics
@@ -1175,6 +1176,18 @@ class MultiTurnRollout(BaseRollout):
                 "Environment %s: %s; the trajectory's environment reward is 0.", self._label(t), outcome.error
             )
         return seconds
+
+    def _env_reward_by_name(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """With several tool environments, each one's mean get_reward over its trajectories of the batch (TRL logs each
+        environment's reward on its own): `rollout/multi_turn/env_reward/<name>/mean`."""
+        if not self.multi_env:
+            return {}
+        rewarded = {name for name, cls in self.env_classes.items() if callable(getattr(cls, "get_reward", None))}
+        by_name: dict[str, list[float]] = {}
+        for t in trajectories:
+            if t.env_name in rewarded:
+                by_name.setdefault(t.env_name, []).append(t.env_reward)
+        return {f"rollout/multi_turn/env_reward/{name}/mean": float(np.mean(v)) for name, v in by_name.items()}
 
     def _count_env_failure(self, t: Trajectory, outcome: EnvOutcome) -> bool:
         if outcome.error is None:
