@@ -385,19 +385,20 @@ def reset_arguments(reset: Callable, columns: dict) -> dict:
 class EnvState:
     """What a reward function gets as one of TRL's ``environments``: the attributes of a trajectory's environment
     instance when the trajectory ended. The instance stays in the rollout worker (it may hold a process or a socket);
-    its attributes that can be pickled travel to the reward function, methods do not. They are copies: the instance is
-    reset for another trajectory at the next step."""
+    its attributes that can be pickled travel to the reward function, methods do not. They are the instance's objects
+    (a corpus that every instance refers to is pickled once with the batch), sent from the rollout worker before the
+    instance is reset for another trajectory."""
 
     def __init__(self, env: Any) -> None:
         self._class_name = type(env).__name__
         self._dropped: list[str] = []
         for name, value in vars(env).items():
             try:
-                copied = pickle.loads(pickle.dumps(value))
+                pickle.dumps(value)
             except Exception:
                 self._dropped.append(name)
                 continue
-            setattr(self, name, copied)
+            setattr(self, name, value)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_class_name", "_dropped"):
