@@ -738,6 +738,7 @@ def test_rows_that_only_route_to_an_environment_get_an_empty_prompt_its_reset_fi
     assert len(dataset) == 2 and not dataset.unusable_rows
     assert "has no column 'problem' or 'answer': the environment's reset gives each row its task" in caplog.text
     assert "without data.format_prompt" in caplog.text
+    assert "set data.prompt_key / data.answer_key to those (the columns are ['environment', 'target'])" in caplog.text
     assert dataset.carried_columns == ["environment", "target"]  # the filled columns are not the row's
     items = [dataset[i] for i in range(2)]
     empty = tokenizer.apply_chat_template(

@@ -464,11 +464,13 @@ class RLHFDataset(Dataset):
         if filled:
             logger.warning(
                 "%s: %s has no column %s: the environment's reset gives each row its task (TRL's rows that only "
-                "route to an environment), so each prompt is an empty user message it fills%s.",
+                "route to an environment), so each prompt is an empty user message it fills%s. If the data has them "
+                "under other names, set data.prompt_key / data.answer_key to those (the columns are %s).",
                 self.config_key,
                 self.data_path,
                 " or ".join(repr(name) for name in filled),
                 ", without data.format_prompt" if self.config.prompt_key in filled else "",
+                columns,
             )
         return filled
 
