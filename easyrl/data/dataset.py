@@ -73,6 +73,8 @@ EXTRA_INFO_KEY = "extra_info"
 ROW_COLUMNS_KEY = "row_columns"
 # with several environments (worker.rollout.multi_turn.env as a mapping), the column naming a row's own (TRL's name)
 ENVIRONMENT_COLUMN = "environment"
+# the prompt of a row whose task a tool environment's reset gives (TRL's placeholder): an empty user message
+ENV_EMPTY_PROMPT = [{"role": "user", "content": ""}]
 
 
 class UnusableRowError(ValueError):
@@ -453,7 +455,7 @@ class RLHFDataset(Dataset):
         (data.format_prompt, which formats a row's prompt, is then left out), and data with none for
         data.answer_key an empty answer. Returns the columns added (not handed to reset or reward functions)."""
         columns, filled = self.rows.column_names, []
-        for key, value in (("prompt_key", [{"role": "user", "content": ""}]), ("answer_key", "")):
+        for key, value in (("prompt_key", ENV_EMPTY_PROMPT), ("answer_key", "")):
             name = getattr(self.config, key)
             if "." in name or name in columns:  # a field inside a column is the user's to point at
                 continue

@@ -12,7 +12,7 @@ from torchdata.stateful_dataloader.sampler import RandomSampler
 
 from ..config import DataConfig
 from .collate import collate_fn
-from .dataset import RLHFDataset
+from .dataset import ENV_EMPTY_PROMPT, RLHFDataset
 
 
 # The name (and data_source) of the prompts of a tool environment that owns the data.
@@ -64,7 +64,7 @@ def env_prompt_dataset(config: DataConfig, tokenizer: Any, processor: Any, size:
     # named as data.* names its columns where they are plain names: the reward scorer reads a row's chat prompt there
     prompt_key = config.prompt_key if "." not in config.prompt_key else "prompt"
     answer_key = config.answer_key if "." not in config.answer_key and config.answer_key != prompt_key else "answer"
-    rows = datasets.Dataset.from_list([{prompt_key: [{"role": "user", "content": ""}], answer_key: ""}] * size)
+    rows = datasets.Dataset.from_list([{prompt_key: ENV_EMPTY_PROMPT, answer_key: ""}] * size)
     own = dataclasses.replace(config, prompt_key=prompt_key, answer_key=answer_key, format_prompt=None)
     return RLHFDataset(ENV_PROMPTS, tokenizer, processor, own, config_key="data.train_files", rows=rows, **options)
 

@@ -144,13 +144,6 @@ def _content_item(item: Any) -> Any:
     return picture if isinstance(picture, Image.Image) else load_image(picture)
 
 
-def content_text(content: str | list[dict]) -> str:
-    """The text of a message content (pictures left out)."""
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content)
-
-
 def takes_row(fn: Callable) -> bool:
     try:
         return ROW_ARGUMENT in inspect.signature(fn).parameters
@@ -467,9 +460,9 @@ def _env_reset(env_class: type, row: dict) -> EnvOutcome:
 
 
 def _tool_env_reset(take: Callable[[], Any], columns: dict) -> EnvOutcome:
-    """A tool environment (``take()``: an idle instance or a new one) reset with its row's columns; what it returns (None: nothing) is added to the last user
-    message of the prompt, as TRL does: text, or a list of text and pictures (PIL images, or TRL's / OpenAI's content
-    parts), whose text alone is joined by newlines as a tool result's."""
+    """A tool environment (``take()``: an idle instance or a new one) reset with its row's columns; what it returns
+    (None: nothing) is added to the last user message of the prompt, as TRL does: text, or a list of text and pictures
+    (PIL images, or TRL's / OpenAI's content parts), whose text alone is joined by newlines as a tool result's."""
     env = take()
     output = resolved(env.reset(**reset_arguments(env.reset, columns)))
     if isinstance(output, Image.Image):
