@@ -272,3 +272,21 @@ def test_an_unreadable_tracker_state_starts_new_runs_and_says_so(tmp_path, mlflo
     _, (run,) = mlflow_store(tmp_path / "run")
     state = json.loads((tmp_path / "run" / TRACKER_STATE_FILE).read_text())
     assert state["backends"]["mlflow"]["id"] == run.info.run_id and state["held_through"] == {"mlflow": 1}
+
+
+def test_tensorboard_restores_the_scalars_of_a_step_that_a_kill_cut_short(tmp_path, monkeypatch):
+    """A kill while step 3's scalars were being written leaves some on disk (the writer drains its queue every few
+    events): the others come back from the checkpoint's row, and those on disk are not written twice."""
+    pytest.importorskip("tensorboard")
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
+    save_dir = tmp_path / "run"
+    with Tracker(["tensorboard"], "proj", "exp", {}, str(save_dir)) as tracker:
+        tracker.rewind_to(-1)
+        tracker.log({"score": 1.0, "loss": 0.1}, 1)
+        tracker.log({"score": 3.0}, 3)  # "loss" of step 3 never reached the file
+    with Tracker(["tensorboard"], "proj", "exp", {}, str(save_dir), resume=True) as tracker:
+        tracker.rewind_to(3, {"score": 3.0, "loss": 0.3})
+        tracker.log({"score": 40.0, "loss": 0.4}, 4)
+    scalars, events = _scalars(save_dir / "tensorboard")
+    assert scalars == [(1, 1.0), (3, 3.0), (4, 40.0)]
+    assert [(event.step, round(event.value, 6)) for event in events.Scalars("loss")] == [(1, 0.1), (3, 0.3), (4, 0.4)]

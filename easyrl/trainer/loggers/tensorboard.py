@@ -19,16 +19,17 @@ logger = logging.getLogger(__name__)
 CONFIG_TAG = "config/text_summary"  # what `add_text("config", ...)` writes
 
 
-def rewind_event_files(log_dir: str, suffix: str, step: int) -> tuple[int, bool]:
+def rewind_event_files(log_dir: str, suffix: str, step: int) -> tuple[int, set[str]]:
     """Drop the events of steps after ``step``, and the config text (written again by the resumed run), from the
     event files in ``log_dir`` whose names end with ``suffix`` (this run's; the folder may be shared). A file is
     replaced atomically, or removed when nothing but its header is left. Returns the number of events of steps
-    after ``step`` dropped and whether a summary of ``step`` is left."""
+    after ``step`` dropped and the tags of ``step`` that are left: a kill while a step's scalars were being written
+    leaves some of them (the writer's queue drains to disk every few events), and only the others need restoring."""
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.summary.writer.record_writer import RecordWriter
 
-    dropped, has_step = 0, False
+    dropped, step_tags = 0, set()
     for path in sorted(glob.glob(os.path.join(glob.escape(log_dir), "events.out.tfevents.*" + glob.escape(suffix)))):
         records = list(RawEventFileLoader(path).Load())  # a record cut short by a crash ends the file
         kept, has_summary = [], False
@@ -38,7 +39,8 @@ def rewind_event_files(log_dir: str, suffix: str, step: int) -> tuple[int, bool]
             if event.HasField("file_version") or (event.step <= step and not is_config):
                 kept.append(raw)
                 has_summary = has_summary or event.HasField("summary")
-                has_step = has_step or (event.step == step and event.HasField("summary"))
+                if event.step == step:
+                    step_tags.update(value.tag for value in event.summary.value)
             elif not is_config:
                 dropped += 1
         if not has_summary:
@@ -52,7 +54,7 @@ def rewind_event_files(log_dir: str, suffix: str, step: int) -> tuple[int, bool]
                 writer.flush()
                 os.fsync(handle.fileno())
             os.replace(staging, path)
-    return dropped, has_step
+    return dropped, step_tags
 
 
 def markdown_table(samples: list[dict]) -> str:
@@ -98,9 +100,9 @@ class TensorBoardLogger(Logger):
 
     def rewind_to(self, step: int, row: dict | None = None) -> None:
         """Drop this run's events of steps after ``step`` (they are trained again) and restore ``row``, the metrics
-        of ``step`` kept in its checkpoint, when the crash came before they were written."""
+        of ``step`` kept in its checkpoint, where the crash came before they were all written."""
         self.writer.close()
-        dropped, has_step = rewind_event_files(self.log_dir, self.suffix, step)
+        dropped, step_tags = rewind_event_files(self.log_dir, self.suffix, step)
         if dropped:
             logger.warning(
                 "%s: dropped %d event(s) of steps after %d: the run resumes after step %d and trains them again.",
@@ -110,8 +112,17 @@ class TensorBoardLogger(Logger):
                 step,
             )
         self._open()
-        if row and not has_step:
-            self.log(row, step)
+        missing = {name: value for name, value in (row or {}).items() if name not in step_tags}
+        if missing:
+            logger.warning(
+                "%s: restored %d of the %d scalar(s) of step %d from its checkpoint (the run stopped before they were "
+                "written).",
+                self.log_dir,
+                len(missing),
+                len(row),
+                step,
+            )
+            self.log(missing, step)
 
     def finish(self) -> None:
         self.writer.close()
