@@ -6,6 +6,7 @@ import torch.distributed as dist
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
 from easyrl.controller import Dispatch, RayWorkerGroup, ResourcePool, Worker, register
+from tests.fsdp_helpers import worker_group
 
 
 class EchoWorker(Worker):
@@ -54,11 +55,8 @@ def _rank_times(worker: Worker, factor: int) -> int:
 
 @pytest.fixture(scope="module")
 def group(ray_cluster):
-    pool = ResourcePool(process_on_nodes=[2])
-    worker_group = RayWorkerGroup(pool, EchoWorker, name_prefix="echo")
-    yield worker_group
-    worker_group.kill()
-    pool.release()
+    with worker_group(EchoWorker, name_prefix="echo", processes=2) as echo:
+        yield echo
 
 
 @pytest.mark.timeout(120)
@@ -127,13 +125,13 @@ def test_kill_removes_every_actor(ray_cluster):
     import ray
 
     pool = ResourcePool(process_on_nodes=[1])
-    worker_group = RayWorkerGroup(pool, EchoWorker, name_prefix="short_lived")
-    actor = worker_group.workers[0]
-    worker_group.kill()
+    short_lived = RayWorkerGroup(pool, EchoWorker, name_prefix="short_lived")
+    actor = short_lived.workers[0]
+    short_lived.kill()
     pool.release()
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(actor.ping.remote(), timeout=30)
-    assert worker_group.workers == []
+    assert short_lived.workers == []
 
 
 @pytest.mark.timeout(60)

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
-from easyrl.controller import RayWorkerGroup, ResourcePool
 from easyrl.workers.fsdp_worker import FSDPWorker
 from tests.fsdp_helpers import (
     add_policy_targets,
@@ -22,26 +21,21 @@ from tests.fsdp_helpers import (
 LR = 0.1
 
 
-def _start_group(model_path, n_workers: int, role: str):
-    pool = ResourcePool(process_on_nodes=[n_workers])
-    group = RayWorkerGroup(pool, FSDPWorker, worker_config(model_path, n_workers, lr=LR), role, name_prefix=role)
-    return pool, group
+def _group(model_path, n_workers: int, role: str):
+    config = worker_config(model_path, n_workers, lr=LR)
+    return worker_group(FSDPWorker, config, role, name_prefix=role, processes=n_workers)
 
 
 @pytest.fixture(scope="module")
 def two_workers(ray_cluster, tiny_model_path):
-    pool, group = _start_group(tiny_model_path, 2, "actor_ref")
-    yield group
-    group.kill()
-    pool.release()
+    with _group(tiny_model_path, 2, "actor_ref") as group:
+        yield group
 
 
 @pytest.fixture(scope="module")
 def one_worker(ray_cluster, tiny_model_path):
-    pool, group = _start_group(tiny_model_path, 1, "actor")
-    yield group
-    group.kill()
-    pool.release()
+    with _group(tiny_model_path, 1, "actor") as group:
+        yield group
 
 
 @pytest.fixture(scope="module")

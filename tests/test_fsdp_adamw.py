@@ -4,9 +4,15 @@ import pytest
 import torch
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
-from easyrl.controller import RayWorkerGroup, ResourcePool
 from easyrl.workers.fsdp_worker import FSDPWorker
-from tests.fsdp_helpers import add_policy_targets, load_hf_causal_lm, make_batch, padded_policy_loss, worker_config
+from tests.fsdp_helpers import (
+    add_policy_targets,
+    load_hf_causal_lm,
+    make_batch,
+    padded_policy_loss,
+    worker_config,
+    worker_group,
+)
 
 
 LR = 1e-3
@@ -15,11 +21,8 @@ LR = 1e-3
 @pytest.fixture(scope="module")
 def adamw_workers(ray_cluster, tiny_model_path):
     config = worker_config(tiny_model_path, 2, strategy="adamw", lr=LR, global_batch_size=8, dynamic_batching=True)
-    pool = ResourcePool(process_on_nodes=[2])
-    group = RayWorkerGroup(pool, FSDPWorker, config, "actor", name_prefix="adamw")
-    yield group
-    group.kill()
-    pool.release()
+    with worker_group(FSDPWorker, config, "actor", name_prefix="adamw", processes=2) as group:
+        yield group
 
 
 @pytest.mark.timeout(300)

@@ -4,21 +4,17 @@ import pytest
 import torch
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
-from easyrl.controller import RayWorkerGroup, ResourcePool
 from easyrl.workers.fsdp_worker import FSDPWorker
-from tests.fsdp_helpers import make_batch, worker_config
+from tests.fsdp_helpers import make_batch, worker_config, worker_group
 
 
 @pytest.fixture(scope="module")
 def critic_workers(ray_cluster, tiny_untied_model_path):
     config = worker_config(tiny_untied_model_path, 2, strategy="adamw", lr=1e-3, fsdp_size=1)
     config.critic.padding_free = True
-    pool = ResourcePool(process_on_nodes=[2])
-    group = RayWorkerGroup(pool, FSDPWorker, config, "critic", name_prefix="critic")
-    group.init_model()
-    yield group
-    group.kill()
-    pool.release()
+    with worker_group(FSDPWorker, config, "critic", name_prefix="critic", processes=2) as group:
+        group.init_model()
+        yield group
 
 
 def _local_critic_weights(worker) -> dict[str, torch.Tensor]:

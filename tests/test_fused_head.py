@@ -287,15 +287,18 @@ def test_fsdp2_fused_log_probs_and_gradients_equal_the_logits_path(tiny_model_pa
 @pytest.mark.timeout(600)
 def test_two_fsdp_workers_fused_actor_and_reference_match_one_process(ray_cluster, tiny_model_path):
     """Two ranks, each holding half of the (tied) head: log-probs of actor and reference, and one SGD step."""
-    from easyrl.controller import RayWorkerGroup, ResourcePool
     from easyrl.workers.fsdp_worker import FSDPWorker
-    from tests.fsdp_helpers import load_hf_causal_lm, padded_policy_loss, per_sequence_log_probs, worker_config
+    from tests.fsdp_helpers import (
+        load_hf_causal_lm,
+        padded_policy_loss,
+        per_sequence_log_probs,
+        worker_config,
+        worker_group,
+    )
 
     config = worker_config(tiny_model_path, 2, lr=0.1)
     config.actor.model.use_fused_kernels = config.ref.use_fused_kernels = True  # as derive sets them
-    pool = ResourcePool(process_on_nodes=[2])
-    group = RayWorkerGroup(pool, FSDPWorker, config, "actor_ref", name_prefix="fused")
-    try:
+    with worker_group(FSDPWorker, config, "actor_ref", name_prefix="fused", processes=2) as group:
         group.init_model()
         data = make_batch(batch_size=6, seed=12)
         hf_model = load_hf_causal_lm(tiny_model_path)
@@ -313,9 +316,6 @@ def test_two_fsdp_workers_fused_actor_and_reference_match_one_process(ray_cluste
         with torch.no_grad():
             for name, param in hf_model.named_parameters():
                 torch.testing.assert_close(state[name], param - 0.1 * param.grad, atol=1e-6, rtol=0, msg=name)
-    finally:
-        group.kill()
-        pool.release()
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
-from easyrl.controller import Dispatch, RayWorkerGroup, ResourcePool, Worker, register
+from easyrl.controller import Dispatch, Worker, register
+from tests.fsdp_helpers import worker_group
 
 
 SEQUENCE_LENGTH = 48
@@ -122,14 +123,9 @@ def moe_models(tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def probe(request, ray_cluster, moe_models):
-    pool = ResourcePool(process_on_nodes=[1])
-    group = RayWorkerGroup(pool, MoESyncProbe, name_prefix=f"{request.param}_sync")
-    try:
+    with worker_group(MoESyncProbe, name_prefix=f"{request.param}_sync") as group:
         group.setup(moe_models[request.param])
         yield group
-    finally:
-        group.kill()
-        pool.release()
 
 
 @pytest.mark.timeout(300)

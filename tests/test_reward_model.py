@@ -13,7 +13,6 @@ import easyrl  # noqa: F401  (process environment before Ray starts)
 from easyrl.config import ConfigError, RewardConfig, load_config
 from easyrl.config.plan import make_run_plan
 from easyrl.config.schema import JudgeConfig
-from easyrl.controller import RayWorkerGroup, ResourcePool
 from easyrl.protocol import DataProto
 from easyrl.testing.tiny_models import build_tiny_reward_model
 from easyrl.workers.fsdp_worker import FSDPWorker
@@ -21,7 +20,7 @@ from easyrl.workers.reward.classifier import ClassifierJudge, reward_model_score
 from easyrl.workers.reward.judge import combine_scores
 from easyrl.workers.reward.scorer import RewardScorer
 from tests.fixtures.trainer_runs import TWO_STEP_HALF_RULE_OVERRIDES, metrics_by_step, run_training, train_args
-from tests.fsdp_helpers import worker_config
+from tests.fsdp_helpers import worker_config, worker_group
 from tests.test_reward_judge import judged_batch
 
 
@@ -110,12 +109,9 @@ def rm_workers(ray_cluster, tiny_model_path, tiny_reward_model_path):
     config.reward.judge.kind = "classifier"
     config.reward.judge.model_path = str(tiny_reward_model_path)
     config.reward.judge.max_length = MAX_LENGTH
-    pool = ResourcePool(process_on_nodes=[2])
-    group = RayWorkerGroup(pool, FSDPWorker, config, "rm", name_prefix="rm")
-    group.init_model()
-    yield group
-    group.kill()
-    pool.release()
+    with worker_group(FSDPWorker, config, "rm", name_prefix="rm", processes=2) as group:
+        group.init_model()
+        yield group
 
 
 PROMPTS = ["What is 2 + 3?", "Name a prime number.", "Spell cat.", "What is 2 + 3?", "Write a long story. " * 6]

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
-from easyrl.controller import Dispatch, RayWorkerGroup, ResourcePool, Worker, register
+from easyrl.controller import Dispatch, Worker, register
 from easyrl.workers.rollout.base import GenerationRequest
+from tests.fsdp_helpers import worker_group
 
 
 RESPONSE_LENGTH = 8
@@ -104,14 +105,9 @@ def probe(ray_cluster, tmp_path_factory):
     from easyrl.testing.tiny_vl import build_tiny_qwen2_5_vl
 
     path = build_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny_vl"))
-    pool = ResourcePool(process_on_nodes=[1])
-    group = RayWorkerGroup(pool, VisionRolloutProbe, name_prefix="vl_rollout")
-    try:
+    with worker_group(VisionRolloutProbe, name_prefix="vl_rollout") as group:
         group.setup(str(path))
         yield group
-    finally:
-        group.kill()
-        pool.release()
 
 
 @pytest.mark.timeout(300)

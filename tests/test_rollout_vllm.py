@@ -4,14 +4,15 @@ Every comparison is with a FRESHLY loaded HF model of the worker's current weigh
 that silently kept old weights (e.g. a stale tied lm_head) cannot pass.
 """
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
-from easyrl.controller import RayWorkerGroup, ResourcePool
 from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.rollout.base import GenerationRequest, rollout_logprob_mismatch
-from tests.fsdp_helpers import load_hf_causal_lm
+from tests.fsdp_helpers import load_hf_causal_lm, worker_group
 from tests.rollout_helpers import (
     RESPONSE_LENGTH,
     hf_greedy_responses,
@@ -27,47 +28,36 @@ LOGPROB_TOLERANCE = 1e-4
 GREEDY = GenerationRequest(sampling_override={"temperature": 0.0})
 
 
-def _start(model_path, n_workers: int, tensor_parallel_size: int = 1):
-    pool = ResourcePool(process_on_nodes=[n_workers])
+@contextmanager
+def _started(model_path, n_workers: int, tensor_parallel_size: int = 1):
     config = rollout_worker_config(model_path, n_workers, tensor_parallel_size=tensor_parallel_size)
-    group = RayWorkerGroup(
-        pool, FSDPWorker, config, "actor_rollout", name_prefix="rollout", process_group_timeout_s=240
-    )
-    try:
+    with worker_group(
+        FSDPWorker, config, "actor_rollout", name_prefix="rollout", process_group_timeout_s=240, processes=n_workers
+    ) as group:
         group.init_model()
-    except BaseException:
-        group.kill()
-        pool.release()
-        raise
-    return pool, group
+        yield group
 
 
 @pytest.fixture(scope="module", params=["tied", "untied"])
 def one_worker(request, ray_cluster):
     """One actor_rollout worker on the tied (qwen2) or untied (llama) tiny model."""
     model_fixture = {"tied": "tiny_model_path", "untied": "tiny_untied_model_path"}[request.param]
-    pool, group = _start(request.getfixturevalue(model_fixture), 1)
-    yield group
-    group.kill()
-    pool.release()
+    with _started(request.getfixturevalue(model_fixture), 1) as group:
+        yield group
 
 
 @pytest.fixture(scope="module")
 def tensor_parallel_pair(ray_cluster, tiny_model_path):
     """Two workers forming ONE vLLM engine with tensor_parallel_size=2."""
-    pool, group = _start(tiny_model_path, 2, tensor_parallel_size=2)
-    yield group
-    group.kill()
-    pool.release()
+    with _started(tiny_model_path, 2, tensor_parallel_size=2) as group:
+        yield group
 
 
 @pytest.fixture(scope="module")
 def data_parallel_pair(ray_cluster, tiny_model_path):
     """Two workers, each its own vLLM engine (tensor_parallel_size=1): two data-parallel rollout ranks."""
-    pool, group = _start(tiny_model_path, 2, tensor_parallel_size=1)
-    yield group
-    group.kill()
-    pool.release()
+    with _started(tiny_model_path, 2, tensor_parallel_size=1) as group:
+        yield group
 
 
 def _current_hf_model(group, path):

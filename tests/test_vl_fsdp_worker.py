@@ -7,11 +7,10 @@ import pytest
 import torch
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
-from easyrl.controller import RayWorkerGroup, ResourcePool
 from easyrl.testing.vl_batch import VLSample, make_vl_batch, random_image, random_video, reference_log_probs
 from easyrl.workers.fsdp_worker import FSDPWorker
 from tests.fixtures.vl import LOG_PROB_TOLERANCE
-from tests.fsdp_helpers import add_policy_targets, worker_config
+from tests.fsdp_helpers import add_policy_targets, worker_config, worker_group
 
 
 SAMPLES = [
@@ -43,14 +42,9 @@ def hf_setup(model_path):
 def two_workers(ray_cluster, model_path):
     config = worker_config(model_path, 2, lr=0.1, global_batch_size=4, micro_batch_size=1)
     config.actor.model.freeze_vision_tower = True
-    pool = ResourcePool(process_on_nodes=[2])
-    group = RayWorkerGroup(pool, FSDPWorker, config, "actor_ref", name_prefix="vl_actor")
-    try:
+    with worker_group(FSDPWorker, config, "actor_ref", name_prefix="vl_actor", processes=2) as group:
         group.init_model()
         yield group
-    finally:
-        group.kill()
-        pool.release()
 
 
 def _bucket_names(worker) -> list[list[str]]:

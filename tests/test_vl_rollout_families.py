@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
-from easyrl.controller import Dispatch, RayWorkerGroup, ResourcePool, Worker, register
+from easyrl.controller import Dispatch, Worker, register
 from easyrl.workers.rollout.base import GenerationRequest
+from tests.fsdp_helpers import worker_group
 
 
 # greedy and always the full response length: the HF reference runs without an eos
@@ -148,14 +149,9 @@ def probe(request, ray_cluster, tmp_path_factory):
     from easyrl.testing.tiny_vlms import build_tiny_vlm
 
     path = build_tiny_vlm(request.param, tmp_path_factory.mktemp(request.param))
-    pool = ResourcePool(process_on_nodes=[1])
-    group = RayWorkerGroup(pool, FamilyRolloutProbe, name_prefix=f"{request.param}_rollout")
-    try:
+    with worker_group(FamilyRolloutProbe, name_prefix=f"{request.param}_rollout") as group:
         group.setup(str(path))
         yield group
-    finally:
-        group.kill()
-        pool.release()
 
 
 @pytest.mark.timeout(300)
