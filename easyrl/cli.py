@@ -69,10 +69,13 @@ def _generation_plan(args: list[str], command: str):
     training data needed; generate needs no reward either, eval scores)."""
     from .config.load import read_config
     from .config.plan import make_run_plan
+    from .config.validate import check_generation_data
 
     config = read_config(args)
     config.trainer.val_only = True  # nothing is trained: data.train_files may be absent
-    return make_run_plan(config, needs_reward=command == "eval")
+    plan = make_run_plan(config, needs_reward=command == "eval")
+    check_generation_data(plan.config)
+    return plan
 
 
 def _generate_or_eval(command: str, args: list[str]) -> int:

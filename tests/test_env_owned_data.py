@@ -245,3 +245,20 @@ def test_a_trl_reward_function_reads_the_task_reset_put_in_the_prompt(tmp_path, 
     row = train_for_metrics(args, tmp_path, 1)[1]
     assert row["reward/errors"] == 0
     assert row["reward/overall"] == pytest.approx(1.0 + row["rollout/multi_turn/env_reward/mean"])
+
+
+def test_generate_without_val_files_is_refused_before_the_model_loads_saying_what_rows_an_environment_takes(
+    valid_args, owning_env, tmp_path
+):
+    from easyrl.cli import _generation_plan
+
+    with pytest.raises(ConfigError, match="`data.val_files` is empty") as plain:
+        _generation_plan(valid_args, "generate")
+    assert "reset" not in str(plain.value)
+    with pytest.raises(ConfigError, match=r'reset arguments, e.g. one \{"seed": N\} per line'):
+        _generation_plan(owning_args(valid_args, owning_env), "eval")
+    seeds = tmp_path / "seeds.jsonl"
+    seeds.write_text('{"seed": 1}\n{"seed": 2}\n')
+    plan = _generation_plan(owning_args(valid_args, owning_env, f"data.val_files={seeds}"), "eval")
+    assert plan.config.data.val_files == str(seeds)
+    assert plan.config.worker.reward.reward_function.endswith("reward_function/env_reward.py:compute_score")

@@ -28,7 +28,9 @@ class DataConfig:
     cells are read as text. Empty with a tool environment (worker.rollout.multi_turn.env) and trainer.max_steps: the
     environment owns the data, each prompt is what its reset returns (TRL without a train_dataset)."""
     val_files: str = ""
-    """Validation data, same forms as `train_files`; empty disables validation."""
+    """Validation data, same forms as `train_files`; empty disables validation. Also the prompts of `easyrl
+    generate` and `easyrl eval`. Beside a tool environment whose reset gives the task, rows may hold only its reset
+    arguments (e.g. a `seed` column): a row without a prompt column gets an empty user message that the reset fills."""
     prompt_key: str = "prompt"
     """Column holding the prompt: a text, or a list of chat messages ``{"role", "content"}`` (verl's and TRL's
     conversational data; data.format_prompt then renders the last user message). ``column.field`` reads a field

@@ -864,6 +864,20 @@ def _check_required(config: PPOConfig, needs_reward: bool = True) -> None:
         )
 
 
+def check_generation_data(config: PPOConfig) -> None:
+    """`easyrl generate` and `easyrl eval` sample the prompts of `data.val_files`: refuse a config without them."""
+    if config.data.val_files:
+        return
+    message = "`data.val_files` is empty: set the prompts to generate for, e.g. data.val_files=FILE.jsonl."
+    if config.worker.rollout.multi_turn.env:
+        # rows without a prompt column beside a tool environment get an empty user message (RLHFDataset env_prompts)
+        message += (
+            " With a tool environment whose reset gives the task, the rows may hold only its reset arguments, e.g. "
+            'one {"seed": N} per line: a row without a prompt column gets an empty user message that the reset fills.'
+        )
+    raise ConfigError(message)
+
+
 def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
     """Raise ConfigError for the first problem found; nothing heavy is imported or started. ``needs_reward``: false
     for a run that only samples (`easyrl generate`), where a reward function is optional."""

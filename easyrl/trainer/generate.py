@@ -227,13 +227,11 @@ class GenerationRun:
     them."""
 
     def __init__(self, plan: RunPlan) -> None:
+        from ..config.validate import check_generation_data
         from ..data.loader import create_val_loader
         from .main import check_reward_columns, dataset_options, init_ray, load_model_side, load_run_reward
 
-        if not plan.config.data.val_files:
-            raise ValueError(
-                "data.val_files is empty: set the prompts to generate for, e.g. data.val_files=FILE.jsonl."
-            )
+        check_generation_data(plan.config)
         self.plan = plan
         setup_driver_logging(plan.config.trainer.save_checkpoint_path)
         self.tokenizer, processor, model_config = load_model_side(plan)
