@@ -96,3 +96,34 @@ def test_tool_results_render_with_the_override_chat_template_the_prompts_used(to
     engine, _ = scripted_engine(tokenizer, {}, 16)
     rollout = MultiTurnRollout(engine, config.worker.rollout.multi_turn)
     assert rollout.renderer.chat_template.template == OBSERVATION_TEMPLATE
+
+
+def test_tools_a_template_does_not_list_are_named_in_a_warning_unless_the_users_prompts_name_them(
+    tokenizer, tmp_path, caplog
+):
+    import json
+
+    from easyrl.data import template as template_module
+    from easyrl.data.dataset import RLHFDataset
+    from tests.test_bad_data import data_config
+
+    schemas = tool_schemas(CALCULATOR)
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"problem": "2+3?", "answer": "5"}) + "\n")
+    listing = tmp_path / "tools.jinja"
+    listing.write_text(TOOL_TEMPLATE)
+    naming = tmp_path / "format.jinja"
+    naming.write_text('{{ content }} Call <tool_call>{"name": "calculator", ...}</tool_call>.')
+    warning = "The chat template does not read `tools`, so the model is not shown the tools of"
+
+    def warned(**overrides) -> bool:
+        template_module._warn_unshown_tools.cache_clear()
+        caplog.clear()
+        RLHFDataset(str(path), tokenizer, None, data_config(max_prompt_length=128, **overrides), tools=schemas)
+        return warning in caplog.text
+
+    # SmolLM2's template reads no tools and nothing else names the calculator
+    assert warned()
+    assert "(calculator), and neither data.format_prompt nor the first row's prompt names them" in caplog.text
+    assert not warned(override_chat_template=str(listing))  # a template that lists them
+    assert not warned(format_prompt=str(naming))  # the user's prompt template describes it

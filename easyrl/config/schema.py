@@ -393,8 +393,11 @@ class MultiTurnConfig:
     """A `.py` file whose module-level `TOOLS = [fn, ...]` lists the tool functions (plain or async); each is called
     with the JSON arguments of a call as keyword arguments (and, when it has a `row` parameter, its trajectory's dataset
     row, left out of the schema) and returns what the model sees: text, a PIL image, or a list of both (pictures need
-    a vision-language model; other values are turned into text with str()). A function's JSON schema is its `schema` attribute (an OpenAI-style dict) when set, else it is read from
-    its type hints and Google-style docstring (transformers' get_json_schema). See `tools/calculator.py`."""
+    a vision-language model; other values are turned into text with str()). A function's JSON schema is its `schema`
+    attribute (an OpenAI-style dict) when set, else it is read from its type hints and Google-style docstring
+    (transformers' get_json_schema). See `tools/calculator.py`. The prompts list the schemas through the chat
+    template's `tools`; a template that does not read it (SmolLM2's) shows none, and a warning says so unless
+    data.format_prompt or the rows' prompts name each tool."""
     env: Any = field(default=None, metadata=MAPPING)
     """An environment, as `path/to/file.py:ClassName`, or several tool environments as a mapping name ->
     `path/to/file.py:ClassName` (TRL's dictionary environment_factory: each row names its own in an `environment`

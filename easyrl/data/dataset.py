@@ -52,6 +52,7 @@ from .template import (
     conversation_messages,
     is_chat_messages,
     media_in_messages,
+    read_template_file,
 )
 from .vision import PictureSizing, UnreadableMediaError, load_image, load_video
 
@@ -406,6 +407,8 @@ class RLHFDataset(Dataset):
             pad_ids=pad_ids,
             tools_by_env=tools if isinstance(tools, dict) else None,
         )
+        if tools and len(self.rows):
+            self._warn_unshown_tools(tools)
         self.position_ids = make_position_id_fn(processor, model_config)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.row_index = np.arange(len(self.rows))  # dataset position -> row number in the source
@@ -437,6 +440,16 @@ class RLHFDataset(Dataset):
     # ------------------------------------------------------------------------------------------------------------------
     # set-up checks
     # ------------------------------------------------------------------------------------------------------------------
+    def _warn_unshown_tools(self, tools: list[dict] | dict[str, list[dict]]) -> None:
+        """A chat template that does not list tools (SmolLM2's) leaves them unknown to the model unless the user's
+        own text describes them: data.format_prompt or the rows' prompts (the first row stands for them)."""
+        schemas = [schema for group in tools.values() for schema in group] if isinstance(tools, dict) else tools
+        names = [schema["function"]["name"] for schema in schemas if "function" in schema]
+        described = str(self.rows[0])
+        if self.config.format_prompt:
+            described += read_template_file(self.config.format_prompt, "data.format_prompt")
+        self.encoder.chat_template.warn_unshown_tools(names, described)
+
     def _messages_carry_media(self, processor: Any) -> bool:
         """Some chat-message prompt names its own pictures or videos in its content parts (Qwen's and OpenAI's
         format); only the prompt column is read."""

@@ -256,23 +256,41 @@ class _GenerationBlock(jinja2.ext.Extension):
 _CHAT_ENVIRONMENT = jinja2.Environment(extensions=["jinja2.ext.loopcontrols", _GenerationBlock])
 
 
-@lru_cache(maxsize=32)
-def _warn_unread_template_variables(sources: tuple[str, ...], names: tuple[str, ...]) -> None:
-    """Once per template and process: a data.apply_chat_template_kwargs name the template never reads changes
-    nothing (a Qwen2.5 template has no enable_thinking), which the user should know."""
+def _read_variables(sources: tuple[str, ...]) -> set[str] | None:
+    """The variables chat templates read; None when one uses a tag only transformers knows (unknown then)."""
     read: set[str] = set()
     for source in sources:
         try:
             read |= jinja2.meta.find_undeclared_variables(_CHAT_ENVIRONMENT.parse(source))
-        except jinja2.TemplateSyntaxError:  # a tag only transformers knows: which variables it reads is unknown
-            return
-    unread = [name for name in names if name not in read]
+        except jinja2.TemplateSyntaxError:
+            return None
+    return read
+
+
+@lru_cache(maxsize=32)
+def _warn_unread_template_variables(sources: tuple[str, ...], names: tuple[str, ...]) -> None:
+    """Once per template and process: a data.apply_chat_template_kwargs name the template never reads changes
+    nothing (a Qwen2.5 template has no enable_thinking), which the user should know."""
+    read = _read_variables(sources)
+    unread = [name for name in names if read is not None and name not in read]
     if unread:
         logger.warning(
             "data.apply_chat_template_kwargs: the chat template reads no %s, so setting it changes nothing (is it "
             "the template of the model you meant?).",
             ", ".join(f"`{name}`" for name in unread),
         )
+
+
+@lru_cache(maxsize=32)
+def _warn_unshown_tools(unnamed: tuple[str, ...]) -> None:
+    logger.warning(
+        "The chat template does not read `tools`, so the model is not shown the tools of worker.rollout.multi_turn "
+        "(%s), and neither data.format_prompt nor the first row's prompt names them: the model cannot know they "
+        "exist or how to call them. Describe them and the call format in data.format_prompt (as "
+        "format_prompt/arithmetic_tools.jinja does), or set data.override_chat_template to a template that lists "
+        "tools (Qwen2.5's and Qwen3's do). If the environment's reset describes them, this can be ignored.",
+        ", ".join(unnamed),
+    )
 
 
 class ChatTemplate:
@@ -304,10 +322,18 @@ class ChatTemplate:
                 f"{type(self.renderer).__name__} has no chat template; set data.override_chat_template to a "
                 "Jinja chat-template file."
             )
+        source = self.template or self.renderer.chat_template
+        self.sources = tuple(source.values()) if isinstance(source, dict) else (source,)
         if self.kwargs:
-            source = self.template or self.renderer.chat_template
-            sources = tuple(source.values()) if isinstance(source, dict) else (source,)
-            _warn_unread_template_variables(sources, tuple(sorted(self.kwargs)))
+            _warn_unread_template_variables(self.sources, tuple(sorted(self.kwargs)))
+
+    def warn_unshown_tools(self, tool_names: list[str], described_in: str) -> None:
+        """Once per process: warn when this template does not read ``tools`` (SmolLM2's, Llama 2's: it renders as
+        without them) and ``described_in`` (the prompt texts the user wrote) does not name every tool either."""
+        read = _read_variables(self.sources)
+        unnamed = tuple(name for name in sorted(set(tool_names)) if name not in described_in)
+        if read is not None and "tools" not in read and unnamed:
+            _warn_unshown_tools(unnamed)
 
     def __call__(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str:
         """``tools``: this prompt's schemas, in place of the template's own (a row's environment's)."""
