@@ -53,7 +53,9 @@ def grouped_batch(
     return DataProto.from_dict(tensors=tensors, meta_info={"temperature": TEMPERATURE})
 
 
-def actor_config(shared_prefix: bool, micro_batch_size: int = 4, dynamic: bool = False) -> ActorConfig:
+def actor_config(
+    shared_prefix: bool, micro_batch_size: int = 4, dynamic: bool = False, fused: bool = False
+) -> ActorConfig:
     full = PPOConfig()
     derive(full)  # the loss names as the worker gets them
     config = full.worker.actor
@@ -61,6 +63,7 @@ def actor_config(shared_prefix: bool, micro_batch_size: int = 4, dynamic: bool =
     config.micro_batch_size_per_device_for_experience = micro_batch_size
     config.micro_batch_size_per_device_for_update = micro_batch_size
     config.shared_prefix = shared_prefix
+    config.model.use_fused_kernels = fused  # the LM head's chunked log-probs (models/fused_head.py)
     return config
 
 
@@ -162,12 +165,23 @@ def test_data_parallel_balancing_moves_whole_groups_when_prompts_are_shared():
 # equal to the unshared path: text
 # ----------------------------------------------------------------------------------------------------------------------
 @pytest.mark.timeout(120)
-def test_text_log_probs_entropy_and_every_gradient_equal_the_unshared_path(tiny_lm_path):
+@pytest.mark.parametrize("fused", [False, True], ids=["logits", "fused_head"])
+def test_text_log_probs_entropy_and_every_gradient_equal_the_unshared_path(tiny_lm_path, fused, monkeypatch):
+    from easyrl.models import forward
+
     # groups of 3, 1 (n = 1) and 2 with uneven response lengths, in one micro-batch
     data = grouped_batch([3, 1, 2], seed=0)
     model = load_hf_causal_lm(tiny_lm_path)
     log_probs, entropy, grads, _ = forward_and_gradients(model, data, actor_config(False))
-    shared_log_probs, shared_entropy, shared_grads, stats = forward_and_gradients(model, data, actor_config(True))
+    heads = []  # the fused head's calls: each gets the packed row's labels (1, response tokens)
+    fused_head = forward.run_with_fused_head
+    monkeypatch.setattr(
+        forward, "run_with_fused_head", lambda m, labels, *a: heads.append(labels.shape) or fused_head(m, labels, *a)
+    )
+    shared_log_probs, shared_entropy, shared_grads, stats = forward_and_gradients(
+        model, data, actor_config(True, fused=fused)
+    )
+    assert heads == ([(1, int(data.batch["response_mask"].sum()))] if fused else [])
     torch.testing.assert_close(shared_log_probs, log_probs, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(shared_entropy, entropy, rtol=1e-5, atol=1e-6)
     assert_same_gradients(grads, shared_grads)
@@ -191,7 +205,8 @@ def test_log_probs_over_mixed_and_split_micro_batches_equal_the_unshared_path(ti
 
 
 @pytest.mark.timeout(120)
-def test_policy_update_with_shared_prefixes_equals_the_unshared_update(tiny_lm_path):
+@pytest.mark.parametrize("fused", [False, True], ids=["logits", "fused_head"])
+def test_policy_update_with_shared_prefixes_equals_the_unshared_update(tiny_lm_path, fused):
     data = grouped_batch([3, 3, 1, 1], seed=6)
     with torch.no_grad():
         old, _ = Actor(actor_config(False), load_hf_causal_lm(tiny_lm_path)).compute_log_probs(data)
@@ -199,7 +214,7 @@ def test_policy_update_with_shared_prefixes_equals_the_unshared_update(tiny_lm_p
     states, metrics = {}, {}
     for shared in (False, True):
         model = load_hf_causal_lm(tiny_lm_path)
-        config = actor_config(shared, micro_batch_size=4)
+        config = actor_config(shared, micro_batch_size=4, fused=fused and shared)
         config.max_grad_norm = 1e6
         actor = Actor(config, model, torch.optim.SGD(model.parameters(), lr=0.1), mini_batch_size=len(data))
         metrics[shared] = actor.update_policy(data)
@@ -241,14 +256,15 @@ def _vl_model(path):
 
 
 @pytest.mark.timeout(300)
-def test_vl_log_probs_and_gradients_equal_the_unshared_path_with_the_tower_run_once_per_prompt(tiny_qwen2_5_vl):
+@pytest.mark.parametrize("fused", [False, True], ids=["logits", "fused_head"])
+def test_vl_log_probs_and_gradients_equal_the_unshared_path_with_the_tower_run_once_per_prompt(tiny_qwen2_5_vl, fused):
     path, processor, data = tiny_qwen2_5_vl
     model = _vl_model(path)
     patches = []
     vision_tower(model).register_forward_pre_hook(lambda module, args: patches.append(args[0].shape[0]))
     log_probs, entropy, grads, _ = forward_and_gradients(model, data, actor_config(False, 6), processor)
     shared_log_probs, shared_entropy, shared_grads, stats = forward_and_gradients(
-        model, data, actor_config(True, 6), processor
+        model, data, actor_config(True, 6, fused=fused), processor
     )
     torch.testing.assert_close(shared_log_probs, log_probs, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(shared_entropy, entropy, rtol=1e-5, atol=1e-5)
@@ -289,6 +305,8 @@ def test_check_accepts_shared_prefix_and_the_reference_follows_the_actor(valid_a
 
     plan = load_run_plan([*valid_args, "worker.actor.shared_prefix=true"])
     assert plan.config.worker.actor.shared_prefix and plan.config.worker.ref.shared_prefix
+    both = load_run_plan([*valid_args, "worker.actor.shared_prefix=true", "worker.actor.model.use_fused_kernels=true"])
+    assert both.config.worker.ref.shared_prefix and both.config.worker.ref.use_fused_kernels
 
 
 @pytest.mark.parametrize(
@@ -296,9 +314,8 @@ def test_check_accepts_shared_prefix_and_the_reference_follows_the_actor(valid_a
     [
         (["worker.actor.padding_free=false"], r"`worker\.actor\.shared_prefix` is true.*padding_free=true"),
         (["worker.actor.ulysses_size=2"], r"`worker\.actor\.shared_prefix` is true.*ulysses_size=1"),
-        (["worker.actor.model.use_fused_kernels=true"], r"`worker\.actor\.shared_prefix` is true.*use_fused_kernels"),
     ],
-    ids=["padded", "ulysses", "fused"],
+    ids=["padded", "ulysses"],
 )
 def test_check_refuses_shared_prefix_where_it_cannot_run_naming_the_key(valid_args, overrides, message):
     from easyrl.config.plan import load_run_plan
@@ -312,7 +329,8 @@ def test_check_refuses_shared_prefix_where_it_cannot_run_naming_the_key(valid_ar
 # ----------------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow  # ~60 s on 2 busy cores (Ray workers, two model loads); the in-process tests above are the fast ones
 @pytest.mark.timeout(300)
-def test_two_rank_fsdp_update_with_shared_prefixes_equals_one_plain_process(ray_cluster, tiny_model_path):
+@pytest.mark.parametrize("fused", [False, True], ids=["logits", "fused_head"])
+def test_two_rank_fsdp_update_with_shared_prefixes_equals_one_plain_process(ray_cluster, tiny_model_path, fused):
     from easyrl.workers.fsdp_worker import FSDPWorker
     from tests.fsdp_helpers import padded_policy_loss, per_sequence_log_probs, worker_config, worker_group
 
@@ -320,6 +338,7 @@ def test_two_rank_fsdp_update_with_shared_prefixes_equals_one_plain_process(ray_
     data = grouped_batch([3, 3], seed=7)  # one group per rank; micro-batches of 2 cut each group (2 + 1)
     config = worker_config(tiny_model_path, 2, lr=lr, global_batch_size=6, micro_batch_size=2)
     config.actor.shared_prefix = config.ref.shared_prefix = True
+    config.actor.model.use_fused_kernels = config.ref.use_fused_kernels = fused  # as derive sets them
     with worker_group(FSDPWorker, config, "actor", processes=2, name_prefix="prefix") as group:
         group.init_model()
         old = group.compute_log_probs(data).batch["old_log_probs"]

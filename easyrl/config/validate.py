@@ -438,7 +438,7 @@ def _check_ulysses(config: PPOConfig, role: str, role_config) -> None:
 
 def _check_shared_prefix(config: PPOConfig) -> None:
     """`worker.actor.shared_prefix` (models/prefix_group.py) packs each prompt once in a padding-free row on one
-    worker: the Ulysses split of that row and the fused LM head are not implemented for it."""
+    worker: the Ulysses split of that row is not implemented for it."""
     actor = config.worker.actor
     if not actor.shared_prefix:
         return
@@ -451,10 +451,6 @@ def _check_shared_prefix(config: PPOConfig) -> None:
         raise ConfigError(
             f"{key} and worker.actor.ulysses_size is {actor.ulysses_size}: splitting a shared-prefix row over "
             "sequence-parallel workers is not implemented; set one of them off (shared_prefix=false or ulysses_size=1)."
-        )
-    if actor.model.use_fused_kernels:
-        raise ConfigError(
-            f"{key} with worker.actor.model.use_fused_kernels: the two are not tested together; set one of them false."
         )
 
 
