@@ -305,17 +305,24 @@ def test_check_accepts_shared_prefix_and_the_reference_follows_the_actor(valid_a
 
     plan = load_run_plan([*valid_args, "worker.actor.shared_prefix=true"])
     assert plan.config.worker.actor.shared_prefix and plan.config.worker.ref.shared_prefix
-    both = load_run_plan([*valid_args, "worker.actor.shared_prefix=true", "worker.actor.model.use_fused_kernels=true"])
+    both = load_run_plan(
+        [
+            *valid_args,
+            "worker.actor.shared_prefix=true",
+            "worker.actor.model.use_fused_kernels=true",
+            "worker.actor.ulysses_size=2",
+        ]
+    )
     assert both.config.worker.ref.shared_prefix and both.config.worker.ref.use_fused_kernels
+    assert both.config.worker.ref.ulysses_size == 2
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
         (["worker.actor.padding_free=false"], r"`worker\.actor\.shared_prefix` is true.*padding_free=true"),
-        (["worker.actor.ulysses_size=2"], r"`worker\.actor\.shared_prefix` is true.*ulysses_size=1"),
     ],
-    ids=["padded", "ulysses"],
+    ids=["padded"],
 )
 def test_check_refuses_shared_prefix_where_it_cannot_run_naming_the_key(valid_args, overrides, message):
     from easyrl.config.plan import load_run_plan

@@ -297,6 +297,58 @@ def _critic_equality(rank: int, path: str) -> None:
     _assert_close(values[mask], torch.cat(gathered)[mask], "values")
 
 
+def _shared_prefix_equality(rank: int, path: str, fused: bool) -> None:
+    """Shared prefixes (a packed row holding each prompt once) cut over the Ulysses group give the unshared
+    ulysses 1 numbers, with the groups' samples out of packed order (the row's outputs are read in another order)."""
+    import torch.distributed as dist
+
+    from easyrl.config import ActorConfig
+    from easyrl.workers.actor import Actor
+    from easyrl.workers.ppo_update import global_loss_denominator
+    from tests.test_prefix_group import grouped_batch
+
+    # groups A (3 samples), B (1), C (2), interleaved: A1 B1 A2 C1 A3 C2
+    data = grouped_batch([3, 1, 2], prompt_length=9, response_length=7, seed=4)
+    data.reorder(torch.tensor([0, 3, 1, 4, 2, 5]))
+    sp = ulysses.build_sequence_parallel(2)
+
+    def config(shared: bool) -> ActorConfig:
+        actor = ActorConfig(padding_free=True, dynamic_batching=False, use_torch_compile=False, shared_prefix=shared)
+        actor.micro_batch_size_per_device_for_experience = 6
+        actor.model.use_fused_kernels = fused and shared
+        return actor
+
+    def scored(actor, batch):
+        log_probs, entropy = actor._forward(batch, 0.7, calculate_entropy=True)
+        mask = batch.batch["response_mask"]
+        denominator = global_loss_denominator(mask, "token-mean", dp_size=2)
+        (-(log_probs * mask).sum() / denominator + 0.1 * (entropy * mask).sum() / denominator).backward()
+        return log_probs.detach(), entropy.detach()
+
+    reference = _fsdp_model(path, "causal_lm", False)
+    ref_log_probs, ref_entropy = scored(Actor(config(False), reference), data.chunk(2)[rank])
+    parts = [torch.empty_like(ref_log_probs) for _ in range(2)]
+    dist.all_gather(parts, ref_log_probs)
+    ref_log_probs = torch.cat(parts)
+    dist.all_gather(parts, ref_entropy)
+    ref_entropy = torch.cat(parts)
+
+    model = _fsdp_model(path, "causal_lm", False)
+    actor = Actor(config(True), model, sp=sp)
+    assert model.config._attn_implementation == ulysses.NAME  # Ulysses' wrapper, routing the layouts itself
+    log_probs, entropy = scored(actor, data)
+    assert (actor.prefix_stats.samples, actor.prefix_stats.groups) == (6, 3)
+    assert actor.prefix_stats.tokens < actor.prefix_stats.unshared_tokens
+    mask = data.batch["response_mask"].bool()
+    _assert_close(log_probs[mask], ref_log_probs[mask], "log-probs")
+    _assert_close(entropy[mask], ref_entropy[mask], "entropy")
+    assert torch.equal(log_probs[~mask], torch.zeros_like(log_probs[~mask]))
+    expected, actual = _full_grads(reference), _full_grads(model)
+    assert expected.keys() == actual.keys() and len(expected) > 5
+    for name in expected:
+        _assert_close(actual[name], expected[name], f"gradient of {name}")
+
+
 @pytest.fixture(scope="module")
 def gqa_model_path(tmp_path_factory):
     """4 query heads, 2 key/value heads (head dim 32): ulysses 2 gives each rank 2 and 1."""
@@ -324,6 +376,11 @@ def test_ulysses_2_equals_ulysses_1_with_one_key_value_head(tmp_path):
 
     path = build_tiny_causal_lm(tmp_path, hidden_size=128, num_heads=4, num_kv_heads=1, tie_word_embeddings=False)
     _run_two_ranks(_actor_equality, str(path), False)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["logits", "fused_head"])
+def test_ulysses_2_with_shared_prefixes_equals_unshared_ulysses_1(gqa_model_path, fused):
+    _run_two_ranks(_shared_prefix_equality, gqa_model_path, fused)
 
 
 @pytest.mark.slow
@@ -431,6 +488,70 @@ def _vl_equality(rank: int, path: str) -> None:
         _assert_close(actual[name], expected[name], f"gradient of {name}, one picture")
 
 
+def _vl_shared_prefix_equality(rank: int, path: str) -> None:
+    """Shared prefixes over the Ulysses group on a VLM: each group's picture or video prompt runs once in the row
+    (the tower encodes it once, shared over the ranks), the row is cut, and the numbers are the unshared ones."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from easyrl.config import ActorConfig, FSDPConfig
+    from easyrl.testing.vl_batch import make_vl_batch
+    from easyrl.workers.actor import Actor
+    from easyrl.workers.fsdp_utils import apply_fsdp2
+    from easyrl.workers.ppo_update import global_loss_denominator
+
+    processor = AutoProcessor.from_pretrained(path)
+    picture, text, _, video = _vl_samples()
+    # groups interleaved: picture, video, picture, text, video, picture
+    data = make_vl_batch(processor, path, [picture, video, picture, text, video, picture], response_length=6, seed=2)
+    data.meta_info["temperature"] = 0.8
+    sp = ulysses.build_sequence_parallel(2)
+
+    def config(shared: bool) -> ActorConfig:
+        actor = ActorConfig(padding_free=True, dynamic_batching=False, use_torch_compile=False, shared_prefix=shared)
+        actor.micro_batch_size_per_device_for_experience = 6
+        return actor
+
+    def model():
+        module = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+        apply_fsdp2(module, init_device_mesh("cpu", (2,), mesh_dim_names=("fsdp",)), FSDPConfig(mp_param_dtype="fp32"))
+        return module
+
+    def scored(actor, batch):
+        log_probs, entropy = actor._forward(batch, 0.8, calculate_entropy=True)
+        mask = batch.batch["response_mask"]
+        (-(log_probs * mask).sum() / global_loss_denominator(mask, "token-mean", dp_size=2)).backward()
+        return log_probs.detach(), entropy.detach()
+
+    reference = model()
+    ref_log_probs, ref_entropy = scored(Actor(config(False), reference, processor=processor), data.chunk(2)[rank])
+    parts = [torch.empty_like(ref_log_probs) for _ in range(2)]
+    dist.all_gather(parts, ref_log_probs)
+    ref_log_probs = torch.cat(parts)
+    dist.all_gather(parts, ref_entropy)
+    ref_entropy = torch.cat(parts)
+
+    shared_model = model()
+    encoded = _count_encoded_patches(shared_model)
+    actor = Actor(config(True), shared_model, processor=processor, sp=sp)
+    log_probs, entropy = scored(actor, data)
+    assert (actor.prefix_stats.groups, actor.prefix_stats.unshared_rows) == (3, 0)
+    mask = data.batch["response_mask"].bool()
+    _assert_close(log_probs[mask], ref_log_probs[mask], "log-probs")
+    _assert_close(entropy[mask], ref_entropy[mask], "entropy")
+    expected, actual = _full_grads(reference), _full_grads(shared_model)
+    assert any("visual" in name for name in actual), "the vision tower got no gradient"
+    for name in expected:
+        _assert_close(actual[name], expected[name], f"gradient of {name}")
+    # the picture and the video once each over the group (the unshared row holds 3 pictures and 2 videos)
+    rows = data.non_tensor_batch["multi_modal_data"]
+    once = sum(int(grid.prod()) for grid in _grids(processor, [rows[0], rows[1]]))
+    both = [0, 0]
+    dist.all_gather_object(both, sum(encoded))
+    assert sum(both) == once, (both, once)
+
+
 def _count_encoded_patches(model) -> list[int]:
     """Patches the vision tower's patch embedding takes, one entry per call (the tower's real work on this rank)."""
     from easyrl.models.vision import vision_tower
@@ -471,6 +592,11 @@ def _vl_model_path(family: str, root) -> str:
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
 def test_ulysses_2_equals_ulysses_1_on_pictures_and_a_32_frame_video(family, tmp_path):
     _run_two_ranks(_vl_equality, _vl_model_path(family, tmp_path))
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_ulysses_2_with_shared_prefixes_equals_unshared_ulysses_1_on_a_picture_and_a_video(family, tmp_path):
+    _run_two_ranks(_vl_shared_prefix_equality, _vl_model_path(family, tmp_path))
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -327,7 +327,8 @@ class ActorConfig(TrainableRoleConfig):
     prompt and itself, so log-prob and update passes (and a VLM's vision tower) compute each prompt once per group
     instead of rollout.n times; results equal the unshared path. Micro-batches and trainer.balance_batch's rank
     chunks keep groups whole. Needs
-    padding_free; not with ulysses_size > 1. Also used by the reference."""
+    padding_free; with ulysses_size > 1 the packed row is cut over the group as any padding-free row is. Also used
+    by the reference."""
     skip_zero_advantage: bool = True
     """The update skips the forward and backward passes of samples whose advantage is zero at every token (a GRPO
     group whose samples all scored the same): with a built-in loss_type, entropy_coef 0 and no KL loss they add

@@ -437,8 +437,7 @@ def _check_ulysses(config: PPOConfig, role: str, role_config) -> None:
 
 
 def _check_shared_prefix(config: PPOConfig) -> None:
-    """`worker.actor.shared_prefix` (models/prefix_group.py) packs each prompt once in a padding-free row on one
-    worker: the Ulysses split of that row is not implemented for it."""
+    """`worker.actor.shared_prefix` (models/prefix_group.py) packs each prompt once in a padding-free row."""
     actor = config.worker.actor
     if not actor.shared_prefix:
         return
@@ -446,11 +445,6 @@ def _check_shared_prefix(config: PPOConfig) -> None:
     if not actor.padding_free:
         raise ConfigError(
             f"{key}: it packs each prompt once in a padding-free row; set worker.actor.padding_free=true."
-        )
-    if actor.ulysses_size > 1:
-        raise ConfigError(
-            f"{key} and worker.actor.ulysses_size is {actor.ulysses_size}: splitting a shared-prefix row over "
-            "sequence-parallel workers is not implemented; set one of them off (shared_prefix=false or ulysses_size=1)."
         )
 
 

@@ -76,11 +76,12 @@ def forward_response_outputs(
     require_processor(rows, processor)
     vision = None
     groups = None
+    unsort = None  # a shared-prefix row cut by Ulysses: the gathered outputs, in packed order, back to row-major
     if shared_prefix is not None:
-        if not padding_free or sp is not None:
+        if not padding_free:
             raise ValueError(
                 "`worker.actor.shared_prefix` packs each prompt once in a padding-free row: it needs "
-                "worker.actor.padding_free=true and worker.actor.ulysses_size=1."
+                "worker.actor.padding_free=true."
             )
         alone = None
         if processor is not None and vision_tower(module) is not None:
@@ -118,12 +119,38 @@ def forward_response_outputs(
             layout = layout.with_extra_sequence(blank_tokens)
         valid, positions = grouped.valid.to(input_ids.device), grouped.positions
         keep, rows = positions, slice(None)
-        inputs = {"input_ids": packed_ids, "position_ids": packed_positions, prefix_group.KWARG: layout}
-        kept_labels = responses[valid][None] if fused is not None else None
         shared_prefix.samples += batch_size
         shared_prefix.groups += grouped.groups
         shared_prefix.tokens += packed_ids.shape[-1] - blank_tokens
         shared_prefix.unshared_tokens += grouped.unshared_tokens
+        extra_inputs = {}
+        if sp is not None:
+            # as for the padding-free row below, with the padding a sequence of the layout; Ulysses cuts the row by
+            # packed position, and the outputs a group's samples read are not in that order (a response's first
+            # token is read at its prompt's end): this rank keeps its positions in packed order
+            order = torch.argsort(positions)
+            cut = ulysses.plan_slice(packed_ids.shape[-1], positions[order], sp)
+            extra_tokens = cut.padded_tokens - packed_ids.shape[-1]
+            packed_ids, packed_positions, _ = ulysses.pad_packed_row(
+                packed_ids, packed_positions, None, cut.padded_tokens, pad_id=0
+            )
+            if extra_tokens:
+                layout = layout.with_extra_sequence(extra_tokens)
+            if vision is None:
+                packed_ids = packed_ids[..., cut.start : cut.end]
+                packed_positions = packed_positions[..., cut.start : cut.end]
+            else:
+                extra_inputs[ulysses.SLICE_KWARG] = (cut.start, cut.end)
+            positions, keep, rows = cut.keep, cut.keep, order[cut.rows]
+            unsort = torch.argsort(order)
+            extra_inputs[ulysses.KWARG] = sp
+        inputs = {
+            "input_ids": packed_ids,
+            "position_ids": packed_positions,
+            prefix_group.KWARG: layout,
+            **extra_inputs,
+        }
+        kept_labels = responses[valid][rows][None] if fused is not None else None
     elif padding_free:
         packed = pack_batch(input_ids, attention_mask, position_ids)
         packed_ids, packed_positions = packed.input_ids, packed.position_ids
@@ -200,6 +227,8 @@ def forward_response_outputs(
         outputs = per_token(outputs, rows)
     if sp is not None:
         outputs = ulysses.gather_rows(outputs, cut.counts, sp)
+    if unsort is not None:
+        outputs = outputs[unsort]
     return outputs, valid
 
 

@@ -391,12 +391,13 @@ def split_micro_batches_by_group(
 # ----------------------------------------------------------------------------------------------------------------------
 def enable(model: torch.nn.Module) -> None:
     """Route the language model's attention through ``prefix_attention_forward`` (calls without a layout pass
-    through to the implementation it had: flash-attn's, else ``attention.varlen_attention_forward``)."""
-    from .ulysses import text_config
+    through to the implementation it had: flash-attn's, else ``attention.varlen_attention_forward``). Ulysses'
+    wrapper, when in place, stays: it routes calls with a layout here itself, after its all-to-all."""
+    from . import ulysses
 
-    config = text_config(model)
+    config = ulysses.text_config(model)
     current = config._attn_implementation
-    if current in (NAME, FLASH_NAME):
+    if current in (NAME, FLASH_NAME, ulysses.NAME, ulysses.FLASH_NAME):
         return
     register()
     config._attn_implementation = FLASH_NAME if current == "flash_attention_2" else NAME

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from ..utils import device
-from . import attention
+from . import attention, prefix_group
 from .vision import vision_tower
 
 
@@ -124,7 +124,8 @@ def enable(model: torch.nn.Module, ulysses_size: int, key: str) -> None:
     if current in (NAME, FLASH_NAME):
         return
     register()
-    config._attn_implementation = FLASH_NAME if current == "flash_attention_2" else NAME
+    flash = current in ("flash_attention_2", prefix_group.FLASH_NAME)  # Ulysses' wrapper routes prefix layouts too
+    config._attn_implementation = FLASH_NAME if flash else NAME
     language_model = _language_model(model)
     if language_model is not None and not getattr(language_model, "_easyrl_ulysses_hook", False):
         language_model.register_forward_pre_hook(_slice_language_model_inputs, with_kwargs=True)
@@ -267,19 +268,25 @@ def plan_slice(total_tokens: int, kept_positions: torch.Tensor, sp: SequencePara
 
 
 def pad_packed_row(
-    input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor, padded_tokens: int, pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    cu_seqlens: torch.Tensor | None,
+    padded_tokens: int,
+    pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Append a sequence of its own (positions from 0, token ``pad_id``) so the row has ``padded_tokens`` tokens.
 
-    ``input_ids`` (1, total); ``position_ids`` (1, total) or (channels, 1, total). Its outputs are never read, and
-    nothing attends to it: it comes last and is its own packed sequence."""
+    ``input_ids`` (1, total); ``position_ids`` (1, total) or (channels, 1, total); ``cu_seqlens`` None for a
+    shared-prefix row (its layout takes the sequence instead). Its outputs are never read, and nothing attends to it:
+    it comes last and is its own packed sequence."""
     extra = padded_tokens - input_ids.shape[-1]
     if extra == 0:
         return input_ids, position_ids, cu_seqlens
     ids = torch.cat([input_ids, input_ids.new_full((1, extra), pad_id)], dim=-1)
     ramp = torch.arange(extra, device=position_ids.device, dtype=position_ids.dtype)
     positions = torch.cat([position_ids, ramp.expand(*position_ids.shape[:-1], extra)], dim=-1)
-    cu_seqlens = torch.cat([cu_seqlens, cu_seqlens[-1:] + extra])
+    if cu_seqlens is not None:
+        cu_seqlens = torch.cat([cu_seqlens, cu_seqlens[-1:] + extra])
     return ids, positions, cu_seqlens
 
 
@@ -303,6 +310,10 @@ def ulysses_attention_forward(
     swapped back."""
     sp: SequenceParallel | None = kwargs.pop(KWARG, None)
     function = attention.inner_function(inner)
+    if prefix_group.KWARG in kwargs:
+        # a shared-prefix row (worker.actor.shared_prefix): after the swap each rank holds the WHOLE row for its heads,
+        # so the prefix attention runs on it unchanged (prefix_group.enable leaves this wrapper in place)
+        function = functools.partial(prefix_group.prefix_attention_forward, inner=inner)
     causal = kwargs.get("is_causal")
     causal = causal if causal is not None else getattr(module, "is_causal", True)
     if sp is None or not causal:
