@@ -226,8 +226,51 @@ def _assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> No
     assert error <= 1e-5, f"{what}: relative error {error:.2e}"
 
 
-def _actor_equality(rank: int, path: str, gradient_checkpointing: bool, lora_rank: int = 0) -> None:
+def _whole_batch(*halves: torch.Tensor) -> list[torch.Tensor]:
+    """Each rank's half of the batch (the ulysses 1 reference) -> the whole batch's, on every rank."""
     import torch.distributed as dist
+
+    wholes = []
+    for half in halves:
+        parts = [torch.empty_like(half) for _ in range(2)]
+        dist.all_gather(parts, half)
+        wholes.append(torch.cat(parts))
+    return wholes
+
+
+def _fsdp_vl_model(path: str):
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForImageTextToText
+
+    from easyrl.config import FSDPConfig
+    from easyrl.workers.fsdp_utils import apply_fsdp2
+
+    module = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+    apply_fsdp2(module, init_device_mesh("cpu", (2,), mesh_dim_names=("fsdp",)), FSDPConfig(mp_param_dtype="fp32"))
+    return module
+
+
+def _vl_scored(actor, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs, entropies) at temperature 0.8, after the backward pass of the update's token-mean loss."""
+    from easyrl.workers.ppo_update import global_loss_denominator
+
+    log_probs, entropy = actor._forward(batch, 0.8, calculate_entropy=True)
+    mask = batch.batch["response_mask"]
+    (-(log_probs * mask).sum() / global_loss_denominator(mask, "token-mean", dp_size=2)).backward()
+    return log_probs.detach(), entropy.detach()
+
+
+def _assert_same_numbers(mask, log_probs, entropy, model, ref_log_probs, ref_entropy, reference) -> None:
+    """Log-probs and entropies at the response tokens, and every parameter's gradient, equal the reference's."""
+    _assert_close(log_probs[mask], ref_log_probs[mask], "log-probs")
+    _assert_close(entropy[mask], ref_entropy[mask], "entropy")
+    expected, actual = _full_grads(reference), _full_grads(model)
+    assert expected.keys() == actual.keys() and len(expected) > 5
+    for name in expected:
+        _assert_close(actual[name], expected[name], f"gradient of {name}")
+
+
+def _actor_equality(rank: int, path: str, gradient_checkpointing: bool, lora_rank: int = 0) -> None:
 
     from easyrl.config import ActorConfig
     from easyrl.workers.actor import Actor
@@ -252,12 +295,7 @@ def _actor_equality(rank: int, path: str, gradient_checkpointing: bool, lora_ran
     # reference: ulysses 1, rank r scores half r of the batch
     reference = _fsdp_model(path, "causal_lm", gradient_checkpointing, lora_rank)
     half = data.chunk(2)[rank]
-    ref_log_probs, ref_entropy = scored(Actor(config, reference), half)
-    gathered = [torch.empty_like(ref_log_probs) for _ in range(2)]
-    dist.all_gather(gathered, ref_log_probs)
-    ref_log_probs = torch.cat(gathered)
-    dist.all_gather(gathered, ref_entropy)
-    ref_entropy = torch.cat(gathered)
+    ref_log_probs, ref_entropy = _whole_batch(*scored(Actor(config, reference), half))
 
     # ulysses 2: both ranks score the whole batch, each a half of every packed row
     model = _fsdp_model(path, "causal_lm", gradient_checkpointing, lora_rank)
@@ -300,7 +338,6 @@ def _critic_equality(rank: int, path: str) -> None:
 def _shared_prefix_equality(rank: int, path: str, fused: bool) -> None:
     """Shared prefixes (a packed row holding each prompt once) cut over the Ulysses group give the unshared
     ulysses 1 numbers, with the groups' samples out of packed order (the row's outputs are read in another order)."""
-    import torch.distributed as dist
 
     from easyrl.config import ActorConfig
     from easyrl.workers.actor import Actor
@@ -326,12 +363,7 @@ def _shared_prefix_equality(rank: int, path: str, fused: bool) -> None:
         return log_probs.detach(), entropy.detach()
 
     reference = _fsdp_model(path, "causal_lm", False)
-    ref_log_probs, ref_entropy = scored(Actor(config(False), reference), data.chunk(2)[rank])
-    parts = [torch.empty_like(ref_log_probs) for _ in range(2)]
-    dist.all_gather(parts, ref_log_probs)
-    ref_log_probs = torch.cat(parts)
-    dist.all_gather(parts, ref_entropy)
-    ref_entropy = torch.cat(parts)
+    ref_log_probs, ref_entropy = _whole_batch(*scored(Actor(config(False), reference), data.chunk(2)[rank]))
 
     model = _fsdp_model(path, "causal_lm", False)
     actor = Actor(config(True), model, sp=sp)
@@ -340,13 +372,8 @@ def _shared_prefix_equality(rank: int, path: str, fused: bool) -> None:
     assert (actor.prefix_stats.samples, actor.prefix_stats.groups) == (6, 3)
     assert actor.prefix_stats.tokens < actor.prefix_stats.unshared_tokens
     mask = data.batch["response_mask"].bool()
-    _assert_close(log_probs[mask], ref_log_probs[mask], "log-probs")
-    _assert_close(entropy[mask], ref_entropy[mask], "entropy")
+    _assert_same_numbers(mask, log_probs, entropy, model, ref_log_probs, ref_entropy, reference)
     assert torch.equal(log_probs[~mask], torch.zeros_like(log_probs[~mask]))
-    expected, actual = _full_grads(reference), _full_grads(model)
-    assert expected.keys() == actual.keys() and len(expected) > 5
-    for name in expected:
-        _assert_close(actual[name], expected[name], f"gradient of {name}")
 
 
 @pytest.fixture(scope="module")
@@ -414,14 +441,11 @@ def _vl_samples():
 
 def _vl_equality(rank: int, path: str) -> None:
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoProcessor
 
-    from easyrl.config import ActorConfig, FSDPConfig
+    from easyrl.config import ActorConfig
     from easyrl.testing.vl_batch import make_vl_batch
     from easyrl.workers.actor import Actor
-    from easyrl.workers.fsdp_utils import apply_fsdp2
-    from easyrl.workers.ppo_update import global_loss_denominator
 
     processor = AutoProcessor.from_pretrained(path)
     data = make_vl_batch(processor, path, _vl_samples(), response_length=6, seed=1)
@@ -430,38 +454,17 @@ def _vl_equality(rank: int, path: str) -> None:
     config.micro_batch_size_per_device_for_experience = 4
     sp = ulysses.build_sequence_parallel(2)
 
-    def model():
-        module = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
-        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("fsdp",))
-        apply_fsdp2(module, mesh, FSDPConfig(mp_param_dtype="fp32"))
-        return module
-
-    def scored(actor, batch):
-        log_probs, entropy = actor._forward(batch, 0.8, calculate_entropy=True)
-        mask = batch.batch["response_mask"]
-        denominator = global_loss_denominator(mask, "token-mean", dp_size=2)
-        (-(log_probs * mask).sum() / denominator).backward()
-        return log_probs.detach(), entropy.detach()
-
-    reference = model()
-    ref_log_probs, ref_entropy = scored(Actor(config, reference, processor=processor), data.chunk(2)[rank])
-    parts = [torch.empty_like(ref_log_probs) for _ in range(2)]
-    dist.all_gather(parts, ref_log_probs)
-    ref_log_probs = torch.cat(parts)
-    dist.all_gather(parts, ref_entropy)
-    ref_entropy = torch.cat(parts)
-
-    ulysses_model = model()
+    scored = _vl_scored
+    reference = _fsdp_vl_model(path)
+    half = data.chunk(2)[rank]
+    ref_log_probs, ref_entropy = _whole_batch(*scored(Actor(config, reference, processor=processor), half))
+    ulysses_model = _fsdp_vl_model(path)
     encoded = _count_encoded_patches(ulysses_model)
     actor = Actor(config, ulysses_model, processor=processor, sp=sp)
     log_probs, entropy = scored(actor, data)
     mask = data.batch["response_mask"].bool()
-    _assert_close(log_probs[mask], ref_log_probs[mask], "log-probs")
-    _assert_close(entropy[mask], ref_entropy[mask], "entropy")
-    expected, actual = _full_grads(reference), _full_grads(ulysses_model)
-    assert any("visual" in name for name in expected), "the vision tower got no gradient"
-    for name in expected:
-        _assert_close(actual[name], expected[name], f"gradient of {name}")
+    _assert_same_numbers(mask, log_probs, entropy, ulysses_model, ref_log_probs, ref_entropy, reference)
+    assert any("visual" in name for name in _full_grads(reference)), "the vision tower got no gradient"
 
     # the group encoded the micro-batch's pictures and video once between them, each rank a share (by patches)
     grids = data.non_tensor_batch["multi_modal_data"]
@@ -492,58 +495,34 @@ def _vl_shared_prefix_equality(rank: int, path: str) -> None:
     """Shared prefixes over the Ulysses group on a VLM: each group's picture or video prompt runs once in the row
     (the tower encodes it once, shared over the ranks), the row is cut, and the numbers are the unshared ones."""
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoProcessor
 
-    from easyrl.config import ActorConfig, FSDPConfig
+    from easyrl.config import ActorConfig
     from easyrl.testing.vl_batch import make_vl_batch
     from easyrl.workers.actor import Actor
-    from easyrl.workers.fsdp_utils import apply_fsdp2
-    from easyrl.workers.ppo_update import global_loss_denominator
 
     processor = AutoProcessor.from_pretrained(path)
     picture, text, _, video = _vl_samples()
     # groups interleaved: picture, video, picture, text, video, picture
     data = make_vl_batch(processor, path, [picture, video, picture, text, video, picture], response_length=6, seed=2)
     data.meta_info["temperature"] = 0.8
-    sp = ulysses.build_sequence_parallel(2)
 
     def config(shared: bool) -> ActorConfig:
         actor = ActorConfig(padding_free=True, dynamic_batching=False, use_torch_compile=False, shared_prefix=shared)
         actor.micro_batch_size_per_device_for_experience = 6
         return actor
 
-    def model():
-        module = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
-        apply_fsdp2(module, init_device_mesh("cpu", (2,), mesh_dim_names=("fsdp",)), FSDPConfig(mp_param_dtype="fp32"))
-        return module
-
-    def scored(actor, batch):
-        log_probs, entropy = actor._forward(batch, 0.8, calculate_entropy=True)
-        mask = batch.batch["response_mask"]
-        (-(log_probs * mask).sum() / global_loss_denominator(mask, "token-mean", dp_size=2)).backward()
-        return log_probs.detach(), entropy.detach()
-
-    reference = model()
-    ref_log_probs, ref_entropy = scored(Actor(config(False), reference, processor=processor), data.chunk(2)[rank])
-    parts = [torch.empty_like(ref_log_probs) for _ in range(2)]
-    dist.all_gather(parts, ref_log_probs)
-    ref_log_probs = torch.cat(parts)
-    dist.all_gather(parts, ref_entropy)
-    ref_entropy = torch.cat(parts)
-
-    shared_model = model()
-    encoded = _count_encoded_patches(shared_model)
-    actor = Actor(config(True), shared_model, processor=processor, sp=sp)
-    log_probs, entropy = scored(actor, data)
+    reference = _fsdp_vl_model(path)
+    half = data.chunk(2)[rank]
+    ref_log_probs, ref_entropy = _whole_batch(*_vl_scored(Actor(config(False), reference, processor=processor), half))
+    model = _fsdp_vl_model(path)
+    encoded = _count_encoded_patches(model)
+    actor = Actor(config(True), model, processor=processor, sp=ulysses.build_sequence_parallel(2))
+    log_probs, entropy = _vl_scored(actor, data)
     assert (actor.prefix_stats.groups, actor.prefix_stats.unshared_rows) == (3, 0)
     mask = data.batch["response_mask"].bool()
-    _assert_close(log_probs[mask], ref_log_probs[mask], "log-probs")
-    _assert_close(entropy[mask], ref_entropy[mask], "entropy")
-    expected, actual = _full_grads(reference), _full_grads(shared_model)
-    assert any("visual" in name for name in actual), "the vision tower got no gradient"
-    for name in expected:
-        _assert_close(actual[name], expected[name], f"gradient of {name}")
+    _assert_same_numbers(mask, log_probs, entropy, model, ref_log_probs, ref_entropy, reference)
+    assert any("visual" in name for name in _full_grads(model)), "the vision tower got no gradient"
     # the picture and the video once each over the group (the unshared row holds 3 pictures and 2 videos)
     rows = data.non_tensor_batch["multi_modal_data"]
     once = sum(int(grid.prod()) for grid in _grids(processor, [rows[0], rows[1]]))
