@@ -9,8 +9,13 @@ they are the same at any ulysses_size), on each of 2 gloo ranks. Ulysses 1 runs 
 
     .venv/bin/python -m benchmarks.ulysses_memory                 # 16k tokens, 2 layers, hidden 256, 8 / 4 heads
     .venv/bin/python -m benchmarks.ulysses_memory --tokens 4096   # quicker
+    .venv/bin/python -m benchmarks.ulysses_memory --tokens 8192 --samples 4   # GRPO-shaped, with shared prefixes
 
 The bar: at ulysses_size 2 each rank keeps at most 0.6x of what one rank keeps at ulysses_size 1.
+
+``--samples n`` scores n sequences that share their prompt (the first half; each has its own response, as GRPO's n
+samples of a prompt do) and also measures ulysses_size 2 with ``worker.actor.shared_prefix``, whose packed row holds
+the prompt once: then a long prompt (a video) is kept once for the n samples, and split over the group.
 """
 
 import argparse
@@ -33,6 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--kv-heads", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--samples", type=int, default=1, help="sequences sharing the prompt (the first half)")
     parser.add_argument("--no-record", action="store_true", help="do not append to benchmarks/results.jsonl")
     return parser.parse_args(argv)
 
@@ -55,18 +61,20 @@ def _model(args: argparse.Namespace):
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
 
 
-def _one_sequence(tokens: int, vocab: int):
-    """A rollout-shaped batch of one row: the first half prompt, the second half response."""
+def _sequences(tokens: int, vocab: int, samples: int = 1):
+    """A rollout-shaped batch of ``samples`` rows with the same prompt (the first half of each) and their own
+    responses (the second half)."""
     from easyrl.protocol import DataProto
 
     prompt, response = tokens // 2, tokens - tokens // 2
     gen = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(1, vocab, (1, tokens), generator=gen)
-    ones = torch.ones(1, tokens, dtype=torch.long)
+    input_ids = torch.randint(1, vocab, (samples, tokens), generator=gen)
+    input_ids[:, :prompt] = input_ids[0, :prompt]
+    ones = torch.ones(samples, tokens, dtype=torch.long)
     tensors = {
         "input_ids": input_ids,
         "attention_mask": ones,
-        "position_ids": torch.arange(tokens)[None],
+        "position_ids": torch.arange(tokens)[None].expand(samples, -1),
         "responses": input_ids[:, prompt:],
         "response_mask": ones[:, :response],
     }
@@ -102,11 +110,14 @@ def _rank_main(rank: int, port: int, args: argparse.Namespace, results) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        config = ActorConfig(padding_free=True, dynamic_batching=False, use_torch_compile=False)
-        data = _one_sequence(args.tokens, args.vocab)
+        data = _sequences(args.tokens, args.vocab, args.samples)
 
-        def measure(sp) -> tuple[int, float]:
+        def measure(sp, shared: bool = False) -> tuple[int, float]:
             model = _model(args)
+            config = ActorConfig(
+                padding_free=True, dynamic_batching=False, use_torch_compile=False, shared_prefix=shared
+            )
+            config.micro_batch_size_per_device_for_experience = args.samples
             actor = Actor(config, model, sp=sp)
             start = time.perf_counter()
             size = saved_bytes(model, lambda: actor._forward(data, 1.0, calculate_entropy=True))
@@ -117,6 +128,9 @@ def _rank_main(rank: int, port: int, args: argparse.Namespace, results) -> None:
         dist.barrier()
         size, seconds = measure(ulysses.build_sequence_parallel(2))
         results[f"ulysses_2_rank{rank}"] = (size, seconds)
+        if args.samples > 1:
+            dist.barrier()
+            results[f"ulysses_2_shared_rank{rank}"] = measure(ulysses.build_sequence_parallel(2), shared=True)
     finally:
         dist.destroy_process_group()
 
@@ -135,6 +149,7 @@ def main(argv=None) -> dict:
     two = max(results["ulysses_2_rank0"][0], results["ulysses_2_rank1"][0])
     record = {
         "tokens": args.tokens,
+        "samples": args.samples,
         "model": {
             "layers": args.layers,
             "hidden": args.hidden,
@@ -149,12 +164,25 @@ def main(argv=None) -> dict:
         "forward_s_ulysses_1": round(results["ulysses_1"][1], 2),
         "forward_s_ulysses_2": round(max(results["ulysses_2_rank0"][1], results["ulysses_2_rank1"][1]), 2),
     }
+    rows = [
+        {"ulysses_size": 1, "saved MiB per rank": record["saved_for_backward_mib_ulysses_1"]},
+        {"ulysses_size": 2, "saved MiB per rank": record["saved_for_backward_mib_ulysses_2_per_rank"]},
+    ]
+    if args.samples > 1:
+        shared = [results[f"ulysses_2_shared_rank{rank}"] for rank in (0, 1)]
+        record["saved_for_backward_mib_ulysses_2_shared_per_rank"] = round(max(s for s, _ in shared) / 2**20, 1)
+        record["ratio_shared_over_unshared_ulysses_2"] = round(max(s for s, _ in shared) / two, 3)
+        record["forward_s_ulysses_2_shared"] = round(max(t for _, t in shared), 2)
+        rows.append(
+            {
+                "ulysses_size": "2, shared prefix",
+                "saved MiB per rank": record["saved_for_backward_mib_ulysses_2_shared_per_rank"],
+            }
+        )
     print_table(
-        [
-            {"ulysses_size": 1, "saved MiB per rank": record["saved_for_backward_mib_ulysses_1"]},
-            {"ulysses_size": 2, "saved MiB per rank": record["saved_for_backward_mib_ulysses_2_per_rank"]},
-        ],
-        title=f"activation memory, one sequence of {args.tokens} tokens: ratio {record['ratio_2_over_1']}",
+        rows,
+        title=f"activation memory, {args.samples} sequence(s) of {args.tokens} tokens sharing the first half: ratio "
+        f"{record['ratio_2_over_1']}",
     )
     if not args.no_record:
         append_result("ulysses_memory", record)
