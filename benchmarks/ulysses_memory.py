@@ -69,7 +69,7 @@ def _sequences(tokens: int, vocab: int, samples: int = 1):
     prompt, response = tokens // 2, tokens - tokens // 2
     gen = torch.Generator().manual_seed(0)
     input_ids = torch.randint(1, vocab, (samples, tokens), generator=gen)
-    input_ids[:, :prompt] = input_ids[0, :prompt]
+    input_ids[1:, :prompt] = input_ids[0, :prompt]
     ones = torch.ones(samples, tokens, dtype=torch.long)
     tensors = {
         "input_ids": input_ids,

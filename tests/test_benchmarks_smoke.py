@@ -59,3 +59,16 @@ def test_lora_sync_benchmark_moves_the_adapter_not_the_model(ray_cluster, tiny_m
     assert (lora["route"], lora["sync_bytes"]) == ("adapter", 2 * 8192 * 4)
     assert full["sync_bytes"] > 100 * lora["sync_bytes"]
     assert lora["peak_rss_GiB"] > 0 and lora["update_s"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_ulysses_memory_benchmark_measures_one_sequence_and_shared_prompts():
+    from benchmarks import ulysses_memory
+
+    small = ["--tokens", "256", "--layers", "1", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--no-record"]
+    one = ulysses_memory.main(small)
+    assert one["samples"] == 1 and "saved_for_backward_mib_ulysses_2_shared_per_rank" not in one
+    assert 0 < one["saved_for_backward_mib_ulysses_2_per_rank"] < one["saved_for_backward_mib_ulysses_1"]
+    shared = ulysses_memory.main([*small, "--samples", "3"])
+    # the shared row holds the 128-token prompt once for the 3 samples: less kept than the unshared row
+    assert 0 < shared["ratio_shared_over_unshared_ulysses_2"] < 1
