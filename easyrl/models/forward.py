@@ -125,25 +125,18 @@ def forward_response_outputs(
         shared_prefix.unshared_tokens += grouped.unshared_tokens
         extra_inputs = {}
         if sp is not None:
-            # as for the padding-free row below, with the padding a sequence of the layout; Ulysses cuts the row by
-            # packed position, and the outputs a group's samples read are not in that order (a response's first
-            # token is read at its prompt's end): this rank keeps its positions in packed order
+            # as the padding-free row below, with the padding a sequence of the layout; Ulysses cuts the row by packed
+            # position, and the outputs a group's samples read are not in that order (a response's first token is
+            # read at its prompt's end): this rank keeps its positions in packed order
             order = torch.argsort(positions)
-            cut = ulysses.plan_slice(packed_ids.shape[-1], positions[order], sp)
-            extra_tokens = cut.padded_tokens - packed_ids.shape[-1]
-            packed_ids, packed_positions, _ = ulysses.pad_packed_row(
-                packed_ids, packed_positions, None, cut.padded_tokens, pad_id=0
+            unpadded = packed_ids.shape[-1]
+            packed_ids, packed_positions, _, cut, extra_inputs = ulysses.cut_packed_row(
+                packed_ids, packed_positions, None, positions[order], sp, whole_row=vision is not None
             )
-            if extra_tokens:
-                layout = layout.with_extra_sequence(extra_tokens)
-            if vision is None:
-                packed_ids = packed_ids[..., cut.start : cut.end]
-                packed_positions = packed_positions[..., cut.start : cut.end]
-            else:
-                extra_inputs[ulysses.SLICE_KWARG] = (cut.start, cut.end)
+            if cut.padded_tokens > unpadded:
+                layout = layout.with_extra_sequence(cut.padded_tokens - unpadded)
             positions, keep, rows = cut.keep, cut.keep, order[cut.rows]
             unsort = torch.argsort(order)
-            extra_inputs[ulysses.KWARG] = sp
         inputs = {
             "input_ids": packed_ids,
             "position_ids": packed_positions,
@@ -166,17 +159,13 @@ def forward_response_outputs(
         valid, positions = response_prediction_positions(attention_mask, response_length)
         keep = positions
         rows = slice(None)
+        extra_inputs = {}
         if sp is not None:
-            # pad the row to a multiple of the group, then keep this rank's slice of the tokens and of the FULL row's
-            # position ids; the boundaries stay those of the whole row (the attention sees it whole)
-            cut = ulysses.plan_slice(packed_ids.shape[-1], positions, sp)
-            max_seqlen = max(max_seqlen, cut.padded_tokens - packed_ids.shape[-1])
-            packed_ids, packed_positions, cu_seqlens = ulysses.pad_packed_row(
-                packed_ids, packed_positions, cu_seqlens, cut.padded_tokens, pad_id=0
+            unpadded = packed_ids.shape[-1]
+            packed_ids, packed_positions, cu_seqlens, cut, extra_inputs = ulysses.cut_packed_row(
+                packed_ids, packed_positions, cu_seqlens, positions, sp, whole_row=vision is not None
             )
-            if vision is None:
-                packed_ids = packed_ids[..., cut.start : cut.end]
-                packed_positions = packed_positions[..., cut.start : cut.end]
+            max_seqlen = max(max_seqlen, cut.padded_tokens - unpadded)
             positions, keep, rows = cut.keep, cut.keep, cut.rows
         # no attention mask: the sequence boundaries go to the attention kernels (varlen), which would otherwise
         # read them from the restarting position ids in every layer
@@ -184,13 +173,8 @@ def forward_response_outputs(
             "input_ids": packed_ids,
             "position_ids": packed_positions,
             **packed_attention_kwargs(cu_seqlens.to(packed_ids.device), max_seqlen),
+            **extra_inputs,
         }
-        if sp is not None:
-            inputs[ulysses.KWARG] = sp  # read by the attention wrapper of every decoder layer
-            if vision is not None:
-                # a VLM embeds the WHOLE row and puts the vision tower's outputs in place of the pads; the language
-                # model's pre-hook (ulysses.enable) then keeps this rank's slice of embeddings and 3-D positions
-                inputs[ulysses.SLICE_KWARG] = (cut.start, cut.end)
         # (1, kept): the i-th kept position predicts the i-th valid response token
         kept_labels = responses[valid][rows][None] if fused is not None else None
     else:

@@ -290,6 +290,30 @@ def pad_packed_row(
     return ids, positions, cu_seqlens
 
 
+def cut_packed_row(
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    cu_seqlens: torch.Tensor | None,
+    kept_positions: torch.Tensor,
+    sp: SequenceParallel,
+    whole_row: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, PackedSlice, dict]:
+    """Pad a packed row to a multiple of the group and keep this rank's slice of its tokens and of the FULL row's
+    position ids (the boundaries stay those of the whole row: the attention sees it whole). ``whole_row`` (a VLM,
+    which embeds the whole row and puts the vision tower's outputs in place of the pads) keeps the row whole and lets
+    the language model's pre-hook (``enable``) cut the embeddings and 3-D positions. Returns the ids, positions and
+    boundaries to run, the cut, and the keyword arguments the model is called with besides."""
+    cut = plan_slice(input_ids.shape[-1], kept_positions, sp)
+    input_ids, position_ids, cu_seqlens = pad_packed_row(input_ids, position_ids, cu_seqlens, cut.padded_tokens, 0)
+    extra: dict = {KWARG: sp}  # read by the attention wrapper of every decoder layer
+    if whole_row:
+        extra[SLICE_KWARG] = (cut.start, cut.end)
+    else:
+        input_ids = input_ids[..., cut.start : cut.end]
+        position_ids = position_ids[..., cut.start : cut.end]
+    return input_ids, position_ids, cu_seqlens, cut, extra
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # the attention function
 # ----------------------------------------------------------------------------------------------------------------------
