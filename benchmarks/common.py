@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -159,3 +161,21 @@ def describe_machine() -> str:
     info = machine_info()
     gpu = info["gpu"]["name"] if info["gpu"] else "no GPU"
     return f"{info['cpu']}, {info['cores']} cores, {info['ram_gib']} GiB RAM, {gpu}, load {info['load_avg_1m']}"
+
+
+def saved_bytes(model: torch.nn.Module, run) -> int:
+    """Bytes of the distinct storages autograd saves for backward while ``run()`` builds the graph (parameters
+    excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        outputs = run()
+    del outputs
+    return sum(seen.values())

@@ -29,6 +29,7 @@ import easyrl  # noqa: F401  (process environment)
 from easyrl.config import PPOConfig, derive
 from easyrl.protocol import DataProto
 from easyrl.workers.actor import Actor
+from easyrl.workers.fsdp_utils import attention_implementation  # what the workers load models with
 
 from .common import append_result, describe_machine, print_table
 
@@ -156,7 +157,9 @@ def run_text(args) -> list[dict]:
     from easyrl.demo.smollm2 import ensure_smollm2
 
     path = ensure_smollm2()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation=attention_implementation()
+    )
     data = text_batch(args, model.config.vocab_size)
     return [{"case": "text SmolLM2-135M", **row} for row in measure(model, data, args)]
 
@@ -171,7 +174,9 @@ def run_vl(args) -> list[dict]:
         # a copy whose processor keeps 448 x 448 pictures whole (256 vision tokens; the builtin caps them lower)
         path = set_pixel_limits(shutil.copytree(ensure_small_qwen2_5_vl(), Path(folder) / "vl"), 3136, 448 * 448)
         processor = AutoProcessor.from_pretrained(path)
-        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+        model = AutoModelForImageTextToText.from_pretrained(
+            path, dtype=torch.float32, attn_implementation=attention_implementation()
+        )
         data = vl_batch(args, path, processor)
     pads = int((data.batch["input_ids"][0] == processor.image_token_id).sum())
     prompt = int(data.batch["attention_mask"][0, : -args.response_max].sum())

@@ -26,8 +26,9 @@ import time
 import torch
 
 import easyrl  # noqa: F401  (process environment)
+from easyrl.workers.fsdp_utils import attention_implementation  # what the workers load models with
 
-from .common import append_result, print_table
+from .common import append_result, print_table, saved_bytes
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -58,7 +59,9 @@ def _model(args: argparse.Namespace):
         tie_word_embeddings=False,
     )
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    return AutoModelForCausalLM.from_config(
+        config, dtype=torch.float32, attn_implementation=attention_implementation()
+    )
 
 
 def _sequences(tokens: int, vocab: int, samples: int = 1):
@@ -79,24 +82,6 @@ def _sequences(tokens: int, vocab: int, samples: int = 1):
         "response_mask": ones[:, :response],
     }
     return DataProto.from_dict(tensors=tensors, meta_info={"temperature": 1.0})
-
-
-def saved_bytes(model: torch.nn.Module, run) -> int:
-    """Bytes of the distinct storages autograd saves for backward while ``run()`` builds the graph (parameters
-    excluded)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        outputs = run()
-    del outputs
-    return sum(seen.values())
 
 
 def _rank_main(rank: int, port: int, args: argparse.Namespace, results) -> None:

@@ -1,7 +1,7 @@
 """The ``easyrl_varlen`` attention implementation computes what sdpa computes, for every kind of call a model makes.
 
 On GPUs it runs PyTorch's varlen flash kernel on packed rows (tests/gpu checks that path); here, on CPU in fp32, the
-same function takes its exact fallbacks (block-diagonal mask for packed rows, a dense padding mask otherwise), so the
+same function takes its exact fallbacks (one sdpa call per packed sequence, a dense padding mask otherwise), so the
 routing (which call is packed, where the boundaries come from, causality, decoding with a cache) is checked on CPU.
 """
 
@@ -31,19 +31,30 @@ def test_boundaries_come_from_position_ids_restarting_at_zero():
     assert longest == 4
 
 
-def test_segment_mask_is_block_diagonal_and_causal():
-    mask = attention._segment_mask(torch.tensor([0, 2, 5], dtype=torch.int32), 5, True, torch.device("cpu"))[0, 0]
-    expected = torch.tensor(
-        [
-            [1, 0, 0, 0, 0],
-            [1, 1, 0, 0, 0],
-            [0, 0, 1, 0, 0],
-            [0, 0, 1, 1, 0],
-            [0, 0, 1, 1, 1],
-        ],
-        dtype=torch.bool,
+def test_a_packed_row_without_the_varlen_kernel_runs_one_unmasked_sdpa_call_per_sequence(monkeypatch):
+    """No (tokens x tokens) mask: each sequence attends within itself, and the result is the block-diagonal one."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 9, 8) for _ in range(3))
+    cu_seqlens = torch.tensor([0, 3, 5, 9], dtype=torch.int32)
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, key, value, attn_mask=None, **kwargs):
+        calls.append((query.shape[2], key.shape[2], attn_mask))
+        return sdpa(query, key, value, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    module = torch.nn.Module()
+    module.is_causal = True
+    out, _ = attention.varlen_attention_forward(
+        module, q, k, v, None, **attention.packed_attention_kwargs(cu_seqlens, 4)
     )
-    assert torch.equal(mask, expected)
+    assert [(queries, keys) for queries, keys, _ in calls] == [(3, 3), (2, 2), (4, 4)]
+    assert all(mask is None for _, _, mask in calls)
+    segment = torch.repeat_interleave(torch.arange(3), torch.tensor([3, 2, 4]))
+    block_diagonal = (segment[:, None] == segment[None, :]) & torch.ones(9, 9, dtype=torch.bool).tril()
+    expected = sdpa(q, k, v, attn_mask=block_diagonal).transpose(1, 2)
+    torch.testing.assert_close(out, expected)
 
 
 @pytest.mark.parametrize("explicit_boundaries", [True, False])
@@ -101,10 +112,11 @@ def test_non_causal_calls_see_the_whole_sequence():
 # ----------------------------------------------------------------------------------------------------------------------
 # the attention chosen and Liger's kernels (GPU options), as seen from a CPU-only machine
 # ----------------------------------------------------------------------------------------------------------------------
-def test_cpu_workers_use_sdpa():
+def test_cpu_workers_use_easyrl_varlen():
+    """Without flash-attn the workers' models run easyrl's attention: a packed row never gets transformers' mask."""
     from easyrl.workers.fsdp_utils import attention_implementation
 
-    assert attention_implementation() == "sdpa"
+    assert attention_implementation() == attention.NAME
 
 
 def test_check_refuses_liger_without_liger_kernel(valid_args):

@@ -47,13 +47,12 @@ def to_dtype(name: str | None, default: torch.dtype = torch.float32) -> torch.dt
 
 
 def attention_implementation() -> str:
-    """flash_attention_2 where it is installed (GPU); else PyTorch's own varlen kernel on GPU (models/attention.py);
-    sdpa on CPU. All three run padding-free packing without attention across the packed sequences."""
+    """flash_attention_2 where it is installed (GPU); else easyrl's own (models/attention.py): PyTorch's varlen kernel
+    on a GPU, one sdpa call per packed sequence on the CPU. Neither attends across the packed sequences, and neither
+    builds transformers' (tokens x tokens) mask for a packed row, which plain sdpa keeps for every layer's backward."""
     if device.is_cuda_available() and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
-    if attention.varlen_available():
-        return attention.register()
-    return "sdpa"
+    return attention.register()
 
 
 # ----------------------------------------------------------------------------------------------------------------------
