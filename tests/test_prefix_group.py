@@ -192,6 +192,35 @@ def test_text_log_probs_entropy_and_every_gradient_equal_the_unshared_path(tiny_
 
 
 @pytest.mark.timeout(120)
+def test_responses_at_least_as_long_as_their_prompt_attend_without_a_mask(tiny_lm_path, monkeypatch):
+    """On sdpa a response as long as its prompt or longer runs with the prompt's queries in front and sdpa's own causal
+    mask (the CPU then keeps no (response x (prompt + response)) float mask for backward); a shorter one keeps the
+    mask. Both equal the unshared path."""
+    # prompts of 4, 4, 4 | 2, 2 tokens; responses of 4, 6, 1 | 12, 10: one response shorter than its prompt, one as
+    # long, three longer
+    data = grouped_batch([3, 2], prompt_length=4, response_length=12, seed=0)
+    prompts, responses = data.batch["attention_mask"][:, :4].sum(-1), data.batch["response_mask"].sum(-1)
+    assert (prompts.tolist(), responses.tolist()) == ([4, 4, 4, 2, 2], [4, 6, 1, 12, 10])
+    model = load_hf_causal_lm(tiny_lm_path)
+    log_probs, entropy, grads, _ = forward_and_gradients(model, data, actor_config(False))
+    calls = []  # (queries, keys, masked) of every sdpa call of the shared forward
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, key, value, attn_mask=None, **kwargs):
+        calls.append((query.shape[2], key.shape[2], attn_mask is not None))
+        return sdpa(query, key, value, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    shared_log_probs, shared_entropy, shared_grads, _ = forward_and_gradients(model, data, actor_config(True))
+    per_layer = [(4, 4, False), (8, 8, False), (10, 10, False), (1, 5, True), (2, 2, False), (14, 14, False)]
+    per_layer += [(12, 12, False)]
+    assert sorted(calls) == sorted(per_layer * model.config.num_hidden_layers)
+    torch.testing.assert_close(shared_log_probs, log_probs, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(shared_entropy, entropy, rtol=1e-5, atol=1e-6)
+    assert_same_gradients(grads, shared_grads)
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("dynamic", [False, True], ids=["fixed", "dynamic"])
 def test_log_probs_over_mixed_and_split_micro_batches_equal_the_unshared_path(tiny_lm_path, dynamic):
     # micro-batches of 2 samples: the group of 3 is cut, the n = 1 group shares a micro-batch with another group

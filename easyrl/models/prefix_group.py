@@ -15,7 +15,8 @@ gradient over the group's responses, which is what the n unshared copies would h
 
 Attention per layer (``prefix_attention_forward``): one causal call over each prompt, and for each response one
 call of its queries over its prompt's keys/values concatenated with its own, with a small (response x (prompt +
-response)) mask. It runs on sdpa (any device, any dtype): no (tokens x tokens) mask is built and no kernel beyond
+response)) mask, or, for a response at least as long as its prompt, with the prompt's queries in front and sdpa's
+own causal mask instead (no mask to keep for the backward pass). It runs on sdpa (any device, any dtype): no (tokens x tokens) mask is built and no kernel beyond
 sdpa is needed. The attention function is registered with transformers the way ``ulysses.py`` registers its own: it
 takes the shared-prefix path only for calls carrying a ``prefix_layout`` keyword argument (the packed forward of
 ``forward.py`` passes it through the model); any other call goes to the wrapped implementation.
@@ -450,8 +451,17 @@ def prefix_attention_forward(
         else:
             k = torch.cat([key[:, :, segment.prefix_start : segment.prefix_end], k], dim=2)
             v = torch.cat([value[:, :, segment.prefix_start : segment.prefix_end], v], dim=2)
-            mask = layout.mask(segment.end - segment.start, prefix, query.device)
-            out, _ = sdpa_attention_forward(module, q, k, v, mask, dropout, scaling, is_causal=False, **kwargs)
+            if prefix <= segment.end - segment.start:
+                # the prompt's queries in front turn sdpa's causal mask (aligned top-left) into the one this segment
+                # needs (the whole prompt, then itself causally), with no (response x (prompt + response)) mask,
+                # which the CPU kernel keeps as floats for the backward pass; the prompt's rows are computed again
+                # and dropped, no more work than the masked blocks while the prompt is not the longer one
+                q = torch.cat([query[:, :, segment.prefix_start : segment.prefix_end], q], dim=2)
+                out, _ = sdpa_attention_forward(module, q, k, v, None, dropout, scaling, is_causal=True, **kwargs)
+                out = out[:, prefix:]
+            else:
+                mask = layout.mask(segment.end - segment.start, prefix, query.device)
+                out, _ = sdpa_attention_forward(module, q, k, v, mask, dropout, scaling, is_causal=False, **kwargs)
         outputs.append(out)  # (1, segment tokens, heads, dim)
     return torch.cat(outputs, dim=1), None
 
