@@ -1,4 +1,4 @@
-"""Padding-free attention without flash-attn: PyTorch's own variable-length flash kernel, else one sdpa call a sequence.
+"""Padding-free attention without flash-attn: PyTorch's varlen flash kernel, else one sdpa call per sequence.
 
 transformers runs a packed row (padding-free batches) through flash-attn's varlen kernel when flash-attn is installed
 (``flash_attention_2``). Without it, sdpa separates the packed sequences with a (tokens x tokens) block-diagonal mask:

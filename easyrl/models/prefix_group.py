@@ -16,8 +16,8 @@ gradient over the group's responses, which is what the n unshared copies would h
 Attention per layer (``prefix_attention_forward``): one causal call over each prompt, and for each response one
 call of its queries over its prompt's keys/values concatenated with its own, with a small (response x (prompt +
 response)) mask, or, for a response at least as long as its prompt, with the prompt's queries in front and sdpa's
-own causal mask instead (no mask to keep for the backward pass). It runs on sdpa (any device, any dtype): no (tokens x tokens) mask is built and no kernel beyond
-sdpa is needed. The attention function is registered with transformers the way ``ulysses.py`` registers its own: it
+own causal mask instead (no mask to keep for the backward pass). It runs on sdpa (any device, any dtype): no (tokens
+x tokens) mask is built and no kernel beyond sdpa is needed. The attention function is registered with transformers the way ``ulysses.py`` registers its own: it
 takes the shared-prefix path only for calls carrying a ``prefix_layout`` keyword argument (the packed forward of
 ``forward.py`` passes it through the model); any other call goes to the wrapped implementation.
 
