@@ -2,7 +2,6 @@
 equal the logits path (fp32), and no (tokens, vocab) tensor is kept for the backward pass."""
 
 import math
-import socket
 
 import pytest
 import torch
@@ -240,20 +239,6 @@ def test_vlm_fused_log_probs_equal_the_logits_path_with_a_blank_row(tiny_vl_mode
 # ----------------------------------------------------------------------------------------------------------------------
 # FSDP2: the head's weight exists whole only inside the root module's forward
 # ----------------------------------------------------------------------------------------------------------------------
-@pytest.fixture
-def one_rank_gloo_group():
-    import torch.distributed as dist
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.timeout(120)
 def test_fsdp2_fused_log_probs_and_gradients_equal_the_logits_path(tiny_model_path, one_rank_gloo_group):
     from torch.distributed.tensor import DTensor

@@ -19,6 +19,26 @@ CONFIG_CODE = """from transformers import Qwen2Config
 class ShippedConfig(Qwen2Config):
     model_type = "shipped_lm"
 """
+MODELING_CODE = """from torch import nn
+from transformers import Qwen2ForCausalLM
+
+from .configuration_shipped import ShippedConfig
+
+# the checkpoint's own attention classes, picked by name as much shipped modeling code does
+ATTENTION_CLASSES = {"eager": nn.Identity, "sdpa": nn.Identity, "flash_attention_2": nn.Identity}
+
+
+class ShippedAttention(nn.Module):
+    pass
+
+
+class ShippedForCausalLM(Qwen2ForCausalLM):
+    config_class = ShippedConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.shipped_attention = ATTENTION_CLASSES[config._attn_implementation]()
+"""
 TOKENIZER_CODE = """from transformers import PreTrainedTokenizerFast
 
 
@@ -81,3 +101,40 @@ def test_easyrl_run_stops_before_ray_and_names_the_key(tmp_path, remote_code_mod
     data_ready = prepare_run_data(load_run_plan([*args, "worker.actor.model.trust_remote_code=true"]))
     assert data_ready.plan.config.worker.rollout.trust_remote_code is True  # the engine gets the same permission
     assert len(data_ready.train_loader) == 2
+
+
+@pytest.mark.timeout(120)
+def test_shipped_modeling_code_with_its_own_attention_table_loads_with_sdpa(
+    tmp_path, remote_code_model, one_rank_gloo_group, caplog
+):
+    """Its table has no entry for easyrl's attention: the worker gives such a model sdpa, and it trains."""
+    import torch
+
+    from easyrl.config import FSDPConfig
+    from easyrl.workers.fsdp_utils import build_device_mesh, build_fsdp_model
+    from tests.fsdp_helpers import make_batch
+
+    folder = tmp_path / "shipped_model"
+    folder.mkdir()
+    for file in remote_code_model.iterdir():
+        (folder / file.name).write_bytes(file.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"]["AutoModelForCausalLM"] = "modeling_shipped.ShippedForCausalLM"
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "modeling_shipped.py").write_text(MODELING_CODE)
+    model = build_fsdp_model(
+        ModelConfig(model_path=str(folder), trust_remote_code=True),
+        FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32"),
+        build_device_mesh(1, -1),
+        kind="causal_lm",
+        trainable=True,
+        default_dtype=torch.float32,
+    )
+    assert type(model).__name__.endswith("ShippedForCausalLM")
+    assert model.config._attn_implementation == "sdpa"
+    assert "ShippedForCausalLM runs its own attention classes" in caplog.text
+    batch = make_batch(batch_size=2).batch
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits.float().pow(2).mean().backward()
+    assert torch.isfinite(logits).all()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

@@ -46,13 +46,30 @@ def to_dtype(name: str | None, default: torch.dtype = torch.float32) -> torch.dt
     return DTYPES[name]
 
 
-def attention_implementation() -> str:
+def attention_implementation(model_cls: type | None = None) -> str:
     """flash_attention_2 where it is installed (GPU); else easyrl's own (models/attention.py): PyTorch's varlen kernel
     on a GPU, one sdpa call per packed sequence on the CPU. Neither attends across the packed sequences, and neither
-    builds transformers' (tokens x tokens) mask for a packed row, which plain sdpa keeps for every layer's backward."""
+    builds transformers' (tokens x tokens) mask for a packed row, which plain sdpa keeps for every layer's backward.
+
+    A ``model_cls`` whose layers do not look their attention up in transformers' registry (a checkpoint's own
+    modeling code, trust_remote_code, often picks from a fixed table of eager / sdpa / flash_attention_2 classes) gets
+    plain sdpa: easyrl's name would not be in its table."""
     if device.is_cuda_available() and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
+    if model_cls is not None and not _takes_registered_attention(model_cls):
+        logger.warning(
+            "%s runs its own attention classes, not transformers' registry of attention functions: it gets sdpa, "
+            "whose padding-free rows carry a (tokens x tokens) mask (more memory and time than easyrl's attention).",
+            model_cls.__name__,
+        )
+        return "sdpa"
     return attention.register()
+
+
+def _takes_registered_attention(model_cls: type) -> bool:
+    # transformers' own test of this (it reads the class's module source), private, hence the guard
+    check = getattr(model_cls, "_can_set_attn_implementation", None)
+    return bool(check()) if callable(check) else True
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -80,6 +97,24 @@ def resolve_model_class(hf_config: object, kind: str) -> type:
     if kind == "reward":
         return AutoModelForSequenceClassification
     return AutoModelForTokenClassification if kind == "value" else AutoModelForCausalLM
+
+
+def concrete_model_class(model_cls: type, hf_config, trust_remote_code: bool) -> type:
+    """The class an Auto class (``AutoModelForCausalLM``, ...) loads for ``hf_config``: the checkpoint's own (its
+    ``auto_map``, with trust_remote_code) or transformers'. ``model_cls`` itself when it is a concrete class, or when
+    the lookup fails: ``from_pretrained`` then reports the problem in its own words."""
+    mapping = getattr(model_cls, "_model_mapping", None)
+    if mapping is None:
+        return model_cls
+    reference = (getattr(hf_config, "auto_map", None) or {}).get(model_cls.__name__)
+    try:
+        if reference is not None and trust_remote_code:
+            from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+            return get_class_from_dynamic_module(reference, hf_config._name_or_path)
+        return mapping[type(hf_config)]
+    except (KeyError, ValueError, OSError, ImportError):
+        return model_cls
 
 
 register_model_class_resolver(vision.resolve_vision_language_class)
@@ -232,7 +267,9 @@ def build_fsdp_model(
     dtype = to_dtype(fsdp_config.torch_dtype, default_dtype)
     common = {
         "dtype": dtype,
-        "attn_implementation": attention_implementation(),
+        "attn_implementation": attention_implementation(
+            concrete_model_class(model_cls, hf_config, model_config.trust_remote_code)
+        ),
         "trust_remote_code": model_config.trust_remote_code,
     }
     rank = dist.get_rank() if dist.is_initialized() else 0
