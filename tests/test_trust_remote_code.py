@@ -109,6 +109,7 @@ def test_shipped_modeling_code_with_its_own_attention_table_loads_with_sdpa(
 ):
     """Its table has no entry for easyrl's attention: the worker gives such a model sdpa, and it trains."""
     import torch
+    from transformers import Qwen2ForCausalLM
 
     from easyrl.config import FSDPConfig
     from easyrl.workers.fsdp_utils import build_device_mesh, build_fsdp_model
@@ -122,6 +123,8 @@ def test_shipped_modeling_code_with_its_own_attention_table_loads_with_sdpa(
     config["auto_map"]["AutoModelForCausalLM"] = "modeling_shipped.ShippedForCausalLM"
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "modeling_shipped.py").write_text(MODELING_CODE)
+    # transformers caches its answer on the class it asks: the shipped class derives from one asked before
+    assert Qwen2ForCausalLM._can_set_attn_implementation()
     model = build_fsdp_model(
         ModelConfig(model_path=str(folder), trust_remote_code=True),
         FSDPConfig(torch_dtype="fp32", mp_param_dtype="fp32"),

@@ -69,7 +69,13 @@ def attention_implementation(model_cls: type | None = None) -> str:
 def _takes_registered_attention(model_cls: type) -> bool:
     # transformers' own test of this (it reads the class's module source), private, hence the guard
     check = getattr(model_cls, "_can_set_attn_implementation", None)
-    return bool(check()) if callable(check) else True
+    if not callable(check):
+        return True
+    if "_can_set_attn_implementation_cached_value" not in vars(model_cls):
+        # transformers caches the answer on the class it asked, and a subclass (shipped code deriving from
+        # Qwen2ForCausalLM) would read its parent's answer: have this class's own module read
+        model_cls._can_set_attn_implementation_cached_value = None
+    return bool(check())
 
 
 # ----------------------------------------------------------------------------------------------------------------------
