@@ -158,3 +158,13 @@ def test_a_dotted_answer_key_needs_its_column(tmp_path, tokenizer):
     rows = [{"problem": "p", "meta": {"answer": "7"}}, {"problem": "q", "meta": {"other": 1}}]
     dataset = RLHFDataset(write_jsonl(tmp_path / "m.jsonl", rows), tokenizer, None, config(answer_key="meta.answer"))
     assert len(dataset) == 1 and dataset[0]["ground_truth"] == "7"  # the row without the field is skipped
+
+
+def test_missing_column_with_a_close_name_suggests_it(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"Problem": "ok", "answers": "1"}])
+    with pytest.raises(
+        KeyError, match=r"the columns are \['Problem', 'answers'\]\. Did you mean data.prompt_key=Problem"
+    ):
+        RLHFDataset(path, tokenizer, None, config())
+    with pytest.raises(KeyError, match=r"Did you mean data.answer_key=answers\?"):
+        RLHFDataset(path, tokenizer, None, config(prompt_key="Problem"))

@@ -762,3 +762,32 @@ def test_rows_that_only_route_to_an_environment_get_an_empty_prompt_its_reset_fi
     # without a tool environment, a missing prompt column is still an error naming the key
     with pytest.raises(KeyError, match="no column 'problem' \\(data.prompt_key\\)"):
         RLHFDataset(str(path), tokenizer, None, config, carry_columns=True)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "near"), [("prompt_key", "questoin", "question"), ("answer_key", "answr", "answer")]
+)
+def test_a_misspelt_key_beside_a_tool_environment_is_refused_not_filled(
+    tokenizer, two_envs, tmp_path, key, value, near
+):
+    """Beside a tool environment a missing prompt (or answer) column is filled with an empty value for rows that only
+    route to it; a column whose name is close to the key means a typo, which would train on empty prompts (or score
+    against empty answers): refused, naming the close column."""
+    import json
+
+    from easyrl.data.dataset import RLHFDataset
+    from tests.test_bad_data import data_config
+
+    path = tmp_path / "rows.jsonl"
+    rows = [{"environment": "counter", "question": "Count to 3.", "answer": "3", "target": 3}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    keys = {"prompt_key": "question", "answer_key": "answer"}
+    config = data_config(max_prompt_length=128, **{**keys, key: value})
+    tools = tool_schemas(None, two_envs)
+    with pytest.raises(KeyError, match=rf"no column '{value}' \(data.{key}\), but '{near}' is close; set data.{key}="):
+        RLHFDataset(str(path), tokenizer, None, config, tools=tools, carry_columns=True, env_prompts=True)
+    # spelt right, the same rows load with their own prompts and answers
+    config = data_config(max_prompt_length=128, **keys)
+    dataset = RLHFDataset(str(path), tokenizer, None, config, tools=tools, carry_columns=True, env_prompts=True)
+    assert dataset[0]["ground_truth"] == "3"
+    assert "Count to 3." in tokenizer.decode(dataset[0]["raw_prompt_ids"])

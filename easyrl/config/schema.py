@@ -30,7 +30,8 @@ class DataConfig:
     val_files: str = ""
     """Validation data, same forms as `train_files`; empty disables validation. Also the prompts of `easyrl
     generate` and `easyrl eval`. Beside a tool environment whose reset gives the task, rows may hold only its reset
-    arguments (e.g. a `seed` column): a row without a prompt column gets an empty user message that the reset fills."""
+    arguments (e.g. a `seed` column): a row without a prompt column gets an empty user message that the reset fills
+    (unless a column's name is close to data.prompt_key or data.answer_key: a misspelt key is an error)."""
     prompt_key: str = "prompt"
     """Column holding the prompt: a text, or a list of chat messages ``{"role", "content"}`` (verl's and TRL's
     conversational data; data.format_prompt then renders the last user message). ``column.field`` reads a field

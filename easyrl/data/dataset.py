@@ -27,6 +27,7 @@ built.
 """
 
 import dataclasses
+import difflib
 import logging
 import math
 import os
@@ -329,6 +330,16 @@ def video_kwargs(videos: list, fps: list[float]) -> dict[str, Any]:
     return {"video_metadata": metadata, "do_sample_frames": False}
 
 
+def _near_column(name: str, columns: list[str]) -> str | None:
+    """The column whose name is close to ``name`` (a misspelt data key: ``questoin`` for ``question``), or None."""
+    close = difflib.get_close_matches(name, columns, n=1, cutoff=0.8)
+    if not close:  # the same name in another case or with dashes: ``Question``, ``image-path``
+        folded = {column.lower().replace("-", "_"): column for column in columns}
+        close = difflib.get_close_matches(name.lower().replace("-", "_"), list(folded), n=1, cutoff=0.8)
+        close = [folded[close[0]]] if close else []
+    return close[0] if close else None
+
+
 def _name_rows(rows: Any) -> str:
     """ "row 3" / "rows 1, 4, 9 and 12 more": the first rows of a warning, all of them counted."""
     rows = [int(i) for i in rows]
@@ -472,6 +483,15 @@ class RLHFDataset(Dataset):
             name = getattr(self.config, key)
             if "." in name or name in columns:  # a field inside a column is the user's to point at
                 continue
+            near = _near_column(name, columns)
+            if near:  # a misspelt key would train on empty prompts (or answers) after a warning: refuse it
+                raise KeyError(
+                    f"{self.config_key}: no column {name!r} (data.{key}), but {near!r} is close; set data.{key}="
+                    f"{near} if that is the column meant. Rows that only route to the tool environment (its reset "
+                    f"gives the task) get an empty {'prompt' if key == 'prompt_key' else 'answer'} only when no "
+                    f"column's name is close to data.{key}: rename {near!r} if the reset reads it. The columns are "
+                    f"{columns}."
+                )
             self.rows = self.rows.add_column(name, [value] * len(self.rows))
             filled.append(name)
         if self.config.prompt_key in filled:
@@ -498,7 +518,9 @@ class RLHFDataset(Dataset):
         for key in ("prompt_key", "answer_key"):
             name = getattr(self.config, key)
             if name not in columns and name.split(".")[0] not in columns:  # `column.field` reads inside a column
-                raise KeyError(f"{self.config_key}: no column {name!r} (data.{key}); the columns are {columns}.")
+                near = _near_column(name.split(".")[0], columns)
+                hint = f" Did you mean data.{key}={near}?" if near else ""
+                raise KeyError(f"{self.config_key}: no column {name!r} (data.{key}); the columns are {columns}.{hint}")
 
     def _warn_skipped(self, what: str, rows: list[tuple[int, str]], total: int, with_reasons: bool = True) -> None:
         if not rows:
