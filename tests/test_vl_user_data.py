@@ -8,7 +8,7 @@ rollout, everything in fp32, and must report finite losses and actor log-probs e
 
 The full grid -- model x n in {1, 2, 5} x micro-batch in {1, 3} x padding-free on/off x reference on/off -- is slow;
 the default suite runs two points that, with the reported setup at the end of this file, touch every value of every
-axis and both models. Each run is its own subprocess, as a user runs it.
+axis and both models, and a third with PPO's critic (GAE) on the VLM. Each run is its own subprocess, as a user runs it.
 """
 
 import itertools
@@ -37,17 +37,32 @@ class GridPoint:
     padding_free: bool
     reference: bool
     dynamic_batching: bool = False
+    critic: bool = False  # PPO with GAE: a value model of the same VLM
 
     @property
     def name(self) -> str:
         return (
             f"{self.family}-n{self.n}-mb{self.micro_batch}-{'pf' if self.padding_free else 'padded'}"
             f"-{'ref' if self.reference else 'noref'}{'-dyn' if self.dynamic_batching else ''}"
+            f"{'-gae' if self.critic else ''}"
         )
 
+    @property
+    def estimator(self) -> str:
+        return "gae" if self.critic else "reinforce_plus_plus" if self.n == 1 else "grpo"
+
     def overrides(self) -> list[str]:
-        return [
-            f"algorithm.adv_estimator={'reinforce_plus_plus' if self.n == 1 else 'grpo'}",
+        critic = [
+            f"worker.critic.global_batch_size={ROLLOUT_BATCH}",
+            f"worker.critic.micro_batch_size_per_device_for_update={self.micro_batch}",
+            f"worker.critic.micro_batch_size_per_device_for_experience={self.micro_batch}",
+            f"worker.critic.padding_free={str(self.padding_free).lower()}",
+            "worker.critic.model.enable_gradient_checkpointing=false",
+            "worker.critic.fsdp.torch_dtype=fp32",
+            "worker.critic.fsdp.mp_param_dtype=fp32",
+        ]
+        return (critic if self.critic else []) + [
+            f"algorithm.adv_estimator={self.estimator}",
             f"algorithm.disable_kl={str(not self.reference).lower()}",
             f"algorithm.use_kl_loss={str(self.reference).lower()}",
             f"worker.rollout.n={self.n}",
@@ -63,6 +78,8 @@ class GridPoint:
 COVERING_POINTS = (
     GridPoint("qwen2_5_vl", n=1, micro_batch=1, padding_free=True, reference=True),
     GridPoint("qwen3_vl", n=5, micro_batch=3, padding_free=False, reference=False),
+    # PPO's critic on the VLM, which transformers has no value-head class for (models/vision.use_value_head)
+    GridPoint("qwen2_5_vl", n=2, micro_batch=3, padding_free=True, reference=False, critic=True),
 )
 FULL_GRID = tuple(
     GridPoint(family, n, micro_batch, padding_free, reference)
@@ -144,6 +161,9 @@ def check_run(point: GridPoint, metrics: dict[int, dict], log_path: Path, user_d
         assert row["actor/grad_norm"] > 0, f"{point.name} step {step}: no gradient reached the policy"
         if point.reference:
             assert math.isfinite(row["actor/kl_loss"]), f"{point.name} step {step}: kl_loss = {row['actor/kl_loss']}"
+        if point.critic:
+            assert math.isfinite(row["critic/vf_loss"]), f"{point.name} step {step}: vf_loss = {row['critic/vf_loss']}"
+            assert row["critic/grad_norm"] > 0, f"{point.name} step {step}: no gradient reached the critic"
         diff = row["rollout/logprob_abs_diff/mean"]
         assert diff < LOGPROB_TOLERANCE, f"{point.name} step {step}: actor vs vLLM log-prob diff {diff}"
     # the corrupt picture's row was skipped, counted and named, and nothing else was

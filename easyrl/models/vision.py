@@ -28,14 +28,42 @@ def is_vision_language_config(hf_config: Any) -> bool:
 
 
 def resolve_vision_language_class(hf_config: Any, kind: str) -> type | None:
-    """The image-text-to-text class for a VLM actor/reference; None for text models (and for value heads, which
-    transformers has no VLM class for)."""
-    if kind != "causal_lm" or not is_vision_language_config(hf_config):
+    """The image-text-to-text class for a VLM actor, reference or critic (``kind`` "value": transformers has no VLM
+    class with a value head, so the critic loads the image-text-to-text model and ``use_value_head`` gives it one);
+    None for text models."""
+    if kind not in ("causal_lm", "value") or not is_vision_language_config(hf_config):
         return None
     from transformers import AutoModelForImageTextToText
 
     # the Auto class itself: it offers from_config as well as from_pretrained
     return AutoModelForImageTextToText if type(hf_config) in AutoModelForImageTextToText._model_mapping else None
+
+
+def use_value_head(model: torch.nn.Module) -> None:
+    """Turn an image-text-to-text model into a value model (PPO's critic): its LM head becomes a one-output linear
+    head, initialised as transformers initialises a text model's token-classification head (normal with the
+    config's initializer_range, zero bias), so ``.logits`` is (batch, tokens, 1), the value of each position.
+
+    The head is untied from the input embeddings (small VLMs tie them). Its initial weights come from a fixed seed,
+    so every rank draws the same head; on the meta device (ranks that receive rank 0's weights) it is left empty."""
+    old = model.get_output_embeddings()
+    head = torch.nn.Linear(old.in_features, 1, bias=True, device=old.weight.device, dtype=old.weight.dtype)
+    if head.weight.device.type != "meta":
+        text_config = model.config.get_text_config()
+        generator = torch.Generator(device=head.weight.device).manual_seed(0)
+        with torch.no_grad():
+            head.weight.normal_(0.0, getattr(text_config, "initializer_range", 0.02), generator=generator)
+            head.bias.zero_()
+    model.set_output_embeddings(head)
+    for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+        config.tie_word_embeddings = False
+    if hasattr(model, "all_tied_weights_keys"):  # transformers would tie the new head back to the embeddings
+        model.all_tied_weights_keys = {}
+
+
+def has_value_head(hf_config: Any, lm_head_rows: int) -> bool:
+    """A saved image-text-to-text model whose LM head has one output: a critic made by ``use_value_head``."""
+    return is_vision_language_config(hf_config) and lm_head_rows == 1
 
 
 def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:

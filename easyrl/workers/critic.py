@@ -29,10 +29,13 @@ class Critic:
         *,
         mini_batch_size: int | None = None,
         dp_size: int = 1,
+        processor=None,
         sp: "SequenceParallel | None" = None,
     ) -> None:
-        """``sp``: this rank's Ulysses group (``worker.critic.ulysses_size`` > 1)."""
+        """``processor``: a vision-language model's (pictures become pixel inputs); ``sp``: this rank's Ulysses group
+        (``worker.critic.ulysses_size`` > 1)."""
         self.config = config
+        self.processor = processor
         self.module = module
         self.optimizer = optimizer
         self.mini_batch_size = mini_batch_size
@@ -44,7 +47,7 @@ class Critic:
     def _forward(self, micro_batch: "DataProto") -> torch.Tensor:
         """(batch, response_len) fp32 values; 0 past each response."""
         values, valid = forward_response_outputs(
-            self.module, micro_batch, self.config.padding_free, lm_logits=False, sp=self.sp
+            self.module, micro_batch, self.config.padding_free, lm_logits=False, processor=self.processor, sp=self.sp
         )
         return scatter_to_response(values.squeeze(-1).float(), valid)
 

@@ -262,6 +262,7 @@ def merge_checkpoint_to_hf(
         raise ValueError(f"`{role_path}` holds full weights, not LoRA adapters: drop --adapter_only.")
 
     config = transformers.AutoConfig.from_pretrained(hf_path)
+    _refuse_vision_language_critic(role_path, config)
     dtype = dtype or released_dtype(config)
     weights = _checkpoint_model_weights(role_path, dtype)  # a bf16 model is read as bf16: half the memory of fp32
     model_cls = getattr(transformers, (config.architectures or ["AutoModelForCausalLM"])[0])
@@ -283,6 +284,20 @@ def merge_checkpoint_to_hf(
         )
     save_pretrained_in_released_layout(model, output_path, dtype=dtype)
     _copy_extras(hf_path, output_path, skip={"config.json", GENERATION_CONFIG_FILE})
+
+
+def _refuse_vision_language_critic(role_path: str, config) -> None:
+    """A vision-language critic (an image-text-to-text model with a one-output head, models/vision.use_value_head)
+    has no transformers class to be saved as: say so rather than fail on the head's shape."""
+    from ..models.vision import has_value_head
+
+    head = SafeFileSystemReader(role_path).read_metadata().state_dict_metadata.get("model.lm_head.weight")
+    if head is not None and hasattr(head, "size") and has_value_head(config, head.size[0]):
+        raise ValueError(
+            f"`{role_path}` is the critic of a vision-language model: transformers has no class for a VLM with a "
+            "value head, so it has no Hugging Face folder. The trained model is the checkpoint's actor folder; the "
+            "critic resumes from the checkpoint itself (trainer.load_checkpoint_path)."
+        )
 
 
 def _merge_lora_checkpoint(

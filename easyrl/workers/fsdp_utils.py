@@ -287,10 +287,12 @@ def build_fsdp_model(
                 model = model_cls.from_config(hf_config, **common)
         else:
             model = model_cls.from_pretrained(path, config=hf_config, **common)
+    if kind == "value" and vision.is_vision_language_config(hf_config):
+        vision.use_value_head(model)
     model.config.use_cache = False
     model.requires_grad_(trainable)
     if trainable and model_config.freeze_vision_tower:
-        vision.freeze_vision_tower(model, "worker.actor.model.freeze_vision_tower")
+        vision.freeze_vision_tower(model, f"worker.{_role(kind)}.model.freeze_vision_tower")
     if trainable and model_config.enable_gradient_checkpointing:
         # non-reentrant checkpointing also carries gradients to adapters whose layer inputs need none (LoRA)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -181,6 +181,7 @@ class FSDPWorker(Worker):
                 self.optimizers["critic"],
                 mini_batch_size=critic_config.global_batch_size_per_device,
                 dp_size=dp_size,
+                processor=self.processor,
                 sp=self.sp,
             )
         if "rollout" in self.parts:
