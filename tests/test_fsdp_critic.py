@@ -91,3 +91,23 @@ def test_a_merged_critic_checkpoint_is_a_token_classification_model_with_the_tra
     torch.testing.assert_close(
         out.logits[:, -response_length - 1 : -1, 0] * batch["response_mask"], values, atol=1e-5, rtol=0
     )
+
+
+def test_the_value_head_has_no_dropout_and_unknown_overrides_are_set_and_named(tiny_untied_model_path, caplog):
+    """transformers applies only the config keys its class declares: `classifier_dropout` (read by the token
+    classification head with getattr) was dropped, and the critic trained with 10% dropout before its value head."""
+    from transformers import AutoModelForTokenClassification
+
+    from easyrl.config import ModelConfig
+    from easyrl.workers.fsdp_utils import load_hf_config
+
+    model = ModelConfig(
+        model_path=str(tiny_untied_model_path), override_config={"attention_dropout": 0.0, "my_flag": 3}
+    )
+    config = load_hf_config(model, "value")
+    assert config.num_labels == 1 and config.classifier_dropout == 0.0
+    assert config.my_flag == 3
+    assert "worker.critic.model.override_config: my_flag is not among LlamaConfig's declared fields" in caplog.text
+    assert "attention_dropout" not in caplog.text  # a declared field: applied by transformers
+    head_dropout = AutoModelForTokenClassification.from_config(config).dropout
+    assert head_dropout.p == 0.0

@@ -133,10 +133,29 @@ def load_hf_config(model_config: ModelConfig, kind: str):
 
     overrides = dict(model_config.override_config)
     if kind == "value":
+        # no dropout before the value head: transformers' token-classification head otherwise drops 10% of its input
+        # in training mode, so the update's values would not be the ones the rollout step computed
         overrides.update(num_labels=1, classifier_dropout=0.0)
     path = resolve_model_path(model_config.model_path)
     with naming_the_remote_code_key(path, _role(kind)):
-        return AutoConfig.from_pretrained(path, trust_remote_code=model_config.trust_remote_code, **overrides)
+        config, unknown = AutoConfig.from_pretrained(
+            path, trust_remote_code=model_config.trust_remote_code, return_unused_kwargs=True, **overrides
+        )
+    # transformers applies only the keys its config class declares and hands the others back unused: a key such
+    # as classifier_dropout, which the model class reads with getattr, would be dropped without a word
+    for key, value in unknown.items():
+        setattr(config, key, value)
+    undeclared = sorted(set(unknown) & set(model_config.override_config))
+    if undeclared:
+        logger.warning(
+            "worker.%s.model.override_config: %s %s not among %s's declared fields; set on the config all the same, "
+            "it changes the model only where the model's code reads it.",
+            _role(kind),
+            ", ".join(undeclared),
+            "is" if len(undeclared) == 1 else "are",
+            type(config).__name__,
+        )
+    return config
 
 
 def model_path_dtype(model_config: ModelConfig, kind: str) -> torch.dtype | None:
