@@ -257,6 +257,60 @@ def test_policy_update_with_shared_prefixes_equals_the_unshared_update(tiny_lm_p
         torch.testing.assert_close(states[True][name], tensor, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def critic_config(shared_prefix: bool, micro_batch_size: int = 4):
+    from easyrl.config import CriticConfig
+
+    full = PPOConfig()
+    derive(full)
+    config: CriticConfig = full.worker.critic
+    config.padding_free, config.shared_prefix, config.max_grad_norm = True, shared_prefix, 1e6
+    config.micro_batch_size_per_device_for_experience = micro_batch_size
+    config.micro_batch_size_per_device_for_update = micro_batch_size
+    return config
+
+
+@pytest.mark.timeout(120)
+def test_critic_values_and_update_with_shared_prefixes_equal_the_unshared_path(tiny_lm_path):
+    """PPO's critic (worker.critic.shared_prefix): a token-classification model on the same packed rows."""
+    from transformers import AutoModelForTokenClassification
+
+    from easyrl.config import ModelConfig
+    from easyrl.workers.critic import Critic
+    from easyrl.workers.fsdp_utils import load_hf_config
+
+    def value_model():  # with the worker's config (no dropout); the new head is drawn alike each time
+        torch.manual_seed(0)
+        config = load_hf_config(ModelConfig(model_path=str(tiny_lm_path)), "value")
+        return AutoModelForTokenClassification.from_pretrained(
+            tiny_lm_path, config=config, dtype=torch.float32, attn_implementation="sdpa"
+        )
+
+    data = grouped_batch([3, 3, 1, 2], seed=8)
+    model = value_model()
+    values = {shared: Critic(critic_config(shared, 3), model).compute_values(data) for shared in (False, True)}
+    assert values[False].abs().sum() > 0
+    torch.testing.assert_close(values[True], values[False], rtol=1e-5, atol=1e-6)
+
+    mask = data.batch["response_mask"]
+    data.batch["values"] = values[False]
+    data.batch["returns"] = torch.randn(mask.shape, generator=torch.Generator().manual_seed(8)) * mask
+    states, metrics = {}, {}
+    for shared in (False, True):
+        model = value_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        metrics[shared] = Critic(critic_config(shared), model, optimizer, mini_batch_size=len(data)).update_critic(
+            data
+        )
+        states[shared] = {k: v.clone() for k, v in model.state_dict().items()}
+    assert metrics[True]["critic/shared_prefix/samples_per_prompt"] == 2.25  # 9 samples, 4 prompts
+    assert metrics[True]["critic/shared_prefix/token_ratio"] < 1.0
+    assert metrics[True]["critic/vf_loss"] == pytest.approx(metrics[False]["critic/vf_loss"], rel=1e-5)
+    before = value_model().state_dict()
+    assert max(float((states[False][k] - before[k]).abs().max()) for k in before) > 1e-4
+    for name, tensor in states[False].items():
+        torch.testing.assert_close(states[True][name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # equal to the unshared path: a VLM with pictures in the prompt
 # ----------------------------------------------------------------------------------------------------------------------
@@ -349,15 +403,27 @@ def test_check_accepts_shared_prefix_and_the_reference_follows_the_actor(valid_a
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["worker.actor.padding_free=false"], r"`worker\.actor\.shared_prefix` is true.*padding_free=true"),
+        (
+            ["worker.actor.shared_prefix=true", "worker.actor.padding_free=false"],
+            r"`worker\.actor\.shared_prefix` is true.*set worker\.actor\.padding_free=true",
+        ),
+        (
+            [
+                "algorithm.adv_estimator=gae",
+                "worker.critic.global_batch_size=4",
+                "worker.critic.shared_prefix=true",
+                "worker.critic.padding_free=false",
+            ],
+            r"`worker\.critic\.shared_prefix` is true.*set worker\.critic\.padding_free=true",
+        ),
     ],
-    ids=["padded"],
+    ids=["actor-padded", "critic-padded"],
 )
 def test_check_refuses_shared_prefix_where_it_cannot_run_naming_the_key(valid_args, overrides, message):
     from easyrl.config.plan import load_run_plan
 
     with pytest.raises(ConfigError, match=message):
-        load_run_plan([*valid_args, "worker.actor.shared_prefix=true", *overrides])
+        load_run_plan([*valid_args, *overrides])
 
 
 # ----------------------------------------------------------------------------------------------------------------------

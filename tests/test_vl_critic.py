@@ -33,7 +33,7 @@ def vl_model(request, tmp_path_factory):
     return path, AutoProcessor.from_pretrained(path)
 
 
-def _critic(path, processor, *, padding_free: bool, micro_batch_size: int = 2):
+def _critic(path, processor, *, padding_free: bool, micro_batch_size: int = 2, shared_prefix: bool = False):
     from easyrl.config import CriticConfig, FSDPConfig, ModelConfig, OptimConfig
     from easyrl.workers.critic import Critic
     from easyrl.workers.fsdp_utils import build_device_mesh, build_fsdp_model
@@ -48,6 +48,7 @@ def _critic(path, processor, *, padding_free: bool, micro_batch_size: int = 2):
     config = dataclasses.replace(
         config,
         padding_free=padding_free,
+        shared_prefix=shared_prefix,
         micro_batch_size_per_device_for_experience=micro_batch_size,
         micro_batch_size_per_device_for_update=micro_batch_size,
     )
@@ -151,3 +152,16 @@ def test_vl_critic_resumes_from_its_checkpoint_and_merge_says_it_has_no_hf_folde
 
     with pytest.raises(ValueError, match="is the critic of a vision-language model: transformers has no class"):
         merge_checkpoint(str(tmp_path / "critic"))
+
+
+@pytest.mark.timeout(240)
+def test_vl_critic_values_with_shared_prefixes_equal_the_unshared_path(vl_model, one_rank_gloo_group):
+    """worker.critic.shared_prefix: the samples of a prompt (and its pictures) computed once per group."""
+    path, processor = vl_model
+    samples = [SAMPLES[0], SAMPLES[0], SAMPLES[0], SAMPLES[1], SAMPLES[2], SAMPLES[2]]
+    data = make_vl_batch(processor, str(path), samples, response_length=6, seed=4)
+    plain, _ = _critic(path, processor, padding_free=True, micro_batch_size=3)
+    shared, _ = _critic(path, processor, padding_free=True, micro_batch_size=3, shared_prefix=True)
+    expected = plain.compute_values(data)
+    torch.testing.assert_close(shared.compute_values(data), expected, rtol=1e-5, atol=1e-6)
+    assert shared.prefix_stats.samples == len(samples) and shared.prefix_stats.groups == 3

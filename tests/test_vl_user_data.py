@@ -57,6 +57,7 @@ class GridPoint:
             f"worker.critic.micro_batch_size_per_device_for_update={self.micro_batch}",
             f"worker.critic.micro_batch_size_per_device_for_experience={self.micro_batch}",
             f"worker.critic.padding_free={str(self.padding_free).lower()}",
+            f"worker.critic.shared_prefix={str(self.padding_free).lower()}",  # each prompt once per group
             "worker.critic.model.enable_gradient_checkpointing=false",
             "worker.critic.fsdp.torch_dtype=fp32",
             "worker.critic.fsdp.mp_param_dtype=fp32",
@@ -164,6 +165,9 @@ def check_run(point: GridPoint, metrics: dict[int, dict], log_path: Path, user_d
         if point.critic:
             assert math.isfinite(row["critic/vf_loss"]), f"{point.name} step {step}: vf_loss = {row['critic/vf_loss']}"
             assert row["critic/grad_norm"] > 0, f"{point.name} step {step}: no gradient reached the critic"
+            if point.padding_free:
+                shared = row["critic/shared_prefix/samples_per_prompt"]
+                assert shared > 1, f"{point.name} step {step}: the critic's groups shared nothing ({shared})"
         diff = row["rollout/logprob_abs_diff/mean"]
         assert diff < LOGPROB_TOLERANCE, f"{point.name} step {step}: actor vs vLLM log-prob diff {diff}"
     # the corrupt picture's row was skipped, counted and named, and nothing else was

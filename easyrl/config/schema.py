@@ -329,7 +329,7 @@ class ActorConfig(TrainableRoleConfig):
     instead of rollout.n times; results equal the unshared path. Micro-batches and trainer.balance_batch's rank
     chunks keep groups whole. Needs
     padding_free; with ulysses_size > 1 the packed row is cut over the group as any padding-free row is. Also used
-    by the reference."""
+    by the reference; the critic has its own switch, worker.critic.shared_prefix."""
     skip_zero_advantage: bool = True
     """The update skips the forward and backward passes of samples whose advantage is zero at every token (a GRPO
     group whose samples all scored the same): with a built-in loss_type, entropy_coef 0 and no KL loss they add
@@ -353,6 +353,10 @@ class CriticConfig(TrainableRoleConfig):
 
     padding_free: bool = False
     """Pack sequences without padding in forward passes."""
+    shared_prefix: bool = False
+    """Shared-prefix forward passes for the values and the value update, as worker.actor.shared_prefix does for
+    the policy: each prompt computed once per group of samples (a VLM's pictures too), values equal to the unshared
+    path. Needs worker.critic.padding_free."""
     cliprange_value: float = 0.5
     """Value clipping range around the old values."""
 

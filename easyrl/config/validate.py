@@ -437,15 +437,14 @@ def _check_ulysses(config: PPOConfig, role: str, role_config) -> None:
 
 
 def _check_shared_prefix(config: PPOConfig) -> None:
-    """`worker.actor.shared_prefix` (models/prefix_group.py) packs each prompt once in a padding-free row."""
-    actor = config.worker.actor
-    if not actor.shared_prefix:
-        return
-    key = "`worker.actor.shared_prefix` is true"
-    if not actor.padding_free:
-        raise ConfigError(
-            f"{key}: it packs each prompt once in a padding-free row; set worker.actor.padding_free=true."
-        )
+    """`worker.{actor,critic}.shared_prefix` (models/prefix_group.py) packs each prompt once in a padding-free row."""
+    for role in ("actor", "critic") if uses_critic(config) else ("actor",):
+        section = getattr(config.worker, role)
+        if section.shared_prefix and not section.padding_free:
+            raise ConfigError(
+                f"`worker.{role}.shared_prefix` is true: it packs each prompt once in a padding-free row; set "
+                f"worker.{role}.padding_free=true."
+            )
 
 
 def _check_lora(config: PPOConfig) -> None:

@@ -56,7 +56,8 @@ KWARG = "prefix_layout"
 # ----------------------------------------------------------------------------------------------------------------------
 @dataclass
 class PrefixStats:
-    """What sharing did, summed over the forward passes that used it (reported as ``actor/shared_prefix/*``)."""
+    """What sharing did, summed over the forward passes that used it (reported as ``actor/shared_prefix/*`` and
+    ``critic/shared_prefix/*``)."""
 
     samples: int = 0
     """Samples run through the shared-prefix path."""

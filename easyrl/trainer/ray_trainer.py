@@ -299,9 +299,10 @@ class PPOTrainer:
     def _rank_chunks(self, batch: DataProto) -> tuple[int, list[list[int]] | None]:
         """(data-parallel ranks, the row groups that must stay on one rank): with shared prefixes a prompt's samples
         move together, so that on one rank they compute the prompt once."""
-        actor = self.config.worker.actor
+        actor, critic = self.config.worker.actor, self.config.worker.critic
         uids = batch.non_tensor_batch.get("uid")
-        groups = groups_by_uid(uids) if actor.shared_prefix and uids is not None else None
+        shared = actor.shared_prefix or (self.use_critic and critic.shared_prefix)
+        groups = groups_by_uid(uids) if shared and uids is not None else None
         return self.config.world_size // max(actor.ulysses_size, 1), groups
 
     def _balance_batch(self, batch: DataProto, metrics: dict[str, Any]) -> torch.Tensor | None:

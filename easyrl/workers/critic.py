@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..models import ulysses
+from ..models import prefix_group, ulysses
 from ..models.dynamic_batching import restore_order, split_micro_batches
 from ..models.forward import forward_response_outputs, scatter_to_response
 from .ppo_update import run_ppo_updates
@@ -43,20 +43,34 @@ class Critic:
         self.sp = sp
         if sp is not None:
             ulysses.enable(module, sp.size, "worker.critic.ulysses_size")
+        # worker.critic.shared_prefix: each prompt computed once per group of samples (models/prefix_group.py)
+        self.prefix_stats = prefix_group.PrefixStats() if config.shared_prefix else None
+        if config.shared_prefix:
+            prefix_group.enable(module)
 
     def _forward(self, micro_batch: "DataProto") -> torch.Tensor:
         """(batch, response_len) fp32 values; 0 past each response."""
         values, valid = forward_response_outputs(
-            self.module, micro_batch, self.config.padding_free, lm_logits=False, processor=self.processor, sp=self.sp
+            self.module,
+            micro_batch,
+            self.config.padding_free,
+            lm_logits=False,
+            processor=self.processor,
+            sp=self.sp,
+            shared_prefix=self.prefix_stats,
         )
         return scatter_to_response(values.squeeze(-1).float(), valid)
 
     @torch.no_grad()
     def compute_values(self, data: "DataProto") -> torch.Tensor:
         self.module.eval()
-        micro_batches, permutation = split_micro_batches(
-            data, self.config.micro_batch_size_per_device_for_experience, self.config.dynamic_batching
-        )
+        micro_batch_size = self.config.micro_batch_size_per_device_for_experience
+        if self.prefix_stats is None:
+            micro_batches, permutation = split_micro_batches(data, micro_batch_size, self.config.dynamic_batching)
+        else:
+            micro_batches, permutation = prefix_group.split_micro_batches_by_group(
+                data, micro_batch_size, self.config.dynamic_batching, self.prefix_stats
+            )
         return restore_order(torch.cat([self._forward(mb) for mb in micro_batches]), permutation)
 
     def _micro_loss(self, micro_batch: "DataProto", denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
@@ -78,7 +92,9 @@ class Critic:
         """PPO epochs of value regression on ``data`` (needs values, returns, response_mask); ``critic/*`` metrics."""
         if self.optimizer is None or self.mini_batch_size is None:
             raise RuntimeError("This critic was built without an optimizer.")
-        return run_ppo_updates(
+        if self.prefix_stats is not None:
+            self.prefix_stats = prefix_group.PrefixStats()  # this update's counts only
+        metrics = run_ppo_updates(
             self.module,
             self.optimizer,
             data,
@@ -87,4 +103,8 @@ class Critic:
             mini_batch_size=self.mini_batch_size,
             dp_size=self.dp_size,
             prefix="critic",
+            shared_prefix=self.prefix_stats,
         )
+        if self.prefix_stats is not None:
+            metrics.update(self.prefix_stats.metrics("critic"))
+        return metrics
