@@ -155,3 +155,20 @@ def test_data_parallel_engines_split_the_prompts_and_sample_with_different_seeds
     assert response_lists(data_parallel_pair.generate_sequences(greedy, GREEDY)) == hf_greedy_responses(
         hf_model, greedy, tokenizer.eos_token_id
     )
+
+
+def test_the_engine_reads_the_actors_override_config(tiny_model_path):
+    """worker.actor.model.override_config reaches the engine as vLLM's hf_overrides (its own EngineArgs builds the
+    model config here, without starting an engine): it runs the model the actor trains, e.g. with a longer context."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from easyrl.config import RolloutConfig
+    from easyrl.workers.rollout.vllm_rollout import _cpu_engine_environment, _engine_kwargs
+
+    config = RolloutConfig(prompt_length=8, response_length=8)
+    kwargs = _engine_kwargs(config, 1, 0, hf_overrides={"max_position_embeddings": 4321})
+    with _cpu_engine_environment():
+        model_config = EngineArgs(model=str(tiny_model_path), **kwargs).create_model_config()
+        assert model_config.hf_config.max_position_embeddings == 4321
+        plain = EngineArgs(model=str(tiny_model_path), **_engine_kwargs(config, 1, 0)).create_model_config()
+        assert plain.hf_config.max_position_embeddings != 4321

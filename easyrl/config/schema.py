@@ -175,7 +175,9 @@ class ModelConfig:
     tokenizer_path: Optional[str] = None
     """Tokenizer/processor folder or hub id; null means model_path."""
     override_config: dict = field(default_factory=dict)
-    """Values that override the model's config.json (e.g. {attention_dropout: 0.0})."""
+    """Values that override the model's config.json (e.g. {attention_dropout: 0.0}); the actor's also reach the vLLM
+    engine (its hf_overrides), which then runs the model the actor trains. A key the config class does not declare
+    is set all the same, with a warning naming it."""
     enable_gradient_checkpointing: bool = True
     """Recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False

@@ -50,6 +50,7 @@ def _build_vllm(worker: Any) -> BaseRollout:
         world_size=worker.world_size,
         tokenizer_path=resolve_model_path(model_config.tokenizer_path or model_config.model_path),
         lora=actor_lora(getattr(worker, "actor_module", None)),
+        hf_overrides=model_config.override_config,
     )
     # turn by turn with tools / an environment when multi_turn is set; a VLM's processor reads the pictures they return
     model_path = resolve_model_path(model_config.model_path)

@@ -140,8 +140,14 @@ def _cpu_engine_environment() -> Iterator[None]:
 
 
 def _engine_kwargs(
-    config: RolloutConfig, tensor_parallel_size: int, seed: int, max_lora_rank: int | None = None
+    config: RolloutConfig,
+    tensor_parallel_size: int,
+    seed: int,
+    max_lora_rank: int | None = None,
+    hf_overrides: dict | None = None,
 ) -> dict[str, Any]:
+    """The vLLM engine's arguments. ``hf_overrides``: the actor's ``model.override_config``, so that the engine runs
+    the model the actor trains (a longer ``max_position_embeddings``, a ``rope_scaling``), not the folder's own."""
     # the config check (easyrl/config/validate.py) has refused every value this could not run with; a RolloutConfig
     # built in code rather than loaded has no derived max_model_len yet
     max_model_len = config.max_model_len or config.prompt_length + config.response_length
@@ -162,6 +168,8 @@ def _engine_kwargs(
         "logprobs_mode": "processed_logprobs",
         "enable_sleep_mode": device.supports_sleep_mode(),
     }
+    if hf_overrides:
+        kwargs["hf_overrides"] = dict(hf_overrides)
     if max_lora_rank is not None:  # one adapter: the actor's (easyrl/workers/rollout/lora_sync.py)
         kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
     if config.limit_images > 0:
@@ -226,6 +234,7 @@ class VLLMRollout(BaseRollout):
         tokenizer_path: str | None = None,
         load_format: str = "auto",
         lora: ActorLora | None = None,
+        hf_overrides: dict | None = None,
     ) -> None:
         """Start this rank's engine from the checkpoint folder.
 
@@ -236,6 +245,7 @@ class VLLMRollout(BaseRollout):
         ``lora``: the actor's adapters. ``lora_route`` then says how the actor reaches the engine: "adapter" (the
         engine serves the base weights from ``model_path`` and takes the adapter after each update,
         ``update_adapter``) or "merged" (merged weights through ``update_weights``); see lora_sync.py.
+        ``hf_overrides``: the actor's ``model.override_config``, applied to the engine's model config too.
         """
         self.config = config
         self.tokenizer = tokenizer
@@ -258,7 +268,9 @@ class VLLMRollout(BaseRollout):
                 tokenizer=tokenizer_path or model_path,
                 load_format=load_format,
                 # same seed inside a tensor-parallel group (identical sampling), different across groups
-                **_engine_kwargs(config, config.tensor_parallel_size, config.seed + self.dp_rank, max_lora_rank),
+                **_engine_kwargs(
+                    config, config.tensor_parallel_size, config.seed + self.dp_rank, max_lora_rank, hf_overrides
+                ),
             )
         if self.lora_route == "adapter":
             (unserved,) = self.llm.collective_rpc("easyrl_unserved_lora_modules", args=(list(lora.module_names),))
