@@ -67,3 +67,43 @@ def test_unknown_file_type_is_rejected(tmp_path):
 def test_empty_path_is_an_error():
     with pytest.raises(ValueError, match="data.train_files is empty"):
         load_rows("")
+
+
+MIXED_ROWS = [
+    {
+        "messages": [
+            {"role": "user", "content": [{"type": "image", "image": "a.png"}, {"type": "text", "text": "Count."}]},
+            {"role": "assistant", "content": "3"},
+        ],
+        "answer": 3,
+    },
+    {"messages": [{"role": "user", "content": "What is 2+3?"}, {"role": "assistant", "content": "5"}], "answer": "5"},
+    {"messages": [{"role": "user", "content": "null"}, {"role": "assistant", "content": '{"a": 1}'}], "answer": "1e3"},
+    {"messages": [{"role": "user", "content": "true"}, {"role": "assistant", "content": "[1, 2]"}], "answer": None},
+]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_fields_mixing_types_across_rows_keep_each_value_as_written(tmp_path, suffix):
+    """A field that is text in one row and a list (or a number) in another gets the reader's Json type, which took
+    every text that parses as JSON for encoded JSON: the answer "3" came back as 3, "null" as a missing value, "1e3" as
+    1000.0, and an SFT row's reply "3" was refused as a list of content parts."""
+    path = tmp_path / f"mixed{suffix}"
+    if suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in MIXED_ROWS))
+    else:
+        path.write_text(json.dumps(MIXED_ROWS))
+    rows = load_rows(str(path))
+    assert [row["messages"] for row in rows] == [row["messages"] for row in MIXED_ROWS]
+    assert [row["answer"] for row in rows] == [3, "5", "1e3", None]
+    assert isinstance(rows.features["answer"], datasets.Json)  # the reader's own type, decoded right
+
+
+def test_a_mixed_sft_file_keeps_every_row(tmp_path):
+    from easyrl.data.sft import normalize_messages
+
+    path = tmp_path / "sft.jsonl"
+    path.write_text("".join(json.dumps({"messages": row["messages"]}) + "\n" for row in MIXED_ROWS))
+    for index, (row, written) in enumerate(zip(load_rows(str(path)), MIXED_ROWS)):
+        pictures = 1 if index == 0 else 0
+        assert normalize_messages(row["messages"], pictures) == normalize_messages(written["messages"], pictures)

@@ -9,7 +9,9 @@ A data file is read whole before anything else starts, and what cannot be read i
 the file and (where there is one) the line: a file with no rows; a byte that is not UTF-8 in a .jsonl/.json/.csv file
 (the readers take UTF-8 only; an error, not a skipped row, because such a byte almost always means the whole file is
 in another encoding); a line of a .jsonl file that is not JSON. CSV cells are read as the text they hold (an answer
-`06` stays "06", not the number 6.0), an empty cell as null.
+`06` stays "06", not the number 6.0), an empty cell as null. A JSON field whose values mix types across rows (chat
+messages whose content is text in one row and a list of parts in another; an answer that is a number here and text
+there) holds each value as written: the text "3" stays text (see ``_reread_mixed_json``).
 """
 
 import csv
@@ -129,7 +131,47 @@ def _from_file(local: Path, builder: str, config_key: str) -> datasets.Dataset:
         ) from error
     if len(rows) == 0:
         raise ValueError(f"{config_key}: {local} has no rows; point {config_key} at a data file.")
+    if builder == "json":
+        rows = _reread_mixed_json(local, rows)
     return rows
+
+
+def _encode_at(value, path: list) -> object:
+    """``value`` with the field at ``path`` (a list step is 0) written as JSON text; nulls stay null."""
+    if value is None:
+        return None
+    if not path:
+        return json.dumps(value, ensure_ascii=False)
+    step, rest = path[0], path[1:]
+    if step == 0:
+        return [_encode_at(item, rest) for item in value] if isinstance(value, list) else value
+    return {**value, step: _encode_at(value.get(step), rest)} if isinstance(value, dict) else value
+
+
+def _reread_mixed_json(local: Path, rows: datasets.Dataset) -> datasets.Dataset:
+    """The rows again, with each mixed-type field as written.
+
+    The JSON reader gives a field that mixes types across rows (a string here, a list or a number there) the ``Json``
+    type, and takes every string of it that parses as JSON for JSON already encoded: the answer "3" came back as the
+    number 3, "null" as a missing value, "1e3" as 1000.0. The file is read again here and those fields are written as
+    JSON text by ``json.dumps`` before the same features decode them, so each value comes back as it was written.
+    Files without such fields are returned as read."""
+    from datasets.utils.json import get_json_field_paths_from_feature
+
+    paths = get_json_field_paths_from_feature(rows.features)
+    if not paths:
+        return rows
+    with open(local, encoding="utf-8-sig") as file:
+        if local.suffix.lower() == ".jsonl":
+            records = [json.loads(line) for line in file if line.strip()]
+        else:
+            records = json.load(file)
+    if not isinstance(records, list) or len(records) != len(rows) or not all(isinstance(r, dict) for r in records):
+        return rows  # a layout the reader turned into rows some other way: left as read
+    for path in paths:
+        records = [_encode_at(record, path) for record in records]
+    columns = {name: [record.get(name) for record in records] for name in rows.features}
+    return datasets.Dataset.from_dict(columns, features=rows.features)
 
 
 def _looks_local(path: str) -> bool:
