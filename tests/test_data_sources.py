@@ -107,3 +107,10 @@ def test_a_mixed_sft_file_keeps_every_row(tmp_path):
     for index, (row, written) in enumerate(zip(load_rows(str(path)), MIXED_ROWS)):
         pictures = 1 if index == 0 else 0
         assert normalize_messages(row["messages"], pictures) == normalize_messages(written["messages"], pictures)
+
+
+def test_a_message_whose_content_is_a_json_number_is_its_text():
+    from easyrl.data.sft import normalize_messages
+
+    messages = [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": 5}]
+    assert normalize_messages(messages, 0)[1] == {"role": "assistant", "content": "5"}

@@ -76,6 +76,8 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
         if not isinstance(message, dict) or _is_missing(message.get("role")) or "content" not in message:
             raise UnusableConversationError(f"message {index} is not a {{role, content}} dict")
         content = message["content"]
+        if isinstance(content, (int, float)) and not isinstance(content, bool):
+            content = str(content)  # a reply written as a JSON number ({"content": 5}) is its text
         if isinstance(content, str):
             parts = placeholder_parts(content) if PLACEHOLDER.search(content) else content
         else:  # typed parts; a column read by `datasets` fills the keys a part lacks with None
