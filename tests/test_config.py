@@ -188,8 +188,9 @@ def _checkpoint_role(root, step: int, lora: bool = False):
     (role / "huggingface").mkdir(parents=True)
     for name in [".metadata", "__0_0.distcp", "huggingface/config.json", "huggingface/tokenizer.json"]:
         (role / name).write_text("{}")
-    if lora:
+    if lora:  # a LoRA checkpoint's huggingface/ is also the peft adapter folder
         (role / "huggingface" / "adapter_config.json").write_text("{}")
+        (role / "huggingface" / "adapter_model.safetensors").write_text("{}")
     return role
 
 

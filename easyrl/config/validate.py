@@ -278,7 +278,9 @@ def _unmerged_checkpoint_role(folder: Path) -> Optional[Path]:
     for role in (folder, folder / "actor", folder.parent):
         if (role / ".metadata").is_file() and (role / "huggingface" / "config.json").is_file():
             hf = role / "huggingface"
-            merged = any(hf.glob("*.safetensors")) or any(hf.glob("*.bin"))
+            # a LoRA checkpoint's huggingface/ holds the adapters (adapter_model.safetensors): not a merged model
+            weights = [*hf.glob("*.safetensors"), *hf.glob("*.bin")]
+            merged = any(not file.name.startswith("adapter_model") for file in weights)
             return None if merged and folder == hf else role
     return None
 
