@@ -498,12 +498,15 @@ def test_rows_whose_text_does_not_match_their_pictures_are_skipped_and_named(
         {"prompt": "<image> fine", "answer": "0", "images": ["a.png"]},
         {"prompt": "one <image> for two", "answer": "1", "images": ["a.png", "a.png"]},
         {"prompt": "text that spells <|image_pad|> out", "answer": "2", "images": []},
+        {"prompt": "<image> names a picture it lacks", "answer": "3", "images": []},  # was trained as the text
+        {"prompt": "a text row", "answer": "4", "images": []},
     ]
     dataset = RLHFDataset(write_jsonl(tmp_path / "d.jsonl", rows), tokenizer, processor, vl_config(tmp_path))
-    assert len(dataset) == 1 and [row for row, _ in dataset.unusable_rows] == [1, 2]
+    assert len(dataset) == 2 and [row for row, _ in dataset.unusable_rows] == [1, 2, 3]
     assert "1 <image> and 0 <video> placeholders but the row has 2 images" in dataset.unusable_rows[0][1]
     assert "1 image pad tokens where its images need 0" in dataset.unusable_rows[1][1]
-    assert "skipped 2 of 3 rows" in caplog.text
+    assert "the prompt has 1 <image> / <video> placeholder but the row has no images" in dataset.unusable_rows[2][1]
+    assert "skipped 3 of 5 rows" in caplog.text
 
 
 def test_without_filtering_a_prompt_is_cut_after_its_pictures_never_inside_them(

@@ -47,6 +47,7 @@ from .rope import make_position_id_fn
 from .sources import load_rows, split_path
 from .synthetic import BUILTIN_PREFIX
 from .template import (
+    PLACEHOLDER,
     ChatTemplate,
     PromptFormatter,
     build_messages,
@@ -170,6 +171,15 @@ class RowEncoder:
                 messages = build_messages(self.formatter(str(text)), num_images, num_videos)
         except ValueError as error:  # placeholders that do not match the row's media, a list that is not messages
             raise UnusableRowError(str(error)) from error
+        if self.processor is not None and not (num_images or num_videos):
+            # a vision-language model's row that names pictures it does not have would train on the literal text
+            # "<image>" (a row with fewer pictures than places is refused by place_media alike)
+            places = sum(len(PLACEHOLDER.findall(m["content"])) for m in messages if isinstance(m["content"], str))
+            if places:
+                raise UnusableRowError(
+                    f"the prompt has {places} <image> / <video> placeholder{'s' if places > 1 else ''} but the row has "
+                    "no images or videos"
+                )
         if self.tools_by_env is not None:
             name = row.get(ENVIRONMENT_COLUMN)
             if name not in self.tools_by_env:
