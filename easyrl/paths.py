@@ -19,7 +19,11 @@ EASYR1_EQUIVALENTS = {
     "reward_function": ("math.py", "r1v.py", "dapo.py", "android_gui.py"),
     "format_prompt": ("math.jinja", "r1v.jinja", "dapo.jinja", "android_gui.jinja"),
 }
-_CONFIG_KEYS = {"reward_function": "worker.reward.reward_function", "format_prompt": "data.format_prompt"}
+_CONFIG_KEYS = {
+    "reward_function": "worker.reward.reward_function",
+    "format_prompt": "data.format_prompt",
+    "tools": "worker.rollout.multi_turn.tools",
+}
 
 
 def shipped_files(folder: str) -> list[str]:
@@ -49,22 +53,24 @@ def names_functions(suffix: str) -> bool:
 
 
 def _split_function(path: str, folder: str) -> tuple[str, str]:
-    """(file, `:function` suffix or ""); only reward specs carry a function."""
-    if folder == "reward_function":
+    """(file, `:function` suffix or ""); reward specs carry functions, environment specs (tools/) a class."""
+    if folder in ("reward_function", "tools"):
         file, sep, name = path.rpartition(":")
         if sep and names_functions(name):
             return file, sep + name
     return path, ""
 
 
-def resolve_shipped_file(path: Optional[str], folder: str) -> Optional[str]:
+def resolve_shipped_file(path: Optional[str], folder: str, key: Optional[str] = None) -> Optional[str]:
     """An existing path made absolute, or a missing EasyR1-style path served by the file easyrl ships, announced.
 
     EasyR1 configs name `./examples/reward_function/math.py` or `./examples/format_prompt/math.jinja`; easyrl ships
     files of the same names at the top level (reward_function/, format_prompt/). A missing path is replaced only
     when its folder is named `folder` (as in both layouts) and easyrl ships a file of that name, and the
     replacement is logged as a warning with both paths. Any other missing path is returned unchanged, for the
-    config check to report (with `shipped_files_hint`).
+    config check to report (with `shipped_files_hint`). The example tool files (tools/) are served the same way, so
+    that an example config runs from any folder. ``key``: the config key named in the warning (default: the
+    folder's).
     """
     if not path:
         return path
@@ -77,10 +83,12 @@ def resolve_shipped_file(path: Optional[str], folder: str) -> Optional[str]:
         return path
     if local.name in EASYR1_EQUIVALENTS.get(folder, ()):
         what = f"the same contract as EasyR1's examples/{folder}/{local.name}"
-    else:
+    elif folder in EASYR1_EQUIVALENTS:
         what = "easyrl's own file; EasyR1 has none of this name"
+    else:
+        what = "easyrl's example"
     logger.warning(
-        "%s: %s does not exist; using the file easyrl ships, %s (%s).", _CONFIG_KEYS[folder], file, shipped, what
+        "%s: %s does not exist; using the file easyrl ships, %s (%s).", key or _CONFIG_KEYS[folder], file, shipped, what
     )
     return str(shipped) + function
 

@@ -214,3 +214,28 @@ def test_existing_path_is_made_absolute_and_kept(tmp_path, monkeypatch):
     (tmp_path / "reward_function" / "math.py").write_text("def main(x):\n    pass\n")
     resolved = resolve_shipped_file("reward_function/math.py:main", "reward_function")
     assert resolved == f"{tmp_path.resolve() / 'reward_function' / 'math.py'}:main"
+
+
+def test_the_example_tool_configs_run_from_any_folder(tmp_path, monkeypatch, caplog):
+    """The tool and environment files of the examples (tools/...) are served like reward and template files: a
+    relative `tools/calculator.py` that does not exist where the run starts is easyrl's example, announced."""
+    from easyrl.config.plan import load_run_plan
+
+    monkeypatch.chdir(tmp_path)
+    config = PROJECT_ROOT / "examples" / "smollm2_arithmetic_grpo_tools.yaml"
+    plan = load_run_plan([f"config={config}"])
+    assert plan.config.worker.rollout.multi_turn.tools == str(PROJECT_ROOT / "tools" / "calculator.py")
+    assert "worker.rollout.multi_turn.tools: tools/calculator.py does not exist; using the file easyrl ships" in (
+        caplog.text
+    )
+    env = {"calc": "tools/calculator.py:CalculatorEnv"}
+    plan = load_run_plan(
+        [
+            f"config={PROJECT_ROOT / 'examples' / 'smollm2_arithmetic_grpo.yaml'}",
+            f"worker.rollout.multi_turn.env={env}",
+        ]
+    )
+    assert plan.config.worker.rollout.multi_turn.env == {
+        "calc": f"{PROJECT_ROOT / 'tools' / 'calculator.py'}:CalculatorEnv"
+    }
+    assert "worker.rollout.multi_turn.env.calc: tools/calculator.py does not exist" in caplog.text

@@ -248,6 +248,15 @@ def derive(config: PPOConfig) -> None:
     reward = worker.reward
     reward.reward_function = resolve_shipped_file(reward.reward_function, "reward_function")
     config.data.format_prompt = resolve_shipped_file(config.data.format_prompt, "format_prompt")
+    multi_turn = rollout.multi_turn
+    multi_turn.tools = resolve_shipped_file(multi_turn.tools, "tools")
+    env_key = "worker.rollout.multi_turn.env"
+    if isinstance(multi_turn.env, str):
+        multi_turn.env = resolve_shipped_file(multi_turn.env, "tools", env_key)
+    elif multi_turn.env:  # TRL's dictionary of environments: name -> path.py:ClassName
+        multi_turn.env = {
+            name: resolve_shipped_file(spec, "tools", f"{env_key}.{name}") for name, spec in multi_turn.env.items()
+        }
     for key in ("format_prompt", "override_chat_template", "image_dir"):
         setattr(config.data, key, absolute_if_local(getattr(config.data, key)))
     rollout.multi_turn.chat_template = config.data.override_chat_template
