@@ -405,7 +405,8 @@ class MultiTurnConfig:
     attribute (an OpenAI-style dict) when set, else it is read from its type hints and Google-style docstring
     (transformers' get_json_schema). See `tools/calculator.py`. The prompts list the schemas through the chat
     template's `tools`; a template that does not read it (SmolLM2's) shows none, and a warning says so unless
-    data.format_prompt or the rows' prompts name each tool."""
+    data.format_prompt or the rows' prompts name each tool. A missing `tools/NAME.py` (here or in multi_turn.env) is
+    served by easyrl's example of that name, with a warning naming both paths."""
     env: Any = field(default=None, metadata=MAPPING)
     """An environment, as `path/to/file.py:ClassName`, or several tool environments as a mapping name ->
     `path/to/file.py:ClassName` (TRL's dictionary environment_factory: each row names its own in an `environment`
