@@ -93,6 +93,27 @@ def test_validation_runs_at_the_end_whatever_val_freq_says():
     assert not load_run_plan(BASE + ["data.val_files="]).validate_at_end
 
 
+def test_a_reference_below_the_actors_fp32_is_noted_where_kl_is_on():
+    """The reference loads in bf16 unless told (EasyR1's default); beside an fp32 actor the KL of the first step,
+    before any update, was 1e-3 of rounding in the CPU demo with KL switched on."""
+    fp32_actor = ["worker.actor.fsdp.torch_dtype=fp32", "worker.actor.fsdp.mp_param_dtype=fp32"]
+    kl_on = ["algorithm.disable_kl=false", "algorithm.use_kl_loss=true"]
+    notes = load_run_plan(BASE + fp32_actor + kl_on).notes
+    assert any(
+        "the actor computes in fp32 and the reference in bf16 (worker.ref.fsdp: torch_dtype=None, mp_param_dtype=bf16)"
+        in note
+        for note in notes
+    )
+    fp32_ref = ["worker.ref.fsdp.torch_dtype=fp32", "worker.ref.fsdp.mp_param_dtype=fp32"]
+    half_weights = ["worker.ref.fsdp.torch_dtype=bf16", "worker.ref.fsdp.mp_param_dtype=fp32"]
+    assert any("reference in bf16" in note for note in load_run_plan(BASE + fp32_actor + kl_on + half_weights).notes)
+    for quiet in (fp32_actor + kl_on + fp32_ref, fp32_actor + ["algorithm.disable_kl=true"], kl_on):
+        assert not any("the actor computes in fp32" in note for note in load_run_plan(BASE + quiet).notes), quiet
+    # the CPU recipes give their reference the actor's fp32
+    demo = load_run_plan([f"config={REPO_ROOT / 'examples' / 'smollm2_arithmetic_grpo.yaml'}", *kl_on])
+    assert not any("the actor computes in fp32" in note for note in demo.notes)
+
+
 def test_enforce_eager_false_runs_eagerly_on_a_machine_without_cuda_and_says_so():
     from easyrl.utils import device
 

@@ -181,6 +181,27 @@ def _old_log_prob_decision(config: PPOConfig, kl_in_reward: bool) -> tuple[bool,
     return True, "skipped (one optimizer step per batch: the update's own detached log-probs are the old ones)"
 
 
+def _computes_in_fp32(fsdp, default_dtype: str) -> bool:
+    """A role's forward runs in fp32: its weights are held (``torch_dtype``, else the role's default) and cast
+    (``mp_param_dtype``) to fp32."""
+    return all(dtype in ("fp32", "float32") for dtype in (fsdp.torch_dtype or default_dtype, fsdp.mp_param_dtype))
+
+
+def _reference_precision_note(config: PPOConfig) -> Optional[str]:
+    """The reference loads in bf16 unless told (EasyR1's default): beside an actor that computes in fp32 (a CPU run)
+    the KL is then rounding noise before any update, said here."""
+    actor, ref = config.worker.actor.fsdp, config.worker.ref.fsdp
+    if not _computes_in_fp32(actor, "fp32") or _computes_in_fp32(ref, "bf16"):
+        return None
+    weights = ref.torch_dtype or "bf16"
+    lower = ref.mp_param_dtype if weights in ("fp32", "float32") else weights
+    return (
+        f"the actor computes in fp32 and the reference in {lower} (worker.ref.fsdp: torch_dtype={ref.torch_dtype}, "
+        f"mp_param_dtype={ref.mp_param_dtype}): the KL is not 0 at the first step, from rounding alone; set "
+        "worker.ref.fsdp.torch_dtype=fp32 worker.ref.fsdp.mp_param_dtype=fp32 to match."
+    )
+
+
 def make_run_plan(config: PPOConfig, needs_reward: bool = True) -> RunPlan:
     """Validate ``config`` and decide everything about the run that does not need the data or the workers
     (``needs_reward=False``: `easyrl generate`, which scores only when a reward function is given)."""
@@ -198,6 +219,8 @@ def make_run_plan(config: PPOConfig, needs_reward: bool = True) -> RunPlan:
     use_reference = not algorithm.disable_kl
     kl_in_reward = use_reference and not algorithm.use_kl_loss
     on_policy, reason = _old_log_prob_decision(config, kl_in_reward)
+    if use_reference and (precision := _reference_precision_note(config)):
+        notes.append(precision)
     generation_batch_size = data.mini_rollout_batch_size or data.rollout_batch_size
     if env_owns_data(config):
         notes.append(
