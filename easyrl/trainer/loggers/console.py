@@ -11,7 +11,7 @@ CONSOLE_METRICS = (
     ("acc", "reward/accuracy"),
     ("format", "reward/format"),
     ("resp_len", "response_length/mean"),
-    ("clip", "response_length/clip_ratio"),
+    ("len_cut", "response_length/clip_ratio"),  # share of responses cut at max_response_length, not PPO clipping
     ("sft_loss", "sft/loss"),
     ("pg_loss", "actor/pg_loss"),
     ("kl", "actor/kl_loss"),
