@@ -48,6 +48,7 @@ def _run_command(command: str, load_plan, load_runner, run_errors: tuple = ()) -
 
 
 def _train(args: list[str]) -> int:
+    from .trainer.ray_trainer import OnlineFilteringError
     from .workers.reward.loader import RewardFunctionError
 
     def load_plan():
@@ -61,7 +62,8 @@ def _train(args: list[str]) -> int:
         return run_training
 
     # a reward function that cannot score (it raises on every sample, returns the wrong shape) stops the run
-    return _run_command("train", load_plan, load_runner, (RewardFunctionError,))
+    # so does online filtering that finds too few groups with mixed scores (the data or the filter must change)
+    return _run_command("train", load_plan, load_runner, (RewardFunctionError, OnlineFilteringError))
 
 
 def _generation_plan(args: list[str], command: str):

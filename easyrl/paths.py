@@ -88,7 +88,11 @@ def resolve_shipped_file(path: Optional[str], folder: str, key: Optional[str] = 
     else:
         what = "easyrl's example"
     logger.warning(
-        "%s: %s does not exist; using the file easyrl ships, %s (%s).", key or _CONFIG_KEYS[folder], file, shipped, what
+        "%s: %s does not exist; using the file easyrl ships, %s (%s).",
+        key or _CONFIG_KEYS[folder],
+        file,
+        shipped,
+        what,
     )
     return str(shipped) + function
 

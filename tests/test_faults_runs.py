@@ -270,3 +270,29 @@ def test_a_reward_that_raises_on_every_sample_stops_the_run_at_its_first_batch(t
     assert "raised on every sample of the run so far (16 of 16 in the last batch), so the run stops" in text
     assert "include values of type int, not str" in text and "AttributeError" in text
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or _logged_steps(tmp_path / "run") == []
+
+
+@pytest.mark.timeout(900)
+def test_online_filtering_that_finds_too_few_mixed_groups_stops_with_the_counts(tiny_model_path, tmp_path):
+    """Every sample scores the same, so every group is filtered out: after trainer.max_try_make_batch rounds the run
+    stops with exit 2 and one line of counts and keys, not a traceback."""
+    from tests.fixtures.trainer_runs import TINY_RUN_OVERRIDES, bare_run
+
+    reward = tmp_path / "constant_reward.py"
+    reward.write_text("def compute_score(reward_inputs):\n    return [{'overall': 0.0} for _ in reward_inputs]\n")
+    args = [
+        *[arg for arg in TINY_RUN_OVERRIDES if not arg.startswith("worker.reward.reward_function=")],
+        *bare_run(2, tmp_path / "run"),
+        f"worker.actor.model.model_path={tiny_model_path}",
+        "trainer.n_gpus_per_node=1",
+        f"worker.reward.reward_function={reward}:compute_score",
+        "algorithm.online_filtering=true",
+        "trainer.max_try_make_batch=2",
+    ]
+    log_path = tmp_path / "train.log"
+    returncode = _wait_for_exit(launch_training(args, log_path), log_path)
+    text = log_path.read_text(errors="replace")
+    assert returncode == 2, log_tail(log_path)
+    assert "easyrl train: online filtering kept 0 of the 4 groups a step needs after 2 generation rounds" in text
+    assert "of 8 groups, 8 had a mean `overall` at or below 0.01 and 0 at or above 0.99" in text
+    assert "Traceback" not in text

@@ -75,6 +75,10 @@ def join_rollout_output(repeated_prompts: DataProto, generated: DataProto) -> Da
     return repeated_prompts.union(generated)
 
 
+class OnlineFilteringError(RuntimeError):
+    """Online filtering found too few groups with mixed scores within trainer.max_try_make_batch rounds."""
+
+
 @dataclass
 class WorkerGroups:
     """The worker groups a run drives; ref and critic are None when the algorithm needs none."""
@@ -357,11 +361,15 @@ class PPOTrainer:
         while not collector.full:
             rounds += 1
             if algo.online_filtering and 0 < trainer_cfg.max_try_make_batch < rounds:
-                raise RuntimeError(
-                    f"Online filtering kept {collector.num_groups}/{data_cfg.rollout_batch_size} groups after "
-                    f"{trainer_cfg.max_try_make_batch} generation rounds (`trainer.max_try_make_batch`): almost every "
-                    f"group's mean `{algo.filter_key}` is outside ({algo.filter_low}, {algo.filter_high}). Widen "
-                    "the filter, raise max_try_make_batch, or use easier/harder data."
+                counts = collector.metrics()
+                low, high = int(counts.get("filter/dropped_low", 0)), int(counts.get("filter/dropped_high", 0))
+                seen = int(counts.get("filter/kept_groups", 0)) + low + high
+                raise OnlineFilteringError(
+                    f"online filtering kept {collector.num_groups} of the {data_cfg.rollout_batch_size} groups a step "
+                    f"needs after {trainer_cfg.max_try_make_batch} generation rounds (`trainer.max_try_make_batch`): "
+                    f"of {seen} groups, {low} had a mean `{algo.filter_key}` at or below {algo.filter_low} and {high} "
+                    f"at or above {algo.filter_high} (`algorithm.filter_low` / `filter_high`). Widen the filter, "
+                    "raise trainer.max_try_make_batch, or use data nearer the model's level."
                 )
             batch, pending = self._generate_and_score(next(batches), timing, round_index=rounds)
             round_scoring = [(batch.non_tensor_batch["uid"], pending)]
