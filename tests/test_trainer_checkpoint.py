@@ -189,3 +189,32 @@ def test_saves_after_the_last_step_every_save_freq_steps_after_the_minutes_and_o
     trainer = SimpleNamespace(save_freq=-1, save_every_minutes=2.0)
     assert not saves_after(trainer, 3, False, now - 119, False)
     assert saves_after(trainer, 3, False, now - 121, False)
+
+
+@pytest.mark.timeout(300)
+def test_a_run_whose_checkpoint_is_past_its_last_step_says_so_without_starting(tmp_path, tiny_model_path):
+    """trainer.max_steps lowered below the newest checkpoint: nothing is left to train. The run said nothing, started
+    Ray and the engine and exited; it now says so, and how to go on, before Ray starts."""
+    import subprocess
+    import sys
+
+    from tests.fixtures.trainer_runs import REPO_ROOT
+
+    save_dir = tmp_path / "run"
+    _save(CheckpointManager(str(save_dir), save_limit=-1), 4)
+    args = [
+        f"config={REPO_ROOT / 'examples' / 'smollm2_arithmetic_grpo.yaml'}",
+        f"worker.actor.model.model_path={tiny_model_path}",
+        "trainer.max_steps=2",
+        f"trainer.save_checkpoint_path={save_dir}",
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "easyrl", "train", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=240
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (
+        f"Nothing to train: the checkpoint this run resumes from, {save_dir / 'global_step_4'}, is at step 4, and "
+        in (result.stdout)
+    )
+    assert "the run has 2 steps (trainer.max_steps=2)" in result.stdout
+    assert not (save_dir / "metrics.jsonl").exists() and _steps(save_dir) == [4]

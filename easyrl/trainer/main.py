@@ -338,6 +338,29 @@ def setup_errors_reported(log_file: str | None) -> Iterator[None]:
         raise RunSetupError(error_text(error) + where) from error
 
 
+def _finished_checkpoint(plan: RunPlan) -> str | None:
+    """What to say when the checkpoint the run would resume from is at or past its last step (trainer.max_steps
+    lowered below it): nothing is left to train, and Ray and the engine are not started for nothing."""
+    from .checkpoint import CheckpointError, checkpoint_step, resolve_resume_path
+
+    trainer = plan.config.trainer
+    try:  # a trainer.load_checkpoint_path that is no complete checkpoint: one line, before Ray starts
+        path = resolve_resume_path(trainer)
+    except CheckpointError as error:
+        raise RunSetupError(str(error)) from error
+    if path is None or trainer.val_only or plan.training_steps is None:
+        return None
+    step = checkpoint_step(path)
+    if step < plan.training_steps:
+        return None
+    asked = f"trainer.max_steps={trainer.max_steps}" if trainer.max_steps else f"{trainer.total_epochs} epoch(s)"
+    return (
+        f"Nothing to train: the checkpoint this run resumes from, {path}, is at step {step}, and the run has "
+        f"{plan.training_steps} steps ({asked}). Raise trainer.max_steps (or trainer.total_epochs) to train on from "
+        "it, or start afresh with trainer.find_last_checkpoint=false or another trainer.save_checkpoint_path."
+    )
+
+
 def run_training(plan: RunPlan) -> dict[str, float]:
     """`easyrl train`. A stop signal or a worker that died (with no restart left) ends it with one line saying what
     happened and where the last checkpoint is, and ``SystemExit`` with a non-zero status (see ``faults``)."""
@@ -351,6 +374,9 @@ def run_training(plan: RunPlan) -> dict[str, float]:
         data = prepare_run_data(plan)  # bad rows, templates or model paths fail here, before Ray starts
     plan = data.plan
     logger.info("Run plan:\n%s", plan.describe())
+    if (finished := _finished_checkpoint(plan)) is not None:
+        print(finished)
+        return {}
     init_ray(plan)
     interrupted: RunInterrupted | None = None
     # after ray.init, whose own SIGTERM handler would tear the cluster down at once
