@@ -170,3 +170,23 @@ def test_a_malformed_hub_repo_is_refused_before_the_merge(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("easyrl merge: --hf_upload_path `me/my model` is not a Hugging Face Hub repo id"), err
     assert not out.exists()
+
+
+def test_written_weights_are_as_readable_as_the_files_beside_them(tmp_path, tiny_model_path):
+    """safetensors 0.8 writes its files 0600: a merged model (and an adapter folder) on a shared filesystem was
+    unreadable to everyone else while its config was not."""
+    import os
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from easyrl.models.checkpoint_layout import save_pretrained_in_released_layout
+    from easyrl.models.lora import write_adapter_folder
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    save_pretrained_in_released_layout(model, str(tmp_path / "model"))
+    write_adapter_folder(str(tmp_path / "adapter"), {"w": torch.zeros(2)}, {"r": 1})
+    for folder, weights in (("model", "model.safetensors"), ("adapter", "adapter_model.safetensors")):
+        config = next(name for name in os.listdir(tmp_path / folder) if name.endswith(".json"))
+        mode = os.stat(tmp_path / folder / config).st_mode & 0o777
+        assert os.stat(tmp_path / folder / weights).st_mode & 0o777 == mode, folder

@@ -25,6 +25,8 @@ from transformers import PreTrainedModel
 from transformers.conversion_mapping import get_checkpoint_conversion_mapping
 from transformers.core_model_loading import Transpose, WeightConverter, revert_weight_conversion
 
+from ..utils.files import open_like_new_files
+
 
 @dataclass(frozen=True)
 class InPlaceTranspose:
@@ -109,6 +111,7 @@ def save_pretrained_in_released_layout(model: PreTrainedModel, path: str, dtype:
     model_type = model.config.model_type
     if not in_place_transposes(model_type):
         model.save_pretrained(path)
+        open_like_new_files(path)
         return
     in_memory_shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
     state = {}
@@ -120,3 +123,4 @@ def save_pretrained_in_released_layout(model: PreTrainedModel, path: str, dtype:
         state[name] = tensor
     # the state is final: saving in the "original format" would apply transformers' reverse mapping a second time
     model.save_pretrained(path, state_dict=state, save_original_format=False)
+    open_like_new_files(path)

@@ -23,6 +23,7 @@ from peft import PeftModel, get_peft_model, get_peft_model_state_dict
 from torch.distributed.tensor import DTensor
 
 from ..config.schema import LoraConfig
+from ..utils.files import open_like_new_files
 from .vision import vision_tower
 
 
@@ -202,3 +203,4 @@ def write_adapter_folder(path: str, tensors: dict[str, torch.Tensor], peft_confi
     save_file(
         {name: t.detach().cpu().contiguous() for name, t in tensors.items()}, os.path.join(path, ADAPTER_WEIGHTS_FILE)
     )
+    open_like_new_files(path)
