@@ -312,3 +312,41 @@ def test_eval_at_k_1_greedy_equals_the_trainers_validation_reward(tiny_model_pat
     validation = metrics_by_step(tmp_path / "train")[0]
     for source in ("odd", "even"):
         assert results["sources"][source]["mean@1"] == pytest.approx(validation[f"val/{source}/reward"], abs=1e-6)
+
+
+@pytest.mark.timeout(300)
+def test_an_existing_output_is_checked_and_a_finished_one_ends_the_run_before_ray(tiny_model_path, val_file, tmp_path):
+    """The rows of an earlier run are checked against this run's prompts and samples before the engine starts (a
+    refusal took the engine's start-up, ~25 s, first), and a file holding every prompt ends the run at once."""
+    import subprocess
+    import sys
+
+    from easyrl.config.plan import load_run_plan
+    from easyrl.data.loader import create_val_loader
+    from easyrl.data.tokenizer import load_tokenizer_and_processor
+    from easyrl.trainer.generate import prompts_left
+
+    args = _args(tiny_model_path, val_file, tmp_path)
+    config = load_run_plan(args).config
+    tokenizer, _ = load_tokenizer_and_processor(str(tiny_model_path))
+    loader = create_val_loader(config.data, tokenizer)
+    texts = [tokenizer.decode(ids) for batch in loader for ids in batch.non_tensor_batch["raw_prompt_ids"]]
+    output = tmp_path / "generations.jsonl"
+    assert prompts_left(str(output), tokenizer, loader, 4) is None  # no file yet
+    rows = [{"index": i, "prompt": text, "responses": ["r"] * 4} for i, text in enumerate(texts)]
+    append_rows(str(output), rows[:2])
+    assert prompts_left(str(output), tokenizer, loader, 4) == len(PROMPTS) - 2
+    with pytest.raises(GenerationFileError, match="has 4 responses, this run samples 2 per prompt"):
+        prompts_left(str(output), tokenizer, loader, 2)
+    append_rows(str(output), rows[2:])
+    assert prompts_left(str(output), tokenizer, loader, 4) == 0
+
+    result = subprocess.run(
+        [sys.executable, "-m", "easyrl", "generate", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=240
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "holds a row for every prompt of data.val_files: nothing to generate" in result.stdout + result.stderr
+    assert f"{len(PROMPTS)} prompts x 4 samples in {output} (0 generated now, {len(PROMPTS)} by an earlier run)" in (
+        result.stdout
+    )
+    assert not (tmp_path / "logs" / "actor_rollout_0.log").exists()  # no worker started

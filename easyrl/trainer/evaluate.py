@@ -121,7 +121,7 @@ def run_eval(plan: RunPlan) -> dict:
     generations = default_path(plan, config.eval.generations, "eval_generations.jsonl")
     output = default_path(plan, config.eval.output, "eval.json")
     seed = config.worker.rollout.seed
-    run = GenerationRun(plan)
+    run = GenerationRun(plan, generations, k)
     try:
         summary = run.generate(
             generations,

@@ -133,6 +133,24 @@ def _check_resumed_row(path: str, row: dict[str, Any], prompt: str, samples: int
         )
 
 
+def prompts_left(path: str, tokenizer: Any, val_loader: Any, samples_per_prompt: int) -> int | None:
+    """How many prompts of ``val_loader`` the file at ``path`` has no row for (None: no file yet, so all of them),
+    its rows checked against this run's prompts and samples: before Ray and the engine start, so that a file written
+    for other settings is refused, and a finished one finished, at once."""
+    done = {int(row["index"]): row for row in read_rows(path, repair=True)}
+    if not done:
+        return None
+    position, left = 0, 0
+    for prompts in _batches(val_loader):
+        for text in (tokenizer.decode(ids) for ids in prompts.non_tensor_batch["raw_prompt_ids"]):
+            if position in done:
+                _check_resumed_row(path, done[position], text, samples_per_prompt)
+            else:
+                left += 1
+            position += 1
+    return left
+
+
 def generate_to_file(
     plan: RunPlan,
     tokenizer: Any,
@@ -226,7 +244,9 @@ class GenerationRun:
     Ray starts, so bad data fails first), then the generation workers and the reward scorer; ``close`` releases
     them."""
 
-    def __init__(self, plan: RunPlan) -> None:
+    def __init__(self, plan: RunPlan, output: str, samples: int) -> None:
+        """``output``: the generation file the run appends to, ``samples`` per prompt: an existing file is checked
+        against the data first, and when it holds every prompt no worker is started."""
         from ..config.validate import check_generation_data
         from ..data.loader import create_val_loader
         from .main import check_reward_columns, dataset_options, init_ray, load_model_side, load_run_reward
@@ -241,9 +261,13 @@ class GenerationRun:
             plan.config.data, self.tokenizer, processor, model_config=model_config, **options
         )
         check_reward_columns(plan.config, self.reward_fn, {"data.val_files": self.val_loader})
-        init_ray(plan)
         self.workers = None
         self.reward = None
+        self.rollout = None
+        if prompts_left(output, self.tokenizer, self.val_loader, samples) == 0:
+            logger.warning("%s holds a row for every prompt of data.val_files: nothing to generate.", output)
+            return
+        init_ray(plan)
         self._start()
 
     def _start(self) -> None:
@@ -292,7 +316,7 @@ def run_generate(plan: RunPlan) -> GenerationSummary:
     validate = config.generate.val_sampling
     samples = resolve_sampling(config.worker.rollout, GenerationRequest(validate=validate)).n
     seed = config.worker.rollout.seed
-    run = GenerationRun(plan)
+    run = GenerationRun(plan, path, samples)
     try:
         summary = run.generate(
             path, lambda batch: GenerationRequest(validate=validate, seed=[seed, GENERATE_SEED_KIND, batch]), samples
