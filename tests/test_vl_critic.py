@@ -11,16 +11,11 @@ import pytest
 import torch
 
 import easyrl  # noqa: F401  (torchvision shim before the Qwen-VL processors import it)
-from easyrl.testing.vl_batch import VLSample, make_vl_batch, processor_inputs, random_image, random_video
+from easyrl.testing.vl_batch import make_vl_batch, random_image, reference_outputs
+from tests.test_vl_actor import SAMPLES  # an image row, a text row, a two-image row and a video row
 
 
 FAMILIES = ["qwen2_5_vl", "qwen3_vl"]
-SAMPLES = [
-    VLSample("Count the shapes.", images=[random_image(0)]),
-    VLSample("Hello there, how are you?"),
-    VLSample("Which picture is brighter?", images=[random_image(1), random_image(2, width=84, height=56)]),
-    VLSample("What happens?", videos=[random_video(3)]),
-]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -68,23 +63,7 @@ def _reference_values(path, processor, data) -> torch.Tensor:
 
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
     use_value_head(model)
-    response_length = data.batch["responses"].shape[-1]
-    prompt_length = data.batch["input_ids"].shape[-1] - response_length
-    out = torch.zeros(data.batch["responses"].shape)
-    for i, sample in enumerate(SAMPLES):
-        inputs = processor_inputs(processor, sample)
-        n_response = int(data.batch["response_mask"][i].sum())
-        n_prompt = inputs["input_ids"].shape[-1]
-        positions = data.batch["position_ids"][i, :, prompt_length - n_prompt : prompt_length + n_response]
-        inputs["position_ids"] = positions.unsqueeze(1)
-        inputs["input_ids"] = torch.cat([inputs["input_ids"], data.batch["responses"][i, :n_response][None]], -1)
-        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
-        if "mm_token_type_ids" in inputs:
-            inputs["mm_token_type_ids"] = torch.nn.functional.pad(inputs["mm_token_type_ids"], (0, n_response))
-        with torch.no_grad():
-            values = model(**inputs, use_cache=False).logits[0, :, 0]
-        out[i, :n_response] = values[-n_response - 1 : -1]
-    return out
+    return reference_outputs(model, processor, SAMPLES, data, lambda logits, response: logits[:, 0])
 
 
 @pytest.mark.timeout(240)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import attention
-from .dynamic_batching import balanced_partitions, max_over_ranks
+from .dynamic_batching import balanced_partitions, max_over_ranks, split_micro_batches
 from .vision import MULTI_MODAL_KEY, VisionInputs, build_vision_inputs
 
 
@@ -314,6 +314,16 @@ def group_vision_inputs(
 # ----------------------------------------------------------------------------------------------------------------------
 def _cut(unit: list[int], size: int) -> list[list[int]]:
     return [unit[i : i + size] for i in range(0, len(unit), size)]
+
+
+def split_for_pass(
+    data: "DataProto", micro_batch_size: int, dynamic: bool, stats: PrefixStats | None
+) -> tuple[list["DataProto"], torch.Tensor]:
+    """The micro-batches of a forward pass and the permutation their concatenation follows: whole prompt groups
+    when prefixes are shared (``stats``, the role's counts), else ``dynamic_batching.split_micro_batches``."""
+    if stats is None:
+        return split_micro_batches(data, micro_batch_size, dynamic)
+    return split_micro_batches_by_group(data, micro_batch_size, dynamic, stats)
 
 
 def split_micro_batches_by_group(

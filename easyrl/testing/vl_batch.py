@@ -114,6 +114,17 @@ def reference_log_probs(model, processor: Any, samples: list[VLSample], data, te
     """(batch, response_len) log-probs from a plain HF forward of each sequence alone, unpadded, given the batch's
     rope positions (easyrl's; tests/test_data_vision.py checks them against the model's own). A vision pad token in
     a response is fed as text (easyrl.models.vision.text_token_for_sampled_pads) and scored as itself."""
+
+    def log_probs(logits: torch.Tensor, response: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(logits / temperature, dim=-1).gather(-1, response[:, None]).squeeze(-1)
+
+    return reference_outputs(model, processor, samples, data, log_probs)
+
+
+def reference_outputs(model, processor: Any, samples: list[VLSample], data, per_token) -> torch.Tensor:
+    """(batch, response_len) of ``per_token(logits, response)``: the fp32 outputs at the positions that predict each
+    response token, of a plain HF forward of each sequence alone (see ``reference_log_probs``); a critic's values are
+    ``logits[:, 0]``."""
     from ..models.vision import text_token_for_sampled_pads
 
     pads = torch.tensor([processor.image_token_id, processor.video_token_id])
@@ -133,8 +144,7 @@ def reference_log_probs(model, processor: Any, samples: list[VLSample], data, te
         if "mm_token_type_ids" in inputs:
             inputs["mm_token_type_ids"] = torch.nn.functional.pad(inputs["mm_token_type_ids"], (0, n_response))
         with torch.no_grad():
-            logits = model(**inputs, use_cache=False).logits[0].float() / temperature
-        log_probs = torch.log_softmax(logits[-n_response - 1 : -1], dim=-1)
-        out[i, :n_response] = log_probs.gather(-1, response[:, None]).squeeze(-1)
+            logits = model(**inputs, use_cache=False).logits[0].float()
+        out[i, :n_response] = per_token(logits[-n_response - 1 : -1], response)
     assert out.shape[-1] == response_length
     return out

@@ -11,7 +11,7 @@ import torch
 from ..algorithms.zero_advantage import nonzero_advantage, skips_zero_advantage
 from ..config import RefConfig
 from ..models import prefix_group, ulysses
-from ..models.dynamic_batching import restore_order, split_micro_batches
+from ..models.dynamic_batching import restore_order
 from ..models.forward import forward_response_outputs, scatter_to_response
 from ..models.fused_head import FusedHeadRequest
 from ..utils.torch_functional import select_chunk_kernels, select_logprob_kernels
@@ -108,13 +108,12 @@ class Actor:
         """log pi(y_t | x, y_<t) at the rollout's temperature (``meta_info["temperature"]``), (batch, response_len)."""
         temperature = data.meta_info["temperature"]
         self.module.eval()
-        micro_batch_size = self.config.micro_batch_size_per_device_for_experience
-        if self.prefix_stats is None:
-            micro_batches, permutation = split_micro_batches(data, micro_batch_size, self.config.dynamic_batching)
-        else:
-            micro_batches, permutation = prefix_group.split_micro_batches_by_group(
-                data, micro_batch_size, self.config.dynamic_batching, self.prefix_stats
-            )
+        micro_batches, permutation = prefix_group.split_for_pass(
+            data,
+            self.config.micro_batch_size_per_device_for_experience,
+            self.config.dynamic_batching,
+            self.prefix_stats,
+        )
         outputs = [self._forward(mb, temperature, calculate_entropy) for mb in micro_batches]
         log_probs = restore_order(torch.cat([lp for lp, _ in outputs]), permutation)
         entropy = restore_order(torch.cat([e for _, e in outputs]), permutation) if calculate_entropy else None

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..models import prefix_group, ulysses
-from ..models.dynamic_batching import restore_order, split_micro_batches
+from ..models.dynamic_batching import restore_order
 from ..models.forward import forward_response_outputs, scatter_to_response
 from .ppo_update import run_ppo_updates
 
@@ -64,13 +64,12 @@ class Critic:
     @torch.no_grad()
     def compute_values(self, data: "DataProto") -> torch.Tensor:
         self.module.eval()
-        micro_batch_size = self.config.micro_batch_size_per_device_for_experience
-        if self.prefix_stats is None:
-            micro_batches, permutation = split_micro_batches(data, micro_batch_size, self.config.dynamic_batching)
-        else:
-            micro_batches, permutation = prefix_group.split_micro_batches_by_group(
-                data, micro_batch_size, self.config.dynamic_batching, self.prefix_stats
-            )
+        micro_batches, permutation = prefix_group.split_for_pass(
+            data,
+            self.config.micro_batch_size_per_device_for_experience,
+            self.config.dynamic_batching,
+            self.prefix_stats,
+        )
         return restore_order(torch.cat([self._forward(mb) for mb in micro_batches]), permutation)
 
     def _micro_loss(self, micro_batch: "DataProto", denominator: float) -> tuple[torch.Tensor, dict[str, float]]:

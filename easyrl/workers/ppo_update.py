@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from ..models.dynamic_batching import max_over_ranks, split_micro_batches
-from ..models.prefix_group import PrefixStats, split_micro_batches_by_group
+from ..models.dynamic_batching import max_over_ranks
+from ..models.prefix_group import PrefixStats, split_for_pass
 from .optim import clip_grad_norm_and_step
 
 
@@ -93,12 +93,7 @@ def run_ppo_updates(
             if carries_gradient is not None:
                 mini_batch, dropped = samples_to_compute(mini_batch, carries_gradient(mini_batch))
                 left_out += dropped
-            if shared_prefix is None:
-                micro_batches, _ = split_micro_batches(mini_batch, micro_batch_size, dynamic_batching)
-            else:
-                micro_batches, _ = split_micro_batches_by_group(
-                    mini_batch, micro_batch_size, dynamic_batching, shared_prefix
-                )
+            micro_batches, _ = split_for_pass(mini_batch, micro_batch_size, dynamic_batching, shared_prefix)
             micro_metrics: dict[str, list[float]] = defaultdict(list)
             for micro_batch in micro_batches:
                 loss, metrics = micro_loss(micro_batch, denominator)
