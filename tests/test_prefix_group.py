@@ -161,6 +161,34 @@ def test_data_parallel_balancing_moves_whole_groups_when_prompts_are_shared():
     assert rows.tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
 
 
+@pytest.mark.parametrize(
+    ("estimator", "actor_shares", "critic_shares", "whole_groups"),
+    [
+        ("grpo", True, False, True),
+        ("gae", False, True, True),
+        ("grpo", False, True, False),
+        ("gae", False, False, False),
+    ],
+)
+def test_rank_chunks_keep_groups_whole_for_the_role_that_shares_prefixes(
+    estimator, actor_shares, critic_shares, whole_groups
+):
+    """The actor's shared prefixes, or the critic's when the run has a critic: a prompt's samples go to one rank."""
+    import numpy as np
+
+    from easyrl.trainer.ray_trainer import PPOTrainer
+
+    config = PPOConfig()
+    config.algorithm.adv_estimator = estimator
+    config.worker.actor.shared_prefix, config.worker.critic.shared_prefix = actor_shares, critic_shares
+    trainer = PPOTrainer.__new__(PPOTrainer)  # only the config is read
+    trainer.config = config
+    batch = grouped_batch([2, 2])
+    batch.non_tensor_batch["uid"] = np.array(["a", "a", "b", "b"], dtype=object)
+    _, groups = trainer._rank_chunks(batch)
+    assert (groups is not None) == whole_groups
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # equal to the unshared path: text
 # ----------------------------------------------------------------------------------------------------------------------

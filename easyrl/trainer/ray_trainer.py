@@ -29,6 +29,7 @@ from ..algorithms.kl import apply_kl_penalty, get_kl_controller
 from ..algorithms.masked import masked_mean
 from ..algorithms.zero_advantage import nonzero_advantage, skips_zero_advantage
 from ..config import RunPlan
+from ..config.validate import uses_critic
 from ..controller.worker_group import WorkerDiedError
 from ..data.template import RESET_CONTENT
 from ..protocol import DataProto
@@ -305,7 +306,7 @@ class PPOTrainer:
         move together, so that on one rank they compute the prompt once."""
         actor, critic = self.config.worker.actor, self.config.worker.critic
         uids = batch.non_tensor_batch.get("uid")
-        shared = actor.shared_prefix or (self.use_critic and critic.shared_prefix)
+        shared = actor.shared_prefix or (critic.shared_prefix and uses_critic(self.config))
         groups = groups_by_uid(uids) if shared and uids is not None else None
         return self.config.world_size // max(actor.ulysses_size, 1), groups
 
