@@ -109,10 +109,15 @@ def save_pretrained_in_released_layout(model: PreTrainedModel, path: str, dtype:
         model.to(dtype)
         set_config_dtype(model.config, dtype)
     model_type = model.config.model_type
-    if not in_place_transposes(model_type):
+    if in_place_transposes(model_type):
+        _save_with_transposes_undone(model, model_type, path)
+    else:
         model.save_pretrained(path)
-        open_like_new_files(path)
-        return
+    open_like_new_files(path)
+
+
+def _save_with_transposes_undone(model: PreTrainedModel, model_type: str, path: str) -> None:
+    """``save_pretrained`` of a state whose in-place transposes are put back in the released layout."""
     in_memory_shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
     state = {}
     for name, tensor in revert_weight_conversion(model, model.state_dict()).items():
@@ -123,4 +128,3 @@ def save_pretrained_in_released_layout(model: PreTrainedModel, path: str, dtype:
         state[name] = tensor
     # the state is final: saving in the "original format" would apply transformers' reverse mapping a second time
     model.save_pretrained(path, state_dict=state, save_original_format=False)
-    open_like_new_files(path)

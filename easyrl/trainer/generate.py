@@ -162,7 +162,9 @@ def generate_to_file(
     samples_per_prompt: int,
 ) -> GenerationSummary:
     """Generate (and score, when ``reward`` is given) every prompt of ``val_loader`` that ``path`` has no row for;
-    append each batch's rows to ``path``. ``rollout``: the worker group hosting the engine."""
+    append each batch's rows to ``path``. ``rollout``: the worker group hosting the engine. The rows already in
+    ``path`` were checked against this run's prompts and samples by ``prompts_left`` (``GenerationRun`` calls it
+    before the engine starts)."""
     done = {int(row["index"]): row for row in read_rows(path, repair=True)}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     position, generated, errors = 0, 0, 0
@@ -171,9 +173,6 @@ def generate_to_file(
         indices = list(range(position, position + len(prompts)))
         position += len(prompts)
         texts = [tokenizer.decode(ids) for ids in prompts.non_tensor_batch["raw_prompt_ids"]]
-        for index, text in zip(indices, texts):
-            if index in done:
-                _check_resumed_row(path, done[index], text, samples_per_prompt)
         todo = [i for i, index in enumerate(indices) if index not in done]
         if not todo:
             continue

@@ -6,6 +6,7 @@ also lists the vision blocks), then on a VLM's vision tower (its patch embedding
 """
 
 import copy
+import functools
 import importlib.util
 import inspect
 import logging
@@ -145,17 +146,23 @@ def load_hf_config(model_config: ModelConfig, kind: str):
     # as classifier_dropout, which the model class reads with getattr, would be dropped without a word
     for key, value in unknown.items():
         setattr(config, key, value)
-    undeclared = sorted(set(unknown) & set(model_config.override_config))
+    undeclared = tuple(sorted(set(unknown) & set(model_config.override_config)))
     if undeclared:
-        logger.warning(
-            "worker.%s.model.override_config: %s %s not among %s's declared fields; set on the config all the same, "
-            "it changes the model only where the model's code reads it.",
-            _role(kind),
-            ", ".join(undeclared),
-            "is" if len(undeclared) == 1 else "are",
-            type(config).__name__,
-        )
+        _warn_undeclared_overrides(_role(kind), undeclared, type(config).__name__)
     return config
+
+
+@functools.cache
+def _warn_undeclared_overrides(role: str, keys: tuple[str, ...], config_class: str) -> None:
+    """Once per process: a role's config is read several times (the model, the dtype its folders are written in)."""
+    logger.warning(
+        "worker.%s.model.override_config: %s %s not among %s's declared fields; set on the config all the same, "
+        "it changes the model only where the model's code reads it.",
+        role,
+        ", ".join(keys),
+        "is" if len(keys) == 1 else "are",
+        config_class,
+    )
 
 
 def model_path_dtype(model_config: ModelConfig, kind: str) -> torch.dtype | None:
