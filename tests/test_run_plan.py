@@ -269,3 +269,66 @@ def test_the_plan_says_whether_zero_advantage_samples_are_computed(overrides, ex
     description = load_run_plan(BASE + overrides).describe()
     line = next(line for line in description.splitlines() if line.startswith("zero-advantage samples:"))
     assert expected in line
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# what the run reserves in Ray
+# ----------------------------------------------------------------------------------------------------------------------
+CRITIC_ON_TWO_WORKERS = BASE + CRITIC_MODES["critic"] + ["trainer.n_gpus_per_node=2"]
+
+
+@pytest.mark.parametrize(
+    "overrides, cores, expected",
+    [
+        (BASE, 2, 2 + 1),  # one worker with both cores, one reward actor
+        (BASE + ["worker.reward.num_cpus=0"], 2, 2),
+        (BASE + ["trainer.n_gpus_per_node=2", "worker.reward.num_cpus=3"], 8, 8 + 3),
+        (CRITIC_ON_TWO_WORKERS, 2, 2 * 2 * 1 + 1),  # at least one core per worker of each group
+        (CRITIC_ON_TWO_WORKERS, 16, 2 * 2 * 4 + 1),
+        (BASE + ["worker.reward.judge.kind=vllm", "worker.reward.judge.model_path=builtin://SmolLM2-135M-Instruct"], 2, 2 + 1 + 1),
+    ],
+)
+def test_the_cpus_a_run_reserves_count_workers_reward_actors_and_a_judge_engine(
+    monkeypatch, overrides, cores, expected
+):
+    from easyrl.trainer.main import ray_cpus_needed
+
+    monkeypatch.setattr("os.cpu_count", lambda: cores)
+    plan = load_run_plan(overrides)
+    assert ray_cpus_needed(plan) == expected
+
+
+@pytest.mark.timeout(180)
+def test_a_local_cluster_holds_every_reservation_of_a_critic_run_on_two_cores(monkeypatch):
+    """2 cores, actor and critic on 2 workers: the workers' bundles take 4 logical CPUs, and the reward actor one
+    more. The local cluster used to have max(cores, 4) = 4, so the reward actor waited 300 s and failed."""
+    import ray
+
+    from easyrl.controller.resource_pool import ResourcePool
+    from easyrl.trainer.main import cpus_per_worker, init_ray
+    from easyrl.workers.reward.pool import RewardActorPool
+
+    if ray.is_initialized():
+        pytest.skip("needs a cluster of its own")
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    plan = load_run_plan(CRITIC_ON_TWO_WORKERS)
+    init_ray(plan)
+    pool = ResourcePool.from_trainer_config(1, 2, max_colocate_count=2, cpus_per_worker=cpus_per_worker(plan, 2))
+    rewards = None
+    try:
+        assert ray.cluster_resources()["CPU"] == 5
+        pool.placement_groups()  # 2 bundles of 2 CPUs
+        rewards = RewardActorPool(
+            str(REPO_ROOT / "reward_function" / "arithmetic.py") + ":compute_score",
+            {},
+            num_actors=1,
+            timeout_s=30,
+            startup_timeout_s=60,
+        )
+        rewards.wait_ready()
+        assert rewards.num_actors == 1
+    finally:
+        if rewards is not None:
+            rewards.shutdown()
+        pool.release()
+        ray.shutdown()

@@ -19,6 +19,18 @@ from ..utils.logging import setup_driver_logging
 logger = logging.getLogger(__name__)
 
 
+def ray_cpus_needed(plan: RunPlan) -> int:
+    """The logical CPUs the run reserves in Ray: every worker of every colocated group, the reward actors
+    (`worker.reward.num_cpus`) and a `vllm` judge's engine (one CPU)."""
+    config = plan.config
+    groups = 2 if getattr(plan, "use_critic", False) else 1
+    workers = config.trainer.nnodes * config.trainer.n_gpus_per_node * cpus_per_worker(plan, groups) * groups
+    reward = getattr(config.worker, "reward", None)
+    if reward is None or not reward.reward_function:  # SFT has no reward
+        return workers
+    return workers + reward.num_cpus + (1 if reward.judge.kind == "vllm" else 0)
+
+
 def init_ray(plan: RunPlan) -> None:
     """Join the cluster named by RAY_ADDRESS; else, for one node, start a new private local cluster every time (never
     an older one still shutting down, nor a `ray start` cluster of someone else); for several nodes, join the cluster
@@ -27,10 +39,12 @@ def init_ray(plan: RunPlan) -> None:
 
     if ray.is_initialized():
         return
+    needed = ray_cpus_needed(plan)
     env_vars = {k: v for k, v in os.environ.items() if k.startswith(("EASYRL_", "VLLM_", "HF_", "TORCHDYNAMO_"))}
     env_vars.setdefault("TOKENIZERS_PARALLELISM", "false")
     runtime_env = {"env_vars": env_vars}
     nnodes = plan.config.trainer.nnodes
+    joined = bool(os.environ.get("RAY_ADDRESS")) or nnodes > 1
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env)
     elif nnodes > 1:
@@ -44,10 +58,26 @@ def init_ray(plan: RunPlan) -> None:
             ) from error
     else:
         # address="local": a plain ray.init() would join the cluster recorded by an earlier `ray start` (even a dead
-        # one). Oversubscribe logical CPUs on small machines: workers, reward actors and the driver take turns.
+        # one). Oversubscribe logical CPUs on small machines: workers, reward actors and the driver take turns. A
+        # cluster smaller than the run's reservations would keep a reward actor waiting for a CPU that never frees
+        # (2 cores, a critic beside the actor on 2 workers: 4 CPUs for the workers, 1 more for the reward).
         ray.init(
-            address="local", num_cpus=max(os.cpu_count() or 1, 4), include_dashboard=False, runtime_env=runtime_env
+            address="local",
+            num_cpus=max(os.cpu_count() or 1, 4, needed),
+            include_dashboard=False,
+            runtime_env=runtime_env,
         )
+    if joined:
+        total = ray.cluster_resources().get("CPU", 0)
+        if total < needed:
+            logger.warning(
+                "The Ray cluster has %g CPUs and this run reserves %d (%d worker(s) x their cores, and "
+                "worker.reward.num_cpus for the reward actors): what does not fit waits for a CPU, and fails after "
+                "300 s unless the cluster grows. Lower worker.reward.num_cpus or add nodes.",
+                total,
+                needed,
+                plan.world_size,
+            )
 
 
 def cpus_per_worker(plan: RunPlan, colocated_groups: int) -> int:
