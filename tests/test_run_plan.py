@@ -285,7 +285,11 @@ CRITIC_ON_TWO_WORKERS = BASE + CRITIC_MODES["critic"] + ["trainer.n_gpus_per_nod
         (BASE + ["trainer.n_gpus_per_node=2", "worker.reward.num_cpus=3"], 8, 8 + 3),
         (CRITIC_ON_TWO_WORKERS, 2, 2 * 2 * 1 + 1),  # at least one core per worker of each group
         (CRITIC_ON_TWO_WORKERS, 16, 2 * 2 * 4 + 1),
-        (BASE + ["worker.reward.judge.kind=vllm", "worker.reward.judge.model_path=builtin://SmolLM2-135M-Instruct"], 2, 2 + 1 + 1),
+        (
+            BASE + ["worker.reward.judge.kind=vllm", "worker.reward.judge.model_path=builtin://SmolLM2-135M-Instruct"],
+            2,
+            2 + 1 + 1,
+        ),
     ],
 )
 def test_the_cpus_a_run_reserves_count_workers_reward_actors_and_a_judge_engine(
