@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from easyrl.config import load_run_plan
 from easyrl.trainer.evaluate import format_table, k_values, pass_at_k, summarize
 from easyrl.trainer.generate import GenerationFileError, append_rows, read_rows
 from tests.fixtures.trainer_runs import (
@@ -184,7 +185,7 @@ def generated(tiny_model_path, val_file, tmp_path_factory) -> Path:
     """An uninterrupted `easyrl generate`: 6 prompts x 4 samples at temperature 1."""
     root = tmp_path_factory.mktemp("generate")
     _run("generate", _args(tiny_model_path, val_file, root), root / "generate.log")
-    return root / "generations.jsonl"
+    return root / "samples.jsonl"
 
 
 @pytest.mark.slow
@@ -216,7 +217,7 @@ def test_generate_killed_after_a_batch_resumes_without_duplicates_and_samples_as
         f"worker.reward.reward_function={SLEEPY_REWARD}:compute_score",
         "worker.reward.reward_function_kwargs={sleep_s: 3.0}",
     )
-    output = tmp_path / "generations.jsonl"
+    output = tmp_path / "samples.jsonl"
     proc = launch_training(args, tmp_path / "first.log", "generate")
     wait_until(
         lambda: output.exists() and output.read_text().count("\n") >= 2,
@@ -253,6 +254,33 @@ def _without_reward(args: list[str]) -> list[str]:
     ]
 
 
+@pytest.mark.parametrize("command", ["generate", "eval"])
+def test_generation_plans_ignore_the_batch_arithmetic_of_updates_they_never_make(
+    tiny_model_path, val_file, tmp_path, command
+):
+    """generate and eval build no optimizer: an n that does not split into the update's micro-batches, or n=1 with a
+    group estimator, is theirs to choose; the same values still stop a training run."""
+    from easyrl.cli import _generation_plan
+    from easyrl.config import ConfigError
+
+    cases = (
+        (3, 8, "not a multiple of `worker.actor.micro_batch_size_per_device_for_update`"),
+        (1, 4, "needs `worker.rollout.n` > 1"),
+    )
+    for n, micro_batch, message in cases:
+        args = _args(
+            tiny_model_path,
+            val_file,
+            tmp_path,
+            f"worker.rollout.n={n}",
+            f"worker.actor.micro_batch_size_per_device_for_update={micro_batch}",
+            "algorithm.adv_estimator=grpo",
+        )
+        assert _generation_plan(args, command).config.worker.rollout.n == n
+        with pytest.raises(ConfigError, match=message):
+            load_run_plan([*args, f"data.train_files={val_file}"])
+
+
 def test_generate_needs_no_reward_function_and_eval_names_the_key(tiny_model_path, val_file, tmp_path):
     from easyrl.cli import _generation_plan
     from easyrl.config import ConfigError
@@ -267,19 +295,32 @@ def test_generate_needs_no_reward_function_and_eval_names_the_key(tiny_model_pat
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 def test_generate_without_a_reward_writes_the_samples_unscored(tiny_model_path, val_file, tmp_path):
     _run("generate", _without_reward(_args(tiny_model_path, val_file, tmp_path)), tmp_path / "generate.log")
-    rows = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [row["index"] for row in rows] == list(range(len(PROMPTS)))
     assert all(len(row["responses"]) == 4 and "scores" not in row for row in rows)
+    assert all(row["settings"]["reward_function"] is None for row in rows)
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 def test_eval_prints_the_table_and_writes_per_source_mean_and_pass_at_k(tiny_model_path, val_file, tmp_path):
+    # the data's row 3 has no answer: skipped, so the rows after it are a prompt index behind their row in the file
+    lines = val_file.read_text().splitlines(keepends=True)
+    data = tmp_path / "val_with_a_gap.jsonl"
+    data.write_text(
+        "".join(lines[:3]) + json.dumps({"problem": "What is 1 + 1?", "answer": None}) + "\n" + "".join(lines[3:])
+    )
     extra = ["eval.k=4", "eval.correct_key=word_share", "eval.correct_threshold=0.8"]
-    log = _run("eval", _args(tiny_model_path, val_file, tmp_path, *extra), tmp_path / "eval.log")
+    log = _run("eval", _args(tiny_model_path, data, tmp_path, *extra), tmp_path / "eval.log")
     results = json.loads((tmp_path / "eval.json").read_text())
     rows = [json.loads(line) for line in (tmp_path / "eval_generations.jsonl").read_text().splitlines()]
     assert sorted(row["index"] for row in rows) == list(range(len(PROMPTS)))
+    assert [row["row"] for row in sorted(rows, key=lambda row: row["index"])] == [0, 1, 2, 4, 5, 6]
     assert all(len(row["responses"]) == 4 and len(row["scores"]) == 4 for row in rows)
+    assert results["settings"]["model_path"] == str(tiny_model_path)
+    assert results["settings"]["sampling"]["n"] == 4 and results["settings"]["reward_function"].endswith(
+        ":compute_score"
+    )
+    assert all(row["settings"] == results["settings"] for row in rows)
     assert results["n"] == 4 and results["correct"] == "word_share >= 0.8"
     assert sorted(results["sources"]) == ["even", "odd"]
     for source, entry in results["sources"].items():
@@ -324,22 +365,38 @@ def test_an_existing_output_is_checked_and_a_finished_one_ends_the_run_before_ra
     from easyrl.config.plan import load_run_plan
     from easyrl.data.loader import create_val_loader
     from easyrl.data.tokenizer import load_tokenizer_and_processor
-    from easyrl.trainer.generate import prompts_left
+    from easyrl.trainer.generate import generation_settings, prompts_left
+    from easyrl.workers.rollout.base import GenerationRequest, resolve_sampling
 
     args = _args(tiny_model_path, val_file, tmp_path)
-    config = load_run_plan(args).config
+    plan = load_run_plan(args)
+    config = plan.config
     tokenizer, _ = load_tokenizer_and_processor(str(tiny_model_path))
     loader = create_val_loader(config.data, tokenizer)
     texts = [tokenizer.decode(ids) for batch in loader for ids in batch.non_tensor_batch["raw_prompt_ids"]]
-    output = tmp_path / "generations.jsonl"
-    assert prompts_left(str(output), tokenizer, loader, 4) is None  # no file yet
-    rows = [{"index": i, "prompt": text, "responses": ["r"] * 4} for i, text in enumerate(texts)]
+    output = tmp_path / "samples.jsonl"
+    settings = generation_settings(plan, resolve_sampling(config.worker.rollout, GenerationRequest()), False)
+    assert settings["model_path"] == str(tiny_model_path) and settings["sampling"]["temperature"] == 1.0
+    assert prompts_left(str(output), tokenizer, loader, 4, settings) is None  # no file yet
+    rows = [{"index": i, "prompt": text, "responses": ["r"] * 4, "settings": settings} for i, text in enumerate(texts)]
     append_rows(str(output), rows[:2])
-    assert prompts_left(str(output), tokenizer, loader, 4) == len(PROMPTS) - 2
+    assert prompts_left(str(output), tokenizer, loader, 4, settings) == len(PROMPTS) - 2
     with pytest.raises(GenerationFileError, match="has 4 responses, this run samples 2 per prompt"):
-        prompts_left(str(output), tokenizer, loader, 2)
+        prompts_left(str(output), tokenizer, loader, 2, settings)
+    # another model, another temperature or another reward: the file's rows are not this run's
+    cooler = generation_settings(
+        plan, resolve_sampling(config.worker.rollout, GenerationRequest(sampling_override={"temperature": 0.5})), False
+    )
+    with pytest.raises(GenerationFileError, match=r"sampling.temperature: 1.0 in the file, 0.5 now"):
+        prompts_left(str(output), tokenizer, loader, 4, cooler)
+    other_model = {**settings, "model_path": "/models/trained"}
+    with pytest.raises(GenerationFileError, match=r"model_path: '.*' in the file, '/models/trained' now"):
+        prompts_left(str(output), tokenizer, loader, 4, other_model)
+    unscored = {**settings, "reward_function": None}
+    with pytest.raises(GenerationFileError, match="reward_function: "):
+        prompts_left(str(output), tokenizer, loader, 4, unscored)
     append_rows(str(output), rows[2:])
-    assert prompts_left(str(output), tokenizer, loader, 4) == 0
+    assert prompts_left(str(output), tokenizer, loader, 4, settings) == 0
 
     result = subprocess.run(
         [sys.executable, "-m", "easyrl", "generate", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=240

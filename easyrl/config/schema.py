@@ -715,10 +715,11 @@ class GenerateConfig:
     """`generate.*`: `easyrl generate`, n samples per prompt of `data.val_files` written to a jsonl file."""
 
     output: Optional[str] = None
-    """The jsonl file the rows go to (one per prompt: index, data_source, prompt, ground_truth, responses, scores;
-    with a tool environment whose reset adds text, sample_prompts); null:
-    `<trainer.save_checkpoint_path>/generations.jsonl`. Rows are appended batch by batch; a run with an existing
-    file generates only the prompts it lacks (a killed run continues, no row twice)."""
+    """The jsonl file the rows go to (one per prompt: index, row, data_source, prompt, ground_truth, responses,
+    scores, settings; with a tool environment whose reset adds text, sample_prompts); null:
+    `<trainer.save_checkpoint_path>/samples.jsonl`. Rows are appended batch by batch; a run with an existing
+    file generates only the prompts it lacks (a killed run continues, no row twice), and refuses a file made with
+    another model, sampling, seed or reward."""
     val_sampling: bool = False
     """Sample with `worker.rollout.val_override_config` applied (the trainer's validation sampling); false: the
     rollout's own sampling (`worker.rollout.n`, temperature, top_p, top_k)."""
@@ -735,8 +736,8 @@ class EvalConfig:
     """The JSON file of the results (per data source: prompts, mean@k, pass@j); null:
     `<trainer.save_checkpoint_path>/eval.json`."""
     generations: Optional[str] = None
-    """The jsonl file of the samples and their scores (as `easyrl generate` writes; a re-run resumes it); null:
-    `<trainer.save_checkpoint_path>/eval_generations.jsonl`."""
+    """The jsonl file of the samples and their scores (as `easyrl generate` writes; a re-run with the same model,
+    sampling and reward resumes it, another is refused); null: `<trainer.save_checkpoint_path>/eval_generations.jsonl`."""
     correct_key: Optional[str] = None
     """The reward score that decides whether a sample is correct (pass@k); null: `accuracy` when the reward function
     returns it, else its one score named like an accuracy (`accuracy_reward` of combined TRL-style functions), else

@@ -869,38 +869,9 @@ def check_generation_data(config: PPOConfig) -> None:
     raise ConfigError(message)
 
 
-def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
-    """Raise ConfigError for the first problem found; nothing heavy is imported or started. ``needs_reward``: false
-    for a run that only samples (`easyrl generate`), where a reward function is optional."""
-    _check_required(config, needs_reward)
-    for key, allowed in CHOICES.items():
-        value = _get(config, key)
-        if isinstance(value, list):
-            for item in value:
-                _check_choice(key, item, allowed)
-        else:
-            _check_choice(key, value, allowed)
-    for role in ("actor", "critic", "ref"):
-        fsdp = _get(config, f"worker.{role}.fsdp")
-        for name in DTYPE_KEYS:
-            _check_choice(f"worker.{role}.fsdp.{name}", getattr(fsdp, name), DTYPES)
-        if fsdp.torch_dtype is not None:
-            _check_choice(f"worker.{role}.fsdp.torch_dtype", fsdp.torch_dtype, DTYPES)
-    _check_loggers_can_start(config.trainer.logger)
-
+def _check_update_batches(config: PPOConfig) -> None:
+    """The batch arithmetic of the updates: optimizer steps per rollout batch, micro-batches per worker."""
     data, actor, rollout, critic = config.data, config.worker.actor, config.worker.rollout, config.worker.critic
-    _check_ranges(config)
-    if data.min_pixels is not None and data.max_pixels is not None and data.min_pixels > data.max_pixels:
-        raise ConfigError(
-            f"`data.min_pixels` ({data.min_pixels}) is above `data.max_pixels` ({data.max_pixels}): no picture size "
-            "satisfies both; lower min_pixels or raise max_pixels."
-        )
-    if data.max_frames is not None and data.max_frames % 2:
-        raise ConfigError(
-            f"`data.max_frames` ({data.max_frames}) must be even: Qwen-VL models pack video frames in pairs, so an odd "
-            f"budget would get its last frame repeated; use {data.max_frames - 1} or {data.max_frames + 1}."
-        )
-
     world = config.world_size
     if data.rollout_batch_size % actor.global_batch_size != 0:
         raise ConfigError(
@@ -935,6 +906,48 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
                 f"`worker.critic.global_batch_size` x `worker.rollout.n` must split into whole micro-batches of "
                 f"`worker.critic.micro_batch_size_per_device_for_update` on each of the {world} workers."
             )
+    if rollout.n == 1 and config.algorithm.adv_estimator in GROUP_ESTIMATORS:
+        raise ConfigError(
+            f"`algorithm.adv_estimator={config.algorithm.adv_estimator}` compares samples of the same prompt and "
+            "needs `worker.rollout.n` > 1 (e.g. worker.rollout.n=8); with n=1 every advantage would be 0."
+        )
+
+
+def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
+    """Raise ConfigError for the first problem found; nothing heavy is imported or started. ``needs_reward``: false
+    for a run that only samples (`easyrl generate`), where a reward function is optional."""
+    _check_required(config, needs_reward)
+    for key, allowed in CHOICES.items():
+        value = _get(config, key)
+        if isinstance(value, list):
+            for item in value:
+                _check_choice(key, item, allowed)
+        else:
+            _check_choice(key, value, allowed)
+    for role in ("actor", "critic", "ref"):
+        fsdp = _get(config, f"worker.{role}.fsdp")
+        for name in DTYPE_KEYS:
+            _check_choice(f"worker.{role}.fsdp.{name}", getattr(fsdp, name), DTYPES)
+        if fsdp.torch_dtype is not None:
+            _check_choice(f"worker.{role}.fsdp.torch_dtype", fsdp.torch_dtype, DTYPES)
+    _check_loggers_can_start(config.trainer.logger)
+
+    data, actor, rollout, critic = config.data, config.worker.actor, config.worker.rollout, config.worker.critic
+    _check_ranges(config)
+    if data.min_pixels is not None and data.max_pixels is not None and data.min_pixels > data.max_pixels:
+        raise ConfigError(
+            f"`data.min_pixels` ({data.min_pixels}) is above `data.max_pixels` ({data.max_pixels}): no picture size "
+            "satisfies both; lower min_pixels or raise max_pixels."
+        )
+    if data.max_frames is not None and data.max_frames % 2:
+        raise ConfigError(
+            f"`data.max_frames` ({data.max_frames}) must be even: Qwen-VL models pack video frames in pairs, so an odd "
+            f"budget would get its last frame repeated; use {data.max_frames - 1} or {data.max_frames + 1}."
+        )
+
+    world = config.world_size
+    if not config.trainer.val_only:  # `easyrl generate` / `eval` and trainer.val_only make no update
+        _check_update_batches(config)
     for role in ("actor", "critic", "ref") if uses_critic(config) else ("actor", "ref"):
         fsdp_size = _get(config, f"worker.{role}.fsdp.fsdp_size")
         if 0 < fsdp_size < world and world % fsdp_size != 0:
@@ -957,11 +970,6 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
         raise ConfigError(
             f"`worker.rollout.tensor_parallel_size` ({rollout.tensor_parallel_size}) must divide the number of "
             f"workers ({world} = trainer.nnodes x trainer.n_gpus_per_node)."
-        )
-    if rollout.n == 1 and config.algorithm.adv_estimator in GROUP_ESTIMATORS:
-        raise ConfigError(
-            f"`algorithm.adv_estimator={config.algorithm.adv_estimator}` compares samples of the same prompt and "
-            "needs `worker.rollout.n` > 1 (e.g. worker.rollout.n=8); with n=1 every advantage would be 0."
         )
     _check_unsupported(config)
     _check_lora(config)

@@ -11,6 +11,7 @@ score named like an accuracy, e.g. `accuracy_reward` of combined TRL-style funct
 jsonl file (`eval.generations`); the numbers are computed from that file.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -19,7 +20,7 @@ from typing import Any
 
 from ..config import RunPlan
 from ..utils.files import replace_file
-from .generate import EVAL_SEED_KIND, GenerationRun, default_path, read_rows
+from .generate import EVAL_SEED_KIND, GenerationRun, default_path, generation_settings, read_rows
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -67,7 +68,9 @@ def summarize(rows: Iterable[dict[str, Any]], correct_key: str | None = None, th
     missing = [row["index"] for row in rows if "scores" not in row]
     if missing:
         raise ValueError(
-            f"Prompt indices {missing[:5]} have no scores: `easyrl eval` needs worker.reward.reward_function."
+            f"Prompt indices {missing[:5]} have no scores: their rows were written without a reward function (by "
+            "`easyrl generate` without worker.reward.reward_function). Point eval.generations to a new file, or "
+            "delete that one, and set worker.reward.reward_function."
         )
     n = len(rows[0]["scores"])
     other = [row["index"] for row in rows if len(row["scores"]) != n]
@@ -110,7 +113,7 @@ def format_table(results: dict) -> str:
 
 def run_eval(plan: RunPlan) -> dict:
     """`easyrl eval`: generate (resuming `eval.generations`), score, print the table, write the JSON."""
-    from ..workers.rollout.base import GenerationRequest
+    from ..workers.rollout.base import GenerationRequest, resolve_sampling
 
     config = plan.config
     k = config.eval.k or config.worker.rollout.n
@@ -121,14 +124,12 @@ def run_eval(plan: RunPlan) -> dict:
     generations = default_path(plan, config.eval.generations, "eval_generations.jsonl")
     output = default_path(plan, config.eval.output, "eval.json")
     seed = config.worker.rollout.seed
-    run = GenerationRun(plan, generations, k)
+    request = GenerationRequest(validate=config.eval.val_sampling, sampling_override={"n": k})
+    settings = generation_settings(plan, resolve_sampling(config.worker.rollout, request), config.eval.val_sampling)
+    run = GenerationRun(plan, generations, k, settings)
     try:
         summary = run.generate(
-            generations,
-            lambda batch: GenerationRequest(
-                validate=config.eval.val_sampling, sampling_override={"n": k}, seed=[seed, EVAL_SEED_KIND, batch]
-            ),
-            k,
+            generations, lambda batch: dataclasses.replace(request, seed=[seed, EVAL_SEED_KIND, batch]), k
         )
     finally:
         run.close()
@@ -141,6 +142,7 @@ def run_eval(plan: RunPlan) -> dict:
         )
     results = summarize(rows, config.eval.correct_key, config.eval.correct_threshold)
     results["generations"] = summary.path
+    results["settings"] = settings  # the model, sampling, seed and reward the numbers are of
     os.makedirs(os.path.dirname(output), exist_ok=True)
     replace_file(output, json.dumps(results, indent=2) + "\n")
     print(format_table(results))

@@ -11,13 +11,18 @@ With a tool environment (``worker.rollout.multi_turn.env``) whose ``reset`` adds
 holds ``"sample_prompts"``: the prompt each sample was generated from (``prompt`` stays the dataset's, which a
 resumed run checks).
 
-``index`` is the prompt's position in the validation data (stable for the same data and data.* keys). Each batch's
+``index`` is the prompt's position among the prompts of the validation data that are kept (stable for the same data
+and data.* keys); ``row`` is its row in ``data.val_files`` (numbered from 0, as the warnings about skipped rows
+number them), which differs from ``index`` once rows are skipped or dropped. ``settings`` are what made the
+responses (the model, the sampling, the seed and the reward): a run continues a file only when they are its own, so
+that a file never mixes models or sampling, and a file of an earlier model is never reported as this one's. Each batch's
 rows are appended in one write, flushed and fsynced before the next batch starts: a run killed at any moment leaves
 whole rows plus at most one partial last line. A run with an existing output drops that partial line (with a
 warning), keeps every whole row, and generates only the prompts that have none: no row twice. Each batch samples
 with a seed of (worker.rollout.seed, batch index) only, so a resumed batch draws what the uninterrupted run drew.
 """
 
+import dataclasses
 import json
 import logging
 import os
@@ -31,12 +36,15 @@ from ..config import RunPlan
 from ..protocol import DataProto
 from ..utils.logging import setup_driver_logging
 from ..workers.reward.scorer import scores_to_non_tensor
-from ..workers.rollout.base import GenerationRequest
+from ..workers.rollout.base import GenerationRequest, SamplingSettings
 from ..workers.rollout.multi_turn import has_tool_env
 from .ray_trainer import GENERATION_KEYS, generation_non_tensor_keys, join_rollout_output
 
 
 logger = logging.getLogger(__name__)
+
+GENERATE_FILE = "samples.jsonl"
+"""`easyrl generate`'s output under trainer.save_checkpoint_path when generate.output is not set."""
 
 # the kind number of the sampling seed (rollout.seed, kind, batch): the trainer uses 0 (training) and 1 (validation)
 GENERATE_SEED_KIND, EVAL_SEED_KIND = 2, 3
@@ -118,8 +126,54 @@ def _decode_responses(tokenizer: Any, batch: DataProto) -> list[str]:
     return [tokenizer.decode(responses[i][mask[i]], skip_special_tokens=True) for i in range(len(batch))]
 
 
-def _check_resumed_row(path: str, row: dict[str, Any], prompt: str, samples: int) -> None:
-    """A row of an earlier run must be the one this run would write: same prompt, same number of samples."""
+def generation_settings(plan: RunPlan, sampling: SamplingSettings, val_sampling: bool) -> dict[str, Any]:
+    """What makes a file's responses and scores: the model, the resolved sampling, the seed and the reward (as
+    stored in each row, in JSON's types)."""
+    config = plan.config
+    model = config.worker.actor.model.model_path
+    if model and os.path.exists(os.path.expanduser(model)):
+        model = os.path.abspath(os.path.expanduser(model))
+    reward = config.worker.reward
+    settings = {
+        "model_path": model,
+        "sampling": {**dataclasses.asdict(sampling), "val_sampling": val_sampling},
+        "seed": config.worker.rollout.seed,
+        "reward_function": reward.reward_function or None,
+    }
+    if reward.reward_function:
+        settings["reward_function_kwargs"] = dict(reward.reward_function_kwargs or {})
+        settings["reward_weights"] = list(reward.reward_weights) if reward.reward_weights else None
+    return json.loads(json.dumps(settings, default=str))
+
+
+def _settings_changes(written: dict[str, Any], settings: dict[str, Any]) -> str:
+    """ "model_path: 'a' here 'b'; ..." for each setting that differs."""
+    changes = []
+    for key in sorted(set(written) | set(settings)):
+        old, new = written.get(key), settings.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            changes += [
+                f"sampling.{name}: {old.get(name)!r} in the file, {new.get(name)!r} now"
+                for name in sorted(set(old) | set(new))
+                if old.get(name) != new.get(name)
+            ]
+        elif old != new:
+            changes.append(f"{key}: {old!r} in the file, {new!r} now")
+    return "; ".join(changes)
+
+
+def _check_resumed_row(
+    path: str, row: dict[str, Any], prompt: str, samples: int, settings: dict[str, Any] | None
+) -> None:
+    """A row of an earlier run must be the one this run would write: same prompt, same number of samples, and made
+    with the same settings (a row without them comes from a version that did not write them)."""
+    written = row.get("settings")
+    if settings is not None and written is not None and written != settings:
+        raise GenerationFileError(
+            f"{path}: its rows were made with other settings ({_settings_changes(written, settings)}): continuing it "
+            "would mix the two, or report the earlier settings' results as these. Choose another output file "
+            "(generate.output / eval.generations, or another trainer.save_checkpoint_path) or delete it."
+        )
     if row.get("prompt") != prompt:
         raise GenerationFileError(
             f"{path}: the row of prompt index {row['index']} holds another prompt than data.val_files has at that "
@@ -133,18 +187,27 @@ def _check_resumed_row(path: str, row: dict[str, Any], prompt: str, samples: int
         )
 
 
-def prompts_left(path: str, tokenizer: Any, val_loader: Any, samples_per_prompt: int) -> int | None:
+def prompts_left(
+    path: str, tokenizer: Any, val_loader: Any, samples_per_prompt: int, settings: dict[str, Any] | None = None
+) -> int | None:
     """How many prompts of ``val_loader`` the file at ``path`` has no row for (None: no file yet, so all of them),
-    its rows checked against this run's prompts and samples: before Ray and the engine start, so that a file written
-    for other settings is refused, and a finished one finished, at once."""
+    its rows checked against this run's prompts, samples and ``settings`` (``generation_settings``; None: not
+    checked): before Ray and the engine start, so that a file written for other settings is refused, and a finished
+    one finished, at once."""
     done = {int(row["index"]): row for row in read_rows(path, repair=True)}
     if not done:
         return None
+    if settings is not None and any("settings" not in row for row in done.values()):
+        logger.warning(
+            "%s: rows without the settings that made them (an older version wrote them): whether they come from this "
+            "model and sampling cannot be checked.",
+            path,
+        )
     position, left = 0, 0
     for prompts in _batches(val_loader):
         for text in (tokenizer.decode(ids) for ids in prompts.non_tensor_batch["raw_prompt_ids"]):
             if position in done:
-                _check_resumed_row(path, done[position], text, samples_per_prompt)
+                _check_resumed_row(path, done[position], text, samples_per_prompt, settings)
             else:
                 left += 1
             position += 1
@@ -160,12 +223,14 @@ def generate_to_file(
     path: str,
     request_for_batch: Callable[[int], GenerationRequest],
     samples_per_prompt: int,
+    settings: dict[str, Any] | None = None,
 ) -> GenerationSummary:
     """Generate (and score, when ``reward`` is given) every prompt of ``val_loader`` that ``path`` has no row for;
     append each batch's rows to ``path``. ``rollout``: the worker group hosting the engine. The rows already in
     ``path`` were checked against this run's prompts and samples by ``prompts_left`` (``GenerationRun`` calls it
-    before the engine starts)."""
+    before the engine starts). ``settings`` (``generation_settings``) go into every row."""
     done = {int(row["index"]): row for row in read_rows(path, repair=True)}
+    row_numbers = getattr(val_loader.dataset, "row_index", None)  # position -> row of data.val_files
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     position, generated, errors = 0, 0, 0
     resets_grow = has_tool_env(plan.config.worker.rollout.multi_turn.env)
@@ -204,6 +269,7 @@ def generate_to_file(
             samples = slice(i * repeat, (i + 1) * repeat)
             row = {
                 "index": indices[i],
+                "row": indices[i] if row_numbers is None else int(row_numbers[indices[i]]),
                 "data_source": str(sources[i * repeat]),
                 "prompt": texts[i],
                 "ground_truth": _jsonable(batch.non_tensor_batch["ground_truth"][i * repeat]),
@@ -213,6 +279,8 @@ def generate_to_file(
                 row["sample_prompts"] = seen[samples]
             if scores is not None:
                 row["scores"] = scores[samples]
+            if settings is not None:
+                row["settings"] = settings
             rows.append(row)
         append_rows(path, rows)
         generated += len(rows)
@@ -243,15 +311,17 @@ class GenerationRun:
     Ray starts, so bad data fails first), then the generation workers and the reward scorer; ``close`` releases
     them."""
 
-    def __init__(self, plan: RunPlan, output: str, samples: int) -> None:
-        """``output``: the generation file the run appends to, ``samples`` per prompt: an existing file is checked
-        against the data first, and when it holds every prompt no worker is started."""
+    def __init__(self, plan: RunPlan, output: str, samples: int, settings: dict[str, Any]) -> None:
+        """``output``: the generation file the run appends to, ``samples`` per prompt, made with ``settings``
+        (``generation_settings``): an existing file is checked against the data and the settings first, and when it
+        holds every prompt no worker is started."""
         from ..config.validate import check_generation_data
         from ..data.loader import create_val_loader
         from .main import check_reward_columns, dataset_options, init_ray, load_model_side, load_run_reward
 
         check_generation_data(plan.config)
         self.plan = plan
+        self.settings = settings
         setup_driver_logging(plan.config.trainer.save_checkpoint_path)
         self.tokenizer, processor, model_config = load_model_side(plan)
         self.reward_fn = load_run_reward(plan.config)
@@ -263,7 +333,7 @@ class GenerationRun:
         self.workers = None
         self.reward = None
         self.rollout = None
-        if prompts_left(output, self.tokenizer, self.val_loader, samples) == 0:
+        if prompts_left(output, self.tokenizer, self.val_loader, samples, settings) == 0:
             logger.warning("%s holds a row for every prompt of data.val_files: nothing to generate.", output)
             return
         init_ray(plan)
@@ -287,7 +357,15 @@ class GenerationRun:
         self, path: str, request_for_batch: Callable[[int], GenerationRequest], samples: int
     ) -> GenerationSummary:
         return generate_to_file(
-            self.plan, self.tokenizer, self.val_loader, self.rollout, self.reward, path, request_for_batch, samples
+            self.plan,
+            self.tokenizer,
+            self.val_loader,
+            self.rollout,
+            self.reward,
+            path,
+            request_for_batch,
+            samples,
+            self.settings,
         )
 
     def close(self) -> None:
@@ -311,11 +389,13 @@ def run_generate(plan: RunPlan) -> GenerationSummary:
     from ..workers.rollout.base import resolve_sampling
 
     config = plan.config
-    path = default_path(plan, config.generate.output, "generations.jsonl")
+    # not generations.jsonl: the trainer's file logger writes its validation samples there
+    path = default_path(plan, config.generate.output, GENERATE_FILE)
     validate = config.generate.val_sampling
-    samples = resolve_sampling(config.worker.rollout, GenerationRequest(validate=validate)).n
+    sampling = resolve_sampling(config.worker.rollout, GenerationRequest(validate=validate))
+    samples = sampling.n
     seed = config.worker.rollout.seed
-    run = GenerationRun(plan, path, samples)
+    run = GenerationRun(plan, path, samples, generation_settings(plan, sampling, validate))
     try:
         summary = run.generate(
             path, lambda batch: GenerationRequest(validate=validate, seed=[seed, GENERATE_SEED_KIND, batch]), samples
