@@ -218,3 +218,63 @@ def test_a_run_whose_checkpoint_is_past_its_last_step_says_so_without_starting(t
     )
     assert "the run has 2 steps (trainer.max_steps=2)" in result.stdout
     assert not (save_dir / "metrics.jsonl").exists() and _steps(save_dir) == [4]
+
+
+def _save_model_only(manager: CheckpointManager, step: int) -> str:
+    tmp_dir = manager.begin(step)
+    _worker_save(tmp_dir, seed=step)
+    return manager.commit(step, trainer_state={"epoch": 0})
+
+
+def test_the_resume_point_is_a_resumable_checkpoint_or_a_fresh_start_in_a_folder_of_no_earlier_run(tmp_path):
+    from easyrl.trainer.checkpoint import check_resume_point
+
+    root = tmp_path / "run"
+    fresh = TrainerConfig(save_checkpoint_path=str(root), find_last_checkpoint=False)
+    assert check_resume_point(fresh) is None  # nothing there
+    last = _save(CheckpointManager(str(root)), 2)
+    assert check_resume_point(TrainerConfig(save_checkpoint_path=str(root))) == last
+    with pytest.raises(
+        CheckpointError, match=r"holds the checkpoints of an earlier run \(1, the last global_step_2\)"
+    ):
+        check_resume_point(fresh)
+    # an explicit checkpoint is the user's choice, even in a folder of others
+    assert check_resume_point(TrainerConfig(save_checkpoint_path=str(root), load_checkpoint_path=last)) == last
+
+    weights_only = _save_model_only(CheckpointManager(str(tmp_path / "weights")), 3)
+    with pytest.raises(CheckpointError, match=f"{weights_only} holds no .*save_model_only=true.*SFT cannot resume"):
+        check_resume_point(TrainerConfig(save_checkpoint_path=str(tmp_path / "weights")), "SFT")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", ["weights_only", "fresh_start_among_an_earlier_runs"])
+def test_a_run_that_cannot_resume_or_start_there_stops_before_ray_naming_the_fix(tmp_path, tiny_model_path, case):
+    """A rerun of a trainer.save_model_only run crashed with a traceback after Ray and the engine had started; a fresh
+    start among an earlier run's checkpoints mixed the two runs (its next rerun resumed the earlier one)."""
+    import subprocess
+    import sys
+
+    from tests.fixtures.trainer_runs import REPO_ROOT
+
+    save_dir = tmp_path / "run"
+    manager = CheckpointManager(str(save_dir), save_limit=-1)
+    if case == "weights_only":
+        _save_model_only(manager, 1)
+        extra, expected = [], "saved with trainer.save_model_only=true): training cannot resume from it"
+    else:
+        _save(manager, 2)
+        extra, expected = ["trainer.find_last_checkpoint=false"], "holds the checkpoints of an earlier run"
+    (save_dir / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    args = [
+        f"config={REPO_ROOT / 'examples' / 'smollm2_arithmetic_grpo.yaml'}",
+        f"worker.actor.model.model_path={tiny_model_path}",
+        f"trainer.save_checkpoint_path={save_dir}",
+        *extra,
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "easyrl", "train", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=240
+    )
+    assert result.returncode != 0
+    assert expected in result.stderr and "Traceback" not in result.stderr
+    assert (save_dir / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'  # nothing of the earlier run lost
+    assert not (save_dir / "logs" / "actor_rollout_0.log").exists()  # no worker started

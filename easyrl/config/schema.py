@@ -692,7 +692,8 @@ class TrainerConfig:
     save_limit: int = -1
     """Checkpoints kept; the oldest are deleted; -1 keeps all."""
     save_model_only: bool = False
-    """Save only model weights (no optimizer or dataloader state)."""
+    """Save only model weights (no optimizer or dataloader state): such a checkpoint cannot be resumed (a rerun in
+    the same folder says so before Ray starts); `easyrl merge` turns it into a model."""
     save_every_minutes: float = 0.0
     """Also save a checkpoint after any step that ends this many minutes after the last save (or the start), so a
     job killed without warning loses at most about that much work; 0 turns it off. Counts toward save_limit."""
@@ -707,7 +708,8 @@ class TrainerConfig:
     ray_timeline: Optional[str] = None
     """Write Ray's task timeline (a chrome://tracing JSON file) to this path when the run ends."""
     find_last_checkpoint: bool = True
-    """Resume from the newest complete checkpoint under save_checkpoint_path when there is one."""
+    """Resume from the newest complete checkpoint under save_checkpoint_path when there is one; false starts afresh,
+    which a folder holding an earlier run's checkpoints refuses (give the run a new save_checkpoint_path)."""
 
 
 @dataclass

@@ -108,8 +108,7 @@ def load_dataloader_state(path: str) -> dict | None:
         raise CheckpointError(
             f"{path} was written by an older easyrl that stored the driver's state as a pickle "
             f"({LEGACY_DRIVER_FILE}), which this version does not load (a pickle can run code). Start the run afresh "
-            "(a new trainer.save_checkpoint_path, or trainer.find_last_checkpoint=false), or continue it with the "
-            "easyrl version that wrote it."
+            "in a new trainer.save_checkpoint_path, or continue it with the easyrl version that wrote it."
         )
     return None
 
@@ -150,6 +149,38 @@ def resolve_resume_path(config: Any) -> str | None:
     if trainer.find_last_checkpoint:
         return find_last_checkpoint(trainer.save_checkpoint_path)
     return None
+
+
+def model_only_error(path: str, what: str = "training") -> CheckpointError:
+    """The error for resuming from a checkpoint saved with trainer.save_model_only=true."""
+    return CheckpointError(
+        f"{path} holds no dataloader or optimizer state (saved with trainer.save_model_only=true): {what} cannot "
+        "resume from it. Start afresh in a new trainer.save_checkpoint_path (or delete that folder), or turn it into a "
+        "model with `easyrl merge`."
+    )
+
+
+def check_resume_point(config: Any, what: str = "training") -> str | None:
+    """``resolve_resume_path``, checked before Ray starts: a checkpoint a run can resume from, or a fresh start in a
+    folder without an earlier run's checkpoints (whose saves would mix with this run's, `trainer.save_limit` deleting
+    them by step number, and whose metrics.jsonl rows this run would drop)."""
+    trainer = getattr(config, "trainer", config)
+    path = resolve_resume_path(trainer)
+    if path is None:
+        earlier = list_checkpoints(trainer.save_checkpoint_path)
+        if earlier:
+            names = ", ".join(os.path.basename(folder) for _, folder in earlier[-3:])
+            raise CheckpointError(
+                f"trainer.save_checkpoint_path={os.path.abspath(trainer.save_checkpoint_path)} holds the checkpoints "
+                f"of an earlier run ({len(earlier)}, the last {names}) and trainer.find_last_checkpoint=false starts "
+                "afresh there: its checkpoints would mix with them, trainer.save_limit would delete them, and its "
+                "metrics would replace theirs. Give this run a new trainer.save_checkpoint_path (or delete that "
+                "folder), or set trainer.find_last_checkpoint=true to continue the earlier run."
+            )
+        return None
+    if load_dataloader_state(path) is None:
+        raise model_only_error(path, what)
+    return path
 
 
 # ----------------------------------------------------------------------------------------------------------------------

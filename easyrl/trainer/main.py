@@ -371,11 +371,11 @@ def setup_errors_reported(log_file: str | None) -> Iterator[None]:
 def _finished_checkpoint(plan: RunPlan) -> str | None:
     """What to say when the checkpoint the run would resume from is at or past its last step (trainer.max_steps
     lowered below it): nothing is left to train, and Ray and the engine are not started for nothing."""
-    from .checkpoint import CheckpointError, checkpoint_step, resolve_resume_path
+    from .checkpoint import CheckpointError, check_resume_point, checkpoint_step
 
     trainer = plan.config.trainer
-    try:  # a trainer.load_checkpoint_path that is no complete checkpoint: one line, before Ray starts
-        path = resolve_resume_path(trainer)
+    try:  # no checkpoint to resume from, or a fresh start among an earlier run's: one line, before Ray starts
+        path = check_resume_point(trainer)
     except CheckpointError as error:
         raise RunSetupError(str(error)) from error
     if path is None or trainer.val_only or plan.training_steps is None:
@@ -387,7 +387,7 @@ def _finished_checkpoint(plan: RunPlan) -> str | None:
     return (
         f"Nothing to train: the checkpoint this run resumes from, {path}, is at step {step}, and the run has "
         f"{plan.training_steps} steps ({asked}). Raise trainer.max_steps (or trainer.total_epochs) to train on from "
-        "it, or start afresh with trainer.find_last_checkpoint=false or another trainer.save_checkpoint_path."
+        "it, or start afresh in a new trainer.save_checkpoint_path."
     )
 
 

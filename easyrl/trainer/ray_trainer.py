@@ -38,10 +38,10 @@ from ..workers.reward.scorer import ROW_FIELDS, PendingScores, reduce_reward_met
 from ..workers.rollout.base import GenerationRequest
 from .balance import balance_permutation, groups_by_uid, inverse_permutation
 from .checkpoint import (
-    CheckpointError,
     CheckpointManager,
     load_dataloader_state,
     load_trainer_state,
+    model_only_error,
     resolve_resume_path,
     saves_after,
 )
@@ -619,12 +619,8 @@ class PPOTrainer:
         logger.warning("Resuming from %s", path)
         state = load_trainer_state(path)
         loader_state = load_dataloader_state(path)
-        if loader_state is None:
-            raise CheckpointError(
-                f"{path} holds no dataloader or optimizer state (saved with trainer.save_model_only=true): training "
-                "cannot resume from it. Start afresh (trainer.find_last_checkpoint=false, or another "
-                "trainer.save_checkpoint_path), or merge it into a model with `easyrl merge`."
-            )
+        if loader_state is None:  # checked before Ray starts (check_resume_point); here for a restart's checkpoint
+            raise model_only_error(path)
         self.workers.actor_rollout.load_checkpoint(f"{path}/actor")
         if self.use_critic:
             self.workers.critic.load_checkpoint(f"{path}/critic")

@@ -27,13 +27,22 @@ from ..utils.logging import setup_driver_logging
 from .checkpoint import (
     CheckpointError,
     CheckpointManager,
+    check_resume_point,
     load_dataloader_state,
     load_trainer_state,
+    model_only_error,
     resolve_resume_path,
     saves_after,
 )
 from .faults import RunInterrupted, RunStopped, StopRequest, print_interruption, restart_after, resume_hint
-from .main import _write_ray_timeline, cpus_per_worker, init_ray, setup_errors_reported, start_tracker
+from .main import (
+    RunSetupError,
+    _write_ray_timeline,
+    cpus_per_worker,
+    init_ray,
+    setup_errors_reported,
+    start_tracker,
+)
 from .metrics import timer
 
 
@@ -132,11 +141,8 @@ class SFTTrainer:
             self.tracker.rewind_to(-1)
             return
         loader_state = load_dataloader_state(path)
-        if loader_state is None:
-            raise CheckpointError(
-                f"{path} holds no dataloader or optimizer state (saved with trainer.save_model_only=true): SFT cannot "
-                "resume from it. Start afresh (trainer.find_last_checkpoint=false or another save_checkpoint_path)."
-            )
+        if loader_state is None:  # checked before Ray starts (check_resume_point); here for a restart's checkpoint
+            raise model_only_error(path, "SFT")
         logger.warning("Resuming from %s", path)
         state = load_trainer_state(path)
         self.workers.load_checkpoint(f"{path}/actor")
@@ -270,6 +276,10 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
         loader = build_sft_loader(plan, tokenizer, processor, model_config)
         val_loader = build_sft_val_loader(plan, tokenizer, processor, model_config)
         plan = plan.with_training_steps(len(loader))
+    try:  # no checkpoint to resume from, or a fresh start among an earlier run's: one line, before Ray starts
+        check_resume_point(config, "SFT")
+    except CheckpointError as error:
+        raise RunSetupError(str(error)) from error
     logger.info("SFT plan:\n%s", plan.describe())
     init_ray(plan)
     tracker = start_tracker(config, config_to_dict(config), plan.training_steps)
