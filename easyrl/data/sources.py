@@ -1,9 +1,15 @@
 """Where rows come from: files, saved datasets, hub datasets and the built-in generators, as a ``datasets.Dataset``.
 
 data.jsonl / data.json / data.parquet      one file
-path/to/folder                             a folder written by ``Dataset.save_to_disk`` (or of data files)
+path/to/folder                             a folder written by ``Dataset.save_to_disk``, or of data files
 path/to/folder@test, name@split            a split of a saved DatasetDict, of a data folder, or of a hub dataset
 builtin://arithmetic@train                 a generator shipped with easyrl
+
+A folder of data files is read file by file, each checked and read as a single file would be, and the files joined
+in file-name order. Its splits are those ``datasets`` names from the file names (train-0.jsonl, data/test.csv; with
+none named, every file is "train"); files of other types (pictures beside the rows, a README) are not rows, and the
+data files must be of one kind (.jsonl and .json are one). A folder whose README.md declares configs (a hub dataset
+repository) is read by ``datasets``, as its card says.
 
 A data file is read whole before anything else starts, and what cannot be read is an error naming the config key,
 the file and (where there is one) the line: a file with no rows; a byte that is not UTF-8 in a .jsonl/.json/.csv file
@@ -38,14 +44,19 @@ def split_path(path: str) -> tuple[str, str | None]:
     return path, None
 
 
+def _pick_split(available: list[str], split: str | None, folder: Path, config_key: str) -> str:
+    """``split`` when the folder has it; with none asked for, "train", else the folder's first split."""
+    if split is None:
+        split = "train" if "train" in available else available[0]
+    if split not in available:
+        raise ValueError(f"{config_key}: {str(folder)!r} has no split {split!r}; it has {sorted(available)}.")
+    return split
+
+
 def _from_saved(folder: Path, split: str | None, config_key: str) -> datasets.Dataset:
     loaded = datasets.load_from_disk(str(folder))
     if isinstance(loaded, datasets.DatasetDict):
-        if split is None:
-            split = "train" if "train" in loaded else next(iter(loaded))
-        if split not in loaded:
-            raise ValueError(f"{config_key}: {str(folder)!r} has no split {split!r}; it has {sorted(loaded)}.")
-        return loaded[split]
+        return loaded[_pick_split(list(loaded), split, folder, config_key)]
     return loaded
 
 
@@ -174,6 +185,78 @@ def _reread_mixed_json(local: Path, rows: datasets.Dataset) -> datasets.Dataset:
     return datasets.Dataset.from_dict(columns, features=rows.features)
 
 
+def _declares_configs(folder: Path) -> bool:
+    """Whether the folder's README.md declares configs, as a hub dataset repository's does: they, not the file names,
+    pick its files, splits and reader options (read by file names, the files of all its configs would be rows)."""
+    from huggingface_hub import DatasetCard
+
+    card = folder / "README.md"
+    return card.is_file() and bool(DatasetCard.load(card).data.get("configs"))
+
+
+def _split_files(folder: Path, config_key: str) -> dict[str, list[Path]]:
+    """Split name -> the folder's data files, in file-name order, the splits named by ``datasets``'s own rules."""
+    from datasets.data_files import DataFilesDict, EmptyDatasetError, get_data_patterns
+
+    base = folder.resolve()
+    try:
+        patterns = get_data_patterns(base.as_posix())
+    except EmptyDatasetError:  # no file at all
+        patterns = {}
+    splits = {}
+    for name, found in DataFilesDict.from_patterns(patterns, base_path=base.as_posix()).items():
+        files = sorted({folder / Path(file).relative_to(base) for file in found})
+        files = [file for file in files if file.suffix.lower() in FILE_BUILDERS]
+        if files:
+            splits[str(name)] = files
+    if not splits:
+        raise ValueError(
+            f"{config_key}: {str(folder)!r} holds no data file ({', '.join(FILE_BUILDERS)}); point {config_key} at a "
+            f"data file or a dataset folder."
+        )
+    kinds = sorted({file.suffix.lower() for files in splits.values() for file in files})
+    if len({FILE_BUILDERS[kind] for kind in kinds}) > 1:  # datasets would read the most common kind and skip the rest
+        raise ValueError(
+            f"{config_key}: {str(folder)!r} holds data files of more than one kind ({', '.join(kinds)}); keep one kind "
+            f"in a folder (.jsonl and .json count as one), or point {config_key} at a file."
+        )
+    return splits
+
+
+def _as_json(rows: datasets.Dataset, names: set[str]) -> datasets.Dataset:
+    """``rows`` with the columns ``names`` given the ``Json`` type, each value as it was read."""
+    order = rows.column_names
+    for name in names & set(order):
+        values = [_encode_at(value, []) for value in rows[name]]
+        rows = rows.remove_columns(name).add_column(name, values, feature=datasets.Json())
+    return rows.select_columns(order)
+
+
+def _concatenate(parts: list[datasets.Dataset]) -> datasets.Dataset:
+    """The files' rows in one dataset. A column typed differently by two files (an answer that is a number in one file
+    and text in another) gets the ``Json`` type, each value as written, as one file holding all the rows would give
+    it; the files could not be joined otherwise (the reader given them all at once casts every file to the first's
+    types: the number 3 became "3")."""
+    mixed = set()
+    for name in {name for part in parts for name in part.column_names}:
+        types = [part.features[name] for part in parts if name in part.features]
+        types = [kind for kind in types if kind != datasets.Value("null")]  # a column of nulls joins any type
+        if any(kind != types[0] for kind in types):
+            mixed.add(name)
+    if mixed:
+        parts = [_as_json(part, mixed) for part in parts]
+    return datasets.concatenate_datasets(parts)
+
+
+def _from_folder(folder: Path, split: str | None, config_key: str) -> datasets.Dataset:
+    if _declares_configs(folder):
+        split = _pick_split(datasets.get_dataset_split_names(str(folder)), split, folder, config_key)
+        return datasets.load_dataset(str(folder), split=split)
+    splits = _split_files(folder, config_key)
+    files = splits[_pick_split(list(splits), split, folder, config_key)]
+    return _concatenate([_from_file(file, FILE_BUILDERS[file.suffix.lower()], config_key) for file in files])
+
+
 def _looks_local(path: str) -> bool:
     return path.startswith((".", "/", "~")) or Path(path).suffix.lower() in FILE_BUILDERS
 
@@ -189,7 +272,7 @@ def load_rows(path: str, config_key: str = "data.train_files") -> datasets.Datas
     if local.is_dir():
         if (local / "dataset_info.json").exists() or (local / "dataset_dict.json").exists():
             return _from_saved(local, split, config_key)
-        return datasets.load_dataset(str(local), split=split or "train")
+        return _from_folder(local, split, config_key)
     if local.is_file():
         builder = FILE_BUILDERS.get(local.suffix.lower())
         if builder is None:
