@@ -1,5 +1,6 @@
 """Optimizers, learning-rate schedules and the clipped step (single process, plain tensors)."""
 
+import logging
 import math
 
 import pytest
@@ -84,3 +85,55 @@ def test_gradient_is_clipped_to_the_max_norm_before_the_step():
     grad_norm, stepped = clip_grad_norm_and_step(model, optimizer, max_grad_norm=2.0)
     assert stepped and grad_norm == pytest.approx(10.0)
     assert model.weight.item() == pytest.approx(-2.0, rel=1e-5)
+
+
+def test_a_resumed_optimizer_takes_the_configs_peak_lr_and_weight_decay_at_its_place_in_the_schedule(
+    tiny_model_path, one_rank_gloo_group, tmp_path
+):
+    """The scheduler and optimizer state of a checkpoint carry the peak lr of the run that saved them: a run resumed
+    with another worker.actor.optim.lr trained on at the old one without a word (as in EasyR1 and verl)."""
+    from easyrl.config import load_config
+    from easyrl.testing.single_rank import build_actor
+    from easyrl.trainer.checkpoint import warn_of_config_changes
+    from easyrl.workers.fsdp_checkpoint import load_role_checkpoint, save_role_checkpoint
+
+    def built(lr: float, weight_decay: float):
+        overrides = [f"worker.actor.optim.lr={lr}", f"worker.actor.optim.weight_decay={weight_decay}"]
+        overrides += ["worker.actor.optim.lr_warmup_steps=4"]
+        _, module, optimizer = build_actor(str(tiny_model_path), overrides, batch_size=1)
+        optim_config = load_config(overrides, validate=False).worker.actor.optim
+        return module, optimizer, build_lr_scheduler(optimizer, optim_config, "worker.actor.optim")
+
+    module, optimizer, scheduler = built(1e-3, 0.01)
+    for _ in range(2):  # two steps of warmup: lr = peak x 3/4 from here
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 3 / 4)
+    save_role_checkpoint(str(tmp_path / "actor"), module, optimizer, scheduler)
+
+    module, optimizer, scheduler = built(1e-3, 0.01)
+    assert load_role_checkpoint(str(tmp_path / "actor"), module, optimizer, scheduler) == []
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 3 / 4)
+
+    module, optimizer, scheduler = built(4e-3, 0.1)
+    changes = load_role_checkpoint(str(tmp_path / "actor"), module, optimizer, scheduler)
+    assert changes == [("lr", 1e-3, 4e-3), ("weight_decay", 0.01, 0.1)]
+    for group in optimizer.param_groups:
+        assert group["lr"] == pytest.approx(4e-3 * 3 / 4) and group["weight_decay"] == 0.1
+    assert scheduler.get_last_lr()[0] == pytest.approx(4e-3 * 3 / 4)
+    optimizer.step()
+    scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(4e-3)  # warmup done, at the new peak
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("easyrl.trainer.checkpoint").addHandler(handler)
+    try:
+        warn_of_config_changes([changes], "worker.actor.optim", 2)
+    finally:
+        logging.getLogger("easyrl.trainer.checkpoint").removeHandler(handler)
+    assert [record.getMessage() for record in records][0] == (
+        "worker.actor.optim.lr is 0.001 in the checkpoint of step 2 and 0.004 in this run's config: the config's "
+        "applies from step 3 on (the peak: warmup and decay keep their place in the schedule)."
+    )

@@ -19,6 +19,7 @@ Nothing the driver writes or reads here is a pickle (``easyrl.utils.state_file``
 made runs no code. Checkpoints of easyrl versions that wrote ``driver_state.pt`` are refused with that explanation.
 """
 
+import logging
 import os
 import random
 import re
@@ -32,6 +33,9 @@ import torch
 from easyrl.utils import device
 from easyrl.utils.files import replace_file
 from easyrl.utils.state_file import load_state, save_state
+
+
+logger = logging.getLogger(__name__)
 
 
 STEP_DIR_PREFIX = "global_step_"
@@ -149,6 +153,23 @@ def resolve_resume_path(config: Any) -> str | None:
     if trainer.find_last_checkpoint:
         return find_last_checkpoint(trainer.save_checkpoint_path)
     return None
+
+
+def warn_of_config_changes(answers: list, section: str, step: int) -> None:
+    """Say which optimizer settings of ``section`` (e.g. "worker.actor.optim") this run's config changed since the
+    checkpoint of ``step``; ``answers``: the workers' ``load_checkpoint`` answers (every rank's are the same)."""
+    for name, saved, configured in (answers[0] if answers else None) or []:
+        logger.warning(
+            "%s.%s is %s in the checkpoint of step %d and %s in this run's config: the config's applies from step %d on"
+            "%s.",
+            section,
+            name,
+            saved,
+            step,
+            configured,
+            step + 1,
+            " (the peak: warmup and decay keep their place in the schedule)" if name == "lr" else "",
+        )
 
 
 def model_only_error(path: str, what: str = "training") -> CheckpointError:

@@ -44,6 +44,7 @@ from .checkpoint import (
     model_only_error,
     resolve_resume_path,
     saves_after,
+    warn_of_config_changes,
 )
 from .faults import RunStopped, StopRequest, restart_after, resume_hint
 from .flops import FlopsCounter, compute_mfu, peak_flops_per_device
@@ -621,9 +622,11 @@ class PPOTrainer:
         loader_state = load_dataloader_state(path)
         if loader_state is None:  # checked before Ray starts (check_resume_point); here for a restart's checkpoint
             raise model_only_error(path)
-        self.workers.actor_rollout.load_checkpoint(f"{path}/actor")
+        step = int(state["global_step"])
+        warn_of_config_changes(self.workers.actor_rollout.load_checkpoint(f"{path}/actor"), "worker.actor.optim", step)
         if self.use_critic:
-            self.workers.critic.load_checkpoint(f"{path}/critic")
+            critic_changes = self.workers.critic.load_checkpoint(f"{path}/critic")
+            warn_of_config_changes(critic_changes, "worker.critic.optim", step)
         self.train_loader.load_state_dict(loader_state)
         self._start_epoch = state["epoch"]
         self.kl_controller.value = state["kl_coef"]

@@ -33,6 +33,7 @@ from .checkpoint import (
     model_only_error,
     resolve_resume_path,
     saves_after,
+    warn_of_config_changes,
 )
 from .faults import RunInterrupted, RunStopped, StopRequest, print_interruption, restart_after, resume_hint
 from .main import (
@@ -145,7 +146,8 @@ class SFTTrainer:
             raise model_only_error(path, "SFT")
         logger.warning("Resuming from %s", path)
         state = load_trainer_state(path)
-        self.workers.load_checkpoint(f"{path}/actor")
+        changes = self.workers.load_checkpoint(f"{path}/actor")
+        warn_of_config_changes(changes, "worker.actor.optim", int(state["global_step"]))
         self.loader.load_state_dict(loader_state)
         self.global_step, self.epoch = int(state["global_step"]), int(state.get("epoch", 0))
         self.last_checkpoint, self._saved_step = path, self.global_step

@@ -164,14 +164,66 @@ def _check_same_kind(path: str, model: torch.nn.Module) -> None:
         )
 
 
+# the optimizer settings of a param group that come from the config; a checkpoint's values give way to them
+CONFIGURED_GROUP_KEYS = ("weight_decay", "betas", "eps")
+
+
+def _configured_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each param group's peak lr and CONFIGURED_GROUP_KEYS as the optimizer was built from the config."""
+    return [
+        {
+            "lr": group.get("initial_lr", group["lr"]),
+            **{key: group[key] for key in CONFIGURED_GROUP_KEYS if key in group},
+        }
+        for group in optimizer.param_groups
+    ]
+
+
+def _restore_configured_settings(
+    optimizer: torch.optim.Optimizer,
+    lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    configured: list[dict[str, Any]],
+) -> list[tuple[str, Any, Any]]:
+    """Put back the config's settings over the checkpoint's; ``(name, checkpoint's, config's)`` for each that differed.
+
+    A resumed optimizer and scheduler carry the peak lr, weight decay and betas of the run that saved them, so a run
+    resumed with a new worker.*.optim.lr would train on at the old one without a word (as EasyR1 and verl do). The
+    config says what the run trains with: the new peak lr applies from the resumed step on, at the schedule's place
+    (lr = peak x the scheduler's multiplier at its step)."""
+    changes: dict[str, tuple[str, Any, Any]] = {}
+    for index, (group, wanted) in enumerate(zip(optimizer.param_groups, configured)):
+        saved_peak = lr_scheduler.base_lrs[index] if lr_scheduler is not None else group.get("initial_lr", group["lr"])
+        if saved_peak != wanted["lr"]:
+            changes.setdefault("lr", ("lr", saved_peak, wanted["lr"]))
+            group["initial_lr"] = wanted["lr"]
+            if lr_scheduler is not None:
+                lr_scheduler.base_lrs[index] = wanted["lr"]
+                group["lr"] = wanted["lr"] * lr_scheduler.lr_lambdas[index](lr_scheduler.last_epoch)
+            else:
+                group["lr"] = wanted["lr"]
+        for key in CONFIGURED_GROUP_KEYS:
+            if key in wanted and _as_tuple(group.get(key)) != _as_tuple(wanted[key]):
+                changes.setdefault(key, (key, _as_tuple(group.get(key)), _as_tuple(wanted[key])))
+                group[key] = wanted[key]
+    if changes and lr_scheduler is not None:
+        lr_scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr() reports
+    return list(changes.values())
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list | tuple) else value
+
+
 def load_role_checkpoint(
     path: str,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     model_only: bool = False,
-) -> None:
-    """Load one role's state saved by ``save_role_checkpoint`` (a collective)."""
+) -> list[tuple[str, Any, Any]]:
+    """Load one role's state saved by ``save_role_checkpoint`` (a collective). Returns the optimizer settings whose
+    checkpoint value this run's config replaced, ``(name, checkpoint's, config's)`` (see
+    ``_restore_configured_settings``)."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"No checkpoint of this role at `{path}` (check trainer.load_checkpoint_path).")
     _check_same_kind(path, model)
@@ -182,17 +234,20 @@ def load_role_checkpoint(
     dcp.load(state, storage_reader=SafeFileSystemReader(path))
     # with LoRA the base weights are absent from the checkpoint: they stay as loaded from the model path
     set_model_state_dict(model, state["model"], options=StateDictOptions(strict=not lora.has_lora(model)))
-    if with_optimizer:
-        set_optimizer_state_dict(model, optimizer, state["optimizer"])
-        extra_file = os.path.join(path, EXTRA_STATE_FILE)
-        if lr_scheduler is not None and os.path.isfile(extra_file):
-            lr_scheduler.load_state_dict(load_state(extra_file)["lr_scheduler"])
-        elif lr_scheduler is not None and os.path.isfile(os.path.join(path, LEGACY_EXTRA_STATE_FILE)):
-            raise FileNotFoundError(
-                f"`{path}` holds its lr scheduler state as a pickle ({LEGACY_EXTRA_STATE_FILE}, written by an older "
-                "easyrl), which this version does not load (a pickle can run code). Start the run afresh, or continue "
-                "it with the easyrl version that wrote it."
-            )
+    if not with_optimizer:
+        return []
+    configured = _configured_settings(optimizer)
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    extra_file = os.path.join(path, EXTRA_STATE_FILE)
+    if lr_scheduler is not None and os.path.isfile(extra_file):
+        lr_scheduler.load_state_dict(load_state(extra_file)["lr_scheduler"])
+    elif lr_scheduler is not None and os.path.isfile(os.path.join(path, LEGACY_EXTRA_STATE_FILE)):
+        raise FileNotFoundError(
+            f"`{path}` holds its lr scheduler state as a pickle ({LEGACY_EXTRA_STATE_FILE}, written by an older "
+            "easyrl), which this version does not load (a pickle can run code). Start the run afresh, or continue "
+            "it with the easyrl version that wrote it."
+        )
+    return _restore_configured_settings(optimizer, lr_scheduler, configured)
 
 
 def _checkpoint_model_weights(role_path: str, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:

@@ -388,11 +388,12 @@ class FSDPWorker(Worker):
             )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str, load_model_only: bool = False) -> None:
-        """Restore this worker's trainable role from folder ``path`` (written by ``save_checkpoint``)."""
+    def load_checkpoint(self, path: str, load_model_only: bool = False) -> list[tuple[str, Any, Any]]:
+        """Restore this worker's trainable role from folder ``path`` (written by ``save_checkpoint``); the optimizer
+        settings the config changed since, ``(name, checkpoint's, config's)``."""
         role = self._trainable_role()
         with self._on_device(role, with_optimizer=not load_model_only) as module:
-            load_role_checkpoint(
+            return load_role_checkpoint(
                 path, module, self.optimizers[role], self.lr_schedulers[role], model_only=load_model_only
             )
 
