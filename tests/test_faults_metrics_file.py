@@ -52,6 +52,22 @@ def test_a_fresh_start_drops_every_row_of_an_earlier_attempt(tmp_path):
     assert not (tmp_path / "absent.jsonl").exists()
 
 
+def test_a_fresh_start_says_whose_rows_it_drops(tmp_path, caplog):
+    """An attempt that saved no checkpoint is trained again from the beginning: said so, not as a resume after
+    step -1."""
+    tracker = Tracker(["file"], "p", "e", save_dir=str(tmp_path))
+    tracker.log({"x": 1.0}, step=1)
+    tracker.finish()
+    tracker = Tracker(["file"], "p", "e", save_dir=str(tmp_path))
+    tracker.rewind_to(-1)
+    tracker.finish()
+    assert (
+        "dropped 1 row(s) of an earlier attempt at this run, which saved no checkpoint: the run starts from the "
+        "beginning and trains those steps again." in caplog.text
+    )
+    assert "after -1" not in caplog.text
+
+
 def test_the_file_logger_continues_after_a_rewind_with_one_row_per_step(tmp_path, caplog):
     for attempt in range(2):  # the first attempt dies after logging step 3; its checkpoint is of step 2
         tracker = Tracker(["file"], "p", "e", save_dir=str(tmp_path))

@@ -104,6 +104,16 @@ def explain_start_failure(logger_name: str, how_to_fix: str) -> Iterator[None]:
         ) from error
 
 
+def rewind_note(where: str, dropped: int, what: str, step: int) -> str:
+    """What a backend says when it drops ``dropped`` ``what`` (e.g. "row(s)") of the steps after ``step``."""
+    if step < 0:  # no checkpoint: the attempts before this one saved none
+        return (
+            f"{where}: dropped {dropped} {what} of an earlier attempt at this run, which saved no checkpoint: the run "
+            "starts from the beginning and trains those steps again."
+        )
+    return f"{where}: dropped {dropped} {what} of steps after {step}: the run resumes after step {step} and trains them again."
+
+
 def to_scalar(name: str, value: Any) -> float:
     """A metric value as a Python float: accepts numbers, numpy scalars and one-element arrays or tensors."""
     if isinstance(value, (bool, int, float)):

@@ -10,7 +10,7 @@ import logging
 import os
 
 from ...utils.files import replace_file
-from .base import Logger, RunInfo, json_default
+from .base import Logger, RunInfo, json_default, rewind_note
 from .registry import register_logger
 
 
@@ -83,13 +83,7 @@ class FileLogger(Logger):
         for path, restore in ((self.metrics_path, row), (self.generations_path, None)):
             dropped, unreadable, restored = rewind_jsonl(path, step, restore)
             if dropped:
-                logger.warning(
-                    "%s: dropped %d row(s) of steps after %d: the run resumes after step %d and trains them again.",
-                    path,
-                    dropped,
-                    step,
-                    step,
-                )
+                logger.warning(rewind_note(path, dropped, "row(s)", step))
             if unreadable:
                 logger.warning("%s: dropped %d unreadable line(s) (a write cut short by a crash).", path, unreadable)
             if restored:

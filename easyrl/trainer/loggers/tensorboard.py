@@ -10,7 +10,7 @@ import logging
 import os
 import uuid
 
-from .base import Logger, RunInfo, generation_columns, import_backend, json_default
+from .base import Logger, RunInfo, generation_columns, import_backend, json_default, rewind_note
 from .registry import register_logger
 
 
@@ -104,13 +104,7 @@ class TensorBoardLogger(Logger):
         self.writer.close()
         dropped, step_tags = rewind_event_files(self.log_dir, self.suffix, step)
         if dropped:
-            logger.warning(
-                "%s: dropped %d event(s) of steps after %d: the run resumes after step %d and trains them again.",
-                self.log_dir,
-                dropped,
-                step,
-                step,
-            )
+            logger.warning(rewind_note(self.log_dir, dropped, "event(s)", step))
         self._open()
         missing = {name: value for name, value in (row or {}).items() if name not in step_tags}
         if missing:
