@@ -252,3 +252,169 @@ def test_override_without_equals_sign():
 def test_missing_config_file():
     with pytest.raises(ConfigError, match=r"Config file `nope\.yaml`.*does not exist"):
         load_config(["config=nope.yaml"])
+
+
+@pytest.mark.parametrize(
+    ("given", "meant"),
+    [
+        ("actor.optim.lr", "worker.actor.optim.lr"),  # not worker.actor.model.lora.lr: more of the path matches
+        ("worker.actor.lr", "worker.actor.optim.lr"),  # not worker.actor.model: the last part decides first
+        ("critic.optim.lr", "worker.critic.optim.lr"),
+        ("worker.actor.optim.beta", "worker.actor.optim.betas"),  # not TRL's beta (algorithm.kl_coef): the path
+        ("rollout.n", "worker.rollout.n"),
+        ("actor_rollout_ref.rollout.n", "worker.rollout.n"),
+        ("actor_rollout_ref.actor.optim.lr", "worker.actor.optim.lr"),  # verl's section read as worker
+        ("worker.rollout.temprature", "worker.rollout.temperature"),
+        ("worker.ulysses_size", "worker.actor.ulysses_size"),
+    ],
+)
+def test_unknown_key_suggestion_ranks_the_whole_dotted_path(valid_args, given, meant):
+    with pytest.raises(ConfigError) as error:
+        load_config([*valid_args, f"{given}=1"])
+    assert str(error.value) == f"Unknown config key `{given}` (from the command line). Did you mean `{meant}`?"
+
+
+@pytest.mark.parametrize(
+    ("given", "meant", "note"),
+    [
+        ("worker.actor.optim.learning_rate", "worker.actor.optim.lr", "TRL's learning_rate"),
+        (
+            "data.train_batch_size",
+            "data.rollout_batch_size",
+            "verl's data.train_batch_size: prompts per training step",
+        ),
+        ("trainer.total_training_steps", "trainer.max_steps", "verl's trainer.total_training_steps"),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", "worker.actor.global_batch_size", "prompts per optimizer"),
+        ("critic.ppo_mini_batch_size", "worker.critic.global_batch_size", "verl's ppo_mini_batch_size"),
+        (
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+            "worker.actor.micro_batch_size_per_device_for_update",
+            "verl's ppo_micro_batch_size_per_gpu",
+        ),
+        (
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+            "worker.ref.micro_batch_size_per_device_for_experience",
+            "verl's log_prob_micro_batch_size_per_gpu",
+        ),
+        ("num_generations", "worker.rollout.n", "TRL's num_generations"),
+        ("beta", "algorithm.kl_coef", "TRL's beta"),
+    ],
+)
+def test_verl_and_trl_names_are_refused_naming_the_easyrl_key(valid_args, given, meant, note):
+    with pytest.raises(ConfigError) as error:
+        load_config([*valid_args, f"{given}=4"])
+    message = str(error.value)
+    assert message.startswith(f"Unknown config key `{given}` (from the command line). Did you mean `{meant}`? (")
+    assert note in message
+
+
+def test_foreign_key_names_only_suggest_and_each_names_an_easyrl_key():
+    """The table of verl/TRL names only suggests (compat.LEGACY_KEYS renames EasyR1's own spellings, and agrees with
+    it where a name is in both): none is the last part of an easyrl key, and each target is a key of the schema."""
+    from easyrl.config.compat import FOREIGN_KEY_NAMES, LEGACY_KEYS
+    from easyrl.config.load import valid_keys
+
+    keys = valid_keys()
+    leaves = {key.rsplit(".", 1)[-1] for key in keys}
+    for name, (target, note) in FOREIGN_KEY_NAMES.items():
+        assert name.rsplit(".", 1)[-1] not in leaves, name
+        assert any(key == target or key.endswith("." + target) for key in keys), target
+        for legacy, renamed in LEGACY_KEYS.items():  # where EasyR1 spells it so too, the two agree
+            assert not legacy.endswith("." + name) or renamed.endswith(target), name
+        assert note
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "trainer.logger=file",
+            "`trainer.logger` (from the command line) takes a list, not `file`: write `trainer.logger=[file]` "
+            "(or several: `[console,file]`).",
+        ),
+        (
+            "worker.actor.optim.betas=0.9",
+            "`worker.actor.optim.betas` (from the command line) takes a list, not `0.9`: write it in brackets, e.g. "
+            "`worker.actor.optim.betas=[0.9,0.999]` (its default).",
+        ),
+        (
+            "trainer.logger={wandb: 1}",  # omegaconf raised a bare TypeError (incompatible container types)
+            "`trainer.logger` (from the command line) takes a list, not a mapping: write it in brackets, e.g. "
+            "`trainer.logger=[console,file]` (its default).",
+        ),
+        (
+            "trainer.logger=null",
+            "`trainer.logger` (from the command line) cannot be null: give a list, e.g. its default "
+            "`trainer.logger=[console,file]`, or [] for none.",
+        ),
+        ("worker.rollout.n=[1,2]", "`worker.rollout.n` (from the command line) takes an integer, not a list."),
+        (
+            "worker.actor=3",
+            "`worker.actor` (from the command line) is a section of keys, not a value: set the keys inside it, "
+            "e.g. `worker.actor.strategy=fsdp`.",
+        ),
+        (
+            "worker.rollout.n.x=3",
+            "Unknown config key `worker.rollout.n.x` (from the command line): `worker.rollout.n` is one setting "
+            "(an integer), not a section of keys.",
+        ),
+    ],
+)
+def test_a_value_of_the_wrong_shape_names_the_key_and_the_syntax(valid_args, override, message):
+    with pytest.raises(ConfigError) as error:
+        load_config([*valid_args, override])
+    assert str(error.value) == message
+
+
+def test_a_list_key_given_one_value_in_a_yaml_file_shows_the_yaml_syntax(tmp_path):
+    file = tmp_path / "c.yaml"
+    file.write_text("trainer:\n  logger: file\n")
+    with pytest.raises(ConfigError) as error:
+        load_config([f"config={file}"])
+    assert str(error.value) == (
+        f"`trainer.logger` (from config file {file}) takes a list, not `file`: write `logger: [file]` under "
+        "`trainer` (or several: `[console, file]`)."
+    )
+
+
+@pytest.mark.parametrize("key", ["data.val_files", "data.train_files"])
+def test_a_list_of_data_files_asks_for_one_path_and_suggests_a_folder(valid_args, tmp_path, key):
+    """verl takes lists of files; easyrl one path. The error names the key, the forms a path takes, and a folder
+    holding the files, which loads."""
+    with pytest.raises(ConfigError) as error:
+        load_config([*valid_args, f"{key}=[a.jsonl,b.jsonl]"])
+    message = str(error.value)
+    assert message.startswith(
+        f"`{key}` (from the command line) takes one path, not a list: a data file (.jsonl/.json/.parquet/.csv), "
+        "a folder of data files,"
+    )
+    assert f"put them in one folder and give the folder, e.g. `{key}=path/to/folder`" in message
+    assert "ListConfig" not in message
+    folder = tmp_path / "files"
+    folder.mkdir()
+    for name in ("a.jsonl", "b.jsonl"):
+        (folder / name).write_text('{"prompt": "1+1", "answer": "2"}\n')
+    assert getattr(load_config([*valid_args, f"{key}={folder}"]).data, key.split(".")[1]) == str(folder)
+
+
+def test_a_directory_given_as_config_asks_for_a_yaml_file(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        load_config([f"config={tmp_path}"])
+    assert str(error.value) == (
+        f"Config file `{tmp_path}` (given as config=...) is a directory; config= takes one YAML file. Give the path "
+        "of a YAML file, e.g. config=path/to/config.yaml."
+    )
+    (tmp_path / "grpo.yaml").write_text("trainer:\n  total_epochs: 2\n")
+    with pytest.raises(
+        ConfigError, match=rf"It holds grpo\.yaml: give one of them, e\.g\. config={tmp_path}/grpo\.yaml\.$"
+    ):
+        load_config([f"config={tmp_path}"])
+    assert load_config([f"config={tmp_path / 'grpo.yaml'}"], validate=False).trainer.total_epochs == 2
+
+
+def test_an_empty_section_in_a_yaml_file_sets_nothing(tmp_path):
+    file = tmp_path / "c.yaml"
+    file.write_text("trainer:\nworker:\n  actor:\n  rollout:\n    n: 3\n")
+    config = load_config([f"config={file}"], validate=False)
+    assert config.worker.rollout.n == 3
+    assert config.trainer.total_epochs == 15

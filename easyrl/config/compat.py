@@ -24,9 +24,74 @@ def rename_legacy(flat: dict[str, Any]) -> dict[str, Any]:
     return {LEGACY_KEYS.get(key, key): value for key, value in flat.items() if key not in IGNORED_LEGACY_KEYS}
 
 
+# What verl and TRL (and EasyR1's verl roots) call a setting that easyrl names otherwise: the name (a key's last part,
+# or its last parts) -> the easyrl key (or its last parts, when several sections have it: the one in the section the
+# given key names is suggested) and what the name means. These are suggestions for the "Unknown config key" error
+# only, never renames: a config written for another framework is refused key by key, each time naming the easyrl key
+# to write (its units and defaults are the user's to check), while LEGACY_KEYS above load EasyR1's own spellings.
+FOREIGN_KEY_NAMES: dict[str, tuple[str, str]] = {
+    # verl
+    "train_batch_size": ("data.rollout_batch_size", "verl's data.train_batch_size: prompts per training step"),
+    "total_training_steps": ("trainer.max_steps", "verl's trainer.total_training_steps: training steps in all"),
+    "ppo_mini_batch_size": (
+        "global_batch_size",
+        "verl's ppo_mini_batch_size: prompts per optimizer step, each sampled rollout.n times",
+    ),
+    "ppo_micro_batch_size_per_gpu": (
+        "micro_batch_size_per_device_for_update",
+        "verl's ppo_micro_batch_size_per_gpu: samples per forward/backward pass on one device",
+    ),
+    "log_prob_micro_batch_size_per_gpu": (
+        "micro_batch_size_per_device_for_experience",
+        "verl's log_prob_micro_batch_size_per_gpu: samples per log-prob forward pass on one device",
+    ),
+    "forward_micro_batch_size_per_gpu": (
+        "micro_batch_size_per_device_for_experience",
+        "verl's critic forward_micro_batch_size_per_gpu: samples per value forward pass on one device",
+    ),
+    "tensor_model_parallel_size": ("worker.rollout.tensor_parallel_size", "verl's rollout tensor_model_parallel_size"),
+    "ulysses_sequence_parallel_size": ("ulysses_size", "verl's ulysses_sequence_parallel_size"),
+    "kl_loss_coef": (
+        "algorithm.kl_coef",
+        "verl's kl_loss_coef; the KL is a loss term with algorithm.use_kl_loss=true",
+    ),
+    "kl_loss_type": ("algorithm.kl_penalty", "verl's kl_loss_type: the KL estimator (kl, abs, mse, low_var_kl)"),
+    "lr_warmup_steps_ratio": ("optim.lr_warmup_ratio", "verl's lr_warmup_steps_ratio"),
+    "grad_clip": ("max_grad_norm", "verl's grad_clip: gradient-norm clipping"),
+    "param_offload": ("offload.offload_params", "verl's fsdp_config.param_offload"),
+    "optimizer_offload": ("offload.offload_optimizer", "verl's fsdp_config.optimizer_offload"),
+    "model.path": ("model_path", "verl's model.path"),
+    "test_freq": ("trainer.val_freq", "verl's trainer.test_freq: steps between validations"),
+    "default_local_dir": ("trainer.save_checkpoint_path", "verl's trainer.default_local_dir: the checkpoint folder"),
+    "resume_from_path": ("trainer.load_checkpoint_path", "verl's trainer.resume_from_path"),
+    # TRL
+    "learning_rate": ("optim.lr", "TRL's learning_rate"),
+    "num_generations": ("worker.rollout.n", "TRL's num_generations: samples per prompt"),
+    "max_completion_length": ("data.max_response_length", "TRL's max_completion_length, in tokens"),
+    "num_train_epochs": ("trainer.total_epochs", "TRL's num_train_epochs"),
+    "num_iterations": ("ppo_epochs", "TRL's num_iterations: passes over each batch"),
+    "beta": ("algorithm.kl_coef", "TRL's beta; the KL is a loss term with algorithm.use_kl_loss=true"),
+    "epsilon": ("clip_ratio_low", "TRL's epsilon: the ratio's lower clip is 1 - clip_ratio_low"),
+    "epsilon_high": ("clip_ratio_high", "TRL's epsilon_high: the ratio's upper clip is 1 + clip_ratio_high"),
+    "model_name_or_path": ("model_path", "TRL's model_name_or_path"),
+    "report_to": ("trainer.logger", "TRL's report_to: a list of loggers"),
+    "output_dir": ("trainer.save_checkpoint_path", "TRL's output_dir: checkpoints are written there"),
+    "save_steps": ("trainer.save_freq", "TRL's save_steps: steps between checkpoints"),
+    "eval_steps": ("trainer.val_freq", "TRL's eval_steps: steps between validations"),
+}
+# verl's sections, compared as easyrl's when a suggestion is ranked (actor_rollout_ref.actor.optim.lr is nearest
+# worker.actor.optim.lr)
+FOREIGN_SECTION_NAMES = {"actor_rollout_ref": "worker", "fsdp_config": "fsdp", "reward_model": "reward"}
+
+
 # Keys that mean something else in easyrl than in EasyR1, with what differs and why (docs/config.md lists them all;
 # a difference that applies to one run, such as enforce_eager on a machine without CUDA, is a note of its run plan).
 EASYR1_DIFFERENCES: dict[str, str] = {
+    "worker.actor.optim.lr": (
+        "a run resumed from a checkpoint trains with its config's peak lr, weight_decay, betas and eps from the next "
+        "step on, at the schedule's place, and says which changed (EasyR1 keeps the checkpoint's without a word, so a "
+        "new lr given on resume was ignored)"
+    ),
     "algorithm.adv_estimator": (
         "group and batch statistics (mean, std, leave-one-out sums, whitening) are computed in float64, so a group "
         "of equal rewards gets advantages of exactly 0 (EasyR1's float32 gives |A| up to 0.056 for 16 rewards of "

@@ -4,12 +4,18 @@ place (``derive``)."""
 
 import difflib
 import os
-from dataclasses import fields, is_dataclass
+from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union, get_args, get_origin
 
 from ..paths import absolute_if_local, resolve_shipped_file
-from .compat import LOSS_AVG_MODE_ALIASES, LOSS_TYPE_ALIASES, rename_legacy
+from .compat import (
+    FOREIGN_KEY_NAMES,
+    FOREIGN_SECTION_NAMES,
+    LOSS_AVG_MODE_ALIASES,
+    LOSS_TYPE_ALIASES,
+    rename_legacy,
+)
 from .schema import ConfigError, PPOConfig
 
 
@@ -38,18 +44,50 @@ def valid_keys() -> list[str]:
     return sorted(key for key in FIELDS if key not in DERIVED_KEYS)
 
 
+def _similarity(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
+
+
+def _path_share(given: list[str], candidate: list[str]) -> float:
+    """How much of the two sections' paths match: each part of the given path counts by its similarity to the
+    nearest part of the candidate's (nothing below 0.75), over the longer path's length."""
+    if not given or not candidate:
+        return 0.0
+    matched = 0.0
+    for part in given:
+        best = max(_similarity(part, other) for other in candidate)
+        matched += best if best >= 0.75 else 0.0
+    return matched / max(len(given), len(candidate))
+
+
 def _suggest(key: str) -> str:
-    leaf = key.rsplit(".", 1)[-1]
-    section = key.rsplit(".", 1)[0] if "." in key else ""
-    candidates = valid_keys()
-    same_section = [k for k in candidates if k.rsplit(".", 1)[0] == section] if section else candidates
-    close = difflib.get_close_matches(key, same_section, n=1, cutoff=0.6)
-    if not close:
-        # the right leaf name in another section, e.g. worker.ulysses_size -> worker.actor.ulysses_size
-        close = [k for k in candidates if k.endswith("." + leaf)][:1]
-    if not close:
-        close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
-    return f" Did you mean `{close[0]}`?" if close else ""
+    """The hint naming the valid key nearest an unknown one (" Did you mean `KEY`?"), or "" when none is near.
+
+    Candidates are the keys whose last part is close to the given one's (difflib ratio >= 0.6), or that verl/TRL's
+    name for it names (compat.FOREIGN_KEY_NAMES, as close as an exact match); they rank by that closeness plus the share
+    of the section path that matches (verl's actor_rollout_ref read as worker), then the shorter key, then schema
+    order. So actor.optim.lr is nearest worker.actor.optim.lr, not worker.actor.model.lora.lr (the same last part in
+    a section that matches less), and learning_rate nearest worker.actor.optim.lr."""
+    parts = [FOREIGN_SECTION_NAMES.get(part, part) for part in key.split(".")]
+    leaf, path = parts[-1], parts[:-1]
+    foreign = next(
+        (named for name, named in FOREIGN_KEY_NAMES.items() if key == name or key.endswith("." + name)), None
+    )
+    ranked = []
+    for order, candidate in enumerate(k for k in FIELDS if k not in DERIVED_KEYS):
+        candidate_parts = candidate.split(".")
+        closeness = _similarity(leaf, candidate_parts[-1])
+        meant = foreign is not None and (candidate == foreign[0] or candidate.endswith("." + foreign[0]))
+        if meant:
+            closeness = 1.0
+        elif closeness < 0.6:
+            continue
+        score = closeness + _path_share(path, candidate_parts[:-1])
+        ranked.append((-score, len(candidate_parts), order, candidate, meant))
+    if not ranked:
+        return ""
+    *_, best, meant = min(ranked)
+    return f" Did you mean `{best}`?" + (f" ({foreign[1]})" if meant and foreign else "")
 
 
 def _check_keys(flat: dict[str, Any], source: str) -> None:
@@ -61,7 +99,151 @@ def _check_keys(flat: dict[str, Any], source: str) -> None:
             )
         if key in FIELDS or any(key.startswith(free + ".") for free in FREE_DICT_KEYS):
             continue
+        setting = next((p for p in _prefixes(key) if p in FIELDS and not _is_section(p)), None)
+        if setting is not None and _kind(FIELDS[setting].type)[0] != "any":
+            raise ConfigError(
+                f"Unknown config key `{key}` (from {source}): `{setting}` is one setting "
+                f"({_describe(FIELDS[setting].type)}), not a section of keys."
+            )
         raise ConfigError(f"Unknown config key `{key}` (from {source}).{_suggest(key)}")
+
+
+def _is_section(key: str) -> bool:
+    return key in FIELDS and _kind(FIELDS[key].type)[0] == "section"
+
+
+def _prefixes(key: str) -> list[str]:
+    """a.b.c -> [a.b, a], longest first."""
+    parts = key.split(".")
+    return [".".join(parts[:end]) for end in range(len(parts) - 1, 0, -1)]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the shape of a value: a list where a list goes, one value where one goes (omegaconf's own errors name its node types)
+# ----------------------------------------------------------------------------------------------------------------------
+def _kind(tp: Any) -> tuple[str, bool]:
+    """A field type -> (section | list | mapping | value | any, whether null is allowed)."""
+    nullable = False
+    if get_origin(tp) is Union:
+        args = [arg for arg in get_args(tp) if arg is not type(None)]
+        nullable = len(args) < len(get_args(tp))
+        tp = args[0] if len(args) == 1 else Any
+    tp = get_origin(tp) or tp
+    if tp is Any:
+        return "any", True
+    if isinstance(tp, type) and is_dataclass(tp):
+        return "section", nullable
+    if tp in (list, tuple):
+        return "list", nullable
+    if tp is dict:
+        return "mapping", nullable
+    return "value", nullable
+
+
+VALUE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _describe(tp: Any) -> str:
+    """What a field holds, in words: a list, a mapping, a string, an integer, a number, true or false."""
+    kind, _ = _kind(tp)
+    if kind in ("list", "mapping", "section"):
+        return f"a {kind}"
+    if get_origin(tp) is Union:
+        tp = next(arg for arg in get_args(tp) if arg is not type(None))
+    return VALUE_NAMES.get(tp, f"one {_type_name(tp)}")
+
+
+def _default(key: str) -> Any:
+    field_ = FIELDS[key]
+    if field_.default is not MISSING:
+        return field_.default
+    if field_.default_factory is not MISSING:
+        return field_.default_factory()
+    return None
+
+
+def _flow(value: Any, in_file: bool) -> str:
+    """A value as written after `key=` (or `key: ` in a YAML file): [a,b] / [a, b], true, null."""
+    if isinstance(value, (list, tuple)):
+        return "[" + (", " if in_file else ",").join(_flow(item, in_file) for item in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if value == "":
+        return '""' if in_file else ""
+    return str(value)
+
+
+def _written(key: str, value: Any, in_file: bool) -> str:
+    """How to write `key` = value where it came from: `key=value` on the command line, `leaf: value` in a file."""
+    if not in_file:
+        return f"`{key}={_flow(value, False)}`"
+    section, _, leaf = key.rpartition(".")
+    return f"`{leaf}: {_flow(value, True)}`" + (f" under `{section}`" if section else "")
+
+
+DATA_FILE_KEYS = ("data.train_files", "data.val_files")
+
+
+def _check_values(flat: dict[str, Any], source: str, in_file: bool) -> None:
+    """Refuse a value whose shape its key cannot hold, naming the key and how to write it (omegaconf would say
+    "AnyNode is not a ListConfig" or "Cannot convert 'ListConfig' to string"): a list where a list goes
+    (`trainer.logger=[file]`), one value where one goes, the keys of a section rather than a value."""
+    for key, value in flat.items():
+        if key not in FIELDS:
+            continue
+        kind, nullable = _kind(FIELDS[key].type)
+        where = f"`{key}` (from {source})"
+        if kind == "any" or (value is None and (nullable or (kind == "section" and in_file))):
+            continue
+        if kind == "section":
+            if isinstance(value, dict):
+                continue
+            first = next(k for k in FIELDS if k.startswith(key + ".") and k not in DERIVED_KEYS)
+            raise ConfigError(
+                f"{where} is a section of keys, not a value: set the keys inside it, e.g. "
+                f"{_written(first, _default(first), in_file)}."
+            )
+        if value is None:
+            none = ", or [] for none" if kind == "list" else ""
+            raise ConfigError(
+                f"{where} cannot be null: give {_describe(FIELDS[key].type)}, e.g. its default "
+                f"{_written(key, _default(key), in_file)}{none}."
+            )
+        shape = "a mapping" if isinstance(value, dict) else "a list" if isinstance(value, list) else None
+        if kind == "list" and not isinstance(value, list):
+            given = shape or f"`{_flow(value, in_file)}`"
+            raise ConfigError(f"{where} takes a list, not {given}: {_list_example(key, value, in_file)}.")
+        if kind == "mapping" and not isinstance(value, dict):
+            raise ConfigError(
+                f"{where} takes a mapping, not {shape or f'`{_flow(value, in_file)}`'}: write it in braces, e.g. "
+                f"{_written(key, '{name: value}', in_file)}."
+            )
+        if kind == "value" and shape is not None:
+            if key in DATA_FILE_KEYS:
+                raise ConfigError(
+                    f"{where} takes one path, not {shape}: a data file (.jsonl/.json/.parquet/.csv), a folder of "
+                    "data files, a folder saved by `datasets`, `name@split` or `builtin://NAME@split`. For several "
+                    "files, put them in one folder and give the folder, e.g. "
+                    f"{_written(key, 'path/to/folder', in_file)}: every data file in it is read (when the file "
+                    "names say test or validation, the split is named after them: give `path/to/folder@test`)."
+                )
+            raise ConfigError(f"{where} takes {_describe(FIELDS[key].type)}, not {shape}.")
+
+
+def _list_example(key: str, value: Any, in_file: bool) -> str:
+    """How to write a list for `key`: from the value given (`file` -> [file]), or the default ([0.9, 0.999]) where
+    the list holds numbers (a pair, often) or the value is a mapping."""
+    default = _default(key)
+    if isinstance(value, dict) or (default and not all(isinstance(item, str) for item in default)):
+        example = default or ["value"]
+        return f"write it in brackets, e.g. {_written(key, example, in_file)}" + (" (its default)" if default else "")
+    text = f"write {_written(key, [value], in_file)}"
+    if default:
+        several = default if value in default else [default[0], value]
+        text += f" (or several: `{_flow(several, in_file)}`)"
+    return text
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -131,6 +313,16 @@ def _load_yaml(path: str) -> dict[str, Any]:
     import yaml
 
     file = Path(path).expanduser()
+    if file.is_dir():
+        found = sorted(child.name for child in file.iterdir() if child.suffix.lower() in (".yaml", ".yml"))
+        if found:
+            listed = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+            hint = f"It holds {listed}: give one of them, e.g. config={file / found[0]}."
+        else:
+            hint = "Give the path of a YAML file, e.g. config=path/to/config.yaml."
+        raise ConfigError(
+            f"Config file `{path}` (given as config=...) is a directory; config= takes one YAML file. {hint}"
+        )
     if not file.is_file():
         raise ConfigError(f"Config file `{path}` (given as config=...) does not exist.")
     try:
@@ -162,10 +354,14 @@ def read_config(args: Optional[list[str]] = None) -> PPOConfig:
     if config_file:
         flat = rename_legacy(_flatten(_load_yaml(config_file)))
         _check_keys(flat, f"config file {config_file}")
+        _check_values(flat, f"config file {config_file}", in_file=True)
+        # a section left empty in the file (`trainer:` with all its keys commented out) sets nothing
+        flat = {key: value for key, value in flat.items() if not (value is None and _is_section(key))}
         layers.append(("config file " + config_file, _unflatten(flat)))
     if overrides:
         flat = rename_legacy(_parse_overrides(overrides))
         _check_keys(flat, "the command line")
+        _check_values(flat, "the command line", in_file=False)
         layers.append(("the command line", _unflatten(flat)))
 
     merged = OmegaConf.structured(PPOConfig)
