@@ -48,8 +48,9 @@ FUNCTION_SEPARATOR = ","  # a reward spec `path.py:f,g` names several functions 
 
 
 def names_functions(suffix: str) -> bool:
-    """``suffix`` (what follows a spec's last `:`) names one function, or several joined by FUNCTION_SEPARATOR."""
-    return all(part.isidentifier() for part in suffix.split(FUNCTION_SEPARATOR))
+    """``suffix`` (what follows a spec's last `:`) names one function, or several joined by FUNCTION_SEPARATOR (spaces
+    around the names allowed: `f.py:a, b`)."""
+    return all(part.strip().isidentifier() for part in suffix.split(FUNCTION_SEPARATOR))
 
 
 def _split_function(path: str, folder: str) -> tuple[str, str]:
@@ -59,6 +60,10 @@ def _split_function(path: str, folder: str) -> tuple[str, str]:
         if sep and names_functions(name):
             return file, sep + name
     return path, ""
+
+
+# what EasyR1's first releases called the folders (examples/score_function/math.py)
+EARLIER_FOLDER_NAMES = {"reward_function": ("score_function",)}
 
 
 def resolve_shipped_file(path: Optional[str], folder: str, key: Optional[str] = None) -> Optional[str]:
@@ -79,7 +84,7 @@ def resolve_shipped_file(path: Optional[str], folder: str, key: Optional[str] = 
     if local.exists():
         return str(local.resolve()) + function
     shipped = PROJECT_ROOT / folder / local.name
-    if local.parent.name != folder or not shipped.is_file():
+    if local.parent.name not in (folder, *EARLIER_FOLDER_NAMES.get(folder, ())) or not shipped.is_file():
         return path
     if local.name in EASYR1_EQUIVALENTS.get(folder, ()):
         what = f"the same contract as EasyR1's examples/{folder}/{local.name}"

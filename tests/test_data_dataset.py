@@ -49,6 +49,21 @@ def test_format_prompt_is_applied(tmp_path, tokenizer):
     assert "<|im_start|>user\nQ: 2+3? Think step by step.<|im_end|>" in tokenizer.decode(item["raw_prompt_ids"])
 
 
+def test_system_prompt_opens_each_prompt_unless_its_messages_have_their_own(tmp_path, tokenizer):
+    """EasyR1's first releases set the model's instructions with data.system_prompt."""
+    path = write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"problem": "2+3?", "answer": "5"},
+            {"problem": [{"role": "system", "content": "Own."}, {"role": "user", "content": "1+1?"}], "answer": "2"},
+        ],
+    )
+    dataset = RLHFDataset(path, tokenizer, None, config(system_prompt="Think first."))
+    text, own = (tokenizer.decode(dataset[i]["raw_prompt_ids"]) for i in range(2))
+    assert text.startswith("<|im_start|>system\nThink first.<|im_end|>\n<|im_start|>user\n2+3?<|im_end|>")
+    assert own.startswith("<|im_start|>system\nOwn.<|im_end|>") and "Think first." not in own
+
+
 def test_overlong_prompts_are_filtered_in_parallel_and_counted(tmp_path, tokenizer):
     rows = [{"problem": "short", "answer": "1"}] * 100 + [{"problem": "long " * 80, "answer": "2"}] * 30
     path = write_jsonl(tmp_path / "d.jsonl", rows)

@@ -178,6 +178,8 @@ def test_unknown_template_variable_renders_empty_as_in_easyr1_and_is_announced(t
         ("./examples/format_prompt/math.jinja", "format_prompt", "format_prompt/math.jinja"),
         ("examples/reward_function/android_gui.py:compute_score", "reward_function", "reward_function/android_gui.py"),
         ("examples/format_prompt/android_gui.jinja", "format_prompt", "format_prompt/android_gui.jinja"),
+        # EasyR1's first releases called the folder score_function
+        ("./examples/score_function/math.py:compute_score", "reward_function", "reward_function/math.py"),
     ],
 )
 def test_missing_easyr1_example_path_is_served_by_the_equivalent_file_with_a_warning(
@@ -193,6 +195,17 @@ def test_missing_easyr1_example_path_is_served_by_the_equivalent_file_with_a_war
     assert "the same contract as EasyR1's" in caplog.text
 
 
+def test_a_reward_spec_with_spaces_after_its_commas_names_the_functions(tmp_path):
+    from easyrl.workers.reward.loader import parse_spec
+
+    assert parse_spec("f.py:a, b") == ("f.py", "a,b")
+    assert parse_spec("dir/f.py:compute_score") == ("dir/f.py", "compute_score")
+    _, chosen = resolve_reward_function(
+        str(PROJECT_ROOT / "reward_function" / "arithmetic.py") + ":compute_score, compute_score"
+    )
+    assert chosen == "compute_score,compute_score"
+
+
 def test_missing_path_without_an_equivalent_is_left_for_the_check_to_report(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
     with caplog.at_level(logging.WARNING, logger="easyrl.config.shipped"):
@@ -202,6 +215,9 @@ def test_missing_path_without_an_equivalent_is_left_for_the_check_to_report(tmp_
         )
         assert resolve_shipped_file("./my_rewards/math.py:compute_score", "reward_function") == (
             "./my_rewards/math.py:compute_score"
+        )
+        assert resolve_shipped_file("./examples/score_function/math.jinja", "format_prompt") == (
+            "./examples/score_function/math.jinja"
         )
     assert caplog.text == ""
     with pytest.raises(RewardFunctionError, match=r"gui_agent.py` does not exist.*easyrl ships .*dapo.py, math.py"):

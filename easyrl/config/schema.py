@@ -77,6 +77,10 @@ class DataConfig:
     warning). A missing `.../format_prompt/{math,r1v,dapo,android_gui}.jinja` (EasyR1's
     `./examples/format_prompt/...`) is replaced by easyrl's copy under `format_prompt/` (EasyR1's exact text), with a
     warning naming both paths."""
+    system_prompt: Optional[str] = None
+    """A system message put before each prompt's messages (EasyR1's first releases had this key; format_prompt is
+    its later way to instruct the model). A prompt given as messages that already open with a system message keeps
+    its own."""
     override_chat_template: Optional[str] = None
     """Jinja chat-template file used instead of the tokenizer's own."""
     apply_chat_template_kwargs: dict = field(default_factory=dict)

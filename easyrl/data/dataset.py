@@ -171,6 +171,8 @@ class RowEncoder:
                 messages = build_messages(self.formatter(str(text)), num_images, num_videos)
         except ValueError as error:  # placeholders that do not match the row's media, a list that is not messages
             raise UnusableRowError(str(error)) from error
+        if self.config.system_prompt and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": self.config.system_prompt}, *messages]
         if self.processor is not None and not (num_images or num_videos):
             # a vision-language model's row that names pictures it does not have would train on the literal text
             # "<image>" (a row with fewer pictures than places is refused by place_media alike)

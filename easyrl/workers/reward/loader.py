@@ -419,7 +419,7 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     path, sep, name = spec.rpartition(":")
     if not sep or not names_functions(name):
         return spec, None
-    return path, name
+    return path, FUNCTION_SEPARATOR.join(part.strip() for part in name.split(FUNCTION_SEPARATOR))
 
 
 def _rule_text(chosen: str) -> str:
