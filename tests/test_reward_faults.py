@@ -79,7 +79,10 @@ def test_non_finite_scores_of_a_sequential_function_score_zero_are_counted_and_t
         assert kinds(failures) == [None, "non-finite", None, "non-finite"]
         assert [failures[1].detail, failures[3].detail] == ["accuracy=-inf", "overall=nan"]
         (logged,) = warnings_of(caplog)
-        assert "non-finite score for sample 1: accuracy=-inf" in logged and "2 of 4 samples" in logged
+        assert (
+            "non-finite score for sample 1 (ground truth 'inf-in-accuracy'): accuracy=-inf" in logged
+            and "2 of 4 samples" in logged
+        )
         assert "reward/errors" in logged
     finally:
         scorer.shutdown()
@@ -97,7 +100,7 @@ def test_a_non_finite_score_of_a_batch_function_zeroes_only_its_sample(ray_clust
         assert [s["overall"] for s in scores] == [1.0, 2.0, 0.0]
         assert kinds(failures) == [None, None, "non-finite"]
         (logged,) = warnings_of(caplog)
-        assert "non-finite score for sample 2: overall=inf" in logged
+        assert "non-finite score for sample 2 (ground truth 'inf'): overall=inf" in logged
     finally:
         scorer.shutdown()
 
@@ -141,7 +144,10 @@ def test_a_hang_in_one_chunk_of_four_costs_one_timeout_and_the_healthy_chunks_ke
         assert kinds(failures) == [None, None, None, "timed out", None, None, None, None]
         assert scorer.pool.num_replaced == 1
         (logged,) = warnings_of(caplog)
-        assert "worker.reward.timeout_s=3 s (first unscored sample: 3)" in logged and "reward/timeouts" in logged
+        assert (
+            "worker.reward.timeout_s=3 s (first unscored sample: 3 (ground truth 'hang'))" in logged
+            and "reward/timeouts" in logged
+        )
         scores, failures = scorer.score_inputs(inputs("h", "i", "j", "k"))  # the replacement takes its share
         assert [s["overall"] for s in scores] == [1.0, 2.0, 3.0, 4.0] and failures == [None] * 4
     finally:
@@ -175,7 +181,11 @@ def test_a_reward_that_calls_os_exit_is_contained_named_and_its_actor_replaced(r
         assert kinds(failures) == [None, "died", None]
         assert scorer.pool.num_replaced == 1
         (logged,) = warnings_of(caplog)
-        assert "process died while scoring" in logged and "os._exit" in logged and "From sample 1 on" in logged
+        assert (
+            "process died while scoring" in logged
+            and "os._exit" in logged
+            and "From sample 1 (ground truth 'exit') on" in logged
+        )
     finally:
         scorer.shutdown()
 
@@ -216,6 +226,28 @@ def test_a_function_raising_on_every_sample_of_the_first_batch_stops_the_run_nam
     message = str(error.value)
     assert "raised on every sample of the run so far (4 of 4 in the last batch), so the run stops" in message
     assert "include values of type int, not str" in message and "AttributeError" in message
+    assert "It is a batch function, scoring a batch in one call" in message
+
+
+RAISES_ON_ONE_ROW = """
+def compute_score(reward_inputs):
+    for item in reward_inputs:
+        if item["ground_truth"] == 3:
+            raise ValueError("bad row")
+    return [{"overall": 1.0} for _ in reward_inputs]
+"""
+
+
+def test_a_batch_function_raising_on_one_row_says_so_without_blaming_the_answer_type(reward_file):
+    scorer = RewardScorer(
+        RewardConfig(reward_function=reward_file(RAISES_ON_ONE_ROW)), tokenizer=None, in_process=True
+    )
+    batch = [{"response": "r", "response_length": 1, "ground_truth": truth} for truth in (1, 2, 3)]
+    with pytest.raises(RewardFunctionError) as error:
+        scorer.score_inputs(batch)
+    message = str(error.value)
+    assert "an exception on one of its rows fails every sample of the batch" in message and "bad row" in message
+    assert "include values of type int" not in message  # a ValueError of the function's own, not a number read as text
 
 
 def test_after_a_batch_was_scored_only_a_streak_of_batches_raising_throughout_stops_the_run(reward_file):

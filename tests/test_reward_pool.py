@@ -72,7 +72,7 @@ def test_a_raising_function_scores_zero_for_its_samples_and_training_continues(r
         assert kinds(failures) == [None, "raised", None, "raised"]
         logged = [r.getMessage() for r in caplog.records if "raised" in r.getMessage()]
         assert len(logged) == 1 and "ZeroDivisionError: user code failed" in logged[0]
-        assert "raised on sample 1;" in logged[0] and "2 of 4 samples" in logged[0]
+        assert "raised on sample 1 (ground truth 'boom');" in logged[0] and "2 of 4 samples" in logged[0]
     finally:
         scorer.shutdown()
 

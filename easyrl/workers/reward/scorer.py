@@ -134,6 +134,11 @@ class PendingScores:
         self._future.cancel()
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class RewardScorer:
     def __init__(
         self,
@@ -269,7 +274,7 @@ class RewardScorer:
         if outcome.fatal:
             raise RewardFunctionError(outcome.fatal)
         self._stop_if_it_never_works(outcome.failures, inputs)
-        self._report(outcome.failures)
+        self._report(outcome.failures, inputs)
         scores = [score if score is not None else {"overall": 0.0} for score in outcome.scores]
         return scores, outcome.failures
 
@@ -284,12 +289,19 @@ class RewardScorer:
         when = "the run so far" if not self._scored_once else f"{ALL_RAISED_STREAK} batches in a row"
         # numbers where text was expected: the usual cause (a code reward's dict of tests is no hint)
         types = sorted({type(item["ground_truth"]).__name__ for item in inputs} & {"int", "float", "bool"})
+        # a number read as text fails with one of these; any other exception has another cause
+        type_error = any(name in failures[0].detail for name in ("AttributeError", "TypeError"))
         hint = (
             f" The ground truths (data.answer_key's column) include values of type {', '.join(types)}, not str: a "
             "function that reads them as text fails on them; convert the column, or the value in the function."
-            if types
+            if types and type_error
             else ""
         )
+        if self.reward_fn.whole_batch:
+            hint = (
+                " It is a batch function, scoring a batch in one call: an exception on one of its rows fails every "
+                "sample of the batch." + hint
+            )
         raise RewardFunctionError(
             f"Reward function {self.reward_fn.where} raised on every sample of {when} ({len(failures)} of "
             f"{len(failures)} in the last batch), so the run stops: nothing can be learnt from scores of 0.{hint} The "
@@ -297,15 +309,17 @@ class RewardScorer:
             f"{failures[0].detail}"
         )
 
-    def _report(self, failures: list[SampleFailure | None]) -> None:
-        """Log the first failure of each kind once per run, naming the sample's index in its batch."""
+    def _report(self, failures: list[SampleFailure | None], inputs: list[dict]) -> None:
+        """Log the first failure of each kind once per run, naming the sample's index in its batch and its ground
+        truth (what finds the row in the data)."""
         for kind in (RAISED, NON_FINITE, TIMED_OUT, DIED):
             indices = [i for i, failure in enumerate(failures) if failure is not None and failure.kind == kind]
             if not indices or kind in self._logged:
                 continue
             self._logged.add(kind)
-            first, count, size = indices[0], len(indices), len(failures)
-            detail = failures[first].detail
+            index, count, size = indices[0], len(indices), len(failures)
+            first = f"{index} (ground truth {_short(inputs[index].get('ground_truth'))})"
+            detail = failures[index].detail
             where = self.reward_fn.where
             counted = f"{count} of {size} samples of this batch score 0 (counted in {ERRORS_KEY}"
             if kind == RAISED:
