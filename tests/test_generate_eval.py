@@ -97,6 +97,23 @@ def test_summary_per_source_mean_and_pass_at_k_by_hand():
     assert table.splitlines()[1].split() == ["code", "1", "0.2500", "0.2500", "0.2500", "0.5000", "1.0000"]
 
 
+def test_samples_the_reward_failed_on_count_as_wrong_and_are_counted_per_source():
+    failed = {"overall": 0.0, "accuracy": 0.0, "scoring_failed": True}
+    rows = [
+        {"index": 0, "data_source": "a", "scores": [{"overall": 1.0, "accuracy": 1.0}, failed]},
+        {
+            "index": 1,
+            "data_source": "b",
+            "scores": [{"overall": 1.0, "accuracy": 1.0}, {"overall": 0.0, "accuracy": 0.0}],
+        },
+    ]
+    results = summarize(rows)
+    assert results["sources"]["a"]["scoring_failed"] == 1 and results["sources"]["b"]["scoring_failed"] == 0
+    assert results["sources"]["a"]["pass@1"] == results["sources"]["b"]["pass@1"] == 0.5
+    assert format_table(results).splitlines()[0].split()[-1] == "scoring_failed"
+    assert "scoring_failed" not in summarize(rows[1:])["sources"]["b"]  # no column when every sample was scored
+
+
 def test_summary_without_accuracy_uses_overall_and_the_threshold():
     rows = [{"index": 0, "data_source": "s", "responses": ["a", "b"], "scores": [{"overall": 0.5}, {"overall": 0.2}]}]
     assert summarize(rows)["sources"]["s"]["pass@2"] == 0.0  # overall >= 1 by default

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..config import RunPlan
 from ..utils.files import replace_file
-from .generate import EVAL_SEED_KIND, GenerationRun, default_path, generation_settings, read_rows
+from .generate import EVAL_SEED_KIND, FAILED_KEY, GenerationRun, default_path, generation_settings, read_rows
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -78,6 +78,7 @@ def summarize(rows: Iterable[dict[str, Any]], correct_key: str | None = None, th
         raise ValueError(f"Prompt indices {other[:5]} have another number of samples than the first row's {n}.")
     key = correct_key_of(rows, correct_key)
     ks = k_values(n)
+    any_failed = any(score.get(FAILED_KEY) for row in rows for score in row["scores"])
     by_source: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_source.setdefault(str(row["data_source"]), []).append(row)
@@ -90,6 +91,10 @@ def summarize(rows: Iterable[dict[str, Any]], correct_key: str | None = None, th
             entry[f"{key}@{n}"] = sum(score[key] for row in source_rows for score in row["scores"]) / len(overall)
         for k in ks:
             entry[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
+        if any_failed:  # samples the reward could not score count as wrong: how many there are
+            entry["scoring_failed"] = sum(
+                bool(score.get(FAILED_KEY)) for row in source_rows for score in row["scores"]
+            )
         sources[source] = entry
     return {"n": n, "correct": f"{key} >= {threshold:g}", "sources": sources}
 

@@ -35,13 +35,17 @@ import numpy as np
 from ..config import RunPlan
 from ..protocol import DataProto
 from ..utils.logging import setup_driver_logging
-from ..workers.reward.scorer import scores_to_non_tensor
+from ..workers.reward.scorer import ERRORS_KEY, scores_to_non_tensor
 from ..workers.rollout.base import GenerationRequest, SamplingSettings
 from ..workers.rollout.multi_turn import has_tool_env
 from .ray_trainer import GENERATION_KEYS, generation_non_tensor_keys, join_rollout_output
 
 
 logger = logging.getLogger(__name__)
+
+FAILED_KEY = "scoring_failed"
+"""In a sample's scores: true where the reward function failed on it (it raised, gave a non-finite score, timed out
+or its actor died), so its 0 is no answer's score."""
 
 GENERATE_FILE = "samples.jsonl"
 """`easyrl generate`'s output under trainer.save_checkpoint_path when generate.output is not set."""
@@ -262,7 +266,11 @@ def generate_to_file(
             named = scores_to_non_tensor(reward_metrics)
             overall = token_scores.sum(-1).tolist()  # what the trainer's validation averages
             scores = [{**{k: float(v[i]) for k, v in named.items()}, "overall": overall[i]} for i in range(len(batch))]
-            errors += int(sum(reward_metrics.get("reward/errors", [])))
+            failed = reward_metrics.get(ERRORS_KEY, [0.0] * len(batch))
+            for score, flag in zip(scores, failed):
+                if flag:  # scored 0 because scoring failed, not because the answer was wrong
+                    score[FAILED_KEY] = True
+            errors += int(sum(failed))
         sources = batch.non_tensor_batch.get("data_source", np.array(["val"] * len(batch), dtype=object))
         rows = []
         for i in todo:
