@@ -336,3 +336,39 @@ def test_a_local_cluster_holds_every_reservation_of_a_critic_run_on_two_cores(mo
             rewards.shutdown()
         pool.release()
         ray.shutdown()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# what `easyrl check` reads from files without running them
+# ----------------------------------------------------------------------------------------------------------------------
+def test_check_refuses_reward_kwargs_no_chosen_function_takes_reading_the_source(tmp_path):
+    rewards = tmp_path / "rewards.py"
+    rewards.write_text(
+        "def score(reward_inputs, scale, offset=0.0):\n    return []\n\n"
+        "def bonus(reward_inputs, *, bonus_weight=1.0):\n    return []\n\n"
+        "def anything(reward_inputs, **kwargs):\n    return []\n"
+    )
+
+    def check(spec: str, *kwargs: str) -> None:
+        load_run_plan([*BASE, f"worker.reward.reward_function={rewards}:{spec}", *kwargs])
+
+    check("score", "+worker.reward.reward_function_kwargs.scale=2")
+    with pytest.raises(ConfigError, match=r"\['scael'\]: `score` in .* takes no such argument \(it takes offset"):
+        check("score", "+worker.reward.reward_function_kwargs.scael=2")
+    # combined functions: each key must be some function's
+    check(
+        "score,bonus",
+        "+worker.reward.reward_function_kwargs.scale=2",
+        "+worker.reward.reward_function_kwargs.bonus_weight=3",
+    )
+    with pytest.raises(ConfigError, match=r"\['other'\]: `score` nor `bonus`"):
+        check("score,bonus", "+worker.reward.reward_function_kwargs.other=1")
+    check("anything", "+worker.reward.reward_function_kwargs.whatever=1")  # **kwargs takes every name
+    with pytest.raises(ConfigError, match=r"`format_weight:0.2` holds a colon: in YAML a mapping needs a space"):
+        check("score", "worker.reward.reward_function_kwargs={format_weight:0.2}")
+
+
+def test_check_refuses_a_load_checkpoint_path_that_does_not_exist(tmp_path):
+    with pytest.raises(ConfigError, match=r"`trainer.load_checkpoint_path`: `.*nowhere` does not exist"):
+        load_run_plan([*BASE, f"trainer.load_checkpoint_path={tmp_path / 'nowhere'}"])
+    assert load_run_plan([*BASE, f"trainer.load_checkpoint_path={tmp_path}"]).config.trainer.load_checkpoint_path

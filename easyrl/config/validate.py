@@ -18,7 +18,12 @@ from ..demo import builtin_models
 from ..paths import BUILTIN_PREFIX, FUNCTION_SEPARATOR, looks_local, shipped_files_hint
 from ..utils.platform import nvidia_gpus_visible
 from ..workers.reward.judge import CHAT_PATH, compile_score_pattern, load_template
-from ..workers.reward.loader import RewardFunctionError, parse_user_file, resolve_reward_function
+from ..workers.reward.loader import (
+    RewardFunctionError,
+    check_reward_kwargs,
+    parse_user_file,
+    resolve_reward_function,
+)
 from .schema import ConfigError, JudgeConfig, PPOConfig
 
 
@@ -993,9 +998,16 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
         if config.worker.reward.reward_function or needs_reward:
             _, chosen = resolve_reward_function(config.worker.reward.reward_function)
             _check_reward_weights(config.worker.reward.reward_weights, chosen.split(FUNCTION_SEPARATOR))
+            check_reward_kwargs(config.worker.reward.reward_function, config.worker.reward.reward_function_kwargs)
     except RewardFunctionError as err:
         raise ConfigError(str(err)) from None
     _check_judge(config)
+    load = config.trainer.load_checkpoint_path
+    if load and not os.path.isdir(os.path.expanduser(load)):
+        raise ConfigError(
+            f"`trainer.load_checkpoint_path`: `{load}` does not exist; give a global_step_N folder of a run, or unset "
+            "it to resume from the newest checkpoint under trainer.save_checkpoint_path."
+        )
     _check_tools_file(config)
     _check_file("data.format_prompt", data.format_prompt, "prompt template", shipped_files_hint("format_prompt"))
     _check_file("data.override_chat_template", data.override_chat_template, "chat template")

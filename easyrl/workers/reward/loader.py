@@ -513,6 +513,50 @@ def resolve_reward_function(spec: str) -> tuple[str, str]:
     return str(path), FUNCTION_SEPARATOR.join(chosen)
 
 
+def _keywords_in_source(tree: ast.Module, name: str) -> set[str] | None:
+    """The names function ``name`` of the file takes by keyword, read from its source; None when any name reaches it
+    (``**kwargs``) or it is no plain ``def`` (its arguments are known only once the file is imported)."""
+    declared = None
+    for node in tree.body:  # the last definition of the name is the one the module keeps
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            args = node.args
+            declared = None if args.kwarg is not None else {arg.arg for arg in (*args.args, *args.kwonlyargs)}
+        elif (
+            isinstance(node, (ast.Assign, ast.AnnAssign, ast.ClassDef))
+            and name in _top_level_names(ast.Module(body=[node], type_ignores=[]))[0]
+        ):
+            declared = None
+    return declared
+
+
+def check_reward_kwargs(spec: str, kwargs: dict | None) -> None:
+    """For the config check: every key of `worker.reward.reward_function_kwargs` is an argument some chosen function
+    of ``spec`` takes, read from the file's source without importing it (what loading the function checks again)."""
+    if not kwargs:
+        return
+    path_text, requested = parse_spec(spec)
+    path, names, functions = parse_user_file(path_text, CONFIG_KEY)
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    chosen = [choose_function_name(path_text, name, names, functions) for name in function_names(requested)]
+    declared = [_keywords_in_source(tree, name) for name in chosen]
+    if any(names is None for names in declared):
+        return
+    accepted = set().union(*declared)
+    unknown = sorted(str(key) for key in kwargs if key not in accepted)
+    if unknown:
+        colon = [key for key in unknown if ":" in key]
+        hint = (
+            f" `{colon[0]}` holds a colon: in YAML a mapping needs a space after it ({{format_weight: 0.2}}, not "
+            "{format_weight:0.2})."
+            if colon
+            else ""
+        )
+        raise RewardFunctionError(
+            f"`worker.reward.reward_function_kwargs` {unknown}: {' nor '.join(f'`{name}`' for name in chosen)} in "
+            f"`{path_text}` takes no such argument (it takes {', '.join(sorted(accepted)) or 'none'}).{hint}"
+        )
+
+
 def _import_file(path: Path, config_key: str = CONFIG_KEY):
     # a unique module name: the shipped `math.py` must not shadow the standard library's `math` in sys.modules
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
