@@ -234,7 +234,8 @@ def generate_to_file(
     ``path`` were checked against this run's prompts and samples by ``prompts_left`` (``GenerationRun`` calls it
     before the engine starts). ``settings`` (``generation_settings``) go into every row."""
     done = {int(row["index"]): row for row in read_rows(path, repair=True)}
-    row_numbers = getattr(val_loader.dataset, "row_index", None)  # position -> row of data.val_files
+    # position -> row of data.val_files (None: batches handed in without a dataset)
+    row_numbers = getattr(getattr(val_loader, "dataset", None), "row_index", None)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     position, generated, errors = 0, 0, 0
     resets_grow = has_tool_env(plan.config.worker.rollout.multi_turn.env)
