@@ -236,7 +236,7 @@ def test_wandb_without_login_says_how_to_log_offline(tmp_path, monkeypatch):
 def test_swanlab_without_login_says_how_to_log_locally(tmp_path, monkeypatch):
     pytest.importorskip("swanlab")
     _no_login(monkeypatch, tmp_path, "SWANLAB_")
-    with pytest.raises(LoggerStartError, match="SWANLAB_MODE=local.*remove 'swanlab' from trainer.logger"):
+    with pytest.raises(LoggerStartError, match="SWANLAB_MODE=offline.*remove 'swanlab' from trainer.logger"):
         Tracker(["swanlab"], "proj", "exp", {}, str(tmp_path / "run"))
 
 

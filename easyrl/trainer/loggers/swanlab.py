@@ -1,4 +1,5 @@
-"""SwanLab. ``SWANLAB_MODE=local`` or ``offline`` keeps the run on disk (``$SWANLAB_LOGDIR`` or ``<save_dir>/swanlog``).
+"""SwanLab. ``SWANLAB_MODE=offline`` or ``local`` keeps the run on disk (``$SWANLAB_LOGDIR`` or ``<save_dir>/swanlog``;
+``local`` also starts SwanLab's viewer, which needs the separate ``swanboard`` package).
 
 A run resumed from a checkpoint continues the SwanLab run of the attempt it resumes (its id, ``resume="allow"``).
 """
@@ -10,7 +11,10 @@ from .base import Logger, RunInfo, explain_start_failure, import_backend, netrc_
 from .registry import register_logger
 
 
-HOW_TO_FIX = "Log in (`swanlab login` or SWANLAB_API_KEY), or set SWANLAB_MODE=local (or offline)"
+HOW_TO_FIX = (
+    "Log in (`swanlab login` or SWANLAB_API_KEY), or set SWANLAB_MODE=offline (or local, whose viewer needs the "
+    "swanboard package)"
+)
 
 
 @register_logger("swanlab")
