@@ -5,6 +5,9 @@
     pass_rate = tests passed / tests
     all_pass  = 1 if every test passed, else 0
     overall   = pass_rate (`reward: pass_rate`, the default) or all_pass (`reward: all_pass`)
+    invalid_tests = 1 if the sample's ground truth is malformed (not JSON, no `inputs`/`outputs` lists, no tests,
+                or not one output per input), else 0: that sample alone scores 0, the rest of the batch is scored as
+                usual, and the batch logs one warning with the first such sample's problem and ground truth
 
 `ground_truth` holds the tests as a JSON string or a dict, in either style of the public code-RL data sets:
     standard input / output (APPS, TACO, CodeContests, DeepCoder):
@@ -20,7 +23,9 @@
 Each test is one sandboxed run (easyrl.workers.reward.sandbox: a separate process with CPU, wall, memory, output
 and file limits, no network, a throwaway folder, no access to the trainer's environment or files where the host
 supports it). A program that crashes, hangs, floods its output or misbehaves fails that test, so it scores 0 for it;
-the training run never sees its exceptions. Tests of the whole batch run concurrently on `max_workers` threads.
+the training run never sees its exceptions. The program runs as `python -I -S` (standard library only: no
+third-party package such as numpy imports) and its stdout and stderr are capped at `max_output_bytes` (8 MiB)
+each, past which it is killed and fails the test. Tests of the whole batch run concurrently on `max_workers` threads.
 After a program hits its time limit its remaining tests are failed without being run (`skip_after_timeout`), so an
 infinite loop costs one time-out, not one per test.
 
@@ -30,6 +35,7 @@ memory_mb, skip_after_timeout, require (sandbox layers that must be present, e.g
 """
 
 import json
+import logging
 import math
 import re
 import threading
@@ -37,6 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from easyrl.workers.reward.sandbox import Limits, run_program
 
+
+_log = logging.getLogger(__name__)
 
 REWARD_NAME = "code"
 REWARD_TYPE = "batch"
@@ -71,32 +79,37 @@ def extract_program(response: str) -> tuple[str, bool]:
     return response, False
 
 
-def parse_tests(ground_truth, row: int) -> dict:
-    """The row's tests as {"inputs", "outputs", "fn_name" (or None)}; a malformed spec raises, naming the row."""
+def parse_tests(ground_truth) -> dict:
+    """The tests as {"inputs", "outputs", "fn_name" (or None)}; a malformed spec raises ValueError saying what is
+    wrong (compute_score turns that into a score of 0 for that sample alone)."""
     spec = ground_truth
     if isinstance(spec, (str, bytes)):
         try:
             spec = json.loads(spec)
         except ValueError as err:
-            raise ValueError(
-                f"code reward: ground_truth of row {row} is not JSON ({err}); store the tests as "
-                '{"inputs": [...], "outputs": [...]} (add "fn_name" for function-call tests).'
-            ) from None
+            raise ValueError(f"not JSON ({err})") from None
     if (
         not isinstance(spec, dict)
         or not isinstance(spec.get("inputs"), list)
         or not isinstance(spec.get("outputs"), list)
     ):
+        raise ValueError("no lists `inputs` and `outputs`")
+    inputs, outputs = len(spec["inputs"]), len(spec["outputs"])
+    if inputs != outputs or not inputs:
         raise ValueError(
-            f"code reward: ground_truth of row {row} must hold lists `inputs` and `outputs` (and `fn_name` for "
-            f"function-call tests); got {str(spec)[:200]!r}."
-        )
-    if len(spec["inputs"]) != len(spec["outputs"]) or not spec["inputs"]:
-        raise ValueError(
-            f"code reward: ground_truth of row {row} has {len(spec['inputs'])} inputs and {len(spec['outputs'])} "
-            "outputs; give one output per input, at least one test."
+            f"{inputs} input{'s' * (inputs != 1)} but {outputs} output{'s' * (outputs != 1)}"
+            if inputs != outputs
+            else "no tests"
         )
     return {"inputs": spec["inputs"], "outputs": spec["outputs"], "fn_name": spec.get("fn_name") or None}
+
+
+def _parse_or_none(ground_truth) -> tuple[dict | None, str | None]:
+    """(tests, None), or (None, what is wrong) for a malformed ground truth."""
+    try:
+        return parse_tests(ground_truth), None
+    except ValueError as err:
+        return None, str(err)
 
 
 def normalize_lines(text: str) -> list[str]:
@@ -159,7 +172,21 @@ def compute_score(
         raise ValueError(f"code reward: `reward` is {reward!r}; use one of {REWARDS} (reward_function_kwargs).")
     limits = Limits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_mb=memory_mb)
     programs = [extract_program(item["response"]) for item in reward_inputs]
-    tests = [parse_tests(item["ground_truth"], row) for row, item in enumerate(reward_inputs)]
+    parsed = [_parse_or_none(item["ground_truth"]) for item in reward_inputs]
+    tests = [spec or {"inputs": [], "outputs": [], "fn_name": None} for spec, _problem in parsed]
+    invalid = [row for row, (_spec, problem) in enumerate(parsed) if problem is not None]
+    if invalid:
+        row, problem = invalid[0], parsed[invalid[0]][1]
+        _log.warning(
+            "code reward: %d of %d samples of the batch have malformed tests and score 0 (score `invalid_tests` = 1)"
+            "; the first, sample %d of the batch: %s, in ground_truth %r. Store the tests as "
+            '{"inputs": [...], "outputs": [...]} with one output per input (add "fn_name" for function-call tests).',
+            len(invalid),
+            len(reward_inputs),
+            row,
+            problem,
+            str(reward_inputs[row]["ground_truth"])[:120],
+        )
     first_timeout = [math.inf] * len(reward_inputs)  # per row: the index of its first test that ran out of time
     lock = threading.Lock()
 
@@ -181,14 +208,16 @@ def compute_score(
         passed[row] += ok and not (skip_after_timeout and index > first_timeout[row])
     scores = []
     for row, (_program, fenced) in enumerate(programs):
-        pass_rate = passed[row] / len(tests[row]["inputs"])
-        all_pass = 1.0 if passed[row] == len(tests[row]["inputs"]) else 0.0
+        count = len(tests[row]["inputs"])  # 0 for malformed tests: they score 0
+        pass_rate = passed[row] / count if count else 0.0
+        all_pass = 1.0 if count and passed[row] == count else 0.0
         scores.append(
             {
                 "overall": pass_rate if reward == "pass_rate" else all_pass,
                 "pass_rate": pass_rate,
                 "all_pass": all_pass,
                 "format": 1.0 if fenced else 0.0,
+                "invalid_tests": 0.0 if count else 1.0,
             }
         )
     return scores

@@ -137,11 +137,40 @@ def test_malicious_programs_score_zero_beside_a_correct_one(tmp_path):
         assert escape_score == 0.0 and not (tmp_path / "owned").exists()
 
 
-def test_malformed_ground_truth_names_the_row_and_the_expected_form():
-    with pytest.raises(ValueError, match=r"row 1 is not JSON"):
-        score([("print(1)", SUM_TESTS), ("print(1)", "not json")])
-    with pytest.raises(ValueError, match=r"row 0 has 2 inputs and 1 outputs"):
-        score([("print(1)", {"inputs": ["1", "2"], "outputs": ["1"]})])
+def test_a_malformed_row_scores_zero_alone_and_the_valid_rows_are_scored(caplog):
+    right = block("a, b = map(int, input().split())\nprint(a + b)")
+    wrong = block("print(0)")
+    two_inputs_one_output = {"inputs": ["1 2\n", "3 4\n"], "outputs": ["3\n"]}
+    # 3 valid rows of 2 samples each, and the malformed row's sample at position 2 of the batch
+    batch = [(right, SUM_TESTS), (wrong, SUM_TESTS), (right, two_inputs_one_output), (right, ADD_TESTS)]
+    batch += [(block("def add(a, b):\n    return a + b"), ADD_TESTS), (right, SUM_TESTS), (wrong, SUM_TESTS)]
+    with caplog.at_level("WARNING"):
+        scores = score(batch)
+    assert [s["pass_rate"] for s in scores] == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    assert [s["invalid_tests"] for s in scores] == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert scores[2] == {"overall": 0.0, "pass_rate": 0.0, "all_pass": 0.0, "format": 1.0, "invalid_tests": 1.0}
+    assert all(s.keys() == scores[0].keys() for s in scores)  # every sample has the same named scores
+    warnings = [r.getMessage() for r in caplog.records if "malformed tests" in r.getMessage()]
+    assert len(warnings) == 1  # once per batch
+    assert "1 of 7 samples" in warnings[0] and "sample 2 of the batch" in warnings[0] and "row" not in warnings[0]
+    assert "2 inputs but 1 output" in warnings[0] and "'inputs': ['1 2" in warnings[0]
+
+
+def test_each_kind_of_malformed_ground_truth_scores_zero_with_its_problem(code_module):
+    problems = {
+        "not json": "not JSON",
+        json.dumps({"inputs": ["1"]}): "no lists `inputs` and `outputs`",
+        json.dumps({"inputs": [], "outputs": []}): "no tests",
+        json.dumps({"inputs": ["1", "2"], "outputs": ["1"]}): "2 inputs but 1 output",
+    }
+    for ground_truth, problem in problems.items():
+        with pytest.raises(ValueError, match=problem):
+            code_module["parse_tests"](ground_truth)
+    scores = score([("print(1)", ground_truth) for ground_truth in problems])
+    assert [(s["overall"], s["invalid_tests"], s["format"]) for s in scores] == [(0.0, 1.0, 0.0)] * len(problems)
+
+
+def test_an_unknown_reward_kind_raises():
     with pytest.raises(ValueError, match=r"`reward` is 'best'"):
         score([("print(1)", SUM_TESTS)], reward="best")
 
