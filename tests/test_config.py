@@ -204,10 +204,13 @@ def test_a_checkpoint_given_as_model_path_is_refused_with_the_merge_command(vali
     for given in (role, role.parent, role / "huggingface"):
         with pytest.raises(ConfigError) as error:
             load_config([*valid_args, f"worker.actor.model.model_path={given}"])
-        assert str(error.value).startswith(
-            f"`worker.actor.model.model_path`: `{given}` is part of a training checkpoint"
-        )
-        assert str(error.value).endswith(f"`easyrl merge --local_dir {role}` and give `{role / 'huggingface'}`.")
+        kind = "a LoRA training checkpoint" if lora else "a training checkpoint"
+        assert str(error.value).startswith(f"`worker.actor.model.model_path`: `{given}` is part of {kind}")
+        if lora:  # the adapters are named as what the folder holds, and where merge moves them
+            assert f"`{role / 'huggingface'}` holds the LoRA adapters" in str(error.value)
+            assert str(error.value).endswith(f"lora_adapter/); then give `{role / 'huggingface'}`.")
+        else:
+            assert str(error.value).endswith(f"`easyrl merge --local_dir {role}` and give `{role / 'huggingface'}`.")
     # the run folder (no config.json): the newest checkpoint by step, not by name
     with pytest.raises(ConfigError, match=rf"holds no config\.json.*`easyrl merge --local_dir {role}`\.$"):
         load_config([*valid_args, f"worker.actor.model.model_path={run}"])

@@ -244,6 +244,13 @@ def _check_model_path(key: str, path: Optional[str], required: bool) -> None:
     if looks_local(path) and not local.exists():
         raise ConfigError(f"`{key}`: local model path `{path}` does not exist.")
     if key.endswith("model_path") and (role := _unmerged_checkpoint_role(local)) is not None:
+        if _is_adapter_folder(role / "huggingface"):  # a LoRA run's checkpoint: its huggingface/ holds the adapters
+            raise ConfigError(
+                f"`{key}`: `{path}` is part of a LoRA training checkpoint, whose `{role / 'huggingface'}` holds the "
+                f"LoRA adapters (no model weights), which transformers and vLLM cannot load as a model. `easyrl merge "
+                f"--local_dir {role}` merges them into the base model there (the adapters move to its lora_adapter/); "
+                f"then give `{role / 'huggingface'}`."
+            )
         raise ConfigError(
             f"`{key}`: `{path}` is part of a training checkpoint (sharded model and optimizer state, no Hugging "
             f"Face weights), which transformers and vLLM cannot load. Write it as a Hugging Face model with `easyrl "
