@@ -64,3 +64,27 @@ def test_collector_gathers_kept_groups_across_rounds_until_full():
     assert batch.non_tensor_batch["uid"].tolist() == ["b", "b", "c", "c"]
     assert collector.metrics()["filter/kept_groups"] == 3.0
     assert collector.metrics()["filter/dropped_high"] == 1.0
+
+
+def test_a_filter_key_the_reward_does_not_give_names_the_scores_and_the_nearest():
+    import torch
+
+    from easyrl.algorithms.filtering import FilterKeyError, filter_groups
+    from easyrl.protocol import DataProto
+
+    data = DataProto.from_dict(
+        tensors={"responses": torch.zeros(4, 1)},
+        non_tensors={
+            "uid": np.array(["a", "a", "b", "b"], dtype=object),
+            "accuracy": np.array([1.0, 0.0, 1.0, 1.0]),
+            "overall": np.array([1.0, 0.0, 1.0, 1.0]),
+            "ground_truth": np.array([3, 3, 4, 4], dtype=object),
+            "data_source": np.array(["x"] * 4, dtype=object),
+        },
+    )
+    with pytest.raises(FilterKeyError) as error:
+        filter_groups(data, "acuracy", 0.01, 0.99)
+    assert str(error.value) == (
+        "`algorithm.filter_key` is `acuracy`, but the reward gives no such score: did you mean `accuracy`? The scores "
+        "of each sample: accuracy, overall."
+    )

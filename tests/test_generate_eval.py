@@ -412,6 +412,12 @@ def test_an_existing_output_is_checked_and_a_finished_one_ends_the_run_before_ra
     unscored = {**settings, "reward_function": None}
     with pytest.raises(GenerationFileError, match="reward_function: "):
         prompts_left(str(output), tokenizer, loader, 4, unscored)
+    judge = ["worker.reward.judge.kind=http", "worker.reward.judge.base_url=http://127.0.0.1:9/v1"]
+    judged_plan = load_run_plan([*args, *judge, "worker.reward.judge.model=judge", "worker.reward.rule_weight=0.5"])
+    judged = generation_settings(judged_plan, resolve_sampling(config.worker.rollout, GenerationRequest()), False)
+    assert judged["judge"]["base_url"] == "http://127.0.0.1:9/v1" and judged["rule_weight"] == 0.5
+    with pytest.raises(GenerationFileError, match=r"judge: None in the file, \{.*'kind': 'http'"):
+        prompts_left(str(output), tokenizer, loader, 4, judged)
     append_rows(str(output), rows[2:])
     assert prompts_left(str(output), tokenizer, loader, 4, settings) == 0
 

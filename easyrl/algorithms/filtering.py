@@ -14,6 +14,7 @@ reward is on another scale) and generates more prompts until `data.rollout_batch
     metrics.update(collector.metrics())             # filter/kept_groups, filter/dropped_groups, ...
 """
 
+import difflib
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -53,6 +54,14 @@ def select_groups(
     return keep_idx, metrics
 
 
+class FilterKeyError(KeyError):
+    """`algorithm.filter_key` names no score of the batch (found at the first filtered batch: the reward's score names
+    are known only once it has scored)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def _sample_scores(data: "DataProto", filter_key: str) -> np.ndarray:
     """One score per sample: a non-tensor array, or a tensor (summed over the response if 2-D)."""
     if filter_key in data.non_tensor_batch:
@@ -60,10 +69,22 @@ def _sample_scores(data: "DataProto", filter_key: str) -> np.ndarray:
     if data.batch is not None and filter_key in data.batch.keys():
         value: torch.Tensor = data.batch[filter_key]
         return (value.sum(-1) if value.dim() > 1 else value).float().cpu().numpy()
-    available = sorted(data.non_tensor_batch) + (sorted(data.batch.keys()) if data.batch is not None else [])
-    raise KeyError(
-        f"`algorithm.filter_key` is `{filter_key}`, but the batch has no such score. The reward function's named "
-        f"scores are attached per sample; available keys: {', '.join(available)}."
+    # the per-sample numbers: the reward's named scores (and token-level ones), not the model inputs
+    scores = sorted(
+        key
+        for key, values in data.non_tensor_batch.items()
+        if len(values) and isinstance(values[0], (float, int, np.floating, np.integer)) and key not in ("uid", "ground_truth")
+    )
+    scores += [
+        key
+        for key in ("token_level_scores", "token_level_rewards")
+        if data.batch is not None and key in data.batch.keys()
+    ]
+    close = difflib.get_close_matches(filter_key, scores, n=1, cutoff=0.6)
+    raise FilterKeyError(
+        f"`algorithm.filter_key` is `{filter_key}`, but the reward gives no such score"
+        + (f": did you mean `{close[0]}`?" if close else ".")
+        + f" The scores of each sample: {', '.join(scores)}."
     )
 
 

@@ -154,12 +154,14 @@ def _validation_schedule(config: PPOConfig, at_end: bool) -> str:
     trainer = config.trainer
     if not config.data.val_files:
         return "none (data.val_files is empty)"
+    if trainer.val_only:
+        return "once, of the model the run starts from (a checkpoint's when it resumes one; val_only: no training)"
     parts = ["before training"] if trainer.val_before_train else []
     if trainer.val_freq > 0:
         parts.append(f"every {trainer.val_freq} steps")
     if at_end:
         parts.append("at the end")
-    return ", ".join(parts) + (" (val_only: no training)" if trainer.val_only else "")
+    return ", ".join(parts)
 
 
 def _old_log_prob_decision(config: PPOConfig, kl_in_reward: bool) -> tuple[bool, str]:

@@ -147,17 +147,20 @@ def generation_settings(plan: RunPlan, sampling: SamplingSettings, val_sampling:
     if reward.reward_function:
         settings["reward_function_kwargs"] = dict(reward.reward_function_kwargs or {})
         settings["reward_weights"] = list(reward.reward_weights) if reward.reward_weights else None
+        if reward.judge.kind != "none":  # a judge's grade is part of each score
+            settings["rule_weight"] = reward.rule_weight
+            settings["judge"] = dataclasses.asdict(reward.judge)
     return json.loads(json.dumps(settings, default=str))
 
 
 def _settings_changes(written: dict[str, Any], settings: dict[str, Any]) -> str:
-    """ "model_path: 'a' here 'b'; ..." for each setting that differs."""
+    """ "model_path: 'a' in the file, 'b' now; ..." for each setting that differs (one level into a mapping)."""
     changes = []
     for key in sorted(set(written) | set(settings)):
         old, new = written.get(key), settings.get(key)
         if isinstance(old, dict) and isinstance(new, dict):
             changes += [
-                f"sampling.{name}: {old.get(name)!r} in the file, {new.get(name)!r} now"
+                f"{key}.{name}: {old.get(name)!r} in the file, {new.get(name)!r} now"
                 for name in sorted(set(old) | set(new))
                 if old.get(name) != new.get(name)
             ]

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..algorithms.advantage import compute_advantage
-from ..algorithms.filtering import GroupCollector
+from ..algorithms.filtering import FilterKeyError, GroupCollector
 from ..algorithms.kl import apply_kl_penalty, get_kl_controller
 from ..algorithms.masked import masked_mean
 from ..algorithms.zero_advantage import nonzero_advantage, skips_zero_advantage
@@ -177,7 +177,10 @@ class PPOTrainer:
         if self._resume():
             self.workers.actor_rollout.sync_rollout_weights()  # the engine started from the model path
         last_metrics: dict[str, float] = {}
-        if self.val_loader is not None and trainer_config.val_before_train and self.global_step == 0:
+        # val_only validates the model the run starts from, a checkpoint's too (EasyR1: only with val_before_train)
+        if self.val_loader is not None and (
+            trainer_config.val_only or (trainer_config.val_before_train and self.global_step == 0)
+        ):
             last_metrics = self.validate()
             self.tracker.log(last_metrics, step=self.global_step)
         if trainer_config.val_only:
@@ -382,7 +385,10 @@ class PPOTrainer:
                 for key, values in reward_metrics.items():
                     all_reward_metrics.setdefault(key, []).extend(values)
             if algo.online_filtering:
-                collector.add(batch, filter_key=algo.filter_key, low=algo.filter_low, high=algo.filter_high)
+                try:
+                    collector.add(batch, filter_key=algo.filter_key, low=algo.filter_low, high=algo.filter_high)
+                except FilterKeyError as error:  # one line and exit 2, as other run-stopping config problems
+                    raise OnlineFilteringError(str(error)) from None
             else:
                 collector.add(batch)
         out = reduce_reward_metrics(all_reward_metrics) if not overlap else {}

@@ -209,7 +209,10 @@ class SFTTrainer:
         steps = self.plan.training_steps
         metrics: dict[str, float] = {}
         trainer_config = self.config.trainer
-        if self.val_loader is not None and trainer_config.val_before_train and self.global_step == 0:
+        # val_only validates the model the run starts from, a checkpoint's too
+        if self.val_loader is not None and (
+            trainer_config.val_only or (trainer_config.val_before_train and self.global_step == 0)
+        ):
             metrics = {"val/loss": self.validate()}  # the starting point of the validation curve, as RL logs it
             self.tracker.log(metrics, step=0)
         if trainer_config.val_only:
