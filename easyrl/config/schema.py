@@ -688,7 +688,8 @@ class TrainerConfig:
     val_before_train: bool = True
     """Validate once before the first step."""
     val_only: bool = False
-    """Validate and exit without training."""
+    """Validate the model the run starts from (a checkpoint's when it resumes one, with trainer.val_before_train or
+    not) and exit without training."""
     val_generations_to_log: int = 0
     """Sample generations logged at each validation."""
     save_freq: int = -1
