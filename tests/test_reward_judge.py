@@ -19,6 +19,7 @@ from easyrl.config import ConfigError, RewardConfig, load_config
 from easyrl.config.schema import JudgeConfig
 from easyrl.protocol import DataProto
 from easyrl.workers.reward.judge import (
+    JUDGE_SILENT_STREAK,
     REQUEST_FAILED,
     TIMED_OUT,
     UNPARSABLE,
@@ -27,6 +28,7 @@ from easyrl.workers.reward.judge import (
     compile_score_pattern,
     parse_score,
 )
+from easyrl.workers.reward.loader import RewardFunctionError
 from easyrl.workers.reward.scorer import RewardScorer, reduce_reward_metrics, scores_to_non_tensor
 from tests.fixtures.trainer_runs import TWO_STEP_HALF_RULE_OVERRIDES, metrics_by_step, run_training, train_args
 
@@ -39,9 +41,16 @@ ROOT = Path(__file__).resolve().parent.parent
 # ----------------------------------------------------------------------------------------------------------------------
 class Answer:
     def __init__(
-        self, text: str = "", status: int = 200, delay_s: float = 0.0, finish_reason: str = "stop", **headers
+        self,
+        text: str = "",
+        status: int = 200,
+        delay_s: float = 0.0,
+        finish_reason: str = "stop",
+        html: str | None = None,
+        **headers,
     ):
         self.text, self.status, self.delay_s, self.finish_reason = text, status, delay_s, finish_reason
+        self.html = html  # sent as the whole body (text/html) instead of a chat completion
         self.headers = {key.replace("_", "-"): value for key, value in headers.items()}
 
 
@@ -74,10 +83,12 @@ class JudgeServer:
                     reply = {"choices": [{"message": {"role": "assistant", "content": answer.text}}]}
                     reply["choices"][0]["finish_reason"] = answer.finish_reason
                     payload = json.dumps(reply).encode() if answer.status == 200 else b'{"error": "scripted"}'
+                    if answer.html is not None:
+                        payload = answer.html.encode()
                     self.send_response(answer.status)
                     for key, value in answer.headers.items():
                         self.send_header(key, value)
-                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Type", "application/json" if answer.html is None else "text/html")
                     self.send_header("Content-Length", str(len(payload)))
                     self.end_headers()
                     self.wfile.write(payload)
@@ -269,6 +280,66 @@ def test_a_first_batch_with_no_reply_at_all_stops_but_later_failures_only_count(
     finally:
         judge.close()
     assert [v.failure.kind for v in verdicts] == [REQUEST_FAILED] * 2
+
+
+def test_a_hanging_judge_stops_at_the_first_batch(server, response_only_template):
+    server.script = lambda message, attempt: Answer("Score: 9", delay_s=2.0)
+    judge = make_judge(server, response_only_template, timeout_s=0.3)
+    try:
+        with pytest.raises(RewardFunctionError) as stopped:  # easyrl train: its message alone, exit 2
+            judge_responses(judge, ["grade=1", "grade=2", "grade=3"])
+    finally:
+        judge.close()
+    assert isinstance(stopped.value, JudgeUnreachableError)
+    message = str(stopped.value)
+    assert "none of the 3 samples of its first batch: 3 timed out after worker.reward.judge.timeout_s=0.3 s" in message
+    assert "The first failure (timed out): no reply within timeout_s=0.3 s" in message
+    assert "worker.reward.judge.base_url" in message and "worker.reward.judge.timeout_s" in message
+
+
+def test_a_web_page_instead_of_a_judge_stops_at_the_first_batch(server, response_only_template):
+    page = "<!DOCTYPE html><html><head><title>Welcome to nginx!</title></head><body>It works.</body></html>"
+    server.script = lambda message, attempt: Answer(html=page)
+    judge = make_judge(server, response_only_template)
+    try:
+        with pytest.raises(JudgeUnreachableError) as stopped:
+            judge_responses(judge, ["grade=1", "grade=2"])
+    finally:
+        judge.close()
+    message = str(stopped.value)
+    assert f"The judge at {server.base_url}/chat/completions (model `judge-model`)" in message
+    assert "none of the 2 samples of its first batch: 2 had no readable score" in message
+    assert "not a chat completion: '<!DOCTYPE html><html><head><title>Welcome to nginx!" in message
+    assert "worker.reward.judge.base_url" in message and "worker.reward.judge.score_pattern" in message
+
+
+def test_replies_that_never_match_the_pattern_stop_and_mixed_failures_are_counted(server, response_only_template):
+    judge = make_judge(server, response_only_template, max_retries=0)
+    try:
+        with pytest.raises(JudgeUnreachableError) as stopped:
+            judge_responses(judge, ["garbage", "garbage 2", "refused"])
+    finally:
+        judge.close()
+    message = str(stopped.value)
+    assert "none of the 3 samples of its first batch: 2 had no readable score, 1 got no usable HTTP reply" in message
+    assert "The first failure (unparsable): no match of score_pattern" in message
+
+
+def test_a_first_batch_with_some_scores_goes_on_until_the_judge_is_silent_for_a_streak(server, response_only_template):
+    judge = make_judge(server, response_only_template, timeout_s=0.5)
+    try:
+        verdicts = judge_responses(judge, ["garbage", "slow", "refused", "grade=4"])  # one score: the judge works
+        assert [v.score for v in verdicts] == [0.0, 0.0, 0.0, 0.4]
+        assert [v.failure.kind for v in verdicts[:3]] == [UNPARSABLE, TIMED_OUT, REQUEST_FAILED]
+        for _ in range(JUDGE_SILENT_STREAK - 1):  # silent batches after a scored one: counted, not raised
+            judge_responses(judge, ["garbage"])
+        judge_responses(judge, ["grade=2"])  # a score ends the streak
+        for _ in range(JUDGE_SILENT_STREAK - 1):
+            judge_responses(judge, ["garbage", "refused"])
+        with pytest.raises(JudgeUnreachableError, match=f"{JUDGE_SILENT_STREAK} batches in a row"):
+            judge_responses(judge, ["garbage", "refused"])
+    finally:
+        judge.close()
 
 
 def test_score_pattern_uses_its_last_match_and_one_group():

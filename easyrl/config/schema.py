@@ -532,8 +532,9 @@ class JudgeConfig:
     """The judge score's weight in `overall` (the score itself is in [0, 1])."""
     base_url: Optional[str] = None
     """The server's OpenAI base URL, e.g. `http://127.0.0.1:8000/v1` (easyrl posts to `<base_url>/chat/completions`).
-    When no request of the first judged batch gets any reply (a wrong base_url, model or key), the run stops with the
-    first error; later failures score 0 and count in reward/judge_errors."""
+    When no sample of the first judged batch gets a score (a wrong base_url, model, key or score_pattern), or none of
+    3 batches in a row later, the run stops naming the failures; other failures score 0 and count in
+    reward/judge_errors."""
     model: Optional[str] = None
     """The model name sent with each request (one the server serves)."""
     api_key_env: Optional[str] = None

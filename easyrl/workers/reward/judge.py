@@ -17,10 +17,12 @@ error, HTTP 429 or a 5xx status is retried up to `max_retries` times after a ran
 A sample's judge score is 0 and the sample is counted in `reward/judge_errors` when its request failed (after the
 retries, or at once on another 4xx status), took longer than `timeout_s`, or its reply could not be read as a score
 in `score_range` (no match, a number outside the range, a reply cut at `max_tokens`); the first failure of each kind
-is logged once with the sample's index. The step goes on. One exception: when EVERY sample of the first batch the
-judge sees fails to get a reply (connection refused, unknown host, 401/404...), the endpoint is not usable at all
-(a wrong base_url, model or key), and `JudgeUnreachableError` stops the run with the first failure, instead of
-training on a judge share that is 0 for every sample.
+is logged once with the sample's index. The step goes on. Two exceptions, where the judge is not usable at all:
+when NO sample of the first batch the judge sees gets a score, whatever the failures (connection refused, 401/404,
+every request timed out, an HTML page or another non-chat reply, replies that never match score_pattern: a wrong
+base_url, model, key or pattern), or when no sample of JUDGE_SILENT_STREAK batches in a row gets one later (the judge
+went down), `JudgeUnreachableError` (a RewardFunctionError) stops the run with the failures counted and the first one,
+instead of training on a judge share that is 0 for every sample.
 
 Torch-free: the config check imports the template and pattern helpers from here.
 """
@@ -33,6 +35,7 @@ import os
 import random
 import re
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,8 +80,21 @@ TIMED_OUT = "timed out"
 UNPARSABLE = "unparsable"
 
 
-class JudgeUnreachableError(RuntimeError):
-    """Every request of the judge's first batch failed: a wrong `worker.reward.judge.base_url`, model or key."""
+# batches in a row with no score at all that stop a run whose judge scored before: the reward function's
+# ALL_RAISED_STREAK (scorer.py imports this module, and torch, so the number is repeated here)
+JUDGE_SILENT_STREAK = 3
+# how each failure kind reads in JudgeUnreachableError's count
+FAILURE_COUNTS = {
+    REQUEST_FAILED: "got no usable HTTP reply",
+    TIMED_OUT: "timed out after worker.reward.judge.timeout_s={timeout_s:g} s",
+    UNPARSABLE: "had no readable score",
+}
+
+
+class JudgeUnreachableError(RewardFunctionError):
+    """No sample of the judge's first batch (or of JUDGE_SILENT_STREAK batches in a row) got a score: a wrong
+    `worker.reward.judge.base_url`, model, key or score_pattern, or a judge that went down. A RewardFunctionError, so
+    that `easyrl train` prints its message alone and exits 2; the message names the judge and what to check."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +263,7 @@ class HttpJudge:
                 )
             self.headers["Authorization"] = f"Bearer {key}"
         self.batches_scored = 0
+        self._silent_streak = 0  # batches in a row (since the last with a score) in which no sample got a score
         self._logged: set[str] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="easyrl-http-judge", daemon=True)
@@ -271,20 +288,48 @@ class HttpJudge:
 
     def collect(self, pending: concurrent.futures.Future) -> list[JudgeResult]:
         """The results of a submitted batch, its failures logged (first of each kind, once per run); raises
-        JudgeUnreachableError when every sample of the first batch failed to get a reply."""
+        JudgeUnreachableError when no sample of the first batch, or of JUDGE_SILENT_STREAK batches in a row, got a
+        score."""
         verdicts = pending.result()
         first_batch = self.batches_scored == 0
         self.batches_scored += 1
         self._report(verdicts)
-        if first_batch and verdicts and all(v.failure and v.failure.kind == REQUEST_FAILED for v in verdicts):
-            raise JudgeUnreachableError(
-                f"The judge at {self.url} (model `{self.config.model}`) answered none of the {len(verdicts)} "
-                f"requests of its first batch; the first failure: {verdicts[0].failure.detail}. Check "
-                "worker.reward.judge.base_url (the server's OpenAI base URL, e.g. http://host:8000/v1), "
-                "worker.reward.judge.model (a name the server serves) and the key in the variable named by "
-                "worker.reward.judge.api_key_env."
-            )
+        if not verdicts or any(verdict.failure is None for verdict in verdicts):
+            self._silent_streak = 0
+            return verdicts
+        self._silent_streak += 1
+        if first_batch or self._silent_streak >= JUDGE_SILENT_STREAK:
+            raise JudgeUnreachableError(self._unusable_message(verdicts, first_batch))
         return verdicts
+
+    def _unusable_message(self, verdicts: list[JudgeResult], first_batch: bool) -> str:
+        config = self.config
+        kinds = Counter(verdict.failure.kind for verdict in verdicts)
+        counted = ", ".join(
+            f"{count} {FAILURE_COUNTS[kind].format(timeout_s=config.timeout_s)}" for kind, count in kinds.items()
+        )
+        first = verdicts[0].failure
+        when = (
+            f"the {len(verdicts)} samples of its first batch"
+            if first_batch
+            else f"the samples of {JUDGE_SILENT_STREAK} batches in a row (the last had {len(verdicts)}; it scored "
+            "earlier batches: did the server go down or change?)"
+        )
+        checks = [
+            "worker.reward.judge.base_url (the server's OpenAI base URL, e.g. http://host:8000/v1)",
+            "worker.reward.judge.model (a name the server serves)",
+            "the key in the variable named by worker.reward.judge.api_key_env",
+        ]
+        if TIMED_OUT in kinds:
+            checks.append("that the server answers at all (a slow judge needs a larger worker.reward.judge.timeout_s)")
+        if UNPARSABLE in kinds:
+            checks.append(
+                "worker.reward.judge.score_pattern and score_range against the replies (and max_tokens, prompt_template)"
+            )
+        return (
+            f"The judge at {self.url} (model `{config.model}`) gave a score to none of {when}: {counted}. The first "
+            f"failure ({first.kind}): {first.detail[:300]}. Check {'; '.join(checks)}."
+        )
 
     def score(self, prompts: Sequence[str], inputs: Sequence[dict]) -> list[JudgeResult]:
         return self.collect(self.submit(prompts, inputs))
