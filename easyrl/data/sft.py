@@ -35,10 +35,12 @@ from torch.utils.data import Dataset
 
 from ..config.schema import DataConfig, SFTConfig
 from .dataset import (
+    ROWS_NAMED_IN_WARNINGS,
     UnusableRowError,
     _as_list,
     _is_missing,
     _name_rows,
+    _near_column,
     data_folder,
     load_row_media,
     process_with_media,
@@ -73,9 +75,9 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
         raise UnusableConversationError("the conversation has no messages")
     out = []
     for index, message in enumerate(messages):
-        if not isinstance(message, dict) or _is_missing(message.get("role")) or "content" not in message:
+        if not isinstance(message, dict) or _is_missing(message.get("role")) or not _has_content(message):
             raise UnusableConversationError(f"message {index} is not a {{role, content}} dict")
-        content = message["content"]
+        content = "" if _is_missing(message.get("content")) else message["content"]  # a tool call's null content
         if isinstance(content, (int, float)) and not isinstance(content, bool):
             content = str(content)  # a reply written as a JSON number ({"content": 5}) is its text
         if isinstance(content, str):
@@ -92,7 +94,8 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
                     raise UnusableConversationError(
                         f"message {index} has a content part {part!r}: not text, image or video"
                     )
-        out.append({"role": str(message["role"]), "content": parts})
+        kept = {key: message[key] for key in TEMPLATE_MESSAGE_KEYS if not _is_missing(message.get(key))}
+        out.append({"role": str(message["role"]), "content": parts, **kept})
     if num_images or num_videos:
         try:
             place_media(out, num_images, num_videos)
@@ -111,6 +114,16 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
             # text alone is a plain string: what every chat template (text-only ones too) renders
             message["content"] = "".join(part["text"] for part in message["content"])
     return out
+
+
+# the keys of a message besides role and content that chat templates read (Qwen2.5/Qwen3 render tool calls, tool
+# results' names and reasoning); a column read by `datasets` fills the keys a message lacks with None: those are dropped
+TEMPLATE_MESSAGE_KEYS = ("tool_calls", "name", "tool_call_id", "reasoning_content", "thinking")
+
+
+def _has_content(message: dict) -> bool:
+    """OpenAI's assistant message that calls tools may leave out its content."""
+    return "content" in message or not _is_missing(message.get("tool_calls"))
 
 
 # content part type -> the bare part a chat template takes (OpenAI's image_url is a picture)
@@ -133,6 +146,8 @@ def labelled_pieces(messages: list[dict[str, Any]], render) -> list[tuple[str, b
             continue
         before = render(messages[:i], True)
         after = render(messages[: i + 1], False)
+        if after == before:
+            raise UnusableConversationError(_empty_reply(i, message))
         if not before.startswith(done) or not after.startswith(before):
             raise UnusableConversationError(
                 f"the chat template renders the turns before message {i} differently once it follows (it rewrites "
@@ -144,6 +159,12 @@ def labelled_pieces(messages: list[dict[str, Any]], render) -> list[tuple[str, b
     if not pieces:
         raise UnusableConversationError("the conversation has no assistant message: nothing to learn")
     return [(text, labelled) for text, labelled in pieces if text]
+
+
+def _empty_reply(index: int, message: dict[str, Any]) -> str:
+    """Why a row whose assistant message renders with nothing to learn is skipped (it would teach empty answers)."""
+    why = "its tool_calls are not rendered by this chat template" if message.get("tool_calls") else "no content"
+    return f"assistant message {index} is empty ({why})"
 
 
 class ConversationEncoder:
@@ -170,6 +191,8 @@ class ConversationEncoder:
         # tokens that end a reply: the special tokens of the vocabulary (<|im_end|>, <|eot_id|>, eos ...)
         self.special_ids = {int(i) for i, token in tokenizer.added_tokens_decoder.items() if token.special}
         self.special_ids |= {int(i) for i in tokenizer.all_special_ids}
+        # a reply made of added tokens alone (<|im_end|>, Qwen3's empty <think></think>) has nothing to learn
+        self.added_ids = self.special_ids | {int(i) for i in tokenizer.added_tokens_decoder}
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         return self.chat_template.render(messages, add_generation_prompt)
@@ -218,7 +241,9 @@ class ConversationEncoder:
 
     def encode(self, row: dict) -> dict[str, Any]:
         images, videos, fps = self.media(row)
-        pieces = labelled_pieces(self.messages(row, len(images), len(videos)), self.render)
+        messages = self.messages(row, len(images), len(videos))
+        pieces = labelled_pieces(messages, self.render)
+        replies = iter(i for i, message in enumerate(messages) if message["role"] == "assistant")
         media_tokens = {
             kind: getattr(self.processor, f"{kind}_token", None) if items else None
             for kind, items in (("image", images), ("video", videos))
@@ -239,6 +264,10 @@ class ConversationEncoder:
                 ends = torch.nonzero(special).flatten()
                 # up to and including the last special token (the end of turn); no special token: all of it
                 mask[: int(ends[-1]) + 1 if len(ends) else len(piece_ids)] = 1
+                reply = next(replies)
+                words = [t for t in piece_ids[mask.bool()].tolist() if int(t) not in self.added_ids]
+                if not self.tokenizer.decode(words).strip():
+                    raise UnusableConversationError(_empty_reply(reply, messages[reply]))
             ids.append(piece_ids)
             labels.append(mask)
             for key in GRID_KEYS:
@@ -263,6 +292,38 @@ class ConversationEncoder:
 GRID_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
 
+# columns that usually hold each part of SFT data (TRL's prompt/completion, ShareGPT's conversations)
+LIKELY_COLUMNS = {
+    "sft.messages_key": ("messages", "conversations", "conversation", "chat"),
+    "data.prompt_key": ("prompt", "question", "problem", "instruction", "input", "query"),
+    "sft.response_key": ("completion", "response", "output", "solution", "answer"),
+}
+
+
+def _check_conversation_columns(
+    columns: list[str], data_path: str, data: DataConfig, sft: SFTConfig, config_key: str
+) -> None:
+    """No column for sft.messages_key, nor both data.prompt_key and sft.response_key: no row can be read, so refuse
+    the file naming its columns and the keys that likely fit them."""
+    keys = {"sft.messages_key": sft.messages_key, "data.prompt_key": data.prompt_key}
+    keys["sft.response_key"] = sft.response_key
+    if sft.messages_key in columns or (data.prompt_key in columns and sft.response_key in columns):
+        return
+    likely = {}
+    for key, name in keys.items():
+        near = _near_column(name, columns) or next((c for c in LIKELY_COLUMNS[key] if c in columns), None)
+        if name not in columns and near:
+            likely[key] = near
+    if "sft.messages_key" in likely:  # a conversation column alone is enough
+        likely = {"sft.messages_key": likely["sft.messages_key"]}
+    hint = f" Did you mean {' and '.join(f'{key}={near}' for key, near in likely.items())}?" if likely else ""
+    raise ValueError(
+        f"{config_key}: {data_path} has no column {sft.messages_key!r} (sft.messages_key), nor both "
+        f"{data.prompt_key!r} (data.prompt_key) and {sft.response_key!r} (sft.response_key); its columns are "
+        f"{columns}.{hint}"
+    )
+
+
 class SFTDataset(Dataset):
     """The conversations of one data file, every row encoded once when built: rows that cannot be used or are longer
     than ``sft.max_length`` tokens are skipped, counted and named in a warning; no usable row is an error."""
@@ -280,6 +341,7 @@ class SFTDataset(Dataset):
     ):
         self.config_key = config_key
         self.rows = load_rows(data_path, config_key)
+        _check_conversation_columns(self.rows.column_names, data_path, data, sft, config_key)
         media_dirs = tuple(folder for folder in (data.image_dir, data_folder(data_path)) if folder)
         self.encoder = ConversationEncoder(tokenizer, processor, data, sft, config_key, media_dirs, model_config)
         # a media column, or (found while encoding) messages that name their own pictures or videos
@@ -302,7 +364,13 @@ class SFTDataset(Dataset):
         self.row_index = np.array(kept, dtype=np.int64)
         total = len(self.rows)
         if self.unusable_rows:
-            shown = "; ".join(f"row {i}: {message}" for i, message in self.unusable_rows[:5])
+            by_reason: dict[str, list[int]] = {}  # each reason once, with the rows it skipped
+            for i, message in self.unusable_rows:
+                by_reason.setdefault(message, []).append(i)
+            reasons = list(by_reason.items())
+            shown = "; ".join(f"{_name_rows(rows)}: {message}" for message, rows in reasons[:ROWS_NAMED_IN_WARNINGS])
+            more = len(reasons) - ROWS_NAMED_IN_WARNINGS
+            shown += f"; and {more} more reasons" if more > 0 else ""
             logger.warning("%s: skipped %d of %d rows (%s).", config_key, len(self.unusable_rows), total, shown)
         if self.overlong_rows:
             logger.warning(
@@ -315,9 +383,9 @@ class SFTDataset(Dataset):
                 if self.unusable_rows
                 else ""
             )
+            within = f" within sft.max_length={sft.max_length} tokens" if self.overlong_rows else ""
             raise ValueError(
-                f"{config_key}: none of the {total} rows of {data_path} is a usable conversation within "
-                f"sft.max_length={sft.max_length} tokens.{first}"
+                f"{config_key}: none of the {total} rows of {data_path} is a usable conversation{within}.{first}"
             )
 
     def __len__(self) -> int:

@@ -1,0 +1,119 @@
+"""SFT rows as chat messages: tool calls reach the chat template, a reply that renders empty is skipped and named,
+and data whose columns the keys do not name is refused with the key that likely fits."""
+
+import json
+
+import pytest
+
+from easyrl.config.schema import DataConfig, SFTConfig
+from easyrl.data.sft import ConversationEncoder, SFTDataset, normalize_messages
+
+
+# a Qwen2.5-style template (trim_blocks / lstrip_blocks as transformers renders it): tool calls and tool results shown
+TOOL_TEMPLATE = """{%- for message in messages %}
+{%- if message.role == "assistant" and message.tool_calls %}
+{{- '<|im_start|>assistant\\n' + message.content }}
+{%- for call in message.tool_calls %}
+{{- '<tool_call>\\n{"name": "' + call.function.name + '", "arguments": ' + call.function.arguments + '}\\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\\n' }}
+{%- elif message.role == "tool" %}
+{{- '<|im_start|>user\\n<tool_response>\\n' + message.name + ': ' + message.content + '\\n</tool_response><|im_end|>\\n' }}
+{%- else %}
+{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+
+CALL = {"id": "call_0", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+TOOL_CONVERSATION = [
+    {"role": "user", "content": "2+3?"},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "name": "add", "tool_call_id": "call_0", "content": "5"},
+    {"role": "assistant", "content": "It is 5."},
+]
+PLAIN = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def labelled_text(tokenizer, item) -> str:
+    return tokenizer.decode(item["input_ids"][item["loss_mask"].bool()])
+
+
+def test_the_keys_a_chat_template_reads_are_kept_and_none_filled_ones_dropped():
+    messages = normalize_messages(TOOL_CONVERSATION, 0)
+    assert messages[1] == {"role": "assistant", "content": "", "tool_calls": [CALL]}
+    assert messages[2] == {"role": "tool", "content": "5", "name": "add", "tool_call_id": "call_0"}
+    # a column read by `datasets` gives every message every key, None where a message has none
+    filled = [{"role": "user", "content": "hi", "tool_calls": None, "name": None, "reasoning_content": None}]
+    assert normalize_messages(filled, 0) == [{"role": "user", "content": "hi"}]
+    # OpenAI's tool-calling reply may leave out its content altogether
+    assert normalize_messages([{"role": "assistant", "tool_calls": [CALL]}], 0)[0]["content"] == ""
+
+
+def test_a_tool_call_is_rendered_and_labelled_by_a_template_that_renders_tool_calls(tokenizer, tmp_path):
+    template = tmp_path / "tools.jinja"
+    template.write_text(TOOL_TEMPLATE)
+    data = DataConfig(override_chat_template=str(template))
+    path = write_rows(tmp_path / "tools.jsonl", [{"messages": TOOL_CONVERSATION}, {"messages": PLAIN}])
+    dataset = SFTDataset(path, tokenizer, None, data, SFTConfig())
+    assert len(dataset) == 2 and dataset.unusable_rows == []
+    item = dataset[0]
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
+    assert labelled_text(tokenizer, item) == call + "It is 5.<|im_end|>"
+    assert "<tool_response>\nadd: 5\n</tool_response>" in tokenizer.decode(item["input_ids"])
+
+
+def test_a_reply_that_renders_empty_is_skipped_and_named_once_with_its_rows(tokenizer, tmp_path, caplog):
+    # the tiny tokenizer's SmolLM2 template ignores tool_calls: the tool-calling reply would be an empty answer
+    rows = [
+        {"messages": PLAIN},
+        {"messages": TOOL_CONVERSATION},
+        {"messages": TOOL_CONVERSATION},
+        {"messages": [PLAIN[0], {"role": "assistant", "content": " "}]},
+    ]
+    with caplog.at_level("WARNING"):
+        dataset = SFTDataset(write_rows(tmp_path / "rows.jsonl", rows), tokenizer, None, DataConfig(), SFTConfig())
+    assert len(dataset) == 1 and labelled_text(tokenizer, dataset[0]) == "4<|im_end|>"
+    assert [index for index, _ in dataset.unusable_rows] == [1, 2, 3]
+    assert (
+        "skipped 3 of 4 rows (rows 1, 2: assistant message 1 is empty (its tool_calls are not rendered by this chat "
+        "template); row 3: assistant message 1 is empty (no content))."
+    ) in caplog.text
+    encoder = ConversationEncoder(tokenizer, None, DataConfig(), SFTConfig(), "test")
+    assert labelled_text(tokenizer, encoder.encode({"messages": PLAIN})) == "4<|im_end|>"
+
+
+def test_trl_prompt_completion_columns_are_refused_with_the_key_that_fits(tokenizer, tmp_path, caplog):
+    path = write_rows(tmp_path / "trl.jsonl", [{"prompt": f"{i}+1?", "completion": str(i + 1)} for i in range(6)])
+    with caplog.at_level("WARNING"), pytest.raises(ValueError) as error:
+        SFTDataset(path, tokenizer, None, DataConfig(), SFTConfig())
+    message = str(error.value)
+    assert "columns are ['prompt', 'completion']" in message
+    assert "Did you mean sft.response_key=completion?" in message
+    assert "max_length" not in message and "no value for" not in caplog.text
+    item = SFTDataset(path, tokenizer, None, DataConfig(), SFTConfig(response_key="completion"))[0]
+    assert labelled_text(tokenizer, item) == "1<|im_end|>"
+
+    sharegpt = write_rows(tmp_path / "sharegpt.jsonl", [{"conversations": PLAIN}])
+    with pytest.raises(ValueError, match="Did you mean sft.messages_key=conversations\\?"):
+        SFTDataset(sharegpt, tokenizer, None, DataConfig(), SFTConfig())
+
+
+def test_no_usable_row_blames_max_length_only_when_rows_were_too_long(tokenizer, tmp_path):
+    path = write_rows(tmp_path / "rows.jsonl", [{"messages": PLAIN[:1]}])
+    with pytest.raises(ValueError) as error:
+        SFTDataset(path, tokenizer, None, DataConfig(), SFTConfig())
+    assert "max_length" not in str(error.value) and "no assistant message" in str(error.value)
+    with pytest.raises(ValueError, match="usable conversation within sft.max_length=5 tokens"):
+        SFTDataset(
+            write_rows(tmp_path / "ok.jsonl", [{"messages": PLAIN}]),
+            tokenizer,
+            None,
+            DataConfig(),
+            SFTConfig(max_length=5),
+        )
