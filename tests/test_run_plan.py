@@ -302,40 +302,46 @@ def test_the_cpus_a_run_reserves_count_workers_reward_actors_and_a_judge_engine(
     assert ray_cpus_needed(plan) == expected
 
 
-@pytest.mark.timeout(180)
-def test_a_local_cluster_holds_every_reservation_of_a_critic_run_on_two_cores(monkeypatch):
+LOCAL_CLUSTER_PROBE = """
+import os, sys
+os.cpu_count = lambda: 2  # the machine the run plans for: 2 cores
+import ray
+from easyrl.config import load_run_plan
+from easyrl.controller.resource_pool import ResourcePool
+from easyrl.trainer.main import cpus_per_worker, init_ray
+from easyrl.workers.reward.pool import RewardActorPool
+
+plan = load_run_plan(sys.argv[2:])
+init_ray(plan)
+pool = ResourcePool.from_trainer_config(1, 2, max_colocate_count=2, cpus_per_worker=cpus_per_worker(plan, 2))
+try:
+    print("CPUS", ray.cluster_resources()["CPU"])
+    pool.placement_groups()  # 2 bundles of 2 CPUs
+    rewards = RewardActorPool(sys.argv[1], {}, num_actors=1, timeout_s=30, startup_timeout_s=60)
+    rewards.wait_ready()
+    print("REWARD ACTORS", rewards.num_actors)
+    rewards.shutdown()
+finally:
+    pool.release()
+    ray.shutdown()
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_local_cluster_holds_every_reservation_of_a_critic_run_on_two_cores():
     """2 cores, actor and critic on 2 workers: the workers' bundles take 4 logical CPUs, and the reward actor one
-    more. The local cluster used to have max(cores, 4) = 4, so the reward actor waited 300 s and failed."""
-    import ray
-
-    from easyrl.controller.resource_pool import ResourcePool
-    from easyrl.trainer.main import cpus_per_worker, init_ray
-    from easyrl.workers.reward.pool import RewardActorPool
-
-    if ray.is_initialized():
-        pytest.skip("needs a cluster of its own")
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
-    plan = load_run_plan(CRITIC_ON_TWO_WORKERS)
-    init_ray(plan)
-    pool = ResourcePool.from_trainer_config(1, 2, max_colocate_count=2, cpus_per_worker=cpus_per_worker(plan, 2))
-    rewards = None
-    try:
-        assert ray.cluster_resources()["CPU"] == 5
-        pool.placement_groups()  # 2 bundles of 2 CPUs
-        rewards = RewardActorPool(
-            str(REPO_ROOT / "reward_function" / "arithmetic.py") + ":compute_score",
-            {},
-            num_actors=1,
-            timeout_s=30,
-            startup_timeout_s=60,
-        )
-        rewards.wait_ready()
-        assert rewards.num_actors == 1
-    finally:
-        if rewards is not None:
-            rewards.shutdown()
-        pool.release()
-        ray.shutdown()
+    more. The local cluster used to have max(cores, 4) = 4, so the reward actor waited 300 s and failed. (A process
+    of its own: the suite's cluster is already up in this one.)"""
+    reward = str(REPO_ROOT / "reward_function" / "arithmetic.py") + ":compute_score"
+    result = subprocess.run(
+        [sys.executable, "-c", LOCAL_CLUSTER_PROBE, reward, *CRITIC_ON_TWO_WORKERS],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "CPUS 5.0" in result.stdout and "REWARD ACTORS 1" in result.stdout
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -364,6 +370,9 @@ def test_check_refuses_reward_kwargs_no_chosen_function_takes_reading_the_source
     with pytest.raises(ConfigError, match=r"\['other'\]: `score` nor `bonus`"):
         check("score,bonus", "+worker.reward.reward_function_kwargs.other=1")
     check("anything", "+worker.reward.reward_function_kwargs.whatever=1")  # **kwargs takes every name
+    # an argument without a default that no key gives (the shipped dapo.py's max_response_length, say)
+    with pytest.raises(ConfigError, match=r"`score` in .* needs `scale`, which has no default: give it in"):
+        check("score")
     with pytest.raises(ConfigError, match=r"`format_weight:0.2` holds a colon: in YAML a mapping needs a space"):
         check("score", "worker.reward.reward_function_kwargs={format_weight:0.2}")
 

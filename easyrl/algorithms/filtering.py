@@ -73,7 +73,9 @@ def _sample_scores(data: "DataProto", filter_key: str) -> np.ndarray:
     scores = sorted(
         key
         for key, values in data.non_tensor_batch.items()
-        if len(values) and isinstance(values[0], (float, int, np.floating, np.integer)) and key not in ("uid", "ground_truth")
+        if len(values)
+        and isinstance(values[0], (float, int, np.floating, np.integer))
+        and key not in ("uid", "ground_truth")
     )
     scores += [
         key

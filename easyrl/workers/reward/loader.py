@@ -529,21 +529,37 @@ def _keywords_in_source(tree: ast.Module, name: str) -> set[str] | None:
     return declared
 
 
+def _required_in_source(tree: ast.Module, name: str) -> list[str]:
+    """The arguments an EasyR1-style function ``name`` (inputs first, the rest from reward_function_kwargs) needs and
+    has no default for; none for a function written for verl or TRL (their callers fill arguments by name)."""
+    node = next(
+        (n for n in reversed(tree.body) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name),
+        None,
+    )
+    if node is None:
+        return []
+    args = node.args
+    positional = [*args.posonlyargs, *args.args]
+    if {arg.arg for arg in (*positional, *args.kwonlyargs)} & {"solution_str", *TRL_SIGNATURE_NAMES}:
+        return []
+    without_default = positional[1 : len(positional) - len(args.defaults)]
+    kwonly = [arg for arg, default in zip(args.kwonlyargs, args.kw_defaults) if default is None]
+    return [arg.arg for arg in (*without_default, *kwonly)]
+
+
 def check_reward_kwargs(spec: str, kwargs: dict | None) -> None:
     """For the config check: every key of `worker.reward.reward_function_kwargs` is an argument some chosen function
-    of ``spec`` takes, read from the file's source without importing it (what loading the function checks again)."""
-    if not kwargs:
-        return
+    of ``spec`` takes, and every argument a function needs without a default is among them, read from the file's
+    source without importing it (what loading the function checks again)."""
+    kwargs = kwargs or {}
     path_text, requested = parse_spec(spec)
     path, names, functions = parse_user_file(path_text, CONFIG_KEY)
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     chosen = [choose_function_name(path_text, name, names, functions) for name in function_names(requested)]
     declared = [_keywords_in_source(tree, name) for name in chosen]
-    if any(names is None for names in declared):
-        return
-    accepted = set().union(*declared)
+    accepted = set().union(*(names for names in declared if names is not None))
     unknown = sorted(str(key) for key in kwargs if key not in accepted)
-    if unknown:
+    if unknown and all(names is not None for names in declared):
         colon = [key for key in unknown if ":" in key]
         hint = (
             f" `{colon[0]}` holds a colon: in YAML a mapping needs a space after it ({{format_weight: 0.2}}, not "
@@ -555,6 +571,15 @@ def check_reward_kwargs(spec: str, kwargs: dict | None) -> None:
             f"`worker.reward.reward_function_kwargs` {unknown}: {' nor '.join(f'`{name}`' for name in chosen)} in "
             f"`{path_text}` takes no such argument (it takes {', '.join(sorted(accepted)) or 'none'}).{hint}"
         )
+    for name in chosen:
+        missing = [arg for arg in _required_in_source(tree, name) if arg not in kwargs]
+        if missing:
+            given = " ".join(f"worker.reward.reward_function_kwargs.{arg}=..." for arg in missing)
+            raise RewardFunctionError(
+                f"`{name}` in `{path_text}` needs {', '.join(f'`{arg}`' for arg in missing)}, "
+                f"{'which has' if len(missing) == 1 else 'which have'} no default: "
+                f"give it in worker.reward.reward_function_kwargs ({given})."
+            )
 
 
 def _import_file(path: Path, config_key: str = CONFIG_KEY):
