@@ -381,3 +381,16 @@ def test_check_refuses_a_load_checkpoint_path_that_does_not_exist(tmp_path):
     with pytest.raises(ConfigError, match=r"`trainer.load_checkpoint_path`: `.*nowhere` does not exist"):
         load_run_plan([*BASE, f"trainer.load_checkpoint_path={tmp_path / 'nowhere'}"])
     assert load_run_plan([*BASE, f"trainer.load_checkpoint_path={tmp_path}"]).config.trainer.load_checkpoint_path
+
+
+def test_the_plan_notes_a_reward_length_limit_other_than_the_responses():
+    dapo = [
+        "worker.reward.reward_function=reward_function/dapo.py:compute_score",
+        "+worker.reward.reward_function_kwargs.overlong_buffer_length=4",
+        "+worker.reward.reward_function_kwargs.overlong_penalty_factor=1.0",
+        "data.max_response_length=24",
+    ]
+    notes = load_run_plan([*BASE, *dapo, "+worker.reward.reward_function_kwargs.max_response_length=4096"]).notes
+    assert any("max_response_length is 4096 and data.max_response_length 24" in note for note in notes)
+    notes = load_run_plan([*BASE, *dapo, "+worker.reward.reward_function_kwargs.max_response_length=24"]).notes
+    assert not any("max_response_length is" in note for note in notes)

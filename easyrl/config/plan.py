@@ -223,6 +223,14 @@ def make_run_plan(config: PPOConfig, needs_reward: bool = True) -> RunPlan:
     on_policy, reason = _old_log_prob_decision(config, kl_in_reward)
     if use_reference and (precision := _reference_precision_note(config)):
         notes.append(precision)
+    reward_length = (config.worker.reward.reward_function_kwargs or {}).get("max_response_length")
+    if reward_length is not None and reward_length != data.max_response_length:
+        # DAPO's overlong penalty (reward_function/dapo.py) measures responses against its own copy of the limit
+        notes.append(
+            f"worker.reward.reward_function_kwargs.max_response_length is {reward_length} and "
+            f"data.max_response_length {data.max_response_length}: a penalty the reward counts from its own limit "
+            "(dapo.py's overlong buffer) applies to other lengths than the responses have; make them equal."
+        )
     generation_batch_size = data.mini_rollout_batch_size or data.rollout_batch_size
     if env_owns_data(config):
         notes.append(
