@@ -117,3 +117,20 @@ def test_no_usable_row_blames_max_length_only_when_rows_were_too_long(tokenizer,
             DataConfig(),
             SFTConfig(max_length=5),
         )
+
+
+def test_sharegpt_conversations_train_like_chat_messages(tokenizer, tmp_path):
+    """LLaMA-Factory's sharegpt format: {"from": "human" | "gpt" | "system", "value": ...}."""
+    turns = [
+        {"from": "system", "value": "Be brief."},
+        {"from": "human", "value": "1+1?"},
+        {"from": "gpt", "value": "2"},
+    ]
+    assert normalize_messages(turns, 0) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "1+1?"},
+        {"role": "assistant", "content": "2"},
+    ]
+    path = write_rows(tmp_path / "sharegpt.jsonl", [{"conversations": turns}])
+    item = SFTDataset(path, tokenizer, None, DataConfig(), SFTConfig(messages_key="conversations"))[0]
+    assert labelled_text(tokenizer, item) == "2<|im_end|>"

@@ -75,6 +75,8 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
         raise UnusableConversationError("the conversation has no messages")
     out = []
     for index, message in enumerate(messages):
+        if isinstance(message, dict) and _is_missing(message.get("role")) and not _is_missing(message.get("from")):
+            message = _from_sharegpt(message)
         if not isinstance(message, dict) or _is_missing(message.get("role")) or not _has_content(message):
             raise UnusableConversationError(f"message {index} is not a {{role, content}} dict")
         content = "" if _is_missing(message.get("content")) else message["content"]  # a tool call's null content
@@ -119,6 +121,17 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
 # the keys of a message besides role and content that chat templates read (Qwen2.5/Qwen3 render tool calls, tool
 # results' names and reasoning); a column read by `datasets` fills the keys a message lacks with None: those are dropped
 TEMPLATE_MESSAGE_KEYS = ("tool_calls", "name", "tool_call_id", "reasoning_content", "thinking")
+
+
+# ShareGPT's speakers (LLaMA-Factory's sharegpt format: {"from": "human", "value": "..."}) as chat roles
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "observation": "tool", "function_call": "assistant"}
+
+
+def _from_sharegpt(message: dict) -> dict:
+    """A ShareGPT message ({from, value}) as a chat message ({role, content}); other keys kept."""
+    speaker = str(message["from"])
+    rest = {key: value for key, value in message.items() if key not in ("from", "value")}
+    return {**rest, "role": SHAREGPT_ROLES.get(speaker.lower(), speaker), "content": message.get("value")}
 
 
 def _has_content(message: dict) -> bool:
