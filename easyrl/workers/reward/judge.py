@@ -45,7 +45,7 @@ import httpx
 import jinja2
 import jinja2.meta
 
-from .loader import RewardFunctionError
+from .loader import FAILED_BATCH_STREAK, RewardFunctionError
 
 
 if TYPE_CHECKING:
@@ -80,9 +80,8 @@ TIMED_OUT = "timed out"
 UNPARSABLE = "unparsable"
 
 
-# batches in a row with no score at all that stop a run whose judge scored before: the reward function's
-# ALL_RAISED_STREAK (scorer.py imports this module, and torch, so the number is repeated here)
-JUDGE_SILENT_STREAK = 3
+# batches in a row with no score at all that stop a run whose judge scored before
+JUDGE_SILENT_STREAK = FAILED_BATCH_STREAK
 # how each failure kind reads in JudgeUnreachableError's count
 FAILURE_COUNTS = {
     REQUEST_FAILED: "got no usable HTTP reply",

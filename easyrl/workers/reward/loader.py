@@ -81,6 +81,11 @@ WEIGHTS_KEY = "worker.reward.reward_weights"
 RESERVED_SCORE_NAMES = ("errors", "timeouts")  # the scorer's own counts, reward/errors and reward/timeouts
 
 
+# batches in a row with nothing scored (a reward function raising on every sample, a judge giving no score) that stop
+# a run which scored before: a passing fault costs a few zeros, a lasting one stops the run (scorer.py and judge.py)
+FAILED_BATCH_STREAK = 3
+
+
 class RewardFunctionError(ValueError):
     """A reward file, function or return value the user must fix; the message names the file and function."""
 

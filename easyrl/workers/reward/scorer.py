@@ -43,6 +43,7 @@ from .classifier import ClassifierJudge
 from .judge import HttpJudge, combine_scores, decode_prompts
 from .judge_engine import VllmJudge
 from .loader import (
+    FAILED_BATCH_STREAK,
     RESERVED_SCORE_NAMES,
     TRL_REWARD_TYPE,
     VERL_REWARD_TYPE,
@@ -63,7 +64,7 @@ logger = logging.getLogger(__name__)
 PREFIX = "reward/"
 ROW_FIELDS = ("ground_truth", "data_source", "extra_info", "conversational", "row_columns")
 """The non-tensor fields of a batch's rows that `build_inputs` reads (the last three for verl's and TRL's calls)."""
-ALL_RAISED_STREAK = 3  # batches in a row raising on every sample that stop a run which scored before
+ALL_RAISED_STREAK = FAILED_BATCH_STREAK  # batches in a row raising on every sample that stop a run which scored before
 ENV_REWARD_SCORE = "env_reward"  # a tool environment's get_reward(), added to overall: reward/env_reward
 ERRORS_KEY = PREFIX + "errors"  # per-sample 1.0 where scoring failed (raised, non-finite, timed out, actor died)
 TIMEOUTS_KEY = PREFIX + "timeouts"  # per-sample 1.0 where the batch's deadline passed before it was scored
