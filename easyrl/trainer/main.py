@@ -19,11 +19,16 @@ from ..utils.logging import setup_driver_logging
 logger = logging.getLogger(__name__)
 
 
+def colocated_groups(plan: RunPlan, generation_only: bool = False) -> int:
+    """Worker groups that share each device: the hybrid engine's, and the critic's beside it (SFT plans have none)."""
+    return 2 if getattr(plan, "use_critic", False) and not generation_only else 1
+
+
 def ray_cpus_needed(plan: RunPlan) -> int:
     """The logical CPUs the run reserves in Ray: every worker of every colocated group, the reward actors
     (`worker.reward.num_cpus`) and a `vllm` judge's engine (one CPU)."""
     config = plan.config
-    groups = 2 if getattr(plan, "use_critic", False) else 1
+    groups = colocated_groups(plan)
     workers = config.trainer.nnodes * config.trainer.n_gpus_per_node * cpus_per_worker(plan, groups) * groups
     reward = getattr(config.worker, "reward", None)
     if reward is None or not reward.reward_function:  # SFT has no reward
@@ -80,14 +85,14 @@ def init_ray(plan: RunPlan) -> None:
             )
 
 
-def cpus_per_worker(plan: RunPlan, colocated_groups: int) -> int:
+def cpus_per_worker(plan: RunPlan, groups: int) -> int:
     """On CPU each worker computes with the cores of its share of the node; on GPU one core feeds each device.
 
-    Colocated groups (actor + critic) take turns on the same cores, so each gets the share divided among them.
+    The ``groups`` colocated (actor + critic) take turns on the same cores, so each gets the share divided among them.
     """
     if device.is_cuda_available():
         return 1
-    return max(1, (os.cpu_count() or 1) // (plan.config.trainer.n_gpus_per_node * colocated_groups))
+    return max(1, (os.cpu_count() or 1) // (plan.config.trainer.n_gpus_per_node * groups))
 
 
 @dataclass
@@ -201,12 +206,12 @@ class RunWorkers:
 
         self.plan = plan
         self.generation_only = generation_only
-        colocated_groups = 2 if plan.use_critic and not generation_only else 1
+        groups = colocated_groups(plan, generation_only)
         self.pool = ResourcePool.from_trainer_config(
             plan.config.trainer.nnodes,
             plan.config.trainer.n_gpus_per_node,
-            max_colocate_count=colocated_groups,
-            cpus_per_worker=cpus_per_worker(plan, colocated_groups),
+            max_colocate_count=groups,
+            cpus_per_worker=cpus_per_worker(plan, groups),
         )
         self.groups: list[Any] = []
 
