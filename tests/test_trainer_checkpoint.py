@@ -278,3 +278,11 @@ def test_a_run_that_cannot_resume_or_start_there_stops_before_ray_naming_the_fix
     assert expected in result.stderr and "Traceback" not in result.stderr
     assert (save_dir / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'  # nothing of the earlier run lost
     assert not (save_dir / "logs" / "actor_rollout_0.log").exists()  # no worker started
+
+
+def test_a_run_validates_first_from_step_0_or_with_val_only_from_any_step():
+    from easyrl.trainer.checkpoint import validates_first
+
+    assert validates_first(TrainerConfig(), 0) and not validates_first(TrainerConfig(), 3)  # a resume does not
+    assert validates_first(TrainerConfig(val_only=True, val_before_train=False), 3)  # the checkpoint's model
+    assert not validates_first(TrainerConfig(val_before_train=False), 0)

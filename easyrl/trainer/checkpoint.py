@@ -117,6 +117,13 @@ def load_dataloader_state(path: str) -> dict | None:
     return None
 
 
+def validates_first(config: Any, step: int) -> bool:
+    """Whether a run (RL or SFT) validates before its first step, at ``step`` (the checkpoint's it resumed, or 0):
+    trainer.val_only validates the model it starts from, a checkpoint's too (EasyR1: only with val_before_train);
+    val_before_train only a run that starts from step 0. ``config``: the ``trainer`` section."""
+    return config.val_only or (config.val_before_train and step == 0)
+
+
 def saves_after(config: Any, step: int, is_last: bool, last_save_time: float, stop_requested: bool) -> bool:
     """Whether a run (RL or SFT) checkpoints after ``step``: after the last step, every ``trainer.save_freq`` steps,
     once ``trainer.save_every_minutes`` have passed since ``last_save_time`` (``time.monotonic()``), and when a stop

@@ -44,6 +44,7 @@ from .checkpoint import (
     model_only_error,
     resolve_resume_path,
     saves_after,
+    validates_first,
     warn_of_config_changes,
 )
 from .faults import RunStopped, StopRequest, restart_after, resume_hint
@@ -177,10 +178,7 @@ class PPOTrainer:
         if self._resume():
             self.workers.actor_rollout.sync_rollout_weights()  # the engine started from the model path
         last_metrics: dict[str, float] = {}
-        # val_only validates the model the run starts from, a checkpoint's too (EasyR1: only with val_before_train)
-        if self.val_loader is not None and (
-            trainer_config.val_only or (trainer_config.val_before_train and self.global_step == 0)
-        ):
+        if self.val_loader is not None and validates_first(trainer_config, self.global_step):
             last_metrics = self.validate()
             self.tracker.log(last_metrics, step=self.global_step)
         if trainer_config.val_only:

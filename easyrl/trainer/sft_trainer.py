@@ -33,6 +33,7 @@ from .checkpoint import (
     model_only_error,
     resolve_resume_path,
     saves_after,
+    validates_first,
     warn_of_config_changes,
 )
 from .faults import RunInterrupted, RunStopped, StopRequest, print_interruption, restart_after, resume_hint
@@ -209,10 +210,7 @@ class SFTTrainer:
         steps = self.plan.training_steps
         metrics: dict[str, float] = {}
         trainer_config = self.config.trainer
-        # val_only validates the model the run starts from, a checkpoint's too
-        if self.val_loader is not None and (
-            trainer_config.val_only or (trainer_config.val_before_train and self.global_step == 0)
-        ):
+        if self.val_loader is not None and validates_first(trainer_config, self.global_step):
             metrics = {"val/loss": self.validate()}  # the starting point of the validation curve, as RL logs it
             self.tracker.log(metrics, step=0)
         if trainer_config.val_only:
