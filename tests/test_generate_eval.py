@@ -383,7 +383,7 @@ def test_an_existing_output_is_checked_and_a_finished_one_ends_the_run_before_ra
     from easyrl.data.loader import create_val_loader
     from easyrl.data.tokenizer import load_tokenizer_and_processor
     from easyrl.trainer.generate import generation_settings, prompts_left
-    from easyrl.workers.rollout.base import GenerationRequest, resolve_sampling
+    from easyrl.workers.rollout.base import GenerationRequest
 
     args = _args(tiny_model_path, val_file, tmp_path)
     plan = load_run_plan(args)
@@ -392,7 +392,7 @@ def test_an_existing_output_is_checked_and_a_finished_one_ends_the_run_before_ra
     loader = create_val_loader(config.data, tokenizer)
     texts = [tokenizer.decode(ids) for batch in loader for ids in batch.non_tensor_batch["raw_prompt_ids"]]
     output = tmp_path / "samples.jsonl"
-    settings = generation_settings(plan, resolve_sampling(config.worker.rollout, GenerationRequest()), False)
+    settings = generation_settings(plan, GenerationRequest())
     assert settings["model_path"] == str(tiny_model_path) and settings["sampling"]["temperature"] == 1.0
     assert prompts_left(str(output), tokenizer, loader, 4, settings) is None  # no file yet
     rows = [{"index": i, "prompt": text, "responses": ["r"] * 4, "settings": settings} for i, text in enumerate(texts)]
@@ -401,9 +401,7 @@ def test_an_existing_output_is_checked_and_a_finished_one_ends_the_run_before_ra
     with pytest.raises(GenerationFileError, match="has 4 responses, this run samples 2 per prompt"):
         prompts_left(str(output), tokenizer, loader, 2, settings)
     # another model, another temperature or another reward: the file's rows are not this run's
-    cooler = generation_settings(
-        plan, resolve_sampling(config.worker.rollout, GenerationRequest(sampling_override={"temperature": 0.5})), False
-    )
+    cooler = generation_settings(plan, GenerationRequest(sampling_override={"temperature": 0.5}))
     with pytest.raises(GenerationFileError, match=r"sampling.temperature: 1.0 in the file, 0.5 now"):
         prompts_left(str(output), tokenizer, loader, 4, cooler)
     other_model = {**settings, "model_path": "/models/trained"}
@@ -414,7 +412,7 @@ def test_an_existing_output_is_checked_and_a_finished_one_ends_the_run_before_ra
         prompts_left(str(output), tokenizer, loader, 4, unscored)
     judge = ["worker.reward.judge.kind=http", "worker.reward.judge.base_url=http://127.0.0.1:9/v1"]
     judged_plan = load_run_plan([*args, *judge, "worker.reward.judge.model=judge", "worker.reward.rule_weight=0.5"])
-    judged = generation_settings(judged_plan, resolve_sampling(config.worker.rollout, GenerationRequest()), False)
+    judged = generation_settings(judged_plan, GenerationRequest())
     assert judged["judge"]["base_url"] == "http://127.0.0.1:9/v1" and judged["rule_weight"] == 0.5
     with pytest.raises(GenerationFileError, match=r"judge: None in the file, \{.*'kind': 'http'"):
         prompts_left(str(output), tokenizer, loader, 4, judged)

@@ -118,7 +118,7 @@ def format_table(results: dict) -> str:
 
 def run_eval(plan: RunPlan) -> dict:
     """`easyrl eval`: generate (resuming `eval.generations`), score, print the table, write the JSON."""
-    from ..workers.rollout.base import GenerationRequest, resolve_sampling
+    from ..workers.rollout.base import GenerationRequest
 
     config = plan.config
     k = config.eval.k or config.worker.rollout.n
@@ -130,7 +130,7 @@ def run_eval(plan: RunPlan) -> dict:
     output = default_path(plan, config.eval.output, "eval.json")
     seed = config.worker.rollout.seed
     request = GenerationRequest(validate=config.eval.val_sampling, sampling_override={"n": k})
-    settings = generation_settings(plan, resolve_sampling(config.worker.rollout, request), config.eval.val_sampling)
+    settings = generation_settings(plan, request)
     run = GenerationRun(plan, generations, k, settings)
     try:
         summary = run.generate(

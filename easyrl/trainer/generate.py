@@ -36,7 +36,7 @@ from ..config import RunPlan
 from ..protocol import DataProto
 from ..utils.logging import setup_driver_logging
 from ..workers.reward.scorer import ERRORS_KEY, scores_to_non_tensor
-from ..workers.rollout.base import GenerationRequest, SamplingSettings
+from ..workers.rollout.base import GenerationRequest, resolve_sampling
 from ..workers.rollout.multi_turn import has_tool_env
 from .ray_trainer import GENERATION_KEYS, generation_non_tensor_keys, join_rollout_output
 
@@ -130,17 +130,18 @@ def _decode_responses(tokenizer: Any, batch: DataProto) -> list[str]:
     return [tokenizer.decode(responses[i][mask[i]], skip_special_tokens=True) for i in range(len(batch))]
 
 
-def generation_settings(plan: RunPlan, sampling: SamplingSettings, val_sampling: bool) -> dict[str, Any]:
-    """What makes a file's responses and scores: the model, the resolved sampling, the seed and the reward (as
-    stored in each row, in JSON's types)."""
+def generation_settings(plan: RunPlan, request: GenerationRequest) -> dict[str, Any]:
+    """What makes a file's responses and scores: the model, the sampling ``request`` resolves to, the seed and the
+    reward (as stored in each row, in JSON's types)."""
     config = plan.config
+    sampling = resolve_sampling(config.worker.rollout, request)
     model = config.worker.actor.model.model_path
     if model and os.path.exists(os.path.expanduser(model)):
         model = os.path.abspath(os.path.expanduser(model))
     reward = config.worker.reward
     settings = {
         "model_path": model,
-        "sampling": {**dataclasses.asdict(sampling), "val_sampling": val_sampling},
+        "sampling": {**dataclasses.asdict(sampling), "val_sampling": request.validate},
         "seed": config.worker.rollout.seed,
         "reward_function": reward.reward_function or None,
     }
@@ -398,19 +399,17 @@ def default_path(plan: RunPlan, configured: str | None, name: str) -> str:
 
 def run_generate(plan: RunPlan) -> GenerationSummary:
     """`easyrl generate`."""
-    from ..workers.rollout.base import resolve_sampling
-
     config = plan.config
     # not generations.jsonl: the trainer's file logger writes its validation samples there
     path = default_path(plan, config.generate.output, GENERATE_FILE)
-    validate = config.generate.val_sampling
-    sampling = resolve_sampling(config.worker.rollout, GenerationRequest(validate=validate))
-    samples = sampling.n
+    request = GenerationRequest(validate=config.generate.val_sampling)
+    settings = generation_settings(plan, request)
+    samples = settings["sampling"]["n"]
     seed = config.worker.rollout.seed
-    run = GenerationRun(plan, path, samples, generation_settings(plan, sampling, validate))
+    run = GenerationRun(plan, path, samples, settings)
     try:
         summary = run.generate(
-            path, lambda batch: GenerationRequest(validate=validate, seed=[seed, GENERATE_SEED_KIND, batch]), samples
+            path, lambda batch: dataclasses.replace(request, seed=[seed, GENERATE_SEED_KIND, batch]), samples
         )
     finally:
         run.close()
