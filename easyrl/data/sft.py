@@ -318,8 +318,11 @@ def _check_conversation_columns(
 ) -> None:
     """No column for sft.messages_key, nor both data.prompt_key and sft.response_key: no row can be read, so refuse
     the file naming its columns and the keys that likely fit them."""
-    keys = {"sft.messages_key": sft.messages_key, "data.prompt_key": data.prompt_key}
-    keys["sft.response_key"] = sft.response_key
+    keys = {
+        "sft.messages_key": sft.messages_key,
+        "data.prompt_key": data.prompt_key,
+        "sft.response_key": sft.response_key,
+    }
     if sft.messages_key in columns or (data.prompt_key in columns and sft.response_key in columns):
         return
     likely = {}
