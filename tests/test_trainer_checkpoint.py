@@ -13,6 +13,7 @@ from easyrl.trainer.checkpoint import (
     COMPLETE_MARKER,
     CheckpointError,
     CheckpointManager,
+    check_resume_point,
     checkpoint_step,
     find_last_checkpoint,
     list_checkpoints,
@@ -80,11 +81,39 @@ def test_a_step_folder_without_the_complete_marker_is_ignored(tmp_path):
     assert find_last_checkpoint(str(tmp_path)) == first
 
 
-def test_find_last_checkpoint_orders_steps_numerically(tmp_path):
+def test_find_last_checkpoint_orders_steps_numerically_when_saved_in_the_same_instant(tmp_path):
     manager = CheckpointManager(str(tmp_path))
     for step in (9, 10, 2):
         _save(manager, step)
+        with open(tmp_path / f"global_step_{step}" / COMPLETE_MARKER, "w") as marker:
+            marker.write(f"{step} 1700000000\n")  # the whole-second stamp of older easyrl versions
     assert find_last_checkpoint(str(tmp_path)) == str(tmp_path / "global_step_10")
+
+
+def test_a_run_resumed_from_an_earlier_step_resumes_its_own_newest_save_and_rotates_the_old_branch(tmp_path, caplog):
+    manager = CheckpointManager(str(tmp_path), save_limit=3)
+    for step in (4, 5, 6):
+        _save(manager, step)
+    config = TrainerConfig(save_checkpoint_path=str(tmp_path), load_checkpoint_path=str(tmp_path / "global_step_4"))
+    with caplog.at_level("WARNING"):
+        assert check_resume_point(config) == str(tmp_path / "global_step_4")
+    assert "later checkpoints (global_step_5, global_step_6)" in caplog.text
+
+    _save(manager, 5)  # the branch from step 4 saves step 5, replacing the old one, and the job is killed
+    # a rerun without load_checkpoint_path continues the branch, not the old run's step 6
+    assert resolve_resume_path(TrainerConfig(save_checkpoint_path=str(tmp_path))) == str(tmp_path / "global_step_5")
+    assert read_latest_pointer(str(tmp_path)) == 5 and _steps(tmp_path) == [4, 5, 6]
+
+
+def test_save_limit_deletes_the_oldest_save_not_the_lowest_step(tmp_path):
+    manager = CheckpointManager(str(tmp_path), save_limit=2)
+    for step in (7, 8):
+        _save(manager, step)
+    _save(manager, 3)  # a branch resumed from an earlier checkpoint that has since been rotated away
+    assert _steps(tmp_path) == [3, 8]
+    _save(manager, 4)
+    assert _steps(tmp_path) == [3, 4]
+    assert find_last_checkpoint(str(tmp_path)) == str(tmp_path / "global_step_4")
 
 
 def test_find_last_checkpoint_of_a_missing_folder_is_none(tmp_path):

@@ -696,7 +696,8 @@ class TrainerConfig:
     save_freq: int = -1
     """Save a checkpoint every this many steps; -1 saves only at the end."""
     save_limit: int = -1
-    """Checkpoints kept; the oldest are deleted; -1 keeps all."""
+    """Checkpoints kept: the newest saves (a run resumed from an earlier step keeps its own before the later steps of
+    the run it branched from); older ones are deleted; -1 keeps all."""
     save_model_only: bool = False
     """Save only model weights (no optimizer or dataloader state): such a checkpoint cannot be resumed (a rerun in
     the same folder says so before Ray starts); `easyrl merge` turns it into a model."""
@@ -714,7 +715,7 @@ class TrainerConfig:
     ray_timeline: Optional[str] = None
     """Write Ray's task timeline (a chrome://tracing JSON file) to this path when the run ends."""
     find_last_checkpoint: bool = True
-    """Resume from the newest complete checkpoint under save_checkpoint_path when there is one; false starts afresh,
+    """Resume from the complete checkpoint saved last under save_checkpoint_path when there is one; false starts afresh,
     which a folder holding an earlier run's checkpoints refuses (give the run a new save_checkpoint_path)."""
 
 

@@ -7,7 +7,7 @@ Layout under ``trainer.save_checkpoint_path``::
         dataloader_state.json     the driver's dataloader position
         trainer_state.json        {"global_step": N, "epoch", "kl_coef", "metrics": the step's metrics row}
         COMPLETE                  written last, just before the folder gets its final name
-    latest_checkpointed_iteration.txt   N of the newest complete checkpoint
+    latest_checkpointed_iteration.txt   N of the newest complete checkpoint (for other tools; easyrl reads COMPLETE)
     .tmp_global_step_<N>/         a save in progress, or one a crash interrupted: never loaded
 
 A save goes into ``.tmp_global_step_<N>`` and is renamed to ``global_step_<N>`` only once every part is
@@ -79,9 +79,25 @@ def list_checkpoints(root: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+def saved_at(path: str) -> float:
+    """When a complete checkpoint was saved: the time its COMPLETE marker records (copies keep it), 0 if unreadable."""
+    try:
+        with open(os.path.join(path, COMPLETE_MARKER), encoding="utf-8") as handle:
+            return float(handle.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def checkpoints_by_save_time(root: str | None) -> list[tuple[int, str]]:
+    """``list_checkpoints``, oldest save first. A run resumed from an earlier step (trainer.load_checkpoint_path)
+    saves steps below the folder's highest, and its saves are the newest: resume and save_limit follow save order,
+    as verl's latest_checkpointed_iteration.txt does, not step order."""
+    return sorted(list_checkpoints(root) if root else [], key=lambda item: (saved_at(item[1]), item[0]))
+
+
 def find_last_checkpoint(root: str | None) -> str | None:
-    """The complete checkpoint with the highest step under root; interrupted and temporary saves are skipped."""
-    checkpoints = list_checkpoints(root) if root else []
+    """The complete checkpoint saved last under root; interrupted and temporary saves are skipped."""
+    checkpoints = checkpoints_by_save_time(root)
     return checkpoints[-1][1] if checkpoints else None
 
 
@@ -208,7 +224,24 @@ def check_resume_point(config: Any, what: str = "training") -> str | None:
         return None
     if load_dataloader_state(path) is None:
         raise model_only_error(path, what)
+    _warn_of_later_steps(trainer, path)
     return path
+
+
+def _warn_of_later_steps(trainer: Any, path: str) -> None:
+    """A run resumed from an earlier step of its own folder branches off: name the later checkpoints it leaves
+    behind, and that its saves of the same steps replace them."""
+    step = checkpoint_step(path)
+    root = os.path.abspath(trainer.save_checkpoint_path) if trainer.save_checkpoint_path else None
+    later = [name for at, name in list_checkpoints(root) if at > step] if root else []
+    if later and os.path.dirname(path) == root:
+        logger.warning(
+            "Resuming from step %d of %s, which also holds later checkpoints (%s) of the run that went on from it: "
+            "this run's saves of the same steps replace them, and a rerun resumes from whichever was saved last.",
+            step,
+            root,
+            ", ".join(os.path.basename(folder) for folder in later[-3:]),
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -287,7 +320,7 @@ class CheckpointManager:
         if dataloader_state is not None:
             save_state(os.path.join(tmp_dir, DATALOADER_FILE), dataloader_state)
         save_state(os.path.join(tmp_dir, TRAINER_STATE_FILE), {"global_step": step, **(trainer_state or {})})
-        replace_file(os.path.join(tmp_dir, COMPLETE_MARKER), f"{step} {time.time():.0f}\n")
+        replace_file(os.path.join(tmp_dir, COMPLETE_MARKER), f"{step} {time.time():.3f}\n")
         _fsync_dir(tmp_dir)
 
         final_dir = checkpoint_dir(self.root, step)
@@ -311,7 +344,7 @@ class CheckpointManager:
     def _rotate(self, keep: str) -> None:
         if self.save_limit is None or self.save_limit <= 0:
             return
-        checkpoints = [path for _, path in list_checkpoints(self.root) if path != keep]
+        checkpoints = [path for _, path in checkpoints_by_save_time(self.root) if path != keep]
         excess = len(checkpoints) + 1 - self.save_limit
         for path in checkpoints[: max(excess, 0)]:
             _remove_checkpoint(path, self.root)
