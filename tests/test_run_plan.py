@@ -394,3 +394,15 @@ def test_the_plan_notes_a_reward_length_limit_other_than_the_responses():
     assert any("max_response_length is 4096 and data.max_response_length 24" in note for note in notes)
     notes = load_run_plan([*BASE, *dapo, "+worker.reward.reward_function_kwargs.max_response_length=24"]).notes
     assert not any("max_response_length is" in note for note in notes)
+
+
+def test_the_plan_notes_generation_rounds_that_overshoot_the_rollout_batch():
+    notes = load_run_plan([*BASE, "data.mini_rollout_batch_size=3"]).notes
+    assert any("each step generates 6 prompts' samples and trains on the first 4; the other 2" in n for n in notes)
+    for divides in (
+        ["data.mini_rollout_batch_size=2"],
+        ["data.mini_rollout_batch_size=3", "algorithm.online_filtering=true"],
+    ):
+        assert not any(
+            "does not divide data.rollout_batch_size" in note for note in load_run_plan([*BASE, *divides]).notes
+        )

@@ -232,6 +232,15 @@ def make_run_plan(config: PPOConfig, needs_reward: bool = True) -> RunPlan:
             "(dapo.py's overlong buffer) applies to other lengths than the responses have; make them equal."
         )
     generation_batch_size = data.mini_rollout_batch_size or data.rollout_batch_size
+    unused = -data.rollout_batch_size % generation_batch_size
+    if unused and not config.algorithm.online_filtering and not config.trainer.val_only:
+        # the last round of a step overshoots; EasyR1 drops the extra groups alike (a filter drops groups anyway)
+        notes.append(
+            f"data.mini_rollout_batch_size={generation_batch_size} does not divide data.rollout_batch_size="
+            f"{data.rollout_batch_size}: each step generates {data.rollout_batch_size + unused} prompts' samples and "
+            f"trains on the first {data.rollout_batch_size}; the other {unused} prompts are generated for nothing and "
+            "skipped for this epoch. Make it a divisor."
+        )
     if env_owns_data(config):
         notes.append(
             f"data.train_files is empty: the environment owns the data; each training prompt is what its reset "

@@ -68,7 +68,9 @@ class DataConfig:
     """Prompts per training step (each is sampled `worker.rollout.n` times)."""
     mini_rollout_batch_size: Optional[int] = None
     """Prompts per generation call; a step generates such mini-batches until rollout_batch_size prompts (that survive
-    online filtering) are collected, and steps are counted per rollout batch (EasyR1). null means rollout_batch_size."""
+    online filtering) are collected, and steps are counted per rollout batch (EasyR1); without a filter, a size that
+    does not divide rollout_batch_size generates prompts the step does not train on (the plan says how many). null
+    means rollout_batch_size."""
     val_batch_size: int = -1
     """Prompts per validation generation call; -1 means the whole validation set at once."""
     format_prompt: Optional[str] = None
