@@ -5,6 +5,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
+
+import pytest
 
 from easyrl.config import TrainerConfig
 from easyrl.trainer.faults import RunStopped, StopRequest, WorkerDied, resume_hint
@@ -73,3 +76,43 @@ def test_interruptions_exit_non_zero_with_one_line():
         "workers and resume on its own. HINT."
     )
     assert "after 2 restart(s) (trainer.max_restarts=2)" in str(WorkerDied(RuntimeError("x"), 3, 2, 2, "H."))
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_stop_while_ray_starts_exits_with_one_line_and_no_cluster_left(when):
+    """Before ray.init, easyrl's handler; from its first line on, Ray's (which exits silently with status 15)."""
+    program = (
+        "import os, signal, time\n"
+        "import ray\n"
+        "from easyrl.trainer.faults import stops_end_startup\n"
+        "with stops_end_startup():\n"
+        + ("    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(30)\n" if when == "before" else "")
+        + "    ray.init(address='local', num_cpus=1, include_dashboard=False)\n"
+        "    print('cluster', ray._private.worker._global_node.get_session_dir_path(), flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(30)\n"
+        "print('not reached')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert "easyrl: SIGTERM received while Ray was starting: no step had run" in done.stderr
+    assert "not reached" not in done.stdout and "Traceback" not in done.stderr
+    assert ("cluster" in done.stdout) == (when == "after")
+    if when == "after":  # the cluster's own processes (gcs_server, raylet) ended with it
+        session = done.stdout.split("cluster ", 1)[1].split()[0]
+        deadline = time.monotonic() + 30
+        while _processes_naming(session) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _processes_naming(session)
+
+
+def _processes_naming(text: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                if text.encode() in handle.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    return found

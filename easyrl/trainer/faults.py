@@ -114,6 +114,55 @@ class StopRequest:
                 signal.signal(signum, handler)
 
 
+class _StoppedDuringStartup(BaseException):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def stops_end_startup(what: str = "Ray was starting") -> Iterator[None]:
+    """While Ray starts, a stop signal ends the process at once with one line and 128 + the signal's number: no step
+    has run, so nothing is saved or lost. Ray's own SIGTERM handler, installed partway through ``ray.init``, exits
+    silently with status 15 (``sys.exit(signum)``); that exit is caught and said the same way."""
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        raise _StoppedDuringStartup(signum)
+
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, handle)
+    try:
+        yield
+        return
+    except _StoppedDuringStartup as stop:
+        signum = stop.signum
+    except KeyboardInterrupt:
+        signum = signal.SIGINT
+    except SystemExit as exit_:
+        if exit_.code != signal.SIGTERM:
+            raise
+        signum = signal.SIGTERM
+    finally:
+        for number, handler in previous.items():
+            if signal.getsignal(number) is handle:  # one Ray replaced (SIGTERM) stays Ray's
+                signal.signal(number, handler)
+    try:  # a cluster half started would outlive this process
+        import ray
+
+        ray.shutdown()
+    except Exception:  # noqa: BLE001 - exiting anyway; what is left of a local cluster ends with its parent
+        pass
+    name = signal.Signals(signum).name
+    print(
+        f"easyrl: {name} received while {what}: no step had run, so nothing was saved or lost; rerunning the same "
+        "command starts where this one would have.",
+        file=sys.stderr,
+        flush=True,
+    )
+    raise SystemExit(128 + signum)
+
+
 def resume_hint(checkpoint: str | None, trainer: Any) -> str:
     """How to continue a run whose last complete checkpoint is ``checkpoint`` (``trainer``: its TrainerConfig)."""
     if checkpoint is None:

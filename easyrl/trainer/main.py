@@ -44,6 +44,15 @@ def init_ray(plan: RunPlan) -> None:
 
     if ray.is_initialized():
         return
+    from .faults import stops_end_startup
+
+    with stops_end_startup():
+        _start_ray(plan)
+
+
+def _start_ray(plan: RunPlan) -> None:
+    import ray
+
     needed = ray_cpus_needed(plan)
     env_vars = {k: v for k, v in os.environ.items() if k.startswith(("EASYRL_", "VLLM_", "HF_", "TORCHDYNAMO_"))}
     env_vars.setdefault("TOKENIZERS_PARALLELISM", "false")
