@@ -406,3 +406,20 @@ def test_the_plan_notes_generation_rounds_that_overshoot_the_rollout_batch():
         assert not any(
             "does not divide data.rollout_batch_size" in note for note in load_run_plan([*BASE, *divides]).notes
         )
+
+
+ARITHMETIC = "reward_function/arithmetic.py:compute_score"
+
+
+def test_the_plan_says_what_the_reward_is_made_of():
+    lines = load_run_plan(BASE).describe().splitlines()
+    assert [line for line in lines if line.startswith("reward: ")] == [f"reward: {REPO_ROOT}/{ARITHMETIC}"]
+    judge = [
+        "worker.reward.judge.kind=http",
+        "worker.reward.judge.base_url=http://127.0.0.1:9/v1",
+        "worker.reward.judge.model=grader",
+        "worker.reward.rule_weight=0.5",
+        "worker.reward.judge.weight=2",
+    ]
+    described = load_run_plan([*BASE, *judge]).describe()
+    assert f"reward: 0.5 x {REPO_ROOT}/{ARITHMETIC} + 2.0 x judge (http: grader at http://127.0.0.1:9/v1)" in described

@@ -10,7 +10,7 @@ training data, so ``with_training_steps`` completes the plan once the data is re
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from ..algorithms import zero_advantage
 from ..paths import PROJECT_ROOT
@@ -141,6 +141,7 @@ class RunPlan:
             f"{actor.global_batch_size_per_device} samples per device per optimizer step, micro-batches of "
             f"{actor.micro_batch_size_per_device_for_update} (update) / "
             f"{actor.micro_batch_size_per_device_for_experience} (log-probs)",
+            f"reward: {_reward_summary(config.worker.reward)}",
             f"old log-probs: {self.old_log_prob_reason}",
             f"zero-advantage samples: {zero_advantage.decision(actor)[1]}",
             f"training steps: {steps}",
@@ -148,6 +149,18 @@ class RunPlan:
         ]
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+def _reward_summary(reward: Any) -> str:
+    """What a sample's `overall` is made of: the reward function, and the judge's share when one is on."""
+    rule = reward.reward_function or "none"
+    if reward.reward_weights:
+        rule += f" (weights {reward.reward_weights})"
+    judge = reward.judge
+    if judge.kind == "none":
+        return rule
+    source = f"{judge.model or 'the served model'} at {judge.base_url}" if judge.kind == "http" else judge.model_path
+    return f"{reward.rule_weight} x {rule} + {judge.weight} x judge ({judge.kind}: {source})"
 
 
 def _validation_schedule(config: PPOConfig, at_end: bool) -> str:
