@@ -55,6 +55,12 @@ def test_console_line_shows_key_metrics_and_validation():
     assert line == "step 3/10 | score 0.25 | pg_loss -0.01235 | val/accuracy 0.5"
 
 
+def test_console_line_of_online_filtering_says_how_many_groups_were_kept():
+    metrics = {"critic/score/mean": 0.5125, "reward/accuracy": 0.4062, "filter/kept_groups": 4.0}
+    line = format_console_line({**metrics, "filter/dropped_groups": 4.0}, 2, 5)
+    assert line == "step 2/5 | kept 4/8 groups | score 0.5125 | acc 0.4062"
+
+
 def test_console_prints_one_line_per_step_and_a_generation(tmp_path, capsys):
     _run(tmp_path, ["console"])
     lines = [line for line in capsys.readouterr().out.splitlines() if line]

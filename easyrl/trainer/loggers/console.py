@@ -30,6 +30,10 @@ _SAMPLE_FIELD_CHARS = 240
 def format_console_line(metrics: dict[str, float], step: int, total_steps: int | None = None) -> str:
     """``step 3/100 | score 0.25 | resp_len 45.2 | ... | val/accuracy 0.31``."""
     parts = [f"step {step}/{total_steps}" if total_steps else f"step {step}"]
+    if "filter/kept_groups" in metrics:
+        # online filtering: score and reward (critic/*) cover the kept groups, acc and format (reward/*) every sample
+        seen = metrics["filter/kept_groups"] + metrics.get("filter/dropped_groups", 0)
+        parts.append(f"kept {metrics['filter/kept_groups']:.0f}/{seen:.0f} groups")
     parts += [f"{label} {metrics[key]:.4g}" for label, key in CONSOLE_METRICS if key in metrics]
     parts += [f"{key} {value:.4g}" for key, value in metrics.items() if key.startswith("val/")]
     return " | ".join(parts)
