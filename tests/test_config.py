@@ -92,6 +92,11 @@ def test_invalid_choice_names_the_key(valid_args, override, key):
         load_config([*valid_args, override])
 
 
+def test_the_loss_avg_mode_error_offers_the_short_names_the_docs_use(valid_args):
+    with pytest.raises(ConfigError, match="not one of: token, seq, token-mean, seq-mean-token-mean, seq-mean-token-sum"):
+        load_config([*valid_args, "worker.actor.loss_avg_mode=mean"])
+
+
 def test_rollout_batch_must_be_multiple_of_global_batch(valid_args):
     with pytest.raises(
         ConfigError, match=r"`data\.rollout_batch_size` \(6\).*`worker\.actor\.global_batch_size` \(4\)"

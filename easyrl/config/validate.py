@@ -38,13 +38,15 @@ TOOL_CALL_PARSERS = ("hermes",)  # easyrl.workers.rollout.multi_turn.TOOL_CALL_P
 CRITIC_ESTIMATORS = frozenset({"gae"})
 GROUP_ESTIMATORS = frozenset({"grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline"})
 
+# the docs' short names (EasyR1's, mapped by compat.LOSS_AVG_MODE_ALIASES) and verl's long ones
+LOSS_AVG_MODES = ("token", "seq", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 CHOICES = {
     "algorithm.adv_estimator": ADV_ESTIMATORS,
     "worker.actor.loss_type": POLICY_LOSSES,
     "algorithm.kl_penalty": KL_PENALTIES,
     "trainer.logger": LOGGER_NAMES,
-    "worker.actor.loss_avg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
-    "worker.critic.loss_avg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
+    "worker.actor.loss_avg_mode": LOSS_AVG_MODES,
+    "worker.critic.loss_avg_mode": LOSS_AVG_MODES,
     "worker.rollout.name": ("vllm", "hf"),
     "worker.rollout.dtype": ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32"),
     "worker.rollout.lora_sync": ("auto", "adapter", "merged"),
