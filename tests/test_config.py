@@ -93,7 +93,9 @@ def test_invalid_choice_names_the_key(valid_args, override, key):
 
 
 def test_the_loss_avg_mode_error_offers_the_short_names_the_docs_use(valid_args):
-    with pytest.raises(ConfigError, match="not one of: token, seq, token-mean, seq-mean-token-mean, seq-mean-token-sum"):
+    with pytest.raises(
+        ConfigError, match="not one of: token, seq, token-mean, seq-mean-token-mean, seq-mean-token-sum"
+    ):
         load_config([*valid_args, "worker.actor.loss_avg_mode=mean"])
 
 
