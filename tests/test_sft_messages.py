@@ -134,3 +134,30 @@ def test_sharegpt_conversations_train_like_chat_messages(tokenizer, tmp_path):
     path = write_rows(tmp_path / "sharegpt.jsonl", [{"conversations": turns}])
     item = SFTDataset(path, tokenizer, None, DataConfig(), SFTConfig(messages_key="conversations"))[0]
     assert labelled_text(tokenizer, item) == "2<|im_end|>"
+
+
+def test_an_assistant_message_of_weight_0_is_context_not_trained_on(tokenizer, tmp_path, caplog):
+    """OpenAI's fine-tuning format: `"weight": 0` on an assistant message keeps it out of the loss."""
+    bad_first = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "5", "weight": 0},
+        {"role": "user", "content": "Sure?"},
+        {"role": "assistant", "content": "4", "weight": 1},
+    ]
+    rows = [
+        {"messages": bad_first},
+        {"messages": [PLAIN[0], {**PLAIN[1], "weight": 0}]},
+        {"messages": [PLAIN[0], {**PLAIN[1], "weight": 0.5}]},
+        # an empty reply of weight 0 is context like any other, not a reason to skip the row
+        {"messages": [PLAIN[0], {"role": "assistant", "content": "", "weight": 0}, *bad_first[2:]]},
+    ]
+    with caplog.at_level("WARNING"):
+        dataset = SFTDataset(write_rows(tmp_path / "rows.jsonl", rows), tokenizer, None, DataConfig(), SFTConfig())
+    assert len(dataset) == 2
+    item = dataset[0]
+    assert labelled_text(tokenizer, item) == "4<|im_end|>"
+    assert "assistant\n5<|im_end|>" in tokenizer.decode(item["input_ids"])  # seen as context
+    assert labelled_text(tokenizer, dataset[1]) == "4<|im_end|>"
+    assert [index for index, _ in dataset.unusable_rows] == [1, 2]
+    assert "row 1: every assistant message has weight 0: nothing to learn" in caplog.text
+    assert "row 2: message 1 has weight 0.5: 0 (context, not trained on) or 1 (trained on)" in caplog.text

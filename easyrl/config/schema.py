@@ -770,7 +770,8 @@ class SFTConfig:
 
     messages_key: str = "messages"
     """Column holding a conversation: an OpenAI-style list of {role, content}; the loss falls on every assistant
-    message (and its end-of-turn token) only. Rows without it use data.prompt_key and sft.response_key."""
+    message (and its end-of-turn token) only, but one with `"weight": 0` (OpenAI's fine-tuning format), which is context.
+    Rows without it use data.prompt_key and sft.response_key."""
     response_key: str = "response"
     """Column holding the assistant's reply to data.prompt_key (a one-exchange conversation; the prompt goes through
     data.format_prompt as in RL). Both columns may hold chat messages instead of text (TRL's conversational

@@ -13,7 +13,7 @@ Where the loss falls (the labels): the chat template is rendered turn by turn. F
 RL rollout or a chat server gives it), and ``render(messages[:i + 1])`` adds the answer; the text between the two is
 the model's own. Each piece is tokenized on its own, so the tokens are the ones the model reads and writes at
 inference (the prompt tokenized alone, the reply token by token), and a multi-turn conversation has every assistant
-reply labelled and nothing else. Inside a reply's piece the labels stop at its last special token (the end-of-turn
+reply labelled and nothing else (but one with ``"weight": 0``, OpenAI's fine-tuning format: context). Inside a reply's piece the labels stop at its last special token (the end-of-turn
 token, e.g. ``<|im_end|>``, which the model must learn to write to stop); what the template adds after it (ChatML's
 newline) is glue that the next prompt starts with, never generated, so not labelled. A template that renders earlier
 turns differently once later turns follow (one that drops earlier reasoning) cannot be split this way: its rows are
@@ -98,6 +98,14 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
                     )
         kept = {key: message[key] for key in TEMPLATE_MESSAGE_KEYS if not _is_missing(message.get(key))}
         out.append({"role": str(message["role"]), "content": parts, **kept})
+        weight = message.get("weight")
+        if not _is_missing(weight):
+            if weight not in (0, 1) or isinstance(weight, str):
+                raise UnusableConversationError(
+                    f"message {index} has weight {weight!r}: 0 (context, not trained on) or 1 (trained on)"
+                )
+            if not weight:
+                out[-1][UNTRAINED] = True
     if num_images or num_videos:
         try:
             place_media(out, num_images, num_videos)
@@ -116,6 +124,14 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
             # text alone is a plain string: what every chat template (text-only ones too) renders
             message["content"] = "".join(part["text"] for part in message["content"])
     return out
+
+
+# set on an assistant message whose `weight` is 0 (OpenAI's fine-tuning format): rendered as context, not trained on
+UNTRAINED = "_untrained"
+
+
+def is_trained_reply(message: dict[str, Any]) -> bool:
+    return message["role"] == "assistant" and not message.get(UNTRAINED)
 
 
 # the keys of a message besides role and content that chat templates read (Qwen2.5/Qwen3 render tool calls, tool
@@ -155,7 +171,7 @@ def labelled_pieces(messages: list[dict[str, Any]], render) -> list[tuple[str, b
     pieces: list[tuple[str, bool]] = []
     done = ""
     for i, message in enumerate(messages):
-        if message["role"] != "assistant":
+        if not is_trained_reply(message):
             continue
         before = render(messages[:i], True)
         after = render(messages[: i + 1], False)
@@ -170,7 +186,12 @@ def labelled_pieces(messages: list[dict[str, Any]], render) -> list[tuple[str, b
         pieces += [(before[len(done) :], False), (after[len(before) :], True)]
         done = after
     if not pieces:
-        raise UnusableConversationError("the conversation has no assistant message: nothing to learn")
+        untrained = any(message["role"] == "assistant" for message in messages)
+        raise UnusableConversationError(
+            "every assistant message has weight 0: nothing to learn"
+            if untrained
+            else "the conversation has no assistant message: nothing to learn"
+        )
     return [(text, labelled) for text, labelled in pieces if text]
 
 
@@ -256,7 +277,7 @@ class ConversationEncoder:
         images, videos, fps = self.media(row)
         messages = self.messages(row, len(images), len(videos))
         pieces = labelled_pieces(messages, self.render)
-        replies = iter(i for i, message in enumerate(messages) if message["role"] == "assistant")
+        replies = iter(i for i, message in enumerate(messages) if is_trained_reply(message))
         media_tokens = {
             kind: getattr(self.processor, f"{kind}_token", None) if items else None
             for kind, items in (("image", images), ("video", videos))
