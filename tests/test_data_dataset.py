@@ -64,6 +64,29 @@ def test_system_prompt_opens_each_prompt_unless_its_messages_have_their_own(tmp_
     assert own.startswith("<|im_start|>system\nOwn.<|im_end|>") and "Think first." not in own
 
 
+def test_a_judged_run_carries_each_prompt_as_messages_before_the_chat_template(tmp_path, tokenizer):
+    template = tmp_path / "t.jinja"
+    template.write_text("Q: {{ content }} Think step by step.")
+    rows = [
+        {"problem": "2+3?", "answer": "5"},
+        {"problem": [{"role": "system", "content": "Own."}, {"role": "user", "content": "1+1?"}], "answer": "2"},
+    ]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    options = config(format_prompt=str(template), system_prompt="Think first.")
+    dataset = RLHFDataset(path, tokenizer, None, options, carry_prompt_messages=True)
+    assert dataset[0]["prompt_messages"] == [
+        {"role": "system", "content": "Think first."},
+        {"role": "user", "content": "Q: 2+3? Think step by step."},
+    ]
+    assert dataset[1]["prompt_messages"] == [
+        {"role": "system", "content": "Own."},
+        {"role": "user", "content": "Q: 1+1? Think step by step."},
+    ]
+    batch = collate_fn([dataset[0], dataset[1]])
+    assert batch.non_tensor_batch["prompt_messages"].shape == (2,)  # lists of equal length stay one per sample
+    assert "prompt_messages" not in RLHFDataset(path, tokenizer, None, options)[0]
+
+
 def test_overlong_prompts_are_filtered_in_parallel_and_counted(tmp_path, tokenizer):
     rows = [{"problem": "short", "answer": "1"}] * 100 + [{"problem": "long " * 80, "answer": "2"}] * 30
     path = write_jsonl(tmp_path / "d.jsonl", rows)
@@ -183,3 +206,12 @@ def test_missing_column_with_a_close_name_suggests_it(tmp_path, tokenizer):
         RLHFDataset(path, tokenizer, None, config())
     with pytest.raises(KeyError, match=r"Did you mean data.answer_key=answers\?"):
         RLHFDataset(path, tokenizer, None, config(prompt_key="Problem"))
+
+
+def test_a_judge_reads_pictures_and_videos_as_their_placeholders():
+    from easyrl.data.dataset import text_messages
+
+    parts = [{"type": "image"}, {"type": "text", "text": "How many?"}, {"type": "video"}]
+    assert text_messages([{"role": "user", "content": parts}]) == [
+        {"role": "user", "content": "<image>How many?<video>"}
+    ]

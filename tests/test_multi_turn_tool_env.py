@@ -302,7 +302,12 @@ def test_check_accepts_tools_beside_a_tool_env_and_refuses_them_beside_a_stepped
     with pytest.raises(ConfigError, match="and `Stepped` has `step`; give one of them"):
         load_config([*valid_args, f"worker.rollout.multi_turn.env={stepped}:Stepped", calculator])
     config = load_config([*valid_args, f"worker.rollout.multi_turn.env={stepped}:Stepped"])
-    assert dataset_options(config, None) == {"tools": None, "carry_columns": False, "env_prompts": False}
+    assert dataset_options(config, None) == {
+        "tools": None,
+        "carry_columns": False,
+        "env_prompts": False,
+        "carry_prompt_messages": False,
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------------

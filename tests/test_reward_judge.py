@@ -3,6 +3,7 @@ retries, timeouts, unreadable replies, the concurrency limit, the weighted sum w
 check, and a 2-step GRPO run through `easyrl train` with the judge on."""
 
 import json
+import re
 import socket
 import threading
 import time
@@ -17,7 +18,7 @@ import torch
 
 from easyrl.config import ConfigError, RewardConfig, load_config
 from easyrl.config.schema import JudgeConfig
-from easyrl.protocol import DataProto
+from easyrl.protocol import DataProto, as_object_array
 from easyrl.workers.reward.judge import (
     JUDGE_SILENT_STREAK,
     REQUEST_FAILED,
@@ -419,6 +420,32 @@ def test_overall_is_the_weighted_sum_of_rule_and_judge(tokenizer, server, tmp_pa
     assert sorted(r["messages"][0]["content"] for r in server.requests)[0] == r"Q: 1 + 2 = ? | A: no idea | R: 3"
 
 
+def test_the_judge_reads_the_question_from_the_prompt_messages(tokenizer, server, tmp_path):
+    """A dataset with a judge on carries each prompt's messages: the judge gets the last user message, not the
+    policy's chat template (with the template's system prompt) decoded."""
+    template = tmp_path / "judge.jinja"
+    template.write_text("Q: {{ prompt }} | A: {{ response }}")
+    server.script = lambda message, attempt: Answer("Score: 5")
+    config = RewardConfig(
+        reward_function=str(ROOT / "reward_function" / "arithmetic.py"),
+        judge=JudgeConfig(kind="http", base_url=server.base_url, model="m", prompt_template=str(template)),
+    )
+    system = {"role": "system", "content": "Be brief."}
+    messages = [[system, {"role": "user", "content": "5 + 7 = ?"}], [{"role": "user", "content": "3 + 5 = ?"}]]
+    templated = [
+        tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True) for turns in messages
+    ]
+    data = judged_batch(tokenizer, templated, [r"\boxed{12}", "8"], ["12", "8"], width=48)
+    data.non_tensor_batch["prompt_messages"] = as_object_array(messages)
+    scorer = RewardScorer(config, tokenizer, in_process=True)
+    try:
+        scorer.score(data)
+    finally:
+        scorer.shutdown()
+    seen = sorted(request["messages"][0]["content"] for request in server.requests)
+    assert seen == [r"Q: 3 + 5 = ? | A: 8", r"Q: 5 + 7 = ? | A: \boxed{12}"]
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # the config check
 # ----------------------------------------------------------------------------------------------------------------------
@@ -503,3 +530,10 @@ def test_two_grpo_steps_train_with_the_judge_in_the_reward(tiny_model_path, tmp_
     assert len(server.requests) == 2 * 16
     assert all(request["model"] == "tiny-judge" for request in server.requests)
     assert all("Answer to grade:" in request["messages"][0]["content"] for request in server.requests)  # built-in
+    # the question as the data gave it (format_prompt applied), not the policy's chat template around it
+    questions = {
+        request["messages"][0]["content"].split("Question:\n")[1].split("\n\nReference")[0]
+        for request in server.requests
+    }
+    assert questions and all(re.fullmatch(r"What is \d+ [-+*] \d+\?.*", q, re.S) for q in questions), questions
+    assert not any("SmolLM" in q or "\nuser\n" in q or "assistant" in q for q in questions)

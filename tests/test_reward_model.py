@@ -13,7 +13,7 @@ import easyrl  # noqa: F401  (process environment before Ray starts)
 from easyrl.config import ConfigError, RewardConfig, load_config
 from easyrl.config.plan import make_run_plan
 from easyrl.config.schema import JudgeConfig
-from easyrl.protocol import DataProto
+from easyrl.protocol import DataProto, as_object_array
 from easyrl.testing.tiny_models import build_tiny_reward_model
 from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.reward.classifier import ClassifierJudge, reward_model_score
@@ -114,7 +114,9 @@ def rm_workers(ray_cluster, tiny_model_path, tiny_reward_model_path):
         yield group
 
 
-PROMPTS = ["What is 2 + 3?", "Name a prime number.", "Spell cat.", "What is 2 + 3?", "Write a long story. " * 6]
+# a prompt is text, or (a dataset's prompt_messages) its messages, a system prompt among them
+SPELL = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Spell cat."}]
+PROMPTS = ["What is 2 + 3?", "Name a prime number.", SPELL, "What is 2 + 3?", "Write a long story. " * 6]
 RESPONSES = ["5", "7 is prime.", "c-a-t", "It is 6.", "Once upon a time"]
 
 
@@ -126,7 +128,8 @@ def plain_hf_scores(model_path, prompts, responses, max_length):
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     scores, lengths = [], []
     for prompt, response in zip(prompts, responses):
-        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+        turns = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        messages = [*turns, {"role": "assistant", "content": response}]
         ids = tokenizer(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
         lengths.append(len(ids))
         ids = ids[:max_length]
@@ -139,7 +142,7 @@ def plain_hf_scores(model_path, prompts, responses, max_length):
 @pytest.mark.timeout(300)
 def test_worker_scores_equal_a_plain_hf_forward_of_the_same_texts(rm_workers, tiny_reward_model_path):
     texts = DataProto.from_dict(
-        non_tensors={"rm_prompts": np.array(PROMPTS, dtype=object), "rm_responses": np.array(RESPONSES, dtype=object)}
+        non_tensors={"rm_prompts": as_object_array(PROMPTS), "rm_responses": np.array(RESPONSES, dtype=object)}
     )
     scores = rm_workers.compute_rm_scores(texts).get().batch["rm_scores"]  # 5 texts: padded to 6 over 2 ranks
     expected, lengths = plain_hf_scores(tiny_reward_model_path, PROMPTS, RESPONSES, MAX_LENGTH)

@@ -525,7 +525,8 @@ class JudgeConfig:
     endpoint (`vllm serve`, SGLang, OpenAI) asked once per sample, or `vllm`: a vLLM engine of `model_path` in its own
     Ray actor, started with the run, that generates the judge replies batch by batch (same template, parsing and
     counting as `http`), or `classifier`: a sequence-classification reward model of `model_path` (one output, e.g.
-    Skywork-Reward) that scores [user: prompt, assistant: response] in its own chat template, FSDP2-sharded in the
+    Skywork-Reward) that scores the prompt's messages (system prompt included, before the policy's chat template)
+    and [assistant: response] in its own chat template, FSDP2-sharded in the
     training workers beside the reference (worker.ref's fsdp, offload and micro-batch settings serve it too; uses
     max_length and score_transform, no template). With a judge, each step logs reward/rule (the function's overall),
     reward/judge (its score in [0, 1]; a `linear` classifier score is unbounded) and reward/judge_errors (a count),
@@ -543,8 +544,9 @@ class JudgeConfig:
     """NAME of the environment variable holding the API key, sent as `Authorization: Bearer`; null sends no key. The
     key itself never goes into the config; check refuses a name that is not set in the environment."""
     prompt_template: Optional[str] = None
-    """Jinja file rendered into the judge's user message with `prompt` (the prompt as the policy saw it, special
-    tokens removed), `response` and `ground_truth`; it must use `response` and no other variables. null: the built-in
+    """Jinja file rendered into the judge's user message with `prompt` (the question: the prompt's last user message,
+    data.format_prompt applied, before the policy's chat template; with worker.rollout.multi_turn.env the policy's
+    prompt decoded), `response` and `ground_truth`; it must use `response` and no other variables. null: the built-in
     template (easyrl/workers/reward/judge.py), which asks for a 0-10 grade on a last line `Score: N`."""
     score_pattern: str = "([0-9]+(?:[.][0-9]+)?)"
     """Regex with exactly one group, read from the judge's reply: the group of its LAST match is the score (the

@@ -13,6 +13,8 @@ One item is a dict of
     conversational  True where the prompt is chat messages (absent otherwise)
     row_columns     {column: value} of the row's other columns (all but the media columns), for a reward function
                     written for TRL, which gets every column of the dataset (``carry_columns=True`` only)
+    prompt_messages the prompt's chat messages before the chat template, as text (``carry_prompt_messages=True``
+                    only: a judge reads the question from them)
 
 Every row is read, encoded and measured when the dataset is built (the driver builds the datasets before Ray
 starts), never first when it is drawn. A file that cannot be read is an error (see sources.py). Rows that cannot be
@@ -74,6 +76,23 @@ VISION_BLOCK_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<
 
 EXTRA_INFO_KEY = "extra_info"
 ROW_COLUMNS_KEY = "row_columns"
+PROMPT_MESSAGES_KEY = "prompt_messages"
+
+
+def text_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """``{role, content}`` messages with text content only, a picture or video part written as ``<image>`` /
+    ``<video>`` (what a judge model that reads text is shown of the prompt)."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(
+                part.get("text") or "" if part.get("type") == "text" else f"<{part.get('type')}>" for part in content
+            )
+        out.append({"role": str(message["role"]), "content": "" if content is None else str(content)})
+    return out
+
+
 # with several environments (worker.rollout.multi_turn.env as a mapping), the column naming a row's own (TRL's name)
 ENVIRONMENT_COLUMN = "environment"
 # the prompt of a row whose task a tool environment's reset gives (TRL's placeholder): an empty user message
@@ -161,6 +180,10 @@ class RowEncoder:
         )  # fmt: skip
 
     def prompt(self, row: dict, index: int, num_images: int, num_videos: int) -> str:
+        return self.render(row, self.messages(row, num_images, num_videos))
+
+    def messages(self, row: dict, num_images: int, num_videos: int) -> list[dict[str, Any]]:
+        """The chat messages of the row's prompt, before the chat template (format_prompt and system_prompt applied)."""
         text = row_value(row, self.config.prompt_key)
         if _is_missing(text):
             raise MissingValueError("prompt_key", self.config.prompt_key)
@@ -182,6 +205,10 @@ class RowEncoder:
                     f"the prompt has {places} <image> / <video> placeholder{'s' if places > 1 else ''} but the row has "
                     "no images or videos"
                 )
+        return messages
+
+    def render(self, row: dict, messages: list[dict[str, Any]]) -> str:
+        """The prompt text: the chat template over ``messages``, with the tools of the row's environment."""
         if self.tools_by_env is not None:
             name = row.get(ENVIRONMENT_COLUMN)
             if name not in self.tools_by_env:
@@ -195,14 +222,22 @@ class RowEncoder:
     def encode(self, row: dict, index: int) -> dict[str, Any]:
         """The prompt, its model inputs and media; raises UnreadableMediaError / UnusableRowError."""
         images, videos, fps = self.media(row)
-        prompt = self.prompt(row, index, len(images), len(videos))
+        messages = self.messages(row, len(images), len(videos))
+        prompt = self.render(row, messages)
         if images or videos:
             model_inputs = process_with_media(self.processor, prompt, images, videos, fps)
         else:
             model_inputs = self.tokenizer([prompt], add_special_tokens=False, return_tensors="pt")
         model_inputs = dict(model_inputs)
         self._check_vision_pads(model_inputs)
-        return {"prompt": prompt, "model_inputs": model_inputs, "images": images, "videos": videos, "video_fps": fps}
+        return {
+            "prompt": prompt,
+            "messages": messages,
+            "model_inputs": model_inputs,
+            "images": images,
+            "videos": videos,
+            "video_fps": fps,
+        }
 
     def _check_vision_pads(self, model_inputs: dict[str, Any]) -> None:
         """Each picture / video must own exactly its pads: a prompt text that spells out a pad token (or a chat
@@ -395,9 +430,12 @@ class RLHFDataset(Dataset):
         carry_columns: bool = False,
         rows: datasets.Dataset | None = None,
         env_prompts: bool = False,
+        carry_prompt_messages: bool = False,
     ):
         """``rows``: the rows themselves (``data_path`` then only names them); ``env_prompts``: a tool environment's
-        reset gives each row's task, so data without a prompt (or answer) column is accepted (``_fill_env_columns``)."""
+        reset gives each row's task, so data without a prompt (or answer) column is accepted (``_fill_env_columns``);
+        ``carry_prompt_messages``: each item carries its prompt's messages as text (a judge reads them)."""
+        self.carry_prompt_messages = carry_prompt_messages
         self.config = config
         self.config_key = config_key
         self.tokenizer = tokenizer
@@ -709,6 +747,8 @@ class RLHFDataset(Dataset):
             out[EXTRA_INFO_KEY] = row.get(EXTRA_INFO_KEY)
         if self.carried_columns:
             out[ROW_COLUMNS_KEY] = {name: row.get(name) for name in self.carried_columns}
+        if self.carry_prompt_messages:
+            out[PROMPT_MESSAGES_KEY] = text_messages(encoded["messages"])
         if is_chat_messages(row_value(row, self.config.prompt_key)):
             out["conversational"] = True  # a reward function written for TRL gets chat-message completions
         if self.has_media:

@@ -164,7 +164,13 @@ def dataset_options(config: Any, reward_fn: Any) -> dict[str, Any]:
 
         tool_env = has_tool_env(multi_turn.env)
         tools = tool_schemas(multi_turn.tools, multi_turn.env) or None
-    return {"tools": tools, "carry_columns": _takes_columns(reward_fn) or tool_env, "env_prompts": tool_env}
+    return {
+        "tools": tools,
+        "carry_columns": _takes_columns(reward_fn) or tool_env,
+        "env_prompts": tool_env,
+        # the question a judge reads; an environment's reset may write or extend the prompt: the decoded one then
+        "carry_prompt_messages": config.worker.reward.judge.kind != "none" and not multi_turn.env,
+    }
 
 
 def check_reward_columns(config: Any, reward_fn: Any, loaders: dict[str, Any]) -> None:

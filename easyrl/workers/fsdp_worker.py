@@ -279,7 +279,8 @@ class FSDPWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def compute_rm_scores(self, data: Any) -> Any:
-        """Raw reward-model scores of texts: ``data.non_tensor_batch`` ``rm_prompts`` / ``rm_responses`` (str) ->
+        """Raw reward-model scores: ``data.non_tensor_batch`` ``rm_prompts`` (str, or a prompt's messages) /
+        ``rm_responses`` (str) ->
         DataProto with ``rm_scores`` (batch,) fp32. Non-blocking: the driver's reward scorer starts it and collects
         it while the rule reward is scored; it runs on the workers in the order the driver called."""
         from ..protocol import DataProto
@@ -288,7 +289,8 @@ class FSDPWorker(Worker):
             raise RuntimeError(f"This worker (role `{self.role}`) hosts no reward model.")
         prompts, responses = data.non_tensor_batch["rm_prompts"], data.non_tensor_batch["rm_responses"]
         with self._on_device("rm"):
-            scores = self.reward_model.score([str(p) for p in prompts], [str(r) for r in responses])
+            texts = [str(p) if isinstance(p, str) else list(p) for p in prompts]  # text or the prompt's messages
+            scores = self.reward_model.score(texts, [str(r) for r in responses])
         return DataProto.from_dict(tensors={"rm_scores": scores})
 
     # ------------------------------------------------------------------------------------------------------------------

@@ -50,15 +50,17 @@ class RewardModel:
     def _keep_head_output(self, _module, _inputs, output: torch.Tensor) -> None:
         self._head_output = output
 
-    def encode(self, prompt: str, response: str) -> list[int]:
-        """One sample's token ids: the reward model's chat template over [user: prompt, assistant: response]."""
-        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+    def encode(self, prompt: "str | list[dict]", response: str) -> list[int]:
+        """One sample's token ids: the reward model's chat template over the prompt's messages (or [user: prompt])
+        and [assistant: response]."""
+        turns = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        messages = [*turns, {"role": "assistant", "content": response}]
         text = self.tokenizer.apply_chat_template(messages, tokenize=False)
         # the template writes the special tokens (bos among them) itself
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     @torch.no_grad()
-    def score(self, prompts: list[str], responses: list[str]) -> torch.Tensor:
+    def score(self, prompts: list, responses: list[str]) -> torch.Tensor:
         """Raw scores (batch,) fp32 on the CPU: the head's output at each text's last token."""
         rows = [self.encode(prompt, response) for prompt, response in zip(prompts, responses, strict=True)]
         cut = sum(len(row) > self.max_length for row in rows)

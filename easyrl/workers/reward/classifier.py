@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...protocol import DataProto
+from ...protocol import DataProto, as_object_array
 from .judge import JudgeFailure, JudgeResult
 
 
@@ -56,7 +56,7 @@ class ClassifierJudge:
         self._logged = False
         self._described = False  # the first batch's raw scores are logged once, to help choose scale and offset
 
-    def submit(self, prompts: Sequence[str], inputs: Sequence[dict]) -> Any:
+    def submit(self, prompts: Sequence, inputs: Sequence[dict]) -> Any:
         """Queue one batch on the workers (`prompts[i]` with the reward input `inputs[i]`); returns their pending
         answer. The workers run calls in the order the driver makes them: this one before the log-prob passes the
         trainer starts next."""
@@ -64,7 +64,7 @@ class ClassifierJudge:
             raise ValueError(f"{len(prompts)} prompts for {len(inputs)} responses.")
         texts = DataProto.from_dict(
             non_tensors={
-                "rm_prompts": np.array(list(prompts), dtype=object),
+                "rm_prompts": as_object_array(list(prompts)),  # text, or a prompt's messages
                 "rm_responses": np.array([item["response"] for item in inputs], dtype=object),
             }
         )

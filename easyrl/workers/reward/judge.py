@@ -187,10 +187,11 @@ def combine_scores(
     return combined, [float(verdict.failure is not None) for verdict in verdicts]
 
 
-def render_messages(template: jinja2.Template, prompts: Sequence[str], inputs: Sequence[dict]) -> list[str]:
-    """The judge's user message for each sample: `prompts[i]` with the reward input `inputs[i]`."""
+def render_messages(template: jinja2.Template, prompts: Sequence, inputs: Sequence[dict]) -> list[str]:
+    """The judge's user message for each sample: `prompts[i]` (text, or messages: see `question_text`) with the reward
+    input `inputs[i]`."""
     return [
-        template.render(prompt=prompt, response=item["response"], ground_truth=item["ground_truth"])
+        template.render(prompt=question_text(prompt), response=item["response"], ground_truth=item["ground_truth"])
         for prompt, item in zip(prompts, inputs, strict=True)
     ]
 
@@ -225,6 +226,26 @@ def report_failures(verdicts: list[JudgeResult], logged: set[str], judge: str) -
             len(indices),
             len(verdicts),
         )
+
+
+def judge_prompts(data: "DataProto", tokenizer, skip_special_tokens: bool = True) -> list:
+    """What a judge is shown of each sample's prompt: its chat messages before the chat template (format_prompt and
+    system_prompt applied, as text) where the data carries them (``prompt_messages``, when a judge is on), else the
+    prompt decoded (an environment's reset prompts): a grader reads the question, not the policy's template."""
+    from ...data.dataset import PROMPT_MESSAGES_KEY
+
+    carried = data.non_tensor_batch.get(PROMPT_MESSAGES_KEY)
+    if carried is None or any(messages is None for messages in carried):
+        return decode_prompts(data, tokenizer, skip_special_tokens)
+    return [list(messages) for messages in carried]
+
+
+def question_text(prompt: "str | list[dict]") -> str:
+    """A judge template's `prompt`: the last user message's text of a prompt given as messages, else the text."""
+    if isinstance(prompt, str):
+        return prompt
+    users = [message["content"] for message in prompt if message["role"] == "user"]
+    return users[-1] if users else "\n\n".join(message["content"] for message in prompt)
 
 
 def decode_prompts(data: "DataProto", tokenizer, skip_special_tokens: bool = True) -> list[str]:

@@ -40,7 +40,7 @@ from ...data.dataset import row_value
 from ...data.template import RESET_CONTENT, is_chat_messages, with_reset_content
 from .actor import DIED, NON_FINITE, RAISED, TIMED_OUT, SampleFailure, merge, score_calls
 from .classifier import ClassifierJudge
-from .judge import HttpJudge, combine_scores, decode_prompts
+from .judge import HttpJudge, combine_scores, decode_prompts, judge_prompts
 from .judge_engine import VllmJudge
 from .loader import (
     FAILED_BATCH_STREAK,
@@ -359,7 +359,7 @@ class RewardScorer:
         inputs = self.build_inputs(data)
         judging = None
         if self.judge is not None:  # its requests run while the rule reward is scored
-            judging = self.judge.submit(decode_prompts(data, self.tokenizer, self.config.skip_special_tokens), inputs)
+            judging = self.judge.submit(judge_prompts(data, self.tokenizer, self.config.skip_special_tokens), inputs)
         added = data.non_tensor_batch.get("env_get_reward")
         if added is not None and self.reward_fn.scores_env_reward:
             added = None  # the function's overall already holds it
