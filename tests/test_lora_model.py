@@ -2,6 +2,8 @@
 config, and the reference policy as the adapters switched off."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ from safetensors.torch import save_file
 
 from easyrl.config.schema import LoraConfig
 from easyrl.models import lora
+from tests.fixtures.trainer_runs import REPO_ROOT
 
 
 PROJECTIONS = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
@@ -279,3 +282,44 @@ def test_a_vision_language_adapter_merges_into_a_model_that_loads_in_the_release
         not torch.equal(written[name], released[name]) for name in released if "visual" in name and "weight" in name
     )
     assert changed_tower == vision_tower
+
+
+# A reference pass before the first update (KL on, on-policy) under bf16 compute with fp32 gradient reduction, the
+# default on a GPU, in a plain one-rank process group: the first backward failed there ("attempting to assign a
+# gradient with dtype BFloat16 to a tensor with grad_dtype Float").
+REFERENCE_FIRST = """
+import sys, torch
+from easyrl.models import lora
+from easyrl.testing.single_rank import build_actor, one_rank_process_group
+from tests.fsdp_helpers import make_batch
+
+overrides = [
+    "worker.actor.fsdp.torch_dtype=fp32", "worker.actor.fsdp.mp_param_dtype=bf16", "worker.actor.fsdp.mp_reduce_dtype=fp32",
+    "worker.actor.use_torch_compile=false", "worker.actor.micro_batch_size_per_device_for_update=3",
+    "worker.actor.micro_batch_size_per_device_for_experience=3", "worker.actor.model.lora.rank=4",
+]
+with one_rank_process_group():
+    actor, module, _ = build_actor(sys.argv[1], overrides, batch_size=6)
+    data = make_batch(batch_size=6, vocab=1000, seed=3)
+    with lora.adapter_disabled(module):
+        reference, _ = actor.compute_log_probs(data)
+    data.batch["old_log_probs"], data.batch["advantages"] = reference, torch.randn(reference.shape)
+    data.batch["ref_log_probs"] = reference
+    before = {n: p.detach().full_tensor().clone() for n, p in module.named_parameters() if p.requires_grad}
+    metrics = actor.update_policy(data)
+    moved = [n for n, p in module.named_parameters() if p.requires_grad and not torch.equal(before[n], p.detach().full_tensor())]
+    print("MOVED", len(moved), len(before), metrics["actor/nonfinite_grad_skipped_steps"])
+"""
+
+
+def test_a_reference_pass_before_the_first_update_keeps_bf16_lora_training(tiny_model_path):
+    done = subprocess.run(
+        [sys.executable, "-c", REFERENCE_FIRST, str(tiny_model_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    moved, trainable, skipped = done.stdout.split("MOVED ")[1].split()
+    assert int(moved) > 0 and int(trainable) == 28 and skipped in ("0", "0.0")

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model, get_peft_model_state_dict
+from peft.tuners.tuners_utils import BaseTunerLayer
 from torch.distributed.tensor import DTensor
 
 from ..config.schema import LoraConfig
@@ -139,9 +140,21 @@ def has_lora(model: torch.nn.Module) -> bool:
 
 @contextmanager
 def adapter_disabled(model: torch.nn.Module) -> Iterator[None]:
-    """Forward passes inside run the base weights alone (the reference policy)."""
-    with model.disable_adapter():
+    """Forward passes inside run the base weights alone (the reference policy).
+
+    Only each adapter layer's switch is flipped. peft's ``disable_adapter`` also sets requires_grad=False on the
+    adapters while it is on, and FSDP2 decides a parameter group's gradient reduce dtype from the parameters that
+    require grad at its first forward: a run whose first forward was the reference's (KL on, on-policy) reduced no
+    gradient to fp32 and failed in its first backward under bf16 mixed precision."""
+    layers = [module for module in model.modules() if isinstance(module, BaseTunerLayer)]
+    before = [layer._disable_adapters for layer in layers]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
         yield
+    finally:
+        for layer, disabled in zip(layers, before, strict=True):
+            layer._disable_adapters = disabled
 
 
 def adapter_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
