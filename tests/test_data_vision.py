@@ -159,6 +159,24 @@ def test_a_video_named_inside_a_message_is_read_like_one_in_the_video_column(tmp
     assert pad_counts(items[1]["input_ids"], tokenizer) == (0, 8)
 
 
+def test_a_row_with_more_pictures_than_the_engine_takes_is_skipped_and_named(tmp_path, vl_tokenizer_and_processor):
+    """worker.rollout.limit_images: vLLM would refuse such a prompt at step 1 and end the run."""
+    tokenizer, processor = vl_tokenizer_and_processor
+    picture(56, 56).save(tmp_path / "a.png")
+    rows = [
+        {"prompt": "<image> and <image>?", "answer": "0", "images": ["a.png", "a.png"]},
+        {"prompt": "<image>?", "answer": "1", "images": ["a.png"]},
+    ]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    dataset = RLHFDataset(path, tokenizer, processor, vl_config(tmp_path), max_images=1)
+    assert len(dataset) == 1 and dataset[0]["ground_truth"] == "1"
+    assert dataset.unreadable_rows == [
+        (0, "it has 2 pictures and worker.rollout.limit_images is 1 (the rollout engine refuses more in one prompt); "
+         "raise it")
+    ]  # fmt: skip
+    assert len(RLHFDataset(path, tokenizer, processor, vl_config(tmp_path), max_images=2)) == 2
+
+
 def test_corrupt_image_row_is_skipped_counted_and_reported(tmp_path, vl_tokenizer_and_processor, caplog):
     tokenizer, processor = vl_tokenizer_and_processor
     picture(56, 56).save(tmp_path / "ok.png")

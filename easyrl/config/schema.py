@@ -475,7 +475,8 @@ class RolloutConfig:
     seed: int = 1
     """Sampling seed (offset per data-parallel group)."""
     limit_images: int = 0
-    """Most images per prompt the engine accepts; 0 means no limit set."""
+    """Most images per prompt the engine accepts; 0 means no limit set. Data rows with more are skipped and named when
+    the run starts (the engine would refuse them)."""
     dtype: str = "bf16"
     """Dtype of the rollout engine's weights."""
     gpu_memory_utilization: float = 0.6

@@ -171,6 +171,8 @@ class RowEncoder:
     pad_ids: dict[str, int] = field(default_factory=dict)
     tools_by_env: dict[str, list[dict]] | None = None
     """With several environments: the tool schemas each one's rows advertise (the row's ENVIRONMENT_COLUMN)."""
+    max_images: int = 0
+    """worker.rollout.limit_images: the most pictures the rollout engine takes in one prompt (0: no limit)."""
 
     def media(self, row: dict) -> tuple[list, list, list[float]]:
         """Loaded images, videos and each video's sampling rate; raises UnreadableMediaError / UnusableRowError."""
@@ -222,6 +224,11 @@ class RowEncoder:
     def encode(self, row: dict, index: int) -> dict[str, Any]:
         """The prompt, its model inputs and media; raises UnreadableMediaError / UnusableRowError."""
         images, videos, fps = self.media(row)
+        if self.max_images and len(images) > self.max_images:
+            raise UnusableRowError(
+                f"it has {len(images)} pictures and worker.rollout.limit_images is {self.max_images} (the rollout "
+                "engine refuses more in one prompt); raise it"
+            )
         messages = self.messages(row, len(images), len(videos))
         prompt = self.render(row, messages)
         if images or videos:
@@ -431,10 +438,12 @@ class RLHFDataset(Dataset):
         rows: datasets.Dataset | None = None,
         env_prompts: bool = False,
         carry_prompt_messages: bool = False,
+        max_images: int = 0,
     ):
         """``rows``: the rows themselves (``data_path`` then only names them); ``env_prompts``: a tool environment's
         reset gives each row's task, so data without a prompt (or answer) column is accepted (``_fill_env_columns``);
-        ``carry_prompt_messages``: each item carries its prompt's messages as text (a judge reads them)."""
+        ``carry_prompt_messages``: each item carries its prompt's messages as text (a judge reads them);
+        ``max_images``: worker.rollout.limit_images, rows with more pictures are skipped and named."""
         self.carry_prompt_messages = carry_prompt_messages
         self.config = config
         self.config_key = config_key
@@ -467,6 +476,7 @@ class RLHFDataset(Dataset):
             vision_block_ids=vision_block_ids,
             pad_ids=pad_ids,
             tools_by_env=tools if isinstance(tools, dict) else None,
+            max_images=max_images,
         )
         if tools and len(self.rows):
             self._warn_unshown_tools(tools)

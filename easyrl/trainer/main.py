@@ -170,6 +170,7 @@ def dataset_options(config: Any, reward_fn: Any) -> dict[str, Any]:
         "env_prompts": tool_env,
         # the question a judge reads; an environment's reset may write or extend the prompt: the decoded one then
         "carry_prompt_messages": config.worker.reward.judge.kind != "none" and not multi_turn.env,
+        "max_images": config.worker.rollout.limit_images,
     }
 
 
