@@ -91,6 +91,18 @@ def test_easyrl_train_refuses_ulysses_the_model_heads_cannot_split_before_ray(tm
     with pytest.raises(ValueError, match=r"`worker\.actor\.ulysses_size` is 2.*3 attention heads.*one of 1, 3\.$"):
         prepare_run_data(load_run_plan(args))
     assert len(prepare_run_data(load_run_plan([*args, "worker.actor.ulysses_size=1"])).train_loader) == 2
+    # the critic's heads too, from its own model when it has one
+    critic = [
+        "algorithm.adv_estimator=gae",
+        "worker.critic.ulysses_size=2",
+        "worker.critic.global_batch_size=4",
+        "worker.critic.padding_free=true",
+    ]
+    with pytest.raises(ValueError, match=r"`worker\.critic\.ulysses_size` is 2.*3 attention heads"):
+        prepare_run_data(load_run_plan([*args, "worker.actor.ulysses_size=1", *critic]))
+    even = build_tiny_causal_lm(tmp_path / "critic", hidden_size=96, num_heads=4, num_kv_heads=2)
+    own = [*args, "worker.actor.ulysses_size=1", *critic, f"worker.critic.model.model_path={even}"]
+    assert len(prepare_run_data(load_run_plan(own)).train_loader) == 2
 
 
 def test_an_actor_on_a_model_with_odd_heads_refuses_ulysses_2_at_start(tmp_path):

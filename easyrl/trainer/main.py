@@ -192,17 +192,30 @@ def check_reward_columns(config: Any, reward_fn: Any, loaders: dict[str, Any]) -
             reward_fn.check_columns(loader.dataset.carried_columns, config.data.answer_key, key, rollout_fields)
 
 
+def _check_ulysses_heads(plan: RunPlan, actor_config: Any) -> None:
+    """The head counts Ulysses splits are in the models' configs: checked now, not in the workers after Ray starts."""
+    from ..models.ulysses import check_heads
+    from ..workers.fsdp_utils import load_hf_config
+
+    worker = plan.config.worker
+    roles = [("actor", worker.actor, actor_config)]
+    if plan.use_critic:
+        same = worker.critic.model.model_path == worker.actor.model.model_path
+        roles.append(("critic", worker.critic, actor_config if same else None))
+    for role, settings, model_config in roles:
+        if settings.ulysses_size > 1:
+            model_config = model_config or load_hf_config(settings.model, "value")
+            text_config = getattr(model_config, "text_config", None) or model_config
+            check_heads(text_config, settings.ulysses_size, f"worker.{role}.ulysses_size")
+
+
 def prepare_run_data(plan: RunPlan) -> RunData:
     """Resolve built-in model paths, load the tokenizer/processor and the data, and count the training steps."""
     from ..data.loader import create_dataloaders
 
     config = plan.config
     tokenizer, processor, model_config = load_model_side(plan)
-    if config.worker.actor.ulysses_size > 1:  # the head counts are in the model's config: checked now, not in Ray
-        from ..models.ulysses import check_heads
-
-        text_config = getattr(model_config, "text_config", None) or model_config
-        check_heads(text_config, config.worker.actor.ulysses_size, "worker.actor.ulysses_size")
+    _check_ulysses_heads(plan, model_config)
     reward_fn = load_run_reward(config)
     train_loader, val_loader = create_dataloaders(
         config.data, tokenizer, processor, model_config=model_config, **dataset_options(config, reward_fn)
