@@ -11,6 +11,18 @@ def test_format_prompt_file_wraps_the_content(tmp_path):
     assert PromptFormatter(str(path))("  What is 2+2? ") == "What is 2+2? Answer in \\boxed{}."
 
 
+def test_a_template_that_never_shows_the_question_or_reads_other_variables_is_named(tmp_path, caplog):
+    ignores = tmp_path / "ignores.jinja"
+    ignores.write_text("Just say hi.")
+    other = tmp_path / "other.jinja"
+    other.write_text("{{ question }} {{ content }}")
+    with caplog.at_level("WARNING"):
+        assert PromptFormatter(str(ignores))("What is 2+2?") == "Just say hi."
+        assert PromptFormatter(str(other))("2+2?") == " 2+2?"
+    assert f"{ignores} never uses {{{{ content }}}}: every prompt is the template's own text" in caplog.text
+    assert f"{other} uses `question`" in caplog.text and f"{other} never uses" not in caplog.text
+
+
 def test_no_format_prompt_keeps_the_text():
     assert PromptFormatter(None)("hi") == "hi"
 

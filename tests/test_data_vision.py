@@ -177,6 +177,25 @@ def test_a_row_with_more_pictures_than_the_engine_takes_is_skipped_and_named(tmp
     assert len(RLHFDataset(path, tokenizer, processor, vl_config(tmp_path), max_images=2)) == 2
 
 
+def test_a_picture_column_the_image_key_misses_is_named_before_training_text_only(
+    tmp_path, vl_tokenizer_and_processor
+):
+    """Many Hugging Face datasets call the column `image`; EasyR1's default key is `images`."""
+    tokenizer, processor = vl_tokenizer_and_processor
+    picture(56, 56).save(tmp_path / "a.png")
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "How many?", "answer": "1", "image": "a.png"}])
+    with pytest.raises(KeyError, match=r"no column 'images' \(data.image_key\) but a column 'image': without "
+                       r"data.image_key=image the model would see none of its images"):  # fmt: skip
+        RLHFDataset(path, tokenizer, processor, vl_config(tmp_path))
+    item = RLHFDataset(path, tokenizer, processor, vl_config(tmp_path, image_key="image"))[0]
+    assert len(item["multi_modal_data"]["images"]) == 1
+    # placeholders with the pictures under another name: the rows go, and the error says where to look
+    placed = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "<image>How many?", "answer": "1", "pics": "a.png"}])
+    with pytest.raises(ValueError, match=r"but the row has no images or videos\); check data.image_key / "
+                       r"data.video_key \(the columns are \['prompt', 'answer', 'pics'\]\)"):  # fmt: skip
+        RLHFDataset(placed, tokenizer, processor, vl_config(tmp_path))
+
+
 def test_corrupt_image_row_is_skipped_counted_and_reported(tmp_path, vl_tokenizer_and_processor, caplog):
     tokenizer, processor = vl_tokenizer_and_processor
     picture(56, 56).save(tmp_path / "ok.png")

@@ -394,6 +394,18 @@ def _near_column(name: str, columns: list[str]) -> str | None:
     return close[0] if close else None
 
 
+# the names media columns usually have, beside near spellings of the configured key
+LIKELY_MEDIA_COLUMNS = {
+    "image_key": ("image", "images", "img", "imgs", "image_path", "image_paths", "picture", "pictures"),
+    "video_key": ("video", "videos", "video_path", "video_paths"),
+}
+
+
+def _near_media_column(name: str, columns: list[str], likely: tuple[str, ...]) -> str | None:
+    """A column that likely holds the pictures (videos) ``data.image_key`` (``video_key``) misses, or None."""
+    return _near_column(name, columns) or next((column for column in columns if column.lower() in likely), None)
+
+
 def _name_rows(rows: Any) -> str:
     """ "row 3" / "rows 1, 4, 9 and 12 more": the first rows of a warning, all of them counted."""
     rows = [int(i) for i in rows]
@@ -453,7 +465,7 @@ class RLHFDataset(Dataset):
         self.source_name = os.path.splitext(os.path.basename(data_path.split("@")[0].rstrip("/")))[0] or data_path
         filled = self._fill_env_columns() if env_prompts and len(self.rows) else []
         config = self.config
-        self._check_columns()
+        self._check_columns(processor)
         media_dirs = tuple(folder for folder in (config.image_dir, data_folder(data_path)) if folder)
         vision_block_ids, pad_ids = _vision_token_ids(tokenizer, processor)
         self.encoder = RowEncoder(
@@ -569,7 +581,7 @@ class RLHFDataset(Dataset):
             )
         return filled
 
-    def _check_columns(self) -> None:
+    def _check_columns(self, processor: Any) -> None:
         if len(self.rows) == 0:
             raise ValueError(
                 f"{self.config_key}: {self.data_path} has no rows; point {self.config_key} at a data file."
@@ -581,6 +593,31 @@ class RLHFDataset(Dataset):
                 near = _near_column(name.split(".")[0], columns)
                 hint = f" Did you mean data.{key}={near}?" if near else ""
                 raise KeyError(f"{self.config_key}: no column {name!r} (data.{key}); the columns are {columns}.{hint}")
+        if processor is not None:  # a vision-language model: a misnamed media column means no pictures
+            for key in ("image_key", "video_key"):
+                name = getattr(self.config, key)
+                near = None if name in columns else _near_media_column(name, columns, LIKELY_MEDIA_COLUMNS[key])
+                if near:
+                    raise KeyError(
+                        f"{self.config_key}: no column {name!r} (data.{key}) but a column {near!r}: without "
+                        f"data.{key}={near} the model would see none of its {key.split('_')[0]}s. The columns are "
+                        f"{columns}."
+                    )
+
+    def _no_rows_hint(self) -> str:
+        """What to change when screening left no row, after the reason of the first unusable one."""
+        hints = ["raise data.max_prompt_length"] if self.num_filtered_overlong else []
+        reason = self.unusable_rows[0][1] if self.unusable_rows else ""
+        if "placeholder" in reason:
+            hints.append(
+                f"check data.image_key / data.video_key (the columns are {self.rows.column_names}) and "
+                "data.format_prompt, which must not add or repeat <image> / <video>"
+            )
+        elif "cannot read" in reason or "cannot download" in reason:
+            hints.append("check where the pictures / videos are (data.image_dir, the data file's folder)")
+        elif self.unusable_rows:
+            hints.append("fix the rows")
+        return " or ".join(hints) or "check the data"
 
     def _warn_skipped(self, what: str, rows: list[tuple[int, str]], total: int, with_reasons: bool = True) -> None:
         if not rows:
@@ -690,8 +727,7 @@ class RLHFDataset(Dataset):
             first = f": row {self.unusable_rows[0][0]}: {self.unusable_rows[0][1]}" if self.unusable_rows else ""
             raise ValueError(
                 f"{self.config_key}: no rows left after screening ({self.num_filtered_overlong} longer than "
-                f"data.max_prompt_length={limit}, {len(self.unusable_rows)} unusable{first}); raise "
-                "data.max_prompt_length or check the data."
+                f"data.max_prompt_length={limit}, {len(self.unusable_rows)} unusable{first}); {self._no_rows_hint()}."
             )
         if len(kept) < total:
             self.rows = self.rows.select(kept)

@@ -70,6 +70,13 @@ def undefined_variables(path: str) -> list[str]:
 @lru_cache(maxsize=32)
 def _warn_undefined_variables(path: str) -> None:
     # once per file and process: the train and validation datasets share the template
+    variables = jinja2.meta.find_undeclared_variables(_ENVIRONMENT.parse(_source(path)[0]))
+    if "content" not in variables:
+        logger.warning(
+            "data.format_prompt: %s never uses {{ content }}: every prompt is the template's own text, without the "
+            "row's question. Write {{ content }} where the question goes.",
+            path,
+        )
     unknown = undefined_variables(path)
     if unknown:
         logger.warning(
