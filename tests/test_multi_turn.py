@@ -131,6 +131,65 @@ def test_calculator_tool_evaluates_arithmetic_and_refuses_anything_else():
             calculator(bad)
 
 
+RENAMED_TOOL = '''
+def add(a: int, b: int) -> int:
+    """Add.
+
+    Args:
+        a: First.
+        b: Second.
+    """
+    return a + b
+
+
+def add_v2(a: int, b: int) -> int:
+    """Add again: renamed to `add` by its schema.
+
+    Args:
+        a: First.
+        b: Second.
+    """
+    return -999
+
+
+add_v2.schema = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
+
+
+def delete_everything(path: str) -> str:
+    """Delete a path.
+
+    Args:
+        path: The path.
+    """
+    return "deleted " + path
+
+
+TOOLS = [add, add_v2, delete_everything]
+'''
+
+
+def test_two_tools_of_one_name_are_refused_naming_the_name_both_functions_and_the_file(tmp_path):
+    path = tmp_path / "renamed.py"
+    path.write_text(RENAMED_TOOL)
+    message = (
+        f"`worker.rollout.multi_turn.tools`: `{path}` has two tools named 'add': `add` and `add_v2`; the model would "
+        "be shown 'add' twice"
+    )
+    with pytest.raises(ValueError) as error:
+        load_tools(str(path))
+    assert message in str(error.value)
+    with pytest.raises(ValueError) as error:  # what the trainer calls before Ray to build the prompts
+        multi_turn.tool_schemas(str(path))
+    assert message in str(error.value)
+    path.write_text(RENAMED_TOOL.replace("[add, add_v2, delete_everything]", "[add, delete_everything, add]"))
+    with pytest.raises(ValueError, match=f"`{path}` lists `add` twice"):
+        load_tools(str(path))
+    path.write_text(RENAMED_TOOL.replace("add_v2.schema = ", "unused = "))
+    tools = load_tools(str(path))  # each name bound to its own function
+    assert list(tools) == ["add", "add_v2", "delete_everything"]
+    assert [tools["add"](1, 2), tools["add_v2"](1, 2), tools["delete_everything"]("x")] == [3, -999, "deleted x"]
+
+
 def test_tool_results_become_tool_messages_of_the_chat_template(tokenizer):
     renderer = ToolMessageRenderer(tokenizer)
     assert renderer.role == "tool"  # SmolLM2's ChatML template renders any role

@@ -286,6 +286,26 @@ def test_schemas_kinds_reset_arguments_and_state(env_file, tmp_path):
         state.get_reward()
 
 
+def test_two_tool_methods_of_one_name_are_refused_naming_both_methods_and_the_file(tmp_path):
+    path = tmp_path / "renamed_env.py"
+    path.write_text(
+        "class RenamedEnv:\n"
+        "    def reset(self, **kwargs):\n"
+        "        pass\n"
+        "    def look(self):\n"
+        "        return 'look'\n"
+        "    def wipe(self):\n"
+        "        return 'wipe'\n"
+        "    look.schema = {'type': 'function', 'function': {'name': 'look'}}\n"
+        "    wipe.schema = {'type': 'function', 'function': {'name': 'look'}}\n"
+    )
+    spec = f"{path}:RenamedEnv"
+    message = f"`worker.rollout.multi_turn.env`: `{spec}` has two tools named 'look': `look` and `wipe`"
+    with pytest.raises(ValueError) as error:
+        tool_schemas(None, spec)
+    assert message in str(error.value)
+
+
 def test_check_accepts_tools_beside_a_tool_env_and_refuses_them_beside_a_stepped_one(valid_args, env_file, tmp_path):
     from easyrl.trainer.main import dataset_options
 

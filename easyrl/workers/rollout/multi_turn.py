@@ -174,17 +174,32 @@ def tool_schema(fn: Callable, method: bool = False) -> dict:
 
 
 def _named_schemas(functions: list[Callable], where: str, key: str, method: bool = False) -> dict[str, dict]:
-    """name -> JSON schema of each tool (the name the model calls it by is the schema's)."""
-    schemas = {}
+    """name -> JSON schema of each tool, in the order of ``functions`` (the name the model calls it by is the
+    schema's). Two tools of one name are refused: the model would be shown that name twice and one tool never, and
+    pairing names with ``functions`` would bind a name to the wrong function."""
+    schemas, owners = {}, {}
     for fn in functions:
+        fn_name = getattr(fn, "__name__", repr(fn))
         try:
             schema = tool_schema(fn, method)
         except Exception as err:  # transformers' DocstringParsingException, TypeHintParsingException
             raise ValueError(
-                f"`{key}`: no JSON schema for `{getattr(fn, '__name__', fn)}` in `{where}`: {err}. Give it type "
+                f"`{key}`: no JSON schema for `{fn_name}` in `{where}`: {err}. Give it type "
                 "hints and a Google-style docstring with an `Args:` line per argument, or a `schema` attribute."
             ) from None
-        schemas[schema.get("function", schema).get("name", fn.__name__)] = schema
+        name = schema.get("function", schema).get("name", fn.__name__)
+        if name in owners:
+            first = owners[name]
+            what = (
+                f"lists `{fn_name}` twice"
+                if first is fn
+                else f"has two tools named {name!r}: `{getattr(first, '__name__', first)}` and `{fn_name}`"
+            )
+            raise ValueError(
+                f"`{key}`: `{where}` {what}; the model would be shown {name!r} twice and could call only one of them. "
+                "Give each tool its own name (a `schema` attribute's name is the one the model calls)."
+            )
+        schemas[name], owners[name] = schema, fn
     return schemas
 
 
@@ -362,7 +377,15 @@ def env_tool_methods(cls: type) -> list[str]:
 def env_tool_schemas(cls: type) -> dict[str, dict]:
     """name -> JSON schema of each tool method of a tool environment class."""
     methods = [getattr(cls, name) for name in env_tool_methods(cls)]
-    return _named_schemas(methods, f"{cls.__module__}.{cls.__qualname__}", ENV_KEY, method=True)
+    return _named_schemas(methods, _class_label(cls), ENV_KEY, method=True)
+
+
+def _class_label(cls: type) -> str:
+    """A user's class as ``worker.rollout.multi_turn.env`` names it: path/to/file.py:ClassName."""
+    try:
+        return f"{inspect.getfile(cls)}:{cls.__qualname__}"
+    except TypeError:  # a class without a source file
+        return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def reset_arguments(reset: Callable, columns: dict) -> dict:
