@@ -6,6 +6,7 @@ import json
 import pytest
 
 from easyrl.config.schema import DataConfig, SFTConfig
+from easyrl.data.dataset import RLHFDataset
 from easyrl.data.sft import ConversationEncoder, SFTDataset, normalize_messages
 
 
@@ -161,3 +162,94 @@ def test_an_assistant_message_of_weight_0_is_context_not_trained_on(tokenizer, t
     assert [index for index, _ in dataset.unusable_rows] == [1, 2]
     assert "row 1: every assistant message has weight 0: nothing to learn" in caplog.text
     assert "row 2: message 1 has weight 0.5: 0 (context, not trained on) or 1 (trained on)" in caplog.text
+
+
+BOXED = "Q: {{ content }} Put the answer in \\boxed{}."
+TWO_QUESTIONS = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "2+2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "and 3+3?"},
+    {"role": "assistant", "content": "\\boxed{6}"},
+]
+
+
+def prompt_before_last_reply(tokenizer, item) -> str:
+    """The tokens the model reads before its last labelled reply."""
+    labelled = item["loss_mask"].tolist()
+    start = max(i for i, (now, before) in enumerate(zip(labelled, [0, *labelled])) if now and not before)
+    return tokenizer.decode(item["input_ids"][:start])
+
+
+def test_format_prompt_renders_the_last_user_message_as_the_rl_prompt_does(tokenizer, tmp_path):
+    template = tmp_path / "boxed.jinja"
+    template.write_text(BOXED)
+    data = DataConfig(prompt_key="prompt", format_prompt=str(template), filter_overlong_prompts=False)
+    sharegpt = [
+        {"from": {"system": "system", "user": "human", "assistant": "gpt"}[m["role"]], "value": m["content"]}
+        for m in TWO_QUESTIONS
+    ]
+    rows = [{"messages": TWO_QUESTIONS}, {"messages": sharegpt}]
+    dataset = SFTDataset(write_rows(tmp_path / "sft.jsonl", rows), tokenizer, None, data, SFTConfig())
+    item = dataset[0]
+    # the last question reads as the RL prompt holding these turns shows it; earlier turns as they were written
+    rl_rows = write_rows(tmp_path / "rl.jsonl", [{"prompt": TWO_QUESTIONS[:4], "answer": "6"}])
+    rl_prompt = tokenizer.decode(RLHFDataset(rl_rows, tokenizer, None, data)[0]["raw_prompt_ids"])
+    assert prompt_before_last_reply(tokenizer, item) == rl_prompt
+    assert "<|im_start|>user\nQ: and 3+3? Put the answer in \\boxed{}.<|im_end|>" in rl_prompt
+    assert "<|im_start|>user\n2+2?<|im_end|>" in rl_prompt
+    assert labelled_text(tokenizer, item) == "4<|im_end|>\\boxed{6}<|im_end|>"
+    # ShareGPT's conversations, and the same turns as TRL's prompt and completion columns, train the same tokens
+    encoder = ConversationEncoder(tokenizer, None, data, SFTConfig(response_key="completion"), "test")
+    split = encoder.encode({"prompt": TWO_QUESTIONS[:4], "completion": TWO_QUESTIONS[4:]})
+    for other in (dataset[1], split):
+        assert other["input_ids"].tolist() == item["input_ids"].tolist()
+        assert other["loss_mask"].tolist() == item["loss_mask"].tolist()
+
+
+def test_format_prompt_keeps_a_picture_where_its_placeholder_or_part_puts_it(tokenizer, tmp_path):
+    template = tmp_path / "brief.jinja"
+    template.write_text("Look: {{ content }} Be brief.")
+    encoder = ConversationEncoder(tokenizer, None, DataConfig(format_prompt=str(template)), SFTConfig(), "test")
+    reply = {"role": "assistant", "content": "2"}
+    # the template renders the text with its placeholder, as RL renders it, and the placeholder then becomes a part
+    placeholder = encoder.messages({"messages": [{"role": "user", "content": "<image>How many?"}, reply]}, 1, 0)
+    assert placeholder[0]["content"] == [
+        {"type": "text", "text": "Look: "},
+        {"type": "image"},
+        {"type": "text", "text": "How many? Be brief."},
+    ]
+    # typed parts: the template renders the last text part, the picture part stays first
+    parts = [{"type": "image", "image": "cat.png", "text": None}, {"type": "text", "text": "How many?", "image": None}]
+    typed = encoder.messages({"messages": [{"role": "user", "content": parts}, reply]}, 1, 0)
+    assert typed[0]["content"] == [{"type": "image"}, {"type": "text", "text": "Look: How many? Be brief."}]
+    assert typed[1] == reply and parts[1]["text"] == "How many?"  # the row's own value is not changed
+    # no placeholder and no part: the picture goes before the formatted text
+    plain = encoder.messages({"messages": [{"role": "user", "content": "How many?"}, reply]}, 1, 0)
+    assert plain[0]["content"] == [{"type": "image"}, {"type": "text", "text": "Look: How many? Be brief."}]
+
+
+def test_a_formatted_question_with_a_picture_reads_as_the_rl_prompt_does(
+    vl_tokenizer_and_processor, tiny_vl_model_path, tmp_path
+):
+    from PIL import Image
+    from transformers import AutoConfig
+
+    tokenizer, processor = vl_tokenizer_and_processor
+    Image.new("RGB", (56, 56), (255, 0, 0)).save(tmp_path / "red.png")
+    template = tmp_path / "brief.jinja"
+    template.write_text("Look: {{ content }} Be brief.")
+    data = DataConfig(prompt_key="prompt", format_prompt=str(template), min_pixels=28 * 28, max_pixels=56 * 56)
+    conversation = [{"role": "user", "content": "<image>How many?"}, {"role": "assistant", "content": "1"}]
+    model_config = AutoConfig.from_pretrained(tiny_vl_model_path)
+    sft_rows = write_rows(tmp_path / "sft.jsonl", [{"messages": conversation, "images": ["red.png"]}])
+    item = SFTDataset(sft_rows, tokenizer, processor, data, SFTConfig(), model_config=model_config)[0]
+    rl_rows = write_rows(tmp_path / "rl.jsonl", [{"prompt": conversation[:1], "images": ["red.png"], "answer": "1"}])
+    rl_item = RLHFDataset(rl_rows, tokenizer, processor, data, model_config=model_config)[0]
+    # RL's raw prompt holds one pad per picture (the engine expands it); SFT's the picture's 4 (2x2 merged patches)
+    pad = "<|image_pad|>"
+    assert int((item["input_ids"] == processor.image_token_id).sum()) == 4
+    rl_prompt = tokenizer.decode(rl_item["raw_prompt_ids"])
+    assert prompt_before_last_reply(tokenizer, item).replace(pad * 4, pad) == rl_prompt
+    assert f"Look: <|vision_start|>{pad}<|vision_end|>How many? Be brief.<|im_end|>" in rl_prompt
+    assert labelled_text(tokenizer, item) == "1<|im_end|>"

@@ -76,9 +76,11 @@ class DataConfig:
     format_prompt: Optional[str] = None
     """Jinja template file applied to each prompt before the chat template: its text stripped of surrounding
     whitespace (as EasyR1 does), rendered with `content` = the row's prompt text (other variables render empty, with a
-    warning). A missing `.../format_prompt/{math,r1v,dapo,android_gui}.jinja` (EasyR1's
-    `./examples/format_prompt/...`) is replaced by easyrl's copy under `format_prompt/` (EasyR1's exact text), with a
-    warning naming both paths."""
+    warning). A prompt given as chat messages has the text of its last user message rendered, earlier turns kept as
+    written; `easyrl sft` does the same to a conversation (sft.messages_key) and to a prompt column, so the model
+    learns the prompt RL shows it for the conversation's last question. A missing
+    `.../format_prompt/{math,r1v,dapo,android_gui}.jinja` (EasyR1's `./examples/format_prompt/...`) is replaced by
+    easyrl's copy under `format_prompt/` (EasyR1's exact text), with a warning naming both paths."""
     system_prompt: Optional[str] = None
     """A system message put before each prompt's messages (EasyR1's first releases had this key; format_prompt is
     its later way to instruct the model). A prompt given as messages that already open with a system message keeps
@@ -774,7 +776,8 @@ class SFTConfig:
     messages_key: str = "messages"
     """Column holding a conversation: an OpenAI-style list of {role, content}; the loss falls on every assistant
     message (and its end-of-turn token) only, but one with `"weight": 0` (OpenAI's fine-tuning format), which is context.
-    Rows without it use data.prompt_key and sft.response_key."""
+    data.format_prompt renders the text of its last user message, as RL renders a chat-message prompt's. Rows without
+    it use data.prompt_key and sft.response_key."""
     response_key: str = "response"
     """Column holding the assistant's reply to data.prompt_key (a one-exchange conversation; the prompt goes through
     data.format_prompt as in RL). Both columns may hold chat messages instead of text (TRL's conversational

@@ -1,12 +1,12 @@
 """Supervised fine-tuning data: conversations -> token ids with a loss mask on the assistant's tokens only.
 
 A row is either a conversation, ``sft.messages_key`` (default ``messages``): an OpenAI-style list of
-``{"role": ..., "content": ...}``, or a single exchange: ``data.prompt_key`` (the user's turn, passed through
-``data.format_prompt`` as in RL, so the model learns the prompt the RL run will show it) and ``sft.response_key``
-(the assistant's reply). Pictures and videos come from ``data.image_key`` / ``data.video_key`` (or from content parts
-that name them) and are read exactly as for RL prompts: ``<image>`` / ``<video>`` placeholders in a message's text (or
-``{"type": "image"}`` / ``{"type": "video"}`` parts) mark where each goes; with no placeholder at all they go before
-the first user message's text.
+``{"role": ..., "content": ...}``, or a single exchange: ``data.prompt_key`` (the user's turn) and ``sft.response_key``
+(the assistant's reply). ``data.format_prompt`` renders the text of the last user message (the prompt column's text),
+as in RL, so the model learns the prompt the RL run will show it. Pictures and videos come from ``data.image_key`` /
+``data.video_key`` (or from content parts that name them) and are read exactly as for RL prompts: ``<image>`` /
+``<video>`` placeholders in a message's text (or ``{"type": "image"}`` / ``{"type": "video"}`` parts) mark where each
+goes; with no placeholder at all they go before the first user message's text.
 
 Where the loss falls (the labels): the chat template is rendered turn by turn. For the assistant message i,
 ``render(messages[:i], add_generation_prompt=True)`` is what the model reads before it answers (exactly the prompt an
@@ -75,8 +75,7 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
         raise UnusableConversationError("the conversation has no messages")
     out = []
     for index, message in enumerate(messages):
-        if isinstance(message, dict) and _is_missing(message.get("role")) and not _is_missing(message.get("from")):
-            message = _from_sharegpt(message)
+        message = _as_chat_message(message)
         if not isinstance(message, dict) or _is_missing(message.get("role")) or not _has_content(message):
             raise UnusableConversationError(f"message {index} is not a {{role, content}} dict")
         content = "" if _is_missing(message.get("content")) else message["content"]  # a tool call's null content
@@ -143,8 +142,11 @@ TEMPLATE_MESSAGE_KEYS = ("tool_calls", "name", "tool_call_id", "reasoning_conten
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "observation": "tool", "function_call": "assistant"}
 
 
-def _from_sharegpt(message: dict) -> dict:
-    """A ShareGPT message ({from, value}) as a chat message ({role, content}); other keys kept."""
+def _as_chat_message(message: Any) -> Any:
+    """A ShareGPT message ({from, value}) as a chat message ({role, content}), other keys kept; anything else as it
+    is."""
+    if not (isinstance(message, dict) and _is_missing(message.get("role")) and not _is_missing(message.get("from"))):
+        return message
     speaker = str(message["from"])
     rest = {key: value for key, value in message.items() if key not in ("from", "value")}
     return {**rest, "role": SHAREGPT_ROLES.get(speaker.lower(), speaker), "content": message.get("value")}
@@ -239,7 +241,7 @@ class ConversationEncoder:
     def messages(self, row: dict, num_images: int, num_videos: int) -> list[dict[str, Any]]:
         conversation = row.get(self.sft.messages_key)
         if not _is_missing(conversation):
-            return normalize_messages(conversation, num_images, num_videos)
+            return normalize_messages(self.format_last_user_message(conversation), num_images, num_videos)
         prompt, response = row.get(self.data.prompt_key), row.get(self.sft.response_key)
         if _is_missing(prompt) or _is_missing(response):
             raise UnusableConversationError(
@@ -259,6 +261,28 @@ class ConversationEncoder:
         else:
             turns.append({"role": "assistant", "content": str(response)})
         return normalize_messages(turns, num_images, num_videos)
+
+    def format_last_user_message(self, conversation: Any) -> list:
+        """The conversation with ``data.format_prompt`` rendered around the text of its last user message (before its
+        placeholders become parts, as in RL), earlier user turns as they are."""
+        # RL renders a chat-message prompt this way (`conversation_messages`), so the conversation's last question
+        # reads exactly as the RL prompt holding these turns shows it, and a messages row trains as the same turns
+        # split into prompt and completion columns do; formatting every user turn would change the earlier turns
+        # that RL shows as written.
+        messages = [_as_chat_message(message) for message in _as_list(conversation)]
+        users = [
+            i for i, message in enumerate(messages) if isinstance(message, dict) and message.get("role") == "user"
+        ]
+        if self.formatter.path is None or not users:
+            return messages
+        last = messages[users[-1]]
+        if is_chat_messages(last.get("content")):  # typed parts, however the reader hands the list over
+            last = {**last, "content": _as_list(last["content"])}
+        try:
+            messages[users[-1]] = conversation_messages([last], self.formatter)[0]
+        except ValueError:  # not a {role, content} message: normalize_messages names what is wrong with it
+            pass
+        return messages
 
     def media(self, row: dict) -> tuple[list, list, list[float]]:
         """The row's pictures, videos (sampled frames) and each video's sampling rate, read as for RL prompts."""
