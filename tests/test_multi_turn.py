@@ -190,6 +190,23 @@ def test_two_tools_of_one_name_are_refused_naming_the_name_both_functions_and_th
     assert [tools["add"](1, 2), tools["add_v2"](1, 2), tools["delete_everything"]("x")] == [3, -999, "deleted x"]
 
 
+@pytest.mark.parametrize(
+    "schema", ['"calc(expression: str)"', '{"type": "function", "function": {"description": "x"}}']
+)
+def test_a_schema_that_is_no_openai_dict_with_a_name_is_refused_naming_the_tool_and_the_file(tmp_path, schema):
+    path = tmp_path / "schema_tools.py"
+    path.write_text(f"def calc(expression):\n    return expression\n\n\ncalc.schema = {schema}\nTOOLS = [calc]\n")
+    with pytest.raises(ValueError) as error:
+        load_tools(str(path))
+    assert str(error.value).startswith(f"`worker.rollout.multi_turn.tools`: `calc.schema` in `{path}` is ")
+    assert "it must be an OpenAI-style dict" in str(error.value)
+    # the bare function object (verl's and OpenAI's function) names the tool too
+    path.write_text(
+        'def calc(expression):\n    return expression\n\n\ncalc.schema = {"name": "calc2"}\nTOOLS = [calc]\n'
+    )
+    assert list(load_tools(str(path))) == ["calc2"]
+
+
 def test_tool_results_become_tool_messages_of_the_chat_template(tokenizer):
     renderer = ToolMessageRenderer(tokenizer)
     assert renderer.role == "tool"  # SmolLM2's ChatML template renders any role

@@ -68,6 +68,7 @@ from ...data.template import RESET_CONTENT, ChatTemplate
 from ...data.vision import PictureSizing, load_image, to_rgb
 from ...models.vision import text_token_for_sampled_pads
 from ..reward.loader import import_user_file, resolved
+from ..reward.scorer import _short
 from .base import (
     BaseRollout,
     GenerationRequest,
@@ -187,7 +188,13 @@ def _named_schemas(functions: list[Callable], where: str, key: str, method: bool
                 f"`{key}`: no JSON schema for `{fn_name}` in `{where}`: {err}. Give it type "
                 "hints and a Google-style docstring with an `Args:` line per argument, or a `schema` attribute."
             ) from None
-        name = schema.get("function", schema).get("name", fn.__name__)
+        name = _schema_name(schema)
+        if name is None:
+            raise ValueError(
+                f"`{key}`: `{fn_name}.schema` in `{where}` is {_short(schema)}; it must be an OpenAI-style dict, "
+                '{"type": "function", "function": {"name": ..., "description": ..., "parameters": {...}}}, or leave '
+                "it out to read the schema from the type hints and docstring."
+            )
         if name in owners:
             first = owners[name]
             what = (
@@ -201,6 +208,14 @@ def _named_schemas(functions: list[Callable], where: str, key: str, method: bool
             )
         schemas[name], owners[name] = schema, fn
     return schemas
+
+
+def _schema_name(schema: Any) -> Optional[str]:
+    """The name a tool's JSON schema gives it: OpenAI's ``{"type": "function", "function": {"name": ...}}`` or the bare
+    function object ``{"name": ...}``; None when the schema is not such a dict."""
+    function = schema.get("function", schema) if isinstance(schema, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) and name else None
 
 
 def load_tools(path: str) -> dict[str, Callable]:
