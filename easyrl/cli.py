@@ -16,6 +16,13 @@ def _check(args: list[str]) -> int:
     except ConfigError as err:
         print(f"easyrl check: invalid config: {err}", file=sys.stderr)
         return 2
+    from .trainer.preflight import check_model_files, error_text
+
+    try:  # what a run reads before Ray beyond the config: tool files, the heads Ulysses splits
+        check_model_files(plan)
+    except (ValueError, KeyError, OSError) as err:
+        print(f"easyrl check: invalid config: {error_text(err)}", file=sys.stderr)
+        return 2
     print(config_to_yaml(plan.config), end="")
     print("# run plan")
     print("\n".join(f"#   {line}" for line in plan.describe().splitlines()))
@@ -75,9 +82,8 @@ def _generation_plan(args: list[str], command: str):
 
     config = read_config(args)
     config.trainer.val_only = True  # nothing is trained: data.train_files may be absent
-    plan = make_run_plan(config, needs_reward=command == "eval")
-    check_generation_data(plan.config)
-    return plan
+    check_generation_data(config)  # before the plan, whose validation would name trainer.val_only, not the command
+    return make_run_plan(config, needs_reward=command == "eval")
 
 
 def _generate_or_eval(command: str, args: list[str]) -> int:

@@ -40,6 +40,21 @@ def test_check_rejects_a_typo_with_exit_2_and_a_suggestion():
     assert "Did you mean `worker.rollout.n`?" in result.stderr
 
 
+def test_check_reads_the_heads_ulysses_splits_and_the_tool_files_as_a_run_does(tmp_path):
+    """What check accepts runs: a run refuses both before Ray, so check does too."""
+    recipe = "config=examples/smollm2_arithmetic_grpo.yaml"
+    result = run_easyrl("check", recipe, "worker.actor.ulysses_size=2", "trainer.n_gpus_per_node=2")
+    assert result.returncode == 2
+    assert "`worker.actor.ulysses_size` is 2" in result.stderr and "9 attention heads" in result.stderr
+    assert run_easyrl("check", recipe, "worker.actor.ulysses_size=3", "trainer.n_gpus_per_node=3").returncode == 0
+    tools = tmp_path / "tools.py"
+    tools.write_text("def add(a: int, b: int) -> int:\n    return a + b\n\nTOOLS = [add]\n")
+    result = run_easyrl(
+        "check", "config=examples/smollm2_arithmetic_grpo_tools.yaml", f"worker.rollout.multi_turn.tools={tools}"
+    )
+    assert result.returncode == 2 and "add" in result.stderr and "docstring" in result.stderr, result.stderr
+
+
 def test_unknown_subcommand_exits_2():
     result = run_easyrl("fly")
     assert result.returncode == 2

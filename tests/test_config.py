@@ -428,3 +428,17 @@ def test_an_empty_section_in_a_yaml_file_sets_nothing(tmp_path):
     config = load_config([f"config={file}"], validate=False)
     assert config.worker.rollout.n == 3
     assert config.trainer.total_epochs == 15
+
+
+def test_val_only_without_validation_data_is_refused(valid_args):
+    with pytest.raises(ConfigError, match=r"trainer.val_only .* needs `data.val_files`"):
+        load_config([*valid_args, "trainer.val_only=true", "data.val_files="])
+
+
+def test_a_ulysses_size_that_does_not_divide_the_workers_is_named_before_the_batch_arithmetic(valid_args):
+    for role, extra in (("actor", []), ("critic", ["algorithm.adv_estimator=gae", "worker.critic.padding_free=true"])):
+        args = [*valid_args, *extra, "trainer.n_gpus_per_node=2", f"worker.{role}.ulysses_size=3"]
+        with pytest.raises(
+            ConfigError, match=rf"`worker\.{role}\.ulysses_size` \(3\) must divide the number of workers"
+        ):
+            load_config(args)

@@ -435,8 +435,8 @@ def _check_liger(config: PPOConfig) -> None:
 
 
 def _check_ulysses(config: PPOConfig, role: str, role_config) -> None:
-    """Ulysses (models/ulysses.py) needs whole sequence-parallel groups and a packed row to split. The head counts
-    (both must be divisible by the size) are in the model's config: the worker checks them when it starts."""
+    """Ulysses (models/ulysses.py) needs whole sequence-parallel groups and a packed row to split. The head counts are
+    in the model's config: read before Ray starts (trainer.main.check_model_files), not here."""
     size, world = role_config.ulysses_size, config.world_size
     if size == 1:
         return
@@ -849,6 +849,11 @@ def _check_required(config: PPOConfig, needs_reward: bool = True) -> None:
         "data.train_files": config.data.train_files or config.trainer.val_only or env_data,
         "worker.reward.reward_function": config.worker.reward.reward_function or not needs_reward,
     }
+    if config.trainer.val_only and not config.data.val_files:
+        raise ConfigError(
+            "trainer.val_only validates the model and trains nothing: it needs `data.val_files`, the prompts it "
+            "validates on."
+        )
     missing = [key for key, value in needed.items() if not value]
     if missing:
         raise ConfigError(
@@ -960,6 +965,9 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
         )
 
     world = config.world_size
+    for role in ("actor", "critic") if uses_critic(config) else ("actor",):
+        # whole sequence-parallel groups first: the batch arithmetic below divides by their number
+        _check_ulysses(config, role, getattr(config.worker, role))
     if not config.trainer.val_only:  # `easyrl generate` / `eval` and trainer.val_only make no update
         _check_update_batches(config)
     for role in ("actor", "critic", "ref") if uses_critic(config) else ("actor", "ref"):

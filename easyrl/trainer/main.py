@@ -14,6 +14,7 @@ from typing import Any
 from ..config import RunPlan
 from ..utils import device
 from ..utils.logging import setup_driver_logging
+from .preflight import error_text
 
 
 logger = logging.getLogger(__name__)
@@ -192,30 +193,14 @@ def check_reward_columns(config: Any, reward_fn: Any, loaders: dict[str, Any]) -
             reward_fn.check_columns(loader.dataset.carried_columns, config.data.answer_key, key, rollout_fields)
 
 
-def _check_ulysses_heads(plan: RunPlan, actor_config: Any) -> None:
-    """The head counts Ulysses splits are in the models' configs: checked now, not in the workers after Ray starts."""
-    from ..models.ulysses import check_heads
-    from ..workers.fsdp_utils import load_hf_config
-
-    worker = plan.config.worker
-    roles = [("actor", worker.actor, actor_config)]
-    if plan.use_critic:
-        same = worker.critic.model.model_path == worker.actor.model.model_path
-        roles.append(("critic", worker.critic, actor_config if same else None))
-    for role, settings, model_config in roles:
-        if settings.ulysses_size > 1:
-            model_config = model_config or load_hf_config(settings.model, "value")
-            text_config = getattr(model_config, "text_config", None) or model_config
-            check_heads(text_config, settings.ulysses_size, f"worker.{role}.ulysses_size")
-
-
 def prepare_run_data(plan: RunPlan) -> RunData:
     """Resolve built-in model paths, load the tokenizer/processor and the data, and count the training steps."""
     from ..data.loader import create_dataloaders
+    from .preflight import check_ulysses_heads
 
     config = plan.config
     tokenizer, processor, model_config = load_model_side(plan)
-    _check_ulysses_heads(plan, model_config)
+    check_ulysses_heads(plan, model_config)
     reward_fn = load_run_reward(config)
     train_loader, val_loader = create_dataloaders(
         config.data, tokenizer, processor, model_config=model_config, **dataset_options(config, reward_fn)
@@ -383,11 +368,6 @@ def _write_ray_timeline(path: str | None) -> None:
 
 class RunSetupError(RuntimeError):
     """The run cannot start with this data or model (found before Ray starts); the message names the key and fix."""
-
-
-def error_text(error: BaseException) -> str:
-    """An error's message; a KeyError's without the quotes ``str`` adds."""
-    return error.args[0] if isinstance(error, KeyError) and error.args else str(error)
 
 
 @contextmanager
