@@ -113,6 +113,50 @@ def test_env_observations_are_user_turns_out_of_the_mask_and_failures_end_only_t
     assert scores.sum(-1).tolist() == [1.5, 0.0, 0.0, 1.5, 0.0]
 
 
+# What step returns for each task (the row's ground_truth): "nan", "text" and "done_text" break the contract; "numpy"
+# (numpy's float and bool) keeps it; "late_nan" is rewarded 1.0 on its first step, then returns NaN.
+BAD_OUTPUT_ENV = """
+import numpy as np
+
+
+class BadOutputEnv:
+    def reset(self, row):
+        self.task, self.steps = row["ground_truth"], 0
+
+    def step(self, action_text):
+        self.steps += 1
+        if self.task == "nan" or (self.task == "late_nan" and self.steps == 2):
+            return "obs", float("nan"), False
+        if self.task == "text":
+            return "obs", "0.5", False
+        if self.task == "done_text":
+            return "obs", 0.5, "False"
+        if self.task == "numpy":
+            return "obs", np.float32(0.25), np.bool_(self.steps == 2)
+        return "obs", 1.0, False
+"""
+
+
+def test_a_step_returning_a_bad_reward_or_done_is_an_environment_error_and_zeroes_the_reward(tokenizer, tmp_path):
+    path = tmp_path / "bad_output_env.py"
+    path.write_text(BAD_OUTPUT_ENV)
+    spec = f"{path}:BadOutputEnv"
+    turn = tokenizer.encode("Fine.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    truths = ["nan", "text", "done_text", "numpy", "late_nan"]
+    rollout, _ = _scripted_env_rollout(tokenizer, spec, {i: [turn] * 3 for i in range(5)}, max_turns=3)
+    out = rollout.generate_sequences(_with_truths(make_prompts(tokenizer, list("abcde")), truths))
+    errors = [messages[-1]["content"] for messages in out.non_tensor_batch["messages"]]
+    assert errors[0] == f"Error: {spec} step returned reward nan; reward must be a finite number."
+    assert errors[1] == f"Error: {spec} step returned reward '0.5' (str); reward must be a finite number."
+    assert errors[2] == f"Error: {spec} step returned done 'False' (str); done must be True or False."
+    assert errors[4] == errors[0]
+    assert out.non_tensor_batch["env_reward"].tolist() == [0.0, 0.0, 0.0, 0.5, 0.0]  # numpy's values are fine
+    assert [len(m) for m in out.non_tensor_batch["messages"]] == [2, 2, 2, 4, 4]  # failures end their trajectory
+    metrics = out.meta_info["metrics"]
+    assert metrics["rollout/multi_turn/env_errors"] == 4 and metrics["rollout/multi_turn/env_timeouts"] == 0
+    assert metrics["rollout/multi_turn/env_reward/mean"] == pytest.approx(0.1)
+
+
 def test_a_stepped_environment_reads_its_prompts_seed_in_the_row(tokenizer, tmp_path):
     """The row a stepped environment is reset with carries `seed`: the same for the samples of a prompt, another for
     each prompt (a column of that name is the row's own)."""

@@ -234,15 +234,17 @@ def test_a_failing_get_reward_counts_and_gives_zero(tokenizer, tmp_path):
     path.write_text(
         "class Env:\n"
         "    def reset(self, **kwargs):\n        self.n = kwargs['target']\n"
-        "    def get_reward(self):\n        return float('nan') if self.n == 1 else 1 / (self.n - 2)\n"
+        "    def get_reward(self):\n"
+        "        return float('nan') if self.n == 1 else '0.5' if self.n == 3 else 1 / (self.n - 2)\n"
         "    def noop(self) -> str:\n        '''Does nothing.'''\n        return ''\n"
     )
     done = tokenizer.encode("Done.", add_special_tokens=False) + [tokenizer.eos_token_id]
-    engine, _ = scripted_engine(tokenizer, {i: [done] for i in range(3)}, 32)
+    engine, _ = scripted_engine(tokenizer, {i: [done] for i in range(4)}, 32)
     rollout = MultiTurnRollout(engine, MultiTurnConfig(env=f"{path}:Env", max_turns=1, tool_timeout=5.0))
-    out = rollout.generate_sequences(chat_prompts(tokenizer, ["a", "b", "c"], [{"target": n} for n in (1, 2, 4)]))
-    assert out.non_tensor_batch["env_get_reward"].tolist() == [0.0, 0.0, 0.5]  # NaN and ZeroDivisionError give 0
-    assert out.meta_info["metrics"]["rollout/multi_turn/env_errors"] == 2
+    out = rollout.generate_sequences(chat_prompts(tokenizer, list("abcd"), [{"target": n} for n in (1, 2, 4, 3)]))
+    # NaN, ZeroDivisionError and the text "0.5" give 0
+    assert out.non_tensor_batch["env_get_reward"].tolist() == [0.0, 0.0, 0.5, 0.0]
+    assert out.meta_info["metrics"]["rollout/multi_turn/env_errors"] == 3
 
 
 def test_schemas_kinds_reset_arguments_and_state(env_file, tmp_path):

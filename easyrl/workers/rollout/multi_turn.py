@@ -49,6 +49,7 @@ import inspect
 import json
 import logging
 import math
+import numbers
 import pickle
 import re
 import threading
@@ -445,6 +446,11 @@ class EnvState:
         return f"{self._class_name}({fields})"
 
 
+class EnvOutputError(ValueError):
+    """An environment returned a value its contract does not allow (a reward that is no finite number, a done that is
+    no bool); the message says what it returned."""
+
+
 @dataclass
 class EnvOutcome:
     observation: Optional[str | list[dict]] = None  # message content (to_content): text, or parts with pictures
@@ -465,6 +471,8 @@ def run_with_deadline(jobs: list[Callable[[], Any]], timeout: float, what: str) 
     def work(index: int, job: Callable[[], Any]) -> None:
         try:
             results[index] = job()
+        except EnvOutputError as err:
+            results[index] = EnvOutcome(error=str(err))
         except Exception as err:
             results[index] = EnvOutcome(error=f"{what} raised {type(err).__name__}: {err}")
 
@@ -485,10 +493,32 @@ def _env_step(env: Any, action_text: str) -> EnvOutcome:
     if not isinstance(output, (tuple, list)) or len(output) != 3:
         raise TypeError(f"step must return (observation, reward, done), not {type(output).__name__}")
     observation, reward, done = output
+    reward, done = _checked_reward(reward, "step", "reward"), _checked_done(done)
     if observation is None:
-        return EnvOutcome(None, float(reward), bool(done))
+        return EnvOutcome(None, reward=reward, done=done)
     content, pictures = to_content(observation)
-    return EnvOutcome(content, pictures, float(reward), bool(done))
+    return EnvOutcome(content, pictures, reward, done)
+
+
+def _checked_reward(value: Any, method: str, what: str = "") -> float:
+    """A reward an environment's ``method`` returned (``what``: its place in the output) as a float: a finite real
+    number (numpy's and 0-d arrays or tensors too; a bool is 0 or 1); text such as "0.5", None or NaN is an
+    EnvOutputError, as a reward the environment got wrong must not reach training."""
+    plain = value.item() if getattr(value, "ndim", None) == 0 else value
+    if not isinstance(plain, numbers.Real) or not math.isfinite(plain):
+        returned = f"{what} {_short(value)}" if what else _short(value)
+        kind = "" if isinstance(plain, numbers.Real) else f" ({type(value).__name__})"
+        raise EnvOutputError(f"{method} returned {returned}{kind}; {what or 'it'} must be a finite number")
+    return float(plain)
+
+
+def _checked_done(value: Any) -> bool:
+    """A stepped environment's done: a bool (numpy's too) or the int 0 or 1; text ("False" is true to Python) or
+    anything else is an EnvOutputError."""
+    plain = value.item() if getattr(value, "ndim", None) == 0 else value
+    if isinstance(plain, bool) or (isinstance(plain, numbers.Integral) and plain in (0, 1)):
+        return bool(plain)
+    raise EnvOutputError(f"step returned done {_short(value)} ({type(value).__name__}); done must be True or False")
 
 
 def _env_reset(env_class: type, row: dict) -> EnvOutcome:
@@ -516,11 +546,7 @@ def _tool_env_reset(take: Callable[[], Any], columns: dict) -> EnvOutcome:
 
 
 def _env_get_reward(env: Any) -> EnvOutcome:
-    value = resolved(env.get_reward())
-    reward = float(value)
-    if not math.isfinite(reward):
-        raise ValueError(f"get_reward returned {value!r}; it must return a finite number")
-    return EnvOutcome(reward=reward)
+    return EnvOutcome(reward=_checked_reward(resolved(env.get_reward()), "get_reward"))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1222,13 +1248,19 @@ class MultiTurnRollout(BaseRollout):
         return {f"rollout/multi_turn/env_reward/{name}/mean": float(np.mean(v)) for name, v in by_name.items()}
 
     def _count_env_failure(self, t: Trajectory, outcome: EnvOutcome) -> bool:
+        """A reset or step that failed (raised, was late, returned what the contract does not allow) ends its
+        trajectory, whose environment reward is 0 as for a failed get_reward: a broken environment's rewards so far
+        are not trusted."""
         if outcome.error is None:
             return False
         t.env_errors += 1
         t.env_timeouts += outcome.timed_out
         t.env = None  # abandoned: a hung call may still hold it
+        t.env_reward = 0.0
         t.messages.append({"role": "user", "content": f"Error: {self._label(t)} {outcome.error}."})
-        logger.warning("Environment %s: %s; the trajectory ends.", self._label(t), outcome.error)
+        logger.warning(
+            "Environment %s: %s; the trajectory ends and its environment reward is 0.", self._label(t), outcome.error
+        )
         return True
 
     def _label(self, t: Trajectory) -> str:
