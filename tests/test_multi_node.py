@@ -54,3 +54,32 @@ def test_a_run_over_two_nodes_trains_saves_and_resumes(two_node_cluster, tiny_mo
     rows = metrics_by_step(save_dir)
     assert sorted(rows) == [1, 2, 3]
     assert all(row["reward/errors"] == 0 and row["actor/grad_norm"] > 0 for row in rows.values())
+
+
+@pytest.mark.timeout(300)
+def test_a_cluster_with_fewer_nodes_than_trainer_nnodes_is_refused_in_one_line(tiny_model_path, tmp_path):
+    """Ray would place what fits and leave the rest waiting; a cluster of one node for trainer.nnodes=2 stops at
+    once, naming the cluster and the command that adds a node. A RAY_ADDRESS where nothing listens stops too."""
+    from ray.cluster_utils import Cluster
+
+    from tests.fixtures.trainer_runs import run_easyrl
+
+    args = [
+        *TINY_RUN_OVERRIDES,
+        *bare_run(1, tmp_path / "run"),
+        f"worker.actor.model.model_path={tiny_model_path}",
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=1",
+    ]
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    address = cluster.address
+    try:
+        done = run_easyrl("train", *args, env={**os.environ, "RAY_ADDRESS": address})
+    finally:
+        cluster.shutdown()
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"trainer.nnodes=2 but the Ray cluster at {address} has 1 node(s) alive" in done.stderr
+    assert "Traceback" not in done.stderr
+
+    nowhere = run_easyrl("train", *args, env={**os.environ, "RAY_ADDRESS": "127.0.0.1:1"})
+    assert nowhere.returncode == 2 and "RAY_ADDRESS=127.0.0.1:1: nothing answers at 127.0.0.1:1" in nowhere.stderr

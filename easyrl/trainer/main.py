@@ -61,12 +61,13 @@ def _start_ray(plan: RunPlan) -> None:
     nnodes = plan.config.trainer.nnodes
     joined = bool(os.environ.get("RAY_ADDRESS")) or nnodes > 1
     if os.environ.get("RAY_ADDRESS"):
+        _check_reachable(os.environ["RAY_ADDRESS"])
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env)
     elif nnodes > 1:
         try:
             ray.init(address="auto", runtime_env=runtime_env)
         except ConnectionError as error:
-            raise RuntimeError(
+            raise RunSetupError(
                 f"trainer.nnodes={nnodes} needs a running Ray cluster of {nnodes} nodes, and none was found on this "
                 "node: run `ray start --head` here and `ray start --address=<this node>:6379` on the others, or set "
                 "RAY_ADDRESS to the cluster's address."
@@ -83,6 +84,16 @@ def _start_ray(plan: RunPlan) -> None:
             runtime_env=runtime_env,
         )
     if joined:
+        address = ray.get_runtime_context().gcs_address
+        alive = sum(1 for node in ray.nodes() if node.get("Alive"))
+        logger.warning("Joined the Ray cluster at %s: %d node(s) alive.", address, alive)
+        if alive < nnodes:
+            ray.shutdown()
+            raise RunSetupError(
+                f"trainer.nnodes={nnodes} but the Ray cluster at {address} has {alive} node(s) alive: start the "
+                f"others with `ray start --address={address}`, or lower trainer.nnodes. (With RAY_ADDRESS unset, "
+                "the newest cluster started on this machine is joined, whoever started it.)"
+            )
         total = ray.cluster_resources().get("CPU", 0)
         if total < needed:
             logger.warning(
@@ -93,6 +104,25 @@ def _start_ray(plan: RunPlan) -> None:
                 needed,
                 plan.world_size,
             )
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """RAY_ADDRESS names a cluster that answers: Ray itself retries an address where nothing listens for minutes,
+    saying only that it cannot reach it."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        raise RunSetupError(f"RAY_ADDRESS={address} is not an address Ray joins: give host:port, e.g. 10.0.0.5:6379.")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise RunSetupError(
+            f"RAY_ADDRESS={address}: nothing answers at {host}:{port} ({error}). Check the cluster with `ray status "
+            f"--address={address}`, or unset RAY_ADDRESS to start a private cluster on this machine."
+        ) from error
 
 
 def cpus_per_worker(plan: RunPlan, groups: int) -> int:
