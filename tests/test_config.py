@@ -308,6 +308,12 @@ def test_unknown_key_suggestion_ranks_the_whole_dotted_path(valid_args, given, m
         ),
         ("num_generations", "worker.rollout.n", "TRL's num_generations"),
         ("beta", "algorithm.kl_coef", "TRL's beta"),
+        (
+            "actor_rollout_ref.rollout.multi_turn.tool_config_path",
+            "worker.rollout.multi_turn.tools",
+            "verl's tool YAML",
+        ),
+        ("worker.rollout.multi_turn.enable", "worker.rollout.multi_turn.tools", "verl's multi_turn.enable"),
     ],
 )
 def test_verl_and_trl_names_are_refused_naming_the_easyrl_key(valid_args, given, meant, note):

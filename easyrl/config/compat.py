@@ -64,6 +64,14 @@ FOREIGN_KEY_NAMES: dict[str, tuple[str, str]] = {
     "test_freq": ("trainer.val_freq", "verl's trainer.test_freq: steps between validations"),
     "default_local_dir": ("trainer.save_checkpoint_path", "verl's trainer.default_local_dir: the checkpoint folder"),
     "resume_from_path": ("trainer.load_checkpoint_path", "verl's trainer.resume_from_path"),
+    "multi_turn.tool_config_path": (
+        "worker.rollout.multi_turn.tools",
+        "verl's tool YAML; easyrl reads a .py file whose TOOLS list names typed, documented functions",
+    ),
+    "multi_turn.enable": (
+        "worker.rollout.multi_turn.tools",
+        "verl's multi_turn.enable; multi-turn is on when multi_turn.tools or multi_turn.env names a file",
+    ),
     # TRL
     "learning_rate": ("optim.lr", "TRL's learning_rate"),
     "num_generations": ("worker.rollout.n", "TRL's num_generations: samples per prompt"),
