@@ -1,7 +1,7 @@
 # easyrl on NVIDIA GPUs: CUDA PyTorch, vLLM, flash-attn and easyrl, ready for single- and multi-node runs.
 # Build: docker build -t easyrl .
 # Run:   docker run --gpus all --ipc=host --shm-size=16g -v $PWD:/workspace easyrl \
-#          easyrl train config=examples/qwen2_5_vl_3b_geo_grpo.yaml
+#          easyrl train config=/opt/easyrl/examples/qwen2_5_vl_3b_geo3k_grpo.yaml
 FROM pytorch/pytorch:2.9.0-cuda12.8-cudnn9-devel
 
 ENV DEBIAN_FRONTEND=noninteractive \
@@ -17,6 +17,7 @@ COPY easyrl ./easyrl
 COPY reward_function ./reward_function
 COPY format_prompt ./format_prompt
 COPY examples ./examples
+COPY tools ./tools
 
 # vLLM pins the torch it was built against; install it first so the rest resolves around it.
 RUN pip install "vllm>=0.11" && \

@@ -296,7 +296,8 @@ class TrainableRoleConfig:
     """Form micro-batches by a token budget instead of a fixed sample count."""
     ulysses_size: int = 1
     """Ulysses sequence-parallel size k: each packed micro-batch is split over k workers, which attend with all-to-all
-    over the heads (both head counts of the model must be divisible by k; needs padding_free; k divides the workers)."""
+    over the heads (the attention heads must be divisible by k, the key/value heads divisible by k or dividing it,
+    checked before Ray starts; needs padding_free; k divides the workers)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The model of this role."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -442,8 +443,9 @@ class MultiTurnConfig:
     """Most tokens of one model turn (a turn cut there is closed by the chat template and the tools still run); null:
     the rest of the data.max_response_length budget."""
     tool_timeout: float = 10.0
-    """Seconds one tool call (or environment reset/step) may take; a call that takes longer (or raises) answers the
-    model with an error message and counts in rollout/multi_turn/tool_errors, and the step goes on."""
+    """Seconds one tool call (or environment reset/step) may take; a tool call that takes longer (or raises) answers
+    the model with an error message and counts in rollout/multi_turn/tool_errors (an environment's reset or step: in
+    env_errors and env_timeouts, and its trajectory ends), and the step goes on."""
     parser: str = "hermes"
     """How tool calls are read from the model's text: `hermes` (`<tool_call>{"name": ..., "arguments": {...}}
     </tool_call>`, the format of Qwen2.5/Qwen3 and Hermes); more parsers register in
