@@ -114,7 +114,8 @@ def test_env_observations_are_user_turns_out_of_the_mask_and_failures_end_only_t
 
 
 # What step returns for each task (the row's ground_truth): "nan", "text" and "done_text" break the contract; "numpy"
-# (numpy's float and bool) keeps it; "late_nan" is rewarded 1.0 on its first step, then returns NaN.
+# (numpy's float and bool) keeps it; "late_nan" is rewarded 1.0 on its first step, then returns NaN; "gymnasium" and
+# "gym_terminated" return Gymnasium's 5-tuple, "four" gym's old 4-tuple.
 BAD_OUTPUT_ENV = """
 import numpy as np
 
@@ -133,6 +134,12 @@ class BadOutputEnv:
             return "obs", 0.5, "False"
         if self.task == "numpy":
             return "obs", np.float32(0.25), np.bool_(self.steps == 2)
+        if self.task == "gymnasium":  # truncated at its second step
+            return f"obs {self.steps}", 1.0, False, self.steps == 2, {"steps": self.steps}
+        if self.task == "gym_terminated":
+            return "obs", 0.5, True, False, {}
+        if self.task == "four":  # gym's old (observation, reward, done, info)
+            return "obs", 1.0, False, {}
         return "obs", 1.0, False
 """
 
@@ -155,6 +162,25 @@ def test_a_step_returning_a_bad_reward_or_done_is_an_environment_error_and_zeroe
     metrics = out.meta_info["metrics"]
     assert metrics["rollout/multi_turn/env_errors"] == 4 and metrics["rollout/multi_turn/env_timeouts"] == 0
     assert metrics["rollout/multi_turn/env_reward/mean"] == pytest.approx(0.1)
+
+
+def test_a_step_may_return_gymnasiums_five_tuple_done_when_terminated_or_truncated(tokenizer, tmp_path):
+    path = tmp_path / "bad_output_env.py"
+    path.write_text(BAD_OUTPUT_ENV)
+    spec = f"{path}:BadOutputEnv"
+    turn = tokenizer.encode("Fine.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    rollout, _ = _scripted_env_rollout(tokenizer, spec, {i: [turn] * 3 for i in range(3)}, max_turns=3)
+    prompts = make_prompts(tokenizer, list("abc"))
+    out = rollout.generate_sequences(_with_truths(prompts, ["gymnasium", "gym_terminated", "four"]))
+    messages = out.non_tensor_batch["messages"]
+    assert [m["content"] for m in messages[0]] == ["Fine.", "obs 1", "Fine.", "obs 2"]  # truncated at step 2
+    assert [m["content"] for m in messages[1]] == ["Fine.", "obs"]  # terminated at step 1
+    assert messages[2][-1]["content"] == (
+        f"Error: {spec} step returned a tuple of 4 items; it must return (observation, reward, done), or "
+        "Gymnasium's (observation, reward, terminated, truncated, info)."
+    )
+    assert out.non_tensor_batch["env_reward"].tolist() == [2.0, 0.5, 0.0]
+    assert out.meta_info["metrics"]["rollout/multi_turn/env_errors"] == 1
 
 
 def test_a_stepped_environment_reads_its_prompts_seed_in_the_row(tokenizer, tmp_path):

@@ -489,11 +489,25 @@ def run_with_deadline(jobs: list[Callable[[], Any]], timeout: float, what: str) 
 
 
 def _env_step(env: Any, action_text: str) -> EnvOutcome:
+    """A stepped environment's step: ``(observation, reward, done)``, or Gymnasium's ``(observation, reward,
+    terminated, truncated, info)``, whose trajectory is done when it is terminated or truncated (info is not read).
+    Four items are refused: gym's old (observation, reward, done, info) and verl's interactions (done, response,
+    reward, metrics) cannot be told apart."""
     output = resolved(env.step(action_text))
-    if not isinstance(output, (tuple, list)) or len(output) != 3:
-        raise TypeError(f"step must return (observation, reward, done), not {type(output).__name__}")
-    observation, reward, done = output
-    reward, done = _checked_reward(reward, "step", "reward"), _checked_done(done)
+    size = len(output) if isinstance(output, (tuple, list)) else None
+    if size == 3:
+        observation, reward, done = output
+        done = _checked_done(done, "done")
+    elif size == 5:
+        observation, reward, terminated, truncated, _ = output
+        done = _checked_done(terminated, "terminated") | _checked_done(truncated, "truncated")
+    else:
+        returned = f"a {type(output).__name__} of {size} items" if size is not None else _short(output)
+        raise EnvOutputError(
+            f"step returned {returned}; it must return (observation, reward, done), or Gymnasium's (observation, "
+            "reward, terminated, truncated, info)"
+        )
+    reward = _checked_reward(reward, "step", "reward")
     if observation is None:
         return EnvOutcome(None, reward=reward, done=done)
     content, pictures = to_content(observation)
@@ -512,13 +526,15 @@ def _checked_reward(value: Any, method: str, what: str = "") -> float:
     return float(plain)
 
 
-def _checked_done(value: Any) -> bool:
-    """A stepped environment's done: a bool (numpy's too) or the int 0 or 1; text ("False" is true to Python) or
-    anything else is an EnvOutputError."""
+def _checked_done(value: Any, what: str) -> bool:
+    """A stepped environment's done (``what``: Gymnasium's terminated or truncated): a bool (numpy's too) or the int 0
+    or 1; text ("False" is true to Python) or anything else is an EnvOutputError."""
     plain = value.item() if getattr(value, "ndim", None) == 0 else value
     if isinstance(plain, bool) or (isinstance(plain, numbers.Integral) and plain in (0, 1)):
         return bool(plain)
-    raise EnvOutputError(f"step returned done {_short(value)} ({type(value).__name__}); done must be True or False")
+    raise EnvOutputError(
+        f"step returned {what} {_short(value)} ({type(value).__name__}); {what} must be True or False"
+    )
 
 
 def _env_reset(env_class: type, row: dict) -> EnvOutcome:
