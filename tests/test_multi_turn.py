@@ -92,6 +92,28 @@ def test_hermes_parser_reads_every_call_and_names_malformed_ones():
     assert parse_hermes_tool_calls("The answer is \\boxed{5}.") == []
 
 
+def test_hermes_parser_reads_an_unclosed_call_to_the_turns_end_and_answers_one_without_arguments():
+    # as vLLM's hermes parser: a call the model did not close (it stopped at its end-of-turn token) still runs, one
+    # cut off inside its JSON (turn_max_tokens) is answered as malformed, not taken for a final answer
+    assert parse_hermes_tool_calls(
+        'Adding. <tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}'
+    ) == [ToolCall("calculator", {"expression": "2+3"})]
+    cut = parse_hermes_tool_calls('<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "calc')
+    assert cut[0] == ToolCall("a", {})
+    assert cut[1].startswith("Error: the tool call is not valid JSON (Unterminated string starting at) (it has no ")
+    # Llama's / verl's "parameters" is never run with the tool's defaults: the model is told what is missing
+    calls = parse_hermes_tool_calls(
+        '<tool_call>{"name": "calculator", "parameters": {"expression": "2+3"}}</tool_call>'
+        '<tool_call>{"name": "now"}</tool_call><tool_call>{"name": "calculator", "arguments": [1]}</tool_call>'
+    )
+    shape = 'Error: a tool call must be {"name": "<tool>", "arguments": {...}}'
+    assert calls == [
+        f'{shape}; this one has no "arguments" (its keys: "name", "parameters").',
+        f'{shape}; this one has no "arguments" (its keys: "name").',
+        f'{shape}; its "arguments" is no JSON object.',
+    ]
+
+
 def test_tools_run_concurrently_and_a_raising_or_hanging_tool_becomes_a_counted_error():
     def slow(seconds: float) -> str:
         time.sleep(seconds)

@@ -580,30 +580,47 @@ def register_tool_call_parser(name: str) -> Callable[[ToolCallParser], ToolCallP
     return decorator
 
 
-HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+# a call runs to its closing tag, or to the end of the turn when it has none (a model that stops at its end-of-turn
+# token, or a turn cut at turn_max_tokens), as vLLM's hermes parser reads it
+HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
+HERMES_SHAPE = '{"name": "<tool>", "arguments": {...}}'
 
 
 @register_tool_call_parser("hermes")
 def parse_hermes_tool_calls(text: str) -> list[ToolCall | str]:
-    """``<tool_call>{"name": "f", "arguments": {...}}</tool_call>``, any number per turn (Qwen2.5/Qwen3, Hermes)."""
+    """``<tool_call>{"name": "f", "arguments": {...}}</tool_call>``, any number per turn (Qwen2.5/Qwen3, Hermes).
+
+    Read as vLLM's hermes parser and Qwen2.5's own read them: a call without its closing tag is read to the end of
+    the turn, and a call without ``arguments`` (Llama's and verl's ``parameters``) is no call to them. Here it is
+    answered with an error the model reads, as is malformed JSON, so a call is never dropped in silence nor run
+    without the arguments the model gave."""
     calls: list[ToolCall | str] = []
-    for body in HERMES_CALL.findall(text):
+    for match in HERMES_CALL.finditer(text):
+        closed = match.group(1) is not None
+        body = (match.group(1) if closed else match.group(2)).strip()
         try:
-            payload = json.loads(body.strip())
+            payload = json.loads(body)
         except json.JSONDecodeError as err:
-            calls.append(f"Error: the tool call is not valid JSON ({err.msg}): {body.strip()[:200]}")
+            unclosed = "" if closed else " (it has no closing </tool_call>)"
+            calls.append(f"Error: the tool call is not valid JSON ({err.msg}){unclosed}: {body[:200]}")
             continue
-        name = payload.get("name") if isinstance(payload, dict) else None
-        arguments = payload.get("arguments", {}) if isinstance(payload, dict) else None
+        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+            calls.append(f"Error: a tool call must be {HERMES_SHAPE}.")
+            continue
+        if "arguments" not in payload:
+            keys = ", ".join(f'"{key}"' for key in payload)
+            calls.append(f'Error: a tool call must be {HERMES_SHAPE}; this one has no "arguments" (its keys: {keys}).')
+            continue
+        arguments = payload["arguments"]
         if isinstance(arguments, str):  # some models send the arguments as a JSON string
             try:
                 arguments = json.loads(arguments)
             except json.JSONDecodeError:
                 arguments = None
-        if not isinstance(name, str) or not isinstance(arguments, dict):
-            calls.append('Error: a tool call must be {"name": "<tool>", "arguments": {...}}.')
+        if not isinstance(arguments, dict):
+            calls.append(f'Error: a tool call must be {HERMES_SHAPE}; its "arguments" is no JSON object.')
             continue
-        calls.append(ToolCall(name, arguments))
+        calls.append(ToolCall(payload["name"], arguments))
     return calls
 
 
