@@ -448,3 +448,9 @@ def test_a_ulysses_size_that_does_not_divide_the_workers_is_named_before_the_bat
             ConfigError, match=rf"`worker\.{role}\.ulysses_size` \(3\) must divide the number of workers"
         ):
             load_config(args)
+
+
+def test_an_image_dir_that_is_no_folder_is_refused(valid_args, tmp_path):
+    with pytest.raises(ConfigError, match=r"`data.image_dir`: `.*nowhere` is not a folder"):
+        load_config([*valid_args, f"data.image_dir={tmp_path / 'nowhere'}"])
+    assert load_config([*valid_args, f"data.image_dir={tmp_path}"]).data.image_dir == str(tmp_path)

@@ -2,6 +2,7 @@
 
 import io
 import json
+import os
 import random
 
 import datasets
@@ -435,11 +436,21 @@ def test_relative_paths_resolve_against_image_dir_then_the_data_files_folder(tmp
         {"prompt": "a", "answer": "0", "images": ["img/next_to_data.png"]},
         {"prompt": "b", "answer": "1", "images": [{"path": "in_image_dir.png", "bytes": None}]},
         {"prompt": "c", "answer": "2", "images": ["missing.png"]},
+        {"prompt": "d", "answer": "3", "images": [""]},
+        {"prompt": "e", "answer": "4", "images": ["img"]},
     ]
     path = write_jsonl(data_dir / "d.jsonl", rows)
     dataset = RLHFDataset(path, tokenizer, processor, vl_config(image_dir))
-    assert len(dataset) == 2 and [row for row, _ in dataset.unusable_rows] == [2]
-    assert str(image_dir / "missing.png") in dataset.unusable_rows[0][1]  # the first place it was looked for
+    assert len(dataset) == 2 and [row for row, _ in dataset.unusable_rows] == [2, 3, 4]
+    reasons = [reason for _, reason in dataset.unusable_rows]
+    # every place it was looked for, in order: data.image_dir, the data file's folder, the working directory
+    tried = f"{image_dir / 'missing.png'}, {data_dir / 'missing.png'}, {os.path.abspath('missing.png')}"
+    assert reasons[0] == f"cannot read image 'missing.png': no such file (tried {tried})"
+    assert reasons[1] == "cannot read image '': the path is empty"
+    assert reasons[2] == (
+        f"cannot read image 'img': {data_dir / 'img'} is a folder; name a file (a video's frames: a list of picture "
+        "files)"
+    )
     for item, seed in zip((dataset[0], dataset[1]), (1, 2)):
         assert np.array_equal(np.asarray(item["multi_modal_data"]["images"][0]), np.asarray(picture(56, 56, seed)))
 

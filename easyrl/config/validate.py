@@ -1026,6 +1026,11 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
             "it to resume from the newest checkpoint under trainer.save_checkpoint_path."
         )
     _check_tools_file(config)
+    if data.image_dir and not os.path.isdir(os.path.expanduser(data.image_dir)):
+        raise ConfigError(
+            f"`data.image_dir`: `{data.image_dir}` is not a folder; relative picture and video paths are looked up in "
+            "it, then in the data file's folder and the working directory. Fix it, or unset it."
+        )
     _check_file("data.format_prompt", data.format_prompt, "prompt template", shipped_files_hint("format_prompt"))
     _check_file("data.override_chat_template", data.override_chat_template, "chat template")
     check_template_kwargs(data.apply_chat_template_kwargs)

@@ -51,13 +51,24 @@ def _media_dirs(media_dir: str | Sequence[str | None] | None) -> list[str]:
 def resolve_path(path: str, media_dir: str | Sequence[str | None] | None = None) -> str:
     """``path`` itself when absolute; a relative path is tried against each folder of ``media_dir`` in turn
     (``data.image_dir``, then the data file's folder) and then the working directory, and the first that exists
-    wins. When none exists, the first candidate comes back (its open fails with that name)."""
+    wins. When none exists, FileNotFoundError names every place tried; a folder is no picture or video file."""
     path = path[len("file://") :] if path.startswith("file://") else path
     path = os.path.expanduser(path)
+    if not path.strip():
+        raise FileNotFoundError("the path is empty")
     if os.path.isabs(path):
-        return path
-    candidates = [os.path.join(folder, path) for folder in _media_dirs(media_dir)] + [path]
-    return next((candidate for candidate in candidates if os.path.exists(candidate)), candidates[0])
+        candidates = [path]
+    else:
+        candidates = [os.path.join(folder, path) for folder in _media_dirs(media_dir)] + [path]
+    found = next((candidate for candidate in candidates if os.path.exists(candidate)), None)
+    if found is None:
+        tried = ", ".join(os.path.abspath(candidate) for candidate in candidates)
+        raise FileNotFoundError(f"no such file (tried {tried})")
+    if os.path.isdir(found):
+        raise IsADirectoryError(
+            f"{os.path.abspath(found)} is a folder; name a file (a video's frames: a list of picture files)"
+        )
+    return found
 
 
 def _open_image(image: Any, media_dir: str | Sequence[str | None] | None) -> Image.Image:
@@ -83,7 +94,10 @@ def _open_image(image: Any, media_dir: str | Sequence[str | None] | None) -> Ima
         return Image.open(io.BytesIO(_download(image)))
     if isinstance(image, str):
         return Image.open(resolve_path(image, media_dir))
-    raise UnreadableMediaError(f"unsupported image value of type {type(image).__name__}")
+    raise UnreadableMediaError(
+        f"unsupported image value of type {type(image).__name__} (a picture is a path, URL, data URI, bytes or a "
+        "{'bytes', 'path'} dict)"
+    )
 
 
 URL_TIMEOUT_S = 30.0
