@@ -309,14 +309,19 @@ def issue_image_processor(min_pixels: int = 56 * 56, max_pixels: int = 224 * 224
     return Qwen2VLImageProcessor(size=size, patch_size=14, merge_size=2, temporal_patch_size=2)
 
 
-def test_effective_limits_are_the_data_limits_clamped_into_the_processors_range():
+def test_effective_limits_are_the_data_limits_clamped_into_the_processors_range(caplog):
     processor = issue_image_processor()  # [3136, 50176]
-    inside = PictureSizing.from_processor(processor, 4000, 20000)
+    with caplog.at_level("WARNING"):
+        inside = PictureSizing.from_processor(processor, 4000, 20000)
     assert (inside.factor, inside.min_pixels, inside.max_pixels) == (28, 4000, 20000)
+    assert not caplog.text
     # EasyR1's defaults lie above this processor's range: its maximum wins on both ends, as it would in EasyR1
-    # (dataset upscale to >= 262144 pixels, then the processor's downscale to <= 50176)
-    easyr1 = PictureSizing.from_processor(processor, 262144, 4194304)
+    # (dataset upscale to >= 262144 pixels, then the processor's downscale to <= 50176); the log says so
+    with caplog.at_level("WARNING"):
+        easyr1 = PictureSizing.from_processor(processor, 262144, 4194304)
     assert (easyr1.min_pixels, easyr1.max_pixels) == (50176, 50176)
+    assert "data.min_pixels=262144 is outside the model processor's range [3136, 50176]" in caplog.text
+    assert "data.max_pixels=4194304 is outside" in caplog.text and "sized with 50176" in caplog.text
     unset = PictureSizing.from_processor(processor, None, None)
     assert (unset.min_pixels, unset.max_pixels) == (3136, 50176)
     below = PictureSizing.from_processor(processor, 100, 1000)

@@ -20,9 +20,11 @@ same sizes, up to rounding, with two interpolations instead of one).
 
 import base64
 import binascii
+import functools
 import importlib
 import inspect
 import io
+import logging
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -32,6 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image, ImageOps
+
+
+logger = logging.getLogger(__name__)
 
 
 class UnreadableMediaError(ValueError):
@@ -215,6 +220,20 @@ MAX_SIZING_PASSES = 256
 
 
 @dataclass(frozen=True)
+@functools.lru_cache(maxsize=16)
+def _warn_clamped(key: str, value: int, clamped: int, low: int, high: int) -> None:
+    # once per process and value: the train and validation datasets share the limits
+    logger.warning(
+        "%s=%d is outside the model processor's range [%d, %d] (its preprocessor_config.json): pictures are sized "
+        "with %d, as the processor would size them anyway.",
+        key,
+        value,
+        low,
+        high,
+        clamped,
+    )
+
+
 class PictureSizing:
     """How a picture of a given size becomes the size that every processor call keeps (see the module docstring).
 
@@ -248,14 +267,19 @@ class PictureSizing:
                 f"data.min_pixels ({min_pixels}) is larger than data.max_pixels ({max_pixels}); swap or fix them."
             )
 
-        def clamp(value: int | None, default: int) -> int:
-            return default if value is None else min(max(int(value), low), high)
+        def clamp(value: int | None, default: int, key: str) -> int:
+            if value is None:
+                return default
+            clamped = min(max(int(value), low), high)
+            if clamped != int(value):
+                _warn_clamped(key, int(value), clamped, low, high)
+            return clamped
 
         resample = getattr(image_processor, "resample", None)
         return cls(
             factor=int(image_processor.patch_size) * int(image_processor.merge_size),
-            min_pixels=clamp(min_pixels, low),
-            max_pixels=clamp(max_pixels, high),
+            min_pixels=clamp(min_pixels, low, "data.min_pixels"),
+            max_pixels=clamp(max_pixels, high, "data.max_pixels"),
             processor_min_pixels=low,
             processor_max_pixels=high,
             resample=int(resample) if resample is not None else int(Image.Resampling.BICUBIC),
