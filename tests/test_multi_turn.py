@@ -229,6 +229,25 @@ def test_a_schema_that_is_no_openai_dict_with_a_name_is_refused_naming_the_tool_
     assert list(load_tools(str(path))) == ["calc2"]
 
 
+def test_a_tool_file_importing_a_helper_next_to_it_is_told_its_folder_is_not_on_the_import_path(tmp_path):
+    (tmp_path / "my_helpers.py").write_text("def double(x):\n    return 2 * x\n")
+    path = tmp_path / "uses_helper.py"
+    path.write_text("from my_helpers import double\n\nTOOLS = [double]\n")
+    with pytest.raises(ValueError) as error:
+        load_tools(str(path))
+    message = str(error.value)
+    assert message.startswith(
+        f"`worker.rollout.multi_turn.tools`: importing `{path}` failed with ModuleNotFoundError: No module named "
+        f"'my_helpers'. `my_helpers` is next to it in `{tmp_path}`, but easyrl imports the file by its path, so that "
+        f"folder is not on the import path. Put it there (PYTHONPATH={tmp_path}"
+    )
+    assert "pip install my_helpers" not in message
+    # a module that is nowhere to be found still gets the hint to install it
+    path.write_text("import no_such_package_here\n\nTOOLS = []\n")
+    with pytest.raises(ValueError, match="Install the missing package into this environment"):
+        load_tools(str(path))
+
+
 def test_tool_results_become_tool_messages_of_the_chat_template(tokenizer):
     renderer = ToolMessageRenderer(tokenizer)
     assert renderer.role == "tool"  # SmolLM2's ChatML template renders any role
