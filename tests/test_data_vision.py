@@ -310,6 +310,9 @@ def issue_image_processor(min_pixels: int = 56 * 56, max_pixels: int = 224 * 224
 
 
 def test_effective_limits_are_the_data_limits_clamped_into_the_processors_range(caplog):
+    from easyrl.data.vision import _warn_clamped
+
+    _warn_clamped.cache_clear()  # said once per process and value: another test may have said it already
     processor = issue_image_processor()  # [3136, 50176]
     with caplog.at_level("WARNING"):
         inside = PictureSizing.from_processor(processor, 4000, 20000)

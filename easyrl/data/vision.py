@@ -219,7 +219,6 @@ def processor_pixel_limits(image_processor: Any) -> tuple[int, int] | None:
 MAX_SIZING_PASSES = 256
 
 
-@dataclass(frozen=True)
 @functools.lru_cache(maxsize=16)
 def _warn_clamped(key: str, value: int, clamped: int, low: int, high: int) -> None:
     # once per process and value: the train and validation datasets share the limits
@@ -234,6 +233,7 @@ def _warn_clamped(key: str, value: int, clamped: int, low: int, high: int) -> No
     )
 
 
+@dataclass(frozen=True)
 class PictureSizing:
     """How a picture of a given size becomes the size that every processor call keeps (see the module docstring).
 
