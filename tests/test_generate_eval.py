@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from easyrl.config import load_run_plan
-from easyrl.trainer.evaluate import format_table, k_values, pass_at_k, summarize
+from easyrl.config.schema import DataConfig
+from easyrl.data.dataset import RLHFDataset
+from easyrl.trainer.evaluate import format_table, k_values, pass_at_k, rows_per_source, summarize
 from easyrl.trainer.generate import GenerationFileError, append_rows, read_rows
 from tests.fixtures.trainer_runs import (
     REPO_ROOT,
@@ -112,6 +114,54 @@ def test_samples_the_reward_failed_on_count_as_wrong_and_are_counted_per_source(
     assert results["sources"]["a"]["pass@1"] == results["sources"]["b"]["pass@1"] == 0.5
     assert format_table(results).splitlines()[0].split()[-1] == "scoring_failed"
     assert "scoring_failed" not in summarize(rows[1:])["sources"]["b"]  # no column when every sample was scored
+
+
+def test_each_source_reports_the_rows_of_its_data_and_how_many_were_skipped():
+    rows = [_row(i, "math", [1, 0]) for i in range(8)] + [_row(8, "gsm8k", [1, 1])]
+    counts = {
+        "aime": {"rows": 5, "skipped": 5},
+        "gsm8k": {"rows": 1, "skipped": 0},
+        "math": {"rows": 16, "skipped": 8},
+    }
+    results = summarize(rows, row_counts=counts)
+    math_ = results["sources"]["math"]
+    assert (math_["prompts"], math_["rows"], math_["skipped"], math_["pass@1"]) == (8, 16, 8, 0.5)
+    assert results["sources"]["gsm8k"]["skipped"] == 0
+    # a benchmark whose every row was skipped is reported, with no score, rather than left out
+    assert results["sources"]["aime"] == {"prompts": 0, "rows": 5, "skipped": 5}
+    assert results["data"] == {"rows": 22, "skipped": 13}
+    lines = format_table(results).splitlines()
+    assert lines[0].split() == ["source", "prompts", "rows", "skipped", "mean@2", "accuracy@2", "pass@1", "pass@2"]
+    assert lines[1].split() == ["aime", "0", "5", "5", "-", "-", "-", "-"]
+    assert lines[3].split() == ["math", "8", "16", "8", "0.5000", "0.5000", "0.5000", "1.0000"]
+    assert lines[-1] == (
+        "(13 of 22 rows of data.val_files were skipped when read: no score counts them; the log names each and why)"
+    )
+    assert "rows" not in summarize(rows)["sources"]["math"] and "data" not in summarize(rows)  # without counts
+
+
+def test_rows_per_source_counts_the_rows_the_dataset_skipped_under_their_source(tmp_path, tokenizer):
+    rows = [
+        {"problem": "1+1?", "answer": "2", "data_source": "math"},
+        {"problem": "2+2?", "answer": None, "data_source": "math"},  # no answer: skipped
+        {"problem": "long " * 80, "answer": "3", "data_source": "math"},  # overlong, dropped
+        {"problem": None, "answer": "4", "data_source": "aime"},  # no prompt: skipped
+        {"problem": "3+3?", "answer": "6", "data_source": None},  # no source: the file's name stands for it
+    ]
+    path = tmp_path / "bench.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = DataConfig(prompt_key="problem", max_prompt_length=64, filter_overlong_prompts=True)
+    dataset = RLHFDataset(str(path), tokenizer, None, config, config_key="data.val_files")
+    assert len(dataset) == 2
+    assert rows_per_source(dataset) == {
+        "aime": {"rows": 1, "skipped": 1},
+        "bench": {"rows": 1, "skipped": 0},
+        "math": {"rows": 3, "skipped": 2},
+    }
+    # data without a source column: one source, named after the file
+    path.write_text("".join(json.dumps({k: v for k, v in row.items() if k != "data_source"}) + "\n" for row in rows))
+    dataset = RLHFDataset(str(path), tokenizer, None, config, config_key="data.val_files")
+    assert rows_per_source(dataset) == {"bench": {"rows": 5, "skipped": 3}}
 
 
 def test_summary_without_accuracy_uses_overall_and_the_threshold():
@@ -320,12 +370,13 @@ def test_generate_without_a_reward_writes_the_samples_unscored(tiny_model_path, 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 def test_eval_prints_the_table_and_writes_per_source_mean_and_pass_at_k(tiny_model_path, val_file, tmp_path):
-    # the data's row 3 has no answer: skipped, so the rows after it are a prompt index behind their row in the file
+    # the data's row 3 has no answer: skipped, so the rows after it are a prompt index behind their row in the file;
+    # it has no data_source, so the file's name stands for it; the last row, an odd one, has no prompt
     lines = val_file.read_text().splitlines(keepends=True)
     data = tmp_path / "val_with_a_gap.jsonl"
-    data.write_text(
-        "".join(lines[:3]) + json.dumps({"problem": "What is 1 + 1?", "answer": None}) + "\n" + "".join(lines[3:])
-    )
+    gap = json.dumps({"problem": "What is 1 + 1?", "answer": None}) + "\n"
+    no_prompt = json.dumps({"problem": None, "answer": "2", "data_source": "odd"}) + "\n"
+    data.write_text("".join(lines[:3]) + gap + "".join(lines[3:]) + no_prompt)
     extra = ["eval.k=4", "eval.correct_key=word_share", "eval.correct_threshold=0.8"]
     log = _run("eval", _args(tiny_model_path, data, tmp_path, *extra), tmp_path / "eval.log")
     results = json.loads((tmp_path / "eval.json").read_text())
@@ -339,18 +390,33 @@ def test_eval_prints_the_table_and_writes_per_source_mean_and_pass_at_k(tiny_mod
     )
     assert all(row["settings"] == results["settings"] for row in rows)
     assert results["n"] == 4 and results["correct"] == "word_share >= 0.8"
-    assert sorted(results["sources"]) == ["even", "odd"]
-    for source, entry in results["sources"].items():
+    # the rows of each source and those skipped; a source with no prompt left is reported without a score
+    assert sorted(results["sources"]) == ["even", "odd", "val_with_a_gap"]
+    assert results["sources"]["val_with_a_gap"] == {"prompts": 0, "rows": 1, "skipped": 1}
+    assert [results["sources"][source]["skipped"] for source in ("odd", "even")] == [1, 0]
+    assert {key: results["data"][key] for key in ("val_files", "rows", "skipped")} == {
+        "val_files": str(data),
+        "rows": 8,
+        "skipped": 2,
+    }
+    driver_log = tmp_path / "logs" / "driver.log"
+    assert results["data"]["skipped_reasons"] == f"the log names each skipped row and why: {driver_log}"
+    assert "skipped 1 of 8 rows without a value for data.answer_key='answer' (row 3)" in driver_log.read_text()
+    reasons = results["data"]["skipped_reasons"]
+    assert f"(2 of 8 rows of data.val_files were skipped when read: no score counts them; {reasons})" in log
+    for source in ("odd", "even"):
+        entry = results["sources"][source]
         mine = [row for row in rows if row["data_source"] == source]
         shares = [[score["word_share"] for score in row["scores"]] for row in mine]
         correct = [sum(share >= 0.8 for share in row) for row in shares]
-        assert entry["prompts"] == len(mine) == 3
+        assert entry["prompts"] == len(mine) == 3 and entry["rows"] == 3 + entry["skipped"]
         assert entry["mean@4"] == pytest.approx(sum(map(sum, shares)) / 12)
         for k in (1, 2, 4):
             by_formula = sum(1 - math.comb(4 - c, k) / math.comb(4, k) for c in correct) / 3
             assert entry[f"pass@{k}"] == pytest.approx(by_formula)
         line = next(line for line in log.splitlines() if line.startswith(source + " "))
-        assert line.split()[1:] == [str(entry["prompts"])] + [f"{entry[c]:.4f}" for c in list(entry)[1:]]
+        counts = [str(entry[c]) for c in ("prompts", "rows", "skipped")]
+        assert line.split()[1:] == counts + [f"{entry[c]:.4f}" for c in list(entry)[3:]]
     assert "source" in log and "pass@4" in log
 
 

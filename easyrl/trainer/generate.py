@@ -335,7 +335,7 @@ class GenerationRun:
         check_generation_data(plan.config)
         self.plan = plan
         self.settings = settings
-        setup_driver_logging(plan.config.trainer.save_checkpoint_path)
+        self.log_file = setup_driver_logging(plan.config.trainer.save_checkpoint_path)
         self.tokenizer, processor, model_config = load_model_side(plan)
         self.reward_fn = load_run_reward(plan.config)
         options = dataset_options(plan.config, self.reward_fn)
