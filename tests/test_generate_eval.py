@@ -482,6 +482,12 @@ def test_an_existing_output_is_checked_and_a_finished_one_ends_the_run_before_ra
     assert judged["judge"]["base_url"] == "http://127.0.0.1:9/v1" and judged["rule_weight"] == 0.5
     with pytest.raises(GenerationFileError, match=r"judge: None in the file, \{.*'kind': 'http'"):
         prompts_left(str(output), tokenizer, loader, 4, judged)
+    # tools make other responses: samples made without them are not a tool run's
+    tools = f"worker.rollout.multi_turn.tools={REPO_ROOT / 'tools' / 'calculator.py'}"
+    with_tools = generation_settings(load_run_plan([*args, tools]), GenerationRequest())
+    assert with_tools["multi_turn"]["tools"].endswith("calculator.py") and "multi_turn" not in settings
+    with pytest.raises(GenerationFileError, match=r"multi_turn: None in the file, \{.*calculator.py"):
+        prompts_left(str(output), tokenizer, loader, 4, with_tools)
     append_rows(str(output), rows[2:])
     assert prompts_left(str(output), tokenizer, loader, 4, settings) == 0
 

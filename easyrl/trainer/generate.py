@@ -131,8 +131,8 @@ def _decode_responses(tokenizer: Any, batch: DataProto) -> list[str]:
 
 
 def generation_settings(plan: RunPlan, request: GenerationRequest) -> dict[str, Any]:
-    """What makes a file's responses and scores: the model, the sampling ``request`` resolves to, the seed and the
-    reward (as stored in each row, in JSON's types)."""
+    """What makes a file's responses and scores: the model, the sampling ``request`` resolves to, the seed, the
+    multi-turn settings (tools, environment, turns) and the reward (as stored in each row, in JSON's types)."""
     config = plan.config
     sampling = resolve_sampling(config.worker.rollout, request)
     model = config.worker.actor.model.model_path
@@ -145,6 +145,9 @@ def generation_settings(plan: RunPlan, request: GenerationRequest) -> dict[str, 
         "seed": config.worker.rollout.seed,
         "reward_function": reward.reward_function or None,
     }
+    multi_turn = config.worker.rollout.multi_turn
+    if multi_turn.enabled:  # tools, an environment, the turn limits: each changes what a response is
+        settings["multi_turn"] = dataclasses.asdict(multi_turn)
     if reward.reward_function:
         settings["reward_function_kwargs"] = dict(reward.reward_function_kwargs or {})
         settings["reward_weights"] = list(reward.reward_weights) if reward.reward_weights else None
