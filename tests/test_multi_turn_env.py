@@ -345,13 +345,19 @@ def test_two_grpo_steps_with_an_environment(tmp_path):
         f"worker.rollout.multi_turn.env={env_path}:ArithmeticEnv",
         f"worker.reward.reward_function={REPO_ROOT / 'reward_function' / 'env_reward.py'}:compute_score",
     )
-    metrics = train_for_metrics(args, tmp_path, 2)
+    val = tmp_path / "val.jsonl"
+    val.write_text("".join(f'{{"problem": "What is {a} + 2?", "answer": "{a + 2}"}}\n' for a in range(3)))
+    metrics = train_for_metrics([*args, f"data.val_files={val}", "trainer.val_before_train=true"], tmp_path, 2)
     for step in (1, 2):
         row = metrics[step]
         assert row["rollout/multi_turn/env_errors"] == 0  # reset got the row's ground_truth
         assert 1 <= row["rollout/multi_turn/turns/mean"] <= 3
         # the reward is the environment's, summed per trajectory
         assert row["reward/overall"] == pytest.approx(row["rollout/multi_turn/env_reward/mean"])
+    # validation keeps its own multi-turn counts
+    first = metrics[0]
+    assert first["val/multi_turn/env_errors"] == 0 and 1 <= first["val/multi_turn/turns/mean"] <= 3
+    assert first["val/reward/overall"] == pytest.approx(first["val/multi_turn/env_reward/mean"])
 
 
 # ----------------------------------------------------------------------------------------------------------------------

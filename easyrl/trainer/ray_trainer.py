@@ -78,6 +78,21 @@ def join_rollout_output(repeated_prompts: DataProto, generated: DataProto) -> Da
     return repeated_prompts.union(generated)
 
 
+# the multi-turn rollout's metrics (rollout/multi_turn/tool_errors, .../env_errors, .../turns, ...)
+MULTI_TURN_METRICS = "rollout/multi_turn/"
+
+
+def reduce_call_metrics(calls: list[dict[str, float]]) -> dict[str, float]:
+    """The engine metrics of several generate calls as one: seconds and bytes add up over calls, rates, counts per
+    call and lengths average."""
+    reduced = {}
+    for key in sorted({key for call in calls for key in call}):
+        values = [call[key] for call in calls if key in call]
+        additive = key.endswith(("_s", "_seconds", "_gb", "_buckets"))
+        reduced[key] = float(sum(values)) if additive else float(sum(values) / len(values))
+    return reduced
+
+
 class OnlineFilteringError(RuntimeError):
     """Online filtering found too few groups with mixed scores within trainer.max_try_make_batch rounds."""
 
@@ -477,6 +492,7 @@ class PPOTrainer:
         named: dict[str, list[float]] = {}
         samples: list[dict[str, Any]] = []
         lengths: list[float] = []
+        multi_turn: list[dict[str, float]] = []
         for batch_index, prompts in enumerate(self.val_loader):
             prompts = prompts if isinstance(prompts, DataProto) else DataProto.from_single_dict(prompts)
             gen_input = prompts.select(
@@ -485,9 +501,11 @@ class PPOTrainer:
             )
             request = GenerationRequest(validate=True, seed=self._sampling_seed(1, batch_index))
             generated = rollout.generate_sequences(gen_input, request)
-            # a weight sync that ran before a validation batch is reported with the next training step
-            sync = {k: v for k, v in (generated.meta_info.pop("metrics", None) or {}).items() if "weight_sync" in k}
-            self._rollout_metrics.append(sync)
+            # a weight sync that ran before a validation batch is reported with the next training step; the
+            # multi-turn counts (tool and environment errors, turns) are validation's own
+            engine_metrics = generated.meta_info.pop("metrics", None) or {}
+            self._rollout_metrics.append({k: v for k, v in engine_metrics.items() if "weight_sync" in k})
+            multi_turn.append({k: v for k, v in engine_metrics.items() if k.startswith(MULTI_TURN_METRICS)})
             repeat = len(generated) // len(prompts)
             batch = join_rollout_output(prompts.repeat(repeat, interleave=True), generated)
             batch.meta_info["trainer_state"] = self._trainer_state(self.global_step)
@@ -507,6 +525,8 @@ class PPOTrainer:
         for source, values in scores_by_source.items():
             metrics[f"val/{source}/reward"] = float(np.mean(values))
         metrics["val/response_length/mean"] = float(np.mean(lengths)) if lengths else 0.0
+        for key, value in reduce_call_metrics(multi_turn).items():
+            metrics[f"val/{key.removeprefix('rollout/')}"] = value
         return metrics
 
     def _generation_non_tensor_keys(self, prompts: DataProto) -> list[str]:
@@ -545,12 +565,7 @@ class PPOTrainer:
         """The engine metrics of this step's generate calls (data-parallel rank 0's share): seconds and bytes add
         up over calls (refill rounds, a ReMax baseline, a sync before validation), rates and lengths average."""
         calls, self._rollout_metrics = self._rollout_metrics, []
-        reduced = {}
-        for key in sorted({key for call in calls for key in call}):
-            values = [call[key] for call in calls if key in call]
-            additive = key.endswith(("_s", "_seconds", "_gb", "_buckets"))
-            reduced[key] = float(sum(values)) if additive else float(sum(values) / len(values))
-        return reduced
+        return reduce_call_metrics(calls)
 
     def _actor_mfu(self, batch: DataProto, seconds: float) -> dict[str, float]:
         """Model FLOPs utilisation of the actor update: forward + backward over every sequence it computed (with
