@@ -64,6 +64,16 @@ def test_import_error_in_the_file_is_reported(tmp_path):
         load_reward_function(str(path), {})
 
 
+def test_a_reward_file_importing_a_helper_next_to_it_is_told_its_folder_is_not_on_the_import_path(tmp_path):
+    """verl users' reward files often import their own grader next to them."""
+    (tmp_path / "my_grader.py").write_text("def grade(text):\n    return 1.0\n")
+    path = write(tmp_path, "from my_grader import grade\n" + BATCH)
+    with pytest.raises(RewardFunctionError) as error:
+        load_reward_function(str(path), {})
+    assert f"`my_grader` is next to it in `{tmp_path}`, but easyrl imports the file by its path" in str(error.value)
+    assert "pip install" not in str(error.value).split("(pip install -e)")[0]
+
+
 def test_batch_function_returning_wrong_length_names_function_and_file(tmp_path):
     path = write(tmp_path, "def compute_score(reward_inputs):\n    return [{'overall': 1.0}]\n")
     fn = load_reward_function(str(path), {})

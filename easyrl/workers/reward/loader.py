@@ -600,14 +600,26 @@ def _import_file(path: Path, config_key: str = CONFIG_KEY):
         spec.loader.exec_module(module)
     except Exception as err:
         sys.modules.pop(module_name, None)
-        hint = ""
-        if isinstance(err, ModuleNotFoundError) and err.name:
-            # e.g. mathruler's grader needs pylatexenc, which mathruler does not declare
-            hint = f" Install the missing package into this environment (`pip install {err.name.split('.')[0]}`)."
+        hint = _missing_module_hint(err, path) if isinstance(err, ModuleNotFoundError) and err.name else ""
         raise RewardFunctionError(
             f"`{config_key}`: importing `{path}` failed with {type(err).__name__}: {err}.{hint}"
         ) from err
     return module
+
+
+def _missing_module_hint(err: ModuleNotFoundError, path: Path) -> str:
+    """How to get the module a user file could not import. A module next to the file is not found because the file is
+    imported by its path: its folder is not put on the import path (``python file.py`` would), since a file there
+    named like a module (the shipped ``math.py``) would shadow that module for the whole run."""
+    folder, module = path.resolve().parent, err.name.split(".")[0]
+    if (folder / f"{module}.py").is_file() or (folder / module / "__init__.py").is_file():
+        return (
+            f" `{module}` is next to it in `{folder}`, but easyrl imports the file by its path, so that folder is not "
+            f"on the import path. Put it there (PYTHONPATH={folder}, which the Ray workers started here inherit), or "
+            "make the helpers an installed package (pip install -e)."
+        )
+    # e.g. mathruler's grader needs pylatexenc, which mathruler does not declare
+    return f" Install the missing package into this environment (`pip install {module}`)."
 
 
 def load_reward_function(

@@ -56,7 +56,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -69,7 +68,7 @@ from ...data.rope import make_position_id_fn
 from ...data.template import RESET_CONTENT, ChatTemplate
 from ...data.vision import PictureSizing, load_image, to_rgb
 from ...models.vision import text_token_for_sampled_pads
-from ..reward.loader import RewardFunctionError, import_user_file, resolved
+from ..reward.loader import import_user_file, resolved
 from ..reward.scorer import _short
 from .base import (
     BaseRollout,
@@ -212,28 +211,6 @@ def _named_schemas(functions: list[Callable], where: str, key: str, method: bool
     return schemas
 
 
-def _import_tool_file(path: str, key: str) -> Any:
-    """The user file of a tools or environment ``key``, imported by its path as reward files are. Its folder is not put
-    on the import path (``python file.py`` would): a file there named like a module (the shipped ``math.py``) would
-    shadow it for the whole run. So a file importing a helper module next to it fails; that is said, with the fix,
-    instead of the loader's hint to pip-install the helper."""
-    try:
-        return import_user_file(path, key)
-    except RewardFunctionError as err:
-        missing = err.__cause__
-        if not isinstance(missing, ModuleNotFoundError) or not missing.name:
-            raise
-        folder, module = Path(path).expanduser().resolve().parent, missing.name.split(".")[0]
-        if not ((folder / f"{module}.py").is_file() or (folder / module / "__init__.py").is_file()):
-            raise
-        raise RewardFunctionError(
-            f"`{key}`: importing `{path}` failed with ModuleNotFoundError: {missing}. `{module}` is next to it in "
-            f"`{folder}`, but easyrl imports the file by its path, so that folder is not on the import path. Put it "
-            f"there (PYTHONPATH={folder}, which the Ray workers started here inherit), or make the helpers an "
-            "installed package (pip install -e)."
-        ) from missing
-
-
 def _schema_name(schema: Any) -> Optional[str]:
     """The name a tool's JSON schema gives it: OpenAI's ``{"type": "function", "function": {"name": ...}}`` or the bare
     function object ``{"name": ...}``; None when the schema is not such a dict."""
@@ -244,7 +221,7 @@ def _schema_name(schema: Any) -> Optional[str]:
 
 def load_tools(path: str) -> dict[str, Callable]:
     """name -> function of the ``TOOLS`` list of the user file ``path`` (``worker.rollout.multi_turn.tools``)."""
-    module = _import_tool_file(path, TOOLS_KEY)
+    module = import_user_file(path, TOOLS_KEY)
     listed = getattr(module, "TOOLS", None)
     if not isinstance(listed, (list, tuple)) or not listed or not all(callable(fn) for fn in listed):
         raise ValueError(f"`{TOOLS_KEY}`: `TOOLS` in `{path}` must be a non-empty list of functions.")
@@ -342,7 +319,7 @@ def load_env_class(spec: str) -> type:
     path, sep, name = spec.rpartition(":")
     if not sep or not name.isidentifier():
         raise ValueError(f"`{ENV_KEY}` is {spec!r}; give it as path/to/file.py:ClassName.")
-    module = _import_tool_file(path, ENV_KEY)
+    module = import_user_file(path, ENV_KEY)
     cls = getattr(module, name, None)
     if not isinstance(cls, type) or not callable(getattr(cls, "reset", None)):
         raise ValueError(
