@@ -3,6 +3,7 @@ model turn, observations as user messages out of response_mask, summed rewards h
 raising or hanging reset/step counted and ending its trajectory only. The turn bookkeeping runs with a scripted turn
 source; the real engine path (the tiny model in the FSDP worker, log-probs against the actor) is a slow test."""
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -206,6 +207,35 @@ def test_a_stepped_environment_reads_its_prompts_seed_in_the_row(tokenizer, tmp_
     prompts.non_tensor_batch["seed"] = np.array([4, 4, 9], dtype=object)
     out = rollout.generate_sequences(prompts, request)
     assert [m[-1]["content"] for m in out.non_tensor_batch["messages"]] == ["4", "4", "4", "4", "9", "9"]
+
+
+def test_a_stepped_environment_gets_the_rows_other_columns(tokenizer, tmp_path):
+    """A task's parameters (a level, a target) live in columns of their own, as verl and gym users keep them; the
+    dataset carries them for an environment and reset finds them in its row beside ground_truth."""
+    from easyrl.config import DataConfig
+    from easyrl.data.collate import collate_fn
+    from easyrl.data.dataset import RLHFDataset
+    from easyrl.workers.rollout.base import GenerationRequest
+
+    path = tmp_path / "level_env.py"
+    path.write_text(
+        "class LevelEnv:\n"
+        "    def reset(self, row):\n"
+        "        self.said = f\"{row['mode']}/{row['ground_truth']}/{row['answer']}\"\n"
+        "    def step(self, action_text):\n"
+        "        return self.said, 0.0, True\n"
+    )
+    rows = [{"problem": "p0", "answer": "1", "mode": "easy"}, {"problem": "p1", "answer": "2", "mode": "hard"}]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = DataConfig(prompt_key="problem", answer_key="answer", max_prompt_length=64)
+    dataset = RLHFDataset(str(data), tokenizer, None, config, carry_columns=True)
+    prompts = collate_fn([dataset[0], dataset[1]])
+    turn = tokenizer.encode("Fine.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    rollout, _ = _scripted_env_rollout(tokenizer, f"{path}:LevelEnv", {i: [turn] * 2 for i in range(4)}, max_turns=2)
+    out = rollout.generate_sequences(prompts, GenerationRequest(sampling_override={"n": 1}, seed=[1, 0, 0]))
+    said = [messages[-1]["content"] for messages in out.non_tensor_batch["messages"]]
+    assert said == ["easy/1/1", "hard/2/2"], said
 
 
 def test_env_class_is_loaded_from_path_and_name(env_file, tmp_path):

@@ -326,7 +326,7 @@ def test_check_accepts_tools_beside_a_tool_env_and_refuses_them_beside_a_stepped
     config = load_config([*valid_args, f"worker.rollout.multi_turn.env={stepped}:Stepped"])
     assert dataset_options(config, None) == {
         "tools": None,
-        "carry_columns": False,
+        "carry_columns": True,  # a stepped reset gets the row's columns too
         "env_prompts": False,
         "carry_prompt_messages": False,
         "max_images": 0,

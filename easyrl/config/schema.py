@@ -421,7 +421,8 @@ class MultiTurnConfig:
     `path/to/file.py:ClassName` (TRL's dictionary environment_factory: each row names its own in an `environment`
     column, and its prompt advertises that environment's tools only); one instance per trajectory, built with no
     arguments. Two kinds. A class with `step` is stepped, a new instance each time: `reset(row)` is called before the
-    first turn with the prompt's dataset row (a dict: ground_truth, `seed` and the other non-tensor fields) and sets
+    first turn with the prompt's dataset row (a dict: the row's columns but its pictures and videos, ground_truth,
+    data_source and `seed`) and sets
     up its state (the dataset prompt is the first
     observation: what reset returns is not shown to the model); `step(action_text)` gets each model turn's text and
     returns `(observation, reward, done)`: the observation (text, a PIL image, or a list of both) is given to the

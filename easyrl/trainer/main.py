@@ -186,7 +186,7 @@ def _takes_columns(reward_fn: Any) -> bool:
 def dataset_options(config: Any, reward_fn: Any) -> dict[str, Any]:
     """The datasets' options beyond the data keys: ``tools``, the schemas the chat template advertises (multi-turn
     rollouts with tools or a tool environment's methods), ``carry_columns`` for a reward function written for TRL
-    and a tool environment, whose reset gets the row's columns (TRL's environment_factory), and ``env_prompts`` (a
+    and an environment, whose reset gets the row's columns (TRL's environment_factory; a stepped one's row), and ``env_prompts`` (a
     tool environment's reset may give a row its whole task: data without a prompt column is accepted)."""
     multi_turn = config.worker.rollout.multi_turn
     tools, tool_env = None, False
@@ -197,7 +197,8 @@ def dataset_options(config: Any, reward_fn: Any) -> dict[str, Any]:
         tools = tool_schemas(multi_turn.tools, multi_turn.env) or None
     return {
         "tools": tools,
-        "carry_columns": _takes_columns(reward_fn) or tool_env,
+        # a reward function written for TRL and an environment's reset get the row's other columns
+        "carry_columns": _takes_columns(reward_fn) or bool(multi_turn.env),
         "env_prompts": tool_env,
         # the question a judge reads; an environment's reset may write or extend the prompt: the decoded one then
         "carry_prompt_messages": config.worker.reward.judge.kind != "none" and not multi_turn.env,

@@ -1089,10 +1089,7 @@ class MultiTurnRollout(BaseRollout):
         deadline). A failed reset ends the trajectory after its first turn (a response is never empty), with no step
         taken."""
         fields = prompts.non_tensor_batch
-        rows = [
-            {RESET_SEED: seeds[i // engine_n], **{key: values[i // engine_n] for key, values in fields.items()}}
-            for i in range(len(trajectories))
-        ]
+        rows = [stepped_reset_row(fields, i // engine_n, seeds[i // engine_n]) for i in range(len(trajectories))]
         jobs = [lambda row=row: _env_reset(self.env_class, row) for row in rows]
         outcomes, seconds = run_with_deadline(jobs, self.multi_turn.tool_timeout, "reset")
         for t, outcome in zip(trajectories, outcomes):
@@ -1417,6 +1414,16 @@ def _with_pictures(content: str | list[dict], pictures: list) -> str | list[dict
 def _reset_task(t: Trajectory) -> tuple:
     """What a trajectory's reset put into its prompt: the tokens and the pictures' pixels."""
     return tuple(t.prompt_insert), tuple(picture.tobytes() for picture in t.prompt_pictures)
+
+
+def stepped_reset_row(fields: dict, index: int, seed: int) -> dict:
+    """What a stepped environment's ``reset(row)`` gets: the row's columns (a task's level, id or target, carried as
+    ``row_columns``) and the prompt's non-tensor fields (ground_truth, data_source, the pictures ...), over ``seed``
+    (a column of that name is the row's own)."""
+    row = {RESET_SEED: seed}
+    row.update(fields["row_columns"][index] or {} if "row_columns" in fields else {})
+    row.update({key: values[index] for key, values in fields.items() if key != "row_columns"})
+    return row
 
 
 def reset_columns(fields: dict, index: int) -> dict:
