@@ -114,6 +114,7 @@ def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
     if address in ("auto", "local"):
         return
     host, _, port = address.split("://", 1)[-1].rpartition(":")
+    host = host.strip("[]")  # an IPv6 address is written [::1]:6379
     if not host or not port.isdigit():
         raise RunSetupError(f"RAY_ADDRESS={address} is not an address Ray joins: give host:port, e.g. 10.0.0.5:6379.")
     try:
