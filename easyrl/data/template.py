@@ -62,14 +62,10 @@ def _compile(path: str) -> jinja2.Template:
         raise ValueError(f"data.format_prompt: {path!r} line {line}: {error.message}") from error
 
 
-def undefined_variables(path: str) -> list[str]:
-    """Variables the template reads besides `content` (EasyR1 renders them, and easyrl too, as empty text)."""
-    return sorted(jinja2.meta.find_undeclared_variables(_ENVIRONMENT.parse(_source(path)[0])) - {"content"})
-
-
 @lru_cache(maxsize=32)
 def _warn_undefined_variables(path: str) -> None:
-    # once per file and process: the train and validation datasets share the template
+    # once per file and process: the train and validation datasets share the template. Variables besides `content`
+    # render as empty text (as EasyR1 renders them).
     variables = jinja2.meta.find_undeclared_variables(_ENVIRONMENT.parse(_source(path)[0]))
     if "content" not in variables:
         logger.warning(
@@ -77,7 +73,7 @@ def _warn_undefined_variables(path: str) -> None:
             "row's question. Write {{ content }} where the question goes.",
             path,
         )
-    unknown = undefined_variables(path)
+    unknown = sorted(variables - {"content"})
     if unknown:
         logger.warning(
             "data.format_prompt: %s uses %s, but a prompt template is rendered with `content` only; they render "
