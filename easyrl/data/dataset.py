@@ -401,9 +401,11 @@ LIKELY_MEDIA_COLUMNS = {
 }
 
 
-def _near_media_column(name: str, columns: list[str], likely: tuple[str, ...]) -> str | None:
-    """A column that likely holds the pictures (videos) ``data.image_key`` (``video_key``) misses, or None."""
-    return _near_column(name, columns) or next((column for column in columns if column.lower() in likely), None)
+def likely_column(name: str, columns: list[str], likely: tuple[str, ...]) -> str | None:
+    """The column a key naming ``name`` likely meant: a near spelling of it (``_near_column``), else the first of the
+    names such columns usually have (``likely``, in its order, in any case) that the data has; or None."""
+    folded = {column.lower(): column for column in columns}
+    return _near_column(name, columns) or next((folded[usual] for usual in likely if usual in folded), None)
 
 
 def _name_rows(rows: Any) -> str:
@@ -596,7 +598,7 @@ class RLHFDataset(Dataset):
         if processor is not None:  # a vision-language model: a misnamed media column means no pictures
             for key in ("image_key", "video_key"):
                 name = getattr(self.config, key)
-                near = None if name in columns else _near_media_column(name, columns, LIKELY_MEDIA_COLUMNS[key])
+                near = None if name in columns else likely_column(name, columns, LIKELY_MEDIA_COLUMNS[key])
                 if near:
                     raise KeyError(
                         f"{self.config_key}: no column {name!r} (data.{key}) but a column {near!r}: without "

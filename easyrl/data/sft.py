@@ -40,8 +40,8 @@ from .dataset import (
     _as_list,
     _is_missing,
     _name_rows,
-    _near_column,
     data_folder,
+    likely_column,
     load_row_media,
     process_with_media,
 )
@@ -372,7 +372,7 @@ def _check_conversation_columns(
         return
     likely = {}
     for key, name in keys.items():
-        near = _near_column(name, columns) or next((c for c in LIKELY_COLUMNS[key] if c in columns), None)
+        near = likely_column(name, columns, LIKELY_COLUMNS[key])
         if name not in columns and near:
             likely[key] = near
     if "sft.messages_key" in likely:  # a conversation column alone is enough
