@@ -15,39 +15,35 @@ def error_text(error: BaseException) -> str:
 
 def check_model_files(plan: RunPlan) -> None:
     """What `easyrl check` reads beyond the config, as a run does before Ray starts: the tool files and environments
-    (schemas, names) and the head counts Ulysses splits (the model's config.json). Raises ValueError naming the key."""
+    (schemas, names) and the head counts Ulysses splits (the models' config.json). Raises ValueError naming the key."""
     multi_turn = plan.config.worker.rollout.multi_turn
     if multi_turn.tools or multi_turn.env:
         from ..workers.rollout.multi_turn import tool_schemas
 
         tool_schemas(multi_turn.tools, multi_turn.env)
+    check_ulysses_heads(plan)
+
+
+def check_ulysses_heads(plan: RunPlan, actor_config: Any = None) -> None:
+    """The head counts Ulysses splits are in the models' configs: checked before Ray starts, not in the workers.
+    ``actor_config``: the actor's HF config when the caller has read it (else each role's is read here, from a local
+    folder only: a hub id is read when the run starts, and check does not download)."""
     worker = plan.config.worker
-    if worker.actor.ulysses_size > 1 or (plan.use_critic and worker.critic.ulysses_size > 1):
-        from ..demo.builtin_models import resolve_model_path
+    roles = [("actor", worker.actor, "causal_lm")] + ([("critic", worker.critic, "value")] if plan.use_critic else [])
+    for role, settings, kind in roles:
+        if settings.ulysses_size <= 1:
+            continue
+        from ..demo.builtin_models import resolve_model_path  # torch: only where there is something to check
+        from ..models.ulysses import check_heads
         from ..workers.fsdp_utils import load_hf_config
 
-        actor = dataclasses.replace(worker.actor.model, model_path=resolve_model_path(worker.actor.model.model_path))
-        if os.path.isdir(actor.model_path):  # a hub id is read when the run starts (check does not download)
-            check_ulysses_heads(plan, load_hf_config(actor, "causal_lm"))
-
-
-def check_ulysses_heads(plan: RunPlan, actor_config: Any) -> None:
-    """The head counts Ulysses splits are in the models' configs: checked now, not in the workers after Ray starts."""
-    from ..demo.builtin_models import resolve_model_path
-    from ..models.ulysses import check_heads
-    from ..workers.fsdp_utils import load_hf_config
-
-    worker = plan.config.worker
-    roles = [("actor", worker.actor, actor_config)]
-    if plan.use_critic:
-        same = worker.critic.model.model_path == worker.actor.model.model_path
-        roles.append(("critic", worker.critic, actor_config if same else None))
-    for role, settings, model_config in roles:
-        if settings.ulysses_size > 1:
-            if model_config is None:
-                own = dataclasses.replace(settings.model, model_path=resolve_model_path(settings.model.model_path))
-                if not os.path.isdir(own.model_path):
-                    continue
-                model_config = load_hf_config(own, "value")
-            text_config = getattr(model_config, "text_config", None) or model_config
-            check_heads(text_config, settings.ulysses_size, f"worker.{role}.ulysses_size")
+        model_config = actor_config if settings.model.model_path == worker.actor.model.model_path else None
+        if model_config is None:
+            model = dataclasses.replace(settings.model, model_path=resolve_model_path(settings.model.model_path))
+            if not os.path.isdir(model.model_path):
+                continue
+            model_config = load_hf_config(model, kind)
+            if role == "actor":  # a critic of the same model reads it from here
+                actor_config = model_config
+        text_config = getattr(model_config, "text_config", None) or model_config
+        check_heads(text_config, settings.ulysses_size, f"worker.{role}.ulysses_size")
