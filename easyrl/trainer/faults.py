@@ -121,7 +121,7 @@ class _StoppedDuringStartup(BaseException):
 
 
 @contextmanager
-def stops_end_startup(what: str = "Ray was starting") -> Iterator[None]:
+def stops_end_startup() -> Iterator[None]:
     """While Ray starts, a stop signal ends the process at once with one line and 128 + the signal's number: no step
     has run, so nothing is saved or lost. Ray's own SIGTERM handler, installed partway through ``ray.init``, exits
     silently with status 15 (``sys.exit(signum)``); that exit is caught and said the same way."""
@@ -155,7 +155,7 @@ def stops_end_startup(what: str = "Ray was starting") -> Iterator[None]:
         pass
     name = signal.Signals(signum).name
     print(
-        f"easyrl: {name} received while {what}: no step had run, so nothing was saved or lost; rerunning the same "
+        f"easyrl: {name} received while Ray was starting: no step had run, so nothing was saved or lost; rerunning the same "
         "command starts where this one would have.",
         file=sys.stderr,
         flush=True,
