@@ -436,7 +436,7 @@ def _check_liger(config: PPOConfig) -> None:
 
 def _check_ulysses(config: PPOConfig, role: str, role_config) -> None:
     """Ulysses (models/ulysses.py) needs whole sequence-parallel groups and a packed row to split. The head counts are
-    in the model's config: read before Ray starts (trainer.main.check_model_files), not here."""
+    in the model's config: read before Ray starts (trainer.preflight.check_ulysses_heads), not here."""
     size, world = role_config.ulysses_size, config.world_size
     if size == 1:
         return
@@ -487,14 +487,11 @@ def _check_lora(config: PPOConfig) -> None:
 def _check_unsupported(config: PPOConfig) -> None:
     """Settings easyrl accepts as EasyR1 keys but cannot run yet: refused here, naming the key, never at worker start."""
     worker = config.worker
-    for role in ("actor", "critic") if uses_critic(config) else ("actor",):
-        role_config = getattr(worker, role)
-        if role == "critic" and role_config.model.lora.rank > 0:
-            raise ConfigError(
-                f"`worker.critic.model.lora.rank` is {role_config.model.lora.rank}: LoRA trains the actor only (the "
-                "critic's value head is new and needs all its weights trained); set worker.critic.model.lora.rank=0."
-            )
-        _check_ulysses(config, role, role_config)
+    if uses_critic(config) and worker.critic.model.lora.rank > 0:
+        raise ConfigError(
+            f"`worker.critic.model.lora.rank` is {worker.critic.model.lora.rank}: LoRA trains the actor only (the "
+            "critic's value head is new and needs all its weights trained); set worker.critic.model.lora.rank=0."
+        )
     _check_shared_prefix(config)
     if worker.critic.model.use_fused_kernels:
         raise ConfigError(
