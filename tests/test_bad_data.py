@@ -23,7 +23,7 @@ import pytest
 
 from easyrl.config import DataConfig, load_run_plan
 from easyrl.data import sources
-from easyrl.data.dataset import RLHFDataset
+from easyrl.data.dataset import RLHFDataset, write_skipped_rows
 from easyrl.data.sources import load_rows
 
 
@@ -164,6 +164,48 @@ def test_overlong_prompts_are_counted_and_named_when_built(tmp_path, tokenizer, 
     assert "dropped 3 of 6 prompts longer than data.max_prompt_length=64 tokens (rows 1, 3, 5)" in caplog.text
 
 
+def test_skipped_rows_of_a_folder_of_files_are_named_by_file_and_listed_whole(tmp_path, tokenizer, caplog):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_rows(folder / "part-0.jsonl", [{"problem": "1 + 1", "answer": "2"}, {"problem": "2 + 2", "answer": None}])
+    many = [{"problem": f"{i} + {i}", "answer": None if i % 2 else str(2 * i)} for i in range(14)]
+    many[4] = {"problem": "long " * 80, "answer": "8"}
+    write_rows(folder / "part-1.jsonl", many)
+    with caplog.at_level(logging.WARNING):
+        dataset = RLHFDataset(str(folder), tokenizer, None, data_config(filter_overlong_prompts=True))
+    # the second file's row 1 is the third row read: the warning names the file and the row in it
+    assert (
+        "(part-0.jsonl row 1, part-1.jsonl row 1, part-1.jsonl row 3, part-1.jsonl row 5, part-1.jsonl row 7 and 3 more)"
+        in caplog.text
+    )
+    assert "dropped 1 of 16 prompts longer than data.max_prompt_length=64 tokens (part-1.jsonl row 4)" in caplog.text
+    records = dataset.skipped_rows()
+    assert [(r["file"], r["row"]) for r in records] == [("part-0.jsonl", 1)] + [
+        ("part-1.jsonl", i) for i in (1, 3, 4, 5, 7, 9, 11, 13)
+    ]
+    assert records[0] == {
+        "data": "data.train_files", "file": "part-0.jsonl", "row": 1, "reason": "no value for data.answer_key='answer'"
+    }  # fmt: skip
+    assert records[3]["reason"] == "longer than data.max_prompt_length=64 tokens"
+    # the whole list, beyond the few rows a warning names, is written where the run keeps its files
+    listing = tmp_path / "run" / "skipped_rows.jsonl"
+    assert write_skipped_rows(str(listing), [dataset, None]) == str(listing)
+    assert [json.loads(line) for line in listing.read_text().splitlines()] == records
+    assert f"9 skipped rows (data.train_files: 9) are listed, each with its reason, in {listing}" in caplog.text
+    # a later run whose data lost nothing removes the earlier list rather than leave it to mislead
+    clean = write_rows(tmp_path / "clean.jsonl", [{"problem": "1 + 1", "answer": "2"}])
+    assert write_skipped_rows(str(listing), [RLHFDataset(clean, tokenizer, None, data_config())]) is None
+    assert not listing.exists()
+
+
+def test_rows_of_one_file_are_named_by_row_alone(tmp_path, tokenizer):
+    path = write_rows(tmp_path / "rows.jsonl", [{"problem": "1 + 1", "answer": None}, {"problem": "2", "answer": "2"}])
+    dataset = RLHFDataset(path, tokenizer, None, data_config())
+    assert dataset.skipped_rows() == [
+        {"data": "data.train_files", "row": 0, "reason": "no value for data.answer_key='answer'"}
+    ]
+
+
 def test_a_parquet_value_that_is_not_utf8_is_named_when_screened(tmp_path, tokenizer):
     # Arrow stores strings unchecked when cast from binary without validation; reading the row fails
     path = tmp_path / "rows.parquet"
@@ -185,6 +227,19 @@ def test_prepare_run_data_reads_every_row_before_ray(tmp_path, tiny_model_path):
     plan = load_run_plan(_train_args(tmp_path, tiny_model_path, path))
     with pytest.raises(ValueError, match=rf"data\.train_files: {path} line 5, byte 14: 0xff is not UTF-8"):
         prepare_run_data(plan)
+
+
+def test_a_run_lists_its_skipped_rows_in_its_folder(tmp_path, tiny_model_path):
+    from easyrl.trainer.main import prepare_run_data
+
+    path = tmp_path / "train.jsonl"
+    rows = [{"problem": "1 + 1", "answer": "2"}] * 4 + [{"problem": "2 + 2", "answer": None}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    prepare_run_data(load_run_plan(_train_args(tmp_path, tiny_model_path, path)))
+    listing = tmp_path / "run" / "skipped_rows.jsonl"
+    assert json.loads(listing.read_text()) == {
+        "data": "data.train_files", "row": 4, "reason": "no value for data.answer_key='answer'"
+    }  # fmt: skip
 
 
 def _train_args(tmp_path: Path, model_path: Path, train_file: Path) -> list[str]:

@@ -400,7 +400,12 @@ def test_eval_prints_the_table_and_writes_per_source_mean_and_pass_at_k(tiny_mod
         "skipped": 2,
     }
     driver_log = tmp_path / "logs" / "driver.log"
-    assert results["data"]["skipped_reasons"] == f"the log names each skipped row and why: {driver_log}"
+    listing = tmp_path / "eval_generations.skipped_rows.jsonl"
+    assert results["data"]["skipped_reasons"] == f"each skipped row and why: {listing}"
+    assert [json.loads(line) for line in listing.read_text().splitlines()] == [
+        {"data": "data.val_files", "row": 3, "reason": "no value for data.answer_key='answer'"},
+        {"data": "data.val_files", "row": 7, "reason": "no value for data.prompt_key='problem'"},
+    ]
     assert "skipped 1 of 8 rows without a value for data.answer_key='answer' (row 3)" in driver_log.read_text()
     reasons = results["data"]["skipped_reasons"]
     assert f"(2 of 8 rows of data.val_files were skipped when read: no score counts them; {reasons})" in log

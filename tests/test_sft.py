@@ -254,6 +254,23 @@ def test_unusable_and_overlong_rows_are_skipped_counted_and_named(tokenizer, tmp
     assert "skipped 1 of 4 rows longer than sft.max_length=100 tokens (row 2)" in caplog.text
     with pytest.raises(ValueError, match="none of the 4 rows"):
         SFTDataset(str(path), tokenizer, None, DataConfig(), SFTConfig(max_length=5))
+    assert [(record["row"], record["reason"][:22]) for record in dataset.skipped_rows()] == [
+        (1, "the conversation has n"),
+        (2, "longer than sft.max_le"),
+        (3, "the conversation start"),
+    ]
+    # the rows of a folder of files are named by the file they are in
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "a.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    (tmp_path / "folder" / "b.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        dataset = SFTDataset(str(tmp_path / "folder"), tokenizer, None, DataConfig(), SFTConfig(max_length=100))
+    assert "skipped 2 of 5 rows (b.jsonl row 1: the conversation has no assistant message" in caplog.text
+    assert "longer than sft.max_length=100 tokens (b.jsonl row 2)" in caplog.text
+    assert [(record["file"], record["row"]) for record in dataset.skipped_rows()] == [
+        ("b.jsonl", i) for i in (1, 2, 3)
+    ]
 
 
 def test_typed_text_parts_read_from_a_file_render_as_plain_text(tokenizer, tmp_path):

@@ -30,10 +30,12 @@ built.
 
 import dataclasses
 import difflib
+import json
 import logging
 import math
 import os
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,8 +47,9 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config import DataConfig
+from ..utils.files import replace_file
 from .rope import make_position_id_fn
-from .sources import load_rows, split_path
+from .sources import RowPlaces, load_rows_and_places, split_path
 from .synthetic import BUILTIN_PREFIX
 from .template import (
     PLACEHOLDER,
@@ -75,6 +78,8 @@ VISION_BLOCK_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<
 
 
 EXTRA_INFO_KEY = "extra_info"
+# the column naming each row's benchmark (else the data file's name stands for it)
+SOURCE_COLUMN = "data_source"
 ROW_COLUMNS_KEY = "row_columns"
 PROMPT_MESSAGES_KEY = "prompt_messages"
 
@@ -408,12 +413,52 @@ def likely_column(name: str, columns: list[str], likely: tuple[str, ...]) -> str
     return _near_column(name, columns) or next((folded[usual] for usual in likely if usual in folded), None)
 
 
-def _name_rows(rows: Any) -> str:
-    """ "row 3" / "rows 1, 4, 9 and 12 more": the first rows of a warning, all of them counted."""
+def _name_rows(rows: Any, places: RowPlaces | None = None) -> str:
+    """ "row 3" / "rows 1, 4, 9 and 12 more": the first rows of a warning, all of them counted (with ``places``, rows
+    of a folder of data files are named by file: "a.jsonl row 1, b.jsonl row 0")."""
     rows = [int(i) for i in rows]
-    shown = ", ".join(str(i) for i in rows[:ROWS_NAMED_IN_WARNINGS])
     more = f" and {len(rows) - ROWS_NAMED_IN_WARNINGS} more" if len(rows) > ROWS_NAMED_IN_WARNINGS else ""
+    if places is not None and len(places.names) > 1:
+        return ", ".join(places.name(i) for i in rows[:ROWS_NAMED_IN_WARNINGS]) + more
+    shown = ", ".join(str(i) for i in rows[:ROWS_NAMED_IN_WARNINGS])
     return f"{'row' if len(rows) == 1 else 'rows'} {shown}{more}"
+
+
+def skipped_row_records(
+    config_key: str, places: RowPlaces, unusable: list[tuple[int, str]], overlong: list[int], overlong_reason: str
+) -> list[dict[str, Any]]:
+    """Rows a dataset left out, in source order: ``{"data": config_key, "file" (rows of a folder of data files only),
+    "row", "reason"}``."""
+    reasons = {**{int(index): overlong_reason for index in overlong}, **dict(unusable)}
+    records = []
+    for index in sorted(reasons):
+        file, row = places.file_and_row(index)
+        records.append({"data": config_key, **({"file": file} if file else {}), "row": row, "reason": reasons[index]})
+    return records
+
+
+SKIPPED_ROWS_FILE = "skipped_rows.jsonl"
+
+
+def write_skipped_rows(path: str, datasets_built: list[Any]) -> str | None:
+    """List every row the datasets left out, each with its reason, in the JSON-lines file ``path`` (a warning names
+    only the first few) and say so; returns ``path``, or None (and removes an earlier run's list) when none was left
+    out. ``datasets_built``: datasets with a ``skipped_rows()`` method; None entries are passed over."""
+    records = [record for dataset in datasets_built if dataset is not None for record in dataset.skipped_rows()]
+    if not records:
+        if os.path.exists(path):
+            os.remove(path)
+        return None
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    replace_file(path, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
+    counts = Counter(record["data"] for record in records)
+    logger.warning(
+        "%d skipped rows (%s) are listed, each with its reason, in %s.",
+        len(records),
+        ", ".join(f"{key}: {count}" for key, count in counts.items()),
+        path,
+    )
+    return path
 
 
 def _left_pad(values: torch.Tensor, length: int, pad_value: int) -> torch.Tensor:
@@ -463,7 +508,7 @@ class RLHFDataset(Dataset):
         self.config_key = config_key
         self.tokenizer = tokenizer
         self.data_path = data_path
-        self.rows = load_rows(data_path, config_key) if rows is None else rows
+        self.rows, self.places = load_rows_and_places(data_path, config_key) if rows is None else (rows, RowPlaces())
         self.source_name = os.path.splitext(os.path.basename(data_path.split("@")[0].rstrip("/")))[0] or data_path
         filled = self._fill_env_columns() if env_prompts and len(self.rows) else []
         config = self.config
@@ -499,6 +544,8 @@ class RLHFDataset(Dataset):
         self.row_index = np.arange(len(self.rows))  # dataset position -> row number in the source
         self.unusable_rows: list[tuple[int, str]] = []
         self.num_filtered_overlong = 0
+        self.overlong_rows: list[int] = []  # dropped as longer than data.max_prompt_length
+        self.skipped_sources: Counter = Counter()  # data source -> rows skipped (unusable or dropped)
         self.num_truncated = 0
         self.has_media = any(
             key in self.rows.column_names for key in (config.image_key, config.video_key)
@@ -625,10 +672,10 @@ class RLHFDataset(Dataset):
         if not rows:
             return
         if with_reasons:
-            shown = "; ".join(f"row {i}: {message}" for i, message in rows[:ROWS_NAMED_IN_WARNINGS])
+            shown = "; ".join(f"{self.places.name(i)}: {message}" for i, message in rows[:ROWS_NAMED_IN_WARNINGS])
             shown += f"; and {len(rows) - ROWS_NAMED_IN_WARNINGS} more" if len(rows) > ROWS_NAMED_IN_WARNINGS else ""
         else:
-            shown = _name_rows([i for i, _ in rows])
+            shown = _name_rows([i for i, _ in rows], self.places)
         logger.warning("%s: skipped %d of %d rows %s (%s).", self.config_key, len(rows), total, what, shown)
 
     def _measure_all(self) -> datasets.Dataset:
@@ -687,6 +734,7 @@ class RLHFDataset(Dataset):
         )
         overlong = np.flatnonzero(lengths > limit)
         if self.config.filter_overlong_prompts:
+            self.overlong_rows = [int(i) for i in overlong]
             self.num_filtered_overlong = len(overlong)
             if len(overlong):
                 logger.warning(
@@ -695,7 +743,7 @@ class RLHFDataset(Dataset):
                     len(overlong),
                     total,
                     limit,
-                    _name_rows(overlong),
+                    _name_rows(overlong, self.places),
                 )
             keep = (lengths >= 0) & (lengths <= limit)
         else:
@@ -721,19 +769,31 @@ class RLHFDataset(Dataset):
                     total,
                     limit,
                     limit,
-                    _name_rows(truncated),
+                    _name_rows(truncated, self.places),
                 )
             keep = (lengths >= 0) & (shortest_cut <= limit)
         kept = np.flatnonzero(keep)
         if len(kept) == 0:
-            first = f": row {self.unusable_rows[0][0]}: {self.unusable_rows[0][1]}" if self.unusable_rows else ""
+            first = ""
+            if self.unusable_rows:
+                first = f": {self.places.name(self.unusable_rows[0][0])}: {self.unusable_rows[0][1]}"
             raise ValueError(
                 f"{self.config_key}: no rows left after screening ({self.num_filtered_overlong} longer than "
                 f"data.max_prompt_length={limit}, {len(self.unusable_rows)} unusable{first}); {self._no_rows_hint()}."
             )
+        dropped = np.setdiff1d(np.arange(total), kept)
+        sources = self.rows.select(dropped)[SOURCE_COLUMN] if SOURCE_COLUMN in self.rows.column_names else []
+        self.skipped_sources = Counter(str(value) if value else self.source_name for value in sources)
+        self.skipped_sources[self.source_name] += len(dropped) - len(sources)  # rows without the column
+        self.skipped_sources = +self.skipped_sources  # no source with nothing skipped
         if len(kept) < total:
             self.rows = self.rows.select(kept)
             self.row_index = self.row_index[kept]
+
+    def skipped_rows(self) -> list[dict[str, Any]]:
+        """Every row left out when the dataset was built (see ``skipped_row_records``)."""
+        limit = f"longer than data.max_prompt_length={self.config.max_prompt_length} tokens"
+        return skipped_row_records(self.config_key, self.places, self.unusable_rows, self.overlong_rows, limit)
 
     # ------------------------------------------------------------------------------------------------------------------
     # items
@@ -754,7 +814,7 @@ class RLHFDataset(Dataset):
                 else "raise data.max_prompt_length"
             )
             raise UnusableRowError(
-                f"{self.config_key}: row {index} has a {len(input_ids)}-token prompt, longer than "
+                f"{self.config_key}: {self.places.name(index)} has a {len(input_ids)}-token prompt, longer than "
                 f"data.max_prompt_length={limit}"
                 + (" and its pictures end beyond it" if shortest > limit else "")
                 + f"; {reason}."
@@ -765,7 +825,7 @@ class RLHFDataset(Dataset):
         text_after = limit - shortest  # the tokens after the last picture, identical in both encodings
         if text_after and kept_raw[-text_after:] != input_ids[shortest:limit].tolist():
             raise UnusableRowError(
-                f"{self.config_key}: row {index}: the prompt's text tokenizes differently next to its pictures; "
+                f"{self.config_key}: {self.places.name(index)}: the prompt's text tokenizes differently next to its pictures; "
                 "it cannot be cut safely. Raise data.max_prompt_length."
             )
         return input_ids[:limit], position_ids[..., :limit], kept_raw
@@ -775,7 +835,7 @@ class RLHFDataset(Dataset):
         try:
             encoded = self.encoder.encode(row, index)
         except (UnreadableMediaError, UnusableRowError) as error:
-            raise type(error)(f"{self.config_key}: row {index}: {error}") from error
+            raise type(error)(f"{self.config_key}: {self.places.name(index)}: {error}") from error
         model_inputs = encoded["model_inputs"]
         input_ids = model_inputs["input_ids"][0]  # (prompt_len,)
         position_ids = self.position_ids(model_inputs)  # (prompt_len,) or (3, prompt_len)
@@ -789,7 +849,7 @@ class RLHFDataset(Dataset):
             "position_ids": _left_pad(position_ids, length, 0),
             "raw_prompt_ids": raw_prompt_ids,
             "ground_truth": row_value(row, self.config.answer_key),
-            "data_source": row.get("data_source") or self.source_name,
+            "data_source": row.get(SOURCE_COLUMN) or self.source_name,
         }
         if self.has_extra_info:
             out[EXTRA_INFO_KEY] = row.get(EXTRA_INFO_KEY)

@@ -44,9 +44,10 @@ from .dataset import (
     likely_column,
     load_row_media,
     process_with_media,
+    skipped_row_records,
 )
 from .rope import make_position_id_fn
-from .sources import load_rows
+from .sources import load_rows_and_places
 from .template import (
     PLACEHOLDER,
     ChatTemplate,
@@ -401,7 +402,7 @@ class SFTDataset(Dataset):
         model_config: Any = None,
     ):
         self.config_key = config_key
-        self.rows = load_rows(data_path, config_key)
+        self.rows, self.places = load_rows_and_places(data_path, config_key)
         _check_conversation_columns(self.rows.column_names, data_path, data, sft, config_key)
         media_dirs = tuple(folder for folder in (data.image_dir, data_folder(data_path)) if folder)
         self.encoder = ConversationEncoder(tokenizer, processor, data, sft, config_key, media_dirs, model_config)
@@ -409,6 +410,7 @@ class SFTDataset(Dataset):
         self.has_media = any(key in self.rows.column_names for key in (data.image_key, data.video_key))
         self.unusable_rows: list[tuple[int, str]] = []
         self.overlong_rows: list[int] = []
+        self.max_length = sft.max_length
         kept = []
         for index in range(len(self.rows)):
             try:
@@ -429,18 +431,20 @@ class SFTDataset(Dataset):
             for i, message in self.unusable_rows:
                 by_reason.setdefault(message, []).append(i)
             reasons = list(by_reason.items())
-            shown = "; ".join(f"{_name_rows(rows)}: {message}" for message, rows in reasons[:ROWS_NAMED_IN_WARNINGS])
+            shown = "; ".join(
+                f"{_name_rows(rows, self.places)}: {message}" for message, rows in reasons[:ROWS_NAMED_IN_WARNINGS]
+            )
             more = len(reasons) - ROWS_NAMED_IN_WARNINGS
             shown += f"; and {more} more reasons" if more > 0 else ""
             logger.warning("%s: skipped %d of %d rows (%s).", config_key, len(self.unusable_rows), total, shown)
         if self.overlong_rows:
             logger.warning(
                 "%s: skipped %d of %d rows longer than sft.max_length=%d tokens (%s).",
-                config_key, len(self.overlong_rows), total, sft.max_length, _name_rows(self.overlong_rows),
+                config_key, len(self.overlong_rows), total, sft.max_length, _name_rows(self.overlong_rows, self.places),
             )  # fmt: skip
         if not kept:
             first = (
-                f" First problem: row {self.unusable_rows[0][0]}: {self.unusable_rows[0][1]}."
+                f" First problem: {self.places.name(self.unusable_rows[0][0])}: {self.unusable_rows[0][1]}."
                 if self.unusable_rows
                 else ""
             )
@@ -452,12 +456,17 @@ class SFTDataset(Dataset):
     def __len__(self) -> int:
         return len(self.row_index)
 
+    def skipped_rows(self) -> list[dict[str, Any]]:
+        """Every row left out when the dataset was built (see ``skipped_row_records``)."""
+        limit = f"longer than sft.max_length={self.max_length} tokens"
+        return skipped_row_records(self.config_key, self.places, self.unusable_rows, self.overlong_rows, limit)
+
     def __getitem__(self, item: int) -> dict[str, Any]:
         index = int(self.row_index[item])
         try:
             out = self.encoder.encode(self.rows[index])
         except (UnusableRowError, UnreadableMediaError) as error:
-            raise type(error)(f"{self.config_key}: row {index}: {error}") from error
+            raise type(error)(f"{self.config_key}: {self.places.name(index)}: {error}") from error
         if self.has_media:
             out.setdefault("multi_modal_data", None)
         return out

@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 
 import datasets
+import numpy as np
 
 from .synthetic import BUILTIN_PREFIX, load_builtin
 
@@ -248,13 +249,36 @@ def _concatenate(parts: list[datasets.Dataset]) -> datasets.Dataset:
     return datasets.concatenate_datasets(parts)
 
 
-def _from_folder(folder: Path, split: str | None, config_key: str) -> datasets.Dataset:
+class RowPlaces:
+    """Where each row of a dataset read from several files came from, to name a row the way its user finds it: "row
+    7" for one source, "train-1.jsonl row 3" for the fourth row of a folder's second file (rows count from 0)."""
+
+    def __init__(self, files: list[tuple[str, int]] | None = None):
+        """``files``: (file name, its number of rows), in the order the rows were joined; none for one source."""
+        self.names = [name for name, _ in files or []]
+        self.starts = np.cumsum([0] + [count for _, count in files or []])[:-1]
+
+    def name(self, index: int) -> str:
+        file, row = self.file_and_row(index)
+        return f"row {row}" if file is None else f"{file} row {row}"
+
+    def file_and_row(self, index: int) -> tuple[str | None, int]:
+        """(the file's name, or None for one source; the row's number in it)."""
+        if len(self.names) < 2:
+            return None, index
+        file = int(np.searchsorted(self.starts, index, side="right")) - 1
+        return self.names[file], index - int(self.starts[file])
+
+
+def _from_folder(folder: Path, split: str | None, config_key: str) -> tuple[datasets.Dataset, RowPlaces]:
     if _declares_configs(folder):
         split = _pick_split(datasets.get_dataset_split_names(str(folder)), split, folder, config_key)
-        return datasets.load_dataset(str(folder), split=split)
+        return datasets.load_dataset(str(folder), split=split), RowPlaces()
     splits = _split_files(folder, config_key)
     files = splits[_pick_split(list(splits), split, folder, config_key)]
-    return _concatenate([_from_file(file, FILE_BUILDERS[file.suffix.lower()], config_key) for file in files])
+    parts = [_from_file(file, FILE_BUILDERS[file.suffix.lower()], config_key) for file in files]
+    places = RowPlaces([(file.relative_to(folder).as_posix(), len(part)) for file, part in zip(files, parts)])
+    return _concatenate(parts), places
 
 
 def _looks_local(path: str) -> bool:
@@ -263,6 +287,25 @@ def _looks_local(path: str) -> bool:
 
 def load_rows(path: str, config_key: str = "data.train_files") -> datasets.Dataset:
     """The rows at ``path`` (see the module docstring for the accepted forms)."""
+    return load_rows_and_places(path, config_key)[0]
+
+
+def load_rows_and_places(path: str, config_key: str = "data.train_files") -> tuple[datasets.Dataset, RowPlaces]:
+    """The rows at ``path`` and, for a folder of data files, the file each row came from."""
+    base, split = split_path(path)
+    local = Path(base).expanduser()
+    if path and not path.startswith(BUILTIN_PREFIX) and local.is_dir() and not _is_saved(local):
+        return _from_folder(local, split, config_key)
+    return _load_one(path, config_key), RowPlaces()
+
+
+def _is_saved(folder: Path) -> bool:
+    """A folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``."""
+    return (folder / "dataset_info.json").exists() or (folder / "dataset_dict.json").exists()
+
+
+def _load_one(path: str, config_key: str) -> datasets.Dataset:
+    """The rows of a path that is no folder of data files."""
     if not path:
         raise ValueError(f"{config_key} is empty; point it at a .jsonl/.json/.parquet file or a dataset folder.")
     if path.startswith(BUILTIN_PREFIX):
@@ -270,9 +313,7 @@ def load_rows(path: str, config_key: str = "data.train_files") -> datasets.Datas
     base, split = split_path(path)
     local = Path(base).expanduser()
     if local.is_dir():
-        if (local / "dataset_info.json").exists() or (local / "dataset_dict.json").exists():
-            return _from_saved(local, split, config_key)
-        return _from_folder(local, split, config_key)
+        return _from_saved(local, split, config_key)
     if local.is_file():
         builder = FILE_BUILDERS.get(local.suffix.lower())
         if builder is None:

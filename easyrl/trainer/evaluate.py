@@ -25,8 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..config import RunPlan
-from ..data.dataset import RLHFDataset
-from ..data.sources import load_rows
+from ..data.dataset import SOURCE_COLUMN, RLHFDataset
 from ..utils.files import replace_file
 from .generate import EVAL_SEED_KIND, FAILED_KEY, GenerationRun, default_path, generation_settings, read_rows
 
@@ -67,24 +66,15 @@ def correct_key_of(rows: list[dict[str, Any]], configured: str | None) -> str:
     return key
 
 
-# the column naming each row's benchmark (else the data file's name stands for it)
-SOURCE_COLUMN = "data_source"
-
-
 def rows_per_source(dataset: RLHFDataset) -> dict[str, dict[str, int]]:
     """Per data source (as the dataset names its prompts' sources): the rows of the data file and how many of them the
     dataset skipped (unusable, or dropped as longer than data.max_prompt_length)."""
-    skipped = len(dataset.unusable_rows) + dataset.num_filtered_overlong
-
-    def sources(values: Iterable[Any]) -> Counter:
-        return Counter(str(value) if value else dataset.source_name for value in values)  # as RLHFDataset's items
-
-    if SOURCE_COLUMN not in dataset.rows.column_names:
-        return {dataset.source_name: {"rows": len(dataset) + skipped, "skipped": skipped}}
-    kept = sources(dataset.rows[SOURCE_COLUMN])
-    # the dataset holds the kept rows only: the skipped rows' sources are read from the file again
-    every = sources(load_rows(dataset.data_path, dataset.config_key)[SOURCE_COLUMN]) if skipped else kept
-    return {source: {"rows": every[source], "skipped": every[source] - kept[source]} for source in sorted(every)}
+    if SOURCE_COLUMN in dataset.rows.column_names:
+        kept = Counter(str(value) if value else dataset.source_name for value in dataset.rows[SOURCE_COLUMN])
+    else:
+        kept = Counter({dataset.source_name: len(dataset)})
+    every = kept + dataset.skipped_sources
+    return {source: {"rows": every[source], "skipped": dataset.skipped_sources[source]} for source in sorted(every)}
 
 
 def summarize(
@@ -156,7 +146,7 @@ def format_table(results: dict) -> str:
     if data.get("skipped"):
         lines.append(
             f"({data['skipped']} of {data['rows']} rows of data.val_files were skipped when read: no score counts "
-            f"them; {data.get('skipped_reasons', 'the log names each and why')})"
+            f"them; {data.get('skipped_reasons', 'each is named in the log')})"
         )
     return "\n".join(lines)
 
@@ -200,8 +190,7 @@ def run_eval(plan: RunPlan) -> dict:
     results = summarize(rows, config.eval.correct_key, config.eval.correct_threshold, row_counts)
     results["data"] = {"val_files": config.data.val_files, **results["data"]}
     if results["data"]["skipped"]:
-        where = run.log_file or "the run's log (the warnings when data.val_files was read)"
-        results["data"]["skipped_reasons"] = f"the log names each skipped row and why: {where}"
+        results["data"]["skipped_reasons"] = f"each skipped row and why: {run.skipped_rows_file}"
     results["generations"] = summary.path
     results["settings"] = settings  # the model, sampling, seed and reward the numbers are of
     os.makedirs(os.path.dirname(output), exist_ok=True)

@@ -332,6 +332,7 @@ class GenerationRun:
         (``generation_settings``): an existing file is checked against the data and the settings first, and when it
         holds every prompt no worker is started."""
         from ..config.validate import check_generation_data
+        from ..data.dataset import write_skipped_rows
         from ..data.loader import create_val_loader
         from .main import check_reward_columns, dataset_options, init_ray, load_model_side, load_run_reward
 
@@ -346,6 +347,10 @@ class GenerationRun:
             plan.config.data, self.tokenizer, processor, model_config=model_config, **options
         )
         check_reward_columns(plan.config, self.reward_fn, {"data.val_files": self.val_loader})
+        # every skipped row with its reason, beside the output (the warning names a few)
+        self.skipped_rows_file = write_skipped_rows(
+            f"{os.path.splitext(output)[0]}.skipped_rows.jsonl", [self.val_loader.dataset]
+        )
         self.workers = None
         self.reward = None
         self.rollout = None

@@ -227,6 +227,7 @@ def check_reward_columns(config: Any, reward_fn: Any, loaders: dict[str, Any]) -
 
 def prepare_run_data(plan: RunPlan) -> RunData:
     """Resolve built-in model paths, load the tokenizer/processor and the data, and count the training steps."""
+    from ..data.dataset import SKIPPED_ROWS_FILE, write_skipped_rows
     from ..data.loader import create_dataloaders
     from .preflight import check_ulysses_heads
 
@@ -238,6 +239,10 @@ def prepare_run_data(plan: RunPlan) -> RunData:
         config.data, tokenizer, processor, model_config=model_config, **dataset_options(config, reward_fn)
     )
     check_reward_columns(config, reward_fn, {"data.train_files": train_loader, "data.val_files": val_loader})
+    write_skipped_rows(
+        os.path.join(config.trainer.save_checkpoint_path, SKIPPED_ROWS_FILE),
+        [loader and loader.dataset for loader in (train_loader, val_loader)],
+    )
     plan = plan.with_training_steps(len(train_loader))
     return RunData(plan, tokenizer, processor, train_loader, val_loader, reward_fn)
 

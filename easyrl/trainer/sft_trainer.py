@@ -9,6 +9,7 @@ Hugging Face folder (``SFTPlan.hf_output_dir``) that an RL run takes as ``worker
 """
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from functools import partial
@@ -262,6 +263,7 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
     from ..config.validate import check_model_sources
     from ..controller.resource_pool import ResourcePool
     from ..controller.worker_group import RayWorkerGroup
+    from ..data.dataset import SKIPPED_ROWS_FILE, write_skipped_rows
     from ..data.tokenizer import load_tokenizer_and_processor
     from ..demo.builtin_models import resolve_model_path
     from ..workers.fsdp_utils import load_hf_config
@@ -278,6 +280,10 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
         model_config = load_hf_config(model, "causal_lm")
         loader = build_sft_loader(plan, tokenizer, processor, model_config)
         val_loader = build_sft_val_loader(plan, tokenizer, processor, model_config)
+        write_skipped_rows(
+            os.path.join(config.trainer.save_checkpoint_path, SKIPPED_ROWS_FILE),
+            [loader.dataset, val_loader and val_loader.dataset],
+        )
         plan = plan.with_training_steps(len(loader))
     try:  # no checkpoint to resume from, or a fresh start among an earlier run's: one line, before Ray starts
         check_resume_point(config, "SFT")
