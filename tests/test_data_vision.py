@@ -394,6 +394,25 @@ def test_transparent_pixels_become_white_and_opaque_ones_keep_their_colour():
     assert np.abs(loaded[0, 2].astype(int) - [132, 137, 142]).max() <= 1
 
 
+def test_an_animated_picture_is_read_as_its_first_frame_and_said_once(tmp_path, caplog):
+    frames = [Image.new("RGB", (2, 1), colour) for colour in ((200, 0, 0), (0, 200, 0), (0, 0, 200))]
+    path = tmp_path / "spin.gif"
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=100, loop=0)
+    with caplog.at_level("WARNING"):
+        first = np.asarray(load_image(str(path)))
+        load_image(str(path))  # read again (the row drawn again): said once
+    assert first[0, 0].tolist() == [200, 0, 0]
+    warnings = [record.getMessage() for record in caplog.records if "animated" in record.getMessage()]
+    assert warnings == [
+        f"image {str(path)!r} is animated (3 frames): only its first frame is used, as the processor reads it; give "
+        "its frames as a video (data.video_key) for the model to see them all."
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        load_image(saved(frames[0], "GIF"))  # a one-frame GIF is a plain picture
+    assert "animated" not in caplog.text
+
+
 def test_palette_greyscale_bilevel_and_16_bit_pictures_become_rgb():
     palette = Image.new("P", (2, 1))
     palette.putpalette([0, 0, 0, 200, 10, 10] + [0] * 762)

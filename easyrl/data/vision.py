@@ -325,6 +325,24 @@ def resize_to_pixel_range(image: Image.Image, min_pixels: int | None, max_pixels
     return image
 
 
+_ANIMATED_SEEN: set[str] = set()
+
+
+def _warn_if_animated(opened: Image.Image, image: Any) -> None:
+    """Say (once per picture and process) that an animated picture (GIF, APNG, WebP) is read as its first frame, as
+    the Qwen-VL processors read it: its motion would otherwise be lost without a word."""
+    frames = getattr(opened, "n_frames", 1)
+    name = _describe(image)
+    if frames > 1 and name not in _ANIMATED_SEEN:
+        _ANIMATED_SEEN.add(name)
+        logger.warning(
+            "image %s is animated (%d frames): only its first frame is used, as the processor reads it; give its "
+            "frames as a video (data.video_key) for the model to see them all.",
+            name,
+            frames,
+        )
+
+
 def load_image(
     image: Any,
     media_dir: str | Sequence[str | None] | None = None,
@@ -338,6 +356,7 @@ def load_image(
     try:
         opened = _open_image(image, media_dir)
         opened.load()  # decode now: a truncated file must fail here, not later inside the processor
+        _warn_if_animated(opened, image)
         rgb = to_rgb(opened)
     except UnreadableMediaError:
         raise
