@@ -115,17 +115,24 @@ ROW_ARGUMENT = "row"  # a tool with this parameter gets its trajectory's dataset
 
 def to_content(value: Any) -> tuple[str | list[dict], list]:
     """What a tool returns (or an environment observes) -> (chat message content, its pictures). A string is text; a
-    PIL image is a picture; a list or tuple mixes both, shown in its order (other items become text with str());
-    anything else is str(value). Without pictures the content is plain text (list items joined by newlines). The items
-    of a list may also be chat content parts, as TRL's multimodal tools return them (``_content_item``)."""
+    PIL image is a picture; a dict is JSON text (as function-calling models are trained to read results; Python's
+    repr, with its single quotes and True/None, is not JSON); a list or tuple mixes these, shown in its order; anything
+    else is str(value). Without pictures the content is plain text (list items joined by newlines). The items of a
+    list may also be chat content parts, as TRL's multimodal tools return them (``_content_item``)."""
     items = [_content_item(item) for item in value] if isinstance(value, (list, tuple)) else [value]
     pictures = [item for item in items if isinstance(item, Image.Image)]
     if not pictures:
-        return ("\n".join(map(str, items)) if isinstance(value, (list, tuple)) else str(value)), []
+        return "\n".join(map(_as_text, items)), []
     parts = [
-        {"type": "image"} if isinstance(item, Image.Image) else {"type": "text", "text": str(item)} for item in items
+        {"type": "image"} if isinstance(item, Image.Image) else {"type": "text", "text": _as_text(item)}
+        for item in items
     ]
     return parts, pictures
+
+
+def _as_text(item: Any) -> str:
+    """A tool result's item as text: a dict as JSON (values JSON cannot hold as their str()), anything else str()."""
+    return json.dumps(item, ensure_ascii=False, default=str) if isinstance(item, dict) else str(item)
 
 
 def _content_item(item: Any) -> Any:
