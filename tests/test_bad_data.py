@@ -283,3 +283,50 @@ def test_easyrl_train_stops_on_an_empty_file_before_ray_starts(tmp_path, tiny_mo
     assert "Traceback (most recent call last)" in driver_log.read_text()
     assert "Started a local Ray instance" not in output
     print(f"easyrl train stopped after {elapsed:.1f} s")
+
+
+@pytest.mark.slow  # a worker and its vLLM engine start before the refusal (~60 s)
+@pytest.mark.timeout(400)
+def test_a_model_the_cpu_engine_cannot_run_stops_the_run_with_one_line(tmp_path, tiny_model_path):
+    """A worker's own refusal (a ValueError naming what to change) reaches the console as one `cannot start` line, the
+    worker's traceback in the driver log, as the driver's own refusals do."""
+    from easyrl.testing.tiny_models import build_tiny_causal_lm
+
+    narrow = build_tiny_causal_lm(tmp_path / "narrow", hidden_size=32, num_heads=2)  # heads of 16: no CPU kernel
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps({"problem": f"{i} + 1", "answer": str(i + 1)}) + "\n" for i in range(4)))
+    args = [*_train_args(tmp_path, tiny_model_path, path), f"worker.actor.model.model_path={narrow}"]
+    result = subprocess.run(
+        [sys.executable, "-m", "easyrl", "train", *args, "worker.reward.num_cpus=0", "worker.rollout.dtype=fp32"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=380,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    driver_log = tmp_path / "run" / "logs" / "driver.log"
+    assert (
+        f"easyrl train: cannot start: a worker could not start: The rollout engine (vLLM on CPU) cannot run {narrow}: "
+        "its attention heads have 16 dimensions" in result.stderr
+    )
+    assert "Set worker.rollout.name=hf (generation by the actor's own model, slower)" in result.stderr
+    assert result.stderr.rstrip().endswith(f"(traceback in {driver_log})")
+    assert "Traceback" not in result.stdout + result.stderr
+    assert "ray.exceptions.RayTaskError(ValueError)" in driver_log.read_text()
+
+
+def test_only_a_workers_own_refusal_becomes_a_setup_error(ray_cluster):
+    from easyrl.trainer.main import _worker_setup_refusal
+
+    @ray_cluster.remote
+    def fails(kind):
+        raise kind("a message naming the key")
+
+    for kind, refused in ((ValueError, True), (KeyError, True), (OSError, True), (RuntimeError, False)):
+        with pytest.raises(ray_cluster.exceptions.RayTaskError) as raised:
+            ray_cluster.get(fails.remote(kind))
+        cause = _worker_setup_refusal(raised.value)
+        assert (cause is not None) == refused, kind
+        assert cause is None or (type(cause), cause.args) == (kind, ("a message naming the key",))
+    assert _worker_setup_refusal(ValueError("in the driver")) is None  # the driver's own go through its checks

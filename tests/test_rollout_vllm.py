@@ -172,3 +172,30 @@ def test_the_engine_reads_the_actors_override_config(tiny_model_path):
         assert model_config.hf_config.max_position_embeddings == 4321
         plain = EngineArgs(model=str(tiny_model_path), **_engine_kwargs(config, 1, 0)).create_model_config()
         assert plain.hf_config.max_position_embeddings != 4321
+
+
+def test_a_head_size_without_a_cpu_kernel_is_refused_naming_the_model_and_the_way_out(tiny_model_path, tmp_path):
+    """vLLM's CPU attention has kernels for some head sizes only; a model with another one (16 here) started its engine
+    and failed at the first generation deep in a Ray traceback. The engine's own model config gives the head size."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from easyrl.config import RolloutConfig
+    from easyrl.testing.tiny_models import build_tiny_causal_lm
+    from easyrl.workers.rollout.vllm_rollout import _cpu_engine_environment, _engine_kwargs, check_cpu_head_size
+
+    narrow = build_tiny_causal_lm(tmp_path / "narrow", hidden_size=32, num_heads=2)
+    kwargs = _engine_kwargs(RolloutConfig(prompt_length=8, response_length=8), 1, 0)
+    with _cpu_engine_environment():
+        head_sizes = [EngineArgs(model=str(path), **kwargs).create_model_config().get_head_size() for path in (
+            tiny_model_path, narrow)]  # fmt: skip
+    assert head_sizes == [32, 16]
+    check_cpu_head_size(32, str(tiny_model_path), "rollout engine", "Set worker.rollout.name=hf")  # has a kernel
+    with pytest.raises(ValueError) as refused:
+        check_cpu_head_size(16, str(narrow), "rollout engine", "Set worker.rollout.name=hf")
+    assert str(refused.value).startswith(
+        f"The rollout engine (vLLM on CPU) cannot run {narrow}: its attention heads have 16 dimensions, and vLLM's CPU "
+        "attention has kernels for [32, 64,"
+    )
+    assert str(refused.value).endswith(
+        "Set worker.rollout.name=hf, or use a model whose head size is one of those (a GPU runs it)."
+    )

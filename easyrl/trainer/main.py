@@ -13,7 +13,7 @@ from typing import Any
 
 from ..config import RunPlan
 from ..utils import device
-from ..utils.logging import setup_driver_logging
+from ..utils.logging import log_dir, setup_driver_logging
 from .preflight import error_text
 
 
@@ -289,8 +289,13 @@ class RunWorkers:
                 critic = RayWorkerGroup(self.pool, FSDPWorker, config.worker, "critic", run_dir, name_prefix="critic")
                 self.groups.append(critic)
                 critic.init_model()
-        except BaseException:
+        except BaseException as error:
             self.kill()
+            refusal = _worker_setup_refusal(error)
+            if refusal is not None:
+                logging.getLogger().info("A worker could not start:", exc_info=True)
+                where = f" (traceback in {log_dir(run_dir) / 'driver.log'})" if run_dir else ""
+                raise RunSetupError(f"a worker could not start: {error_text(refusal)}{where}") from error
             raise
         return WorkerGroups(
             actor_rollout=actor_rollout, ref=actor_rollout if plan.use_reference else None, critic=critic
@@ -401,6 +406,17 @@ def _write_ray_timeline(path: str | None) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     ray.timeline(filename=path)
     print(f"Ray timeline written to {path}")
+
+
+def _worker_setup_refusal(error: BaseException) -> BaseException | None:
+    """The error a worker raised while setting up, when it is one that names what to change (a ValueError, KeyError or
+    OSError: a model the engine cannot run, an adapter it cannot serve, a file it cannot read), else None (a bug, or
+    a process that died, keeps its traceback)."""
+    import ray
+
+    if isinstance(error, ray.exceptions.RayTaskError) and isinstance(error.cause, (ValueError, KeyError, OSError)):
+        return error.cause
+    return None
 
 
 class RunSetupError(RuntimeError):

@@ -28,7 +28,7 @@ from ...controller.worker_group import describe_death
 from ...demo.builtin_models import resolve_model_path
 from ...utils import device
 from ...utils.logging import setup_worker_logging
-from ..rollout.vllm_rollout import VLLM_DTYPES, _cpu_engine_environment, kv_cache_kwargs
+from ..rollout.vllm_rollout import VLLM_DTYPES, _cpu_engine_environment, check_cpu_head_size, kv_cache_kwargs
 from .judge import (
     REQUEST_FAILED,
     JudgeFailure,
@@ -74,6 +74,9 @@ class JudgeEngine:
             from vllm import LLM, SamplingParams
 
             self.llm = LLM(model=path, **kwargs)
+        if not cuda:
+            way_out = "Serve the judge elsewhere (worker.reward.judge.kind=http with base_url)"
+            check_cpu_head_size(self.llm.llm_engine.model_config.get_head_size(), path, "judge engine", way_out)
         self.sampling = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens)
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len

@@ -222,6 +222,21 @@ def _vllm_multi_modal_data(row: Any) -> dict[str, Any] | None:
     return data or None
 
 
+def check_cpu_head_size(head_size: int, model_path: str, what: str, way_out: str) -> None:
+    """Refuse, naming the model, its head size and the way out, a model whose attention heads vLLM's CPU backend has
+    no kernel for: its engine starts, and the first generation failed with "Unsupported CPU attention configuration"
+    deep in a Ray traceback."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_size not in supported:
+        raise ValueError(
+            f"The {what} (vLLM on CPU) cannot run {model_path}: its attention heads have {head_size} dimensions, "
+            f"and vLLM's CPU attention has kernels for {supported} only. {way_out}, or use a model whose head size "
+            "is one of those (a GPU runs it)."
+        )
+
+
 class VLLMRollout(BaseRollout):
     def __init__(
         self,
@@ -277,6 +292,11 @@ class VLLMRollout(BaseRollout):
             if unserved:
                 shown = ", ".join(unserved[:5]) + (f" and {len(unserved) - 5} more" if len(unserved) > 5 else "")
                 self._lora_falls_back(f"vLLM's LoRA does not serve the adapters of {shown}")
+        if not device.is_cuda_available():
+            way_out = "Set worker.rollout.name=hf (generation by the actor's own model, slower)"
+            check_cpu_head_size(
+                self.llm.llm_engine.model_config.get_head_size(), model_path, "rollout engine", way_out
+            )
         self.is_multimodal = self.llm.llm_engine.model_config.is_multimodal_model
         self.stop_token_ids = self._eos_token_ids()
         self.sleep()
