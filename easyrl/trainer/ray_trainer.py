@@ -308,7 +308,7 @@ class PPOTrainer:
                 elif "rollout_log_probs" in batch.batch.keys() and "old_log_probs" in batch.batch.keys():
                     metrics.update(self._rollout_mismatch(batch))
 
-        metrics["step"] = self.global_step
+        # every logger gets the step itself (metrics.jsonl keeps it as an integer); as a metric it came back a float
         metrics["epoch"] = self.epoch
         metrics["actor/kl_coef"] = self.kl_controller.value
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
