@@ -82,6 +82,8 @@ def _generation_plan(args: list[str], command: str):
 
     config = read_config(args)
     config.trainer.val_only = True  # nothing is trained: data.train_files may be absent
+    # they write their own files and start no tracker: a training config's W&B / SwanLab without a login must not stop them
+    config.trainer.logger = ["console"]
     check_generation_data(config)  # before the plan, whose validation would name trainer.val_only, not the command
     return make_run_plan(config, needs_reward=command == "eval")
 

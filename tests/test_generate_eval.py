@@ -2,6 +2,7 @@
 and real runs of both commands on the tiny model (Ray, one worker, vLLM rollout, the word-share reward)."""
 
 import json
+import os
 import logging
 import math
 from pathlib import Path
@@ -346,6 +347,22 @@ def test_generation_plans_ignore_the_batch_arithmetic_of_updates_they_never_make
         assert _generation_plan(args, command).config.worker.rollout.n == n
         with pytest.raises(ConfigError, match=message):
             load_run_plan([*args, f"data.train_files={val_file}"])
+
+
+@pytest.mark.parametrize("command", ["generate", "eval"])
+def test_generation_starts_no_tracker_so_a_remote_one_without_a_login_does_not_stop_it(
+    tiny_model_path, val_file, tmp_path, monkeypatch, command
+):
+    from easyrl.cli import _generation_plan
+    from easyrl.config import ConfigError
+
+    for name in [name for name in os.environ if name.startswith(("WANDB_", "SWANLAB_"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc login either
+    args = _args(tiny_model_path, val_file, tmp_path, "trainer.logger=[console,file,wandb,swanlab]")
+    with pytest.raises(ConfigError, match="`trainer.logger` includes 'wandb'"):  # the training run would stop
+        load_run_plan([*args, f"data.train_files={val_file}"])
+    assert _generation_plan(args, command).config.trainer.logger == ["console"]
 
 
 def test_generate_needs_no_reward_function_and_eval_names_the_key(tiny_model_path, val_file, tmp_path):
