@@ -2,9 +2,9 @@
 and real runs of both commands on the tiny model (Ray, one worker, vLLM rollout, the word-share reward)."""
 
 import json
-import os
 import logging
 import math
+import os
 from pathlib import Path
 
 import pytest
