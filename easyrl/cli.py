@@ -9,12 +9,16 @@ USAGE_KEYS = "[config=FILE.yaml] [section.key=value ...]"
 
 
 def _check(args: list[str]) -> int:
+    """`easyrl check [sft] config=... key=value ...`: an RL run's config (or, after `sft`, an SFT run's)."""
     from .config import ConfigError, config_to_yaml, load_run_plan
 
+    if args[:1] == ["sft"]:
+        return _check_sft(args[1:])
     try:
         plan = load_run_plan(args)
     except ConfigError as err:
-        print(f"easyrl check: invalid config: {err}", file=sys.stderr)
+        hint = "" if "reward_function" not in str(err) else " (an SFT config? `easyrl check sft config=...`)"
+        print(f"easyrl check: invalid config: {err}{hint}", file=sys.stderr)
         return 2
     from .trainer.preflight import check_model_files, error_text
 
@@ -25,6 +29,22 @@ def _check(args: list[str]) -> int:
         return 2
     print(config_to_yaml(plan.config), end="")
     print("# run plan")
+    print("\n".join(f"#   {line}" for line in plan.describe().splitlines()))
+    print("# config is valid", file=sys.stderr)
+    return 0
+
+
+def _check_sft(args: list[str]) -> int:
+    from .config import ConfigError, config_to_yaml
+    from .config.sft_plan import load_sft_plan
+
+    try:
+        plan = load_sft_plan(args)
+    except ConfigError as err:
+        print(f"easyrl check sft: invalid config: {err}", file=sys.stderr)
+        return 2
+    print(config_to_yaml(plan.config), end="")
+    print("# SFT plan")
     print("\n".join(f"#   {line}" for line in plan.describe().splitlines()))
     print("# config is valid", file=sys.stderr)
     return 0
@@ -192,7 +212,10 @@ def _merge(args: list[str]) -> int:
 COMMANDS = {
     "train": (_train, f"train with PPO-family RL: easyrl train {USAGE_KEYS}"),
     "sft": (_sft, f"supervised fine-tuning, loss on the assistant's tokens: easyrl sft {USAGE_KEYS}"),
-    "check": (_check, f"validate, then print the resolved config and the run plan: easyrl check {USAGE_KEYS}"),
+    "check": (
+        _check,
+        f"validate, then print the resolved config and the run plan: easyrl check [sft] {USAGE_KEYS} (sft: an SFT config)",
+    ),
     "generate": (_generate, f"n samples per prompt of data.val_files into jsonl: easyrl generate {USAGE_KEYS}"),
     "eval": (_eval, f"mean@k and pass@k per data source of data.val_files: easyrl eval {USAGE_KEYS}"),
     "merge": (_merge, "write a Hugging Face folder from a checkpoint: easyrl merge --local_dir CKPT/actor"),

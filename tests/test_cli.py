@@ -68,3 +68,19 @@ def test_train_with_no_arguments_names_what_a_run_needs_and_the_default_recipe()
         assert f"`{key}`" in result.stderr
     assert "easyrl train config=examples/smollm2_arithmetic_grpo.yaml" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_check_sft_checks_an_sft_config_and_the_rl_check_points_to_it():
+    config = "config=examples/smollm2_arithmetic_sft.yaml"
+    result = run_easyrl("check", "sft", config, "sft.max_length=300")
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["sft"]["max_length"] == 300
+    assert "# SFT plan" in result.stdout and "token-mean cross-entropy on the assistant's tokens" in result.stdout
+    refused = run_easyrl("check", "sft", config, "sft.max_lenght=300")
+    assert refused.returncode == 2 and refused.stderr.startswith("easyrl check sft: invalid config:")
+    assert "Did you mean `sft.max_length`?" in refused.stderr
+    # the RL check of an SFT config misses the reward function, and says where an SFT config is checked
+    as_rl = run_easyrl("check", config)
+    assert as_rl.returncode == 2
+    assert "`worker.reward.reward_function`" in as_rl.stderr
+    assert "(an SFT config? `easyrl check sft config=...`)" in as_rl.stderr
