@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from easyrl.config.schema import DataConfig, SFTConfig
 from easyrl.data.collate import sft_collate
@@ -393,6 +394,8 @@ def test_sft_loss_falls_and_matches_a_plain_forward_at_the_first_step(sft_run, t
     # "The answer is \boxed{N}." + <|im_end|>: 10 labelled tokens per conversation, 4 conversations per step
     assert metrics[1]["sft/tokens"] == 40
     assert (folder / "ckpt" / "global_step_4" / "actor").is_dir()
+    kept = yaml.safe_load((folder / "ckpt" / "config.yaml").read_text())  # the config the run ran with, resolved
+    assert (kept["worker"]["actor"]["optim"]["lr"], kept["data"]["train_files"]) == (3e-3, str(folder / "data.jsonl"))
     assert (folder / "ckpt" / "global_step_8" / "actor").is_dir()
 
 
@@ -461,6 +464,10 @@ def test_sft_resumes_from_its_last_checkpoint(sft_run, tmp_path):
     extended = [a for a in args if not a.startswith("trainer.max_steps=")] + ["trainer.max_steps=10"]
     _run("sft", extended, tmp_path / "resume.log")
     assert "Resuming from" in (tmp_path / "resume.log").read_text()
+    # the folder keeps the config of each start; the resume names what it changed
+    assert "in 1 key(s): trainer.max_steps: 8 -> 10." in (tmp_path / "resume.log").read_text()
+    assert yaml.safe_load((folder / "ckpt" / "config.1.yaml").read_text())["trainer"]["max_steps"] == 8
+    assert yaml.safe_load((folder / "ckpt" / "config.yaml").read_text())["trainer"]["max_steps"] == 10
     rows = [json.loads(line) for line in (folder / "ckpt" / "metrics.jsonl").read_text().splitlines()]
     steps = [row["step"] for row in rows]
     assert steps == list(range(11))  # steps 0-8 kept once (no second validation before training), 9 and 10 appended

@@ -111,6 +111,19 @@ def test_save_limit_keeps_only_the_newest_checkpoints(tiny_grpo_run):
         }
 
 
+@pytest.mark.timeout(RUN_TIMEOUT)
+def test_the_run_folder_keeps_the_config_it_ran_with(tiny_grpo_run):
+    import yaml
+
+    kept = yaml.safe_load((Path(tiny_grpo_run.save_dir) / "config.yaml").read_text())
+    assert kept["worker"]["actor"]["model"]["model_path"] == str(tiny_grpo_run.model_path)
+    assert (kept["trainer"]["max_steps"], kept["worker"]["rollout"]["n"], kept["algorithm"]["use_kl_loss"]) == (
+        3,
+        4,
+        True,
+    )
+
+
 def test_ray_timeline_is_written_when_the_run_ends(tiny_grpo_run):
     import json
 

@@ -461,7 +461,9 @@ def _finished_checkpoint(plan: RunPlan) -> str | None:
 def run_training(plan: RunPlan) -> dict[str, float]:
     """`easyrl train`. A stop signal or a worker that died (with no restart left) ends it with one line saying what
     happened and where the last checkpoint is, and ``SystemExit`` with a non-zero status (see ``faults``)."""
+    from ..config import config_to_yaml
     from .faults import RunInterrupted, StopRequest, print_interruption
+    from .run_config import record_run_config
 
     # the console shows the run; the engine's and libraries' chatter goes to <run dir>/logs
     log_file = setup_driver_logging(plan.config.trainer.save_checkpoint_path)
@@ -474,6 +476,7 @@ def run_training(plan: RunPlan) -> dict[str, float]:
     if (finished := _finished_checkpoint(plan)) is not None:
         print(finished)
         return {}
+    record_run_config(plan.config.trainer.save_checkpoint_path, config_to_yaml(plan.config))
     init_ray(plan)
     interrupted: RunInterrupted | None = None
     # after ray.init, whose own SIGTERM handler would tear the cluster down at once

@@ -259,7 +259,7 @@ class SFTTrainer:
 
 def run_sft(plan: SFTPlan) -> dict[str, float]:
     """`easyrl sft`: data and model read before Ray, then the workers, the loop and the Hugging Face folder."""
-    from ..config import config_to_dict
+    from ..config import config_to_dict, config_to_yaml
     from ..config.validate import check_model_sources
     from ..controller.resource_pool import ResourcePool
     from ..controller.worker_group import RayWorkerGroup
@@ -268,6 +268,7 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
     from ..demo.builtin_models import resolve_model_path
     from ..workers.fsdp_utils import load_hf_config
     from ..workers.fsdp_worker import FSDPWorker
+    from .run_config import record_run_config
 
     config = plan.config
     log_file = setup_driver_logging(config.trainer.save_checkpoint_path)
@@ -290,6 +291,7 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
     except CheckpointError as error:
         raise RunSetupError(str(error)) from error
     logger.info("SFT plan:\n%s", plan.describe())
+    record_run_config(config.trainer.save_checkpoint_path, config_to_yaml(config), "SFT run")
     init_ray(plan)
     tracker = start_tracker(config, config_to_dict(config), plan.training_steps)
     pool = ResourcePool.from_trainer_config(
