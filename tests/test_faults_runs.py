@@ -114,6 +114,8 @@ def test_sigterm_checkpoints_the_step_in_progress_and_the_rerun_continues_exactl
         "command to resume from it." in text
     )
     assert _checkpoint_steps(save_dir) == [2] and _logged_steps(save_dir) == [1, 2]
+    # the curves of the steps so far are drawn on the way out (a stopped run is read before it is resumed)
+    assert f"curves in {save_dir / 'curves.png'}" in text and (save_dir / "curves.png").stat().st_size > 10_000
 
     resumed_log = tmp_path / "resumed.log"
     run_training(args, resumed_log)

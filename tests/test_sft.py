@@ -609,6 +609,7 @@ def test_a_stop_signal_ends_sft_after_the_step_with_a_checkpoint_it_resumes_from
     assert step < 400
     assert (save_dir / f"global_step_{step}" / "actor").is_dir()
     assert "stopped by SIGTERM" in log_tail(log_path)
+    assert (save_dir / "curves.png").is_file()  # the losses so far, drawn on the way out
 
 
 @pytest.mark.slow

@@ -5,7 +5,14 @@ import json
 import pytest
 from PIL import Image
 
-from easyrl.trainer.plot import FIGURE_DPI, FIGURE_SIZE_INCHES, plot_training_curves, read_metrics, summarize_progress
+from easyrl.trainer.plot import (
+    FIGURE_DPI,
+    FIGURE_SIZE_INCHES,
+    curve_panels,
+    plot_training_curves,
+    read_metrics,
+    summarize_progress,
+)
 
 
 def _write_metrics(path, rows) -> None:
@@ -55,3 +62,22 @@ def test_progress_summary_leaves_out_failure_counts(tmp_path):
     _write_metrics(metrics_path, rows)
     lines = summarize_progress(str(metrics_path))
     assert lines == ["val/reward/overall: 0.100 (step 0) -> 0.300 (step 4)"]
+
+
+def test_an_sft_run_draws_its_losses_and_an_rl_run_names_the_mean_score(tmp_path):
+    rows = [{"step": 0, "val/loss": 1.65}]
+    rows += [{"step": s, "sft/loss": 1.5 / s, "actor/lr": 5e-5, "sft/tokens": 220.0} for s in range(1, 5)]
+    rows += [{"step": 4, "val/loss": 0.9}]
+    _write_metrics(tmp_path / "metrics.jsonl", rows)
+    panels = curve_panels(read_metrics(str(tmp_path / "metrics.jsonl")))
+    assert [title for title, _ in panels] == ["train loss", "validation loss", "learning rate"]
+    assert panels[0][1] == {"sft/loss": ([1, 2, 3, 4], [1.5, 0.75, 0.5, 0.375])}
+    assert panels[1][1] == {"val/loss": ([0, 4], [1.65, 0.9])}
+    lines = summarize_progress(str(tmp_path / "metrics.jsonl"))
+    assert lines == ["val/loss: 1.650 (step 0) -> 0.900 (step 4)", "sft/loss: 1.125 (steps 1-2) -> 0.438 (steps 3-4)"]
+
+    rl = [{"step": s, "critic/score/mean": 0.1 * s, "response_length/mean": 40.0} for s in range(1, 3)]
+    _write_metrics(tmp_path / "rl.jsonl", rl)
+    panels = curve_panels(read_metrics(str(tmp_path / "rl.jsonl")))
+    assert [title for title, _ in panels] == ["train reward", "validation", "mean response length (tokens)"]
+    assert list(panels[0][1]) == ["score (mean of the samples)"] and panels[1][1] == {}

@@ -492,15 +492,23 @@ def run_training(plan: RunPlan) -> dict[str, float]:
             finally:
                 trainer.on_shutdown()
     if interrupted is not None:
+        draw_curves(plan.config.trainer)  # the steps so far: a stopped run is resumed, and read before that
         print_interruption(interrupted)
         raise SystemExit(interrupted.exit_code)
     save_dir = plan.config.trainer.save_checkpoint_path
     print(f"Checkpoints are in {save_dir}")
-    metrics_file = os.path.join(save_dir, "metrics.jsonl")
-    if "file" in plan.config.trainer.logger and os.path.isfile(metrics_file):
-        from .plot import plot_training_curves, summarize_progress
-
-        print(f"Metrics are in {metrics_file}; reward curves in {plot_training_curves(metrics_file)}")
-        for line in summarize_progress(metrics_file):
-            print(f"  {line}")
+    draw_curves(plan.config.trainer, summary=True)
     return metrics
+
+
+def draw_curves(trainer: Any, summary: bool = False) -> None:
+    """Draw ``curves.png`` beside ``metrics.jsonl`` (logger `file`) and say where; ``summary``: also print each score
+    at the start and at the end."""
+    metrics_file = os.path.join(trainer.save_checkpoint_path, "metrics.jsonl")
+    if "file" not in trainer.logger or not os.path.isfile(metrics_file):
+        return
+    from .plot import plot_training_curves, summarize_progress
+
+    print(f"Metrics are in {metrics_file}; curves in {plot_training_curves(metrics_file)}")
+    for line in summarize_progress(metrics_file) if summary else []:
+        print(f"  {line}")

@@ -1,4 +1,5 @@
-"""Reward curves as a PNG, from the ``metrics.jsonl`` the file logger writes.
+"""Training curves as a PNG, from the ``metrics.jsonl`` the file logger writes: an RL run's rewards, validation
+scores and response length; an SFT run's train loss, validation loss and learning rate.
 
 python -m easyrl.trainer.plot checkpoints/<project>/<experiment>/metrics.jsonl [out.png]
 """
@@ -10,9 +11,14 @@ import sys
 
 # Train curves drawn when present: the mean sequence score and the reward function's named scores.
 TRAIN_CURVE_KEYS = ("critic/score/mean", "reward/accuracy", "reward/format")
+# legend names of metrics whose key says less than it should to a reader (the score is the reward's, no critic's)
+CURVE_LABELS = {"critic/score/mean": "score (mean of the samples)"}
 RESPONSE_LENGTH_KEY = "response_length/mean"
+# an SFT run's metrics (easyrl sft): its panels are losses, not rewards
+SFT_LOSS_KEY = "sft/loss"
+SFT_PANELS = (((SFT_LOSS_KEY,), "train loss"), (("val/loss",), "validation loss"), (("actor/lr",), "learning rate"))
 # Validation metrics whose names contain one of these are drawn in the validation panel.
-VAL_CURVE_WORDS = ("reward", "score", "acc")
+VAL_CURVE_WORDS = ("reward", "score", "acc", "loss")
 FIGURE_SIZE_INCHES = (15, 4)
 FIGURE_DPI = 100
 
@@ -52,7 +58,7 @@ def summarize_progress(metrics_path: str) -> list[str]:
         steps, values = _series(by_step, key)
         if len(values) >= 2:
             lines.append(f"{key}: {values[0]:.3f} (step {steps[0]}) -> {values[-1]:.3f} (step {steps[-1]})")
-    for key in ("reward/overall", *TRAIN_CURVE_KEYS[1:]):
+    for key in ("reward/overall", *TRAIN_CURVE_KEYS[1:], SFT_LOSS_KEY):
         steps, values = _series(by_step, key)
         window = min(SUMMARY_WINDOW, len(values) // 2)
         if window:
@@ -64,29 +70,37 @@ def summarize_progress(metrics_path: str) -> list[str]:
     return lines
 
 
+def curve_panels(by_step: dict[int, dict[str, float]]) -> list[tuple[str, dict[str, tuple[list, list]]]]:
+    """The three panels' (title, {legend label: (steps, values)}): train reward, validation scores, mean response
+    length; for an SFT run, train loss, validation loss, learning rate. A panel may be empty (no data yet)."""
+    if any(SFT_LOSS_KEY in row for row in by_step.values()):
+        layout = [(title, keys) for keys, title in SFT_PANELS]
+    else:
+        layout = [
+            ("train reward", TRAIN_CURVE_KEYS),
+            ("validation", _val_keys(by_step)),
+            ("mean response length (tokens)", [RESPONSE_LENGTH_KEY]),
+        ]
+    panels = []
+    for title, keys in layout:
+        series = {CURVE_LABELS.get(key, key): _series(by_step, key) for key in keys}
+        panels.append((title, {label: points for label, points in series.items() if points[0]}))
+    return panels
+
+
 def plot_training_curves(metrics_path: str, output_path: str | None = None) -> str:
-    """Three panels: train reward, validation reward/accuracy, mean response length. Returns the PNG path."""
+    """Draw ``curve_panels`` side by side; returns the PNG path (``curves.png`` beside the metrics by default)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
-    by_step = read_metrics(metrics_path)
     output_path = output_path or os.path.join(os.path.dirname(os.path.abspath(metrics_path)), "curves.png")
-    fig, (train_ax, val_ax, length_ax) = plt.subplots(1, 3, figsize=FIGURE_SIZE_INCHES, dpi=FIGURE_DPI)
-    panels = (
-        (train_ax, TRAIN_CURVE_KEYS, "train reward"),
-        (val_ax, _val_keys(by_step), "validation"),
-        (length_ax, [RESPONSE_LENGTH_KEY], "mean response length (tokens)"),
-    )
-    for ax, keys, title in panels:
-        drawn = False
-        for key in keys:
-            steps, values = _series(by_step, key)
-            if steps:
-                ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=key)
-                drawn = True
-        if drawn:
+    fig, axes = plt.subplots(1, 3, figsize=FIGURE_SIZE_INCHES, dpi=FIGURE_DPI)
+    for ax, (title, series) in zip(axes, curve_panels(read_metrics(metrics_path))):
+        for label, (steps, values) in series.items():
+            ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
+        if series:
             ax.legend(fontsize="small")
         else:
             ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)

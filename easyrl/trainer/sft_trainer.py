@@ -42,6 +42,7 @@ from .main import (
     RunSetupError,
     _write_ray_timeline,
     cpus_per_worker,
+    draw_curves,
     init_ray,
     setup_errors_reported,
     start_tracker,
@@ -332,9 +333,11 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
                 pool.release()
                 tracker.finish()
     if interrupted is not None:
+        draw_curves(config.trainer)
         print_interruption(interrupted)
         raise SystemExit(interrupted.exit_code)
     print(f"Checkpoints are in {config.trainer.save_checkpoint_path}")
+    draw_curves(config.trainer, summary=True)
     print(f"The fine-tuned model is in {plan.hf_output_dir} (use it as worker.actor.model.model_path)")
     if plan.adapter_output_dir is not None:
         print(
