@@ -310,3 +310,50 @@ def test_the_trainer_spreads_the_computed_samples_over_the_ranks_before_the_upda
     metrics = {}
     trainer._balance_computed_samples(batch, metrics)
     assert metrics == {}  # nothing skipped, the generation-time balance stands
+
+
+def peaked_model(model_path):
+    """The tiny model with its output logits scaled up: a random model's entropy is near log(vocab) on every token,
+    which hides how per-token metrics are averaged; scaled, it ranges widely between tokens."""
+    model = load_hf_causal_lm(model_path)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    return model
+
+
+@pytest.mark.parametrize("off_policy", [False, True])
+def test_per_token_metrics_are_the_updates_token_mean_whatever_the_micro_batches(tiny_model_path, off_policy):
+    """actor/entropy, ppo_kl and the clip fractions were plain means of the micro-batches' means: micro-batches of 1
+    and of 4, dynamic batching or packing moved them (0.84 vs 0.90 entropy on the same batch). Weighted by each
+    micro-batch's tokens they are the token mean of the update, as computed here in one piece."""
+    data = batch_with_flat_groups(tiny_model_path, [3, 2, 3, 1, 1], flat_groups=set(), seed=23, off_policy=off_policy)
+    if not off_policy:
+        del data.batch["old_log_probs"]
+    with torch.no_grad():
+        _, entropy = Actor(actor_config(False, micro_batch_size=10), peaked_model(tiny_model_path))._forward(
+            data, data.meta_info["temperature"], calculate_entropy=True
+        )
+    mask = data.batch["response_mask"]
+    per_sample = (entropy * mask).sum(-1) / mask.sum(-1)
+    token_mean = float((entropy * mask).sum() / mask.sum())
+    assert abs(float(per_sample.mean()) - token_mean) > 0.1  # a mean of sample means would show
+    reported = {}
+    for micro_batch_size, dynamic, shared_prefix in (
+        (1, False, False),
+        (4, False, False),
+        (3, True, True),
+        (10, False, False),
+    ):
+        config = actor_config(shared_prefix, micro_batch_size=micro_batch_size, dynamic=dynamic)
+        config.max_grad_norm, config.skip_zero_advantage = 1e6, False
+        if off_policy:
+            config.entropy_coef = 1e-3  # the entropy is then a loss term, computed off-policy too
+        model = peaked_model(tiny_model_path)
+        actor = Actor(config, model, torch.optim.SGD(model.parameters(), lr=0.1), mini_batch_size=len(data))
+        reported[(micro_batch_size, dynamic, shared_prefix)] = actor.update_policy(data, on_policy=not off_policy)
+    entropies = [metrics["actor/entropy"] for metrics in reported.values()]
+    assert entropies == pytest.approx([token_mean] * len(entropies), rel=1e-5), (entropies, token_mean)
+    for key in ("actor/ppo_kl", "actor/pg_clipfrac_higher", "actor/pg_clipfrac_lower"):
+        values = [metrics[key] for metrics in reported.values()]
+        assert values == pytest.approx([values[-1]] * len(values), rel=1e-4, abs=1e-7), (key, values)
+    assert off_policy == (reported[(10, False, False)]["actor/ppo_kl"] != 0.0)

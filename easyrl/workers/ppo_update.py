@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 # Loss metrics of a micro-batch are partial sums of the mini-batch loss (see module docstring): they add up.
 SUMMED_METRICS = frozenset({"pg_loss", "kl_loss", "vf_loss", "loss"})
+# The others (entropy, ppo_kl, clip fractions ...) are means over a micro-batch's response tokens: they are weighted
+# by those tokens, so that the update reports its token mean whatever the micro-batches (their size, dynamic batching
+# or padding-free packing split the same tokens differently; a plain mean of micro-batch means moved with them).
 
 # micro_loss(micro_batch, loss_denominator) -> (loss to back-propagate, metrics)
 MicroLoss = Callable[["DataProto", float], tuple[torch.Tensor, dict[str, float]]]
@@ -85,6 +88,7 @@ def run_ppo_updates(
         )
     module.train()
     step_metrics: dict[str, list[float]] = defaultdict(list)
+    token_metrics: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (micro-batch mean, its tokens)
     skipped = left_out = seen = 0
     for _ in range(ppo_epochs):
         for mini_batch in data.split(mini_batch_size):
@@ -94,18 +98,30 @@ def run_ppo_updates(
                 mini_batch, dropped = samples_to_compute(mini_batch, carries_gradient(mini_batch))
                 left_out += dropped
             micro_batches, _ = split_for_pass(mini_batch, micro_batch_size, dynamic_batching, shared_prefix)
-            micro_metrics: dict[str, list[float]] = defaultdict(list)
+            summed: dict[str, float] = defaultdict(float)
             for micro_batch in micro_batches:
                 loss, metrics = micro_loss(micro_batch, denominator)
                 loss.backward()
+                tokens = float(micro_batch.batch["response_mask"].sum())
                 for key, value in metrics.items():
-                    micro_metrics[key].append(float(value))
-            for key, values in micro_metrics.items():
-                step_metrics[key].append(sum(values) if key in SUMMED_METRICS else sum(values) / len(values))
+                    if key in SUMMED_METRICS:
+                        summed[key] += float(value)
+                    else:
+                        token_metrics[key].append((float(value), tokens))
+            for key, value in summed.items():
+                step_metrics[key].append(value)
             grad_norm, stepped = clip_grad_norm_and_step(module, optimizer, max_grad_norm)
             step_metrics["grad_norm"].append(grad_norm)
             skipped += not stepped
     metrics = {f"{prefix}/{key}": sum(values) / len(values) for key, values in step_metrics.items()}
+    for key, pairs in token_metrics.items():
+        weight = sum(tokens for _, tokens in pairs)
+        mean = (
+            sum(value * tokens for value, tokens in pairs) / weight
+            if weight
+            else sum(v for v, _ in pairs) / len(pairs)
+        )
+        metrics[f"{prefix}/{key}"] = mean
     metrics[f"{prefix}/nonfinite_grad_skipped_steps"] = float(skipped)
     if carries_gradient is not None:
         metrics[f"{prefix}/zero_advantage_skipped"] = left_out / max(seen, 1)
