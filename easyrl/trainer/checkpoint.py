@@ -19,6 +19,8 @@ Nothing the driver writes or reads here is a pickle (``easyrl.utils.state_file``
 made runs no code. Checkpoints of easyrl versions that wrote ``driver_state.pt`` are refused with that explanation.
 """
 
+import hashlib
+import json
 import logging
 import os
 import random
@@ -30,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from easyrl.paths import looks_local
 from easyrl.utils import device
 from easyrl.utils.files import replace_file
 from easyrl.utils.state_file import load_state, save_state
@@ -207,7 +210,9 @@ def model_only_error(path: str, what: str = "training") -> CheckpointError:
 def check_resume_point(config: Any, what: str = "training") -> str | None:
     """``resolve_resume_path``, checked before Ray starts: a checkpoint a run can resume from, or a fresh start in a
     folder without an earlier run's checkpoints (whose saves would mix with this run's, `trainer.save_limit` deleting
-    them by step number, and whose metrics.jsonl rows this run would drop)."""
+    them by step number, and whose metrics.jsonl rows this run would drop). Given the whole config (not its
+    ``trainer`` section alone), the checkpoint's actor must also be one this run's model resumes
+    (``check_actor_resumes``)."""
     trainer = getattr(config, "trainer", config)
     path = resolve_resume_path(trainer)
     if path is None:
@@ -224,6 +229,8 @@ def check_resume_point(config: Any, what: str = "training") -> str | None:
         return None
     if load_dataloader_state(path) is None:
         raise model_only_error(path, what)
+    if hasattr(config, "worker"):
+        check_actor_resumes(path, config.worker.actor.model, _fresh_start_advice(trainer))
     _warn_of_later_steps(trainer, path)
     return path
 
@@ -242,6 +249,275 @@ def _warn_of_later_steps(trainer: Any, path: str) -> None:
             root,
             ", ".join(os.path.basename(folder) for folder in later[-3:]),
         )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# whether this run's actor resumes a checkpoint's (before Ray starts)
+# ----------------------------------------------------------------------------------------------------------------------
+ACTOR_FOLDER = "actor"
+LORA_KEY = "worker.actor.model.lora"
+MODEL_PATH_KEY = "worker.actor.model.model_path"
+WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+# stretches read from each weight file to tell two model folders apart: a model that differs from another in a
+# twentieth of its bytes (a LoRA merged into q_proj and v_proj) goes unnoticed with a chance of 0.95^256, 2e-6
+FINGERPRINT_SAMPLES, FINGERPRINT_SAMPLE_BYTES = 256, 4096
+# config.json fields that fix the shapes of a model's weights (a vision-language model's are in its text_config)
+ARCHITECTURE_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+)
+
+
+def _fresh_start_advice(trainer: Any) -> str:
+    """The way out of a checkpoint this run cannot resume, besides setting the keys as the checkpoint has them: the
+    checkpoint came from trainer.load_checkpoint_path, or was found in trainer.save_checkpoint_path."""
+    if trainer.load_checkpoint_path:
+        return (
+            "point trainer.load_checkpoint_path at a checkpoint of such a run (or unset it and start afresh in a new "
+            "trainer.save_checkpoint_path)"
+        )
+    return "start afresh in a new trainer.save_checkpoint_path"
+
+
+def check_actor_resumes(path: str, model: Any, fresh_start: str) -> None:
+    """The actor of the checkpoint at ``path`` was trained as this run trains (``model``: the ``worker.actor.model``
+    section): full weights or LoRA alike, LoRA with the same rank, alpha and adapted modules, on the same base model.
+
+    Otherwise the workers' load fails a minute later, after Ray and the engine started, on a tensor shape, or, with a
+    new alpha or base model, not at all: the adapters train on where they do not belong. ``fresh_start``: the way out
+    besides setting the keys as the checkpoint has them."""
+    from ..workers.fsdp_checkpoint import _adapter_config_file, is_role_folder
+
+    role = os.path.join(path, ACTOR_FOLDER)
+    if not is_role_folder(role):  # not an actor folder easyrl wrote: the workers' load says what is wrong
+        return
+    adapter_file = _adapter_config_file(role)  # in huggingface/, or in lora_adapter/ after `easyrl merge` in place
+    rank = model.lora.rank
+    if adapter_file is None:
+        if rank > 0:
+            raise CheckpointError(
+                f"Cannot resume from {path}: it holds full weights and this run trains LoRA adapters ({LORA_KEY}.rank="
+                f"{rank}). Set {LORA_KEY}.rank=0 as the checkpoint has it, or {fresh_start} (adapters on the "
+                f"checkpoint's weights: `easyrl merge` its actor and give the merged folder as {MODEL_PATH_KEY})."
+            )
+        return
+    with open(adapter_file, encoding="utf-8") as file:
+        saved = json.load(file)
+    if rank == 0:
+        raise CheckpointError(
+            f"Cannot resume from {path}: it holds LoRA adapters (rank {saved.get('r')}) and this run trains full "
+            f"weights ({LORA_KEY}.rank=0). Set {LORA_KEY}.rank={saved.get('r')} as the checkpoint has it, or "
+            f"{fresh_start} (full weights from the adapters' result: `easyrl merge` its actor and give the merged "
+            f"folder as {MODEL_PATH_KEY})."
+        )
+    _check_base_model(path, role, adapter_file, saved.get("base_model_name_or_path"), model.model_path, fresh_start)
+    differences = _lora_differences(saved, model)
+    if differences:
+        them = "it" if len(differences) == 1 else "them"
+        raise CheckpointError(
+            f"Cannot resume from {path}: {'; '.join(differences)}. Set {them} as the checkpoint has {them}, or "
+            f"{fresh_start}."
+        )
+
+
+def _lora_differences(saved: dict, model: Any) -> list[str]:
+    """What of this run's LoRA differs from the checkpoint's adapter config (``saved``): rank and alpha, and the
+    modules that get adapters once this run's target_modules, exclude_modules and vision_tower are resolved on the
+    model (a different spelling of the same modules is the same)."""
+    lora_config = model.lora
+    differences = [
+        f"{LORA_KEY}.{key} is {in_checkpoint} in the checkpoint and {configured} in this run's config"
+        for key, in_checkpoint, configured in (
+            ("rank", saved.get("r"), lora_config.rank),
+            ("alpha", saved.get("lora_alpha"), lora_config.alpha),
+        )
+        if in_checkpoint != configured
+    ]
+    planned = _planned_adapter_config(model)
+    if planned is None:
+        return differences
+    saved_targets, planned_targets = saved.get("target_modules"), planned["target_modules"]
+    if _as_set(saved_targets) != _as_set(planned_targets):
+        asked = _listed(lora_config.target_modules)
+        resolved = "" if asked == _listed(planned_targets) else f" (that is {_listed(planned_targets)})"
+        differences.append(
+            f"{LORA_KEY}.target_modules is {_listed(saved_targets)} in the checkpoint and {asked}{resolved} in this "
+            "run's config"
+        )
+    elif saved.get("exclude_modules") != planned.get("exclude_modules"):
+        differences.append(
+            f"the modules kept free of adapters ({LORA_KEY}.exclude_modules, and the vision encoder unless "
+            f"{LORA_KEY}.vision_tower) are `{saved.get('exclude_modules')}` in the checkpoint and "
+            f"`{planned.get('exclude_modules')}` in this run's config"
+        )
+    return differences
+
+
+def _planned_adapter_config(model: Any) -> dict | None:
+    """The adapter config this run's workers will write (peft's, as adapter_config.json holds it), from the model's
+    structure alone: built on the meta device, no weight is read. None, with a warning, when the model cannot be
+    built here (the workers then say why)."""
+    from ..models import lora, vision
+    from ..workers.fsdp_utils import load_hf_config, resolve_model_class
+
+    hf_config = load_hf_config(model, "causal_lm")
+    model_cls = resolve_model_class(hf_config, "causal_lm")
+    try:
+        with torch.device("meta"):
+            skeleton = model_cls.from_config(hf_config, trust_remote_code=model.trust_remote_code)
+    except Exception as error:  # e.g. remote code that needs a GPU library: the workers load the model their own way
+        logger.warning(
+            "The LoRA target modules of this run were not compared with the checkpoint's: %s cannot be built here "
+            "(%s: %s).",
+            model.model_path,
+            type(error).__name__,
+            error,
+        )
+        return None
+    try:
+        with torch.device("meta"):
+            adapted = lora.apply_lora(
+                skeleton, model.lora, is_vision_language=vision.is_vision_language_config(hf_config)
+            )
+    except ValueError as error:  # a target_modules name that matches nothing: what the workers would stop on
+        raise CheckpointError(str(error)) from error
+    return lora.lora_peft_config(adapted)
+
+
+def _as_set(names: Any) -> Any:
+    return set(names) if isinstance(names, list | tuple | set) else names
+
+
+def _listed(names: Any) -> str:
+    """target_modules as a user writes it: a comma-separated list, or one string (`all-linear`)."""
+    return ",".join(sorted(str(name) for name in names)) if isinstance(names, list | tuple | set) else str(names)
+
+
+def _check_base_model(
+    path: str, role: str, adapter_file: str, saved_base: str | None, model_path: str, fresh_start: str
+) -> None:
+    """LoRA adapters resume on the base model they were trained on, which their adapter config names
+    (base_model_name_or_path): the same folder (links and relative parts resolved) or hub id passes. ``role``: the
+    checkpoint's actor folder."""
+    from ..demo.builtin_models import resolve_model_path
+    from ..workers.fsdp_checkpoint import HF_FOLDER
+
+    configured = resolve_model_path(model_path)
+    if not saved_base or not configured or _resolved_name(saved_base) == _resolved_name(configured):
+        return
+    # A base still at its recorded path is refused under another name unless its weight files are the same bytes (a
+    # copy), because another model of its architecture (the instruct or a fine-tuned variant) takes the adapters
+    # without a word and is what this check is for; one gone from there is most likely the same model moved (another
+    # disk, the run folder taken to another machine), so it passes with a warning when the architecture matches.
+    saved_folder, configured_folder = _local_model_folder(saved_base), _local_model_folder(configured)
+    saved_files = _weight_files_fingerprint(saved_folder) if saved_folder else ()
+    configured_files = _weight_files_fingerprint(configured_folder) if configured_folder else ()
+
+    def refusal(why: str) -> CheckpointError:
+        return CheckpointError(
+            f"Cannot resume from {path}: its LoRA adapters were trained on {saved_base} (base_model_name_or_path in "
+            f"{adapter_file}) and this run's {MODEL_PATH_KEY} is {configured}, {why}. Set {MODEL_PATH_KEY}="
+            f"{saved_base} as the checkpoint has it, or {fresh_start}."
+        )
+
+    if saved_files and configured_files:
+        if saved_files != configured_files:
+            raise refusal("whose weight files differ")
+        logger.warning(
+            "The LoRA adapters of %s were trained on %s; this run loads them onto %s, whose weight files are the "
+            "same (names, sizes and sampled bytes): resuming.",
+            path,
+            saved_base,
+            configured,
+        )
+        return
+    if _is_hub_id(saved_base) and _is_hub_id(configured):
+        raise refusal("another hub model")
+    saved_shapes = _architecture(os.path.join(role, HF_FOLDER, "config.json"))  # the model's as trained
+    configured_shapes = _architecture(os.path.join(configured_folder, "config.json")) if configured_folder else None
+    differing = [
+        f"{key} {saved_shapes[key]} and {configured_shapes[key]}"
+        for key in (saved_shapes or {})
+        if configured_shapes
+        and None not in (saved_shapes[key], configured_shapes[key])
+        and saved_shapes[key] != configured_shapes[key]
+    ]
+    if differing:
+        raise refusal(f"a model of another architecture ({', '.join(differing)})")
+    logger.warning(
+        "The LoRA adapters of %s were trained on %s%s; this run loads them onto %s, of the same architecture, whose "
+        "weights cannot be compared with those here. If it is not the same model (e.g. the instruct variant of a "
+        "base), stop the run: set %s to the model the adapters were trained on, or %s.",
+        path,
+        saved_base,
+        "" if saved_folder else ", which is not there any more",
+        configured,
+        MODEL_PATH_KEY,
+        fresh_start,
+    )
+
+
+def _is_hub_id(name: str) -> bool:
+    return not looks_local(name) and not os.path.isdir(os.path.expanduser(name))
+
+
+def _resolved_name(name: str) -> str:
+    """A local model path with links, `~` and relative parts resolved; a hub id as it is."""
+    return name if _is_hub_id(name) else os.path.realpath(os.path.expanduser(name))
+
+
+def _local_model_folder(name: str) -> str | None:
+    """Where a model path's files are here: its folder, or a hub id's snapshot in the local cache; None if neither."""
+    local = os.path.expanduser(name)
+    if os.path.isdir(local):
+        return os.path.realpath(local)
+    if looks_local(name):
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except ValueError:  # not a valid hub id either
+        return None
+    return os.path.dirname(cached) if isinstance(cached, str) else None
+
+
+def _weight_files_fingerprint(folder: str) -> tuple[tuple[str, int, str], ...]:
+    """``(name, size, digest of FINGERPRINT_SAMPLES stretches spread over it)`` of each weight file of a model folder:
+    the same for two copies of a model, different for two models of one architecture, without reading tens of GB;
+    empty for a folder without weight files (a hub id whose weights are not downloaded yet)."""
+    found = []
+    for name in sorted(os.listdir(folder)):
+        file = os.path.join(folder, name)
+        if not name.endswith(WEIGHT_FILE_SUFFIXES) or not os.path.isfile(file):
+            continue
+        size = os.path.getsize(file)
+        digest = hashlib.sha256()
+        with open(file, "rb") as handle:
+            for index in range(FINGERPRINT_SAMPLES):
+                handle.seek(size * index // FINGERPRINT_SAMPLES)
+                digest.update(handle.read(FINGERPRINT_SAMPLE_BYTES))
+        found.append((name, size, digest.hexdigest()))
+    return tuple(found)
+
+
+def _architecture(config_file: str) -> dict[str, Any] | None:
+    """The model type and ARCHITECTURE_KEYS of a config.json (None where it says nothing), or None if unreadable."""
+    try:
+        with open(config_file, encoding="utf-8") as file:
+            config = json.load(file)
+    except (OSError, ValueError):
+        return None
+    text = config.get("text_config") or {}
+    return {
+        "model_type": config.get("model_type"),
+        **{key: text.get(key, config.get(key)) for key in ARCHITECTURE_KEYS},
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -441,8 +441,10 @@ def _finished_checkpoint(plan: RunPlan) -> str | None:
     from .checkpoint import CheckpointError, check_resume_point, checkpoint_step
 
     trainer = plan.config.trainer
-    try:  # no checkpoint to resume from, or a fresh start among an earlier run's: one line, before Ray starts
-        path = check_resume_point(trainer)
+    # no checkpoint to resume from, a fresh start among an earlier run's, or a checkpoint whose actor this config
+    # cannot resume (LoRA or not, its rank / alpha / modules, its base model): one line, before Ray starts
+    try:
+        path = check_resume_point(plan.config)
     except CheckpointError as error:
         raise RunSetupError(str(error)) from error
     if path is None or trainer.val_only or plan.training_steps is None:

@@ -160,7 +160,9 @@ def _check_same_kind(path: str, model: torch.nn.Module) -> None:
         saved, wanted = ("LoRA adapters", "full weights") if saved_adapters else ("full weights", "LoRA adapters")
         raise ValueError(
             f"The checkpoint `{path}` holds {saved} but this run trains {wanted}: set "
-            f"worker.actor.model.lora.rank as in the run that wrote it, or start without trainer.load_checkpoint_path."
+            "worker.actor.model.lora.rank as in the run that wrote it, or start afresh in a new "
+            "trainer.save_checkpoint_path (where trainer.load_checkpoint_path names this checkpoint, point it "
+            "elsewhere)."
         )
 
 
