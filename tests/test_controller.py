@@ -33,6 +33,14 @@ class EchoWorker(Worker):
             tensors={"value": data.batch["value"] * 10, "rank": torch.full((rows,), self.rank)},
         )
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def samples_per_row(self, data, n: int):
+        """n answers per input row, adjacent (as a rollout returns n samples per prompt)."""
+        from easyrl.protocol import DataProto
+
+        value = data.batch["value"].repeat_interleave(n) * 10 + torch.arange(n).repeat(len(data))
+        return DataProto.from_dict(tensors={"value": value, "rank": torch.full((len(data) * n,), self.rank)})
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def declare_pairs(self) -> None:
         # ranks (0, 1) form data-parallel group 0, answered by rank 0 (like a tensor-parallel pair)
@@ -108,6 +116,17 @@ def test_dp_compute_proto_pads_splits_and_restores_rows(group):
     assert len(out) == 5  # the padding row added to split 5 over 2 ranks is gone
     assert out.batch["value"].tolist() == [0, 10, 20, 30, 40]
     assert out.batch["rank"].tolist() == [0, 0, 0, 1, 1]
+
+
+@pytest.mark.timeout(120)
+def test_dp_compute_proto_drops_every_answer_of_a_padding_row(group):
+    """A rollout answers n samples per prompt: a prompt count the ranks do not divide (7 prompts, 2 ranks, n=3) padded
+    one prompt, whose 3 samples must all go (only 1 went: "Cannot union DataProtos of lengths 21 and 23")."""
+    from easyrl.protocol import DataProto
+
+    out = group.samples_per_row(DataProto.from_dict(tensors={"value": torch.arange(7)}), 3)
+    assert out.batch["value"].tolist() == [10 * row + sample for row in range(7) for sample in range(3)]
+    assert out.batch["rank"].tolist() == [0] * 12 + [1] * 9
 
 
 @pytest.mark.timeout(120)

@@ -114,31 +114,43 @@ def _all_to_all(group: _GroupView, args: tuple, kwargs: dict) -> tuple[list[tupl
     return per_rank_args, per_rank_kwargs, None
 
 
-def _split_data_protos(args: tuple, kwargs: dict, chunks: int) -> tuple[list[tuple], list[dict], int]:
+@dataclass(frozen=True)
+class Padding:
+    """The rows a call's DataProto arguments were padded with (``rows``) to ``total``, a multiple of the chunks."""
+
+    rows: int = 0
+    total: int = 0
+
+
+def _split_data_protos(args: tuple, kwargs: dict, chunks: int) -> tuple[list[tuple], list[dict], Padding]:
     """Pad every DataProto argument to a multiple of ``chunks`` and cut it into ``chunks`` equal parts."""
     from ..protocol import DataProto, pad_dataproto_to_divisor
 
     lengths = {len(v) for v in [*args, *kwargs.values()] if isinstance(v, DataProto)}
     if len(lengths) > 1:
         raise ValueError(f"DataProto arguments of one call must have the same length, got {sorted(lengths)}.")
-    pad_size = 0
+    padding = Padding()
 
     def split(value: Any) -> list:
-        nonlocal pad_size
+        nonlocal padding
         if not isinstance(value, DataProto):
             return [value] * chunks
         padded, pad_size = pad_dataproto_to_divisor(value, chunks)
+        padding = Padding(pad_size, len(padded))
         return padded.chunk(chunks)
 
     split_args = [split(a) for a in args]
     split_kwargs = {k: split(v) for k, v in kwargs.items()}
     per_chunk_args = [tuple(a[c] for a in split_args) for c in range(chunks)]
     per_chunk_kwargs = [{k: v[c] for k, v in split_kwargs.items()} for c in range(chunks)]
-    return per_chunk_args, per_chunk_kwargs, pad_size
+    return per_chunk_args, per_chunk_kwargs, padding
 
 
-def _join_data_protos(outputs: list, pad_size: int) -> Any:
-    """Concatenate per-chunk answers in order and drop the padding rows; metric-only answers come from chunk 0."""
+def _join_data_protos(outputs: list, padding: Padding) -> Any:
+    """Concatenate per-chunk answers in order and drop the padding rows; metric-only answers come from chunk 0.
+
+    An answer may hold several rows per input row, adjacent (a rollout's n samples of each prompt): the padding rows'
+    answers are then the last ``rows x n`` (the padding sits at the end of the last chunk), all of them dropped."""
     from ..protocol import DataProto, unpad_dataproto
 
     first = outputs[0]
@@ -147,34 +159,41 @@ def _join_data_protos(outputs: list, pad_size: int) -> Any:
     if first.batch is None and not first.non_tensor_batch:
         return first  # e.g. update_actor: only meta_info["metrics"], already reduced over ranks by the worker
     joined = DataProto.concat(outputs)
-    return unpad_dataproto(joined, pad_size) if pad_size else joined
+    if not padding.rows:
+        return joined
+    per_row, rest = divmod(len(joined), padding.total)
+    if rest or not per_row:
+        raise ValueError(
+            f"The workers answered {len(joined)} rows for {padding.total} (padded) input rows, not a whole number of "
+            "rows per input row: the padding rows cannot be told apart."
+        )
+    return unpad_dataproto(joined, padding.rows * per_row)
 
 
 def _dp_compute_proto(group: _GroupView, args: tuple, kwargs: dict) -> tuple[list[tuple], list[dict], Any]:
-    per_rank_args, per_rank_kwargs, pad_size = _split_data_protos(args, kwargs, group.world_size)
-    return per_rank_args, per_rank_kwargs, pad_size
+    return _split_data_protos(args, kwargs, group.world_size)
 
 
-def _collect_dp_compute_proto(group: _GroupView, outputs: list, pad_size: int) -> Any:
-    return _join_data_protos(outputs, pad_size)
+def _collect_dp_compute_proto(group: _GroupView, outputs: list, padding: Padding) -> Any:
+    return _join_data_protos(outputs, padding)
 
 
 def _dp_compute_proto_on_mesh(mesh_name: str) -> DispatchMode:
     def dispatch(group: _GroupView, args: tuple, kwargs: dict) -> tuple[list[tuple], list[dict], Any]:
         info = group.dispatch_info(mesh_name)
         dp_size = info[0][1]
-        chunk_args, chunk_kwargs, pad_size = _split_data_protos(args, kwargs, dp_size)
+        chunk_args, chunk_kwargs, padding = _split_data_protos(args, kwargs, dp_size)
         return (
             [chunk_args[dp_rank] for dp_rank, _, _ in info],
             [chunk_kwargs[dp_rank] for dp_rank, _, _ in info],
-            pad_size,
+            padding,
         )
 
-    def collect(group: _GroupView, outputs: list, pad_size: int) -> Any:
+    def collect(group: _GroupView, outputs: list, padding: Padding) -> Any:
         info = group.dispatch_info(mesh_name)
         answers = [(dp_rank, out) for (dp_rank, _, is_collect), out in zip(info, outputs) if is_collect]
         answers.sort(key=lambda pair: pair[0])
-        return _join_data_protos([out for _, out in answers], pad_size)
+        return _join_data_protos([out for _, out in answers], padding)
 
     return DispatchMode(dispatch, collect)
 
