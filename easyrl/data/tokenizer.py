@@ -4,15 +4,22 @@ import logging
 from typing import Any
 
 from ..utils.remote_code import RemoteCodeRefusedError, naming_the_remote_code_key
+from .template import read_template_file
 
 
 logger = logging.getLogger(__name__)
 
 
-def load_tokenizer_and_processor(path: str, trust_remote_code: bool = False) -> tuple[Any, Any]:
+def load_tokenizer_and_processor(
+    path: str, trust_remote_code: bool = False, chat_template: str | None = None
+) -> tuple[Any, Any]:
     """(tokenizer, processor); processor is None for text-only models. A tokenizer without a pad token pads with
     its eos token (prompts are left-padded and masked, so the pad id never reaches the model). A checkpoint whose
-    tokenizer or processor needs its own code raises RemoteCodeRefusedError unless ``trust_remote_code``."""
+    tokenizer or processor needs its own code raises RemoteCodeRefusedError unless ``trust_remote_code``.
+
+    ``chat_template``: a run's data.override_chat_template file; the tokenizer and the processor hold its text in
+    place of the model's own template, so every Hugging Face folder they are saved into (checkpoints, the SFT output,
+    `easyrl merge`'s copy of a checkpoint's) renders chats as the run rendered them."""
     from transformers import AutoProcessor, AutoTokenizer
 
     with naming_the_remote_code_key(path):
@@ -32,4 +39,11 @@ def load_tokenizer_and_processor(path: str, trust_remote_code: bool = False) -> 
         processor = None
     if processor is not None:
         processor.tokenizer = tokenizer  # one tokenizer object: the same pad token everywhere
+    if chat_template:
+        # both: transformers saves each one's template to the folder's chat_template.jinja, and a vision-language
+        # model renders with its processor's (easyrl.data.template.ChatTemplate)
+        text = read_template_file(chat_template, "data.override_chat_template")
+        for holder in (tokenizer, processor):
+            if holder is not None:
+                holder.chat_template = text
     return tokenizer, processor
