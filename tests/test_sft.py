@@ -348,10 +348,27 @@ def _assistant_nll(model, tokenizer, rows) -> float:
 
 VAL_ROWS = [_sum_rows(5, 1), _sum_rows(6, 2), _sum_rows(7, 0)]
 
+# The run's data.override_chat_template: the model's own template and a marker it renders only when asked to, so
+# training renders as without it (the loss tests hold) and a folder whose tokenizer holds it is told apart.
+OVERRIDE_MARKER = "<<the run's template>>"
+OVERRIDE_MARKER_BLOCK = "{% if show_override_marker is defined %}" + OVERRIDE_MARKER + "{% endif %}"
+
+
+def _renders_the_override(folder, override) -> bool:
+    from transformers import AutoTokenizer
+
+    saved = AutoTokenizer.from_pretrained(folder)
+    text = saved.apply_chat_template(CONVERSATION, tokenize=False, show_override_marker=True)
+    return saved.chat_template == override and text.endswith(OVERRIDE_MARKER)
+
 
 @pytest.fixture(scope="module")
 def sft_run(tiny_model_path, tmp_path_factory):
+    from transformers import AutoTokenizer
+
     folder = tmp_path_factory.mktemp("sft_run")
+    override = folder / "chat_template.jinja"
+    override.write_text(AutoTokenizer.from_pretrained(tiny_model_path).chat_template + OVERRIDE_MARKER_BLOCK)
     rows = [_sum_rows(a, b) for a in range(4) for b in range(2)]
     data = folder / "data.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -361,6 +378,7 @@ def sft_run(tiny_model_path, tmp_path_factory):
         f"worker.actor.model.model_path={tiny_model_path}",
         f"data.train_files={data}",
         f"data.val_files={folder / 'val.jsonl'}",
+        f"data.override_chat_template={override}",
         "trainer.val_freq=4",
         "data.shuffle=false",
         "trainer.n_gpus_per_node=2",
@@ -432,6 +450,21 @@ def test_sft_output_folder_is_an_rl_actor_model_path(sft_run, tiny_model_path, t
     assert f"model_path: {output}" in check.stdout
 
 
+def test_the_folders_of_a_run_with_an_override_template_hold_that_template(sft_run, tmp_path):
+    """An RL run, `easyrl eval`, vLLM or transformers started from any of them prompt the model as it was trained."""
+    from easyrl.trainer.merge import merge_checkpoint
+
+    folder, _, _, _ = sft_run
+    override = (folder / "chat_template.jinja").read_text()
+    merged = merge_checkpoint(str(folder / "ckpt" / "global_step_4" / "actor"), str(tmp_path / "merged"))
+    for saved in (
+        folder / "ckpt" / "huggingface",
+        folder / "ckpt" / "global_step_8" / "actor" / "huggingface",
+        merged,
+    ):
+        assert _renders_the_override(saved, override), saved
+
+
 def test_lora_sft_writes_the_base_with_the_adapters_merged_as_the_rl_model_and_the_adapters_beside_it(
     sft_run, tiny_model_path, tokenizer, tmp_path
 ):
@@ -440,7 +473,7 @@ def test_lora_sft_writes_the_base_with_the_adapters_merged_as_the_rl_model_and_t
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    _, rows, args, _ = sft_run
+    folder, rows, args, _ = sft_run
     ckpt = tmp_path / "ckpt"
     lora_args = [a for a in args if not a.startswith(("trainer.save_checkpoint_path=", "data.val_files="))]
     lora_args += [f"trainer.save_checkpoint_path={ckpt}", "worker.actor.model.lora.rank=8", "trainer.save_freq=-1"]
@@ -456,6 +489,9 @@ def test_lora_sft_writes_the_base_with_the_adapters_merged_as_the_rl_model_and_t
     assert _assistant_nll(merged, tokenizer, rows) < base_nll - 0.5  # the adapters learned, and the merge kept it
     assert (ckpt / "huggingface" / "tokenizer_config.json").is_file()
     assert not (ckpt / "huggingface" / "adapter_config.json").exists()
+    override = (folder / "chat_template.jinja").read_text()
+    assert _renders_the_override(ckpt / "huggingface", override)  # the run's data.override_chat_template
+    assert _renders_the_override(ckpt / "adapter", override)
 
 
 @pytest.mark.slow

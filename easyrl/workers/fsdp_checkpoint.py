@@ -3,7 +3,8 @@
 A role folder holds the sharded model and optimizer (every rank writes its own shards; any world size can load
 them back), ``extra_state.json`` (lr scheduler, written by rank 0; JSON, never a pickle: see
 ``easyrl.utils.state_file``), and ``huggingface/`` (config and tokenizer, so
-that the folder can be merged into a Hugging Face model offline). On several nodes the folder must be on a
+that the folder can be merged into a Hugging Face model offline; the worker's tokenizer and processor hold the run's
+data.override_chat_template, when it sets one, and the merge copies them). On several nodes the folder must be on a
 filesystem every node sees.
 
 DCP's own ``.metadata`` file is a pickle, which torch loads with plain ``pickle.load``: easyrl reads it with

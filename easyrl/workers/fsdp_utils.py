@@ -176,14 +176,15 @@ def _role(kind: str) -> str:
     return "critic" if kind == "value" else "actor"
 
 
-def load_tokenizer_and_processor(model_config: ModelConfig):
+def load_tokenizer_and_processor(model_config: ModelConfig, chat_template: str | None = None):
     """The tokenizer, and the multimodal processor when the checkpoint has one (else None): the driver's rule
-    (``easyrl.data.tokenizer``), so workers and driver pad and process alike."""
+    (``easyrl.data.tokenizer``), so workers and driver pad and process alike. ``chat_template``: the run's
+    data.override_chat_template file, which they then hold (and save into every Hugging Face folder)."""
     from ..data.tokenizer import load_tokenizer_and_processor as load
     from ..demo.builtin_models import resolve_model_path
 
     path = resolve_model_path(model_config.tokenizer_path or model_config.model_path)
-    return load(path, model_config.trust_remote_code)
+    return load(path, model_config.trust_remote_code, chat_template)
 
 
 def apply_liger_kernels(hf_config, key: str) -> None:

@@ -140,7 +140,11 @@ class FSDPWorker(Worker):
         ulysses_size = main_config.ulysses_size
         self.sp = build_sequence_parallel(ulysses_size)
         self.register_dispatch_info(TRAIN_MESH, *dispatch_layout(self.rank, self.world_size, ulysses_size))
-        self.tokenizer, self.processor = fsdp_utils.load_tokenizer_and_processor(main_config.model)
+        # with the run's chat template (data.override_chat_template, copied to multi_turn.chat_template): the folders
+        # this worker saves them into render chats as the run rendered them
+        self.tokenizer, self.processor = fsdp_utils.load_tokenizer_and_processor(
+            main_config.model, chat_template=self.config.rollout.multi_turn.chat_template
+        )
         dp_size = self.device_mesh.size()
 
         if "actor" in self.parts:
