@@ -291,12 +291,12 @@ def check_actor_resumes(path: str, model: Any, fresh_start: str) -> None:
     Otherwise the workers' load fails a minute later, after Ray and the engine started, on a tensor shape, or, with a
     new alpha or base model, not at all: the adapters train on where they do not belong. ``fresh_start``: the way out
     besides setting the keys as the checkpoint has them."""
-    from ..workers.fsdp_checkpoint import _adapter_config_file, is_role_folder
+    from ..workers.fsdp_checkpoint import adapter_config_file, is_role_folder
 
     role = os.path.join(path, ACTOR_FOLDER)
     if not is_role_folder(role):  # not an actor folder easyrl wrote: the workers' load says what is wrong
         return
-    adapter_file = _adapter_config_file(role)  # in huggingface/, or in lora_adapter/ after `easyrl merge` in place
+    adapter_file = adapter_config_file(role)  # in huggingface/, or in lora_adapter/ after `easyrl merge` in place
     rank = model.lora.rank
     if adapter_file is None:
         if rank > 0:

@@ -272,7 +272,7 @@ def is_role_folder(path: str) -> bool:
     return os.path.isfile(os.path.join(path, HF_FOLDER, "config.json"))
 
 
-def _adapter_config_file(role_path: str) -> str | None:
+def adapter_config_file(role_path: str) -> str | None:
     """A LoRA checkpoint's adapter config: in ``huggingface/`` as saved, in ``lora_adapter/`` once merged in place."""
     for folder in (HF_FOLDER, ADAPTER_FOLDER):
         path = os.path.join(role_path, folder, lora.ADAPTER_CONFIG_FILE)
@@ -283,7 +283,7 @@ def _adapter_config_file(role_path: str) -> str | None:
 
 def is_lora_checkpoint(role_path: str) -> bool:
     """The role folder was written by a LoRA run (its adapter config is in ``huggingface/`` or ``lora_adapter/``)."""
-    return _adapter_config_file(role_path) is not None
+    return adapter_config_file(role_path) is not None
 
 
 def _copy_extras(hf_path: str, output_path: str, skip: set[str]) -> None:
@@ -364,7 +364,7 @@ def _merge_lora_checkpoint(
     import json
 
     hf_path = os.path.join(role_path, HF_FOLDER)
-    config_file = _adapter_config_file(role_path)
+    config_file = adapter_config_file(role_path)
     with open(config_file, encoding="utf-8") as file:
         peft_config = json.load(file)
     adapters = {lora.peft_name(name): tensor for name, tensor in _checkpoint_model_weights(role_path).items()}
