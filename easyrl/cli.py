@@ -10,7 +10,7 @@ USAGE_KEYS = "[config=FILE.yaml] [section.key=value ...]"
 
 def _check(args: list[str]) -> int:
     """`easyrl check [sft] config=... key=value ...`: an RL run's config (or, after `sft`, an SFT run's)."""
-    from .config import ConfigError, config_to_yaml, load_run_plan
+    from .config import ConfigError, load_run_plan
 
     if args[:1] == ["sft"]:
         return _check_sft(args[1:])
@@ -27,15 +27,11 @@ def _check(args: list[str]) -> int:
     except (ValueError, KeyError, OSError) as err:
         print(f"easyrl check: invalid config: {error_text(err)}", file=sys.stderr)
         return 2
-    print(config_to_yaml(plan.config), end="")
-    print("# run plan")
-    print("\n".join(f"#   {line}" for line in plan.describe().splitlines()))
-    print("# config is valid", file=sys.stderr)
-    return 0
+    return _print_valid(plan, "run plan")
 
 
 def _check_sft(args: list[str]) -> int:
-    from .config import ConfigError, config_to_yaml
+    from .config import ConfigError
     from .config.sft_plan import load_sft_plan
 
     try:
@@ -43,8 +39,15 @@ def _check_sft(args: list[str]) -> int:
     except ConfigError as err:
         print(f"easyrl check sft: invalid config: {err}", file=sys.stderr)
         return 2
+    return _print_valid(plan, "SFT plan")
+
+
+def _print_valid(plan, title: str) -> int:
+    """The resolved config as YAML, then the plan as comments; "config is valid" on stderr."""
+    from .config import config_to_yaml
+
     print(config_to_yaml(plan.config), end="")
-    print("# SFT plan")
+    print(f"# {title}")
     print("\n".join(f"#   {line}" for line in plan.describe().splitlines()))
     print("# config is valid", file=sys.stderr)
     return 0
