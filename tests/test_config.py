@@ -314,6 +314,27 @@ def test_unknown_key_suggestion_ranks_the_whole_dotted_path(valid_args, given, m
             "verl's tool YAML",
         ),
         ("worker.rollout.multi_turn.enable", "worker.rollout.multi_turn.tools", "verl's multi_turn.enable"),
+        (
+            "algorithm.use_kl_in_reward",
+            "algorithm.use_kl_loss",
+            "a reward penalty when algorithm.disable_kl=false and algorithm.use_kl_loss=false",
+        ),
+        ("actor_rollout_ref.actor.use_dynamic_bsz", "worker.actor.dynamic_batching", "verl's use_dynamic_bsz"),
+        (
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+            "worker.actor.micro_batch_size_per_device_for_update",
+            "micro_batch_size_per_device_for_update x (data.max_prompt_length + data.max_response_length) tokens",
+        ),
+        (
+            "critic.ppo_max_token_len_per_gpu",
+            "worker.critic.micro_batch_size_per_device_for_update",
+            "easyrl has no token-budget key",
+        ),
+        (
+            "actor_rollout_ref.actor.clip_ratio",
+            "worker.actor.clip_ratio_low",
+            "give clip_ratio_low and clip_ratio_high",
+        ),
     ],
 )
 def test_verl_and_trl_names_are_refused_naming_the_easyrl_key(valid_args, given, meant, note):
@@ -322,6 +343,71 @@ def test_verl_and_trl_names_are_refused_naming_the_easyrl_key(valid_args, given,
     message = str(error.value)
     assert message.startswith(f"Unknown config key `{given}` (from the command line). Did you mean `{meant}`? (")
     assert note in message
+
+
+@pytest.mark.parametrize("given", ["worker.actor.kl_loss_type", "actor_rollout_ref.actor.kl_loss_type"])
+def test_a_verl_name_wins_over_a_near_spelling_in_the_section_written(valid_args, given):
+    """verl's kl_loss_type is the KL estimator: worker.actor.loss_type, the policy loss, is spelt nearer but would
+    refuse low_var_kl next."""
+    with pytest.raises(ConfigError) as error:
+        load_config([*valid_args, f"{given}=low_var_kl"])
+    assert str(error.value) == (
+        f"Unknown config key `{given}` (from the command line). Did you mean `algorithm.kl_penalty`? (verl's "
+        "kl_loss_type: the KL estimator (kl, abs, mse, low_var_kl))"
+    )
+
+
+@pytest.mark.parametrize(
+    ("derived", "meant"),
+    [
+        ("worker.actor.use_kl_loss", "`algorithm.use_kl_loss` and cannot be set; remove it and set that instead"),
+        ("worker.actor.kl_coef", "`algorithm.kl_coef` and cannot be set"),
+        ("worker.ref.dynamic_batching", "`worker.actor.dynamic_batching` and cannot be set"),
+        (
+            "worker.critic.global_batch_size_per_device",
+            "`worker.critic.global_batch_size` and `worker.rollout.n` and cannot be set; remove it and set those",
+        ),
+    ],
+)
+def test_a_derived_key_is_refused_naming_the_key_to_set_instead(valid_args, derived, meant):
+    with pytest.raises(ConfigError) as error:
+        load_config([*valid_args, f"{derived}=1"])
+    assert f"`{derived}` (from the command line) is derived by easyrl from {meant}" in str(error.value)
+
+
+def test_every_derived_key_names_keys_a_user_can_set():
+    from easyrl.config.load import DERIVED_KEYS, derived_from, valid_keys
+
+    for key in DERIVED_KEYS:
+        assert derived_from(key) and set(derived_from(key)) <= set(valid_keys()), key
+
+
+def test_max_try_make_batch_zero_is_refused_as_it_would_mean_no_limit(valid_args):
+    with pytest.raises(ConfigError, match=r"`trainer\.max_try_make_batch` is 0; it must be >= 1, or -1 \(-1 means no"):
+        load_config([*valid_args, "algorithm.online_filtering=true", "trainer.max_try_make_batch=0"])
+    assert load_config([*valid_args, "trainer.max_try_make_batch=-1"]).trainer.max_try_make_batch == -1
+
+
+@pytest.mark.parametrize("loss_type", ["default", "gspo", "gspo_token"])
+def test_a_lower_clip_at_or_below_zero_is_refused_for_the_clipped_losses(valid_args, loss_type):
+    with pytest.raises(ConfigError, match=r"`worker\.actor\.clip_ratio_low` is 1\.5: .* 1 - 1\.5 = -0\.5"):
+        load_config([*valid_args, f"worker.actor.loss_type={loss_type}", "worker.actor.clip_ratio_low=1.5"])
+    with pytest.raises(ConfigError, match="clip_ratio_low` is 1:"):
+        load_config([*valid_args, f"worker.actor.loss_type={loss_type}", "worker.actor.clip_ratio_low=1"])
+
+
+def test_cispo_takes_a_clip_ratio_low_of_one_or_more_for_no_lower_bound(valid_args):
+    """MiniMax-M1 (arXiv 2506.13585) sets eps_low large so that the importance weight has no lower bound."""
+    config = load_config([*valid_args, "worker.actor.loss_type=cispo", "worker.actor.clip_ratio_low=10"])
+    assert config.worker.actor.clip_ratio_low == 10
+
+
+@pytest.mark.parametrize("critic", [[], ["algorithm.adv_estimator=gae", "worker.critic.global_batch_size=4"]])
+def test_a_critic_warmup_as_long_as_the_run_is_refused(valid_args, critic):
+    """The actor is first updated at step critic_warmup + 1: the policy would never train."""
+    with pytest.raises(ConfigError, match=r"`trainer\.critic_warmup` is 5 and the run has 5 training steps"):
+        load_config([*valid_args, *critic, "trainer.max_steps=5", "trainer.critic_warmup=5"])
+    assert load_config([*valid_args, *critic, "trainer.max_steps=5", "trainer.critic_warmup=4"])
 
 
 def test_foreign_key_names_only_suggest_and_each_names_an_easyrl_key():

@@ -411,6 +411,56 @@ def test_the_plan_notes_generation_rounds_that_overshoot_the_rollout_batch():
 ARITHMETIC = "reward_function/arithmetic.py:compute_score"
 
 
+def test_the_plan_notes_a_kl_loss_that_disable_kl_turns_off():
+    notes = load_run_plan([*BASE, "algorithm.disable_kl=true", "algorithm.use_kl_loss=true"]).notes
+    assert any("algorithm.use_kl_loss=true asks for a KL loss, but algorithm.disable_kl=true" in n for n in notes)
+    notes = load_run_plan([*BASE, *KL_MODES["loss"]]).notes
+    assert not any("asks for a KL loss" in note for note in notes)
+
+
+@pytest.mark.parametrize(("kl", "use"), [("reward", "a reward penalty"), ("loss", "a loss term")])
+def test_the_plan_notes_a_reference_run_for_a_zero_kl_coefficient(kl, use):
+    notes = load_run_plan([*BASE, *KL_MODES[kl], "algorithm.kl_coef=0"]).notes
+    assert any(f"a reference model runs every step for {use} of 0 x KL" in note for note in notes)
+    assert not any("kl_coef=0" in note for note in load_run_plan([*BASE, *KL_MODES[kl]]).notes)
+    assert not any(
+        "kl_coef=0" in note for note in load_run_plan([*BASE, *KL_MODES["off"], "algorithm.kl_coef=0"]).notes
+    )
+
+
+def test_the_plan_notes_a_critic_warmup_without_a_critic_which_only_freezes_the_actor():
+    notes = load_run_plan([*BASE, *CRITIC_MODES["no_critic"], "trainer.critic_warmup=3"]).notes
+    assert any(
+        "trainer.critic_warmup=3 but the run has no critic (algorithm.adv_estimator=grpo learns no value model): the "
+        "first 3 steps generate and score without updating the actor" in note
+        for note in notes
+    )
+    notes = load_run_plan([*BASE, *CRITIC_MODES["critic"], "trainer.critic_warmup=3"]).notes
+    assert not any("critic_warmup" in note for note in notes)
+
+
+def test_a_critic_warmup_as_long_as_the_epochs_is_refused_once_the_steps_are_counted():
+    plan = load_run_plan([*BASE, "trainer.total_epochs=2", "trainer.critic_warmup=4"])
+    assert plan.with_training_steps(3).training_steps == 6  # 3 batches of 4 prompts x 2 epochs
+    with pytest.raises(
+        ConfigError, match=r"`trainer\.critic_warmup` is 4 and the run has 4 training steps \(8 prompts"
+    ):
+        plan.with_training_steps(2)
+
+
+def test_the_plan_gives_the_token_budget_of_dynamic_micro_batches():
+    sizes = [
+        "worker.actor.micro_batch_size_per_device_for_update=2",
+        "worker.actor.micro_batch_size_per_device_for_experience=4",
+        "data.max_prompt_length=100",
+        "data.max_response_length=28",
+    ]
+    dynamic = load_run_plan([*BASE, *sizes, "worker.actor.dynamic_batching=true"]).describe()
+    assert "micro-batches of up to 256 (update) / 512 (log-probs) tokens" in dynamic
+    fixed = load_run_plan([*BASE, *sizes, "worker.actor.dynamic_batching=false"]).describe()
+    assert "micro-batches of 2 (update) / 4 (log-probs) samples" in fixed
+
+
 def test_the_plan_says_what_the_reward_is_made_of():
     lines = load_run_plan(BASE).describe().splitlines()
     assert [line for line in lines if line.startswith("reward: ")] == [f"reward: {REPO_ROOT}/{ARITHMETIC}"]

@@ -24,6 +24,11 @@ def rename_legacy(flat: dict[str, Any]) -> dict[str, Any]:
     return {LEGACY_KEYS.get(key, key): value for key, value in flat.items() if key not in IGNORED_LEGACY_KEYS}
 
 
+# How easyrl sets what verl's *_max_token_len_per_gpu set (easyrl.models.dynamic_batching): no key of its own.
+TOKEN_BUDGET_NOTE = (
+    "easyrl has no token-budget key; with dynamic_batching (the default) a micro-batch holds up to {size} x "
+    "(data.max_prompt_length + data.max_response_length) tokens, so set {size} to the budget divided by that length"
+)
 # What verl and TRL (and EasyR1's verl roots) call a setting that easyrl names otherwise: the name (a key's last part,
 # or its last parts) -> the easyrl key (or its last parts, when several sections have it: the one in the section the
 # given key names is suggested) and what the name means. These are suggestions for the "Unknown config key" error
@@ -56,6 +61,40 @@ FOREIGN_KEY_NAMES: dict[str, tuple[str, str]] = {
         "verl's kl_loss_coef; the KL is a loss term with algorithm.use_kl_loss=true",
     ),
     "kl_loss_type": ("algorithm.kl_penalty", "verl's kl_loss_type: the KL estimator (kl, abs, mse, low_var_kl)"),
+    "use_kl_in_reward": (
+        "algorithm.use_kl_loss",
+        "verl's use_kl_in_reward: the KL to the reference is a reward penalty when algorithm.disable_kl=false and "
+        "algorithm.use_kl_loss=false (easyrl's defaults), a loss term with use_kl_loss=true, off with disable_kl=true",
+    ),
+    "clip_ratio": (
+        "clip_ratio_low",
+        "verl's clip_ratio sets both bounds: give clip_ratio_low and clip_ratio_high, the ratio is clipped to "
+        "[1 - clip_ratio_low, 1 + clip_ratio_high]",
+    ),
+    "clip_ratio_c": ("clip_ratio_dual", "verl's clip_ratio_c: the dual-clip constant C"),
+    "use_dynamic_bsz": ("dynamic_batching", "verl's use_dynamic_bsz: micro-batches by a token budget"),
+    "log_prob_use_dynamic_bsz": (
+        "worker.actor.dynamic_batching",
+        "verl's log_prob_use_dynamic_bsz; the log-prob and reference passes follow worker.actor.dynamic_batching",
+    ),
+    "ppo_max_token_len_per_gpu": (
+        "micro_batch_size_per_device_for_update",
+        f"verl's ppo_max_token_len_per_gpu: {TOKEN_BUDGET_NOTE.format(size='micro_batch_size_per_device_for_update')}",
+    ),
+    "log_prob_max_token_len_per_gpu": (
+        "micro_batch_size_per_device_for_experience",
+        "verl's log_prob_max_token_len_per_gpu: "
+        + TOKEN_BUDGET_NOTE.format(size="micro_batch_size_per_device_for_experience"),
+    ),
+    "forward_max_token_len_per_gpu": (
+        "micro_batch_size_per_device_for_experience",
+        "verl's critic forward_max_token_len_per_gpu: "
+        + TOKEN_BUDGET_NOTE.format(size="micro_batch_size_per_device_for_experience"),
+    ),
+    "max_token_len_per_gpu": (
+        "micro_batch_size_per_device_for_update",
+        f"verl's *_max_token_len_per_gpu: {TOKEN_BUDGET_NOTE.format(size='micro_batch_size_per_device_for_update')}",
+    ),
     "lr_warmup_steps_ratio": ("optim.lr_warmup_ratio", "verl's lr_warmup_steps_ratio"),
     "grad_clip": ("max_grad_norm", "verl's grad_clip: gradient-norm clipping"),
     "param_offload": ("offload.offload_params", "verl's fsdp_config.param_offload"),

@@ -40,6 +40,12 @@ FREE_DICT_KEYS = {key for key, f in FIELDS.items() if f.type is dict or f.metada
 DERIVED_KEYS = {key for key, f in FIELDS.items() if f.metadata.get("derived")}
 
 
+def derived_from(key: str) -> tuple[str, ...]:
+    """The keys a derived key is computed from (its field's ``derived`` sources; ``.name`` is a key of its section)."""
+    section = key.rpartition(".")[0]
+    return tuple(f"{section}{name}" if name.startswith(".") else name for name in FIELDS[key].metadata["from"])
+
+
 def valid_keys() -> list[str]:
     return sorted(key for key in FIELDS if key not in DERIVED_KEYS)
 
@@ -60,19 +66,36 @@ def _path_share(given: list[str], candidate: list[str]) -> float:
     return matched / max(len(given), len(candidate))
 
 
+def _one_slip(given: str, valid: str) -> bool:
+    """`valid` is `given` with one character added, dropped or changed, or two neighbours swapped."""
+    if abs(len(given) - len(valid)) > 1 or given == valid:
+        return False
+    if len(given) == len(valid):
+        differ = [i for i, (a, b) in enumerate(zip(given, valid)) if a != b]
+        first, last = differ[0], differ[-1]
+        swapped = given[first] == valid[last] and given[last] == valid[first]
+        return len(differ) == 1 or (len(differ) == 2 and last == first + 1 and swapped)
+    shorter, longer = sorted((given, valid), key=len)
+    return any(longer[:i] + longer[i + 1 :] == shorter for i in range(len(longer)))
+
+
 def _suggest(key: str) -> str:
     """The hint naming the valid key nearest an unknown one (" Did you mean `KEY`?"), or "" when none is near.
 
-    Candidates are the keys whose last part is close to the given one's (difflib ratio >= 0.6), or that verl/TRL's
-    name for it names (compat.FOREIGN_KEY_NAMES, as close as an exact match); they rank by that closeness plus the share
-    of the section path that matches (verl's actor_rollout_ref read as worker), then the shorter key, then schema
-    order. So actor.optim.lr is nearest worker.actor.optim.lr, not worker.actor.model.lora.lr (the same last part in
-    a section that matches less), and learning_rate nearest worker.actor.optim.lr."""
+    A name that verl or TRL gives a setting (compat.FOREIGN_KEY_NAMES) names its easyrl key outright, whatever near
+    spelling the section the user wrote holds (worker.actor.kl_loss_type is algorithm.kl_penalty, not
+    worker.actor.loss_type), unless the key is one slip of the keyboard from a valid one (worker.actor.optim.beta is
+    worker.actor.optim.betas, not TRL's beta). Otherwise candidates are the keys whose last part is close to the
+    given one's (difflib ratio >= 0.6); they rank by that closeness plus the share of the section path that matches
+    (verl's actor_rollout_ref read as worker), then the shorter key, then schema order. So actor.optim.lr is nearest
+    worker.actor.optim.lr, not worker.actor.model.lora.lr (the same last part in a section that matches less)."""
     parts = [FOREIGN_SECTION_NAMES.get(part, part) for part in key.split(".")]
     leaf, path = parts[-1], parts[:-1]
     foreign = next(
         (named for name, named in FOREIGN_KEY_NAMES.items() if key == name or key.endswith("." + name)), None
     )
+    if foreign is not None and any(_one_slip(key, valid) for valid in FIELDS if valid not in DERIVED_KEYS):
+        foreign = None
     ranked = []
     for order, candidate in enumerate(k for k in FIELDS if k not in DERIVED_KEYS):
         candidate_parts = candidate.split(".")
@@ -83,7 +106,7 @@ def _suggest(key: str) -> str:
         elif closeness < 0.6:
             continue
         score = closeness + _path_share(path, candidate_parts[:-1])
-        ranked.append((-score, len(candidate_parts), order, candidate, meant))
+        ranked.append((not meant, -score, len(candidate_parts), order, candidate, meant))
     if not ranked:
         return ""
     *_, best, meant = min(ranked)
@@ -93,9 +116,11 @@ def _suggest(key: str) -> str:
 def _check_keys(flat: dict[str, Any], source: str) -> None:
     for key in flat:
         if key in DERIVED_KEYS:
+            sources = derived_from(key)
+            named = " and ".join(f"`{name}`" for name in sources)
             raise ConfigError(
-                f"`{key}` (from {source}) is derived by easyrl from other keys and cannot be set; remove it "
-                "(`easyrl check` prints the value it gets)."
+                f"`{key}` (from {source}) is derived by easyrl from {named} and cannot be set; remove it and set "
+                f"{'that' if len(sources) == 1 else 'those'} instead (`easyrl check` prints the value it gets)."
             )
         if key in FIELDS or any(key.startswith(free + ".") for free in FREE_DICT_KEYS):
             continue

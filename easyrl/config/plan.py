@@ -17,7 +17,7 @@ from ..paths import PROJECT_ROOT
 from ..utils.platform import nvidia_gpus_visible
 from .load import read_config
 from .schema import PPOConfig
-from .validate import env_owns_data, env_owns_reward, uses_critic, validate_config
+from .validate import check_critic_warmup, env_owns_data, env_owns_reward, uses_critic, validate_config
 
 
 # The reward of a tool environment with get_reward when no reward function is given (TRL's contract).
@@ -56,8 +56,8 @@ class RunPlan:
     training_steps: Optional[int] = None
     """Training steps of the run; known once the training data is read (trainer.max_steps sets it outright)."""
     notes: tuple[str, ...] = ()
-    """What the user should know about this run: settings adjusted to the device (the keys whose meaning differs from
-    EasyR1's are listed, with the reason, in docs/config.md)."""
+    """What the user should know about this run: settings adjusted to the device, and settings that do nothing beside
+    the others (the keys whose meaning differs from EasyR1's are listed, with the reason, in docs/config.md)."""
 
     @property
     def world_size(self) -> int:
@@ -96,16 +96,18 @@ class RunPlan:
         times total_epochs."""
         config = self.config
         if config.trainer.max_steps is not None:
-            steps = config.trainer.max_steps
+            steps, counted_by = config.trainer.max_steps, "trainer.max_steps"
         else:
             prompts_per_epoch = generation_batches_per_epoch * self.generation_batch_size
             steps = prompts_per_epoch // config.data.rollout_batch_size * config.trainer.total_epochs
+            counted_by = f"{prompts_per_epoch} prompts per epoch x trainer.total_epochs={config.trainer.total_epochs}"
         if steps <= 0:
             raise ValueError(
                 f"The training data gives {generation_batches_per_epoch} batches of {self.generation_batch_size} "
                 f"prompts per epoch: not one step of `data.rollout_batch_size`={config.data.rollout_batch_size} "
                 "prompts. Use more data, a smaller rollout_batch_size, or set trainer.max_steps."
             )
+        check_critic_warmup(config, steps, counted_by)
         config.worker.actor.optim.training_steps = steps
         config.worker.critic.optim.training_steps = steps
         return dataclasses.replace(self, training_steps=steps)
@@ -130,6 +132,18 @@ class RunPlan:
             steps = f"{config.trainer.max_steps} (trainer.max_steps)"
         else:
             steps = f"set when the training data is read (rollout batches per epoch x {config.trainer.total_epochs} epochs)"
+        if actor.dynamic_batching:  # the sizes set token budgets over the padded length (models/dynamic_batching.py)
+            padded = config.data.max_prompt_length + config.data.max_response_length
+            micro_batches = (
+                f"micro-batches of up to {actor.micro_batch_size_per_device_for_update * padded} (update) / "
+                f"{actor.micro_batch_size_per_device_for_experience * padded} (log-probs) tokens (dynamic batching: "
+                f"micro_batch_size_per_device_for_* x {padded} padded tokens)"
+            )
+        else:
+            micro_batches = (
+                f"micro-batches of {actor.micro_batch_size_per_device_for_update} (update) / "
+                f"{actor.micro_batch_size_per_device_for_experience} (log-probs) samples"
+            )
         lines = [
             f"workers: {self.world_size} ({config.trainer.nnodes} node(s) x {config.trainer.n_gpus_per_node}), "
             f"roles: {', '.join(roles)}",
@@ -138,9 +152,7 @@ class RunPlan:
             f"{self.generation_rounds_per_step} call(s) of {self.generation_batch_size} prompts"
             + (" (online filtering may add rounds)" if config.algorithm.online_filtering else ""),
             f"actor: {self.actor_optimizer_steps_per_batch} optimizer step(s) per training step, "
-            f"{actor.global_batch_size_per_device} samples per device per optimizer step, micro-batches of "
-            f"{actor.micro_batch_size_per_device_for_update} (update) / "
-            f"{actor.micro_batch_size_per_device_for_experience} (log-probs)",
+            f"{actor.global_batch_size_per_device} samples per device per optimizer step, {micro_batches}",
             f"reward: {_reward_summary(config.worker.reward)}",
             f"old log-probs: {self.old_log_prob_reason}",
             f"zero-advantage samples: {zero_advantage.decision(actor)[1]}",
@@ -217,6 +229,33 @@ def _reference_precision_note(config: PPOConfig) -> Optional[str]:
     )
 
 
+def _settings_without_effect(config: PPOConfig) -> list[str]:
+    """Notes on settings a run accepts that do nothing, or nothing of what they ask, beside the others."""
+    algorithm, trainer, notes = config.algorithm, config.trainer, []
+    if algorithm.disable_kl and algorithm.use_kl_loss:
+        notes.append(
+            "algorithm.use_kl_loss=true asks for a KL loss, but algorithm.disable_kl=true turns every KL term off: "
+            "there is no KL loss and no reference model. Set algorithm.disable_kl=false for the KL loss."
+        )
+    if not algorithm.disable_kl and algorithm.kl_coef == 0:
+        use = "loss term" if algorithm.use_kl_loss else "reward penalty"
+        in_reward_adaptive = algorithm.kl_type == "adaptive" and not algorithm.use_kl_loss
+        adaptive = " (the adaptive controller scales it, so it stays 0)" if in_reward_adaptive else ""
+        notes.append(
+            f"algorithm.kl_coef=0 with the KL on (algorithm.disable_kl=false): a reference model runs every step for "
+            f"a {use} of 0 x KL{adaptive}, so the KL is only logged. Set algorithm.disable_kl=true to skip it."
+        )
+    if trainer.critic_warmup > 0 and not uses_critic(config) and not trainer.val_only:
+        # a note, not a refusal: EasyR1 runs the same loop, and its configs load and run unchanged
+        notes.append(
+            f"trainer.critic_warmup={trainer.critic_warmup} but the run has no critic (algorithm.adv_estimator="
+            f"{algorithm.adv_estimator} learns no value model): the first {trainer.critic_warmup} steps generate "
+            "and score without updating the actor, as in EasyR1. Set trainer.critic_warmup=0 to train the policy "
+            "from the first step."
+        )
+    return notes
+
+
 def make_run_plan(config: PPOConfig, needs_reward: bool = True) -> RunPlan:
     """Validate ``config`` and decide everything about the run that does not need the data or the workers
     (``needs_reward=False``: `easyrl generate`, which scores only when a reward function is given)."""
@@ -236,6 +275,7 @@ def make_run_plan(config: PPOConfig, needs_reward: bool = True) -> RunPlan:
     on_policy, reason = _old_log_prob_decision(config, kl_in_reward)
     if use_reference and (precision := _reference_precision_note(config)):
         notes.append(precision)
+    notes += _settings_without_effect(config)
     reward_length = (config.worker.reward.reward_function_kwargs or {}).get("max_response_length")
     if reward_length is not None and reward_length != data.max_response_length:
         # DAPO's overlong penalty (reward_function/dapo.py) measures responses against its own copy of the limit

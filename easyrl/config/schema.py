@@ -2,14 +2,20 @@
 
 Each section is a dataclass; the string right under a field is its documentation (``docs/config.md`` is generated
 from these strings by ``scripts/gen_config_docs.py``). Key names follow EasyR1, so an EasyR1 ``config.yaml`` loads
-unchanged. Fields marked ``DERIVED`` are filled by ``load.derive`` from other keys and cannot be set by a user.
+unchanged. Fields marked ``derived(...)`` are filled by ``load.derive`` from the keys it names and cannot be set by a
+user (the error names those keys instead).
 """
 
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 
-DERIVED = {"derived": True}
+def derived(*sources: str) -> dict:
+    """The metadata of a derived field: the keys it is computed from (``.name``: a key of the same section), which
+    the error refusing it names."""
+    return {"derived": True, "from": sources}
+
+
 MAPPING = {"mapping": True}  # a field that may hold a mapping of free keys (given whole, or key by key: `field.name=`)
 
 
@@ -234,8 +240,9 @@ class OptimConfig:
     """Floor of the cosine schedule as a share of lr."""
     lr_scheduler_type: str = "constant"
     """Schedule after warmup: constant or cosine."""
-    training_steps: int = field(default=-1, metadata=DERIVED)
-    """Total optimizer steps of the run (derived; leave at -1)."""
+    training_steps: int = field(default=-1, metadata=derived("trainer.max_steps", "trainer.total_epochs"))
+    """Training steps of the run (the schedule's length): trainer.max_steps, else the steps of trainer.total_epochs
+    over the training data (derived; -1 until the data is read)."""
 
 
 @dataclass
@@ -293,7 +300,10 @@ class TrainableRoleConfig:
     padding_free: bool = True
     """Pack sequences without padding in forward passes."""
     dynamic_batching: bool = True
-    """Form micro-batches by a token budget instead of a fixed sample count."""
+    """Form micro-batches by a token budget instead of a fixed sample count. The budget is
+    micro_batch_size_per_device_for_* x (data.max_prompt_length + data.max_response_length) real tokens: that many
+    samples of the longest length, more of shorter ones (verl's use_dynamic_bsz; its *_max_token_len_per_gpu is this
+    product)."""
     ulysses_size: int = 1
     """Ulysses sequence-parallel size k: each packed micro-batch is split over k workers, which attend with all-to-all
     over the heads (the attention heads must be divisible by k, the key/value heads divisible by k or dividing it,
@@ -306,7 +316,7 @@ class TrainableRoleConfig:
     """FSDP2 sharding and mixed precision."""
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     """CPU offload between phases."""
-    global_batch_size_per_device: int = field(default=-1, metadata=DERIVED)
+    global_batch_size_per_device: int = field(default=-1, metadata=derived(".global_batch_size", "worker.rollout.n"))
     """Samples per optimizer step on one device: global_batch_size x rollout.n / devices (derived)."""
 
 
@@ -315,7 +325,8 @@ class ActorConfig(TrainableRoleConfig):
     """`worker.actor.*`: the policy and its loss."""
 
     clip_ratio_low: float = 0.2
-    """PPO clip: lower bound of the ratio is 1 - clip_ratio_low."""
+    """PPO clip: lower bound of the ratio is 1 - clip_ratio_low, so below 1 for the clipped losses (default, gspo,
+    gspo_token); cispo takes 1 or more for an importance weight without a lower bound (the CISPO paper's setting)."""
     clip_ratio_high: float = 0.3
     """PPO clip: upper bound of the ratio is 1 + clip_ratio_high (clip-higher, DAPO)."""
     clip_ratio_dual: float = 3.0
@@ -348,13 +359,13 @@ class ActorConfig(TrainableRoleConfig):
     denominators still count them. Then the per-token metrics (entropy, ppo_kl, clip fractions) cover the computed
     samples, and actor/zero_advantage_skipped is the share skipped. With trainer.balance_batch the ranks get equal
     shares of the computed tokens. Ignored where those conditions do not hold."""
-    disable_kl: bool = field(default=False, metadata=DERIVED)
+    disable_kl: bool = field(default=False, metadata=derived("algorithm.disable_kl"))
     """Copied from algorithm.disable_kl (derived)."""
-    use_kl_loss: bool = field(default=False, metadata=DERIVED)
+    use_kl_loss: bool = field(default=False, metadata=derived("algorithm.use_kl_loss"))
     """Copied from algorithm.use_kl_loss (derived)."""
-    kl_penalty: str = field(default="kl", metadata=DERIVED)
+    kl_penalty: str = field(default="kl", metadata=derived("algorithm.kl_penalty"))
     """Copied from algorithm.kl_penalty (derived)."""
-    kl_coef: float = field(default=0.0, metadata=DERIVED)
+    kl_coef: float = field(default=0.0, metadata=derived("algorithm.kl_coef"))
     """Copied from algorithm.kl_coef (derived)."""
 
 
@@ -384,17 +395,17 @@ class RefConfig:
     """CPU offload between phases."""
     micro_batch_size_per_device_for_experience: int = -1
     """Samples per forward pass on one device; -1 copies the actor's."""
-    padding_free: bool = field(default=False, metadata=DERIVED)
-    """Copied from the actor (derived)."""
-    dynamic_batching: bool = field(default=False, metadata=DERIVED)
-    """Copied from the actor (derived)."""
-    ulysses_size: int = field(default=1, metadata=DERIVED)
-    """Copied from the actor (derived)."""
-    use_torch_compile: bool = field(default=True, metadata=DERIVED)
-    """Copied from the actor (derived)."""
-    use_fused_kernels: bool = field(default=False, metadata=DERIVED)
+    padding_free: bool = field(default=False, metadata=derived("worker.actor.padding_free"))
+    """Copied from worker.actor.padding_free (derived)."""
+    dynamic_batching: bool = field(default=False, metadata=derived("worker.actor.dynamic_batching"))
+    """Copied from worker.actor.dynamic_batching (derived)."""
+    ulysses_size: int = field(default=1, metadata=derived("worker.actor.ulysses_size"))
+    """Copied from worker.actor.ulysses_size (derived)."""
+    use_torch_compile: bool = field(default=True, metadata=derived("worker.actor.use_torch_compile"))
+    """Copied from worker.actor.use_torch_compile (derived)."""
+    use_fused_kernels: bool = field(default=False, metadata=derived("worker.actor.model.use_fused_kernels"))
     """Copied from worker.actor.model.use_fused_kernels: the reference loads the actor's model (derived)."""
-    shared_prefix: bool = field(default=False, metadata=DERIVED)
+    shared_prefix: bool = field(default=False, metadata=derived("worker.actor.shared_prefix"))
     """Copied from worker.actor.shared_prefix (derived)."""
 
 
@@ -452,10 +463,10 @@ class MultiTurnConfig:
     </tool_call>`, the format of Qwen2.5/Qwen3 and Hermes); more parsers register in
     easyrl/workers/rollout/multi_turn.py (TOOL_CALL_PARSERS)."""
 
-    chat_template: Optional[str] = field(default=None, metadata=DERIVED)
+    chat_template: Optional[str] = field(default=None, metadata=derived("data.override_chat_template"))
     """Copied from data.override_chat_template (derived): tool results, observations and a tool environment's reset
     text are rendered with the template the prompts were rendered with."""
-    chat_template_kwargs: dict = field(default_factory=dict, metadata=DERIVED)
+    chat_template_kwargs: dict = field(default_factory=dict, metadata=derived("data.apply_chat_template_kwargs"))
     """Copied from data.apply_chat_template_kwargs (derived): the turns render with the variables the prompts did."""
 
     @property
@@ -513,11 +524,11 @@ class RolloutConfig:
     with a warning naming why)."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Multi-turn rollouts with tools or an environment (off unless `multi_turn.tools` or `multi_turn.env` is set)."""
-    trust_remote_code: bool = field(default=False, metadata=DERIVED)
-    """Copied from the actor model (derived)."""
-    prompt_length: int = field(default=-1, metadata=DERIVED)
+    trust_remote_code: bool = field(default=False, metadata=derived("worker.actor.model.trust_remote_code"))
+    """Copied from worker.actor.model.trust_remote_code (derived)."""
+    prompt_length: int = field(default=-1, metadata=derived("data.max_prompt_length"))
     """Copied from data.max_prompt_length (derived)."""
-    response_length: int = field(default=-1, metadata=DERIVED)
+    response_length: int = field(default=-1, metadata=derived("data.max_response_length"))
     """Copied from data.max_response_length (derived)."""
 
 
@@ -686,7 +697,9 @@ class TrainerConfig:
     max_try_make_batch: int = 20
     """Generation rounds online filtering may use to fill one batch; -1 means no limit."""
     critic_warmup: int = 0
-    """Steps that update only the critic before the actor starts learning."""
+    """Steps that update only the critic before the actor starts learning: the actor is first updated at step
+    critic_warmup + 1, so it must be below the run's steps. Without a critic those steps only generate and score
+    (as in EasyR1); the run plan says so."""
     balance_batch: bool = True
     """Reorder each training batch so that every data-parallel rank (world / worker.actor.ulysses_size of them) gets
     the same number of rows and about the same number of real tokens (longest-first greedy), from the log-prob passes

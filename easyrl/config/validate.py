@@ -24,7 +24,7 @@ from ..workers.reward.loader import (
     parse_user_file,
     resolve_reward_function,
 )
-from .schema import ConfigError, JudgeConfig, PPOConfig
+from .schema import ActorConfig, ConfigError, JudgeConfig, PPOConfig
 
 
 # Names of the registered algorithms and loggers, listed here so that check needs no torch import; a test asserts
@@ -37,6 +37,9 @@ TOOL_CALL_PARSERS = ("hermes",)  # easyrl.workers.rollout.multi_turn.TOOL_CALL_P
 # estimators that learn a value model (a critic role exists), and those that compare the n samples of a prompt
 CRITIC_ESTIMATORS = frozenset({"gae"})
 GROUP_ESTIMATORS = frozenset({"grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline"})
+# policy losses that clip the ratio r to [1 - clip_ratio_low, 1 + clip_ratio_high] (cispo clips a weight instead, and
+# its paper sets clip_ratio_low >= 1 on purpose: no lower bound)
+CLIPPED_LOSSES = frozenset({"ppo", "gspo", "gspo_token"})
 
 # the docs' short names (EasyR1's, mapped by compat.LOSS_AVG_MODE_ALIASES) and verl's long ones
 LOSS_AVG_MODES = ("token", "seq", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -205,6 +208,8 @@ RANGES: dict[str, Interval] = {
     "trainer.nnodes": AT_LEAST_ONE,
     "trainer.n_gpus_per_node": AT_LEAST_ONE,
     "trainer.critic_warmup": NON_NEGATIVE,
+    # the trainer's limit test is 0 < max_try_make_batch < rounds: 0 would mean no limit too, unannounced
+    "trainer.max_try_make_batch": Interval(1, special=(-1,), why="-1 means no limit"),
     "trainer.val_generations_to_log": NON_NEGATIVE,
     "trainer.save_every_minutes": NON_NEGATIVE,
     "trainer.max_restarts": NON_NEGATIVE,
@@ -482,6 +487,30 @@ def _check_lora(config: PPOConfig) -> None:
             raise ConfigError(
                 f"`worker.actor.model.lora.exclude_modules` is not a valid regex ({error}): {lora.exclude_modules!r}."
             ) from error
+
+
+def _check_clip_ratio_low(actor: ActorConfig) -> None:
+    """The clipped losses' lower bound 1 - clip_ratio_low must be above 0: a ratio is always positive, so a bound at
+    or below 0 could never act (pg_clipfrac_lower stays 0) and the setting would do nothing."""
+    low = actor.clip_ratio_low
+    if actor.loss_type in CLIPPED_LOSSES and low >= 1:
+        raise ConfigError(
+            f"`worker.actor.clip_ratio_low` is {low:g}: the {actor.loss_type} loss clips the ratio below at 1 - "
+            f"{low:g} = {1 - low:g}, which a ratio (always > 0) never reaches, so that clip could never act. Give a "
+            "value in [0, 1), e.g. the default 0.2 (loss_type=cispo takes 1 or more for no lower bound)."
+        )
+
+
+def check_critic_warmup(config: PPOConfig, steps: int, counted_by: str) -> None:
+    """The trainer first updates the actor at step critic_warmup + 1 (EasyR1's rule): refuse a warmup that lasts the
+    whole run, where the policy would never train (``counted_by``: where the step count comes from)."""
+    warmup = config.trainer.critic_warmup
+    if warmup >= steps and not config.trainer.val_only:
+        raise ConfigError(
+            f"`trainer.critic_warmup` is {warmup} and the run has {steps} training steps ({counted_by}): the actor "
+            f"is first updated at step {warmup + 1}, so the policy would never train. Set trainer.critic_warmup below "
+            f"{steps} (0 updates the actor from the first step)."
+        )
 
 
 def _check_unsupported(config: PPOConfig) -> None:
@@ -991,6 +1020,9 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
             f"workers ({world} = trainer.nnodes x trainer.n_gpus_per_node)."
         )
     _check_unsupported(config)
+    _check_clip_ratio_low(actor)
+    if config.trainer.max_steps is not None:
+        check_critic_warmup(config, config.trainer.max_steps, "trainer.max_steps")
     _check_lora(config)
     _check_liger(config)
     if config.algorithm.kl_penalty == "full" and not config.algorithm.disable_kl:
