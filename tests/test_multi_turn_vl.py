@@ -160,7 +160,10 @@ def test_chat_content_parts_as_trls_multimodal_tools_return_them(tmp_path):
     assert to_content([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]) == ("a\nb", [])
     # a dict is JSON text, as function-calling models read results (not Python's repr)
     assert to_content([{"speed": 3}]) == ('{"speed": 3}', [])
-    assert to_content({"ok": True, "error": None, "name": "café"}) == ('{"ok": true, "error": null, "name": "café"}', [])
+    assert to_content({"ok": True, "error": None, "name": "café"}) == (
+        '{"ok": true, "error": null, "name": "café"}',
+        [],
+    )
     assert to_content({"when": picture.size, "what": picture}) == (f'{{"when": [28, 28], "what": "{picture}"}}', [])
 
     def observe():
