@@ -38,7 +38,7 @@ class Logger:
 
     append_only: ClassVar[bool] = False
     """The backend's history cannot be rewound (a remote service): after a resume the Tracker does not send it again
-    the steps it already holds, and sends it the checkpoint's own row when that never arrived."""
+    the steps it already holds, and sends it the rows it never got of the steps up to the checkpoint."""
 
     def __init__(self, run: RunInfo) -> None:
         self.run = run
@@ -57,6 +57,13 @@ class Logger:
         """What a later attempt of this run needs to continue this backend's run (its run id, its files), as JSON;
         the Tracker keeps it next to the checkpoints and hands it back as ``RunInfo.resume``."""
         return {}
+
+    def held_through(self) -> int | None:
+        """For an append-only backend that writes what it is logged later, in a process or thread of its own that a
+        SIGKILL of this process takes down: the highest step its run holds for good, read back from the backend's own
+        files (the steps of the earlier attempts at the run included, -1 for none). None: ``log`` has stored a step
+        when it returns (MLflow), so the Tracker counts it as held then."""
+        return None
 
     def finish(self) -> None:
         """Flush and close; called once at the end of the run."""

@@ -2,12 +2,18 @@
 
 A run resumed from a checkpoint continues the W&B run of the attempt it resumes (its id, ``resume="allow"``) unless
 ``WANDB_RUN_ID`` names one.
+
+W&B's service process closes a step's row when the next step's first call comes (or at finish), writes it to the
+run's transaction log (``run-<id>.wandb``) every ~15 s, and loses the rest when a SIGKILL of this process takes it
+down: a step counts as held once it is in that file, and a continued online run holds what the W&B server holds.
 """
 
+import glob
 import os
 from urllib.parse import urlparse
 
 from .base import Logger, RunInfo, explain_start_failure, generation_columns, import_backend, netrc_has
+from .record_log import RecordFile, read_records
 from .registry import register_logger
 
 
@@ -53,9 +59,39 @@ class WandbLogger(Logger):
             # this process: drop it, as finish() does
             wandb.teardown()
             raise
+        self._records = import_backend("wandb.proto.wandb_internal_pb2", "wandb", "wandb")
+        settings = self.wandb_run.settings
+        self._log = None  # the run's transaction log; none when disabled (nothing is kept) or skipped (online)
+        if settings.mode != "disabled" and not settings.x_skip_transaction_log:
+            self._log = RecordFile(settings.sync_file)
+        self._held = self._held_before(settings)
+
+    def _held_before(self, settings) -> int:
+        """The highest step the earlier attempts at this run hold: online, what the W&B server holds (it refuses
+        lower steps); offline, what their transaction logs (each attempt's own folder under ``wandb/``) hold."""
+        if settings.mode not in ("offline", "dryrun"):
+            return self.wandb_run.starting_step - 1
+        run_id = self.wandb_run.id
+        logs = glob.glob(os.path.join(settings.wandb_dir, f"*-{run_id}*", f"run-{run_id}.wandb"))
+        own = os.path.abspath(settings.sync_file)
+        steps = [
+            self._history_step(raw) for path in logs if os.path.abspath(path) != own for raw in read_records(path)
+        ]
+        return max(steps, default=-1)
+
+    def _history_step(self, raw: bytes) -> int:
+        record = self._records.Record()
+        record.ParseFromString(raw)
+        return record.history.step.num if record.WhichOneof("record_type") == "history" else -1
 
     def resume_state(self) -> dict:
         return {"id": self.wandb_run.id}
+
+    def held_through(self) -> int | None:
+        if self._log is None:
+            return None
+        self._held = max([self._held, *(self._history_step(raw) for raw in self._log.new_records())])
+        return self._held
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.wandb_run.log(metrics, step=step)
