@@ -1,6 +1,7 @@
 """Logger backends write what they are given, in a form their own readers load back."""
 
 import glob
+import importlib.util
 import json
 import os
 import struct
@@ -285,3 +286,26 @@ def test_start_problem_is_known_without_starting_the_backend(
         assert "MODE" in problem and "API_KEY" in problem
     for name in ("console", "file", "tensorboard", "mlflow"):
         assert get_logger_class(name).start_problem() is None
+
+
+def test_wandb_writes_under_the_users_wandb_dir(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))
+    _run(tmp_path / "run", ["wandb"])
+    assert glob.glob(str(tmp_path / "elsewhere" / "wandb" / "offline-run-*" / "*.wandb"))
+    assert not (tmp_path / "run" / "wandb").exists()
+
+
+def test_swanlab_local_without_its_viewer_says_the_metrics_are_kept(tmp_path, monkeypatch, caplog):
+    pytest.importorskip("swanlab")
+    if importlib.util.find_spec("swanboard") is not None:
+        pytest.skip("swanboard is installed: the viewer starts")
+    monkeypatch.setenv("SWANLAB_MODE", "local")
+    monkeypatch.delenv("SWANLAB_LOGDIR", raising=False)
+    with caplog.at_level("WARNING"):
+        _run(tmp_path, ["swanlab"])
+    assert "SWANLAB_MODE=local: SwanLab's viewer needs the swanboard package" in caplog.text
+    assert f"the metrics are written to {tmp_path / 'swanlog'} all the same" in caplog.text
+    assert glob.glob(str(tmp_path / "swanlog" / "run-*" / "*.swanlab"))

@@ -10,12 +10,17 @@ it is in that file whole.
 
 import glob
 import importlib
+import importlib.util
 import inspect
+import logging
 import os
 
 from .base import Logger, RunInfo, explain_start_failure, import_backend, netrc_has
 from .record_log import RecordFile
 from .registry import register_logger
+
+
+logger = logging.getLogger(__name__)
 
 
 HOW_TO_FIX = (
@@ -72,6 +77,13 @@ class SwanlabLogger(Logger):
         self._swanlab = swanlab
         log_dir = os.environ.get("SWANLAB_LOGDIR") or os.path.join(run.save_dir, "swanlog")
         os.makedirs(log_dir, exist_ok=True)
+        if os.environ.get("SWANLAB_MODE", "").lower() == "local" and importlib.util.find_spec("swanboard") is None:
+            logger.warning(
+                "SWANLAB_MODE=local: SwanLab's viewer needs the swanboard package, which is not installed, so SwanLab "
+                "reports an error starting it; the metrics are written to %s all the same. Install swanboard for the "
+                "viewer, or set SWANLAB_MODE=offline to keep the run on disk without one.",
+                log_dir,
+            )
         # swanlab >= 0.7 names these `name` / `log_dir`; older releases `experiment_name` / `logdir`.
         params = inspect.signature(swanlab.init).parameters
         name_key = "name" if "name" in params else "experiment_name"

@@ -51,7 +51,7 @@ class WandbLogger(Logger):
                     project=run.project_name,
                     name=run.experiment_name,
                     config=run.config,
-                    dir=run.save_dir,
+                    dir=os.environ.get("WANDB_DIR") or run.save_dir,  # the user's own WANDB_DIR wins
                     **continued,
                 )
         except BaseException:
