@@ -527,6 +527,7 @@ def test_two_grpo_steps_train_with_the_judge_in_the_reward(tiny_model_path, tmp_
         assert row["reward/word_share"] == pytest.approx(row["reward/rule"])
         assert row["reward/judge_errors"] == 0.0
         assert 0.0 <= row["reward/judge"] <= 1.0
+        assert "actor/kl_coef" not in row  # the demo recipe's KL is off (disable_kl): no coefficient to report
     assert len(server.requests) == 2 * 16
     assert all(request["model"] == "tiny-judge" for request in server.requests)
     assert all("Answer to grade:" in request["messages"][0]["content"] for request in server.requests)  # built-in

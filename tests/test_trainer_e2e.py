@@ -42,6 +42,7 @@ def test_every_step_logs_rewards_losses_timings_and_throughput(tiny_grpo_run):
         missing = [name for name in STEP_METRICS if name not in row]
         assert not missing, f"step {step} lacks {missing}"
         assert row["step"] == step and type(row["step"]) is int  # "step": 1, not 1.0 (tools join on the text)
+        assert row["actor/kl_coef"] == pytest.approx(1e-3)  # the KL loss's coefficient (algorithm.kl_coef)
 
 
 @pytest.mark.timeout(RUN_TIMEOUT)

@@ -310,7 +310,8 @@ class PPOTrainer:
 
         # every logger gets the step itself (metrics.jsonl keeps it as an integer); as a metric it came back a float
         metrics["epoch"] = self.epoch
-        metrics["actor/kl_coef"] = self.kl_controller.value
+        if self.plan.kl_in_reward:  # the controller's coefficient (the KL loss's fixed one comes from the update)
+            metrics["actor/kl_coef"] = self.kl_controller.value
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, n_devices=self.config.world_size))
