@@ -193,6 +193,13 @@ def test_merge_writes_the_merged_model_or_the_adapter_folder(lora_workers, tiny_
         caplog.clear()
     with pytest.raises(ValueError, match="holds the merged model, and the adapter folder is .*lora_adapter"):
         merge_checkpoint(str(role), adapter_only=True)  # in place: it would put the adapters beside the model
+    # the set-aside adapters given as a model: the config check names the merged folder beside them
+    from easyrl.config import ConfigError
+    from easyrl.config.validate import _check_model_path
+
+    with pytest.raises(ConfigError) as refused:
+        _check_model_path("worker.actor.model.model_path", str(role / "lora_adapter"), True)
+    assert str(refused.value).endswith(f"the merged model it wrote is `{role / 'huggingface'}`: give that folder.")
     again = merge_checkpoint(str(role), str(tmp_path / "adapter_again"), adapter_only=True)
     with_adapter_again = PeftModel.from_pretrained(load_hf_causal_lm(tiny_model_path), again)
     torch.testing.assert_close(per_sequence_log_probs(with_adapter_again, data, 0.7), live, atol=1e-5, rtol=0)

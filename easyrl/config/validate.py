@@ -250,6 +250,13 @@ def _check_model_path(key: str, path: Optional[str], required: bool) -> None:
         raise ConfigError(f"`{key}`: `{path}` is a file; give the model's folder (the one holding config.json).")
     if looks_local(path) and not local.exists():
         raise ConfigError(f"`{key}`: local model path `{path}` does not exist.")
+    merged = local.parent / "huggingface"
+    if key.endswith("model_path") and _is_adapter_folder(local) and (merged / "config.json").is_file():
+        if not _is_adapter_folder(merged):  # `easyrl merge` in place moved a LoRA checkpoint's adapters here
+            raise ConfigError(
+                f"`{key}`: `{path}` holds the LoRA adapters that `easyrl merge` set aside (adapter_config.json, no "
+                f"model weights); the merged model it wrote is `{merged}`: give that folder."
+            )
     if key.endswith("model_path") and (role := _unmerged_checkpoint_role(local)) is not None:
         if _is_adapter_folder(role / "huggingface"):  # a LoRA run's checkpoint: its huggingface/ holds the adapters
             raise ConfigError(
