@@ -146,7 +146,7 @@ def format_table(results: dict) -> str:
     if data.get("skipped"):
         lines.append(
             f"({data['skipped']} of {data['rows']} rows of data.val_files were skipped when read: no score counts "
-            f"them; {data.get('skipped_reasons', 'each is named in the log')})"
+            f"them; {data.get('skipped_reasons', 'the log names each and why')})"
         )
     return "\n".join(lines)
 
