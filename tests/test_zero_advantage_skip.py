@@ -357,3 +357,32 @@ def test_per_token_metrics_are_the_updates_token_mean_whatever_the_micro_batches
         values = [metrics[key] for metrics in reported.values()]
         assert values == pytest.approx([values[-1]] * len(values), rel=1e-4, abs=1e-7), (key, values)
     assert off_policy == (reported[(10, False, False)]["actor/ppo_kl"] != 0.0)
+
+
+@pytest.mark.timeout(300)
+def test_two_ranks_report_the_token_mean_of_the_whole_batch(ray_cluster, tiny_model_path, tmp_path):
+    """Ranks holding different numbers of response tokens: actor/entropy is the token mean over both ranks' tokens
+    (each rank weighted by its tokens), not the mean of the two ranks' means."""
+    from easyrl.testing.tiny_models import tiny_tokenizer
+    from easyrl.workers.fsdp_worker import FSDPWorker
+    from tests.fsdp_helpers import worker_config, worker_group
+
+    peaked = peaked_model(tiny_model_path)
+    peaked.save_pretrained(tmp_path / "peaked")
+    tiny_tokenizer().save_pretrained(tmp_path / "peaked")
+    data = batch_with_flat_groups(tiny_model_path, [2, 3, 1, 2], flat_groups=set(), seed=39, off_policy=False)
+    del data.batch["old_log_probs"]
+    data.meta_info["temperature"] = 0.7  # the workers score at the rollout temperature
+    with torch.no_grad():
+        _, entropy = Actor(actor_config(False, micro_batch_size=8), peaked)._forward(data, 0.7, calculate_entropy=True)
+    mask = data.batch["response_mask"]
+    token_mean = float((entropy * mask).sum() / mask.sum())
+    halves = [slice(0, 4), slice(4, 8)]  # each rank's share
+    rank_means = [float((entropy[h] * mask[h]).sum() / mask[h].sum()) for h in halves]
+    assert abs(sum(rank_means) / 2 - token_mean) > 0.05, (rank_means, token_mean)  # the two averages differ here
+    config = worker_config(tmp_path / "peaked", 2, global_batch_size=8, micro_batch_size=2)
+    config.actor.skip_zero_advantage = False
+    with worker_group(FSDPWorker, config, "actor", processes=2, name_prefix="tokmean") as group:
+        group.init_model()
+        metrics = group.update_actor(data, on_policy=True).meta_info["metrics"]
+    assert metrics["actor/entropy"] == pytest.approx(token_mean, rel=1e-5)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ..models.dynamic_batching import max_over_ranks
 from ..models.prefix_group import PrefixStats, split_for_pass
+from ..utils import device
 from .optim import clip_grad_norm_and_step
 
 
@@ -25,8 +26,9 @@ if TYPE_CHECKING:
 # Loss metrics of a micro-batch are partial sums of the mini-batch loss (see module docstring): they add up.
 SUMMED_METRICS = frozenset({"pg_loss", "kl_loss", "vf_loss", "loss"})
 # The others (entropy, ppo_kl, clip fractions ...) are means over a micro-batch's response tokens: they are weighted
-# by those tokens, so that the update reports its token mean whatever the micro-batches (their size, dynamic batching
-# or padding-free packing split the same tokens differently; a plain mean of micro-batch means moved with them).
+# by those tokens, on every rank, so that the update reports its token mean whatever the micro-batches and ranks (their
+# size, dynamic batching, padding-free packing or the split over ranks cut the same tokens differently; a plain mean
+# of micro-batch means moved with them).
 
 # micro_loss(micro_batch, loss_denominator) -> (loss to back-propagate, metrics)
 MicroLoss = Callable[["DataProto", float], tuple[torch.Tensor, dict[str, float]]]
@@ -58,6 +60,26 @@ def samples_to_compute(mini_batch: "DataProto", carries_gradient: torch.Tensor) 
         return mini_batch, 0
     kept_first = torch.argsort((~carries_gradient).to(torch.uint8), stable=True)
     return mini_batch[kept_first[:target].sort().values], len(mini_batch) - target
+
+
+def _token_means_over_ranks(token_metrics: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+    """Each per-token metric's mean over the tokens of every micro-batch on every rank (ranks whose shares hold more
+    tokens weigh more, as the loss's global denominator does); the same on every rank. Without tokens anywhere (an
+    empty mask), the plain mean of the micro-batch values."""
+    keys = sorted(token_metrics)
+    sums = [sum(value * tokens for value, tokens in token_metrics[key]) for key in keys]
+    weights = [sum(tokens for _, tokens in token_metrics[key]) for key in keys]
+    plain = [sum(value for value, _ in token_metrics[key]) / max(len(token_metrics[key]), 1) for key in keys]
+    totals = torch.tensor([sums, weights, plain], dtype=torch.float64)
+    ranks = 1
+    if dist.is_initialized() and dist.get_world_size() > 1 and keys:
+        ranks = dist.get_world_size()
+        if dist.get_backend() == "nccl":  # nccl moves device tensors only
+            totals = totals.to(device.get_torch_device())
+        dist.all_reduce(totals)
+        totals = totals.cpu()
+    summed, weight, plain_sum = totals.tolist()
+    return {key: summed[i] / weight[i] if weight[i] else plain_sum[i] / ranks for i, key in enumerate(keys)}
 
 
 def run_ppo_updates(
@@ -114,14 +136,7 @@ def run_ppo_updates(
             step_metrics["grad_norm"].append(grad_norm)
             skipped += not stepped
     metrics = {f"{prefix}/{key}": sum(values) / len(values) for key, values in step_metrics.items()}
-    for key, pairs in token_metrics.items():
-        weight = sum(tokens for _, tokens in pairs)
-        mean = (
-            sum(value * tokens for value, tokens in pairs) / weight
-            if weight
-            else sum(v for v, _ in pairs) / len(pairs)
-        )
-        metrics[f"{prefix}/{key}"] = mean
+    metrics.update({f"{prefix}/{key}": mean for key, mean in _token_means_over_ranks(token_metrics).items()})
     metrics[f"{prefix}/nonfinite_grad_skipped_steps"] = float(skipped)
     if carries_gradient is not None:
         metrics[f"{prefix}/zero_advantage_skipped"] = left_out / max(seen, 1)
