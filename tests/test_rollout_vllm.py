@@ -199,3 +199,26 @@ def test_a_head_size_without_a_cpu_kernel_is_refused_naming_the_model_and_the_wa
     assert str(refused.value).endswith(
         "Set worker.rollout.name=hf, or use a model whose head size is one of those (a GPU runs it)."
     )
+
+
+def test_a_killed_jobs_segment_under_this_port_is_removed_before_the_rank_creates_its_own(monkeypatch, tmp_path):
+    """vLLM's CPU tensor-parallel communicator creates one shared-memory segment per rank, named after the job's
+    MASTER_PORT; a SIGKILLed job leaves its segments behind, and a later job given the same port failed with
+    "create shm in SHMManager failed. errno: 17". Each rank removes its own stale one first, and only its own."""
+    from types import SimpleNamespace
+
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    from easyrl.workers.rollout import vllm_rollout
+
+    vllm_rollout._job_unique_cpu_shm_names()
+    monkeypatch.setattr(vllm_rollout, "SHM_FOLDER", str(tmp_path))
+    monkeypatch.setenv("MASTER_PORT", "65001")
+    monkeypatch.setenv("VLLM_DIST_IDENT", "unset")  # restored after the test
+    name = "easyrl65001-tp:0-[0-1]-cpushm"
+    (tmp_path / f"{name}_1").write_bytes(b"stale")
+    (tmp_path / f"{name}_0").write_bytes(b"rank 0's, live")
+    communicator = SimpleNamespace(unique_name="tp:0", ranks=[0, 1], rank=1)
+    assert cpu_communicator._CPUSHMDistributed.make_group_name(communicator) == name
+    assert sorted(path.name for path in tmp_path.iterdir()) == [f"{name}_0"]
+    assert cpu_communicator._CPUSHMDistributed.make_group_name(communicator) == name  # nothing to remove: fine

@@ -89,6 +89,24 @@ def rollout_parallel_layout(rank: int, world_size: int, tensor_parallel_size: in
     return rank // tensor_parallel_size, world_size // tensor_parallel_size, rank % tensor_parallel_size
 
 
+SHM_FOLDER = "/dev/shm"
+
+
+def _remove_stale_segment(group_name: str, rank: int) -> None:
+    """Remove this rank's segment of ``group_name`` left by a killed job that had the same MASTER_PORT (ports are
+    reused; a SIGKILLed job never unlinks its segments): the port is this live job's now, and the rank creates its
+    own segment right after, so one already there is stale and would fail the creation with errno 17."""
+    path = os.path.join(SHM_FOLDER, f"{group_name}_{rank}")
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        return
+    except OSError as error:  # another user's segment: vLLM's own error will name it
+        logger.warning("Cannot remove the stale shared-memory segment %s: %s", path, error)
+        return
+    logger.info("Removed the stale shared-memory segment %s (a killed run's)", path)
+
+
 def _job_unique_cpu_shm_names() -> None:
     """Name the shared-memory segments of vLLM's CPU tensor-parallel communicator after this job's MASTER_PORT.
 
@@ -105,7 +123,9 @@ def _job_unique_cpu_shm_names() -> None:
     def make_group_name(communicator: Any) -> str:
         # every rank of the job has the same MASTER_PORT, and no other live job on this machine does
         os.environ["VLLM_DIST_IDENT"] = f"easyrl{os.environ.get('MASTER_PORT', '')}"
-        return original(communicator)
+        name = original(communicator)
+        _remove_stale_segment(name, communicator.rank)
+        return name
 
     make_group_name.easyrl_job_unique = True
     shm_cls.make_group_name = staticmethod(make_group_name)
