@@ -781,14 +781,20 @@ class RLHFDataset(Dataset):
                 f"{self.config_key}: no rows left after screening ({self.num_filtered_overlong} longer than "
                 f"data.max_prompt_length={limit}, {len(self.unusable_rows)} unusable{first}); {self._no_rows_hint()}."
             )
-        dropped = np.setdiff1d(np.arange(total), kept)
-        sources = self.rows.select(dropped)[SOURCE_COLUMN] if SOURCE_COLUMN in self.rows.column_names else []
-        self.skipped_sources = Counter(str(value) if value else self.source_name for value in sources)
-        self.skipped_sources[self.source_name] += len(dropped) - len(sources)  # rows without the column
-        self.skipped_sources = +self.skipped_sources  # no source with nothing skipped
+        self.skipped_sources = self._count_sources(self.rows.select(np.setdiff1d(np.arange(total), kept)))
         if len(kept) < total:
             self.rows = self.rows.select(kept)
             self.row_index = self.row_index[kept]
+
+    def _count_sources(self, rows: datasets.Dataset) -> Counter:
+        """How many of ``rows`` each data source has, as items name it (the file's name where a row has none)."""
+        if SOURCE_COLUMN not in rows.column_names:
+            return Counter({self.source_name: len(rows)} if len(rows) else {})
+        return Counter(str(value) if value else self.source_name for value in rows[SOURCE_COLUMN])
+
+    def kept_sources(self) -> Counter:
+        """How many of the dataset's rows each data source has."""
+        return self._count_sources(self.rows)
 
     def skipped_rows(self) -> list[dict[str, Any]]:
         """Every row left out when the dataset was built (see ``skipped_row_records``)."""

@@ -20,12 +20,11 @@ import dataclasses
 import json
 import math
 import os
-from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
 from ..config import RunPlan
-from ..data.dataset import SOURCE_COLUMN, RLHFDataset
+from ..data.dataset import RLHFDataset
 from ..utils.files import replace_file
 from .generate import EVAL_SEED_KIND, FAILED_KEY, GenerationRun, default_path, generation_settings, read_rows
 
@@ -69,11 +68,7 @@ def correct_key_of(rows: list[dict[str, Any]], configured: str | None) -> str:
 def rows_per_source(dataset: RLHFDataset) -> dict[str, dict[str, int]]:
     """Per data source (as the dataset names its prompts' sources): the rows of the data file and how many of them the
     dataset skipped (unusable, or dropped as longer than data.max_prompt_length)."""
-    if SOURCE_COLUMN in dataset.rows.column_names:
-        kept = Counter(str(value) if value else dataset.source_name for value in dataset.rows[SOURCE_COLUMN])
-    else:
-        kept = Counter({dataset.source_name: len(dataset)})
-    every = kept + dataset.skipped_sources
+    every = dataset.kept_sources() + dataset.skipped_sources
     return {source: {"rows": every[source], "skipped": dataset.skipped_sources[source]} for source in sorted(every)}
 
 
