@@ -70,14 +70,11 @@ def _token_means_over_ranks(token_metrics: dict[str, list[tuple[float, float]]])
     sums = [sum(value * tokens for value, tokens in token_metrics[key]) for key in keys]
     weights = [sum(tokens for _, tokens in token_metrics[key]) for key in keys]
     plain = [sum(value for value, _ in token_metrics[key]) / max(len(token_metrics[key]), 1) for key in keys]
-    totals = torch.tensor([sums, weights, plain], dtype=torch.float64)
+    totals = torch.tensor([sums, weights, plain], dtype=torch.float64, device=device.get_torch_device())
     ranks = 1
-    if dist.is_initialized() and dist.get_world_size() > 1 and keys:
+    if dist.is_initialized() and dist.get_world_size() > 1 and keys:  # as the worker's metric reduction does
         ranks = dist.get_world_size()
-        if dist.get_backend() == "nccl":  # nccl moves device tensors only
-            totals = totals.to(device.get_torch_device())
         dist.all_reduce(totals)
-        totals = totals.cpu()
     summed, weight, plain_sum = totals.tolist()
     return {key: summed[i] / weight[i] if weight[i] else plain_sum[i] / ranks for i, key in enumerate(keys)}
 
