@@ -4,7 +4,6 @@ import glob
 import importlib.util
 import json
 import os
-import struct
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from easyrl.config import PPOConfig, config_to_dict
 from easyrl.trainer.loggers import LoggerStartError, MissingLoggerPackage, Tracker
 from easyrl.trainer.loggers.base import flatten_dict, import_backend
 from easyrl.trainer.loggers.console import format_console_line
+from easyrl.trainer.loggers.record_log import read_records
 
 
 STEPS = {1: {"critic/score/mean": 0.25, "response_length/mean": 40.0}, 2: {"critic/score/mean": 0.5}}
@@ -147,26 +147,6 @@ def test_mlflow_run_holds_metrics_params_and_generations(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["dl", "run"]
 
 
-def _read_wandb_records(path: str) -> list[bytes]:
-    """Records of a .wandb file: a 7-byte header, then LevelDB-log framed records in 32 KiB blocks."""
-    data = open(path, "rb").read()
-    assert data[:4] == b":W&B"
-    block, position, pending, records = 32768, 7, b"", []
-    while position + 7 <= len(data):
-        if block - position % block < 7:  # a block tail too short for a record header is padding
-            position += block - position % block
-            continue
-        _checksum, length, kind = struct.unpack("<IHB", data[position : position + 7])
-        if kind == 0 and length == 0:
-            break
-        pending += data[position + 7 : position + 7 + length]
-        position += 7 + length
-        if kind in (1, 4):  # FULL or LAST piece of a record
-            records.append(pending)
-            pending = b""
-    return records
-
-
 def test_wandb_offline_run_holds_history_config_and_table(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     from wandb.proto import wandb_internal_pb2
@@ -178,7 +158,8 @@ def test_wandb_offline_run_holds_history_config_and_table(tmp_path, monkeypatch)
     (run_dir,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
     (run_file,) = glob.glob(os.path.join(run_dir, "*.wandb"))
     history, config = {}, {}
-    for raw in _read_wandb_records(run_file):
+    assert open(run_file, "rb").read(4) == b":W&B"
+    for raw in read_records(run_file):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(raw)
         kind = record.WhichOneof("record_type")
