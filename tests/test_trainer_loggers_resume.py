@@ -13,9 +13,8 @@ import re
 import pytest
 
 from easyrl.trainer.loggers import Tracker
+from easyrl.trainer.loggers.record_log import read_records
 from easyrl.trainer.loggers.tracker import TRACKER_STATE_FILE
-
-from .test_trainer_loggers import _read_wandb_records
 
 
 FIRST = {step: float(step) for step in range(1, 6)}  # attempt 1 logs steps 1-5, then dies
@@ -196,7 +195,7 @@ def _wandb_steps(run_dir) -> dict[int, float]:
 
     (run_file,) = glob.glob(os.path.join(run_dir, "*.wandb"))
     steps = {}
-    for raw in _read_wandb_records(run_file):
+    for raw in read_records(run_file):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(raw)
         if record.WhichOneof("record_type") == "history":
