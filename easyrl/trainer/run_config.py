@@ -9,11 +9,11 @@ with a new ``trainer.max_steps``, ``worker.rollout.n`` or learning rate), that o
 
 import logging
 import os
-from typing import Any
 
 import yaml
 
 from ..utils.files import replace_file
+from .loggers.base import flatten_dict
 
 
 logger = logging.getLogger(__name__)
@@ -23,21 +23,12 @@ CONFIG_FILE = "config.yaml"
 CHANGES_NAMED = 8
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return flat
-
-
 def config_changes(before: dict, after: dict) -> list[str]:
     """``"key: old -> new"`` for each dotted key a user sets whose value differs (a key only one side has counts as
     null there); the keys derived from others (e.g. per-device batch sizes) follow them and are left out."""
     from ..config.load import DERIVED_KEYS
 
-    old, new = _flatten(before), _flatten(after)
+    old, new = flatten_dict(before), flatten_dict(after)
     return [
         f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
         for key in sorted(old.keys() | new.keys())
