@@ -87,6 +87,29 @@ def test_a_judged_run_carries_each_prompt_as_messages_before_the_chat_template(t
     assert "prompt_messages" not in RLHFDataset(path, tokenizer, None, options)[0]
 
 
+def test_each_item_names_its_file_and_row_for_the_warnings_about_its_samples(tmp_path, tokenizer):
+    from easyrl.data.dataset import ROW_PLACE_KEY
+
+    rows = [{"problem": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(3)]
+    single = RLHFDataset(write_jsonl(tmp_path / "math.jsonl", rows), tokenizer, None, config())
+    assert [single[i][ROW_PLACE_KEY] for i in range(3)] == [f"data.train_files math.jsonl row {i}" for i in range(3)]
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", rows[:2])
+    write_jsonl(folder / "b.jsonl", [{"problem": None, "answer": "0"}, rows[2]])  # its row 0 is skipped
+    parts = RLHFDataset(str(folder), tokenizer, None, config(), config_key="data.val_files")
+    assert [parts[i][ROW_PLACE_KEY] for i in range(len(parts))] == [
+        "data.val_files a.jsonl row 0",
+        "data.val_files a.jsonl row 1",
+        "data.val_files b.jsonl row 1",
+    ]
+    batch = collate_fn([parts[2], parts[0]])
+    assert batch.non_tensor_batch[ROW_PLACE_KEY].tolist() == [
+        "data.val_files b.jsonl row 1",
+        "data.val_files a.jsonl row 0",
+    ]
+
+
 def test_overlong_prompts_are_filtered_in_parallel_and_counted(tmp_path, tokenizer):
     rows = [{"problem": "short", "answer": "1"}] * 100 + [{"problem": "long " * 80, "answer": "2"}] * 30
     path = write_jsonl(tmp_path / "d.jsonl", rows)

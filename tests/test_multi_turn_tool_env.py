@@ -5,14 +5,17 @@ positions), `get_reward()` added to the reward function's overall, and each inst
 functions as TRL's `environments`. The turn bookkeeping runs with a scripted turn source; the real engine against the
 actor is a slow test."""
 
+import logging
 import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
 from easyrl.config import ConfigError, RewardConfig, load_config
 from easyrl.config.schema import MultiTurnConfig
+from easyrl.data.dataset import ROW_PLACE_KEY
 from easyrl.workers.rollout.base import rollout_logprob_mismatch
 from easyrl.workers.rollout.multi_turn import (
     EnvState,
@@ -229,7 +232,7 @@ def test_reset_text_that_cannot_join_the_prompt_is_an_environment_error(tokenize
     assert out.non_tensor_batch["environments"].tolist() == [None, None]
 
 
-def test_a_failing_get_reward_counts_and_gives_zero(tokenizer, tmp_path):
+def test_a_failing_get_reward_counts_and_gives_zero(tokenizer, tmp_path, caplog):
     path = tmp_path / "env.py"
     path.write_text(
         "class Env:\n"
@@ -241,10 +244,19 @@ def test_a_failing_get_reward_counts_and_gives_zero(tokenizer, tmp_path):
     done = tokenizer.encode("Done.", add_special_tokens=False) + [tokenizer.eos_token_id]
     engine, _ = scripted_engine(tokenizer, {i: [done] for i in range(4)}, 32)
     rollout = MultiTurnRollout(engine, MultiTurnConfig(env=f"{path}:Env", max_turns=1, tool_timeout=5.0))
-    out = rollout.generate_sequences(chat_prompts(tokenizer, list("abcd"), [{"target": n} for n in (1, 2, 4, 3)]))
+    prompts = chat_prompts(tokenizer, list("abcd"), [{"target": n} for n in (1, 2, 4, 3)])
+    places = [f"data.train_files env.jsonl row {row}" for row in (7, 3, 5, 0)]  # as a dataset's items name them
+    prompts.non_tensor_batch[ROW_PLACE_KEY] = np.array(places, dtype=object)
+    with caplog.at_level(logging.WARNING, logger="easyrl.workers.rollout.multi_turn"):
+        out = rollout.generate_sequences(prompts)
     # NaN, ZeroDivisionError and the text "0.5" give 0
     assert out.non_tensor_batch["env_get_reward"].tolist() == [0.0, 0.0, 0.5, 0.0]
     assert out.meta_info["metrics"]["rollout/multi_turn/env_errors"] == 3
+    # each warning names the row the failing environment was reset from
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Environment ")]
+    assert len(warned) == 3 and all("environment reward is 0" in text for text in warned)
+    assert f"{path}:Env (on data.train_files env.jsonl row 3): get_reward raised ZeroDivisionError" in "".join(warned)
+    assert sorted(text.split("(on ")[1].split(")")[0] for text in warned) == sorted(places[:2] + places[3:])
 
 
 def test_schemas_kinds_reset_arguments_and_state(env_file, tmp_path):

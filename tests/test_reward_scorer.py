@@ -95,3 +95,28 @@ def test_shipped_dapo_scores_carry_easyr1s_filter_key(tokenizer):
     assert sorted(columns) == ["accuracy", "accuracy_normalized", "overall", "overlong"]
     assert columns["accuracy_normalized"].tolist() == [1.0, 0.0]
     assert scores.sum(-1).tolist() == [1.0, -1.0]
+
+
+def test_a_failure_warning_names_the_samples_row_in_the_data(tokenizer, tmp_path, caplog):
+    import logging
+
+    from easyrl.data.dataset import ROW_PLACE_KEY
+
+    reward = tmp_path / "fails.py"
+    reward.write_text(
+        "REWARD_TYPE = 'sequential'\n"
+        "def compute_score(reward_input):\n"
+        "    if reward_input['ground_truth'] == 'bad':\n"
+        "        raise KeyError('no such answer')\n"
+        "    return {'overall': 1.0}\n"
+    )
+    scorer = RewardScorer(RewardConfig(reward_function=str(reward)), tokenizer, True)
+    data = rollout_batch(tokenizer, ["1", "2", "3"], ["ok", "bad", "ok"])
+    places = [f"data.train_files math.jsonl row {row}" for row in (4, 9, 2)]
+    data.non_tensor_batch[ROW_PLACE_KEY] = np.array(places, dtype=object)
+    with caplog.at_level(logging.WARNING, logger="easyrl.workers.reward.scorer"):
+        scores, metrics = scorer.score(data)
+    assert scores.sum(-1).tolist() == [1.0, 0.0, 1.0] and metrics["reward/errors"] == [0.0, 1.0, 0.0]
+    (message,) = [r.getMessage() for r in caplog.records if "raised on sample" in r.getMessage()]
+    assert "raised on sample 1 (data.train_files math.jsonl row 9, ground truth 'bad');" in message
+    assert "KeyError" in message

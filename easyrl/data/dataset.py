@@ -82,6 +82,8 @@ EXTRA_INFO_KEY = "extra_info"
 SOURCE_COLUMN = "data_source"
 ROW_COLUMNS_KEY = "row_columns"
 PROMPT_MESSAGES_KEY = "prompt_messages"
+# where an item's row is (its data key, file and row number): the warnings about a sample name its row by it
+ROW_PLACE_KEY = "row_place"
 
 
 def text_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -796,6 +798,11 @@ class RLHFDataset(Dataset):
         """How many of the dataset's rows each data source has."""
         return self._count_sources(self.rows)
 
+    def place(self, index: int) -> str:
+        """Where row ``index`` is: ``data.train_files math.jsonl row 17`` (rows numbered from 0 in each file)."""
+        file, row = self.places.file_and_row(index)
+        return f"{self.config_key} {file or os.path.basename(self.data_path.rstrip('/'))} row {row}"
+
     def skipped_rows(self) -> list[dict[str, Any]]:
         """Every row left out when the dataset was built (see ``skipped_row_records``)."""
         limit = f"longer than data.max_prompt_length={self.config.max_prompt_length} tokens"
@@ -856,6 +863,7 @@ class RLHFDataset(Dataset):
             "raw_prompt_ids": raw_prompt_ids,
             "ground_truth": row_value(row, self.config.answer_key),
             "data_source": row.get(SOURCE_COLUMN) or self.source_name,
+            ROW_PLACE_KEY: self.place(index),
         }
         if self.has_extra_info:
             out[EXTRA_INFO_KEY] = row.get(EXTRA_INFO_KEY)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ...data.dataset import row_value
+from ...data.dataset import ROW_PLACE_KEY, row_value
 from ...data.template import RESET_CONTENT, is_chat_messages, with_reset_content
 from .actor import DIED, NON_FINITE, RAISED, TIMED_OUT, SampleFailure, merge, score_calls
 from .classifier import ClassifierJudge
@@ -259,9 +259,10 @@ class RewardScorer:
         return inputs
 
     def score_inputs(
-        self, inputs: list[dict], cancel: threading.Event | None = None
+        self, inputs: list[dict], cancel: threading.Event | None = None, places: Any = None
     ) -> tuple[list[dict[str, float]], list[SampleFailure | None]]:
-        """Per-sample score dicts (a failed sample: {"overall": 0.0}) and per-sample failures (None where scored)."""
+        """Per-sample score dicts (a failed sample: {"overall": 0.0}) and per-sample failures (None where scored);
+        ``places``: where each sample's row is in the data, for the warnings."""
         if self.pool is None:
             outcome = merge(list(score_calls(self.reward_fn, inputs)))
         elif self.reward_fn.whole_batch:
@@ -275,7 +276,7 @@ class RewardScorer:
         if outcome.fatal:
             raise RewardFunctionError(outcome.fatal)
         self._stop_if_it_never_works(outcome.failures, inputs)
-        self._report(outcome.failures, inputs)
+        self._report(outcome.failures, inputs, places)
         scores = [score if score is not None else {"overall": 0.0} for score in outcome.scores]
         return scores, outcome.failures
 
@@ -310,16 +311,17 @@ class RewardScorer:
             f"{failures[0].detail}"
         )
 
-    def _report(self, failures: list[SampleFailure | None], inputs: list[dict]) -> None:
-        """Log the first failure of each kind once per run, naming the sample's index in its batch and its ground
-        truth (what finds the row in the data)."""
+    def _report(self, failures: list[SampleFailure | None], inputs: list[dict], places: Any = None) -> None:
+        """Log the first failure of each kind once per run, naming the sample's index in its batch, its row in the
+        data (where the batch came from a dataset) and its ground truth."""
         for kind in (RAISED, NON_FINITE, TIMED_OUT, DIED):
             indices = [i for i, failure in enumerate(failures) if failure is not None and failure.kind == kind]
             if not indices or kind in self._logged:
                 continue
             self._logged.add(kind)
             index, count, size = indices[0], len(indices), len(failures)
-            first = f"{index} (ground truth {_short(inputs[index].get('ground_truth'))})"
+            place = f"{places[index]}, " if places is not None else ""
+            first = f"{index} ({place}ground truth {_short(inputs[index].get('ground_truth'))})"
             detail = failures[index].detail
             where = self.reward_fn.where
             counted = f"{count} of {size} samples of this batch score 0 (counted in {ERRORS_KEY}"
@@ -363,7 +365,8 @@ class RewardScorer:
         added = data.non_tensor_batch.get("env_get_reward")
         if added is not None and self.reward_fn.scores_env_reward:
             added = None  # the function's overall already holds it
-        args = (data.batch["responses"], data.batch["response_mask"], inputs, judging, added)
+        places = data.non_tensor_batch.get(ROW_PLACE_KEY)
+        args = (data.batch["responses"], data.batch["response_mask"], inputs, judging, added, places)
         decode_s = time.perf_counter() - start
         cancel_event = threading.Event()
         if self._executor is None:  # in-process: scored here (a signal-based timeout needs the main thread)
@@ -392,9 +395,10 @@ class RewardScorer:
         inputs: list[dict],
         judging,
         env_rewards: Any = None,
+        places: Any = None,
         cancel: threading.Event | None = None,
     ) -> tuple[torch.Tensor, dict[str, list[float]]]:
-        scores, failures = self.score_inputs(inputs, cancel)
+        scores, failures = self.score_inputs(inputs, cancel, places)
         judge_errors = None
         if judging is not None:
             verdicts = self.judge.collect(judging)

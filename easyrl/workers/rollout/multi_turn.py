@@ -63,7 +63,7 @@ import torch
 from PIL import Image
 
 from ...config.schema import MultiTurnConfig
-from ...data.dataset import ENVIRONMENT_COLUMN
+from ...data.dataset import ENVIRONMENT_COLUMN, ROW_PLACE_KEY
 from ...data.rope import make_position_id_fn
 from ...data.template import RESET_CONTENT, ChatTemplate
 from ...data.vision import PictureSizing, load_image, to_rgb
@@ -780,6 +780,7 @@ class Trajectory:
     prompt_ids: list[int]
     multi_modal_data: Any = None
     row: Optional[dict] = None  # the prompt's dataset row, for tools that take `row`
+    place: Optional[str] = None  # where that row is in the data (data key, file, row number), for the warnings
     response_ids: list[int] = field(default_factory=list)  # the actor's view: pads expanded per picture
     engine_ids: list[int] = field(default_factory=list)  # vLLM's view: one pad per picture, sampled pads as text
     pictures: list = field(default_factory=list)  # tool / observation pictures, in order
@@ -954,12 +955,14 @@ class MultiTurnRollout(BaseRollout):
         engine._wake({"weights", "kv_cache"})
         multi_modal = prompts.non_tensor_batch.get("multi_modal_data")
         fields = prompts.non_tensor_batch if self.tools_take_row else {}
+        places = prompts.non_tensor_batch.get(ROW_PLACE_KEY)
         stepped, tool_env = self.stepped_env, self.tool_env
         trajectories = [
             Trajectory(
                 ids,
                 multi_modal[i] if multi_modal is not None else None,
                 row={key: values[i] for key, values in fields.items()} if self.tools_take_row else None,
+                place=str(places[i]) if places is not None else None,
             )
             for i, ids in enumerate(prompt_token_lists(prompts, engine.pad_token_id))
             for _ in range(settings.engine_n)
@@ -1268,7 +1271,10 @@ class MultiTurnRollout(BaseRollout):
             t.env_errors += 1
             t.env_timeouts += outcome.timed_out
             logger.warning(
-                "Environment %s: %s; the trajectory's environment reward is 0.", self._label(t), outcome.error
+                "Environment %s%s: %s; the trajectory's environment reward is 0.",
+                self._label(t),
+                _at_row(t),
+                outcome.error,
             )
         return seconds
 
@@ -1296,7 +1302,10 @@ class MultiTurnRollout(BaseRollout):
         t.env_reward = 0.0
         t.messages.append({"role": "user", "content": f"Error: {self._label(t)} {outcome.error}."})
         logger.warning(
-            "Environment %s: %s; the trajectory ends and its environment reward is 0.", self._label(t), outcome.error
+            "Environment %s%s: %s; the trajectory ends and its environment reward is 0.",
+            self._label(t),
+            _at_row(t),
+            outcome.error,
         )
         return True
 
@@ -1431,6 +1440,11 @@ def stepped_reset_row(fields: dict, index: int, seed: int) -> dict:
     row.update(fields["row_columns"][index] or {} if "row_columns" in fields else {})
     row.update({key: values[index] for key, values in fields.items() if key != "row_columns"})
     return row
+
+
+def _at_row(t: Trajectory) -> str:
+    """`` (on data.train_files row 17)`` for the warnings about a trajectory whose prompt came from a dataset."""
+    return f" (on {t.place})" if t.place else ""
 
 
 def reset_columns(fields: dict, index: int) -> dict:
