@@ -140,6 +140,28 @@ def test_overlong_prompt_without_filtering_keeps_its_first_tokens_as_easyr1_does
     assert item["attention_mask"].tolist() == [1] * 64 and item["position_ids"].tolist() == list(range(64))
 
 
+def test_a_cut_that_leaves_every_prompt_only_what_all_share_is_refused(tmp_path, tokenizer, caplog):
+    # a long system prompt and a cut inside it: every row would become the same prompt without its question
+    rows = [{"problem": f"What is {a} + {a}?", "answer": str(2 * a)} for a in (3, 4, 5)]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    system = "You are a careful assistant who checks every step twice. " * 6
+    with pytest.raises(ValueError, match=r"data.max_prompt_length=64 cuts every prompt before its own text: row 0 and "
+                       r"row 1 differ only after token \d+.*Raise data.max_prompt_length well above"):  # fmt: skip
+        RLHFDataset(path, tokenizer, None, config(system_prompt=system))
+    # a cut that keeps part of each question is EasyR1's right truncation: said, not refused
+    full = tokenizer.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": "What is 3 + 3?"}],
+        tokenize=True,
+        add_generation_prompt=True,
+    )
+    shared = len(list(getattr(full, "input_ids", full))) - 8
+    kept = RLHFDataset(path, tokenizer, None, config(system_prompt=system, max_prompt_length=shared + 4))
+    assert kept.num_truncated == 3 and len({tuple(kept[i]["input_ids"].tolist()) for i in range(3)}) == 3
+    # the same prompt in every row is not mistaken for a cut inside the shared start
+    same = write_jsonl(tmp_path / "same.jsonl", [{"problem": "long " * 80, "answer": "1"}] * 2)
+    assert RLHFDataset(same, tokenizer, None, config()).num_truncated == 2
+
+
 def test_everything_filtered_is_a_clear_error(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "d.jsonl", [{"problem": "long " * 80, "answer": "2"}])
     with pytest.raises(ValueError, match="no rows left after screening \\(1 longer than data.max_prompt_length=64"):

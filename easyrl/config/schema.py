@@ -110,8 +110,9 @@ class DataConfig:
     """Pictures larger than this many pixels are downscaled (see min_pixels)."""
     filter_overlong_prompts: bool = True
     """Drop prompts longer than max_prompt_length; false cuts them to their first max_prompt_length tokens as EasyR1
-    does, except a cut through a picture, whose row is skipped. Either way every prompt is measured when the run
-    starts and the rows dropped or cut are counted and named then."""
+    does, except a cut through a picture, whose row is skipped, and a cut that leaves every prompt only the start
+    they all share (a long system prompt, cut before each row's question), which is an error. Either way every prompt
+    is measured when the run starts and the rows dropped or cut are counted and named then."""
     filter_overlong_prompts_workers: int = 16
     """Processes used to read and measure the prompts when the run starts."""
     dataloader_num_workers: int = 0

@@ -774,6 +774,8 @@ class RLHFDataset(Dataset):
                     _name_rows(truncated, self.places),
                 )
             keep = (lengths >= 0) & (shortest_cut <= limit)
+            if len(truncated) >= 2 and len(truncated) == int(keep.sum()):
+                self._refuse_cuts_before_the_rows_own_text(truncated, limit)
         kept = np.flatnonzero(keep)
         if len(kept) == 0:
             first = ""
@@ -787,6 +789,26 @@ class RLHFDataset(Dataset):
         if len(kept) < total:
             self.rows = self.rows.select(kept)
             self.row_index = self.row_index[kept]
+
+    def _refuse_cuts_before_the_rows_own_text(self, truncated: np.ndarray, limit: int) -> None:
+        """Every prompt is cut (``truncated``: their rows): when two different prompts keep the same first ``limit``
+        tokens, the cut falls inside what all prompts share (a long system prompt or instruction) and each row's own
+        question is cut off: the model would train on one prompt, repeated."""
+        first, second = (int(i) for i in truncated[:2])
+        encoded = [self.encoder.encode(self.rows[i], i) for i in (first, second)]
+        if any(row["images"] or row["videos"] for row in encoded):
+            return  # the pictures, never cut, are the row's own
+        ids = [row["model_inputs"]["input_ids"][0].tolist() for row in encoded]
+        if ids[0] == ids[1] or ids[0][:limit] != ids[1][:limit]:
+            return
+        shared = next(i for i, (a, b) in enumerate(zip(*ids)) if a != b)
+        raise ValueError(
+            f"{self.config_key}: data.max_prompt_length={limit} cuts every prompt before its own text: "
+            f"{self.places.name(first)} and {self.places.name(second)} differ only after token {shared}, and "
+            f"data.filter_overlong_prompts=false keeps their first {limit} tokens, the same for both (the system "
+            f"prompt, data.format_prompt or the chat template's start). Raise data.max_prompt_length well above "
+            f"{shared}."
+        )
 
     def _count_sources(self, rows: datasets.Dataset) -> Counter:
         """How many of ``rows`` each data source has, as items name it (the file's name where a row has none)."""
