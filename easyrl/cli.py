@@ -20,35 +20,38 @@ def _check(args: list[str]) -> int:
         hint = "" if "reward_function" not in str(err) else " (an SFT config? `easyrl check sft config=...`)"
         print(f"easyrl check: invalid config: {err}{hint}", file=sys.stderr)
         return 2
-    from .trainer.preflight import check_model_files, error_text
+    from .trainer.preflight import check_model_files, error_text, resume_point, resume_summary
 
-    try:  # what a run reads before Ray beyond the config: tool files, the heads Ulysses splits
+    try:  # what a run reads before Ray beyond the config: tool files, the heads Ulysses splits, its checkpoint
         check_model_files(plan)
+        start = resume_summary(plan, resume_point(plan.config))
     except (ValueError, KeyError, OSError) as err:
         print(f"easyrl check: invalid config: {error_text(err)}", file=sys.stderr)
         return 2
-    return _print_valid(plan, "run plan")
+    return _print_valid(plan, "run plan", start)
 
 
 def _check_sft(args: list[str]) -> int:
-    from .config import ConfigError
     from .config.sft_plan import load_sft_plan
+    from .trainer.preflight import resume_point, resume_summary
 
     try:
         plan = load_sft_plan(args)
-    except ConfigError as err:
+        start = resume_summary(plan, resume_point(plan.config, "SFT"))
+    except ValueError as err:  # a ConfigError too
         print(f"easyrl check sft: invalid config: {err}", file=sys.stderr)
         return 2
-    return _print_valid(plan, "SFT plan")
+    return _print_valid(plan, "SFT plan", start)
 
 
-def _print_valid(plan, title: str) -> int:
-    """The resolved config as YAML, then the plan as comments; "config is valid" on stderr."""
+def _print_valid(plan, title: str, start: str) -> int:
+    """The resolved config as YAML, then the plan as comments (``start``: where the run starts, afresh or from a
+    checkpoint); "config is valid" on stderr."""
     from .config import config_to_yaml
 
     print(config_to_yaml(plan.config), end="")
     print(f"# {title}")
-    print("\n".join(f"#   {line}" for line in plan.describe().splitlines()))
+    print("\n".join(f"#   {line}" for line in [*plan.describe().splitlines(), start]))
     print("# config is valid", file=sys.stderr)
     return 0
 

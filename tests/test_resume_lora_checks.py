@@ -229,3 +229,34 @@ def test_easyrl_train_with_a_new_lora_rank_stops_before_ray_with_one_line(tmp_pa
     ) in result.stderr
     assert "Traceback" not in result.stderr
     assert not (save_dir / "logs" / "actor_rollout_0.log").exists()  # no worker started
+
+
+@pytest.mark.timeout(300)
+def test_easyrl_check_reads_the_checkpoint_the_run_would_resume_as_the_run_does(tmp_path, tiny_model_path):
+    """What check accepts starts: it refuses a checkpoint the run would refuse, and says where the run starts."""
+    from tests.fixtures.trainer_runs import REPO_ROOT, run_easyrl
+
+    save_dir = tmp_path / "run"
+    path = _lora_checkpoint(save_dir, tiny_model_path)  # of step 2
+    recipe = [
+        f"config={REPO_ROOT / 'examples' / 'smollm2_arithmetic_grpo_lora.yaml'}",
+        f"worker.actor.model.model_path={tiny_model_path}",
+        f"worker.actor.model.lora.rank={RANK}",
+        f"worker.actor.model.lora.alpha={ALPHA}",
+    ]
+    resumes = run_easyrl("check", *recipe, f"trainer.save_checkpoint_path={save_dir}", timeout=120)
+    assert resumes.returncode == 0, resumes.stderr[-2000:]
+    assert resumes.stdout.rstrip().endswith(f"#   resumes from {path} (step 2)")
+    done = run_easyrl("check", *recipe, f"trainer.save_checkpoint_path={save_dir}", "trainer.max_steps=2", timeout=120)
+    assert done.returncode == 0 and f"#   resumes from {path} (step 2); Nothing to train: " in done.stdout
+    for overrides, refusal in [
+        (["worker.actor.model.lora.rank=16"], "worker.actor.model.lora.rank is 4 in the checkpoint and 16 in this"),
+        (["trainer.find_last_checkpoint=false"], "holds the checkpoints of an earlier run (1, the last global_step_2)"),
+    ]:
+        refused = run_easyrl("check", *recipe, f"trainer.save_checkpoint_path={save_dir}", *overrides, timeout=120)
+        assert refused.returncode == 2, refused.stdout[-2000:]
+        assert refused.stderr.startswith("easyrl check: invalid config: ") and refusal in refused.stderr
+        assert "Traceback" not in refused.stderr
+    fresh = run_easyrl("check", *recipe, f"trainer.save_checkpoint_path={tmp_path / 'new'}", timeout=120)
+    assert fresh.returncode == 0 and fresh.stdout.rstrip().endswith("#   starts afresh")
+    assert not (tmp_path / "new").exists()  # check writes nothing

@@ -438,26 +438,16 @@ def setup_errors_reported(log_file: str | None) -> Iterator[None]:
 def _finished_checkpoint(plan: RunPlan) -> str | None:
     """What to say when the checkpoint the run would resume from is at or past its last step (trainer.max_steps
     lowered below it): nothing is left to train, and Ray and the engine are not started for nothing."""
-    from .checkpoint import CheckpointError, check_resume_point, checkpoint_step
+    from .checkpoint import checkpoint_step
+    from .preflight import nothing_left_to_train, resume_point
 
-    trainer = plan.config.trainer
     # no checkpoint to resume from, a fresh start among an earlier run's, or a checkpoint whose actor this config
     # cannot resume (LoRA or not, its rank / alpha / modules, its base model): one line, before Ray starts
     try:
-        path = check_resume_point(plan.config)
-    except CheckpointError as error:
+        path = resume_point(plan.config)
+    except ValueError as error:
         raise RunSetupError(str(error)) from error
-    if path is None or trainer.val_only or plan.training_steps is None:
-        return None
-    step = checkpoint_step(path)
-    if step < plan.training_steps:
-        return None
-    asked = f"trainer.max_steps={trainer.max_steps}" if trainer.max_steps else f"{trainer.total_epochs} epoch(s)"
-    return (
-        f"Nothing to train: the checkpoint this run resumes from, {path}, is at step {step}, and the run has "
-        f"{plan.training_steps} steps ({asked}). Raise trainer.max_steps (or trainer.total_epochs) to train on from "
-        "it, or start afresh in a new trainer.save_checkpoint_path."
-    )
+    return None if path is None else nothing_left_to_train(plan, path, checkpoint_step(path))
 
 
 def run_training(plan: RunPlan) -> dict[str, float]:

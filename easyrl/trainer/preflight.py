@@ -47,3 +47,47 @@ def check_ulysses_heads(plan: RunPlan, actor_config: Any = None) -> None:
                 actor_config = model_config
         text_config = getattr(model_config, "text_config", None) or model_config
         check_heads(text_config, settings.ulysses_size, f"worker.{role}.ulysses_size")
+
+
+def resume_point(config: Any, what: str = "training") -> str | None:
+    """The checkpoint a run of ``config`` resumes from, checked as the run checks it before Ray starts (a checkpoint
+    it cannot resume, or a fresh start among an earlier run's checkpoints, raises ValueError saying what to change);
+    None: a fresh start. The checkpoint code (torch) is imported only where a checkpoint may be."""
+    trainer = config.trainer
+    folder = trainer.save_checkpoint_path
+    if not trainer.load_checkpoint_path and not (folder and os.path.isdir(folder) and os.listdir(folder)):
+        return None
+    from .checkpoint import CheckpointError, check_resume_point
+
+    try:
+        return check_resume_point(config, what)
+    except CheckpointError as error:
+        raise ValueError(str(error)) from error
+
+
+def resume_summary(plan: Any, path: str | None) -> str:
+    """The plan's line about where the run starts: afresh, or from ``path`` (and whether anything is left to train
+    from there: a checkpoint at or past the run's last step leaves nothing)."""
+    if path is None:
+        return "starts afresh"
+    from .checkpoint import checkpoint_step
+
+    step = checkpoint_step(path)
+    line = f"resumes from {path} (step {step})"
+    finished = nothing_left_to_train(plan, path, step)
+    return line if finished is None else f"{line}; {finished}"
+
+
+def nothing_left_to_train(plan: Any, path: str, step: int) -> str | None:
+    """What to say when the checkpoint at ``path`` (of ``step``) is at or past the run's last step (trainer.max_steps
+    lowered below it): the run has nothing to train and starts neither Ray nor the engine."""
+    trainer = plan.config.trainer
+    steps = plan.training_steps or trainer.max_steps  # max_steps, when set, is the count (before the data is read)
+    if getattr(trainer, "val_only", False) or steps is None or step < steps:
+        return None
+    asked = f"trainer.max_steps={trainer.max_steps}" if trainer.max_steps else f"{trainer.total_epochs} epoch(s)"
+    return (
+        f"Nothing to train: the checkpoint this run resumes from, {path}, is at step {step}, and the run has "
+        f"{steps} steps ({asked}). Raise trainer.max_steps (or trainer.total_epochs) to train on from "
+        "it, or start afresh in a new trainer.save_checkpoint_path."
+    )
