@@ -251,7 +251,10 @@ def test_easyrl_check_reads_the_checkpoint_the_run_would_resume_as_the_run_does(
     assert done.returncode == 0 and f"#   resumes from {path} (step 2); Nothing to train: " in done.stdout
     for overrides, refusal in [
         (["worker.actor.model.lora.rank=16"], "worker.actor.model.lora.rank is 4 in the checkpoint and 16 in this"),
-        (["trainer.find_last_checkpoint=false"], "holds the checkpoints of an earlier run (1, the last global_step_2)"),
+        (
+            ["trainer.find_last_checkpoint=false"],
+            "holds the checkpoints of an earlier run (1, the last global_step_2)",
+        ),
     ]:
         refused = run_easyrl("check", *recipe, f"trainer.save_checkpoint_path={save_dir}", *overrides, timeout=120)
         assert refused.returncode == 2, refused.stdout[-2000:]
