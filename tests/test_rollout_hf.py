@@ -52,3 +52,23 @@ def test_hf_rollout_call_seed_reproduces_the_samples(two_hf_workers, tokenizer):
     prompts, seeded = make_prompts(tokenizer), GenerationRequest(sampling_override={"n": 2}, seed=[7, 0, 3, 0])
     first, again = (response_lists(two_hf_workers.generate_sequences(prompts, seeded)) for _ in range(2))
     assert first == again
+
+
+@pytest.mark.timeout(300)
+def test_image_data_with_the_text_only_hf_rollout_is_refused_before_ray(tmp_path):
+    """The hf rollout generates from text: train and generate refuse image data when the run starts, naming the
+    count and the key (it used to start Ray and the workers and stop at the first batch with a picture)."""
+    from tests.fixtures.trainer_runs import REPO_ROOT, run_easyrl
+
+    recipe = [f"config={REPO_ROOT / 'examples' / 'shapes_tiny_vl_grpo.yaml'}", "worker.rollout.name=hf"]
+    train = run_easyrl("train", *recipe, f"trainer.save_checkpoint_path={tmp_path / 'run'}", timeout=240)
+    assert train.returncode == 2, train.stderr[-3000:]
+    assert "Traceback" not in train.stderr
+    assert "easyrl train: cannot start: worker.rollout.name=hf generates from text prompts only, and " in train.stderr
+    assert "rows of data.train_files have pictures or videos. Use worker.rollout.name=vllm" in train.stderr
+    assert not (tmp_path / "run" / "logs" / "actor_rollout_0.log").exists()  # no worker started
+    generate = run_easyrl(
+        "generate", *recipe, f"generate.output={tmp_path / 'out.jsonl'}", "trainer.logger=[console]", timeout=240
+    )
+    assert generate.returncode == 2, generate.stderr[-3000:]
+    assert "rows of data.val_files have pictures or videos" in generate.stderr and "Traceback" not in generate.stderr

@@ -480,7 +480,8 @@ class RolloutConfig:
     """`worker.rollout.*`: the generation engine and sampling."""
 
     name: str = "vllm"
-    """Rollout engine: vllm (SPMD, on the training devices) or hf (transformers generate)."""
+    """Rollout engine: vllm (SPMD, on the training devices) or hf (transformers generate, from text prompts only:
+    data with pictures or videos is refused when the run starts)."""
     n: int = 1
     """Responses sampled per prompt (the group size of GRPO)."""
     temperature: float = 1.0

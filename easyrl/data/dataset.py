@@ -549,6 +549,7 @@ class RLHFDataset(Dataset):
         self.overlong_rows: list[int] = []  # dropped as longer than data.max_prompt_length
         self.skipped_sources: Counter = Counter()  # data source -> rows skipped (unusable or dropped)
         self.num_truncated = 0
+        self.rows_with_media = 0  # kept rows with pictures / videos (set by _screen)
         self.has_media = any(
             key in self.rows.column_names for key in (config.image_key, config.video_key)
         ) or self._messages_carry_media(processor)
@@ -785,6 +786,7 @@ class RLHFDataset(Dataset):
                 f"{self.config_key}: no rows left after screening ({self.num_filtered_overlong} longer than "
                 f"data.max_prompt_length={limit}, {len(self.unusable_rows)} unusable{first}); {self._no_rows_hint()}."
             )
+        self.rows_with_media = int((shortest_cut[kept] > 0).sum())  # the kept rows with pictures / videos
         self.skipped_sources = self._count_sources(self.rows.select(np.setdiff1d(np.arange(total), kept)))
         if len(kept) < total:
             self.rows = self.rows.select(kept)

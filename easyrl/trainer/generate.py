@@ -334,7 +334,14 @@ class GenerationRun:
         from ..config.validate import check_generation_data
         from ..data.dataset import write_skipped_rows
         from ..data.loader import create_val_loader
-        from .main import check_reward_columns, dataset_options, init_ray, load_model_side, load_run_reward
+        from .main import (
+            check_reward_columns,
+            check_rollout_takes_media,
+            dataset_options,
+            init_ray,
+            load_model_side,
+            load_run_reward,
+        )
 
         check_generation_data(plan.config)
         self.plan = plan
@@ -347,6 +354,7 @@ class GenerationRun:
             plan.config.data, self.tokenizer, processor, model_config=model_config, **options
         )
         check_reward_columns(plan.config, self.reward_fn, {"data.val_files": self.val_loader})
+        check_rollout_takes_media(plan.config, {"data.val_files": self.val_loader})
         # every skipped row with its reason, beside the output (the warning names a few)
         self.skipped_rows_file = write_skipped_rows(
             f"{os.path.splitext(output)[0]}.skipped_rows.jsonl", [self.val_loader.dataset]

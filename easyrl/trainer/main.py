@@ -225,6 +225,21 @@ def check_reward_columns(config: Any, reward_fn: Any, loaders: dict[str, Any]) -
             reward_fn.check_columns(loader.dataset.carried_columns, config.data.answer_key, key, rollout_fields)
 
 
+def check_rollout_takes_media(config: Any, loaders: dict[str, Any]) -> None:
+    """`worker.rollout.name=hf` generates from text alone: data with pictures or videos is refused before Ray starts
+    (``loaders``: config key -> loader or None), not at the first batch that holds one."""
+    if config.worker.rollout.name != "hf":
+        return
+    for key, loader in loaders.items():
+        count = getattr(loader and loader.dataset, "rows_with_media", 0)
+        if count:
+            raise ValueError(
+                f"worker.rollout.name=hf generates from text prompts only, and {count} of the {len(loader.dataset)} "
+                f"rows of {key} have pictures or videos. Use worker.rollout.name=vllm for a vision-language model's "
+                "image / video data."
+            )
+
+
 def prepare_run_data(plan: RunPlan) -> RunData:
     """Resolve built-in model paths, load the tokenizer/processor and the data, and count the training steps."""
     from ..data.dataset import SKIPPED_ROWS_FILE, write_skipped_rows
@@ -238,7 +253,9 @@ def prepare_run_data(plan: RunPlan) -> RunData:
     train_loader, val_loader = create_dataloaders(
         config.data, tokenizer, processor, model_config=model_config, **dataset_options(config, reward_fn)
     )
-    check_reward_columns(config, reward_fn, {"data.train_files": train_loader, "data.val_files": val_loader})
+    loaders = {"data.train_files": train_loader, "data.val_files": val_loader}
+    check_reward_columns(config, reward_fn, loaders)
+    check_rollout_takes_media(config, loaders)
     write_skipped_rows(
         os.path.join(config.trainer.save_checkpoint_path, SKIPPED_ROWS_FILE),
         [loader and loader.dataset for loader in (train_loader, val_loader)],

@@ -312,12 +312,16 @@ class VLLMRollout(BaseRollout):
             if unserved:
                 shown = ", ".join(unserved[:5]) + (f" and {len(unserved) - 5} more" if len(unserved) > 5 else "")
                 self._lora_falls_back(f"vLLM's LoRA does not serve the adapters of {shown}")
+        self.is_multimodal = self.llm.llm_engine.model_config.is_multimodal_model
         if not device.is_cuda_available():
-            way_out = "Set worker.rollout.name=hf (generation by the actor's own model, slower)"
+            way_out = (
+                "Run it on a GPU (worker.rollout.name=hf generates from text prompts only)"
+                if self.is_multimodal
+                else "Set worker.rollout.name=hf (generation by the actor's own model, slower)"
+            )
             check_cpu_head_size(
                 self.llm.llm_engine.model_config.get_head_size(), model_path, "rollout engine", way_out
             )
-        self.is_multimodal = self.llm.llm_engine.model_config.is_multimodal_model
         self.stop_token_ids = self._eos_token_ids()
         self.sleep()
 
