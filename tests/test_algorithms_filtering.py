@@ -14,6 +14,7 @@ def test_groups_outside_the_band_are_dropped():
     assert keep.tolist() == [4, 5, 6, 7]
     assert metrics == {
         "filter/kept_groups": 2.0,
+        "filter/kept_uniform_groups": 1.0,  # d: both samples scored 0.5
         "filter/dropped_groups": 2.0,
         "filter/dropped_low": 1.0,
         "filter/dropped_high": 1.0,
@@ -88,3 +89,28 @@ def test_a_filter_key_the_reward_does_not_give_names_the_scores_and_the_nearest(
         "`algorithm.filter_key` is `acuracy`, but the reward gives no such score: did you mean `accuracy`? The scores "
         "of each sample: accuracy, overall."
     )
+
+
+def test_groups_kept_although_their_samples_all_scored_alike_are_counted_and_said_once(caplog):
+    import logging
+    from types import SimpleNamespace
+
+    from easyrl.config import AlgorithmConfig
+    from easyrl.trainer.ray_trainer import PPOTrainer
+
+    # a right answer scores 0.9 (a reward that tops at 1): EasyR1's bounds keep the all-right group
+    scores = np.array([0.9, 0.9, 0.9, 0.0, 0.9, 0.0, 0.0, 0.0, 0.5])
+    uids = np.array(["right", "right", "right", "mixed", "mixed", "mixed", "wrong", "wrong", "one"], dtype=object)
+    keep, metrics = select_groups(scores, uids, filter_low=0.01, filter_high=0.99)
+    assert keep.tolist() == [0, 1, 2, 3, 4, 5, 8]  # a group of one sample is never counted as alike
+    assert metrics["filter/kept_groups"] == 3.0 and metrics["filter/kept_uniform_groups"] == 1.0
+    trainer = SimpleNamespace(config=SimpleNamespace(algorithm=AlgorithmConfig(online_filtering=True)))
+    trainer._said_uniform_groups = False
+    with caplog.at_level(logging.WARNING, logger="easyrl.trainer.ray_trainer"):
+        PPOTrainer._say_uniform_groups(trainer, 0.0)
+        assert not caplog.records
+        PPOTrainer._say_uniform_groups(trainer, metrics["filter/kept_uniform_groups"])
+        PPOTrainer._say_uniform_groups(trainer, 2.0)
+    (record,) = caplog.records
+    assert record.getMessage().startswith("Online filtering kept 1 groups whose samples all have the same `overall`")
+    assert "algorithm.filter_key=accuracy" in record.getMessage()

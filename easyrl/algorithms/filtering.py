@@ -45,8 +45,12 @@ def select_groups(
     kept = {uid for uid, mean in means.items() if filter_low < mean < filter_high}
     keep_idx = np.array([i for i, uid in enumerate(uids.tolist()) if uid in kept], dtype=np.int64)
     too_low = sum(mean <= filter_low for mean in means.values())
+    # kept groups of two or more samples that all scored alike: a mean inside the bounds (a right answer scoring 0.9
+    # on a reward that tops at 1) and a group-relative advantage of 0 for each, which DAPO's filter means to drop
+    alike = sum(1 for uid in kept if (uids == uid).sum() > 1 and np.ptp(scores[uids == uid]) == 0)
     metrics = {
         "filter/kept_groups": float(len(kept)),
+        "filter/kept_uniform_groups": float(alike),
         "filter/dropped_groups": float(len(means) - len(kept)),
         "filter/dropped_low": float(too_low),
         "filter/dropped_high": float(len(means) - len(kept) - too_low),

@@ -156,6 +156,7 @@ class PPOTrainer:
         # what a restart before the first checkpoint starts again from
         self._initial_loader_state = train_loader.state_dict()
         self._initial_kl_coef = self.kl_controller.value
+        self._said_uniform_groups = False  # the online filter kept groups whose samples all scored alike (said once)
 
     # ------------------------------------------------------------------------------------------------------------------
     # the loop
@@ -408,7 +409,28 @@ class PPOTrainer:
         out = reduce_reward_metrics(all_reward_metrics) if not overlap else {}
         if algo.online_filtering or rounds > 1:
             out.update({"filter/rounds": rounds, **collector.metrics()})
+        self._say_uniform_groups(out.get("filter/kept_uniform_groups", 0))
         return collector.take(), scoring, out
+
+    def _say_uniform_groups(self, count: float) -> None:
+        """Once per run: the filter's bounds kept groups whose samples all scored alike (EasyR1's bounds compare the
+        group's mean; DAPO, arXiv 2503.14476, drops every group whose answers were all right or all wrong)."""
+        if not count or self._said_uniform_groups:
+            return
+        self._said_uniform_groups = True
+        algo = self.config.algorithm
+        logger.warning(
+            "Online filtering kept %d groups whose samples all have the same `%s` (their mean is inside "
+            "algorithm.filter_low=%g / filter_high=%g, which drop only means at or beyond them): a group-relative "
+            "advantage gives each of their samples 0, so they teach nothing and take the place of groups that would. "
+            "Filter on a score that is 0 or 1 per sample (algorithm.filter_key=accuracy with the shipped rewards), "
+            "or lower algorithm.filter_high below a right answer's score. Counted in filter/kept_uniform_groups; "
+            "said once.",
+            int(count),
+            algo.filter_key,
+            algo.filter_low,
+            algo.filter_high,
+        )
 
     def _await_scores(
         self, batch: DataProto, scoring: list[tuple[np.ndarray, PendingScores]], timing: dict[str, float]
