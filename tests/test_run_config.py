@@ -28,10 +28,40 @@ def test_each_start_keeps_its_config_and_a_changed_one_names_its_keys(tmp_path, 
     assert changes == ["trainer.max_steps: 4 -> 8", "worker.rollout.n: 6 -> 2"]
     assert (run / "config.yaml").read_text() == second and (run / "config.1.yaml").read_text() == first
     assert (
-        f"This run's config differs from the one the last run in {run} ran with (kept as config.1.yaml) in 2 key(s): "
+        f"This run's config differs from the one the last run in {run} ran with (the folder's earlier config is kept "
+        "as config.1.yaml) in 2 key(s): "
         "trainer.max_steps: 4 -> 8; worker.rollout.n: 6 -> 2." in caplog.text
     )
     # a third start with other settings again keeps the second's as config.2.yaml
     third = _config_yaml("trainer.max_steps=8", "worker.rollout.n=2", "worker.actor.optim.lr=3e-5")
     assert record_run_config(str(run), third) == ["worker.actor.optim.lr: 2e-05 -> 3e-05"]
     assert (run / "config.2.yaml").read_text() == second
+
+
+def test_a_resume_names_the_changes_since_its_checkpoints_config_and_the_keys_it_keeps(tmp_path, caplog):
+    """The checkpoint keeps the config it was trained with; a start that failed before its first save (its config in
+    the folder) does not change what a later resume is compared with."""
+    from easyrl.trainer.checkpoint import CheckpointManager
+
+    run = tmp_path / "run"
+    trained = _config_yaml("trainer.max_steps=5")
+    record_run_config(str(run), trained)
+    manager = CheckpointManager(str(run))
+    manager.begin(5)
+    checkpoint = manager.commit(5, trainer_state={"epoch": 0}, dataloader_state={})
+    assert (run / "global_step_5" / "config.yaml").read_text() == trained
+    record_run_config(str(run), _config_yaml("trainer.max_steps=6", "data.shuffle=false"), resumed_from=checkpoint)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        changes = record_run_config(
+            str(run),
+            _config_yaml("trainer.max_steps=5", "data.seed=7", "trainer.val_only=true"),
+            resumed_from=checkpoint,
+        )
+    assert changes == ["data.seed: 1 -> 7", "trainer.val_only: False -> True"]  # not shuffle and max_steps
+    assert (
+        "This run's config differs from the one its checkpoint global_step_5 was trained with (the folder's earlier "
+        "config is kept as config.2.yaml) in 2 key(s): data.seed: 1 -> 7; trainer.val_only: False -> True. data.seed: "
+        "the shuffled order goes on as the checkpoint saved it" in caplog.text
+    )
+    assert yaml.safe_load((run / "config.2.yaml").read_text())["data"]["shuffle"] is False

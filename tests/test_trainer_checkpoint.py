@@ -315,3 +315,52 @@ def test_a_run_validates_first_from_step_0_or_with_val_only_from_any_step():
     assert validates_first(TrainerConfig(), 0) and not validates_first(TrainerConfig(), 3)  # a resume does not
     assert validates_first(TrainerConfig(val_only=True, val_before_train=False), 3)  # the checkpoint's model
     assert not validates_first(TrainerConfig(val_before_train=False), 0)
+
+
+def _loader(shuffle: bool, workers: int):
+    from torch.utils.data import SequentialSampler
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.stateful_dataloader.sampler import RandomSampler
+
+    rows = list(range(10))
+    sampler = RandomSampler(rows, generator=torch.Generator().manual_seed(1)) if shuffle else SequentialSampler(rows)
+    return StatefulDataLoader(rows, batch_size=4, sampler=sampler, num_workers=workers, drop_last=True)
+
+
+@pytest.mark.timeout(300)
+def test_a_data_position_is_resumed_only_by_a_loader_that_can_restore_it(tmp_path):
+    """check_resume_point refuses, before Ray, exactly the loader settings whose load_state_dict fails (torchdata's
+    bare AssertionError at the first step): another process count, or a shuffled position without shuffling."""
+    from easyrl.config import PPOConfig
+    from easyrl.trainer.checkpoint import CheckpointManager, check_resume_point
+
+    settings = [(shuffle, workers) for shuffle in (True, False) for workers in (0, 2)]
+    for saved in settings:
+        root = tmp_path / f"saved_{saved[0]}_{saved[1]}"
+        loader = _loader(*saved)
+        batches = iter(loader)
+        next(batches)
+        manager = CheckpointManager(str(root))
+        manager.begin(1)
+        path = manager.commit(1, trainer_state={"epoch": 0}, dataloader_state=loader.state_dict())
+        del batches
+        for shuffle, workers in settings:
+            config = PPOConfig()
+            config.trainer.save_checkpoint_path = str(root)
+            config.data.shuffle, config.data.dataloader_num_workers = shuffle, workers
+            try:
+                resumed = _loader(shuffle, workers)
+                resumed.load_state_dict(load_dataloader_state(path))
+                next(iter(resumed))  # a loader with processes reads the state when its iterator starts
+                restorable = True
+            except AssertionError:
+                restorable = False
+            if restorable:
+                assert check_resume_point(config) == path, (saved, shuffle, workers)
+                continue
+            with pytest.raises(CheckpointError, match=f"Cannot resume from {path}: data.") as refused:
+                check_resume_point(config)
+            message = str(refused.value)
+            assert ("dataloader_num_workers is" in message) == (workers != saved[1]), (saved, shuffle, workers)
+            assert ("data.shuffle is true in the checkpoint" in message) == (saved[0] and not shuffle), message
+            assert message.endswith("or start afresh in a new trainer.save_checkpoint_path.")

@@ -37,6 +37,8 @@ from easyrl.utils import device
 from easyrl.utils.files import replace_file
 from easyrl.utils.state_file import load_state, save_state
 
+from .run_config import CONFIG_FILE
+
 
 logger = logging.getLogger(__name__)
 
@@ -227,12 +229,44 @@ def check_resume_point(config: Any, what: str = "training") -> str | None:
                 "folder), or set trainer.find_last_checkpoint=true to continue the earlier run."
             )
         return None
-    if load_dataloader_state(path) is None:
+    loader_state = load_dataloader_state(path)
+    if loader_state is None:
         raise model_only_error(path, what)
+    if hasattr(config, "data"):
+        check_loader_resumes(path, loader_state, config.data, _fresh_start_advice(trainer))
     if hasattr(config, "worker"):
         check_actor_resumes(path, config.worker.actor.model, _fresh_start_advice(trainer))
     _warn_of_later_steps(trainer, path)
     return path
+
+
+def check_loader_resumes(path: str, state: dict, data: Any, fresh_start: str) -> None:
+    """The data position saved in the checkpoint at ``path`` (``state``: the train loader's) can be restored into the
+    loader this run's ``data`` settings build: the same number of loader processes (a loader saves its position per
+    process), and a shuffled order only by a shuffling one. Otherwise torchdata fails an assertion at the first step,
+    after Ray and the workers started. ``fresh_start``: the way out besides setting the keys back."""
+    snapshot = state.get("_snapshot")
+    saved_workers = len(snapshot.get("_worker_snapshots") or {}) if isinstance(snapshot, dict) else 0
+    problems = []
+    if saved_workers != data.dataloader_num_workers:
+        problems.append(
+            f"data.dataloader_num_workers is {saved_workers} in the checkpoint and {data.dataloader_num_workers} in "
+            "this run's config (a loader saves its position per process)"
+        )
+    if _holds_key(state, "generator") and not data.shuffle:
+        problems.append("data.shuffle is true in the checkpoint and false in this run's config")
+    if problems:
+        them = "it" if len(problems) == 1 else "them"
+        raise CheckpointError(
+            f"Cannot resume from {path}: {'; '.join(problems)}; the data position it saved cannot be restored into "
+            f"this run's loader. Set {them} as the checkpoint has {them}, or {fresh_start}."
+        )
+
+
+def _holds_key(tree: Any, key: str) -> bool:
+    if isinstance(tree, dict):
+        return key in tree or any(_holds_key(value, key) for value in tree.values())
+    return False
 
 
 def _warn_of_later_steps(trainer: Any, path: str) -> None:
@@ -596,6 +630,9 @@ class CheckpointManager:
         if dataloader_state is not None:
             save_state(os.path.join(tmp_dir, DATALOADER_FILE), dataloader_state)
         save_state(os.path.join(tmp_dir, TRAINER_STATE_FILE), {"global_step": step, **(trainer_state or {})})
+        run_config = os.path.join(self.root, CONFIG_FILE)
+        if os.path.isfile(run_config):  # the config this checkpoint was trained with, which a resume compares with
+            shutil.copyfile(run_config, os.path.join(tmp_dir, CONFIG_FILE))
         replace_file(os.path.join(tmp_dir, COMPLETE_MARKER), f"{step} {time.time():.3f}\n")
         _fsync_dir(tmp_dir)
 

@@ -452,9 +452,9 @@ def setup_errors_reported(log_file: str | None) -> Iterator[None]:
         raise RunSetupError(error_text(error) + where) from error
 
 
-def _finished_checkpoint(plan: RunPlan) -> str | None:
-    """What to say when the checkpoint the run would resume from is at or past its last step (trainer.max_steps
-    lowered below it): nothing is left to train, and Ray and the engine are not started for nothing."""
+def _resume_point(plan: RunPlan) -> tuple[str | None, str | None]:
+    """(the checkpoint the run resumes from or None, what to say when it is at or past the run's last step:
+    trainer.max_steps lowered below it leaves nothing to train, and Ray and the engine are not started for nothing)."""
     from .checkpoint import checkpoint_step
     from .preflight import nothing_left_to_train, resume_point
 
@@ -464,7 +464,7 @@ def _finished_checkpoint(plan: RunPlan) -> str | None:
         path = resume_point(plan.config)
     except ValueError as error:
         raise RunSetupError(str(error)) from error
-    return None if path is None else nothing_left_to_train(plan, path, checkpoint_step(path))
+    return path, None if path is None else nothing_left_to_train(plan, path, checkpoint_step(path))
 
 
 def run_training(plan: RunPlan) -> dict[str, float]:
@@ -482,10 +482,11 @@ def run_training(plan: RunPlan) -> dict[str, float]:
         data = prepare_run_data(plan)  # bad rows, templates or model paths fail here, before Ray starts
     plan = data.plan
     logger.info("Run plan:\n%s", plan.describe())
-    if (finished := _finished_checkpoint(plan)) is not None:
+    resumed_from, finished = _resume_point(plan)
+    if finished is not None:
         print(finished)
         return {}
-    record_run_config(plan.config.trainer.save_checkpoint_path, config_to_yaml(plan.config))
+    record_run_config(plan.config.trainer.save_checkpoint_path, config_to_yaml(plan.config), resumed_from=resumed_from)
     init_ray(plan)
     interrupted: RunInterrupted | None = None
     # after ray.init, whose own SIGTERM handler would tear the cluster down at once

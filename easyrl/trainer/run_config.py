@@ -36,37 +36,71 @@ def config_changes(before: dict, after: dict) -> list[str]:
     ]
 
 
-def record_run_config(run_dir: str, config_yaml: str, what: str = "run") -> list[str]:
+# keys a resume does not apply, and why (a checkpoint's state holds what they set at the start)
+KEPT_ON_RESUME = {
+    "data.seed": "the shuffled order goes on as the checkpoint saved it (its random state is part of the data "
+    "position); the new seed does not apply",
+}
+
+
+def record_run_config(run_dir: str, config_yaml: str, what: str = "run", resumed_from: str | None = None) -> list[str]:
     """Write ``config_yaml`` (the resolved config, as ``config_to_yaml`` gives it) to ``<run_dir>/config.yaml``; an
-    earlier start's that differs is kept beside it and its changes are announced. Returns the changes."""
+    earlier start's that differs is kept beside it. The changes announced are those since the config the checkpoint
+    it resumes (``resumed_from``) was trained with, where that checkpoint holds a copy of it (a start that failed
+    before its first save left its own config in the folder), else since the folder's. Returns the changes."""
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, CONFIG_FILE)
+    earlier_text = _read(path)
+    trained_with = _read(os.path.join(resumed_from, CONFIG_FILE)) if resumed_from else None
     changes: list[str] = []
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as handle:
-            earlier_text = handle.read()
-        try:
-            earlier = yaml.safe_load(earlier_text) or {}
-        except yaml.YAMLError:
-            earlier = {}
-        changes = config_changes(earlier, yaml.safe_load(config_yaml) or {})
-        if changes:
-            number = 1
-            while os.path.exists(os.path.join(run_dir, f"config.{number}.yaml")):
-                number += 1
-            kept = os.path.join(run_dir, f"config.{number}.yaml")
-            replace_file(kept, earlier_text)
-            shown = "; ".join(changes[:CHANGES_NAMED])
-            more = f"; and {len(changes) - CHANGES_NAMED} more" if len(changes) > CHANGES_NAMED else ""
-            logger.warning(
-                "This %s's config differs from the one the last %s in %s ran with (kept as %s) in %d key(s): %s%s.",
-                what,
-                what,
-                run_dir,
-                os.path.basename(kept),
-                len(changes),
-                shown,
-                more,
-            )
+    kept = None
+    if earlier_text is not None and config_changes(_parse(earlier_text), _parse(config_yaml)):
+        number = 1
+        while os.path.exists(os.path.join(run_dir, f"config.{number}.yaml")):
+            number += 1
+        kept = os.path.join(run_dir, f"config.{number}.yaml")
+        replace_file(kept, earlier_text)
+    baseline = trained_with if trained_with is not None else earlier_text
+    if baseline is not None:
+        changes = config_changes(_parse(baseline), _parse(config_yaml))
+    if changes:
+        shown = "; ".join(changes[:CHANGES_NAMED])
+        more = f"; and {len(changes) - CHANGES_NAMED} more" if len(changes) > CHANGES_NAMED else ""
+        if trained_with is not None:
+            since = f"the one its checkpoint {os.path.basename(resumed_from)} was trained with"
+        else:
+            since = f"the one the last {what} in {run_dir} ran with"
+        where = f" (the folder's earlier config is kept as {os.path.basename(kept)})" if kept else ""
+        notes = "".join(
+            f" {key}: {why}." for key, why in KEPT_ON_RESUME.items() if resumed_from and _changed(key, changes)
+        )
+        logger.warning(
+            "This %s's config differs from %s%s in %d key(s): %s%s.%s",
+            what,
+            since,
+            where,
+            len(changes),
+            shown,
+            more,
+            notes,
+        )
     replace_file(path, config_yaml)
     return changes
+
+
+def _read(path: str) -> str | None:
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _parse(text: str) -> dict:
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        return {}
+
+
+def _changed(key: str, changes: list[str]) -> bool:
+    return any(change.startswith(f"{key}: ") for change in changes)

@@ -288,11 +288,11 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
         )
         plan = plan.with_training_steps(len(loader))
     try:  # no checkpoint to resume from, or a fresh start among an earlier run's: one line, before Ray starts
-        check_resume_point(config, "SFT")
+        resumed_from = check_resume_point(config, "SFT")
     except CheckpointError as error:
         raise RunSetupError(str(error)) from error
     logger.info("SFT plan:\n%s", plan.describe())
-    record_run_config(config.trainer.save_checkpoint_path, config_to_yaml(config), "SFT run")
+    record_run_config(config.trainer.save_checkpoint_path, config_to_yaml(config), "SFT run", resumed_from)
     init_ray(plan)
     tracker = start_tracker(config, config_to_dict(config), plan.training_steps)
     pool = ResourcePool.from_trainer_config(
