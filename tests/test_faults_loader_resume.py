@@ -64,3 +64,67 @@ def test_a_position_in_the_second_epoch_resumes_in_a_new_loader_and_in_the_same_
 
     loader.load_state_dict(saved)
     assert _answers(loader, 4) == reference[4:8]
+
+
+def test_the_epoch_a_reward_reads_counts_passes_and_a_changed_data_file_is_said(caplog):
+    """`trainer_state.epoch` is the passes over the data (the loader's batches drawn in the pass under way, after a
+    resume too), and a checkpoint of other rows than the data has now is said at the resume."""
+    import logging
+    from types import SimpleNamespace
+
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from easyrl.trainer.ray_trainer import PPOTrainer, _batches_drawn
+
+    for workers in (0, 2):
+        loader = StatefulDataLoader(list(range(10)), batch_size=2, num_workers=workers)
+        batches = iter(loader)
+        for _ in range(3):
+            next(batches)
+        assert _batches_drawn(loader.state_dict()) == 3, workers
+        del batches
+    trainer = SimpleNamespace(train_loader=loader, training_steps=8, epoch=1, _epoch_batches=3)
+    # mini-batches of 2 of 10 rows: 3 drawn in the second pass
+    assert PPOTrainer._trainer_state(trainer, 4) == {"global_step": 4, "max_steps": 8, "epoch": 1.6}
+    with caplog.at_level(logging.WARNING, logger="easyrl.trainer.ray_trainer"):
+        PPOTrainer._say_if_the_data_changed(trainer, 10, "ckpt/global_step_4")
+        PPOTrainer._say_if_the_data_changed(trainer, None, "ckpt/global_step_4")  # saved before the rows were kept
+        assert not caplog.records
+        PPOTrainer._say_if_the_data_changed(trainer, 6, "ckpt/global_step_4")
+    (record,) = caplog.records
+    assert record.getMessage().startswith(
+        "data.train_files has 10 usable rows and had 6 when ckpt/global_step_4 was saved: the data changed."
+    )
+
+
+def test_rows_that_never_fill_a_batch_are_said_and_warned_of_when_unshuffled(caplog):
+    import logging
+
+    from easyrl.config import load_run_plan
+    from easyrl.trainer.main import _say_rows_left_over
+
+    def said(*overrides: str) -> list[tuple[int, str]]:
+        batching = ["worker.rollout.n=2", "worker.actor.micro_batch_size_per_device_for_update=2"]
+        plan = load_run_plan(["config=examples/smollm2_arithmetic_grpo.yaml", *batching, *overrides])
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="easyrl.trainer.main"):
+            _say_rows_left_over(plan, 10)
+        return [(record.levelno, record.getMessage()) for record in caplog.records]
+
+    ((level, message),) = said("data.rollout_batch_size=4", "worker.actor.global_batch_size=4", "data.shuffle=false")
+    assert level == logging.WARNING and message == (
+        "data.train_files: 10 usable rows make 2 batches of data.rollout_batch_size=4 per epoch, and with "
+        "data.shuffle=false the last 2 rows are never drawn. Make data.rollout_batch_size divide the rows, or set "
+        "data.shuffle=true."
+    )
+    ((level, message),) = said("data.rollout_batch_size=4", "worker.actor.global_batch_size=4")
+    assert level == logging.INFO and "2 rows, other ones each epoch (data.shuffle=true), are not drawn" in message
+    # the loader draws mini-batches: what it leaves over is what they do not fill
+    ((_, message),) = said(
+        "data.rollout_batch_size=6",
+        "worker.actor.global_batch_size=6",
+        "data.mini_rollout_batch_size=3",
+        "data.shuffle=false",
+    )
+    assert "make 3 batches of data.mini_rollout_batch_size=3 per epoch" in message and "the last 1 rows" in message
+    assert said("data.rollout_batch_size=5", "worker.actor.global_batch_size=5") == []

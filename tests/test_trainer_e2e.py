@@ -1,6 +1,7 @@
 """End to end: `easyrl train` on the tiny random model (Ray, 2 FSDP2 workers on gloo, vLLM rollout, reference model,
 KL loss), 3 GRPO steps. What the run logged, what it saved, and that it trained."""
 
+import json
 import math
 import re
 from pathlib import Path
@@ -107,9 +108,13 @@ def test_save_limit_keeps_only_the_newest_checkpoints(tiny_grpo_run):
     assert (root / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
     for step in (2, 3):
         folder = root / f"global_step_{step}"
-        assert {"COMPLETE", "actor", "dataloader_state.json", "trainer_state.json"} <= {
+        assert {"COMPLETE", "actor", "dataloader_state.json", "trainer_state.json", "config.yaml"} <= {
             p.name for p in folder.iterdir()
         }
+        # the config it was trained with (a resume compares with it), the rows its data position counts
+        assert (folder / "config.yaml").read_text() == (root / "config.yaml").read_text()
+        rows = json.loads((folder / "trainer_state.json").read_text())["train_rows"]
+        assert isinstance(rows, int) and rows >= 4
 
 
 @pytest.mark.timeout(RUN_TIMEOUT)

@@ -132,6 +132,10 @@ class RunPlan:
             steps = f"{config.trainer.max_steps} (trainer.max_steps)"
         else:
             steps = f"set when the training data is read (rollout batches per epoch x {config.trainer.total_epochs} epochs)"
+        if config.trainer.max_steps is None and config.algorithm.online_filtering:
+            steps += (
+                " (a filtered step draws more prompts than a batch: the data is cycled more often than the epochs)"
+            )
         if actor.dynamic_batching:  # the sizes set token budgets over the padded length (models/dynamic_batching.py)
             padded = config.data.max_prompt_length + config.data.max_response_length
             micro_batches = (

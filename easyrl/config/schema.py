@@ -683,7 +683,9 @@ class TrainerConfig:
     """`trainer.*`: schedule, validation, checkpoints, logging, devices."""
 
     total_epochs: int = 15
-    """Passes over the training data."""
+    """Passes over the training data: the run trains (usable rows // data.rollout_batch_size) x total_epochs steps
+    (EasyR1's rule). With algorithm.online_filtering a step draws prompts until enough groups survive, so the data is
+    cycled more often than this."""
     max_steps: Optional[int] = None
     """Train exactly this many steps, cycling the data as often as needed; overrides total_epochs (EasyR1)."""
     project_name: str = "easy_r1"

@@ -261,7 +261,41 @@ def prepare_run_data(plan: RunPlan) -> RunData:
         [loader and loader.dataset for loader in (train_loader, val_loader)],
     )
     plan = plan.with_training_steps(len(train_loader))
+    _say_rows_left_over(plan, len(train_loader.dataset))
     return RunData(plan, tokenizer, processor, train_loader, val_loader, reward_fn)
+
+
+def _say_rows_left_over(plan: RunPlan, rows: int) -> None:
+    """The train loader draws whole batches (data.mini_rollout_batch_size prompts, else rollout_batch_size): the rows
+    that do not fill the last one are not drawn in that epoch. Shuffled, they are other rows each epoch; in file
+    order always the last ones, which are then never trained."""
+    config = plan.config
+    batch = plan.generation_batch_size
+    key = "data.mini_rollout_batch_size" if config.data.mini_rollout_batch_size else "data.rollout_batch_size"
+    left = rows % batch
+    if not left or rows < batch:
+        return
+    if config.data.shuffle:
+        logger.info(
+            "data.train_files: %d usable rows make %d batches of %s=%d per epoch; %d rows, other ones each epoch "
+            "(data.shuffle=true), are not drawn in it.",
+            rows,
+            rows // batch,
+            key,
+            batch,
+            left,
+        )
+        return
+    logger.warning(
+        "data.train_files: %d usable rows make %d batches of %s=%d per epoch, and with data.shuffle=false the last "
+        "%d rows are never drawn. Make %s divide the rows, or set data.shuffle=true.",
+        rows,
+        rows // batch,
+        key,
+        batch,
+        left,
+        key,
+    )
 
 
 class RunWorkers:

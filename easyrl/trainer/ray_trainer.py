@@ -157,6 +157,8 @@ class PPOTrainer:
         self._initial_loader_state = train_loader.state_dict()
         self._initial_kl_coef = self.kl_controller.value
         self._said_uniform_groups = False  # the online filter kept groups whose samples all scored alike (said once)
+        self.epoch = 0  # passes over the training data completed
+        self._epoch_batches = 0  # loader batches drawn in the pass under way
 
     # ------------------------------------------------------------------------------------------------------------------
     # the loop
@@ -456,8 +458,9 @@ class PPOTrainer:
         return batch.union(scores[: len(batch)] if len(scores) > len(batch) else scores), all_reward_metrics
 
     def _trainer_state(self, steps_done: int) -> dict[str, float]:
-        """The training progress a reward function written for TRL reads as `trainer_state` (TRL's names)."""
-        epoch = steps_done / max(len(self.train_loader), 1)
+        """The training progress a reward function written for TRL reads as `trainer_state` (TRL's names; `epoch`:
+        the passes over the training data so far, as a fraction, whatever the loader's batch or the filter drew)."""
+        epoch = self.epoch + self._epoch_batches / max(len(self.train_loader), 1)
         return {"global_step": steps_done, "max_steps": self.training_steps, "epoch": epoch}
 
     def _sampling_seed(self, kind: int, index: int) -> list[int]:
@@ -581,8 +584,10 @@ class PPOTrainer:
         self.epoch = self._start_epoch
         while True:
             for batch_dict in self.train_loader:
+                self._epoch_batches += 1
                 yield batch_dict if isinstance(batch_dict, DataProto) else DataProto.from_single_dict(batch_dict)
             self.epoch += 1
+            self._epoch_batches = 0
 
     def _reduce_rollout_metrics(self) -> dict[str, float]:
         """The engine metrics of this step's generate calls (data-parallel rank 0's share): seconds and bytes add
@@ -641,12 +646,32 @@ class PPOTrainer:
         row = {name: to_scalar(name, value) for name, value in (metrics or {}).items()}
         self.last_checkpoint = self.checkpoints.commit(
             self.global_step,
-            trainer_state={"epoch": self.epoch, "kl_coef": self.kl_controller.value, "metrics": row},
+            trainer_state={
+                "epoch": self.epoch,
+                "kl_coef": self.kl_controller.value,
+                "metrics": row,
+                "train_rows": len(self.train_loader.dataset),
+            },
             dataloader_state=None if save_model_only else self.train_loader.state_dict(),
             required=("actor", "critic") if self.use_critic else ("actor",),
         )
         self._saved_step = self.global_step
         self._last_save_time = time.monotonic()
+
+    def _say_if_the_data_changed(self, saved_rows: int | None, path: str) -> None:
+        """A checkpoint's position in an epoch counts batches of a shuffled order of the rows it was trained on: on
+        other rows (the data file changed under the same name) the epoch under way goes on in another order."""
+        rows = len(self.train_loader.dataset)
+        if saved_rows is None or saved_rows == rows:
+            return
+        logger.warning(
+            "data.train_files has %d usable rows and had %d when %s was saved: the data changed. The epoch under way "
+            "goes on at the checkpoint's position in an order of the new rows, so some of its rows are drawn twice "
+            "and others not at all; the epochs after it are whole.",
+            rows,
+            saved_rows,
+            path,
+        )
 
     def _resume(self) -> bool:
         """Restore the newest checkpoint of this run (after a worker restart) or, at the start, the one the config
@@ -656,7 +681,7 @@ class PPOTrainer:
         if path is None:
             self.train_loader.load_state_dict(self._initial_loader_state)
             self.kl_controller.value = self._initial_kl_coef
-            self._start_epoch = self.global_step = self._saved_step = 0
+            self._start_epoch = self.global_step = self._saved_step = self._epoch_batches = 0
             self.tracker.rewind_to(-1)  # rows of an earlier attempt at this run are trained again
             return False
         logger.warning("Resuming from %s", path)
@@ -670,9 +695,20 @@ class PPOTrainer:
             critic_changes = self.workers.critic.load_checkpoint(f"{path}/critic")
             warn_of_config_changes(critic_changes, "worker.critic.optim", step)
         self.train_loader.load_state_dict(loader_state)
+        self._epoch_batches = _batches_drawn(loader_state)
+        self._say_if_the_data_changed(state.get("train_rows"), path)
         self._start_epoch = state["epoch"]
         self.kl_controller.value = state["kl_coef"]
         self.global_step = self._saved_step = int(state["global_step"])
         self.last_checkpoint = path
         self.tracker.rewind_to(self.global_step, state.get("metrics"))
         return True
+
+
+def _batches_drawn(loader_state: dict) -> int:
+    """The batches a saved train loader had drawn in its epoch (a loader with worker processes keeps the count in its
+    main process's snapshot)."""
+    snapshot = loader_state.get("_snapshot")
+    if isinstance(snapshot, dict):
+        return int((snapshot.get("_main_snapshot") or {}).get("_sampler_iter_yielded") or 0)
+    return int(loader_state.get("_num_yielded") or 0)
