@@ -110,6 +110,25 @@ def test_each_item_names_its_file_and_row_for_the_warnings_about_its_samples(tmp
     ]
 
 
+def test_each_file_of_a_folder_is_its_own_data_source_and_shards_of_one_are_one(tmp_path, tokenizer):
+    # several benchmarks given as one folder (data.val_files takes one path) keep one metric each
+    folder = tmp_path / "benchmarks"
+    folder.mkdir()
+    row = {"problem": "What is 1 + 1?", "answer": "2"}
+    write_jsonl(folder / "aime.jsonl", [row])
+    write_jsonl(folder / "gsm8k-00000-of-00002.jsonl", [row, row])
+    write_jsonl(folder / "gsm8k-00001-of-00002.jsonl", [row, {"problem": None, "answer": "0"}])
+    write_jsonl(folder / "math500.jsonl", [row, {**row, "data_source": "math500/geometry"}])
+    dataset = RLHFDataset(str(folder), tokenizer, None, config(), config_key="data.val_files")
+    sources = [dataset[i]["data_source"] for i in range(len(dataset))]
+    assert sources == ["aime", "gsm8k", "gsm8k", "gsm8k", "math500", "math500/geometry"]
+    assert dataset.kept_sources() == {"aime": 1, "gsm8k": 3, "math500": 1, "math500/geometry": 1}
+    assert dataset.skipped_sources == {"gsm8k": 1}
+    # one file keeps its name, whatever its rows are
+    single = RLHFDataset(str(folder / "aime.jsonl"), tokenizer, None, config())
+    assert single[0]["data_source"] == "aime" and single.kept_sources() == {"aime": 1}
+
+
 def test_overlong_prompts_are_filtered_in_parallel_and_counted(tmp_path, tokenizer):
     rows = [{"problem": "short", "answer": "1"}] * 100 + [{"problem": "long " * 80, "answer": "2"}] * 30
     path = write_jsonl(tmp_path / "d.jsonl", rows)

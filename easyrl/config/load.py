@@ -251,8 +251,9 @@ def _check_values(flat: dict[str, Any], source: str, in_file: bool) -> None:
                     f"{where} takes one path, not {shape}: a data file (.jsonl/.json/.parquet/.csv), a folder of "
                     "data files, a folder saved by `datasets`, `name@split` or `builtin://NAME@split`. For several "
                     "files, put them in one folder and give the folder, e.g. "
-                    f"{_written(key, 'path/to/folder', in_file)}: every data file in it is read (when the file "
-                    "names say test or validation, the split is named after them: give `path/to/folder@test`)."
+                    f"{_written(key, 'path/to/folder', in_file)}: every data file in it is read, each file one data "
+                    "source of the per-source metrics (when the file names say test or validation, the split is "
+                    "named after them: give `path/to/folder@test`)."
                 )
             raise ConfigError(f"{where} takes {_describe(FIELDS[key].type)}, not {shape}.")
 

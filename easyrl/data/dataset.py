@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import os
+import re
 import uuid
 from collections import Counter
 from collections.abc import Mapping
@@ -787,7 +788,8 @@ class RLHFDataset(Dataset):
                 f"data.max_prompt_length={limit}, {len(self.unusable_rows)} unusable{first}); {self._no_rows_hint()}."
             )
         self.rows_with_media = int((shortest_cut[kept] > 0).sum())  # the kept rows with pictures / videos
-        self.skipped_sources = self._count_sources(self.rows.select(np.setdiff1d(np.arange(total), kept)))
+        skipped = np.setdiff1d(np.arange(total), kept)
+        self.skipped_sources = self._count_sources(self.rows.select(skipped), skipped)
         if len(kept) < total:
             self.rows = self.rows.select(kept)
             self.row_index = self.row_index[kept]
@@ -812,15 +814,25 @@ class RLHFDataset(Dataset):
             f"{shared}."
         )
 
-    def _count_sources(self, rows: datasets.Dataset) -> Counter:
-        """How many of ``rows`` each data source has, as items name it (the file's name where a row has none)."""
-        if SOURCE_COLUMN not in rows.column_names:
-            return Counter({self.source_name: len(rows)} if len(rows) else {})
-        return Counter(str(value) if value else self.source_name for value in rows[SOURCE_COLUMN])
+    def _count_sources(self, rows: datasets.Dataset, indices: np.ndarray) -> Counter:
+        """How many of ``rows`` (the rows of the source numbered ``indices``) each data source has, as items name
+        it."""
+        values = rows[SOURCE_COLUMN] if SOURCE_COLUMN in rows.column_names else [None] * len(rows)
+        return Counter(self._source(value, int(index)) for value, index in zip(values, indices))
+
+    def _source(self, value: Any, index: int) -> str:
+        """A row's data source: its data_source column, else its file's name (in a folder of data files, the name of
+        the file it is in, without a shard's ``-00000-of-00002``: one benchmark per file)."""
+        if value:
+            return str(value)
+        file, _ = self.places.file_and_row(index)
+        if file is None:
+            return self.source_name
+        return re.sub(r"-\d+-of-\d+$", "", os.path.splitext(os.path.basename(file))[0]) or self.source_name
 
     def kept_sources(self) -> Counter:
         """How many of the dataset's rows each data source has."""
-        return self._count_sources(self.rows)
+        return self._count_sources(self.rows, self.row_index)
 
     def place(self, index: int) -> str:
         """Where row ``index`` is: ``data.train_files math.jsonl row 17`` (rows numbered from 0 in each file)."""
@@ -886,7 +898,7 @@ class RLHFDataset(Dataset):
             "position_ids": _left_pad(position_ids, length, 0),
             "raw_prompt_ids": raw_prompt_ids,
             "ground_truth": row_value(row, self.config.answer_key),
-            "data_source": row.get(SOURCE_COLUMN) or self.source_name,
+            "data_source": self._source(row.get(SOURCE_COLUMN), index),
             ROW_PLACE_KEY: self.place(index),
         }
         if self.has_extra_info:
