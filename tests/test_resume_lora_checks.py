@@ -263,3 +263,29 @@ def test_easyrl_check_reads_the_checkpoint_the_run_would_resume_as_the_run_does(
     fresh = run_easyrl("check", *recipe, f"trainer.save_checkpoint_path={tmp_path / 'new'}", timeout=120)
     assert fresh.returncode == 0 and fresh.stdout.rstrip().endswith("#   starts afresh")
     assert not (tmp_path / "new").exists()  # check writes nothing
+
+
+def test_a_changed_lora_vision_tower_is_named_as_the_key_that_changed(tmp_path):
+    """A vision-language model's adapters on its vision encoder or not: the refusal names lora.vision_tower, the key
+    the user changed, not the target_modules both runs share."""
+    from transformers import AutoModelForImageTextToText
+
+    from easyrl.testing.tiny_vlms import build_tiny_vlm
+
+    base = build_tiny_vlm("qwen2_5_vl", tmp_path / "vlm")
+    for saved_tower in (False, True):
+        model = AutoModelForImageTextToText.from_pretrained(str(base), dtype=torch.float32)
+        model = lora.apply_lora(
+            model, LoraConfig(rank=RANK, alpha=ALPHA, vision_tower=saved_tower), is_vision_language=True
+        )
+        manager = CheckpointManager(str(tmp_path / f"run_{saved_tower}"))
+        save_role_checkpoint(os.path.join(manager.begin(1), "actor"), model, None, None)
+        path = manager.commit(1, trainer_state={"epoch": 0}, dataloader_state={"batches": 1}, required=("actor",))
+        same = _config(tmp_path / f"run_{saved_tower}", base, vision_tower=saved_tower)
+        assert check_resume_point(same) == path
+        message = _refusal(_config(tmp_path / f"run_{saved_tower}", base, vision_tower=not saved_tower))
+        assert (
+            f"Cannot resume from {path}: worker.actor.model.lora.vision_tower is {saved_tower} in the checkpoint and "
+            f"{not saved_tower} in this run's config. Set it as the checkpoint has it, {FRESH_START}."
+        ) in message
+        assert "target_modules" not in message

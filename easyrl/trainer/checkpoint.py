@@ -19,6 +19,7 @@ Nothing the driver writes or reads here is a pickle (``easyrl.utils.state_file``
 made runs no code. Checkpoints of easyrl versions that wrote ``driver_state.pt`` are refused with that explanation.
 """
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -375,6 +376,16 @@ def _lora_differences(saved: dict, model: Any) -> list[str]:
     planned = _planned_adapter_config(model)
     if planned is None:
         return differences
+    if not _same_modules(saved, planned):
+        # the vision encoder's modules alone differ: the key that changed is vision_tower, whatever target_modules says
+        flipped = dataclasses.replace(
+            model, lora=dataclasses.replace(lora_config, vision_tower=not lora_config.vision_tower)
+        )
+        if _same_modules(saved, _planned_adapter_config(flipped) or {}):
+            return differences + [
+                f"{LORA_KEY}.vision_tower is {not lora_config.vision_tower} in the checkpoint and "
+                f"{lora_config.vision_tower} in this run's config"
+            ]
     saved_targets, planned_targets = saved.get("target_modules"), planned["target_modules"]
     if _as_set(saved_targets) != _as_set(planned_targets):
         asked = _listed(lora_config.target_modules)
@@ -390,6 +401,13 @@ def _lora_differences(saved: dict, model: Any) -> list[str]:
             f"`{planned.get('exclude_modules')}` in this run's config"
         )
     return differences
+
+
+def _same_modules(saved: dict, planned: dict) -> bool:
+    """Whether two adapter configs put adapters on the same modules."""
+    return _as_set(saved.get("target_modules")) == _as_set(planned.get("target_modules")) and saved.get(
+        "exclude_modules"
+    ) == planned.get("exclude_modules")
 
 
 def _planned_adapter_config(model: Any) -> dict | None:
