@@ -298,3 +298,40 @@ def test_online_filtering_that_finds_too_few_mixed_groups_stops_with_the_counts(
     assert "easyrl train: online filtering kept 0 of the 4 groups a step needs after 2 generation rounds" in text
     assert "of 8 groups, 8 had a mean `overall` at or below 0.01 and 0 at or above 0.99" in text
     assert "Traceback" not in text
+
+
+@pytest.mark.timeout(900)
+def test_a_step_online_filtering_cannot_fill_keeps_the_steps_before_it(tiny_model_path, tmp_path):
+    """Step 1 finds mixed groups, step 2 none: the run stops with exit 2 and checkpoints step 1 (no save was due)
+    with the data position step 2 started from, so that a rerun with a wider filter loses no trained step."""
+    from easyrl.trainer.checkpoint import load_dataloader_state, load_trainer_state
+    from easyrl.trainer.ray_trainer import _batches_drawn
+    from tests.fixtures.trainer_runs import TINY_RUN_OVERRIDES, bare_run
+
+    reward = tmp_path / "mixed_once.py"
+    reward.write_text(
+        "CALLS = [0]\n"
+        "def compute_score(reward_inputs):\n"
+        "    CALLS[0] += 1\n"
+        "    return [{'overall': float(CALLS[0] == 1 and i % 2)} for i, _ in enumerate(reward_inputs)]\n"
+    )
+    args = [
+        *[arg for arg in TINY_RUN_OVERRIDES if not arg.startswith("worker.reward.reward_function=")],
+        *[arg for arg in bare_run(3, tmp_path / "run") if arg != "trainer.save_model_only=true"],
+        f"worker.actor.model.model_path={tiny_model_path}",
+        "trainer.n_gpus_per_node=1",
+        f"worker.reward.reward_function={reward}:compute_score",
+        "algorithm.online_filtering=true",
+        "trainer.max_try_make_batch=2",
+    ]
+    log_path = tmp_path / "train.log"
+    returncode = _wait_for_exit(launch_training(args, log_path), log_path)
+    text = log_path.read_text(errors="replace")
+    assert returncode == 2, log_tail(log_path)
+    saved = tmp_path / "run" / "global_step_1"
+    assert "easyrl train: online filtering kept 0 of the 4 groups a step needs after 2 generation rounds" in text
+    assert f"The 1 steps before it are saved in {saved}; a rerun resumes from there." in text
+    assert load_trainer_state(str(saved))["global_step"] == 1 and _logged_steps(tmp_path / "run") == [1]
+    # the position step 2 started from (one batch drawn), not the one after its two rounds
+    assert _batches_drawn(load_dataloader_state(str(saved))) == 1
+    assert "Traceback" not in text

@@ -203,12 +203,19 @@ class PPOTrainer:
             return last_metrics
 
         batches = self._train_batches()
+        filtering = self.config.algorithm.online_filtering
         self._last_save_time = time.monotonic()
         while self.global_step < self.training_steps:
             if self.stop.requested:
                 self._stop_now(last_metrics)
             self.global_step += 1
-            metrics = self.train_step(batches)
+            # where the data stood before the step: a step that online filtering cannot fill ends the run, and the
+            # steps before it are saved with this position (a rerun with a wider filter draws that step's prompts)
+            before = (self.train_loader.state_dict(), self.epoch, self._epoch_batches) if filtering else None
+            try:
+                metrics = self.train_step(batches)
+            except OnlineFilteringError as error:
+                raise self._save_before_unfilled_step(error, before, last_metrics) from None
             metrics["trainer/restarts"] = self.restarts
             is_last = self.global_step == self.training_steps
             after_step: dict[str, float] = {}  # outside timing/step: the phases that do not run every step
@@ -223,6 +230,21 @@ class PPOTrainer:
             self.tracker.log(metrics, step=self.global_step)
             last_metrics = metrics
         return last_metrics
+
+    def _save_before_unfilled_step(
+        self, error: OnlineFilteringError, before: tuple | None, last_metrics: dict[str, float]
+    ) -> OnlineFilteringError:
+        """Checkpoint the steps done before the one online filtering could not fill (unless the last one has a
+        checkpoint), with the data position the step started from; the error then says where they are."""
+        done = self.global_step - 1
+        if before is None or done <= self._saved_step or self.config.trainer.save_model_only:
+            return error
+        loader_state, self.epoch, self._epoch_batches = before
+        self.global_step = done
+        self.save_checkpoint(last_metrics, loader_state)
+        return OnlineFilteringError(
+            f"{error} The {done} steps before it are saved in {self.last_checkpoint}; a rerun resumes from there."
+        )
 
     def _saves_after(self, step: int, is_last: bool) -> bool:
         """After the last step, every save_freq steps, once save_every_minutes have passed since the last save, and
@@ -635,9 +657,10 @@ class PPOTrainer:
     _start_epoch = 0
     epoch = 0
 
-    def save_checkpoint(self, metrics: dict[str, Any] | None = None) -> None:
+    def save_checkpoint(self, metrics: dict[str, Any] | None = None, loader_state: dict | None = None) -> None:
         """Checkpoint the current step; ``metrics``, the step's row, is kept in it so that a crash between the save
-        and the row's logging cannot lose the row (``_resume`` restores it)."""
+        and the row's logging cannot lose the row (``_resume`` restores it). ``loader_state``: the data position to
+        save, when it is not the loader's present one."""
         tmp_dir = self.checkpoints.begin(self.global_step)
         save_model_only = self.config.trainer.save_model_only
         self.workers.actor_rollout.save_checkpoint(f"{tmp_dir}/actor", save_model_only)
@@ -652,7 +675,7 @@ class PPOTrainer:
                 "metrics": row,
                 "train_rows": len(self.train_loader.dataset),
             },
-            dataloader_state=None if save_model_only else self.train_loader.state_dict(),
+            dataloader_state=None if save_model_only else loader_state or self.train_loader.state_dict(),
             required=("actor", "critic") if self.use_critic else ("actor",),
         )
         self._saved_step = self.global_step
