@@ -215,6 +215,12 @@ def test_check_refuses_lora_on_the_critic_and_a_bad_dropout():
         load_run_plan(base + ["worker.actor.model.lora.dropout=1.0"])
     with pytest.raises(ConfigError, match=r"`worker\.actor\.model\.lora\.exclude_modules` is not a valid regex"):
         load_run_plan(base + ["worker.actor.model.lora.exclude_modules=.*visual(.*"])
+    # adapters on a vision encoder asked to stay frozen: the two keys contradict each other (the adapters trained)
+    tower = ["worker.actor.model.lora.vision_tower=true", "worker.actor.model.freeze_vision_tower=true"]
+    with pytest.raises(ConfigError, match=r"lora\.vision_tower=true` trains adapters on the vision encoder that "):
+        load_run_plan(base + tower)
+    assert load_run_plan(base + tower[:1]).config.worker.actor.model.lora.vision_tower
+    assert load_run_plan(base + tower[1:]).config.worker.actor.model.freeze_vision_tower
 
 
 @pytest.mark.parametrize("out_dtype", [None, torch.float32])

@@ -165,7 +165,8 @@ class LoraConfig:
     weights. The base weights stay frozen; the reference policy is the same model with the adapters switched off."""
 
     rank: int = 0
-    """LoRA rank; 0 trains all parameters."""
+    """LoRA rank; 0 trains all parameters. The actor's only: a critic (`worker.critic.model.lora.rank` > 0) is
+    refused."""
     alpha: int = 64
     """LoRA alpha (scaling = alpha / rank)."""
     target_modules: Any = "all-linear"

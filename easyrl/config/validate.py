@@ -481,6 +481,12 @@ def _check_lora(config: PPOConfig) -> None:
     lora = config.worker.actor.model.lora
     if lora.rank == 0:
         return
+    if lora.vision_tower and config.worker.actor.model.freeze_vision_tower:
+        raise ConfigError(
+            "`worker.actor.model.lora.vision_tower=true` trains adapters on the vision encoder that "
+            "`worker.actor.model.freeze_vision_tower=true` asks to keep frozen: set one of them (LoRA without "
+            "lora.vision_tower leaves the vision encoder frozen)."
+        )
     names = lora.target_modules
     if not (isinstance(names, str) or (isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names))):
         raise ConfigError(
