@@ -116,7 +116,9 @@ class DataConfig:
     filter_overlong_prompts_workers: int = 16
     """Processes used to read and measure the prompts when the run starts."""
     dataloader_num_workers: int = 0
-    """Worker processes preparing batches (0: in the driver; raise it for image/video datasets on big machines)."""
+    """Worker processes preparing batches (0: in the driver; raise it for image/video datasets on big machines). The
+    shuffled order of a data.seed differs with it, and a run resumes only with the value its checkpoint was saved
+    with (the loader saves its position per process)."""
 
 
 @dataclass
