@@ -659,3 +659,51 @@ def test_engine_reset_pictures_reach_the_actor_whose_log_probs_match_vllm(family
         mismatch = rollout_logprob_mismatch(actor, batch["rollout_log_probs"], batch["response_mask"])
         print(f"{family}: reset pictures, rollout vs actor log-prob |diff|: {mismatch}")
         assert mismatch["rollout/logprob_abs_diff/max"] < LOGPROB_TOLERANCE
+
+
+FINAL_PICTURE_ENV = """
+class FinalPictureEnv:
+    def reset(self, row):
+        self.picture, self.turn = row["multi_modal_data"]["images"][0], 0
+
+    def step(self, action_text):
+        self.turn += 1
+        # every observation shows the picture; the first ends the episode for `done` rows
+        return ["Again:", self.picture], 1.0, self.done_at == self.turn
+"""
+
+
+def test_a_last_observations_pictures_are_never_shown_nor_counted_against_limit_images(
+    vl_tokenizer_and_processor, tmp_path, caplog
+):
+    """The observation of a done step, or of the last turn, never reaches the model: its pictures must not count
+    against worker.rollout.limit_images (they made an environment error that zeroed the trajectory's reward)."""
+    import logging
+
+    vl_tokenizer, processor = vl_tokenizer_and_processor
+    model_path = Path(processor.tokenizer.name_or_path)
+    answer = vl_tokenizer.encode("Done.", add_special_tokens=False) + [vl_tokenizer.eos_token_id]
+    image = random_image(0, **PROMPT_IMAGE)
+    for done_at, max_turns, env_errors in [(1, 3, 0), (99, 1, 0), (99, 2, 1)]:
+        env_file = tmp_path / f"env_{done_at}_{max_turns}.py"  # a module per case: a loaded one is kept
+        env_file.write_text(FINAL_PICTURE_ENV.replace("self.done_at", str(done_at)))
+        engine, _ = scripted_engine(vl_tokenizer, {0: [answer] * max_turns}, response_length=64)
+        engine.config.limit_images = 1  # the prompt's picture only
+        rollout = MultiTurnRollout(
+            engine,
+            MultiTurnConfig(env=f"{env_file}:FinalPictureEnv", max_turns=max_turns),
+            processor=processor,
+            model_path=str(model_path),
+        )
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="easyrl.workers.rollout.multi_turn"):
+            out = rollout.generate_sequences(vl_prompts(processor, model_path, [VLSample("Describe it.", [image])]))
+        metrics = out.meta_info["metrics"]
+        assert metrics["rollout/multi_turn/env_errors"] == env_errors, (done_at, max_turns)
+        assert len(out.non_tensor_batch["multi_modal_data"][0]["images"]) == 1
+        if env_errors:  # a second turn would show the picture: past the limit, said once, without a doubled stop
+            assert out.non_tensor_batch["env_reward"].tolist() == [0.0]
+            (warning,) = [r.getMessage() for r in caplog.records]
+            assert "worker.rollout.limit_images is 1; raise it to allow more pictures per trajectory; the" in warning
+        else:  # the last observation's reward counts, its picture is never prepared
+            assert out.non_tensor_batch["env_reward"].tolist() == [1.0] and not caplog.records

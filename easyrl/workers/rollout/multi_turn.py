@@ -1192,7 +1192,7 @@ class MultiTurnRollout(BaseRollout):
                 "message to add it to; give the data chat prompts ending with the user's message (a prompt cut at "
                 "data.max_prompt_length loses that end: raise it)"
             )
-        pictures, grids = self._prepare_pictures(t, outcome.pictures, "it"), []
+        pictures, grids = self._prepare_pictures(t, outcome.pictures, "it", said=False), []
         if pictures:
             insert = self.renderer.user_content_ids(outcome.observation)
             expanded, grids = self.pictures.expand(insert, pictures)
@@ -1300,12 +1300,13 @@ class MultiTurnRollout(BaseRollout):
         t.env_timeouts += outcome.timed_out
         t.env = None  # abandoned: a hung call may still hold it
         t.env_reward = 0.0
-        t.messages.append({"role": "user", "content": f"Error: {self._label(t)} {outcome.error}."})
+        error = outcome.error.rstrip(".")  # a message of its own may end in a full stop
+        t.messages.append({"role": "user", "content": f"Error: {self._label(t)} {error}."})
         logger.warning(
             "Environment %s%s: %s; the trajectory ends and its environment reward is 0.",
             self._label(t),
             _at_row(t),
-            outcome.error,
+            error,
         )
         return True
 
@@ -1326,19 +1327,22 @@ class MultiTurnRollout(BaseRollout):
                 t.done = True
                 continue
             t.env_reward += outcome.reward
-            try:
-                pictures = self._prepare_pictures(t, outcome.pictures, "an environment observation")
-            except ValueError as err:
-                self._count_env_failure(t, EnvOutcome(error=f"step: {err}"))
-                t.done = True
-                continue
+            last_turn = turn == self.multi_turn.max_turns - 1
+            pictures = []
+            if not (outcome.done or t.done or last_turn):  # a last observation is never shown: nor its pictures
+                try:
+                    pictures = self._prepare_pictures(t, outcome.pictures, "an environment observation", said=False)
+                except ValueError as err:
+                    self._count_env_failure(t, EnvOutcome(error=f"step: {err}"))
+                    t.done = True
+                    continue
             message = {"role": "user", "content": outcome.observation or ""}
             if outcome.observation is not None:
                 t.messages.append(message)
             if outcome.done or t.done:
                 t.done = True  # the environment is done, or the turn used up the response budget
                 continue
-            if turn == self.multi_turn.max_turns - 1:
+            if last_turn:
                 t.done, t.max_turns_reached = True, True
                 continue
             self._append_context(t, [message], pictures, budget)
@@ -1361,10 +1365,13 @@ class MultiTurnRollout(BaseRollout):
         t.messages += messages
         self._append_context(t, messages, pictures, budget)
 
-    def _prepare_pictures(self, t: Trajectory, pictures: list, source: str, already: int = 0) -> list:
-        """Pictures at the size the processor keeps. ValueError (said in the log) for a text model, which cannot read
-        them, and past `worker.rollout.limit_images` pictures in the trajectory (``already``: pictures of this turn
-        accepted before these), which the engine would refuse."""
+    def _prepare_pictures(
+        self, t: Trajectory, pictures: list, source: str, already: int = 0, said: bool = True
+    ) -> list:
+        """Pictures at the size the processor keeps. ValueError (said in the log unless ``said`` is false, for a
+        caller that says it) for a text model, which cannot read them, and past `worker.rollout.limit_images`
+        pictures in the trajectory (``already``: pictures of this turn accepted before these), which the engine would
+        refuse."""
         if not pictures:
             return []
         limit = self.engine.config.limit_images
@@ -1374,14 +1381,16 @@ class MultiTurnRollout(BaseRollout):
                 f"{source} returned {len(pictures)} picture(s), but the trajectory already holds {held} and "
                 f"worker.rollout.limit_images is {limit}; raise it to allow more pictures per trajectory."
             )
-            logger.warning(message)
+            if said:
+                logger.warning(message)
             raise ValueError(message)
         if self.pictures is None:
             message = (
                 f"{source} returned {len(pictures)} picture(s), but the model has no multimodal processor to read "
                 "them; return text, or train a vision-language model."
             )
-            logger.warning(message)
+            if said:
+                logger.warning(message)
             raise ValueError(message)
         return [self.pictures.prepare(picture) for picture in pictures]
 
