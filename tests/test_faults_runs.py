@@ -274,18 +274,17 @@ def test_a_reward_that_raises_on_every_sample_stops_the_run_at_its_first_batch(t
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or _logged_steps(tmp_path / "run") == []
 
 
-@pytest.mark.timeout(900)
-def test_online_filtering_that_finds_too_few_mixed_groups_stops_with_the_counts(tiny_model_path, tmp_path):
-    """Every sample scores the same, so every group is filtered out: after trainer.max_try_make_batch rounds the run
-    stops with exit 2 and one line of counts and keys, not a traceback."""
+def _run_a_filter_that_runs_dry(model_path, tmp_path, reward_source: str, steps: int, saves: bool = False) -> str:
+    """A tiny run of ``steps`` steps with online filtering (2 rounds a step at most) and the reward function
+    ``reward_source`` (in the driver); it must stop with exit 2. Its log. ``saves``: with full checkpoints."""
     from tests.fixtures.trainer_runs import TINY_RUN_OVERRIDES, bare_run
 
-    reward = tmp_path / "constant_reward.py"
-    reward.write_text("def compute_score(reward_inputs):\n    return [{'overall': 0.0} for _ in reward_inputs]\n")
+    reward = tmp_path / "reward.py"
+    reward.write_text(reward_source)
     args = [
         *[arg for arg in TINY_RUN_OVERRIDES if not arg.startswith("worker.reward.reward_function=")],
-        *bare_run(2, tmp_path / "run"),
-        f"worker.actor.model.model_path={tiny_model_path}",
+        *[arg for arg in bare_run(steps, tmp_path / "run") if not (saves and arg == "trainer.save_model_only=true")],
+        f"worker.actor.model.model_path={model_path}",
         "trainer.n_gpus_per_node=1",
         f"worker.reward.reward_function={reward}:compute_score",
         "algorithm.online_filtering=true",
@@ -293,8 +292,16 @@ def test_online_filtering_that_finds_too_few_mixed_groups_stops_with_the_counts(
     ]
     log_path = tmp_path / "train.log"
     returncode = _wait_for_exit(launch_training(args, log_path), log_path)
-    text = log_path.read_text(errors="replace")
     assert returncode == 2, log_tail(log_path)
+    return log_path.read_text(errors="replace")
+
+
+@pytest.mark.timeout(900)
+def test_online_filtering_that_finds_too_few_mixed_groups_stops_with_the_counts(tiny_model_path, tmp_path):
+    """Every sample scores the same, so every group is filtered out: after trainer.max_try_make_batch rounds the run
+    stops with exit 2 and one line of counts and keys, not a traceback."""
+    reward = "def compute_score(reward_inputs):\n    return [{'overall': 0.0} for _ in reward_inputs]\n"
+    text = _run_a_filter_that_runs_dry(tiny_model_path, tmp_path, reward, steps=2)
     assert "easyrl train: online filtering kept 0 of the 4 groups a step needs after 2 generation rounds" in text
     assert "of 8 groups, 8 had a mean `overall` at or below 0.01 and 0 at or above 0.99" in text
     assert "Traceback" not in text
@@ -306,28 +313,14 @@ def test_a_step_online_filtering_cannot_fill_keeps_the_steps_before_it(tiny_mode
     with the data position step 2 started from, so that a rerun with a wider filter loses no trained step."""
     from easyrl.trainer.checkpoint import load_dataloader_state, load_trainer_state
     from easyrl.trainer.ray_trainer import _batches_drawn
-    from tests.fixtures.trainer_runs import TINY_RUN_OVERRIDES, bare_run
 
-    reward = tmp_path / "mixed_once.py"
-    reward.write_text(
+    reward = (
         "CALLS = [0]\n"
         "def compute_score(reward_inputs):\n"
         "    CALLS[0] += 1\n"
         "    return [{'overall': float(CALLS[0] == 1 and i % 2)} for i, _ in enumerate(reward_inputs)]\n"
     )
-    args = [
-        *[arg for arg in TINY_RUN_OVERRIDES if not arg.startswith("worker.reward.reward_function=")],
-        *[arg for arg in bare_run(3, tmp_path / "run") if arg != "trainer.save_model_only=true"],
-        f"worker.actor.model.model_path={tiny_model_path}",
-        "trainer.n_gpus_per_node=1",
-        f"worker.reward.reward_function={reward}:compute_score",
-        "algorithm.online_filtering=true",
-        "trainer.max_try_make_batch=2",
-    ]
-    log_path = tmp_path / "train.log"
-    returncode = _wait_for_exit(launch_training(args, log_path), log_path)
-    text = log_path.read_text(errors="replace")
-    assert returncode == 2, log_tail(log_path)
+    text = _run_a_filter_that_runs_dry(tiny_model_path, tmp_path, reward, steps=3, saves=True)
     saved = tmp_path / "run" / "global_step_1"
     assert "easyrl train: online filtering kept 0 of the 4 groups a step needs after 2 generation rounds" in text
     assert f"The 1 steps before it are saved in {saved}; a rerun resumes from there." in text
