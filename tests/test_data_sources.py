@@ -64,6 +64,51 @@ def test_unknown_file_type_is_rejected(tmp_path):
         load_rows(str(path))
 
 
+def test_tsv_and_feather_files_are_read_and_compressed_ones_are_refused_saying_what_to_do(tmp_path):
+    import gzip
+
+    import pandas as pd
+
+    from easyrl.config.validate import DATA_FILE_SUFFIXES
+    from easyrl.data.sources import FILE_BUILDERS
+
+    assert set(DATA_FILE_SUFFIXES) == set(FILE_BUILDERS)  # what the config check takes for a data file's name
+    frame = pd.DataFrame({"problem": ["a, b", 'say "hi"\nthen go', "06"], "answer": ["1", "2", "06"]})
+    frame.to_csv(tmp_path / "rows.tsv", sep="\t", index=False)
+    frame.to_feather(tmp_path / "rows.feather")
+    for name in ("rows.tsv", "rows.feather"):
+        rows = load_rows(str(tmp_path / name))
+        assert rows["problem"] == frame["problem"].tolist() and rows["answer"] == ["1", "2", "06"], name
+    (tmp_path / "rows.jsonl.gz").write_bytes(gzip.compress(b'{"problem": "a", "answer": "1"}\n'))
+    with pytest.raises(ValueError, match=r"rows.jsonl.gz.*Decompress it first \(e.g. `gunzip rows.jsonl.gz`"):
+        load_rows(str(tmp_path / "rows.jsonl.gz"))
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "part-0.jsonl.gz").write_bytes((tmp_path / "rows.jsonl.gz").read_bytes())
+    with pytest.raises(ValueError, match=r"holds no data file .* It holds compressed files \(part-0.jsonl.gz\)"):
+        load_rows(str(shards))
+
+
+@pytest.mark.parametrize("orient", ["columns", "list"])
+def test_a_json_table_written_by_columns_is_refused_as_one_row_saying_how_to_write_rows(tmp_path, orient):
+    import pandas as pd
+
+    frame = pd.DataFrame({"problem": [f"q{i}" for i in range(5)], "answer": [str(i) for i in range(5)]})
+    path = tmp_path / "table.json"
+    if orient == "columns":  # pandas' default: {"problem": {"0": "q0", ...}, ...}
+        frame.to_json(path)
+    else:
+        path.write_text(json.dumps(frame.to_dict(orient="list")))
+    with pytest.raises(ValueError, match=r"holds one JSON object whose fields are columns of 5 values each"):
+        load_rows(str(path))
+    # one row whose fields are lists is a row: a list beside a text, or chat messages beside their pictures
+    path.write_text(json.dumps({"problem": "q", "answer": ["1", "one"]}))
+    assert load_rows(str(path))["answer"] == [["1", "one"]]
+    chat = {"messages": [{"role": "user", "content": "<image>Hi"}, {"role": "assistant", "content": "Hello"}]}
+    path.write_text(json.dumps({**chat, "images": ["a.png", "b.png"]}))
+    assert load_rows(str(path))["images"] == [["a.png", "b.png"]]
+
+
 def test_empty_path_is_an_error():
     with pytest.raises(ValueError, match="data.train_files is empty"):
         load_rows("")
@@ -97,6 +142,30 @@ def test_fields_mixing_types_across_rows_keep_each_value_as_written(tmp_path, su
     assert [row["messages"] for row in rows] == [row["messages"] for row in MIXED_ROWS]
     assert [row["answer"] for row in rows] == [3, "5", "1e3", None]
     assert isinstance(rows.features["answer"], datasets.Json)  # the reader's own type, decoded right
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_integers_among_decimals_or_too_big_for_64_bits_stay_as_written(tmp_path, suffix):
+    """The reader types a column of 1, 2.5 and 3 as floats (the answer 2 came back 2.0, which a reward comparing
+    text never matches) and one of integers beyond 64 bits too (their digits lost): each is read as written."""
+    files = {
+        "mixed": [1, 2.5, 3, None, 2.0],
+        "big": [12345678901234567890123, 2, 3],
+        "decimals": [1.5, 2.25],  # a column of decimals alone stays the reader's floats
+    }
+    for name, answers in files.items():
+        rows = [{"problem": f"q{i}", "answer": answer} for i, answer in enumerate(answers)]
+        path = tmp_path / f"{name}{suffix}"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows) if suffix == ".jsonl" else json.dumps(rows))
+        if name == "big" and suffix == ".json":  # the reader of a JSON array refuses it, naming the file
+            with pytest.raises(ValueError, match=f"cannot read {path} as json: ValueError: Value is too big!"):
+                load_rows(str(path))
+            continue
+        read = [row["answer"] for row in load_rows(str(path))]
+        if name == "big":
+            assert read == ["12345678901234567890123", 2, 3]  # every digit, as text
+            continue
+        assert read == answers and [type(a) for a in read] == [type(a) for a in answers], name
 
 
 def test_a_mixed_sft_file_keeps_every_row(tmp_path):

@@ -31,8 +31,17 @@ import numpy as np
 from .synthetic import BUILTIN_PREFIX, load_builtin
 
 
-FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
-TEXT_SUFFIXES = (".jsonl", ".json", ".csv")
+FILE_BUILDERS = {
+    ".jsonl": "json",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".arrow": "arrow",
+    ".feather": "arrow",  # Feather v2 is the Arrow IPC file format
+}
+TEXT_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zip")
 # Bytes read at a time when checking that a text file is UTF-8.
 CHECK_BLOCK_BYTES = 1 << 24
 
@@ -115,13 +124,46 @@ def _innermost_message(error: BaseException) -> str:
 
 
 def _reader_options(local: Path) -> dict:
-    """CSV: every column as text; the reader would otherwise guess numbers (and turn a column with a gap into
+    """CSV / TSV: every column as text; the reader would otherwise guess numbers (and turn a column with a gap into
     floats)."""
-    if local.suffix.lower() != ".csv":
+    if local.suffix.lower() not in (".csv", ".tsv"):
         return {}
+    delimiter = "\t" if local.suffix.lower() == ".tsv" else ","
     with open(local, newline="", encoding="utf-8-sig") as file:  # the reader drops a byte-order mark too
-        header = next(csv.reader(file), [])
-    return {"features": datasets.Features({name: datasets.Value("string") for name in header})}
+        header = next(csv.reader(file, delimiter=delimiter), [])
+    options = {"features": datasets.Features({name: datasets.Value("string") for name in header})}
+    return {**options, "delimiter": delimiter} if delimiter != "," else options
+
+
+def _unreadable_suffix_hint(name: str) -> str:
+    """What to do with a file of a kind the readers do not take."""
+    if name.lower().endswith(COMPRESSED_SUFFIXES):
+        return f" Decompress it first (e.g. `gunzip {name}` for a .gz file) and give the data file it holds."
+    return ""
+
+
+def _check_columnar_json(local: Path, rows: datasets.Dataset, config_key: str) -> None:
+    """A .json file holding one object whose fields are equally long lists or objects is a table written by columns
+    (pandas' ``DataFrame.to_json()`` default, ``{"col": {"0": v, ...}}``, or ``{"col": [v, ...]}``): the reader
+    makes it one row whose values are whole columns."""
+    if local.suffix.lower() != ".json" or len(rows) != 1:
+        return
+    values = list(rows[0].values())
+    scalar = (str, int, float, bool, type(None))
+    by_index = all(isinstance(v, dict) for v in values) and len({tuple(v) for v in values}) == 1  # pandas' index
+    by_list = all(isinstance(v, list) and all(isinstance(item, scalar) for item in v) for v in values)
+    sizes = {len(value) for value in values} if by_index or by_list else set()
+    if len(sizes) != 1 or min(sizes) < 2:
+        return
+    with open(local, encoding="utf-8-sig") as file:
+        if file.read(4096).lstrip()[:1] != "{":
+            return
+    raise ValueError(
+        f"{config_key}: {local} holds one JSON object whose fields are columns of {sizes.pop()} values each (a table "
+        "written by columns, pandas' DataFrame.to_json() default), which reads as a single row. Write it as rows: "
+        "a .jsonl file (df.to_json(path, orient='records', lines=True)) or a JSON list of row objects "
+        "(orient='records')."
+    )
 
 
 def _from_file(local: Path, builder: str, config_key: str) -> datasets.Dataset:
@@ -144,6 +186,7 @@ def _from_file(local: Path, builder: str, config_key: str) -> datasets.Dataset:
     if len(rows) == 0:
         raise ValueError(f"{config_key}: {local} has no rows; point {config_key} at a data file.")
     if builder == "json":
+        _check_columnar_json(local, rows, config_key)
         rows = _reread_mixed_json(local, rows)
     return rows
 
@@ -167,11 +210,21 @@ def _reread_mixed_json(local: Path, rows: datasets.Dataset) -> datasets.Dataset:
     type, and takes every string of it that parses as JSON for JSON already encoded: the answer "3" came back as the
     number 3, "null" as a missing value, "1e3" as 1000.0. The file is read again here and those fields are written as
     JSON text by ``json.dumps`` before the same features decode them, so each value comes back as it was written.
+    A column of numbers that mixes integers with decimals (or holds an integer too large for 64 bits) comes back as
+    floats from the reader: the answer 2 as 2.0, which a reward comparing text never matches, and the big integer
+    with its digits lost. Such a column is read again the same way, each number as written (an integer beyond 64 bits
+    as the text of its digits).
     Files without such fields are returned as read."""
+    from datasets.features import Json
     from datasets.utils.json import get_json_field_paths_from_feature
 
     paths = get_json_field_paths_from_feature(rows.features)
-    if not paths:
+    floats = [
+        name
+        for name, feature in rows.features.items()
+        if isinstance(feature, datasets.Value) and feature.dtype in ("float64", "float32", "float16")
+    ]
+    if not paths and not floats:
         return rows
     with open(local, encoding="utf-8-sig") as file:
         if local.suffix.lower() == ".jsonl":
@@ -180,10 +233,17 @@ def _reread_mixed_json(local: Path, rows: datasets.Dataset) -> datasets.Dataset:
             records = json.load(file)
     if not isinstance(records, list) or len(records) != len(rows) or not all(isinstance(r, dict) for r in records):
         return rows  # a layout the reader turned into rows some other way: left as read
+    features = rows.features.copy()
+    for name in floats:  # integers the reader made floats
+        if any(type(record.get(name)) is int for record in records):
+            features[name] = Json()
+            paths.append([name])
+    if not paths:
+        return rows
     for path in paths:
         records = [_encode_at(record, path) for record in records]
-    columns = {name: [record.get(name) for record in records] for name in rows.features}
-    return datasets.Dataset.from_dict(columns, features=rows.features)
+    columns = {name: [record.get(name) for record in records] for name in features}
+    return datasets.Dataset.from_dict(columns, features=features)
 
 
 def _declares_configs(folder: Path) -> bool:
@@ -211,9 +271,13 @@ def _split_files(folder: Path, config_key: str) -> dict[str, list[Path]]:
         if files:
             splits[str(name)] = files
     if not splits:
+        compressed = sorted(p.name for p in folder.rglob("*") if p.name.lower().endswith(COMPRESSED_SUFFIXES))
+        hint = (
+            f" It holds compressed files ({', '.join(compressed[:3])}): decompress them first." if compressed else ""
+        )
         raise ValueError(
             f"{config_key}: {str(folder)!r} holds no data file ({', '.join(FILE_BUILDERS)}); point {config_key} at a "
-            f"data file or a dataset folder."
+            f"data file or a dataset folder.{hint}"
         )
     kinds = sorted({file.suffix.lower() for files in splits.values() for file in files})
     if len({FILE_BUILDERS[kind] for kind in kinds}) > 1:  # datasets would read the most common kind and skip the rest
@@ -319,6 +383,7 @@ def _load_one(path: str, config_key: str) -> datasets.Dataset:
         if builder is None:
             raise ValueError(
                 f"{config_key}: cannot read {base!r}; use one of {', '.join(FILE_BUILDERS)} or a dataset folder."
+                + _unreadable_suffix_hint(local.name)
             )
         return _from_file(local, builder, config_key)
     if _looks_local(base):
