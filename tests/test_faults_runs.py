@@ -119,7 +119,11 @@ def test_sigterm_checkpoints_the_step_in_progress_and_the_rerun_continues_exactl
 
     resumed_log = tmp_path / "resumed.log"
     run_training(args, resumed_log)
-    assert f"Resuming from {checkpoint}" in resumed_log.read_text(errors="replace")
+    resumed = resumed_log.read_text(errors="replace")
+    assert f"Resuming from {checkpoint}" in resumed
+    # said at once, before the data is read (minutes for a large dataset), not only once Ray has started
+    found = resumed.index(f"Found the checkpoint {checkpoint}: the run resumes from it once the data is read")
+    assert found < resumed.index("Run plan:")
     assert _logged_steps(save_dir) == [1, 2, 3]
     _assert_steps_equal_the_uninterrupted_run(save_dir, tiny_grpo_run.metrics, [3])
 

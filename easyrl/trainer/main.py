@@ -486,6 +486,19 @@ def setup_errors_reported(log_file: str | None) -> Iterator[None]:
         raise RunSetupError(error_text(error) + where) from error
 
 
+def _say_the_checkpoint_found(plan: RunPlan) -> None:
+    """Say at once which checkpoint the run will resume from: reading a large dataset comes first and can take
+    minutes, and the resume is otherwise said only once Ray has started."""
+    from .checkpoint import CheckpointError, resolve_resume_path
+
+    try:
+        path = resolve_resume_path(plan.config.trainer)
+    except CheckpointError:
+        return  # said, with what to do, once the data is read (check_resume_point)
+    if path is not None:
+        logger.info("Found the checkpoint %s: the run resumes from it once the data is read and checked.", path)
+
+
 def _resume_point(plan: RunPlan) -> tuple[str | None, str | None]:
     """(the checkpoint the run resumes from or None, what to say when it is at or past the run's last step:
     trainer.max_steps lowered below it leaves nothing to train, and Ray and the engine are not started for nothing)."""
@@ -512,6 +525,7 @@ def run_training(plan: RunPlan) -> dict[str, float]:
     log_file = setup_driver_logging(plan.config.trainer.save_checkpoint_path)
     for note in plan.notes:
         logger.warning(note)
+    _say_the_checkpoint_found(plan)
     with setup_errors_reported(log_file):
         data = prepare_run_data(plan)  # bad rows, templates or model paths fail here, before Ray starts
     plan = data.plan
