@@ -1,6 +1,7 @@
 """Rows load from every supported source form, and a bad path says which key and file."""
 
 import json
+import re
 
 import datasets
 import pytest
@@ -107,6 +108,23 @@ def test_a_json_table_written_by_columns_is_refused_as_one_row_saying_how_to_wri
     chat = {"messages": [{"role": "user", "content": "<image>Hi"}, {"role": "assistant", "content": "Hello"}]}
     path.write_text(json.dumps({**chat, "images": ["a.png", "b.png"]}))
     assert load_rows(str(path))["images"] == [["a.png", "b.png"]]
+
+
+def test_a_files_first_rows_are_its_train_slice_and_another_split_is_refused(tmp_path):
+    """`file@train[:N]` reads the first N rows (a smaller validation set); `file@test` named a split a single file
+    does not have and was read as every row without a word."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text(
+        "".join(json.dumps({"problem": f"q{i}", "answer": i if i % 2 else i + 0.5}) + "\n" for i in range(10))
+    )
+    assert load_rows(f"{path}@train[:3]")["answer"] == [0.5, 1, 2.5]  # each number as written in the slice too
+    assert load_rows(f"{path}@train[:50%]")["problem"] == [f"q{i}" for i in range(5)]
+    assert len(load_rows(f"{path}@train")) == 10
+    for split in ("test", "validation", "train[5:]"):
+        with pytest.raises(
+            ValueError, match=rf"is one data file, whose rows are its only split `train`, and `@{re.escape(split)}`"
+        ):
+            load_rows(f"{path}@{split}", "data.val_files")
 
 
 def test_empty_path_is_an_error():

@@ -95,6 +95,14 @@ FOREIGN_KEY_NAMES: dict[str, tuple[str, str]] = {
         "micro_batch_size_per_device_for_update",
         f"verl's *_max_token_len_per_gpu: {TOKEN_BUDGET_NOTE.format(size='micro_batch_size_per_device_for_update')}",
     ),
+    "val_max_samples": (
+        "data.val_files",
+        "verl's val_max_samples: the first N rows of a data file are `data.val_files=FILE@train[:N]`",
+    ),
+    "train_max_samples": (
+        "data.train_files",
+        "verl's train_max_samples: the first N rows of a data file are `data.train_files=FILE@train[:N]`",
+    ),
     "lr_warmup_steps_ratio": ("optim.lr_warmup_ratio", "verl's lr_warmup_steps_ratio"),
     "grad_clip": ("max_grad_norm", "verl's grad_clip: gradient-norm clipping"),
     "param_offload": ("offload.offload_params", "verl's fsdp_config.param_offload"),

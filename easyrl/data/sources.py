@@ -23,6 +23,7 @@ there) holds each value as written: the text "3" stays text (see ``_reread_mixed
 import csv
 import json
 import os
+import re
 from pathlib import Path
 
 import datasets
@@ -166,7 +167,26 @@ def _check_columnar_json(local: Path, rows: datasets.Dataset, config_key: str) -
     )
 
 
-def _from_file(local: Path, builder: str, config_key: str) -> datasets.Dataset:
+# `file@train[:N]`: the first N rows of a data file (a datasets slice, N a count or a percentage)
+FILE_SPLIT = re.compile(r"train(\[\s*:\s*-?\d+%?\s*\])?")
+
+
+def _file_split(split: str | None, local: Path, config_key: str) -> str:
+    """The split to read of one data file: its rows are the split `train`, whose first rows `train[:N]` are;
+    another name would be read as all of them."""
+    if split is None:
+        return "train"
+    if FILE_SPLIT.fullmatch(split.strip()):
+        return split.strip()
+    raise ValueError(
+        f"{config_key}: {local} is one data file, whose rows are its only split `train`, and `@{split}` asks for "
+        "another. Drop it, or give `@train[:N]` (or `@train[:N%]`) for the file's first rows; a folder of data "
+        "files names its splits by file name (`train-*.jsonl`, `test-*.jsonl`)."
+    )
+
+
+def _from_file(local: Path, builder: str, config_key: str, split: str | None = None) -> datasets.Dataset:
+    split = _file_split(split, local, config_key)
     if local.suffix.lower() in TEXT_SUFFIXES:
         check_text_file(local, config_key)
     elif local.suffix.lower() == ".parquet":
@@ -175,7 +195,7 @@ def _from_file(local: Path, builder: str, config_key: str) -> datasets.Dataset:
         if pq.ParquetFile(local).metadata.num_rows == 0:  # the reader fails on it with "BatchSize must be > 0"
             raise ValueError(f"{config_key}: {local} has no rows; point {config_key} at a data file.")
     try:
-        rows = datasets.load_dataset(builder, data_files=str(local), split="train", **_reader_options(local))
+        rows = datasets.load_dataset(builder, data_files=str(local), split=split, **_reader_options(local))
     except Exception as error:  # the readers raise many types (ArrowInvalid, DatasetGenerationError, ValueError)
         if "corresponds to no data" in str(error):  # a CSV header alone, a JSON file holding []
             raise ValueError(f"{config_key}: {local} has no rows; point {config_key} at a data file.") from None
@@ -231,6 +251,8 @@ def _reread_mixed_json(local: Path, rows: datasets.Dataset) -> datasets.Dataset:
             records = [json.loads(line) for line in file if line.strip()]
         else:
             records = json.load(file)
+    if isinstance(records, list):
+        records = records[: len(rows)]  # `@train[:N]` read the first N
     if not isinstance(records, list) or len(records) != len(rows) or not all(isinstance(r, dict) for r in records):
         return rows  # a layout the reader turned into rows some other way: left as read
     features = rows.features.copy()
@@ -385,7 +407,7 @@ def _load_one(path: str, config_key: str) -> datasets.Dataset:
                 f"{config_key}: cannot read {base!r}; use one of {', '.join(FILE_BUILDERS)} or a dataset folder."
                 + _unreadable_suffix_hint(local.name)
             )
-        return _from_file(local, builder, config_key)
+        return _from_file(local, builder, config_key, split)
     if _looks_local(base):
         raise FileNotFoundError(f"{config_key}: {base!r} does not exist.")
     try:
