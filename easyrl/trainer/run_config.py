@@ -52,17 +52,16 @@ def record_run_config(run_dir: str, config_yaml: str, what: str = "run", resumed
     path = os.path.join(run_dir, CONFIG_FILE)
     earlier_text = _read(path)
     trained_with = _read(os.path.join(resumed_from, CONFIG_FILE)) if resumed_from else None
-    changes: list[str] = []
+    config = _parse(config_yaml)
+    since_folder = config_changes(_parse(earlier_text), config) if earlier_text is not None else []
     kept = None
-    if earlier_text is not None and config_changes(_parse(earlier_text), _parse(config_yaml)):
+    if since_folder:
         number = 1
         while os.path.exists(os.path.join(run_dir, f"config.{number}.yaml")):
             number += 1
         kept = os.path.join(run_dir, f"config.{number}.yaml")
         replace_file(kept, earlier_text)
-    baseline = trained_with if trained_with is not None else earlier_text
-    if baseline is not None:
-        changes = config_changes(_parse(baseline), _parse(config_yaml))
+    changes = config_changes(_parse(trained_with), config) if trained_with is not None else since_folder
     if changes:
         shown = "; ".join(changes[:CHANGES_NAMED])
         more = f"; and {len(changes) - CHANGES_NAMED} more" if len(changes) > CHANGES_NAMED else ""
