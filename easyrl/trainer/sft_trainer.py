@@ -26,9 +26,7 @@ from ..data.collate import sft_collate
 from ..data.sft import SFTDataset
 from ..utils.logging import setup_driver_logging
 from .checkpoint import (
-    CheckpointError,
     CheckpointManager,
-    check_resume_point,
     load_dataloader_state,
     load_trainer_state,
     model_only_error,
@@ -48,6 +46,7 @@ from .main import (
     start_tracker,
 )
 from .metrics import timer
+from .preflight import resume_point
 
 
 logger = logging.getLogger(__name__)
@@ -288,8 +287,8 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
         )
         plan = plan.with_training_steps(len(loader))
     try:  # no checkpoint to resume from, or a fresh start among an earlier run's: one line, before Ray starts
-        resumed_from = check_resume_point(config, "SFT")
-    except CheckpointError as error:
+        resumed_from = resume_point(config, "SFT")  # what `easyrl check sft` and `easyrl train` read too
+    except ValueError as error:
         raise RunSetupError(str(error)) from error
     logger.info("SFT plan:\n%s", plan.describe())
     record_run_config(config.trainer.save_checkpoint_path, config_to_yaml(config), "SFT run", resumed_from)
