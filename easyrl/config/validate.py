@@ -75,15 +75,8 @@ DTYPES = ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32")
 # (easyrl.workers.rollout.base) but max_tokens, listed here so that check needs no torch import; a test asserts they
 # are equal.
 SAMPLING_OVERRIDE_KEYS = ("ignore_eos", "n", "temperature", "top_k", "top_p")
-DATA_FILE_SUFFIXES = (
-    ".jsonl",
-    ".json",
-    ".parquet",
-    ".csv",
-    ".tsv",
-    ".arrow",
-    ".feather",
-)  # data/sources.py reads them
+# the data files data/sources.py reads (its FILE_BUILDERS; a test asserts they agree), for a check without datasets
+DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".tsv", ".arrow", ".feather")
 # A connection to the model hub that takes longer than this counts as no hub (transformers would retry for a minute).
 HUB_PROBE_TIMEOUT_S = 0.8
 
