@@ -5,6 +5,7 @@ import json
 import logging
 import math
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -313,6 +314,42 @@ def test_generate_killed_after_a_batch_resumes_without_duplicates_and_samples_as
     reference = {row["index"]: row for row in map(json.loads, generated.read_text().splitlines())}
     for row in rows:
         assert row["responses"] == reference[row["index"]]["responses"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
+def test_ctrl_c_ends_generate_with_one_line_keeping_its_rows_and_the_rerun_says_how_many_are_done(
+    tiny_model_path, val_file, tmp_path
+):
+    args = _args(
+        tiny_model_path,
+        val_file,
+        tmp_path,
+        f"worker.reward.reward_function={SLEEPY_REWARD}:compute_score",
+        "worker.reward.reward_function_kwargs={sleep_s: 3.0}",
+    )
+    output = tmp_path / "samples.jsonl"
+    log_path = tmp_path / "first.log"
+    proc = launch_training(args, log_path, "generate")
+    wait_until(lambda: output.exists() and output.read_text().count("\n") >= 2, "a batch written", proc, log_path)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground process group
+    try:
+        returncode = proc.wait(timeout=120)
+    finally:
+        kill_process_group(proc)
+    log = log_path.read_text(errors="replace")
+    kept = len(read_rows(str(output)))
+    assert returncode == 128 + signal.SIGINT, log
+    assert 2 <= kept < len(PROMPTS), "the stop came after the last batch: nothing left to continue"
+    assert f"easyrl generate: interrupted (SIGINT): {output} keeps the rows of {kept} prompts" in log
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log
+
+    log = _run("generate", args, tmp_path / "second.log")
+    left = len(PROMPTS) - kept
+    assert f"holds the rows of {kept} of the {len(PROMPTS)} prompts of data.val_files (an earlier run): " in log
+    assert f"generating the other {left}." in log
+    assert f"({left} generated now, {kept} by an earlier run)" in log
+    assert sorted(row["index"] for row in read_rows(str(output))) == list(range(len(PROMPTS)))
 
 
 def _without_reward(args: list[str]) -> list[str]:

@@ -26,7 +26,15 @@ from typing import Any
 from ..config import RunPlan
 from ..data.dataset import RLHFDataset
 from ..utils.files import replace_file
-from .generate import EVAL_SEED_KIND, FAILED_KEY, GenerationRun, default_path, generation_settings, read_rows
+from .generate import (
+    EVAL_SEED_KIND,
+    FAILED_KEY,
+    GenerationRun,
+    default_path,
+    generation_settings,
+    read_rows,
+    stop_keeps_rows,
+)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -167,13 +175,14 @@ def run_eval(plan: RunPlan) -> dict:
     seed = config.worker.rollout.seed
     request = GenerationRequest(validate=config.eval.val_sampling, sampling_override={"n": k})
     settings = generation_settings(plan, request)
-    run = GenerationRun(plan, generations, k, settings)
-    try:
-        summary = run.generate(
-            generations, lambda batch: dataclasses.replace(request, seed=[seed, EVAL_SEED_KIND, batch]), k
-        )
-    finally:
-        run.close()
+    with stop_keeps_rows("eval", generations):
+        run = GenerationRun(plan, generations, k, settings)
+        try:
+            summary = run.generate(
+                generations, lambda batch: dataclasses.replace(request, seed=[seed, EVAL_SEED_KIND, batch]), k
+            )
+        finally:
+            run.close()
     row_counts = rows_per_source(run.val_loader.dataset)
     rows = read_rows(generations)
     extra = [row["index"] for row in rows if row["index"] >= summary.prompts]

@@ -26,7 +26,10 @@ import dataclasses
 import json
 import logging
 import os
+import signal
+import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -362,9 +365,19 @@ class GenerationRun:
         self.workers = None
         self.reward = None
         self.rollout = None
-        if prompts_left(output, self.tokenizer, self.val_loader, samples, settings) == 0:
+        left = prompts_left(output, self.tokenizer, self.val_loader, samples, settings)
+        if left == 0:
             logger.warning("%s holds a row for every prompt of data.val_files: nothing to generate.", output)
             return
+        if left is not None:
+            total = len(self.val_loader.dataset)
+            logger.warning(
+                "%s holds the rows of %d of the %d prompts of data.val_files (an earlier run): generating the other %d.",
+                output,
+                total - left,
+                total,
+                left,
+            )
         init_ray(plan)
         self._start()
 
@@ -413,6 +426,23 @@ def default_path(plan: RunPlan, configured: str | None, name: str) -> str:
     )
 
 
+@contextmanager
+def stop_keeps_rows(command: str, path: str) -> Iterator[None]:
+    """Ctrl-C (SIGINT) ends `easyrl generate` / `easyrl eval` with one line, not a traceback: what is kept (the rows
+    of every finished batch) and that the same command continues, and exit status 130 (128 + SIGINT)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        kept = len({row["index"] for row in read_rows(path)})
+        print(
+            f"easyrl {command}: interrupted (SIGINT): {path} keeps the rows of {kept} prompts, every batch that was "
+            "finished; rerunning the same command generates the others.",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(128 + signal.SIGINT) from None
+
+
 def run_generate(plan: RunPlan) -> GenerationSummary:
     """`easyrl generate`."""
     config = plan.config
@@ -422,13 +452,14 @@ def run_generate(plan: RunPlan) -> GenerationSummary:
     settings = generation_settings(plan, request)
     samples = settings["sampling"]["n"]
     seed = config.worker.rollout.seed
-    run = GenerationRun(plan, path, samples, settings)
-    try:
-        summary = run.generate(
-            path, lambda batch: dataclasses.replace(request, seed=[seed, GENERATE_SEED_KIND, batch]), samples
-        )
-    finally:
-        run.close()
+    with stop_keeps_rows("generate", path):
+        run = GenerationRun(plan, path, samples, settings)
+        try:
+            summary = run.generate(
+                path, lambda batch: dataclasses.replace(request, seed=[seed, GENERATE_SEED_KIND, batch]), samples
+            )
+        finally:
+            run.close()
     print(
         f"{summary.prompts} prompts x {samples} samples in {summary.path} ({summary.generated} generated now"
         + (f", {summary.resumed} by an earlier run)" if summary.resumed else ")")
