@@ -24,11 +24,18 @@ def _check(args: list[str]) -> int:
 
     try:  # what a run reads before Ray beyond the config: tool files, the heads Ulysses splits, its checkpoint
         check_model_files(plan)
-        start = resume_summary(plan, resume_point(plan.config))
+        checkpoint = resume_point(plan.config)
+        start = resume_summary(plan, checkpoint)
     except (ValueError, KeyError, OSError) as err:
         print(f"easyrl check: invalid config: {error_text(err)}", file=sys.stderr)
         return 2
-    return _print_valid(plan, "run plan", start)
+    if checkpoint is None:
+        lines = plan.describe()
+    else:  # whether validation runs before the resumed steps (the checkpoint code is imported only here)
+        from .trainer.checkpoint import checkpoint_step
+
+        lines = plan.describe(checkpoint_step(checkpoint))
+    return _print_valid(plan, "run plan", lines, start)
 
 
 def _check_sft(args: list[str]) -> int:
@@ -41,17 +48,17 @@ def _check_sft(args: list[str]) -> int:
     except ValueError as err:  # a ConfigError too
         print(f"easyrl check sft: invalid config: {err}", file=sys.stderr)
         return 2
-    return _print_valid(plan, "SFT plan", start)
+    return _print_valid(plan, "SFT plan", plan.describe(), start)
 
 
-def _print_valid(plan, title: str, start: str) -> int:
-    """The resolved config as YAML, then the plan as comments (``start``: where the run starts, afresh or from a
-    checkpoint); "config is valid" on stderr."""
+def _print_valid(plan, title: str, lines: str, start: str) -> int:
+    """The resolved config as YAML, then the plan's ``lines`` as comments (``start``: where the run starts, afresh or
+    from a checkpoint); "config is valid" on stderr."""
     from .config import config_to_yaml
 
     print(config_to_yaml(plan.config), end="")
     print(f"# {title}")
-    print("\n".join(f"#   {line}" for line in [*plan.describe().splitlines(), start]))
+    print("\n".join(f"#   {line}" for line in [*lines.splitlines(), start]))
     print("# config is valid", file=sys.stderr)
     return 0
 

@@ -80,6 +80,36 @@ def test_max_steps_sets_the_step_count_outright_as_in_easyr1():
     assert plan.with_training_steps(3).training_steps == 7  # more than one epoch: the data is cycled
 
 
+def test_the_plan_says_how_many_prompts_a_validation_runs_and_that_a_resumed_run_does_not_validate_first(
+    tiny_model_path, tmp_path
+):
+    from easyrl.trainer.main import prepare_run_data
+
+    val_file = tmp_path / "val.jsonl"
+    val_file.write_text("".join(f'{{"problem": "What is {i} + 1?", "answer": "{i + 1}"}}\n' for i in range(5)))
+    args = [
+        *TINY_RUN_OVERRIDES,
+        f"worker.actor.model.model_path={tiny_model_path}",
+        "trainer.n_gpus_per_node=1",
+        f"data.val_files={val_file}",
+        "trainer.val_before_train=true",
+        "trainer.val_freq=2",
+    ]
+    plan = prepare_run_data(load_run_plan(args)).plan
+    assert plan.validation_prompts == 5
+
+    def schedule(start_step: int) -> str:
+        return next(line for line in plan.describe(start_step).splitlines() if line.startswith("validation: "))
+
+    assert schedule(0) == "validation: before training, every 2 steps, at the end (5 prompts each time)"
+    assert schedule(3) == (
+        "validation: not before training (it resumes at step 3), every 2 steps, at the end (5 prompts each time)"
+    )
+    # before the data is read (easyrl check) the size is not known and not guessed
+    assert load_run_plan(args).describe().splitlines()[-1].startswith("validation: before training, every 2 steps, at")
+    assert "prompts each time" not in load_run_plan(args).describe()
+
+
 def test_too_little_data_for_one_step_is_an_error_naming_the_keys():
     plan = load_run_plan(BASE + ["data.rollout_batch_size=8", "data.mini_rollout_batch_size=2"])
     with pytest.raises(ValueError, match="rollout_batch_size"):

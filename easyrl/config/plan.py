@@ -55,6 +55,8 @@ class RunPlan:
     """Validation runs after the last step (every run with validation data, as EasyR1 does)."""
     training_steps: Optional[int] = None
     """Training steps of the run; known once the training data is read (trainer.max_steps sets it outright)."""
+    validation_prompts: Optional[int] = None
+    """Prompts of the validation data that each validation generates for; known once the data is read."""
     notes: tuple[str, ...] = ()
     """What the user should know about this run: settings adjusted to the device, and settings that do nothing beside
     the others (the keys whose meaning differs from EasyR1's are listed, with the reason, in docs/config.md)."""
@@ -112,8 +114,8 @@ class RunPlan:
         config.worker.critic.optim.training_steps = steps
         return dataclasses.replace(self, training_steps=steps)
 
-    def describe(self) -> str:
-        """The plan as the lines `easyrl check` prints."""
+    def describe(self, start_step: int = 0) -> str:
+        """The plan as the lines `easyrl check` prints; ``start_step``: the step the run resumes at (0: afresh)."""
         config, actor = self.config, self.config.worker.actor
         roles = (
             ["actor", "rollout"]
@@ -161,7 +163,7 @@ class RunPlan:
             f"old log-probs: {self.old_log_prob_reason}",
             f"zero-advantage samples: {zero_advantage.decision(actor)[1]}",
             f"training steps: {steps}",
-            f"validation: {_validation_schedule(config, self.validate_at_end)}",
+            f"validation: {_validation_schedule(config, self.validate_at_end, start_step, self.validation_prompts)}",
         ]
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
@@ -179,18 +181,28 @@ def _reward_summary(reward: Any) -> str:
     return f"{reward.rule_weight} x {rule} + {judge.weight} x judge ({judge.kind}: {source})"
 
 
-def _validation_schedule(config: PPOConfig, at_end: bool) -> str:
+def _validation_schedule(config: PPOConfig, at_end: bool, start_step: int, prompts: Optional[int]) -> str:
+    """When validation runs (``start_step``: where the run resumes, 0 afresh), and of how many prompts when the data
+    was read: a large validation set runs in full every time."""
     trainer = config.trainer
     if not config.data.val_files:
         return "none (data.val_files is empty)"
+    size = "" if prompts is None else f" ({prompts} prompts each time)"
     if trainer.val_only:
-        return "once, of the model the run starts from (a checkpoint's when it resumes one; val_only: no training)"
-    parts = ["before training"] if trainer.val_before_train else []
+        return (
+            f"once, of the model the run starts from (a checkpoint's when it resumes one; val_only: no training){size}"
+        )
+    parts = []
+    if trainer.val_before_train:
+        # validates_first: a resumed run validated its start when it began (EasyR1 validates again on every resume)
+        parts.append(
+            "before training" if start_step == 0 else f"not before training (it resumes at step {start_step})"
+        )
     if trainer.val_freq > 0:
         parts.append(f"every {trainer.val_freq} steps")
     if at_end:
         parts.append("at the end")
-    return ", ".join(parts)
+    return ", ".join(parts) + size
 
 
 def _old_log_prob_decision(config: PPOConfig, kl_in_reward: bool) -> tuple[bool, str]:

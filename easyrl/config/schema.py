@@ -717,7 +717,8 @@ class TrainerConfig:
     val_freq: int = -1
     """Validate every this many steps; <= 0 validates only before training (val_before_train) and at the end."""
     val_before_train: bool = True
-    """Validate once before the first step."""
+    """Validate once before the first step of a run that starts afresh; a resumed run does not (its start was
+    validated when it began; EasyR1 validates again at every resume)."""
     val_only: bool = False
     """Validate the model the run starts from (a checkpoint's when it resumes one, with trainer.val_before_train or
     not) and exit without training."""

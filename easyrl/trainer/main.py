@@ -4,6 +4,7 @@ and run the PPO loop.
 Everything that can fail on the user's input (config, model path, data rows, templates) fails before Ray starts.
 """
 
+import dataclasses
 import logging
 import os
 from collections.abc import Iterator
@@ -261,6 +262,8 @@ def prepare_run_data(plan: RunPlan) -> RunData:
         [loader and loader.dataset for loader in (train_loader, val_loader)],
     )
     plan = plan.with_training_steps(len(train_loader))
+    if val_loader is not None:
+        plan = dataclasses.replace(plan, validation_prompts=len(val_loader.dataset))
     _say_rows_left_over(plan, len(train_loader.dataset))
     return RunData(plan, tokenizer, processor, train_loader, val_loader, reward_fn)
 
@@ -514,6 +517,13 @@ def _resume_point(plan: RunPlan) -> tuple[str | None, str | None]:
     return path, None if path is None else nothing_left_to_train(plan, path, checkpoint_step(path))
 
 
+def _start_step(checkpoint: str | None) -> int:
+    """The step a run resumes at (0: afresh, ``checkpoint`` None)."""
+    from .checkpoint import checkpoint_step
+
+    return 0 if checkpoint is None else checkpoint_step(checkpoint)
+
+
 def run_training(plan: RunPlan) -> dict[str, float]:
     """`easyrl train`. A stop signal or a worker that died (with no restart left) ends it with one line saying what
     happened and where the last checkpoint is, and ``SystemExit`` with a non-zero status (see ``faults``)."""
@@ -529,8 +539,8 @@ def run_training(plan: RunPlan) -> dict[str, float]:
     with setup_errors_reported(log_file):
         data = prepare_run_data(plan)  # bad rows, templates or model paths fail here, before Ray starts
     plan = data.plan
-    logger.info("Run plan:\n%s", plan.describe())
     resumed_from, finished = _resume_point(plan)
+    logger.info("Run plan:\n%s", plan.describe(_start_step(resumed_from)))
     if finished is not None:
         print(finished)
         return {}
