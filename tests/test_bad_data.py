@@ -85,6 +85,26 @@ def test_non_utf8_byte_is_an_error_naming_file_line_and_byte(tmp_path, fmt):
         load_rows(str(path))
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
+def test_a_utf16_file_is_named_utf16_with_the_command_that_re_encodes_it(tmp_path, encoding):
+    path = tmp_path / "excel_unicode.csv"
+    text = "problem,answer\n1 + 1,2\n"
+    path.write_bytes(text.encode(encoding) if encoding == "utf-16" else b"\xfe\xff" + text.encode(encoding))
+    with pytest.raises(ValueError, match=r"is UTF-16 \(it starts with a UTF-16 byte-order mark.*iconv -f utf-16 -t"):
+        load_rows(str(path))
+    # the command it gives makes a file that reads as written
+    fixed = tmp_path / "fixed.csv"
+    subprocess.run(["iconv", "-f", "utf-16", "-t", "utf-8", str(path)], stdout=fixed.open("wb"), check=True)
+    assert load_rows(str(fixed)).to_list() == [{"problem": "1 + 1", "answer": "2"}]
+
+
+def test_a_csv_separated_by_semicolons_is_told_to_use_commas(tmp_path):
+    path = tmp_path / "excel_de.csv"
+    path.write_text("problem;answer\n1 + 1;2\n")
+    with pytest.raises(KeyError, match=r"The header 'problem;answer' is one column: the file seems separated by"):
+        RLHFDataset(str(path), None, None, DataConfig(train_files=str(path)))  # refused before any tokenizing
+
+
 def test_a_character_cut_by_the_check_block_is_valid_utf8(tmp_path, monkeypatch):
     # the checker reads 7 bytes at a time here: "é" (2 bytes) and "€" (3 bytes) straddle block ends
     monkeypatch.setattr(sources, "CHECK_BLOCK_BYTES", 7)

@@ -30,6 +30,18 @@ def test_parquet_file(tmp_path):
     assert load_rows(str(path)).to_list() == ROWS
 
 
+def test_a_pandas_index_in_a_parquet_file_is_no_column_and_its_removal_is_said(tmp_path, caplog):
+    import pandas as pd
+
+    path = tmp_path / "indexed.parquet"
+    # a shuffled or filtered frame keeps its row labels, which pandas writes as a column
+    pd.DataFrame(ROWS * 2, index=[7, 2, 9, 4]).to_parquet(path)
+    with caplog.at_level("INFO", logger="easyrl.data.sources"):
+        rows = load_rows(str(path))
+    assert rows.to_list() == ROWS * 2
+    assert "left out the pandas index column(s) ['__index_level_0__']" in caplog.text
+
+
 def test_saved_dataset_folder(tmp_path):
     datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "saved"))
     assert load_rows(str(tmp_path / "saved")).to_list() == ROWS

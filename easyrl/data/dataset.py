@@ -645,6 +645,12 @@ class RLHFDataset(Dataset):
             if name not in columns and name.split(".")[0] not in columns:  # `column.field` reads inside a column
                 near = _near_column(name.split(".")[0], columns)
                 hint = f" Did you mean data.{key}={near}?" if near else ""
+                if len(columns) == 1 and any(mark in columns[0] for mark in ";\t|"):
+                    # a CSV whose header holds its column names as one: another separator (Excel in many locales)
+                    hint += (
+                        f" The header {columns[0]!r} is one column: the file seems separated by another character "
+                        "than a comma; save it comma-separated (CSV) or tab-separated as a .tsv file."
+                    )
                 raise KeyError(f"{self.config_key}: no column {name!r} (data.{key}); the columns are {columns}.{hint}")
         if processor is not None:  # a vision-language model: a misnamed media column means no pictures
             for key in ("image_key", "video_key"):

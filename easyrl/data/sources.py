@@ -22,6 +22,7 @@ there) holds each value as written: the text "3" stays text (see ``_reread_mixed
 
 import csv
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -30,6 +31,9 @@ import datasets
 import numpy as np
 
 from .synthetic import BUILTIN_PREFIX, load_builtin
+
+
+logger = logging.getLogger(__name__)
 
 
 FILE_BUILDERS = {
@@ -89,6 +93,12 @@ def check_text_file(path: Path, config_key: str) -> None:
                 split_at_block_end = block and error.reason == "unexpected end of data" and error.end == len(data)
                 if not split_at_block_end:
                     bad = error.start
+                    if line == 1 and bad == 0 and data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+                        raise ValueError(
+                            f"{config_key}: {path} is UTF-16 (it starts with a UTF-16 byte-order mark, as Excel's "
+                            f"'Unicode text' files do); the {path.suffix} reader takes UTF-8 only. Re-encode it, e.g. "
+                            f"`iconv -f utf-16 -t utf-8 {path.name} > fixed{path.suffix}`, or save it as UTF-8."
+                        ) from None
                     bad_line = line + data.count(b"\n", 0, bad)
                     column = bad - data.rfind(b"\n", 0, bad)  # rfind is -1 on the first line: columns count from 1
                     raise ValueError(
@@ -208,6 +218,17 @@ def _from_file(local: Path, builder: str, config_key: str, split: str | None = N
     if builder == "json":
         _check_columnar_json(local, rows, config_key)
         rows = _reread_mixed_json(local, rows)
+    return _without_pandas_index(rows, local)
+
+
+def _without_pandas_index(rows: datasets.Dataset, local: Path) -> datasets.Dataset:
+    """The rows without the ``__index_level_N__`` columns pandas writes for a frame's own index (``to_parquet`` of an
+    indexed or filtered frame): they are no data, yet a TRL-style reward would get them as a keyword and generate's
+    rows would carry them. Their removal is said."""
+    index = [name for name in rows.column_names if re.fullmatch(r"__index_level_\d+__", name)]
+    if index:
+        logger.info("%s: left out the pandas index column(s) %s (the frame's index, not data).", local, index)
+        rows = rows.remove_columns(index)
     return rows
 
 
