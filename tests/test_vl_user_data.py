@@ -59,6 +59,7 @@ class GridPoint:
             f"worker.critic.padding_free={str(self.padding_free).lower()}",
             f"worker.critic.shared_prefix={str(self.padding_free).lower()}",  # each prompt once per group
             "worker.critic.model.enable_gradient_checkpointing=false",
+            "worker.critic.model.freeze_vision_tower=true",  # its own tower cache: the values pass serves the update
             "worker.critic.fsdp.torch_dtype=fp32",
             "worker.critic.fsdp.mp_param_dtype=fp32",
         ]
@@ -165,6 +166,8 @@ def check_run(point: GridPoint, metrics: dict[int, dict], log_path: Path, user_d
         if point.critic:
             assert math.isfinite(row["critic/vf_loss"]), f"{point.name} step {step}: vf_loss = {row['critic/vf_loss']}"
             assert row["critic/grad_norm"] > 0, f"{point.name} step {step}: no gradient reached the critic"
+            hits, misses = row["perf/critic_vision_cache_hits"], row["perf/critic_vision_cache_misses"]
+            assert hits > 0 and misses > 0, f"{point.name} step {step}: critic cache {hits} hits, {misses} misses"
             if point.padding_free:
                 shared = row["critic/shared_prefix/samples_per_prompt"]
                 assert shared > 1, f"{point.name} step {step}: the critic's groups shared nothing ({shared})"

@@ -40,6 +40,8 @@ from .vision import VisionInputs, vision_tower
 BLANK_KEY = b"easyrl-blank-picture"
 HITS_METRIC = "perf/vision_cache_hits"
 MISSES_METRIC = "perf/vision_cache_misses"
+# a critic's frozen tower caches apart from the actor's (its own weights): its counts under their own names
+CRITIC_METRIC_NAMES = {HITS_METRIC: "perf/critic_vision_cache_hits", MISSES_METRIC: "perf/critic_vision_cache_misses"}
 
 
 # ----------------------------------------------------------------------------------------------------------------------

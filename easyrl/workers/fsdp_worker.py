@@ -309,6 +309,9 @@ class FSDPWorker(Worker):
         metrics[f"{role}/lr"] = scheduler.get_last_lr()[0]
         if role == "actor":  # the step's vision-tower calls so far: old log-probs, reference, this update
             metrics.update(vision_encoder.take_cache_metrics(self.actor_module, self.ref_module))
+        elif role == "critic":  # the values pass and this update
+            cache = vision_encoder.take_cache_metrics(self.critic_module)
+            metrics.update({vision_encoder.CRITIC_METRIC_NAMES[name]: value for name, value in cache.items()})
         scheduler.step()
         return DataProto.from_dict(meta_info={"metrics": _reduce_metrics_over_ranks(metrics)})
 
