@@ -41,15 +41,17 @@ def test_validation_samples_decode_the_whole_attended_response(tokenizer):
     from easyrl.trainer.ray_trainer import PPOTrainer
 
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    prompt = encode("What is 3+4?")
+    # the prompt as a chat template writes it: its turns end in <|im_end|>, SmolLM2's pad token too
+    prompt = encode("<|im_start|>user\nWhat is 3+4?<|im_end|>\n<|im_start|>assistant\n")
+    assert tokenizer.pad_token_id in prompt
     call, tool, answer = encode("call"), encode("\n<|im_start|>tool\n7<|im_end|>\n"), encode("It is 7.")
     response = call + tool + answer
     width = len(response) + 2
     pad = tokenizer.pad_token_id
     responses = torch.tensor([response + [pad] * 2])
-    prompts = torch.tensor([prompt])
+    prompts = torch.tensor([[pad] * 3 + prompt])  # left-padded
     model = torch.tensor([[1] * len(call) + [0] * len(tool) + [1] * len(answer) + [0] * 2])
-    attention = torch.tensor([[1] * len(prompt) + [1] * len(response) + [0] * 2])
+    attention = torch.tensor([[0] * 3 + [1] * len(prompt) + [1] * len(response) + [0] * 2])
     batch = DataProto.from_dict(
         tensors={"prompts": prompts, "responses": responses, "response_mask": model, "attention_mask": attention},
         non_tensors={"ground_truth": np.array(["7"], dtype=object)},
@@ -57,7 +59,8 @@ def test_validation_samples_decode_the_whole_attended_response(tokenizer):
     assert responses.shape[-1] == width
     (sample,) = PPOTrainer._decode_samples(SimpleNamespace(global_step=2, tokenizer=tokenizer), batch, [1.0])
     assert sample["response"] == "call\ntool\n7\nIt is 7."  # the tool's result too, special tokens dropped
-    assert sample["prompt"] == "What is 3+4?" and sample["score"] == 1.0 and sample["step"] == 2
+    assert sample["prompt"] == "<|im_start|>user\nWhat is 3+4?<|im_end|>\n<|im_start|>assistant\n"
+    assert sample["score"] == 1.0 and sample["step"] == 2
 
 
 # ChatML with the tool role written as `observation`: a template a user gives in data.override_chat_template

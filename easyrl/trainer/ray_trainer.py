@@ -583,14 +583,17 @@ class PPOTrainer:
     def _decode_samples(self, batch: DataProto, scores: list[float]) -> list[dict[str, Any]]:
         out = []
         for i in range(len(batch)):
+            # the attended prompt: the pad token is often the model's end-of-turn token (SmolLM2, Qwen), which the
+            # prompt's chat template writes after every turn
             prompt = batch.batch["prompts"][i]
+            prompt = prompt[batch.batch["attention_mask"][i, : prompt.shape[-1]].bool()]
             # the attended response: a multi-turn rollout's tool results are in it (response_mask has only the model's)
             responses = batch.batch["responses"][i]
             response = responses[batch.batch["attention_mask"][i, -responses.shape[-1] :].bool()]
             out.append(
                 {
                     "step": self.global_step,
-                    "prompt": self.tokenizer.decode(prompt[prompt != self.tokenizer.pad_token_id]),
+                    "prompt": self.tokenizer.decode(prompt),
                     "response": self.tokenizer.decode(response, skip_special_tokens=True),
                     "ground_truth": str(batch.non_tensor_batch["ground_truth"][i]),
                     "score": scores[i],
