@@ -63,8 +63,33 @@ def test_collector_gathers_kept_groups_across_rounds_until_full():
     assert collector.full
     batch = collector.take()
     assert batch.non_tensor_batch["uid"].tolist() == ["b", "b", "c", "c"]
-    assert collector.metrics()["filter/kept_groups"] == 3.0
-    assert collector.metrics()["filter/dropped_high"] == 1.0
+    # kept: the groups trained; d passed the filter too and is counted apart, as generated and dropped
+    metrics = collector.metrics()
+    assert metrics["filter/kept_groups"] == 2.0 and metrics["filter/surplus_groups"] == 1.0
+    assert metrics["filter/dropped_high"] == 1.0 and metrics["filter/dropped_groups"] == 1.0
+    seen = sum(metrics[f"filter/{key}"] for key in ("kept_groups", "surplus_groups", "dropped_groups"))
+    assert seen == 4.0  # every group generated, counted once
+
+
+def test_groups_of_alike_scores_are_counted_among_the_trained_groups_only():
+    import torch
+
+    from easyrl.algorithms.filtering import GroupCollector
+    from easyrl.protocol import DataProto
+
+    collector = GroupCollector(target_groups=1, group_size=2)
+    # a right answer scores 0.9: both groups pass EasyR1's bounds; only the first is trained
+    data = DataProto.from_dict(
+        tensors={"responses": torch.zeros(4, 1)},
+        non_tensors={"uid": np.array(["m", "m", "u", "u"], dtype=object), "overall": np.array([0.9, 0.0, 0.9, 0.9])},
+    )
+    collector.add(data, filter_key="overall", low=0.01, high=0.99)
+    metrics = collector.metrics()
+    assert metrics["filter/kept_groups"] == 1.0 and metrics["filter/surplus_groups"] == 1.0
+    assert metrics["filter/kept_uniform_groups"] == 0.0  # u, all alike, was not trained
+    other = GroupCollector(target_groups=2, group_size=2)
+    other.add(data, filter_key="overall", low=0.01, high=0.99)
+    assert other.metrics()["filter/kept_uniform_groups"] == 1.0
 
 
 def test_a_filter_key_the_reward_does_not_give_names_the_scores_and_the_nearest():

@@ -11,7 +11,7 @@ reward is on another scale) and generates more prompts until `data.rollout_batch
         batch = ...generate and score...            # with non-tensor `uid` and the `filter_key` score per sample
         collector.add(batch, filter_key=algo.filter_key, low=algo.filter_low, high=algo.filter_high)
     batch = collector.take()                        # exactly target_groups groups
-    metrics.update(collector.metrics())             # filter/kept_groups, filter/dropped_groups, ...
+    metrics.update(collector.metrics())             # filter/kept_groups, filter/surplus_groups, ...
 """
 
 import difflib
@@ -114,6 +114,7 @@ class GroupCollector:
         self.group_size = group_size
         self._parts: list[DataProto] = []
         self._groups: list = []
+        self._uniform: set = set()  # kept groups of 2+ samples whose filter scores are all the same
         self._metrics: dict[str, float] = {}
 
     @property
@@ -136,6 +137,12 @@ class GroupCollector:
             data, metrics = filter_groups(data, filter_key, low, high)
             for key, value in metrics.items():
                 self._metrics[key] = self._metrics.get(key, 0.0) + value
+            if len(data):
+                scores, uids = _sample_scores(data, filter_key), data.non_tensor_batch["uid"]
+                for uid in _first_seen_groups(uids):
+                    group = scores[uids == uid]
+                    if len(group) > 1 and np.ptp(group) == 0:
+                        self._uniform.add(uid)
         if len(data) == 0:
             return
         self._parts.append(data)
@@ -143,8 +150,17 @@ class GroupCollector:
         self._groups.extend(g for g in _first_seen_groups(data.non_tensor_batch["uid"]) if g not in known)
 
     def metrics(self) -> dict[str, float]:
-        """Kept / dropped group counts summed over the rounds so far."""
-        return dict(self._metrics)
+        """Group counts over the rounds so far: ``filter/kept_groups`` the groups the batch takes (at most
+        target_groups) and ``filter/surplus_groups`` those that passed the filter beyond them (the last round's
+        extra groups, generated and dropped); ``filter/kept_uniform_groups`` counts among the kept. The dropped
+        counts are of the filter, summed."""
+        metrics = dict(self._metrics)
+        if "filter/kept_groups" in metrics:
+            kept = self._groups[: self.target_groups]
+            metrics["filter/kept_groups"] = float(len(kept))
+            metrics["filter/surplus_groups"] = float(len(self._groups) - len(kept))
+            metrics["filter/kept_uniform_groups"] = float(sum(uid in self._uniform for uid in kept))
+        return metrics
 
     def take(self) -> "DataProto":
         """The first `target_groups` groups collected, all their samples, in the order they came."""

@@ -32,7 +32,8 @@ def format_console_line(metrics: dict[str, float], step: int, total_steps: int |
     parts = [f"step {step}/{total_steps}" if total_steps else f"step {step}"]
     if "filter/kept_groups" in metrics:
         # online filtering: score and reward (critic/*) cover the kept groups, acc and format (reward/*) every sample
-        seen = metrics["filter/kept_groups"] + metrics.get("filter/dropped_groups", 0)
+        # kept: the groups trained; surplus passed the filter beyond the batch (generated and dropped)
+        seen = sum(metrics.get(f"filter/{key}", 0) for key in ("kept_groups", "surplus_groups", "dropped_groups"))
         parts.append(f"kept {metrics['filter/kept_groups']:.0f}/{seen:.0f} groups")
     parts += [f"{label} {metrics[key]:.4g}" for label, key in CONSOLE_METRICS if key in metrics]
     parts += [f"{key} {value:.4g}" for key, value in metrics.items() if key.startswith("val/")]
