@@ -148,6 +148,10 @@ def test_a_batch_with_no_advantage_still_takes_the_optimizer_step(tiny_model_pat
     assert metrics[True]["actor/zero_advantage_skipped"] == pytest.approx(3 / 4)
     assert metrics[True]["actor/grad_norm"] == metrics[False]["actor/grad_norm"] == 0.0
     assert_same_states(states[False], states[True], load_hf_causal_lm(tiny_model_path).state_dict())
+    # the per-token metrics would describe the one placeholder sample: left out, not passed off as the batch's
+    per_token = {"actor/ppo_kl", "actor/pg_clipfrac_higher", "actor/pg_clipfrac_lower"}
+    assert per_token <= set(metrics[False]) and not per_token & set(metrics[True])
+    assert metrics[True]["actor/pg_loss"] == metrics[False]["actor/pg_loss"] == 0.0
 
 
 @pytest.fixture
@@ -216,12 +220,12 @@ def test_a_users_loss_registered_as_advantage_weighted_is_skipped(scratch_losses
 def test_samples_to_compute_keeps_order_and_at_least_one():
     data = grouped_batch([2, 2, 2], seed=3)
     keep = torch.tensor([False, True, False, False, True, True])
-    part, dropped = samples_to_compute(data, keep)
-    assert dropped == 3 and torch.equal(part.batch["input_ids"], data.batch["input_ids"][[1, 4, 5]])
-    part, dropped = samples_to_compute(data, torch.zeros(6, dtype=torch.bool))
-    assert dropped == 5 and torch.equal(part.batch["input_ids"], data.batch["input_ids"][[0]])
-    part, dropped = samples_to_compute(data, torch.ones(6, dtype=torch.bool))
-    assert dropped == 0 and part is data
+    part, dropped, carried = samples_to_compute(data, keep)
+    assert dropped == 3 and torch.equal(part.batch["input_ids"], data.batch["input_ids"][[1, 4, 5]]) and carried
+    part, dropped, carried = samples_to_compute(data, torch.zeros(6, dtype=torch.bool))
+    assert dropped == 5 and torch.equal(part.batch["input_ids"], data.batch["input_ids"][[0]]) and not carried
+    part, dropped, carried = samples_to_compute(data, torch.ones(6, dtype=torch.bool))
+    assert dropped == 0 and part is data and carried
 
 
 @pytest.mark.timeout(300)

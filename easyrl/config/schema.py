@@ -361,7 +361,8 @@ class ActorConfig(TrainableRoleConfig):
     group whose samples all scored the same): with a built-in loss_type, entropy_coef 0 and no KL loss they add
     nothing to the loss or its gradient, so the update is the same (to float rounding) for less compute; the loss
     denominators still count them. Then the per-token metrics (entropy, ppo_kl, clip fractions) cover the computed
-    samples, and actor/zero_advantage_skipped is the share skipped. With trainer.balance_batch the ranks get equal
+    samples (none where no sample of a mini-batch has an advantage: its one computed placeholder would stand for
+    it), and actor/zero_advantage_skipped is the share skipped. With trainer.balance_batch the ranks get equal
     shares of the computed tokens. Ignored where those conditions do not hold."""
     disable_kl: bool = field(default=False, metadata=derived("algorithm.disable_kl"))
     """Copied from algorithm.disable_kl (derived)."""

@@ -47,19 +47,20 @@ def global_loss_denominator(response_mask: torch.Tensor, loss_avg_mode: str, dp_
     return max(float(total.item()), 1.0) / dp_size
 
 
-def samples_to_compute(mini_batch: "DataProto", carries_gradient: torch.Tensor) -> tuple["DataProto", int]:
-    """(the part of ``mini_batch`` whose passes run, how many samples were left out).
+def samples_to_compute(mini_batch: "DataProto", carries_gradient: torch.Tensor) -> tuple["DataProto", int, bool]:
+    """(the part of ``mini_batch`` whose passes run, how many samples were left out, whether any rank's mini-batch
+    has a sample that carries a gradient).
 
     Left out are samples that add nothing to the loss (``carries_gradient`` false). Every rank of a process group
     must run the same number of passes (each FSDP forward is a collective), and the micro-batch planners give equal
     counts for equal sample counts, so each rank computes as many samples as the rank keeping the most, topping up
     with samples that add nothing; and at least one, so the optimizer step sees the same (zero or not) gradients."""
-    kept = int(carries_gradient.sum())
-    target = max_over_ranks(max(kept, 1))
+    most = max_over_ranks(int(carries_gradient.sum()))
+    target = max(most, 1)
     if target >= len(mini_batch):
-        return mini_batch, 0
+        return mini_batch, 0, most > 0
     kept_first = torch.argsort((~carries_gradient).to(torch.uint8), stable=True)
-    return mini_batch[kept_first[:target].sort().values], len(mini_batch) - target
+    return mini_batch[kept_first[:target].sort().values], len(mini_batch) - target, most > 0
 
 
 def _token_means_over_ranks(token_metrics: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
@@ -113,8 +114,11 @@ def run_ppo_updates(
         for mini_batch in data.split(mini_batch_size):
             denominator = global_loss_denominator(mini_batch.batch["response_mask"], loss_avg_mode, dp_size)
             seen += len(mini_batch)
+            # a mini-batch in which no sample carries a gradient computes one placeholder sample per rank: its
+            # per-token metrics (entropy, ppo_kl, clip fractions) would stand for the whole batch, so they are left out
+            carried = True
             if carries_gradient is not None:
-                mini_batch, dropped = samples_to_compute(mini_batch, carries_gradient(mini_batch))
+                mini_batch, dropped, carried = samples_to_compute(mini_batch, carries_gradient(mini_batch))
                 left_out += dropped
             micro_batches, _ = split_for_pass(mini_batch, micro_batch_size, dynamic_batching, shared_prefix)
             summed: dict[str, float] = defaultdict(float)
@@ -125,7 +129,7 @@ def run_ppo_updates(
                 for key, value in metrics.items():
                     if key in SUMMED_METRICS:
                         summed[key] += float(value)
-                    else:
+                    elif carried:
                         token_metrics[key].append((float(value), tokens))
             for key, value in summed.items():
                 step_metrics[key].append(value)
