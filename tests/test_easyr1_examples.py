@@ -916,7 +916,9 @@ def assert_recipe_ran(example: Example, metrics: dict[int, dict], plan: RunPlan)
             # at least the planned generation calls, every generated group either kept or dropped
             assert row["filter/rounds"] >= plan.generation_rounds_per_step, row["filter/rounds"]
             generated = row["filter/rounds"] * plan.generation_batch_size
-            assert row["filter/kept_groups"] + row["filter/dropped_groups"] == generated, row
+            counted = sum(row[f"filter/{key}"] for key in ("kept_groups", "surplus_groups", "dropped_groups"))
+            assert counted == generated, row
+            assert row["filter/kept_groups"] == plan.config.data.rollout_batch_size, row  # what the step trained
         if algorithm.filter_key != "overall":
             assert f"reward/{algorithm.filter_key}" in row, sorted(row)
         if "overlong_buffer_length" in plan.config.worker.reward.reward_function_kwargs:
