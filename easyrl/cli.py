@@ -17,7 +17,9 @@ def _check(args: list[str]) -> int:
     try:
         plan = load_run_plan(args)
     except ConfigError as err:
-        hint = "" if "reward_function" not in str(err) else " (an SFT config? `easyrl check sft config=...`)"
+        # an SFT config read as an RL one lacks only its reward function
+        missing_reward = str(err).startswith("a run needs") and "`worker.reward.reward_function`" in str(err)
+        hint = " (an SFT config? `easyrl check sft config=...`)" if missing_reward else ""
         print(f"easyrl check: invalid config: {err}{hint}", file=sys.stderr)
         return 2
     from .trainer.preflight import check_model_files, error_text, resume_point, resume_summary

@@ -10,6 +10,14 @@ logger = logging.getLogger(__name__)
 
 BUILTIN_PREFIX = "builtin://"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zip")
+
+
+def unreadable_suffix_hint(name: str) -> str:
+    """What to do with a data file of a kind the readers do not take (a compressed one: decompress it)."""
+    if name.lower().endswith(COMPRESSED_SUFFIXES):
+        return f" Decompress it first (e.g. `gunzip {name}` for a .gz file) and give the data file it holds."
+    return ""
 
 
 # Files easyrl ships under the names of EasyR1's examples/ files AND with their contract: the reward functions give

@@ -76,6 +76,7 @@ def test_check_sft_checks_an_sft_config_and_the_rl_check_points_to_it():
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout)["sft"]["max_length"] == 300
     assert "# SFT plan" in result.stdout and "token-mean cross-entropy on the assistant's tokens" in result.stdout
+    assert "#   training steps: 40 (trainer.max_steps)\n" in result.stdout  # the recipe's max_steps: 40
     refused = run_easyrl("check", "sft", config, "sft.max_lenght=300")
     assert refused.returncode == 2 and refused.stderr.startswith("easyrl check sft: invalid config:")
     assert "Did you mean `sft.max_length`?" in refused.stderr
@@ -84,3 +85,27 @@ def test_check_sft_checks_an_sft_config_and_the_rl_check_points_to_it():
     assert as_rl.returncode == 2
     assert "`worker.reward.reward_function`" in as_rl.stderr
     assert "(an SFT config? `easyrl check sft config=...`)" in as_rl.stderr
+    # an RL config's own reward mistakes are not taken for an SFT config
+    typo = run_easyrl(
+        "check", "config=examples/smollm2_arithmetic_grpo.yaml", "worker.reward.reward_function_kwargs.foo=1"
+    )
+    assert typo.returncode == 2 and "takes no such argument" in typo.stderr and "SFT" not in typo.stderr
+
+
+def test_check_refuses_the_data_and_hub_models_a_run_would_refuse_before_ray(tmp_path):
+    demo = "config=examples/smollm2_arithmetic_grpo.yaml"
+    for value, refusal in [
+        ("builtin://nosuch@train", "Unknown built-in dataset 'builtin://nosuch@train'; choose one of: arithmetic,"),
+        ("builtin://arithmetic_small@dev", "builtin://arithmetic_small has the split(s) train, test; give one"),
+    ]:
+        result = run_easyrl("check", demo, f"data.train_files={value}")
+        assert result.returncode == 2 and "invalid config: `data.train_files`: " in result.stderr, result.stderr
+        assert refusal in result.stderr
+    packed = tmp_path / "train.jsonl.gz"
+    packed.write_bytes(b"\x1f\x8b")
+    result = run_easyrl("check", demo, f"data.train_files={packed}")
+    assert result.returncode == 2 and "cannot read `train.jsonl.gz`" in result.stderr
+    assert "Decompress it first (e.g. `gunzip train.jsonl.gz` for a .gz file)" in result.stderr
+    # a slice of a built-in split is what it is for a data file: the split's first rows
+    sliced = run_easyrl("check", demo, "data.val_files=builtin://arithmetic_small@test[:16]")
+    assert sliced.returncode == 0, sliced.stderr

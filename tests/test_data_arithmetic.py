@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from easyrl.data.sources import load_rows
 from easyrl.data.synthetic.arithmetic import ArithmeticSpec, generate_arithmetic, write_jsonl
 
@@ -40,6 +42,15 @@ def test_rows_round_trip_through_jsonl(tmp_path):
 def test_builtin_name_is_a_data_path():
     rows = load_rows("builtin://arithmetic@test")
     assert len(rows) == 128 and rows[0] == generate_arithmetic("test")[0]
+
+
+def test_a_builtin_split_slice_is_its_first_rows_as_a_data_files_is():
+    whole = load_rows("builtin://arithmetic_small@test").to_list()
+    assert load_rows("builtin://arithmetic_small@test[:16]").to_list() == whole[:16]
+    assert load_rows("builtin://arithmetic_small@test[ : 25% ]").to_list() == whole[:32]
+    assert load_rows("builtin://arithmetic_small@test[:-8]").to_list() == whole[:-8]
+    with pytest.raises(ValueError, match=r"has the split\(s\) train, test; give one, optionally with `\[:N\]`"):
+        load_rows("builtin://arithmetic_small@test[5:]")
 
 
 def test_small_task_draws_numbers_up_to_twenty_and_keeps_splits_apart():

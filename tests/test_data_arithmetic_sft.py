@@ -41,5 +41,5 @@ def test_disjoint_from_the_test_split():
 
 
 def test_only_a_train_split():
-    with pytest.raises(ValueError, match="only 'train'"):
+    with pytest.raises(ValueError, match=r"has the split\(s\) train \(its problems are arithmetic_small's training"):
         load_rows("builtin://arithmetic_sft@test")

@@ -389,8 +389,20 @@ def test_check_refuses_reward_kwargs_no_chosen_function_takes_reading_the_source
         load_run_plan([*BASE, f"worker.reward.reward_function={rewards}:{spec}", *kwargs])
 
     check("score", "+worker.reward.reward_function_kwargs.scale=2")
-    with pytest.raises(ConfigError, match=r"\['scael'\]: `score` in .* takes no such argument \(it takes offset"):
+    with pytest.raises(ConfigError) as refusal:
         check("score", "+worker.reward.reward_function_kwargs.scael=2")
+    # what the user may set, apart from the inputs easyrl passes
+    assert str(refusal.value).endswith(
+        "takes no such argument (it takes offset, scale; easyrl passes reward_inputs itself)."
+    )
+    verl = tmp_path / "verl_reward.py"
+    verl.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0):\n    return 0\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"\(it takes bonus; easyrl passes data_source, extra_info, ground_truth, solu"
+    ):
+        load_run_plan([*BASE, f"worker.reward.reward_function={verl}", "+worker.reward.reward_function_kwargs.bnus=1"])
     # combined functions: each key must be some function's
     check(
         "score,bonus",

@@ -75,7 +75,12 @@ class SFTPlan:
 
     def describe(self) -> str:
         config, actor = self.config, self.config.worker.actor
-        steps = str(self.training_steps) if self.training_steps is not None else "set when the training data is read"
+        if self.training_steps is not None:
+            steps = str(self.training_steps)
+        elif config.trainer.max_steps is not None:
+            steps = f"{config.trainer.max_steps} (trainer.max_steps)"
+        else:
+            steps = f"set when the training data is read (batches per epoch x {config.trainer.total_epochs} epochs)"
         return "\n".join(
             [
                 f"workers: {self.world_size} ({config.trainer.nnodes} node(s) x {config.trainer.n_gpus_per_node}), "

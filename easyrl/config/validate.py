@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from ..data.synthetic import parse_builtin
 from ..demo import builtin_models
-from ..paths import BUILTIN_PREFIX, FUNCTION_SEPARATOR, looks_local, shipped_files_hint
+from ..paths import BUILTIN_PREFIX, FUNCTION_SEPARATOR, looks_local, shipped_files_hint, unreadable_suffix_hint
 from ..utils.platform import nvidia_gpus_visible
 from ..workers.reward.judge import CHAT_PATH, compile_score_pattern, load_template
 from ..workers.reward.loader import (
@@ -1079,8 +1080,20 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
     check_template_kwargs(data.apply_chat_template_kwargs)
     for key in ("data.train_files", "data.val_files"):
         value = _get(config, key)
-        if value and not value.startswith(BUILTIN_PREFIX) and not os.path.exists(os.path.expanduser(value)):
+        if value and value.startswith(BUILTIN_PREFIX):
+            try:
+                parse_builtin(value)
+            except ValueError as error:
+                raise ConfigError(f"`{key}`: {error}") from None
+        elif value and not os.path.exists(os.path.expanduser(value)):
             path = value.split("@", 1)[0]
             is_file_name = Path(path).suffix.lower() in DATA_FILE_SUFFIXES
             if (looks_local(path) or is_file_name) and not os.path.exists(os.path.expanduser(path)):
                 raise ConfigError(f"`{key}`: data file `{path}` does not exist.")
+        if value and os.path.isfile(os.path.expanduser(value.split("@", 1)[0])):
+            name = Path(value.split("@", 1)[0]).name
+            if not name.lower().endswith(DATA_FILE_SUFFIXES):
+                raise ConfigError(
+                    f"`{key}`: cannot read `{name}`: give a {', '.join(DATA_FILE_SUFFIXES)} file or a dataset folder."
+                    + unreadable_suffix_hint(name)
+                )

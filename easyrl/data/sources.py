@@ -30,6 +30,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 
+from ..paths import COMPRESSED_SUFFIXES, unreadable_suffix_hint
 from .synthetic import BUILTIN_PREFIX, load_builtin
 
 
@@ -46,7 +47,6 @@ FILE_BUILDERS = {
     ".feather": "arrow",  # Feather v2 is the Arrow IPC file format
 }
 TEXT_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
-COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zip")
 # Bytes read at a time when checking that a text file is UTF-8.
 CHECK_BLOCK_BYTES = 1 << 24
 
@@ -144,13 +144,6 @@ def _reader_options(local: Path) -> dict:
         header = next(csv.reader(file, delimiter=delimiter), [])
     options = {"features": datasets.Features({name: datasets.Value("string") for name in header})}
     return {**options, "delimiter": delimiter} if delimiter != "," else options
-
-
-def _unreadable_suffix_hint(name: str) -> str:
-    """What to do with a file of a kind the readers do not take."""
-    if name.lower().endswith(COMPRESSED_SUFFIXES):
-        return f" Decompress it first (e.g. `gunzip {name}` for a .gz file) and give the data file it holds."
-    return ""
 
 
 def _check_columnar_json(local: Path, rows: datasets.Dataset, config_key: str) -> None:
@@ -426,7 +419,7 @@ def _load_one(path: str, config_key: str) -> datasets.Dataset:
         if builder is None:
             raise ValueError(
                 f"{config_key}: cannot read {base!r}; use one of {', '.join(FILE_BUILDERS)} or a dataset folder."
-                + _unreadable_suffix_hint(local.name)
+                + unreadable_suffix_hint(local.name)
             )
         return _from_file(local, builder, config_key, split)
     if _looks_local(base):

@@ -1,5 +1,7 @@
-"""Datasets that ship with easyrl, generated on the fly and addressed as ``builtin://NAME@SPLIT``."""
+"""Datasets that ship with easyrl, generated on the fly and addressed as ``builtin://NAME@SPLIT``, or
+``builtin://NAME@SPLIT[:N]`` (``[:N%]``) for a split's first rows, as a data file's ``@train[:N]``."""
 
+import re
 from collections.abc import Callable
 
 
@@ -55,9 +57,40 @@ BUILTIN_DATASETS: dict[str, Callable[[str], list[dict]]] = {
 }
 
 
-def load_builtin(spec: str) -> list[dict]:
-    """Rows of ``builtin://NAME@SPLIT`` (split defaults to train)."""
+# the splits each one has (checked before anything is generated: `easyrl check` generates nothing)
+BUILTIN_SPLITS: dict[str, tuple[str, ...]] = {
+    "arithmetic": ("train", "test"),
+    "arithmetic_small": ("train", "test"),
+    "arithmetic_sft": ("train",),
+    "code": ("train", "test"),
+    "shapes": ("train", "test"),
+    "shapes_sft": ("train", "test"),
+}
+_SPLIT = re.compile(r"(\w+)\s*(?:\[\s*:\s*(-?\d+)\s*(%?)\s*\])?")
+
+
+def parse_builtin(spec: str) -> tuple[str, str, int | None, bool]:
+    """(name, split, N of ``[:N]`` or None, whether N is a percentage) of ``builtin://NAME@SPLIT[:N]``; ValueError
+    naming the choices for an unknown name or split."""
     name, _, split = spec[len(BUILTIN_PREFIX) :].partition("@")
     if name not in BUILTIN_DATASETS:
         raise ValueError(f"Unknown built-in dataset {spec!r}; choose one of: {', '.join(sorted(BUILTIN_DATASETS))}.")
-    return BUILTIN_DATASETS[name](split or "train")
+    match = _SPLIT.fullmatch(split.strip() or "train")
+    if match is None or match[1] not in BUILTIN_SPLITS[name]:
+        advice = " (its problems are arithmetic_small's training problems: validate on arithmetic_small)"
+        raise ValueError(
+            f"{spec!r}: {BUILTIN_PREFIX}{name} has the split(s) {', '.join(BUILTIN_SPLITS[name])}"
+            + (advice if name == "arithmetic_sft" else "")
+            + "; give one, optionally with `[:N]` (or `[:N%]`) for its first rows."
+        )
+    return name, match[1], None if match[2] is None else int(match[2]), bool(match[3])
+
+
+def load_builtin(spec: str) -> list[dict]:
+    """Rows of ``builtin://NAME@SPLIT`` (split defaults to train), the first N of ``@SPLIT[:N]`` (``[:N%]``: that
+    share, rounded)."""
+    name, split, stop, percent = parse_builtin(spec)
+    rows = BUILTIN_DATASETS[name](split)
+    if stop is not None:
+        rows = rows[: round(len(rows) * stop / 100) if percent else stop]
+    return rows

@@ -552,6 +552,24 @@ def _required_in_source(tree: ast.Module, name: str) -> list[str]:
     return [arg.arg for arg in (*without_default, *kwonly)]
 
 
+def _passed_in_source(tree: ast.Module, name: str) -> set[str]:
+    """The arguments of function ``name`` that easyrl fills itself (not from reward_function_kwargs): an EasyR1-style
+    function's first (the inputs), verl's four, TRL's call arguments."""
+    node = next(
+        (n for n in reversed(tree.body) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name),
+        None,
+    )
+    if node is None:
+        return set()
+    positional = [arg.arg for arg in (*node.args.posonlyargs, *node.args.args)]
+    names = {*positional, *(arg.arg for arg in node.args.kwonlyargs)}
+    if "solution_str" in names:
+        return names & set(VERL_ARGUMENTS)
+    if names & set(TRL_SIGNATURE_NAMES):
+        return names & set(TRL_CALL_ARGUMENTS)
+    return set(positional[:1])
+
+
 def check_reward_kwargs(spec: str, kwargs: dict | None) -> None:
     """For the config check: every key of `worker.reward.reward_function_kwargs` is an argument some chosen function
     of ``spec`` takes, and every argument a function needs without a default is among them, read from the file's
@@ -572,9 +590,13 @@ def check_reward_kwargs(spec: str, kwargs: dict | None) -> None:
             if colon
             else ""
         )
+        passed = set().union(*(_passed_in_source(tree, name) for name in chosen))
+        settable = sorted(accepted - passed)
         raise RewardFunctionError(
             f"`worker.reward.reward_function_kwargs` {unknown}: {' nor '.join(f'`{name}`' for name in chosen)} in "
-            f"`{path_text}` takes no such argument (it takes {', '.join(sorted(accepted)) or 'none'}).{hint}"
+            f"`{path_text}` takes no such argument (it takes {', '.join(settable) or 'none'}"
+            + (f"; easyrl passes {', '.join(sorted(passed & accepted))} itself" if passed & accepted else "")
+            + f").{hint}"
         )
     for name in chosen:
         missing = [arg for arg in _required_in_source(tree, name) if arg not in kwargs]
