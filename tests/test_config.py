@@ -161,6 +161,11 @@ def test_missing_format_prompt_file(valid_args, tmp_path):
 def test_missing_local_model_path(valid_args, tmp_path):
     with pytest.raises(ConfigError, match=r"`worker\.actor\.model\.model_path`: local model path .* does not exist"):
         load_config([*valid_args, f"worker.actor.model.model_path={tmp_path}/no_model"])
+    # the folder an SFT run writes at its end (the cold-start recipe's model before its SFT ran) says so
+    with pytest.raises(
+        ConfigError, match=r"does not exist\. A run's huggingface/ folder is written when `easyrl sft`"
+    ):
+        load_config([*valid_args, f"worker.actor.model.model_path={tmp_path}/run/huggingface"])
 
 
 @pytest.mark.parametrize(

@@ -498,7 +498,10 @@ def test_the_plan_gives_the_token_budget_of_dynamic_micro_batches():
         "data.max_response_length=28",
     ]
     dynamic = load_run_plan([*BASE, *sizes, "worker.actor.dynamic_batching=true"]).describe()
-    assert "micro-batches of up to 256 (update) / 512 (log-probs) tokens" in dynamic
+    assert (
+        "micro-batches of up to 256 (update) / 512 (log-probs) real tokens (dynamic batching: "
+        "micro_batch_size_per_device_for_* x the padded length 128, prompt + response)"
+    ) in dynamic
     fixed = load_run_plan([*BASE, *sizes, "worker.actor.dynamic_batching=false"]).describe()
     assert "micro-batches of 2 (update) / 4 (log-probs) samples" in fixed
 

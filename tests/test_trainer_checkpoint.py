@@ -249,6 +249,42 @@ def test_a_run_whose_checkpoint_is_past_its_last_step_says_so_without_starting(t
     assert not (save_dir / "metrics.jsonl").exists() and _steps(save_dir) == [4]
 
 
+def test_a_run_that_trains_a_critic_refuses_a_checkpoint_without_one_before_ray(tmp_path, caplog):
+    import logging
+
+    from easyrl.config import PPOConfig
+
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / "config.yaml").write_text("algorithm:\n  adv_estimator: grpo\n")  # the run's config, kept by each save
+    manager = CheckpointManager(str(root))
+    grpo_checkpoint = _save(manager, 2)
+    config = PPOConfig()
+    config.trainer.save_checkpoint_path = str(root)
+    config.algorithm.adv_estimator = "gae"
+    with pytest.raises(CheckpointError) as refusal:
+        check_resume_point(config)
+    assert str(refusal.value) == (
+        f"Cannot resume from {grpo_checkpoint}: it holds no critic (its run had algorithm.adv_estimator=grpo), and "
+        "this run's algorithm.adv_estimator=gae trains one. Set algorithm.adv_estimator as the checkpoint's run had "
+        "it, or start afresh in a new trainer.save_checkpoint_path."
+    )
+    config.algorithm.adv_estimator = "grpo"
+    assert check_resume_point(config) == grpo_checkpoint
+
+    tmp_dir = manager.begin(3)  # a PPO run's checkpoint: actor and critic
+    _worker_save(tmp_dir, seed=3)
+    _worker_save(tmp_dir, "critic", seed=3)
+    ppo_checkpoint = manager.commit(3, trainer_state={"epoch": 0}, dataloader_state={"batches_yielded": 3})
+    with caplog.at_level(logging.WARNING, logger="easyrl.trainer.checkpoint"):
+        assert check_resume_point(config) == ppo_checkpoint  # resuming it without the critic is allowed, and said
+    assert "holds a critic, which this run (algorithm.adv_estimator=grpo) does not train: it is left unused" in (
+        caplog.text
+    )
+    config.algorithm.adv_estimator = "gae"
+    assert check_resume_point(config) == ppo_checkpoint
+
+
 def _save_model_only(manager: CheckpointManager, step: int) -> str:
     tmp_dir = manager.begin(step)
     _worker_save(tmp_dir, seed=step)

@@ -142,8 +142,8 @@ class RunPlan:
             padded = config.data.max_prompt_length + config.data.max_response_length
             micro_batches = (
                 f"micro-batches of up to {actor.micro_batch_size_per_device_for_update * padded} (update) / "
-                f"{actor.micro_batch_size_per_device_for_experience * padded} (log-probs) tokens (dynamic batching: "
-                f"micro_batch_size_per_device_for_* x {padded} padded tokens)"
+                f"{actor.micro_batch_size_per_device_for_experience * padded} (log-probs) real tokens (dynamic "
+                f"batching: micro_batch_size_per_device_for_* x the padded length {padded}, prompt + response)"
             )
         else:
             micro_batches = (

@@ -138,7 +138,8 @@ class AlgorithmConfig:
     use_kl_loss: bool = False
     """Apply KL to the reference as a loss term (true) or as a per-token reward penalty (false)."""
     kl_penalty: str = "kl"
-    """KL estimator: kl, abs, mse, low_var_kl, full."""
+    """KL estimator: kl, abs, mse, low_var_kl (the k3 estimator, algorithms/kl.py). full (the exact KL over the
+    vocabulary) is refused: it needs the reference's full distributions, which no worker keeps."""
     kl_coef: float = 1e-3
     """KL coefficient (the initial one for the adaptive controller)."""
     kl_type: str = "fixed"
@@ -298,7 +299,8 @@ class TrainableRoleConfig:
     max_grad_norm: float = 1.0
     """Gradient-norm clipping; a non-finite norm skips the step."""
     loss_avg_mode: str = "token"
-    """Loss aggregation: token (token-mean), seq (seq-mean-token-mean), seq-mean-token-sum."""
+    """Loss aggregation: token (token-mean), seq (seq-mean-token-mean), seq-mean-token-sum; the long names are
+    accepted too, and `easyrl check` prints them."""
     ppo_epochs: int = 1
     """Passes over each rollout batch."""
     padding_free: bool = True
@@ -336,7 +338,8 @@ class ActorConfig(TrainableRoleConfig):
     clip_ratio_dual: float = 3.0
     """Dual-clip PPO constant C: the loss of negative advantages is bounded by C * |A|."""
     loss_type: str = "default"
-    """Policy loss: default (PPO clip), gspo, gspo_token, cispo, sapo."""
+    """Policy loss: default (PPO clip; `ppo` names it too, as `easyrl check` prints it), gspo, gspo_token, cispo,
+    sapo."""
     use_torch_compile: bool = True
     """Compile the log-prob and entropy kernels with torch.compile (dynamic shapes; the first call in each worker
     process compiles, 12-45 s on a CPU; falls back to eager with one warning where compiling fails)."""

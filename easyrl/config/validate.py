@@ -251,7 +251,16 @@ def _check_model_path(key: str, path: Optional[str], required: bool) -> None:
     if local.is_file():
         raise ConfigError(f"`{key}`: `{path}` is a file; give the model's folder (the one holding config.json).")
     if looks_local(path) and not local.exists():
-        raise ConfigError(f"`{key}`: local model path `{path}` does not exist.")
+        made_by_a_run = local.name == "huggingface"  # the folder `easyrl sft` writes at its end, `easyrl merge` too
+        raise ConfigError(
+            f"`{key}`: local model path `{path}` does not exist."
+            + (
+                " A run's huggingface/ folder is written when `easyrl sft` ends (or by `easyrl merge` of a checkpoint):"
+                " run that first, with the trainer.save_checkpoint_path this path is under."
+                if made_by_a_run
+                else ""
+            )
+        )
     merged = local.parent / "huggingface"
     if key.endswith("model_path") and _is_adapter_folder(local) and (merged / "config.json").is_file():
         if not _is_adapter_folder(merged):  # `easyrl merge` in place moved a LoRA checkpoint's adapters here

@@ -38,7 +38,7 @@ from easyrl.utils import device
 from easyrl.utils.files import replace_file
 from easyrl.utils.state_file import load_state, save_state
 
-from .run_config import CONFIG_FILE
+from .run_config import CONFIG_FILE, checkpoint_config
 
 
 logger = logging.getLogger(__name__)
@@ -237,8 +237,34 @@ def check_resume_point(config: Any, what: str = "training") -> str | None:
         check_loader_resumes(path, loader_state, config.data, _fresh_start_advice(trainer))
     if hasattr(config, "worker"):
         check_actor_resumes(path, config.worker.actor.model, _fresh_start_advice(trainer))
+    if hasattr(config, "algorithm") and what == "training":
+        check_critic_resumes(path, config, _fresh_start_advice(trainer))
     _warn_of_later_steps(trainer, path)
     return path
+
+
+def check_critic_resumes(path: str, config: Any, fresh_start: str) -> None:
+    """A run that trains a critic (algorithm.adv_estimator=gae) resumes only a checkpoint that holds one: the workers'
+    load would fail after Ray and the engine started. A checkpoint's critic that this run does not train is said to
+    be left unused."""
+    from ..config.validate import uses_critic
+
+    held = os.path.isdir(os.path.join(path, CRITIC_FOLDER))
+    estimator = config.algorithm.adv_estimator
+    if uses_critic(config) and not held:
+        saved = (checkpoint_config(path).get("algorithm") or {}).get("adv_estimator")
+        raise CheckpointError(
+            f"Cannot resume from {path}: it holds no critic"
+            + (f" (its run had algorithm.adv_estimator={saved})" if saved else "")
+            + f", and this run's algorithm.adv_estimator={estimator} trains one. Set algorithm.adv_estimator as the "
+            f"checkpoint's run had it, or {fresh_start}."
+        )
+    if held and not uses_critic(config):
+        logger.warning(
+            "%s holds a critic, which this run (algorithm.adv_estimator=%s) does not train: it is left unused.",
+            path,
+            estimator,
+        )
 
 
 def check_loader_resumes(path: str, state: dict, data: Any, fresh_start: str) -> None:
@@ -290,6 +316,7 @@ def _warn_of_later_steps(trainer: Any, path: str) -> None:
 # whether this run's actor resumes a checkpoint's (before Ray starts)
 # ----------------------------------------------------------------------------------------------------------------------
 ACTOR_FOLDER = "actor"
+CRITIC_FOLDER = "critic"
 LORA_KEY = "worker.actor.model.lora"
 MODEL_PATH_KEY = "worker.actor.model.model_path"
 WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")

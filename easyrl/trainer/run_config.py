@@ -87,6 +87,12 @@ def record_run_config(run_dir: str, config_yaml: str, what: str = "run", resumed
     return changes
 
 
+def checkpoint_config(path: str) -> dict:
+    """The config the checkpoint at ``path`` was trained with (its config.yaml); empty when it has none."""
+    text = _read(os.path.join(path, CONFIG_FILE))
+    return _parse(text) if text else {}
+
+
 def _read(path: str) -> str | None:
     if not os.path.isfile(path):
         return None
