@@ -14,6 +14,7 @@ import easyrl  # noqa: F401  (process environment before Ray starts)
 from easyrl.config import ConfigError, RolloutConfig, load_config
 from easyrl.config import validate as config_check
 from easyrl.config.schema import MultiTurnConfig
+from easyrl.workers import tool_files
 from easyrl.workers.rollout import multi_turn
 from easyrl.workers.rollout.base import rollout_logprob_mismatch
 from easyrl.workers.rollout.multi_turn import (
@@ -21,10 +22,10 @@ from easyrl.workers.rollout.multi_turn import (
     ToolCall,
     ToolMessageRenderer,
     ToolResult,
-    load_tools,
     parse_hermes_tool_calls,
     run_tool_calls,
 )
+from easyrl.workers.tool_files import load_tools
 from tests.rollout_helpers import PROMPT_LENGTH, make_prompts, rollout_worker_config
 
 
@@ -201,7 +202,7 @@ def test_two_tools_of_one_name_are_refused_naming_the_name_both_functions_and_th
         load_tools(str(path))
     assert message in str(error.value)
     with pytest.raises(ValueError) as error:  # what the trainer calls before Ray to build the prompts
-        multi_turn.tool_schemas(str(path))
+        tool_files.tool_schemas(str(path))
     assert message in str(error.value)
     path.write_text(RENAMED_TOOL.replace("[add, add_v2, delete_everything]", "[add, delete_everything, add]"))
     with pytest.raises(ValueError, match=f"`{path}` lists `add` twice"):

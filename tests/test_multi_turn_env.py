@@ -15,7 +15,8 @@ import easyrl  # noqa: F401  (process environment before Ray starts)
 from easyrl.config import ConfigError, RewardConfig, load_config
 from easyrl.config.schema import MultiTurnConfig
 from easyrl.workers.rollout.base import rollout_logprob_mismatch
-from easyrl.workers.rollout.multi_turn import MultiTurnRollout, load_env_class
+from easyrl.workers.rollout.multi_turn import MultiTurnRollout
+from easyrl.workers.tool_files import load_env_class
 from tests.rollout_helpers import PROMPT_LENGTH, make_prompts, rollout_worker_config
 from tests.test_multi_turn import LOGPROB_TOLERANCE, _runs, scripted_engine
 

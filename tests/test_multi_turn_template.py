@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from easyrl.data.template import ChatTemplate
-from easyrl.workers.rollout.multi_turn import tool_schemas
+from easyrl.workers.tool_files import tool_schemas
 
 
 CALCULATOR = str(Path(__file__).resolve().parent.parent / "tools" / "calculator.py")

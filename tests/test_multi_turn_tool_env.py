@@ -17,14 +17,8 @@ from easyrl.config import ConfigError, RewardConfig, load_config
 from easyrl.config.schema import MultiTurnConfig
 from easyrl.data.dataset import ROW_PLACE_KEY
 from easyrl.workers.rollout.base import rollout_logprob_mismatch
-from easyrl.workers.rollout.multi_turn import (
-    EnvState,
-    MultiTurnRollout,
-    is_tool_env,
-    load_env_class,
-    reset_arguments,
-    tool_schemas,
-)
+from easyrl.workers.rollout.multi_turn import EnvState, MultiTurnRollout, reset_arguments
+from easyrl.workers.tool_files import is_tool_env, load_env_class, tool_schemas
 from tests.rollout_helpers import padded_prompts, rollout_worker_config
 from tests.test_multi_turn import LOGPROB_TOLERANCE, _runs, scripted_engine
 
@@ -481,7 +475,7 @@ def test_the_shipped_calculator_environment_and_a_name_both_sources_give(tokeniz
     """tools/calculator.py:CalculatorEnv: the calculator as each trajectory's method, a bonus when its last result is
     the row's answer; a tools file naming a tool like a method is refused before Ray starts."""
     from easyrl.trainer.main import dataset_options
-    from easyrl.workers.rollout.multi_turn import check_tool_names
+    from easyrl.workers.tool_files import check_tool_names
 
     spec = f"{ROOT / 'tools' / 'calculator.py'}:CalculatorEnv"
     eos = tokenizer.eos_token_id

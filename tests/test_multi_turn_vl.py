@@ -22,7 +22,8 @@ from easyrl.data.rope import make_position_id_fn
 from easyrl.models.vision import build_vision_inputs
 from easyrl.testing.vl_batch import VLSample, processor_inputs, random_image
 from easyrl.workers.rollout.base import rollout_logprob_mismatch
-from easyrl.workers.rollout.multi_turn import MultiTurnRollout, load_tools, to_content, tool_schema
+from easyrl.workers.rollout.multi_turn import MultiTurnRollout, to_content
+from easyrl.workers.tool_files import load_tools, tool_schema
 from tests.test_multi_turn import LOGPROB_TOLERANCE, _runs, scripted_engine
 from tests.test_multi_turn_tool_env import chat_prompts
 

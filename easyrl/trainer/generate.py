@@ -40,7 +40,7 @@ from ..protocol import DataProto
 from ..utils.logging import setup_driver_logging
 from ..workers.reward.scorer import ERRORS_KEY, scores_to_non_tensor
 from ..workers.rollout.base import GenerationRequest, resolve_sampling
-from ..workers.rollout.multi_turn import has_tool_env
+from ..workers.tool_files import has_tool_env
 from .ray_trainer import GENERATION_KEYS, generation_non_tensor_keys, join_rollout_output
 
 

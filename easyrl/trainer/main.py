@@ -193,7 +193,7 @@ def dataset_options(config: Any, reward_fn: Any) -> dict[str, Any]:
     multi_turn = config.worker.rollout.multi_turn
     tools, tool_env = None, False
     if multi_turn.tools or multi_turn.env:
-        from ..workers.rollout.multi_turn import has_tool_env, tool_schemas
+        from ..workers.tool_files import has_tool_env, tool_schemas
 
         tool_env = has_tool_env(multi_turn.env)
         tools = tool_schemas(multi_turn.tools, multi_turn.env) or None
@@ -218,7 +218,7 @@ def check_reward_columns(config: Any, reward_fn: Any, loaders: dict[str, Any]) -
     if multi_turn.enabled:
         rollout_fields.append("messages")
     if multi_turn.env:
-        from ..workers.rollout.multi_turn import has_tool_env
+        from ..workers.tool_files import has_tool_env
 
         rollout_fields += ["env_reward", *(["environments"] if has_tool_env(multi_turn.env) else [])]
     for key, loader in loaders.items():

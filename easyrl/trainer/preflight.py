@@ -18,7 +18,7 @@ def check_model_files(plan: RunPlan) -> None:
     (schemas, names) and the head counts Ulysses splits (the models' config.json). Raises ValueError naming the key."""
     multi_turn = plan.config.worker.rollout.multi_turn
     if multi_turn.tools or multi_turn.env:
-        from ..workers.rollout.multi_turn import tool_schemas
+        from ..workers.tool_files import tool_schemas
 
         tool_schemas(multi_turn.tools, multi_turn.env)
     check_ulysses_heads(plan)

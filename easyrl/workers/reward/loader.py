@@ -552,6 +552,12 @@ def _required_in_source(tree: ast.Module, name: str) -> list[str]:
     return [arg.arg for arg in (*without_default, *kwonly)]
 
 
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters for a message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _passed_in_source(tree: ast.Module, name: str) -> set[str]:
     """The arguments of function ``name`` that easyrl fills itself (not from reward_function_kwargs): an EasyR1-style
     function's first (the inputs), verl's four, TRL's call arguments."""

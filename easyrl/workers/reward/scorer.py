@@ -51,6 +51,7 @@ from .loader import (
     RewardFunction,
     RewardFunctionError,
     load_reward_function,
+    short_repr,
 )
 from .pool import RewardActorPool
 
@@ -133,11 +134,6 @@ class PendingScores:
         `pool.CANCEL_POLL_S`, its busy reward actors replaced. `result()` then raises `ScoringCancelled`."""
         self._cancel_event.set()
         self._future.cancel()
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class RewardScorer:
@@ -321,7 +317,7 @@ class RewardScorer:
             self._logged.add(kind)
             index, count, size = indices[0], len(indices), len(failures)
             place = f"{places[index]}, " if places is not None else ""
-            first = f"{index} ({place}ground truth {_short(inputs[index].get('ground_truth'))})"
+            first = f"{index} ({place}ground truth {short_repr(inputs[index].get('ground_truth'))})"
             detail = failures[index].detail
             where = self.reward_fn.where
             counted = f"{count} of {size} samples of this batch score 0 (counted in {ERRORS_KEY}"

@@ -68,8 +68,20 @@ from ...data.rope import make_position_id_fn
 from ...data.template import RESET_CONTENT, ChatTemplate
 from ...data.vision import PictureSizing, load_image, to_rgb
 from ...models.vision import text_token_for_sampled_pads
-from ..reward.loader import import_user_file, resolved
-from ..reward.scorer import _short
+from ..reward.loader import resolved, short_repr
+from ..tool_files import (
+    ENV_KEY,
+    ROW_ARGUMENT,
+    TOOLS_KEY,
+    check_tool_names,
+    env_specs,
+    env_tool_methods,
+    env_tool_schemas,
+    is_tool_env,
+    load_env_classes,
+    load_tools,
+    takes_row,
+)
 from .base import (
     BaseRollout,
     GenerationRequest,
@@ -86,9 +98,6 @@ from .vllm_rollout import MAX_REQUEST_SEED, _vllm_multi_modal_data, call_request
 
 
 logger = logging.getLogger(__name__)
-
-TOOLS_KEY = "worker.rollout.multi_turn.tools"
-ENV_KEY = "worker.rollout.multi_turn.env"
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -108,9 +117,6 @@ class ToolResult:
     timed_out: bool = False
     pictures: list = field(default_factory=list)
     """The PIL images of the image parts of ``content``, in order."""
-
-
-ROW_ARGUMENT = "row"  # a tool with this parameter gets its trajectory's dataset row (not shown in the schema)
 
 
 def to_content(value: Any) -> tuple[str | list[dict], list]:
@@ -151,112 +157,6 @@ def _content_item(item: Any) -> Any:
     else:
         return item
     return picture if isinstance(picture, Image.Image) else load_image(picture)
-
-
-def takes_row(fn: Callable) -> bool:
-    try:
-        return ROW_ARGUMENT in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def tool_schema(fn: Callable, method: bool = False) -> dict:
-    """The OpenAI-style JSON schema of a tool: its ``schema`` attribute, else read from its type hints and Google-style
-    docstring the way transformers' chat templates read tools (without the ``row`` argument, which the rollout
-    fills). ``method``: ``fn`` is a tool method of an environment class, read from the class (its first parameter,
-    ``self``, is not shown either)."""
-    schema = getattr(fn, "schema", None)
-    if schema is not None:
-        return schema
-    from transformers.utils import get_json_schema
-
-    signature = inspect.signature(fn)
-    hidden = {ROW_ARGUMENT, *list(signature.parameters)[:1]} if method else {ROW_ARGUMENT}
-    if hidden & set(signature.parameters):
-        shown = functools.wraps(fn)(lambda **kwargs: None)
-        shown.__signature__ = signature.replace(
-            parameters=[p for name, p in signature.parameters.items() if name not in hidden]
-        )
-        shown.__annotations__ = {k: v for k, v in getattr(fn, "__annotations__", {}).items() if k not in hidden}
-        return get_json_schema(shown)
-    return get_json_schema(fn)
-
-
-def _named_schemas(functions: list[Callable], where: str, key: str, method: bool = False) -> dict[str, dict]:
-    """name -> JSON schema of each tool, in the order of ``functions`` (the name the model calls it by is the
-    schema's). Two tools of one name are refused: the model would be shown that name twice and one tool never, and
-    pairing names with ``functions`` would bind a name to the wrong function."""
-    schemas, owners = {}, {}
-    for fn in functions:
-        fn_name = getattr(fn, "__name__", repr(fn))
-        try:
-            schema = tool_schema(fn, method)
-        except Exception as err:  # transformers' DocstringParsingException, TypeHintParsingException
-            raise ValueError(
-                f"`{key}`: no JSON schema for `{fn_name}` in `{where}`: {err}. Give it type "
-                "hints and a Google-style docstring with an `Args:` line per argument, or a `schema` attribute."
-            ) from None
-        name = _schema_name(schema)
-        if name is None:
-            raise ValueError(
-                f"`{key}`: `{fn_name}.schema` in `{where}` is {_short(schema)}; it must be an OpenAI-style dict, "
-                '{"type": "function", "function": {"name": ..., "description": ..., "parameters": {...}}}, or leave '
-                "it out to read the schema from the type hints and docstring."
-            )
-        if name in owners:
-            first = owners[name]
-            what = (
-                f"lists `{fn_name}` twice"
-                if first is fn
-                else f"has two tools named {name!r}: `{getattr(first, '__name__', first)}` and `{fn_name}`"
-            )
-            raise ValueError(
-                f"`{key}`: `{where}` {what}; the model would be shown {name!r} twice and could call only one of them. "
-                "Give each tool its own name (a `schema` attribute's name is the one the model calls)."
-            )
-        schemas[name], owners[name] = schema, fn
-    return schemas
-
-
-def _schema_name(schema: Any) -> Optional[str]:
-    """The name a tool's JSON schema gives it: OpenAI's ``{"type": "function", "function": {"name": ...}}`` or the bare
-    function object ``{"name": ...}``; None when the schema is not such a dict."""
-    function = schema.get("function", schema) if isinstance(schema, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
-    return name if isinstance(name, str) and name else None
-
-
-def load_tools(path: str) -> dict[str, Callable]:
-    """name -> function of the ``TOOLS`` list of the user file ``path`` (``worker.rollout.multi_turn.tools``)."""
-    module = import_user_file(path, TOOLS_KEY)
-    listed = getattr(module, "TOOLS", None)
-    if not isinstance(listed, (list, tuple)) or not listed or not all(callable(fn) for fn in listed):
-        raise ValueError(f"`{TOOLS_KEY}`: `TOOLS` in `{path}` must be a non-empty list of functions.")
-    return dict(zip(_named_schemas(list(listed), path, TOOLS_KEY), listed))
-
-
-def tool_schemas(tools: Optional[str], env: Any = None) -> list[dict] | dict[str, list[dict]]:
-    """The JSON schemas the chat template's ``tools=`` advertises in the prompts: the tools of the file ``tools``,
-    then the tool methods of a tool environment ``env`` (TRL's environment_factory classes). With several
-    environments (a mapping), one list per environment name: a row's prompt advertises its own environment's."""
-    file_tools = load_tools(tools) if tools else {}
-    schemas = [tool_schema(fn) for fn in file_tools.values()]
-    by_name = {}
-    for name, env_class in load_env_classes(env).items():
-        methods = env_tool_schemas(env_class) if is_tool_env(env_class) else {}
-        check_tool_names(file_tools, methods)
-        by_name[name] = schemas + list(methods.values())
-    return by_name if isinstance(env, Mapping) else by_name.get(None, schemas)
-
-
-def check_tool_names(tools: dict, methods: dict) -> None:
-    """A tool environment's method and a tool of `tools` may not share a name: the model could call only one."""
-    both = sorted(set(tools) & set(methods))
-    if both:
-        raise ValueError(
-            f"`{TOOLS_KEY}` and the tool methods of `{ENV_KEY}` both name {', '.join(both)}; the model could only call "
-            "one of each name. Rename one, or leave the tools file out."
-        )
 
 
 def _call(fn: Callable, arguments: dict, row: Optional[dict] = None) -> Any:
@@ -318,97 +218,10 @@ def run_tool_calls(
 # ----------------------------------------------------------------------------------------------------------------------
 # environments: loading and stepping
 # ----------------------------------------------------------------------------------------------------------------------
-@functools.cache  # one import of a file per process, as Python imports a module once
-def load_env_class(spec: str) -> type:
-    """The environment class of ``path.py:ClassName`` (``worker.rollout.multi_turn.env``): a stepped environment
-    (``reset(row)`` and ``step(action_text)``) or a tool environment (``reset(**columns)`` and tool methods, the
-    classes of TRL's ``environment_factory``; ``is_tool_env``)."""
-    path, sep, name = spec.rpartition(":")
-    if not sep or not name.isidentifier():
-        raise ValueError(f"`{ENV_KEY}` is {spec!r}; give it as path/to/file.py:ClassName.")
-    module = import_user_file(path, ENV_KEY)
-    cls = getattr(module, name, None)
-    if not isinstance(cls, type) or not callable(getattr(cls, "reset", None)):
-        raise ValueError(
-            f"`{ENV_KEY}`: `{name}` in `{path}` must be a class with `reset(row)` and `step(action_text)`, or (TRL's "
-            "environment_factory classes) `reset(**columns)` and public methods the model calls as tools."
-        )
-    if is_tool_env(cls) and not env_tool_methods(cls):
-        raise ValueError(
-            f"`{ENV_KEY}`: `{name}` in `{path}` has neither `step(action_text)` nor a public method for the model to "
-            "call as a tool; give it one of the two."
-        )
-    return cls
-
-
-def env_specs(env: Any) -> dict[Optional[str], str]:
-    """``worker.rollout.multi_turn.env`` as name -> `path.py:Class`: {None: spec} for one environment, the mapping
-    itself for several (TRL's dictionary environment_factory), {} for none."""
-    if not env:
-        return {}
-    if isinstance(env, str):
-        return {None: env}
-    if isinstance(env, Mapping) and all(isinstance(k, str) and k and isinstance(v, str) for k, v in env.items()):
-        return dict(env)
-    raise ValueError(
-        f"`{ENV_KEY}` is {env!r}; give path/to/file.py:ClassName, or a mapping of names to path/to/file.py:ClassName."
-    )
-
-
-def load_env_classes(env: Any) -> dict[Optional[str], type]:
-    """name -> environment class of ``worker.rollout.multi_turn.env`` (see env_specs); several environments are tool
-    environments, as TRL's dictionary holds."""
-    classes = {name: load_env_class(spec) for name, spec in env_specs(env).items()}
-    if isinstance(env, Mapping):
-        stepped = [name for name, cls in classes.items() if not is_tool_env(cls)]
-        if stepped:
-            raise ValueError(
-                f"`{ENV_KEY}.{stepped[0]}` ({env[stepped[0]]}) has `step`; several environments are tool environments "
-                "(TRL's environment_factory classes: reset and tool methods), a stepped one is given alone."
-            )
-    return classes
-
-
-def has_tool_env(env: Any) -> bool:
-    """``worker.rollout.multi_turn.env`` names tool environments (their reset gets the row's columns)."""
-    return any(is_tool_env(cls) for cls in load_env_classes(env).values())
-
-
-# A tool environment's methods that are not tools (TRL's reserved names); names starting with `_` are not tools either.
-ENV_RESERVED_METHODS = ("reset", "get_reward")
 # An environment's reset gets `seed` (Gymnasium's name), an integer shared by the samples of a prompt, unless the row
 # has a column of that name; RESET_SEED_STREAM keeps these seeds apart from the sampling seeds of the same call.
 RESET_SEED = "seed"
 RESET_SEED_STREAM = 7
-
-
-def is_tool_env(cls: type) -> bool:
-    """True for a class without ``step``: its public methods are the model's tools and ``reset(**columns)`` sets it up
-    (TRL's environment_factory contract); a class with ``step`` is stepped on each model turn's text."""
-    return not callable(getattr(cls, "step", None))
-
-
-def env_tool_methods(cls: type) -> list[str]:
-    """The names of a tool environment's tool methods: its public functions but ``reset`` and ``get_reward``."""
-    return [
-        name
-        for name, _ in inspect.getmembers(cls, predicate=inspect.isfunction)
-        if not name.startswith("_") and name not in ENV_RESERVED_METHODS
-    ]
-
-
-def env_tool_schemas(cls: type) -> dict[str, dict]:
-    """name -> JSON schema of each tool method of a tool environment class."""
-    methods = [getattr(cls, name) for name in env_tool_methods(cls)]
-    return _named_schemas(methods, _class_label(cls), ENV_KEY, method=True)
-
-
-def _class_label(cls: type) -> str:
-    """A user's class as ``worker.rollout.multi_turn.env`` names it: path/to/file.py:ClassName."""
-    try:
-        return f"{inspect.getfile(cls)}:{cls.__qualname__}"
-    except TypeError:  # a class without a source file
-        return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def reset_arguments(reset: Callable, columns: dict) -> dict:
@@ -509,7 +322,7 @@ def _env_step(env: Any, action_text: str) -> EnvOutcome:
         observation, reward, terminated, truncated, _ = output
         done = _checked_done(terminated, "terminated") | _checked_done(truncated, "truncated")
     else:
-        returned = f"a {type(output).__name__} of {size} items" if size is not None else _short(output)
+        returned = f"a {type(output).__name__} of {size} items" if size is not None else short_repr(output)
         raise EnvOutputError(
             f"step returned {returned}; it must return (observation, reward, done), or Gymnasium's (observation, "
             "reward, terminated, truncated, info)"
@@ -527,7 +340,7 @@ def _checked_reward(value: Any, method: str, what: str = "") -> float:
     EnvOutputError, as a reward the environment got wrong must not reach training."""
     plain = value.item() if getattr(value, "ndim", None) == 0 else value
     if not isinstance(plain, numbers.Real) or not math.isfinite(plain):
-        returned = f"{what} {_short(value)}" if what else _short(value)
+        returned = f"{what} {short_repr(value)}" if what else short_repr(value)
         kind = "" if isinstance(plain, numbers.Real) else f" ({type(value).__name__})"
         raise EnvOutputError(f"{method} returned {returned}{kind}; {what or 'it'} must be a finite number")
     return float(plain)
@@ -540,7 +353,7 @@ def _checked_done(value: Any, what: str) -> bool:
     if isinstance(plain, bool) or (isinstance(plain, numbers.Integral) and plain in (0, 1)):
         return bool(plain)
     raise EnvOutputError(
-        f"step returned {what} {_short(value)} ({type(value).__name__}); {what} must be True or False"
+        f"step returned {what} {short_repr(value)} ({type(value).__name__}); {what} must be True or False"
     )
 
 

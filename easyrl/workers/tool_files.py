@@ -1,0 +1,211 @@
+"""The files a multi-turn rollout reads (``worker.rollout.multi_turn.tools`` / ``env``): tools and their JSON schemas,
+environment classes. Apart from the rollout (torch, the engine) so that `easyrl check` and the driver read them
+without importing either."""
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, Optional
+
+from .reward.loader import import_user_file, short_repr
+
+
+TOOLS_KEY = "worker.rollout.multi_turn.tools"
+ENV_KEY = "worker.rollout.multi_turn.env"
+
+ROW_ARGUMENT = "row"  # a tool with this parameter gets its trajectory's dataset row (not shown in the schema)
+
+
+def takes_row(fn: Callable) -> bool:
+    try:
+        return ROW_ARGUMENT in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def tool_schema(fn: Callable, method: bool = False) -> dict:
+    """The OpenAI-style JSON schema of a tool: its ``schema`` attribute, else read from its type hints and Google-style
+    docstring the way transformers' chat templates read tools (without the ``row`` argument, which the rollout
+    fills). ``method``: ``fn`` is a tool method of an environment class, read from the class (its first parameter,
+    ``self``, is not shown either)."""
+    schema = getattr(fn, "schema", None)
+    if schema is not None:
+        return schema
+    from transformers.utils import get_json_schema
+
+    signature = inspect.signature(fn)
+    hidden = {ROW_ARGUMENT, *list(signature.parameters)[:1]} if method else {ROW_ARGUMENT}
+    if hidden & set(signature.parameters):
+        shown = functools.wraps(fn)(lambda **kwargs: None)
+        shown.__signature__ = signature.replace(
+            parameters=[p for name, p in signature.parameters.items() if name not in hidden]
+        )
+        shown.__annotations__ = {k: v for k, v in getattr(fn, "__annotations__", {}).items() if k not in hidden}
+        return get_json_schema(shown)
+    return get_json_schema(fn)
+
+
+def _named_schemas(functions: list[Callable], where: str, key: str, method: bool = False) -> dict[str, dict]:
+    """name -> JSON schema of each tool, in the order of ``functions`` (the name the model calls it by is the
+    schema's). Two tools of one name are refused: the model would be shown that name twice and one tool never, and
+    pairing names with ``functions`` would bind a name to the wrong function."""
+    schemas, owners = {}, {}
+    for fn in functions:
+        fn_name = getattr(fn, "__name__", repr(fn))
+        try:
+            schema = tool_schema(fn, method)
+        except Exception as err:  # transformers' DocstringParsingException, TypeHintParsingException
+            raise ValueError(
+                f"`{key}`: no JSON schema for `{fn_name}` in `{where}`: {err}. Give it type "
+                "hints and a Google-style docstring with an `Args:` line per argument, or a `schema` attribute."
+            ) from None
+        name = _schema_name(schema)
+        if name is None:
+            raise ValueError(
+                f"`{key}`: `{fn_name}.schema` in `{where}` is {short_repr(schema)}; it must be an OpenAI-style dict, "
+                '{"type": "function", "function": {"name": ..., "description": ..., "parameters": {...}}}, or leave '
+                "it out to read the schema from the type hints and docstring."
+            )
+        if name in owners:
+            first = owners[name]
+            what = (
+                f"lists `{fn_name}` twice"
+                if first is fn
+                else f"has two tools named {name!r}: `{getattr(first, '__name__', first)}` and `{fn_name}`"
+            )
+            raise ValueError(
+                f"`{key}`: `{where}` {what}; the model would be shown {name!r} twice and could call only one of them. "
+                "Give each tool its own name (a `schema` attribute's name is the one the model calls)."
+            )
+        schemas[name], owners[name] = schema, fn
+    return schemas
+
+
+def _schema_name(schema: Any) -> Optional[str]:
+    """The name a tool's JSON schema gives it: OpenAI's ``{"type": "function", "function": {"name": ...}}`` or the bare
+    function object ``{"name": ...}``; None when the schema is not such a dict."""
+    function = schema.get("function", schema) if isinstance(schema, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+def load_tools(path: str) -> dict[str, Callable]:
+    """name -> function of the ``TOOLS`` list of the user file ``path`` (``worker.rollout.multi_turn.tools``)."""
+    module = import_user_file(path, TOOLS_KEY)
+    listed = getattr(module, "TOOLS", None)
+    if not isinstance(listed, (list, tuple)) or not listed or not all(callable(fn) for fn in listed):
+        raise ValueError(f"`{TOOLS_KEY}`: `TOOLS` in `{path}` must be a non-empty list of functions.")
+    return dict(zip(_named_schemas(list(listed), path, TOOLS_KEY), listed))
+
+
+def tool_schemas(tools: Optional[str], env: Any = None) -> list[dict] | dict[str, list[dict]]:
+    """The JSON schemas the chat template's ``tools=`` advertises in the prompts: the tools of the file ``tools``,
+    then the tool methods of a tool environment ``env`` (TRL's environment_factory classes). With several
+    environments (a mapping), one list per environment name: a row's prompt advertises its own environment's."""
+    file_tools = load_tools(tools) if tools else {}
+    schemas = [tool_schema(fn) for fn in file_tools.values()]
+    by_name = {}
+    for name, env_class in load_env_classes(env).items():
+        methods = env_tool_schemas(env_class) if is_tool_env(env_class) else {}
+        check_tool_names(file_tools, methods)
+        by_name[name] = schemas + list(methods.values())
+    return by_name if isinstance(env, Mapping) else by_name.get(None, schemas)
+
+
+def check_tool_names(tools: dict, methods: dict) -> None:
+    """A tool environment's method and a tool of `tools` may not share a name: the model could call only one."""
+    both = sorted(set(tools) & set(methods))
+    if both:
+        raise ValueError(
+            f"`{TOOLS_KEY}` and the tool methods of `{ENV_KEY}` both name {', '.join(both)}; the model could only call "
+            "one of each name. Rename one, or leave the tools file out."
+        )
+
+
+@functools.cache  # one import of a file per process, as Python imports a module once
+def load_env_class(spec: str) -> type:
+    """The environment class of ``path.py:ClassName`` (``worker.rollout.multi_turn.env``): a stepped environment
+    (``reset(row)`` and ``step(action_text)``) or a tool environment (``reset(**columns)`` and tool methods, the
+    classes of TRL's ``environment_factory``; ``is_tool_env``)."""
+    path, sep, name = spec.rpartition(":")
+    if not sep or not name.isidentifier():
+        raise ValueError(f"`{ENV_KEY}` is {spec!r}; give it as path/to/file.py:ClassName.")
+    module = import_user_file(path, ENV_KEY)
+    cls = getattr(module, name, None)
+    if not isinstance(cls, type) or not callable(getattr(cls, "reset", None)):
+        raise ValueError(
+            f"`{ENV_KEY}`: `{name}` in `{path}` must be a class with `reset(row)` and `step(action_text)`, or (TRL's "
+            "environment_factory classes) `reset(**columns)` and public methods the model calls as tools."
+        )
+    if is_tool_env(cls) and not env_tool_methods(cls):
+        raise ValueError(
+            f"`{ENV_KEY}`: `{name}` in `{path}` has neither `step(action_text)` nor a public method for the model to "
+            "call as a tool; give it one of the two."
+        )
+    return cls
+
+
+def env_specs(env: Any) -> dict[Optional[str], str]:
+    """``worker.rollout.multi_turn.env`` as name -> `path.py:Class`: {None: spec} for one environment, the mapping
+    itself for several (TRL's dictionary environment_factory), {} for none."""
+    if not env:
+        return {}
+    if isinstance(env, str):
+        return {None: env}
+    if isinstance(env, Mapping) and all(isinstance(k, str) and k and isinstance(v, str) for k, v in env.items()):
+        return dict(env)
+    raise ValueError(
+        f"`{ENV_KEY}` is {env!r}; give path/to/file.py:ClassName, or a mapping of names to path/to/file.py:ClassName."
+    )
+
+
+def load_env_classes(env: Any) -> dict[Optional[str], type]:
+    """name -> environment class of ``worker.rollout.multi_turn.env`` (see env_specs); several environments are tool
+    environments, as TRL's dictionary holds."""
+    classes = {name: load_env_class(spec) for name, spec in env_specs(env).items()}
+    if isinstance(env, Mapping):
+        stepped = [name for name, cls in classes.items() if not is_tool_env(cls)]
+        if stepped:
+            raise ValueError(
+                f"`{ENV_KEY}.{stepped[0]}` ({env[stepped[0]]}) has `step`; several environments are tool environments "
+                "(TRL's environment_factory classes: reset and tool methods), a stepped one is given alone."
+            )
+    return classes
+
+
+def has_tool_env(env: Any) -> bool:
+    """``worker.rollout.multi_turn.env`` names tool environments (their reset gets the row's columns)."""
+    return any(is_tool_env(cls) for cls in load_env_classes(env).values())
+
+
+# A tool environment's methods that are not tools (TRL's reserved names); names starting with `_` are not tools either.
+ENV_RESERVED_METHODS = ("reset", "get_reward")
+
+
+def is_tool_env(cls: type) -> bool:
+    """True for a class without ``step``: its public methods are the model's tools and ``reset(**columns)`` sets it up
+    (TRL's environment_factory contract); a class with ``step`` is stepped on each model turn's text."""
+    return not callable(getattr(cls, "step", None))
+
+
+def env_tool_methods(cls: type) -> list[str]:
+    """The names of a tool environment's tool methods: its public functions but ``reset`` and ``get_reward``."""
+    return [
+        name
+        for name, _ in inspect.getmembers(cls, predicate=inspect.isfunction)
+        if not name.startswith("_") and name not in ENV_RESERVED_METHODS
+    ]
+
+
+def env_tool_schemas(cls: type) -> dict[str, dict]:
+    """name -> JSON schema of each tool method of a tool environment class."""
+    methods = [getattr(cls, name) for name in env_tool_methods(cls)]
+    return _named_schemas(methods, _class_label(cls), ENV_KEY, method=True)
+
+
+def _class_label(cls: type) -> str:
+    """A user's class as ``worker.rollout.multi_turn.env`` names it: path/to/file.py:ClassName."""
+    try:
+        return f"{inspect.getfile(cls)}:{cls.__qualname__}"
+    except TypeError:  # a class without a source file
+        return f"{cls.__module__}.{cls.__qualname__}"
