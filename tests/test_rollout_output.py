@@ -92,6 +92,25 @@ def test_generation_metrics_count_tokens_lengths_and_clipped_responses():
     assert metrics["rollout/response_length/clip_ratio"] == pytest.approx(0.25)
 
 
+def test_the_generate_calls_of_a_step_report_their_totals_not_the_mean_of_their_rates():
+    """Refill rounds (online filtering, mini_rollout_batch_size) and a ReMax baseline make several calls a step."""
+    from easyrl.trainer.ray_trainer import reduce_call_metrics
+
+    fast = generation_metrics(torch.tensor([[1, 1, 0, 0]] * 4), seconds=1.0)  # 8 tokens, 4 responses of 2
+    slow = generation_metrics(torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1]]), seconds=15.0)  # 8 tokens, 2 of 4 (cut)
+    step = reduce_call_metrics([fast, slow])
+    assert step["rollout/gen_tokens"] == 16 and step["rollout/gen_seconds"] == 16.0
+    assert step["rollout/gen_tokens_per_s"] == pytest.approx(16 / 16.0)  # not (8 + 8 / 15) / 2
+    assert step["rollout/response_length/mean"] == pytest.approx(16 / 6)  # per response, not per call
+    assert step["rollout/response_length/max"] == 4
+    assert step["rollout/response_length/clip_ratio"] == pytest.approx(2 / 6)
+    syncs = [
+        {"rollout/weight_sync_gb": 1.0, "rollout/weight_sync_s": 1.0, "rollout/weight_sync_gb_per_s": 1.0},
+        {"rollout/weight_sync_gb": 1.0, "rollout/weight_sync_s": 3.0, "rollout/weight_sync_gb_per_s": 1 / 3},
+    ]
+    assert reduce_call_metrics(syncs)["rollout/weight_sync_gb_per_s"] == pytest.approx(2 / 4)
+
+
 def test_logprob_mismatch_is_measured_on_response_tokens_only():
     old = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -0.5, -0.5]])
     rollout = torch.tensor([[-1.5, -2.0, 0.0], [-0.5, -0.25, 0.0]])

@@ -158,6 +158,16 @@ EASYR1_DIFFERENCES: dict[str, str] = {
         "detached log-probs (the ratio is exactly 1 at that step, so the loss and its gradient are the same); "
         "algorithm.recompute_old_log_probs=true restores the pass"
     ),
+    "trainer.logger": (
+        "training metrics carry EasyR1's names (reward/<score>, critic/score/*, response_length/*, perf/*); "
+        "validation and timings do not: val/reward/<score> and val/<data_source>/reward (EasyR1: val/<score>_reward, "
+        "val/reward_score, val_response_length/*), timing/<phase> in seconds (EasyR1: timing_s/<phase>). A "
+        "dashboard built on EasyR1's validation keys needs the new names"
+    ),
+    "trainer.val_before_train": (
+        "validates before the first step of a run that starts afresh, not again when a run resumes (EasyR1 "
+        "validates at every resume); trainer.val_only validates the resumed checkpoint"
+    ),
     "worker.rollout.disable_tqdm": (
         "defaults to true (EasyR1: false): the run prints one progress bar of its own instead of one bar per "
         "generate call"

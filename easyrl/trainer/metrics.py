@@ -1,6 +1,7 @@
 """Metrics of one training step: lengths, rewards, advantages and values of the batch; phase timings; throughput.
 
-Metric names (EasyR1/verl spelling, so dashboards carry over):
+Metric names (EasyR1/verl spelling for these training metrics; validation's val/reward/<score> and the timings'
+timing/<phase> are easyrl's, docs/config.md lists the difference under trainer.logger):
 
 - ``response_length/{mean,max,min,clip_ratio}`` and ``prompt_length/{mean,max,min,clip_ratio}`` (tokens;
   clip_ratio = share of sequences that reached the maximum length)

@@ -82,14 +82,34 @@ def join_rollout_output(repeated_prompts: DataProto, generated: DataProto) -> Da
 MULTI_TURN_METRICS = "rollout/multi_turn/"
 
 
+# rate -> (amount, seconds): a rate over several calls is their total amount over their total time
+_CALL_RATES = {
+    "rollout/gen_tokens_per_s": ("rollout/gen_tokens", "rollout/gen_seconds"),
+    "rollout/weight_sync_gb_per_s": ("rollout/weight_sync_gb", "rollout/weight_sync_s"),
+}
+# means over a call's responses: weighted by each call's responses (a ReMax baseline call has n times fewer)
+_PER_RESPONSE = ("rollout/response_length/mean", "rollout/response_length/clip_ratio")
+
+
 def reduce_call_metrics(calls: list[dict[str, float]]) -> dict[str, float]:
-    """The engine metrics of several generate calls as one: seconds and bytes add up over calls, rates, counts per
-    call and lengths average."""
+    """The engine metrics of several generate calls as one: seconds, bytes, tokens and responses add up over calls,
+    rates are total over total, maxima the largest, per-response means weighted by the responses; other means and
+    counts per call average."""
     reduced = {}
     for key in sorted({key for call in calls for key in call}):
         values = [call[key] for call in calls if key in call]
-        additive = key.endswith(("_s", "_seconds", "_gb", "_buckets"))
-        reduced[key] = float(sum(values)) if additive else float(sum(values) / len(values))
+        if key.endswith(("_s", "_seconds", "_gb", "_bytes", "_buckets", "/gen_tokens", "/gen_responses")):
+            reduced[key] = float(sum(values))
+        elif key.endswith("/max"):
+            reduced[key] = float(max(values))
+        elif key in _PER_RESPONSE and all("rollout/gen_responses" in call for call in calls if key in call):
+            weights = [call["rollout/gen_responses"] for call in calls if key in call]
+            reduced[key] = float(sum(v * w for v, w in zip(values, weights)) / max(sum(weights), 1))
+        else:
+            reduced[key] = float(sum(values) / len(values))
+    for rate, (amount, seconds) in _CALL_RATES.items():
+        if rate in reduced and amount in reduced and seconds in reduced:
+            reduced[rate] = reduced[amount] / max(reduced[seconds], 1e-9)
     return reduced
 
 

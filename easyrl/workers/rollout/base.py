@@ -251,6 +251,8 @@ def generation_metrics(response_mask: torch.Tensor, seconds: float) -> dict[str,
     return {
         "rollout/gen_tokens_per_s": total_tokens / max(seconds, 1e-9),
         "rollout/gen_seconds": seconds,
+        "rollout/gen_tokens": total_tokens,
+        "rollout/gen_responses": float(len(lengths)),
         "rollout/response_length/mean": float(lengths.mean()) if len(lengths) else 0.0,
         "rollout/response_length/max": float(lengths.max()) if len(lengths) else 0.0,
         "rollout/response_length/clip_ratio": float((lengths >= max_length).float().mean()) if len(lengths) else 0.0,
