@@ -64,7 +64,7 @@ def test_progress_summary_leaves_out_failure_counts(tmp_path):
     assert lines == ["val/reward/overall: 0.100 (step 0) -> 0.300 (step 4)"]
 
 
-def test_an_sft_run_draws_its_losses_and_an_rl_run_names_the_mean_score(tmp_path):
+def test_an_sft_run_draws_its_losses_and_an_rl_run_the_scores_of_the_samples_generated(tmp_path):
     rows = [{"step": 0, "val/loss": 1.65}]
     rows += [{"step": s, "sft/loss": 1.5 / s, "actor/lr": 5e-5, "sft/tokens": 220.0} for s in range(1, 5)]
     rows += [{"step": 4, "val/loss": 0.9}]
@@ -76,8 +76,19 @@ def test_an_sft_run_draws_its_losses_and_an_rl_run_names_the_mean_score(tmp_path
     lines = summarize_progress(str(tmp_path / "metrics.jsonl"))
     assert lines == ["val/loss: 1.650 (step 0) -> 0.900 (step 4)", "sft/loss: 1.125 (steps 1-2) -> 0.438 (steps 3-4)"]
 
-    rl = [{"step": s, "critic/score/mean": 0.1 * s, "response_length/mean": 40.0} for s in range(1, 3)]
+    # the train panel's lines cover the same samples, every one generated (critic/score/* covers the kept groups)
+    rl = [
+        {
+            "step": s,
+            "reward/overall": 0.1 * s,
+            "reward/accuracy": 0.2,
+            "critic/score/mean": 0.9,
+            "response_length/mean": 4,
+        }
+        for s in range(1, 3)
+    ]
     _write_metrics(tmp_path / "rl.jsonl", rl)
     panels = curve_panels(read_metrics(str(tmp_path / "rl.jsonl")))
-    assert [title for title, _ in panels] == ["train reward", "validation", "mean response length (tokens)"]
-    assert list(panels[0][1]) == ["score (mean of the samples)"] and panels[1][1] == {}
+    titles = ["train reward (every sample generated)", "validation", "mean response length (tokens)"]
+    assert [title for title, _ in panels] == titles
+    assert list(panels[0][1]) == ["reward/overall", "reward/accuracy"] and panels[1][1] == {}

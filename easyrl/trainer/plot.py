@@ -9,10 +9,11 @@ import os
 import sys
 
 
-# Train curves drawn when present: the mean sequence score and the reward function's named scores.
-TRAIN_CURVE_KEYS = ("critic/score/mean", "reward/accuracy", "reward/format")
-# legend names of metrics whose key says less than it should to a reader (the score is the reward's, no critic's)
-CURVE_LABELS = {"critic/score/mean": "score (mean of the samples)"}
+# Train curves drawn when present: the reward function's overall score and named scores, all over the same samples
+# (every sample a step generated: with online filtering critic/score/* covers only the groups kept, so it is not
+# drawn beside them), as the end-of-run summary reports them.
+TRAIN_CURVE_KEYS = ("reward/overall", "reward/accuracy", "reward/format")
+TRAIN_PANEL_TITLE = "train reward (every sample generated)"
 RESPONSE_LENGTH_KEY = "response_length/mean"
 # an SFT run's metrics (easyrl sft): its panels are losses, not rewards
 SFT_LOSS_KEY = "sft/loss"
@@ -58,7 +59,7 @@ def summarize_progress(metrics_path: str) -> list[str]:
         steps, values = _series(by_step, key)
         if len(values) >= 2:
             lines.append(f"{key}: {values[0]:.3f} (step {steps[0]}) -> {values[-1]:.3f} (step {steps[-1]})")
-    for key in ("reward/overall", *TRAIN_CURVE_KEYS[1:], SFT_LOSS_KEY):
+    for key in (*TRAIN_CURVE_KEYS, SFT_LOSS_KEY):
         steps, values = _series(by_step, key)
         window = min(SUMMARY_WINDOW, len(values) // 2)
         if window:
@@ -77,13 +78,13 @@ def curve_panels(by_step: dict[int, dict[str, float]]) -> list[tuple[str, dict[s
         layout = [(title, keys) for keys, title in SFT_PANELS]
     else:
         layout = [
-            ("train reward", TRAIN_CURVE_KEYS),
+            (TRAIN_PANEL_TITLE, TRAIN_CURVE_KEYS),
             ("validation", _val_keys(by_step)),
             ("mean response length (tokens)", [RESPONSE_LENGTH_KEY]),
         ]
     panels = []
     for title, keys in layout:
-        series = {CURVE_LABELS.get(key, key): _series(by_step, key) for key in keys}
+        series = {key: _series(by_step, key) for key in keys}
         panels.append((title, {label: points for label, points in series.items() if points[0]}))
     return panels
 
