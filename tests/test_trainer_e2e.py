@@ -57,6 +57,25 @@ def test_validation_runs_every_val_freq_steps_and_after_the_last_step(tiny_grpo_
 
 
 @pytest.mark.timeout(RUN_TIMEOUT)
+@pytest.mark.timeout(RUN_TIMEOUT)
+def test_each_validation_logs_the_same_samples_drawn_over_the_whole_set(tiny_grpo_run):
+    import random
+
+    from easyrl.data.synthetic import load_builtin
+    from easyrl.trainer.ray_trainer import VAL_SAMPLES_SEED
+    from tests.fixtures.trainer_runs import VAL_SAMPLES_LOGGED
+
+    rows = [json.loads(line) for line in (tiny_grpo_run.save_dir / "generations.jsonl").read_text().splitlines()]
+    problems = [row["problem"] for row in load_builtin("builtin://arithmetic_small@test")]  # one greedy sample each
+    drawn = sorted(random.Random(VAL_SAMPLES_SEED).sample(range(len(problems)), VAL_SAMPLES_LOGGED))
+    assert max(drawn) >= VAL_SAMPLES_LOGGED  # not the first rows: the draw spans the set
+    for step in (2, 3):
+        logged = [row for row in rows if row["step"] == step]
+        assert len(logged) == VAL_SAMPLES_LOGGED, [row["step"] for row in rows]
+        for row, position in zip(logged, drawn):
+            assert problems[position] in row["prompt"], (step, position, row["prompt"])
+
+
 def test_losses_gradients_and_rates_are_finite_and_in_range(tiny_grpo_run):
     vocab_entropy = math.log(49152)  # the tiny model shares SmolLM2's vocabulary
     for step, row in tiny_grpo_run.metrics.items():

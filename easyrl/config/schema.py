@@ -525,7 +525,9 @@ class RolloutConfig:
     disable_tqdm: bool = True
     """Hide vLLM's progress bar of each generate call (the run shows its own progress bar)."""
     val_override_config: dict = field(default_factory=dict)
-    """Sampling values used for validation, e.g. {temperature: 0, n: 1}."""
+    """Sampling values used for validation, e.g. {temperature: 0, n: 1}. Sampled validation (temperature > 0) draws
+    with the same seeds at every validation, so two validations differ by the model, not by new sampling noise; with
+    n > 1 the val/* scores are means over the n samples (mean@n; `easyrl eval` reports pass@k)."""
     lora_sync: str = "auto"
     """With LoRA (`worker.actor.model.lora.rank` > 0) and vllm, how the engine gets the actor after each update:
     `adapter` (the engine keeps the base weights and takes only the adapter, in memory), `merged` (merged weights,
@@ -727,7 +729,8 @@ class TrainerConfig:
     """Validate the model the run starts from (a checkpoint's when it resumes one, with trainer.val_before_train or
     not) and exit without training."""
     val_generations_to_log: int = 0
-    """Sample generations logged at each validation."""
+    """Sample generations logged at each validation: drawn over the whole validation set with a fixed seed, the same
+    samples at every validation, so that an answer can be followed from step to step."""
     save_freq: int = -1
     """Save a checkpoint every this many steps; -1 saves only at the end."""
     save_limit: int = -1

@@ -14,6 +14,7 @@ into its checkpoint too, so ``metrics.jsonl`` can be made to agree with the chec
 """
 
 import logging
+import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -111,6 +112,10 @@ def reduce_call_metrics(calls: list[dict[str, float]]) -> dict[str, float]:
         if rate in reduced and amount in reduced and seconds in reduced:
             reduced[rate] = reduced[amount] / max(reduced[seconds], 1e-9)
     return reduced
+
+
+# the draw of the validation samples that are logged (trainer.val_generations_to_log), fixed across validations
+VAL_SAMPLES_SEED = 42
 
 
 class OnlineFilteringError(RuntimeError):
@@ -507,7 +512,8 @@ class PPOTrainer:
 
     def _sampling_seed(self, kind: int, index: int) -> list[int]:
         """The rollout seed of one generation call, a function of (rollout.seed, kind, step, index) only: a resumed
-        run samples exactly what the uninterrupted run sampled. kind 0 = training rounds, 1 = validation batches."""
+        run samples exactly what the uninterrupted run sampled. kind 0 = training rounds (validation batches use
+        (rollout.seed, 1, batch) at every step, ``validate``)."""
         return [self.config.worker.rollout.seed, kind, self.global_step, index]
 
     def _generate_and_score(
@@ -561,13 +567,17 @@ class PPOTrainer:
         samples: list[dict[str, Any]] = []
         lengths: list[float] = []
         multi_turn: list[dict[str, float]] = []
+        logged: set[int] | None = None  # the positions of the samples logged, drawn at the first batch
+        position = 0  # of the batch's first sample among the validation's samples
         for batch_index, prompts in enumerate(self.val_loader):
             prompts = prompts if isinstance(prompts, DataProto) else DataProto.from_single_dict(prompts)
             gen_input = prompts.select(
                 batch_keys=list(GENERATION_KEYS),
                 non_tensor_batch_keys=self._generation_non_tensor_keys(prompts),
             )
-            request = GenerationRequest(validate=True, seed=self._sampling_seed(1, batch_index))
+            # the same seeds at every validation (not the step's): what changes between two sampled validations is
+            # the model, not the sampling noise; a resumed run samples as the uninterrupted one
+            request = GenerationRequest(validate=True, seed=[self.config.worker.rollout.seed, 1, batch_index])
             generated = rollout.generate_sequences(gen_input, request)
             # a weight sync that ran before a validation batch is reported with the next training step; the
             # multi-turn counts (tool and environment errors, turns) are validation's own
@@ -585,8 +595,12 @@ class PPOTrainer:
             for key, values in reward_metrics.items():
                 named.setdefault(key, []).extend(values)
             lengths.extend(batch.batch["response_mask"].sum(-1).tolist())
-            if len(samples) < self.config.trainer.val_generations_to_log:
-                samples.extend(self._decode_samples(batch, overall)[: self.config.trainer.val_generations_to_log])
+            if logged is None:
+                logged = self._logged_val_positions(len(self.val_loader.dataset) * repeat)
+            chosen = [i for i in range(len(batch)) if position + i in logged]
+            if chosen:
+                samples.extend(self._decode_samples(batch[chosen], [overall[i] for i in chosen]))
+            position += len(batch)
         if samples:
             self.tracker.log_generations(samples, step=self.global_step)
         metrics = {f"val/{key}": value for key, value in reduce_reward_metrics(named).items()}  # errors: counts
@@ -596,6 +610,14 @@ class PPOTrainer:
         for key, value in reduce_call_metrics(multi_turn).items():
             metrics[f"val/{key.removeprefix('rollout/')}"] = value
         return metrics
+
+    def _logged_val_positions(self, total: int) -> set[int]:
+        """Which of a validation's ``total`` samples (in data order) are logged: trainer.val_generations_to_log of
+        them drawn over the whole set with a fixed seed, the same at every validation so that an answer can be
+        followed from step to step (EasyR1 shuffles with a fixed seed too; the first rows alone would show one data
+        source)."""
+        count = min(self.config.trainer.val_generations_to_log, total)
+        return set(random.Random(VAL_SAMPLES_SEED).sample(range(total), count)) if count > 0 else set()
 
     def _generation_non_tensor_keys(self, prompts: DataProto) -> list[str]:
         return generation_non_tensor_keys(prompts, self.config.worker.rollout.multi_turn)
