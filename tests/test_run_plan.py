@@ -441,6 +441,7 @@ def test_the_plan_notes_a_reward_length_limit_other_than_the_responses():
 def test_the_plan_notes_generation_rounds_that_overshoot_the_rollout_batch():
     notes = load_run_plan([*BASE, "data.mini_rollout_batch_size=3"]).notes
     assert any("each step generates 6 prompts' samples and trains on the first 4; the other 2" in n for n in notes)
+    assert any("(reward/* and rollout/* count them too, critic/score/* and response_length/* only" in n for n in notes)
     for divides in (
         ["data.mini_rollout_batch_size=2"],
         ["data.mini_rollout_batch_size=3", "algorithm.online_filtering=true"],

@@ -308,7 +308,8 @@ def make_run_plan(config: PPOConfig, needs_reward: bool = True) -> RunPlan:
             f"data.mini_rollout_batch_size={generation_batch_size} does not divide data.rollout_batch_size="
             f"{data.rollout_batch_size}: each step generates {data.rollout_batch_size + unused} prompts' samples and "
             f"trains on the first {data.rollout_batch_size}; the other {unused} prompts are generated for nothing and "
-            "skipped for this epoch. Make it a divisor."
+            "skipped for this epoch (reward/* and rollout/* count them too, critic/score/* and response_length/* "
+            "only the trained). Make it a divisor."
         )
     if env_owns_data(config):
         notes.append(
