@@ -273,12 +273,9 @@ def test_generate_writes_n_scored_samples_per_prompt_once_each(generated):
     assert len({text for row in rows for text in row["responses"]}) > len(rows)  # sampled, not copies
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
-def test_generate_killed_after_a_batch_resumes_without_duplicates_and_samples_as_the_uninterrupted_run(
-    tiny_model_path, val_file, generated, tmp_path
-):
-    # each batch's scoring sleeps 3 s: the run is killed (SIGKILL, its Ray processes with it) between batches
+def _generate_until_a_batch_is_written(tiny_model_path, val_file, tmp_path):
+    """(args, output, process) of an `easyrl generate` whose scoring sleeps 3 s a batch, once its first batch (two
+    rows) is written; its log is first.log."""
     args = _args(
         tiny_model_path,
         val_file,
@@ -286,14 +283,19 @@ def test_generate_killed_after_a_batch_resumes_without_duplicates_and_samples_as
         f"worker.reward.reward_function={SLEEPY_REWARD}:compute_score",
         "worker.reward.reward_function_kwargs={sleep_s: 3.0}",
     )
-    output = tmp_path / "samples.jsonl"
-    proc = launch_training(args, tmp_path / "first.log", "generate")
-    wait_until(
-        lambda: output.exists() and output.read_text().count("\n") >= 2,
-        "a batch written",
-        proc,
-        tmp_path / "first.log",
-    )
+    output, log_path = tmp_path / "samples.jsonl", tmp_path / "first.log"
+    proc = launch_training(args, log_path, "generate")
+    wait_until(lambda: output.exists() and output.read_text().count("\n") >= 2, "a batch written", proc, log_path)
+    return args, output, proc
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
+def test_generate_killed_after_a_batch_resumes_without_duplicates_and_samples_as_the_uninterrupted_run(
+    tiny_model_path, val_file, generated, tmp_path
+):
+    # the run is killed (SIGKILL, its Ray processes with it) between batches
+    args, output, proc = _generate_until_a_batch_is_written(tiny_model_path, val_file, tmp_path)
     kill_process_group(proc)
     lines = output.read_text().splitlines(keepends=True)
     assert 2 <= len(lines) < len(PROMPTS), "the kill came after the last batch: nothing left to resume"
@@ -321,17 +323,8 @@ def test_generate_killed_after_a_batch_resumes_without_duplicates_and_samples_as
 def test_ctrl_c_ends_generate_with_one_line_keeping_its_rows_and_the_rerun_says_how_many_are_done(
     tiny_model_path, val_file, tmp_path
 ):
-    args = _args(
-        tiny_model_path,
-        val_file,
-        tmp_path,
-        f"worker.reward.reward_function={SLEEPY_REWARD}:compute_score",
-        "worker.reward.reward_function_kwargs={sleep_s: 3.0}",
-    )
-    output = tmp_path / "samples.jsonl"
+    args, output, proc = _generate_until_a_batch_is_written(tiny_model_path, val_file, tmp_path)
     log_path = tmp_path / "first.log"
-    proc = launch_training(args, log_path, "generate")
-    wait_until(lambda: output.exists() and output.read_text().count("\n") >= 2, "a batch written", proc, log_path)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground process group
     try:
         returncode = proc.wait(timeout=120)

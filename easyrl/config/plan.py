@@ -128,12 +128,7 @@ class RunPlan:
             + (["critic"] if self.use_critic else [])
         )
         kl = "in the reward" if self.kl_in_reward else "as an actor loss" if self.kl_loss else "off"
-        if self.training_steps is not None:
-            steps = str(self.training_steps)
-        elif config.trainer.max_steps is not None:
-            steps = f"{config.trainer.max_steps} (trainer.max_steps)"
-        else:
-            steps = f"set when the training data is read (rollout batches per epoch x {config.trainer.total_epochs} epochs)"
+        steps = steps_described(self.training_steps, config.trainer, "rollout batches")
         if config.trainer.max_steps is None and config.algorithm.online_filtering:
             steps += (
                 " (a filtered step draws more prompts than a batch: the data is cycled more often than the epochs)"
@@ -167,6 +162,16 @@ class RunPlan:
         ]
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+def steps_described(training_steps: Optional[int], trainer: Any, batches: str) -> str:
+    """A plan's training-step count: known, set by trainer.max_steps, or counted when the data is read (``batches``
+    per epoch x trainer.total_epochs)."""
+    if training_steps is not None:
+        return str(training_steps)
+    if trainer.max_steps is not None:
+        return f"{trainer.max_steps} (trainer.max_steps)"
+    return f"set when the training data is read ({batches} per epoch x {trainer.total_epochs} epochs)"
 
 
 def _reward_summary(reward: Any) -> str:

@@ -14,6 +14,7 @@ from typing import Optional
 
 from ..paths import BUILTIN_PREFIX
 from .load import read_config
+from .plan import steps_described
 from .schema import ConfigError, PPOConfig
 from .validate import (
     CHOICES,
@@ -75,12 +76,7 @@ class SFTPlan:
 
     def describe(self) -> str:
         config, actor = self.config, self.config.worker.actor
-        if self.training_steps is not None:
-            steps = str(self.training_steps)
-        elif config.trainer.max_steps is not None:
-            steps = f"{config.trainer.max_steps} (trainer.max_steps)"
-        else:
-            steps = f"set when the training data is read (batches per epoch x {config.trainer.total_epochs} epochs)"
+        steps = steps_described(self.training_steps, config.trainer, "batches")
         return "\n".join(
             [
                 f"workers: {self.world_size} ({config.trainer.nnodes} node(s) x {config.trainer.n_gpus_per_node}), "

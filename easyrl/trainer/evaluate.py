@@ -16,7 +16,6 @@ data.max_prompt_length with data.filter_overlong_prompts) are in no score. So th
 (the log names each skipped row and why); a source whose every row was skipped is reported with no score.
 """
 
-import dataclasses
 import json
 import math
 import os
@@ -29,11 +28,10 @@ from ..utils.files import replace_file
 from .generate import (
     EVAL_SEED_KIND,
     FAILED_KEY,
-    GenerationRun,
     default_path,
+    generate_file,
     generation_settings,
     read_rows,
-    stop_keeps_rows,
 )
 
 
@@ -172,17 +170,9 @@ def run_eval(plan: RunPlan) -> dict:
         raise ValueError("`easyrl eval` scores the samples: set worker.reward.reward_function.")
     generations = default_path(plan, config.eval.generations, "eval_generations.jsonl")
     output = default_path(plan, config.eval.output, "eval.json")
-    seed = config.worker.rollout.seed
     request = GenerationRequest(validate=config.eval.val_sampling, sampling_override={"n": k})
     settings = generation_settings(plan, request)
-    with stop_keeps_rows("eval", generations):
-        run = GenerationRun(plan, generations, k, settings)
-        try:
-            summary = run.generate(
-                generations, lambda batch: dataclasses.replace(request, seed=[seed, EVAL_SEED_KIND, batch]), k
-            )
-        finally:
-            run.close()
+    summary, run = generate_file(plan, "eval", generations, request, k, settings, EVAL_SEED_KIND)
     row_counts = rows_per_source(run.val_loader.dataset)
     rows = read_rows(generations)
     extra = [row["index"] for row in rows if row["index"] >= summary.prompts]

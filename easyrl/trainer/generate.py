@@ -443,6 +443,30 @@ def stop_keeps_rows(command: str, path: str) -> Iterator[None]:
         raise SystemExit(128 + signal.SIGINT) from None
 
 
+def generate_file(
+    plan: RunPlan,
+    command: str,
+    path: str,
+    request: GenerationRequest,
+    samples: int,
+    settings: dict[str, Any],
+    seed_kind: int,
+) -> tuple[GenerationSummary, GenerationRun]:
+    """`easyrl generate` / `easyrl eval` (``command``): ``samples`` responses per prompt of data.val_files into
+    ``path``, each batch sampled with the seed (worker.rollout.seed, ``seed_kind``, batch); the workers are released
+    when it returns, and Ctrl-C ends it with one line (``stop_keeps_rows``)."""
+    seed = plan.config.worker.rollout.seed
+    with stop_keeps_rows(command, path):
+        run = GenerationRun(plan, path, samples, settings)
+        try:
+            summary = run.generate(
+                path, lambda batch: dataclasses.replace(request, seed=[seed, seed_kind, batch]), samples
+            )
+        finally:
+            run.close()
+    return summary, run
+
+
 def run_generate(plan: RunPlan) -> GenerationSummary:
     """`easyrl generate`."""
     config = plan.config
@@ -451,15 +475,7 @@ def run_generate(plan: RunPlan) -> GenerationSummary:
     request = GenerationRequest(validate=config.generate.val_sampling)
     settings = generation_settings(plan, request)
     samples = settings["sampling"]["n"]
-    seed = config.worker.rollout.seed
-    with stop_keeps_rows("generate", path):
-        run = GenerationRun(plan, path, samples, settings)
-        try:
-            summary = run.generate(
-                path, lambda batch: dataclasses.replace(request, seed=[seed, GENERATE_SEED_KIND, batch]), samples
-            )
-        finally:
-            run.close()
+    summary, _ = generate_file(plan, "generate", path, request, samples, settings, GENERATE_SEED_KIND)
     print(
         f"{summary.prompts} prompts x {samples} samples in {summary.path} ({summary.generated} generated now"
         + (f", {summary.resumed} by an earlier run)" if summary.resumed else ")")
