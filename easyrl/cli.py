@@ -237,11 +237,17 @@ COMMANDS = {
 }
 
 
+CONFIG_HELP = (
+    "Configuration: defaults <- config=FILE.yaml <- key=value overrides (e.g. worker.rollout.n=8). Every key, its "
+    "default and meaning: docs/config.md; `easyrl check` prints a config resolved, with its run plan."
+)
+
+
 def _help() -> str:
     lines = ["usage: easyrl <command> [arguments]", "", "commands:"]
     width = max(len(name) for name in COMMANDS) + 2
     lines += [f"  {name:<{width}}{text}" for name, (_, text) in COMMANDS.items()]
-    lines += ["", "Configuration: defaults <- config=FILE.yaml <- key=value overrides (e.g. worker.rollout.n=8)."]
+    lines += ["", CONFIG_HELP]
     return "\n".join(lines)
 
 
@@ -255,7 +261,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"easyrl: unknown command `{command}`.\n\n{_help()}", file=sys.stderr)
         return 2
     if command != "merge" and any(a in ("-h", "--help") for a in rest):
-        print(COMMANDS[command][1])
+        print(f"{COMMANDS[command][1]}\n\n{CONFIG_HELP}")
         return 0
     return COMMANDS[command][0](rest)
 

@@ -22,6 +22,10 @@ def test_help_lists_subcommands():
     assert result.returncode == 0
     for command in ("train", "check", "merge"):
         assert f"  {command} " in result.stdout
+    # a command's own help says where its keys are described
+    sub = run_easyrl("train", "--help")
+    assert sub.returncode == 0 and sub.stdout.startswith("train with PPO-family RL: easyrl train [config=FILE.yaml]")
+    assert "Every key, its default and meaning: docs/config.md" in sub.stdout
 
 
 def test_check_accepts_an_easyr1_config_and_prints_resolved_yaml():

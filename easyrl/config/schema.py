@@ -190,7 +190,8 @@ class ModelConfig:
     """`worker.<role>.model.*`: the checkpoint a role loads and how."""
 
     model_path: Optional[str] = None
-    """Hugging Face model folder or hub id; `builtin://SmolLM2-135M-Instruct` is the embedded default model."""
+    """Hugging Face model folder or hub id; `builtin://SmolLM2-135M-Instruct` names the embedded small model (there
+    is no default: a run sets its model)."""
     tokenizer_path: Optional[str] = None
     """Tokenizer/processor folder or hub id; null means model_path."""
     override_config: dict = field(default_factory=dict)
@@ -402,7 +403,7 @@ class RefConfig:
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     """CPU offload between phases."""
     micro_batch_size_per_device_for_experience: int = -1
-    """Samples per forward pass on one device; -1 copies the actor's."""
+    """Samples per forward pass on one device; -1 copies the actor's (the range below applies to the value then)."""
     padding_free: bool = field(default=False, metadata=derived("worker.actor.padding_free"))
     """Copied from worker.actor.padding_free (derived)."""
     dynamic_batching: bool = field(default=False, metadata=derived("worker.actor.dynamic_batching"))
