@@ -930,6 +930,7 @@ def assert_recipe_ran(example: Example, metrics: dict[int, dict], plan: RunPlan)
     assert validated, "no validation after the last step"
     if plan.config.trainer.val_before_train:
         assert any(key.startswith("val/") for key in metrics.get(0, {})), "no validation before training"
+        assert metrics[0]["timing/validation"] > 0  # timed as the validations after steps are
 
 
 def _check_example_runs(example: Example, scripted_models, tiny_data, tmp_path: Path, record_property) -> None:

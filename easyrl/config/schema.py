@@ -736,7 +736,8 @@ class TrainerConfig:
     """Save a checkpoint every this many steps; -1 saves only at the end."""
     save_limit: int = -1
     """Checkpoints kept: the newest saves (a run resumed from an earlier step keeps its own before the later steps of
-    the run it branched from); older ones are deleted; -1 keeps all."""
+    the run it branched from); older ones are deleted; -1 keeps all. An old checkpoint is deleted once the new one is
+    complete, so the disk holds save_limit + 1 of them while a checkpoint is written."""
     save_model_only: bool = False
     """Save only model weights (no optimizer or dataloader state): such a checkpoint cannot be resumed (a rerun in
     the same folder says so before Ray starts); `easyrl merge` turns it into a model."""

@@ -222,7 +222,10 @@ class PPOTrainer:
             self.workers.actor_rollout.sync_rollout_weights()  # the engine started from the model path
         last_metrics: dict[str, float] = {}
         if self.val_loader is not None and validates_first(trainer_config, self.global_step):
-            last_metrics = self.validate()
+            seconds: dict[str, float] = {}
+            with timer("validation", seconds):  # as a step's validation is timed
+                last_metrics = self.validate()
+            last_metrics.update(_timing_metrics(seconds))
             self.tracker.log(last_metrics, step=self.global_step)
         if trainer_config.val_only:
             return last_metrics
