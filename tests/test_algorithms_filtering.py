@@ -71,6 +71,27 @@ def test_collector_gathers_kept_groups_across_rounds_until_full():
     assert seen == 4.0  # every group generated, counted once
 
 
+def test_rounds_that_overshoot_the_batch_without_a_filter_count_the_groups_left_untrained():
+    import torch
+
+    from easyrl.algorithms.filtering import GroupCollector
+    from easyrl.protocol import DataProto
+
+    def round_of(uids):
+        return DataProto.from_dict(
+            tensors={"responses": torch.zeros(len(uids), 1)}, non_tensors={"uid": np.array(uids, dtype=object)}
+        )
+
+    collector = GroupCollector(target_groups=4, group_size=1)  # rollout_batch_size 4 in calls of 3 prompts
+    collector.add(round_of(["a", "b", "c"]))
+    collector.add(round_of(["d", "e", "f"]))
+    assert collector.metrics() == {"filter/kept_groups": 4.0, "filter/surplus_groups": 2.0}
+    exact = GroupCollector(target_groups=4, group_size=1)
+    exact.add(round_of(["a", "b"]))
+    exact.add(round_of(["c", "d"]))
+    assert exact.metrics() == {}  # nothing left untrained: nothing to say
+
+
 def test_groups_of_alike_scores_are_counted_among_the_trained_groups_only():
     import torch
 

@@ -155,10 +155,13 @@ class GroupCollector:
         extra groups, generated and dropped); ``filter/kept_uniform_groups`` counts among the kept. The dropped
         counts are of the filter, summed."""
         metrics = dict(self._metrics)
-        if "filter/kept_groups" in metrics:
-            kept = self._groups[: self.target_groups]
+        filtered = "filter/kept_groups" in metrics
+        kept = self._groups[: self.target_groups]
+        # without a filter too when rounds overshoot (a mini_rollout_batch_size that does not divide the batch)
+        if filtered or len(self._groups) > len(kept):
             metrics["filter/kept_groups"] = float(len(kept))
             metrics["filter/surplus_groups"] = float(len(self._groups) - len(kept))
+        if filtered:
             metrics["filter/kept_uniform_groups"] = float(sum(uid in self._uniform for uid in kept))
         return metrics
 
