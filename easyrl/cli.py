@@ -22,7 +22,7 @@ def _check(args: list[str]) -> int:
         hint = " (an SFT config? `easyrl check sft config=...`)" if missing_reward else ""
         print(f"easyrl check: invalid config: {err}{hint}", file=sys.stderr)
         return 2
-    from .trainer.preflight import check_model_files, error_text, resume_point, resume_summary
+    from .trainer.preflight import check_model_files, error_text, resume_point, resume_summary, start_step
 
     try:  # what a run reads before Ray beyond the config: tool files, the heads Ulysses splits, its checkpoint
         check_model_files(plan)
@@ -31,13 +31,7 @@ def _check(args: list[str]) -> int:
     except (ValueError, KeyError, OSError) as err:
         print(f"easyrl check: invalid config: {error_text(err)}", file=sys.stderr)
         return 2
-    if checkpoint is None:
-        lines = plan.describe()
-    else:  # whether validation runs before the resumed steps (the checkpoint code is imported only here)
-        from .trainer.checkpoint import checkpoint_step
-
-        lines = plan.describe(checkpoint_step(checkpoint))
-    return _print_valid(plan, "run plan", lines, start)
+    return _print_valid(plan, "run plan", plan.describe(start_step(checkpoint)), start)
 
 
 def _check_sft(args: list[str]) -> int:

@@ -502,11 +502,11 @@ def _say_the_checkpoint_found(plan: RunPlan) -> None:
         logger.info("Found the checkpoint %s: the run resumes from it once the data is read and checked.", path)
 
 
-def _resume_point(plan: RunPlan) -> tuple[str | None, str | None]:
-    """(the checkpoint the run resumes from or None, what to say when it is at or past the run's last step:
-    trainer.max_steps lowered below it leaves nothing to train, and Ray and the engine are not started for nothing)."""
-    from .checkpoint import checkpoint_step
-    from .preflight import nothing_left_to_train, resume_point
+def _resume_point(plan: RunPlan) -> tuple[str | None, int, str | None]:
+    """(the checkpoint the run resumes from or None, the step it resumes at (0: afresh), what to say when it is at or
+    past the run's last step: trainer.max_steps lowered below it leaves nothing to train, and Ray and the engine are
+    not started for nothing)."""
+    from .preflight import nothing_left_to_train, resume_point, start_step
 
     # no checkpoint to resume from, a fresh start among an earlier run's, or a checkpoint whose actor this config
     # cannot resume (LoRA or not, its rank / alpha / modules, its base model): one line, before Ray starts
@@ -514,14 +514,8 @@ def _resume_point(plan: RunPlan) -> tuple[str | None, str | None]:
         path = resume_point(plan.config)
     except ValueError as error:
         raise RunSetupError(str(error)) from error
-    return path, None if path is None else nothing_left_to_train(plan, path, checkpoint_step(path))
-
-
-def _start_step(checkpoint: str | None) -> int:
-    """The step a run resumes at (0: afresh, ``checkpoint`` None)."""
-    from .checkpoint import checkpoint_step
-
-    return 0 if checkpoint is None else checkpoint_step(checkpoint)
+    step = start_step(path)
+    return path, step, None if path is None else nothing_left_to_train(plan, path, step)
 
 
 def run_training(plan: RunPlan) -> dict[str, float]:
@@ -539,8 +533,8 @@ def run_training(plan: RunPlan) -> dict[str, float]:
     with setup_errors_reported(log_file):
         data = prepare_run_data(plan)  # bad rows, templates or model paths fail here, before Ray starts
     plan = data.plan
-    resumed_from, finished = _resume_point(plan)
-    logger.info("Run plan:\n%s", plan.describe(_start_step(resumed_from)))
+    resumed_from, step, finished = _resume_point(plan)
+    logger.info("Run plan:\n%s", plan.describe(step))
     if finished is not None:
         print(finished)
         return {}

@@ -65,14 +65,22 @@ def resume_point(config: Any, what: str = "training") -> str | None:
         raise ValueError(str(error)) from error
 
 
+def start_step(path: str | None) -> int:
+    """The step a run resumes at from the checkpoint at ``path`` (0: afresh, ``path`` None). The checkpoint code
+    (torch) is imported only when there is a checkpoint."""
+    if path is None:
+        return 0
+    from .checkpoint import checkpoint_step
+
+    return checkpoint_step(path)
+
+
 def resume_summary(plan: Any, path: str | None) -> str:
     """The plan's line about where the run starts: afresh, or from ``path`` (and whether anything is left to train
     from there: a checkpoint at or past the run's last step leaves nothing)."""
     if path is None:
         return "starts afresh"
-    from .checkpoint import checkpoint_step
-
-    step = checkpoint_step(path)
+    step = start_step(path)
     line = f"resumes from {path} (step {step})"
     finished = nothing_left_to_train(plan, path, step)
     return line if finished is None else f"{line}; {finished}"
