@@ -534,13 +534,18 @@ def _keywords_in_source(tree: ast.Module, name: str) -> set[str] | None:
     return declared
 
 
-def _required_in_source(tree: ast.Module, name: str) -> list[str]:
-    """The arguments an EasyR1-style function ``name`` (inputs first, the rest from reward_function_kwargs) needs and
-    has no default for; none for a function written for verl or TRL (their callers fill arguments by name)."""
-    node = next(
+def _def_in_source(tree: ast.Module, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The last top-level ``def`` of ``name`` in the file (the one the module keeps); None when there is none."""
+    return next(
         (n for n in reversed(tree.body) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name),
         None,
     )
+
+
+def _required_in_source(tree: ast.Module, name: str) -> list[str]:
+    """The arguments an EasyR1-style function ``name`` (inputs first, the rest from reward_function_kwargs) needs and
+    has no default for; none for a function written for verl or TRL (their callers fill arguments by name)."""
+    node = _def_in_source(tree, name)
     if node is None:
         return []
     args = node.args
@@ -561,10 +566,7 @@ def short_repr(value: Any, limit: int = 80) -> str:
 def _passed_in_source(tree: ast.Module, name: str) -> set[str]:
     """The arguments of function ``name`` that easyrl fills itself (not from reward_function_kwargs): an EasyR1-style
     function's first (the inputs), verl's four, TRL's call arguments."""
-    node = next(
-        (n for n in reversed(tree.body) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name),
-        None,
-    )
+    node = _def_in_source(tree, name)
     if node is None:
         return set()
     positional = [arg.arg for arg in (*node.args.posonlyargs, *node.args.args)]
