@@ -37,6 +37,14 @@ def select_groups(
     scores: np.ndarray, uids: np.ndarray, filter_low: float, filter_high: float
 ) -> tuple[np.ndarray, dict[str, float]]:
     """Indices of the samples whose group mean score is in the open interval (filter_low, filter_high), and metrics."""
+    keep_idx, metrics, _ = _select(scores, uids, filter_low, filter_high)
+    return keep_idx, metrics
+
+
+def _select(
+    scores: np.ndarray, uids: np.ndarray, filter_low: float, filter_high: float
+) -> tuple[np.ndarray, dict[str, float], set]:
+    """``select_groups``, and the kept groups whose samples all scored alike."""
     scores = np.asarray(scores, dtype=np.float64).reshape(-1)
     uids = np.asarray(uids, dtype=object).reshape(-1)
     if scores.shape[0] != uids.shape[0]:
@@ -47,15 +55,15 @@ def select_groups(
     too_low = sum(mean <= filter_low for mean in means.values())
     # kept groups of two or more samples that all scored alike: a mean inside the bounds (a right answer scoring 0.9
     # on a reward that tops at 1) and a group-relative advantage of 0 for each, which DAPO's filter means to drop
-    alike = sum(1 for uid in kept if (uids == uid).sum() > 1 and np.ptp(scores[uids == uid]) == 0)
+    alike = {uid for uid in kept if (uids == uid).sum() > 1 and np.ptp(scores[uids == uid]) == 0}
     metrics = {
         "filter/kept_groups": float(len(kept)),
-        "filter/kept_uniform_groups": float(alike),
+        "filter/kept_uniform_groups": float(len(alike)),
         "filter/dropped_groups": float(len(means) - len(kept)),
         "filter/dropped_low": float(too_low),
         "filter/dropped_high": float(len(means) - len(kept) - too_low),
     }
-    return keep_idx, metrics
+    return keep_idx, metrics, alike
 
 
 class FilterKeyError(KeyError):
@@ -96,14 +104,15 @@ def _sample_scores(data: "DataProto", filter_key: str) -> np.ndarray:
 
 def filter_groups(
     data: "DataProto", filter_key: str, filter_low: float, filter_high: float
-) -> tuple["DataProto", dict[str, float]]:
-    """Keep the groups (non-tensor `uid`) whose mean `filter_key` score lies in (filter_low, filter_high)."""
+) -> tuple["DataProto", dict[str, float], set]:
+    """Keep the groups (non-tensor `uid`) whose mean `filter_key` score lies in (filter_low, filter_high); also the
+    metrics and the kept groups whose samples all scored alike."""
     if "uid" not in data.non_tensor_batch:
         raise KeyError("Online filtering groups samples by the non-tensor `uid`, which the batch does not have.")
-    keep_idx, metrics = select_groups(
+    keep_idx, metrics, alike = _select(
         _sample_scores(data, filter_key), data.non_tensor_batch["uid"], filter_low, filter_high
     )
-    return data[keep_idx], metrics
+    return data[keep_idx], metrics, alike
 
 
 class GroupCollector:
@@ -134,15 +143,10 @@ class GroupCollector:
     ) -> None:
         """Keep `data`'s groups whose mean `filter_key` score is in (low, high) (all groups without a filter_key)."""
         if filter_key is not None:
-            data, metrics = filter_groups(data, filter_key, low, high)
+            data, metrics, alike = filter_groups(data, filter_key, low, high)
             for key, value in metrics.items():
                 self._metrics[key] = self._metrics.get(key, 0.0) + value
-            if len(data):
-                scores, uids = _sample_scores(data, filter_key), data.non_tensor_batch["uid"]
-                for uid in _first_seen_groups(uids):
-                    group = scores[uids == uid]
-                    if len(group) > 1 and np.ptp(group) == 0:
-                        self._uniform.add(uid)
+            self._uniform |= alike
         if len(data) == 0:
             return
         self._parts.append(data)
