@@ -137,3 +137,13 @@ def test_a_resumed_optimizer_takes_the_configs_peak_lr_and_weight_decay_at_its_p
         "worker.actor.optim.lr is 0.001 in the checkpoint of step 2 and 0.004 in this run's config: the config's "
         "applies from step 3 on (the peak: warmup and decay keep their place in the schedule)."
     )
+
+
+def test_adamw_is_fused_on_cuda_parameters_only():
+    """The fused kernel where every parameter is on CUDA (the GPU update); elsewhere PyTorch's default path, so CPU
+    runs keep their numbers (the CPU suite's exact AdamW comparisons and bit-exact resumes)."""
+    cpu = build_optimizer(torch.nn.Linear(2, 2), OptimConfig(), "worker.actor.optim")
+    assert isinstance(cpu, torch.optim.AdamW) and not cpu.param_groups[0]["fused"]
+    if torch.cuda.is_available():
+        gpu = build_optimizer(torch.nn.Linear(2, 2).cuda(), OptimConfig(), "worker.actor.optim")
+        assert gpu.param_groups[0]["fused"] is True

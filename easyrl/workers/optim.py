@@ -66,7 +66,13 @@ class BF16StateAdamW(torch.optim.Optimizer):
 
 
 def _adamw(params: list, config: OptimConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay)
+    # On CUDA, PyTorch's fused kernel (one launch for all parameters, FSDP2's DTensors included): 2.5% faster than
+    # the default multi-tensor path for a whole 0.5B update on an H100 (benchmarks.actor_update_gpu). Elsewhere (the
+    # CPU, parameters offloaded by FSDP) the default stays, so CPU runs keep their exact numbers.
+    fused = bool(params) and all(p.is_cuda for p in params)
+    return torch.optim.AdamW(
+        params, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay, fused=fused or None
+    )
 
 
 def _adamw_bf16(params: list, config: OptimConfig) -> torch.optim.Optimizer:
