@@ -32,7 +32,14 @@ def load_smollm2_tokenizer():
     """The SmolLM2 tokenizer (ChatML template, eos ``<|im_end|>``) read from the GGUF file."""
     from transformers import AutoTokenizer
 
-    gguf = find_smollm2_gguf()
+    try:
+        gguf = find_smollm2_gguf()
+    except FileNotFoundError:
+        # without the package, the folder converted from it earlier (ensure_smollm2) holds the same tokenizer
+        converted = DEFAULT_CACHE / "SmolLM2-135M-Instruct"
+        if (converted / "tokenizer.json").exists():
+            return AutoTokenizer.from_pretrained(str(converted))
+        raise
     return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
 
