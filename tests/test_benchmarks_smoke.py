@@ -72,3 +72,19 @@ def test_ulysses_memory_benchmark_measures_one_sequence_and_shared_prompts():
     shared = ulysses_memory.main([*small, "--samples", "3"])
     # the shared row holds the 128-token prompt once for the 3 samples: less kept than the unshared row
     assert 0 < shared["ratio_shared_over_unshared_ulysses_2"] < 1
+
+
+def test_actor_update_gpu_groups_kernels_by_kind():
+    from benchmarks.actor_update_gpu import kernel_kind
+
+    names = {
+        "nvjet_sm90_tst_128x248_64x4_1x2_h_bz_coopA_NNT": "matrix products",
+        "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64>>": "attention",
+        "_swiglu_backward_kernel": "liger",
+        "_triton_rope": "liger",
+        "triton_poi_fused__to_copy_exp_mul_neg_scatter_add_sub_unsqueeze_0": "compiled log-prob/entropy",
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>": "optimizer",
+        "void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>>": "element-wise",
+        "ncclDevKernel_AllGather_RING_LL": "other",
+    }
+    assert {name: kernel_kind(name) for name in names} == names
