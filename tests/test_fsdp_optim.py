@@ -147,3 +147,21 @@ def test_adamw_is_fused_on_cuda_parameters_only():
     if torch.cuda.is_available():
         gpu = build_optimizer(torch.nn.Linear(2, 2).cuda(), OptimConfig(), "worker.actor.optim")
         assert gpu.param_groups[0]["fused"] is True
+
+
+def test_a_resumed_optimizer_runs_the_step_kernel_of_this_device_not_of_the_run_that_saved_it(
+    tiny_model_path, one_rank_gloo_group, tmp_path
+):
+    """A GPU run's optimizer state says fused=True (optim._adamw on CUDA); resumed on a CPU, it keeps the CPU's own
+    choice, silently: which kernel runs the step is the device's business, not a setting the config changed."""
+    from easyrl.testing.single_rank import build_actor
+    from easyrl.workers.fsdp_checkpoint import load_role_checkpoint, save_role_checkpoint
+
+    _, module, optimizer = build_actor(str(tiny_model_path), ["worker.actor.optim.lr=1e-3"], batch_size=1)
+    optimizer.param_groups[0]["fused"] = True  # as a checkpoint written on a GPU holds it
+    save_role_checkpoint(str(tmp_path / "actor"), module, optimizer, None)
+
+    _, module, optimizer = build_actor(str(tiny_model_path), ["worker.actor.optim.lr=1e-3"], batch_size=1)
+    assert not optimizer.param_groups[0]["fused"]
+    assert load_role_checkpoint(str(tmp_path / "actor"), module, optimizer, None) == []
+    assert not optimizer.param_groups[0]["fused"]

@@ -169,6 +169,9 @@ def _check_same_kind(path: str, model: torch.nn.Module) -> None:
 
 # the optimizer settings of a param group that come from the config; a checkpoint's values give way to them
 CONFIGURED_GROUP_KEYS = ("weight_decay", "betas", "eps")
+# how this process runs the step (PyTorch's fused or multi-tensor kernels, `optim._adamw`): where the parameters live
+# decides, not the run that saved the checkpoint (a GPU run's fused=True resumed on a CPU, or the reverse)
+KERNEL_GROUP_KEYS = ("fused", "foreach")
 
 
 def _configured_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
@@ -176,7 +179,7 @@ def _configured_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any
     return [
         {
             "lr": group.get("initial_lr", group["lr"]),
-            **{key: group[key] for key in CONFIGURED_GROUP_KEYS if key in group},
+            **{key: group[key] for key in CONFIGURED_GROUP_KEYS + KERNEL_GROUP_KEYS if key in group},
         }
         for group in optimizer.param_groups
     ]
@@ -208,6 +211,7 @@ def _restore_configured_settings(
             if key in wanted and _as_tuple(group.get(key)) != _as_tuple(wanted[key]):
                 changes.setdefault(key, (key, _as_tuple(group.get(key)), _as_tuple(wanted[key])))
                 group[key] = wanted[key]
+        group.update({key: wanted[key] for key in KERNEL_GROUP_KEYS if key in wanted})  # not a change to report
     if changes and lr_scheduler is not None:
         lr_scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr() reports
     return list(changes.values())
