@@ -169,6 +169,7 @@ def test_enforce_eager_false_runs_eagerly_on_a_machine_without_cuda_and_says_so(
         ("worker.rollout.prompt_length=3", "worker.rollout.prompt_length"),
         ("data.mini_rollout_batch_size=0", "data.mini_rollout_batch_size"),
         ("data.max_pixels=3000", "data.min_pixels"),
+        ("worker.rollout.max_model_len=40", "worker.rollout.max_model_len"),  # shorter than a kept prompt
     ],
 )
 def test_check_refuses_what_the_workers_cannot_run_naming_the_key(override, key):
@@ -519,3 +520,18 @@ def test_the_plan_says_what_the_reward_is_made_of():
     ]
     described = load_run_plan([*BASE, *judge]).describe()
     assert f"reward: 0.5 x {REPO_ROOT}/{ARITHMETIC} + 2.0 x judge (http: grader at http://127.0.0.1:9/v1)" in described
+
+
+def test_a_context_below_prompt_plus_response_is_noted_with_the_prompts_whose_responses_it_cuts():
+    """vLLM stops a response where prompt and response fill worker.rollout.max_model_len (the engine's context): a
+    setting below data.max_prompt_length + data.max_response_length runs, with shorter answers to long prompts."""
+    lengths = ["data.max_prompt_length=64", "data.max_response_length=40"]
+    assert not [note for note in load_run_plan(BASE + lengths).notes if "max_model_len" in note]
+    notes = load_run_plan(BASE + [*lengths, "worker.rollout.max_model_len=70"]).notes
+    assert [note for note in notes if "max_model_len" in note] == [
+        "worker.rollout.max_model_len=70 is below data.max_prompt_length + data.max_response_length (64 + 40): a "
+        "response stops where its prompt and it fill the 70-token context, before data.max_response_length for "
+        "prompts longer than 30 tokens."
+    ]
+    with pytest.raises(ConfigError, match="max_model_len` \\(64\\) leaves no room"):
+        load_run_plan(BASE + [*lengths, "worker.rollout.max_model_len=64"])

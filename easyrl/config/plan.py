@@ -266,6 +266,18 @@ def _settings_without_effect(config: PPOConfig) -> list[str]:
             f"algorithm.kl_coef=0 with the KL on (algorithm.disable_kl=false): a reference model runs every step for "
             f"a {use} of 0 x KL{adaptive}, so the KL is only logged. Set algorithm.disable_kl=true to skip it."
         )
+    context, rollout = config.worker.rollout.max_model_len, config.worker.rollout
+    if (
+        rollout.name == "vllm"
+        and context is not None
+        and context < config.data.max_prompt_length + (config.data.max_response_length)
+    ):
+        notes.append(
+            f"worker.rollout.max_model_len={context} is below data.max_prompt_length + data.max_response_length "
+            f"({config.data.max_prompt_length} + {config.data.max_response_length}): a response stops where its "
+            f"prompt and it fill the {context}-token context, before data.max_response_length for prompts longer "
+            f"than {context - config.data.max_response_length} tokens."
+        )
     if trainer.critic_warmup > 0 and not uses_critic(config) and not trainer.val_only:
         # a note, not a refusal: EasyR1 runs the same loop, and its configs load and run unchanged
         notes.append(

@@ -518,7 +518,9 @@ class RolloutConfig:
     tensor_parallel_size: int = 2
     """Devices per vLLM engine; data parallel across the groups this carves out of the world."""
     max_model_len: Optional[int] = None
-    """Context length of the engine; null means max_prompt_length + max_response_length."""
+    """Context length of the engine; null means max_prompt_length + max_response_length. Below that sum a response
+    stops where prompt and response fill the context (the plan says so); at or below data.max_prompt_length it is
+    refused (a kept prompt could not be generated from)."""
     max_num_batched_tokens: int = 8192
     """Token budget of one vLLM scheduler step."""
     disable_log_stats: bool = True

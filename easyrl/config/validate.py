@@ -1029,6 +1029,20 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
             )
     if (
         rollout.name == "vllm"
+        and rollout.max_model_len is not None
+        and rollout.max_model_len <= data.max_prompt_length
+    ):
+        # the data keeps prompts up to data.max_prompt_length tokens; the engine refuses one longer than its context
+        # at the first generate, after Ray and the models have started
+        raise ConfigError(
+            f"`worker.rollout.max_model_len` ({rollout.max_model_len}) leaves no room for a response after a prompt of "
+            f"`data.max_prompt_length` ({data.max_prompt_length}) tokens, which the data may hold: the engine would "
+            f"refuse such a prompt at the first step. Raise it to data.max_prompt_length + data.max_response_length "
+            f"({data.max_prompt_length + data.max_response_length}, its default when unset), or lower "
+            "data.max_prompt_length."
+        )
+    if (
+        rollout.name == "vllm"
         and not rollout.enable_chunked_prefill
         and rollout.max_num_batched_tokens < (rollout.max_model_len or 0)
     ):
