@@ -380,6 +380,27 @@ def test_a_derived_key_is_refused_naming_the_key_to_set_instead(valid_args, deri
     assert f"`{derived}` (from the command line) is derived by easyrl from {meant}" in str(error.value)
 
 
+def test_a_field_inside_a_derived_dict_is_refused_as_the_dict_is(valid_args, tmp_path):
+    """Given dotted, a field of a derived dict was accepted and then dropped when easyrl derived the dict: Qwen3's
+    thinking stayed on without a word."""
+    key = "worker.rollout.multi_turn.chat_template_kwargs.enable_thinking"
+    expected = (
+        f"`{key}` (from the command line) is inside `worker.rollout.multi_turn.chat_template_kwargs`, which is "
+        "derived by easyrl from `data.apply_chat_template_kwargs` and cannot be set"
+    )
+    with pytest.raises(ConfigError) as error:
+        load_config([*valid_args, f"{key}=false"])
+    assert expected in str(error.value)
+    yaml = tmp_path / "config.yaml"
+    yaml.write_text(
+        "worker:\n  rollout:\n    multi_turn:\n      chat_template_kwargs:\n        enable_thinking: false\n"
+    )
+    with pytest.raises(ConfigError, match="derived by easyrl from `data.apply_chat_template_kwargs`"):
+        load_config([f"config={yaml}", *valid_args])
+    thinking_off = load_config([*valid_args, "+data.apply_chat_template_kwargs.enable_thinking=false"])
+    assert thinking_off.worker.rollout.multi_turn.chat_template_kwargs == {"enable_thinking": False}
+
+
 def test_every_derived_key_names_keys_a_user_can_set():
     from easyrl.config.load import DERIVED_KEYS, derived_from, valid_keys
 

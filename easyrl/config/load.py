@@ -115,11 +115,14 @@ def _suggest(key: str) -> str:
 
 def _check_keys(flat: dict[str, Any], source: str) -> None:
     for key in flat:
-        if key in DERIVED_KEYS:
-            sources = derived_from(key)
+        # a field inside a derived dict (worker.rollout.multi_turn.chat_template_kwargs.enable_thinking) is derived too
+        derived = next((k for k in (key, *_prefixes(key)) if k in DERIVED_KEYS), None)
+        if derived is not None:
+            sources = derived_from(derived)
             named = " and ".join(f"`{name}`" for name in sources)
+            inside = "" if derived == key else f" is inside `{derived}`, which"
             raise ConfigError(
-                f"`{key}` (from {source}) is derived by easyrl from {named} and cannot be set; remove it and set "
+                f"`{key}` (from {source}){inside} is derived by easyrl from {named} and cannot be set; remove it and set "
                 f"{'that' if len(sources) == 1 else 'those'} instead (`easyrl check` prints the value it gets)."
             )
         if key in FIELDS or any(key.startswith(free + ".") for free in FREE_DICT_KEYS):
