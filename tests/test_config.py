@@ -438,14 +438,14 @@ def test_a_critic_warmup_as_long_as_the_run_is_refused(valid_args, critic):
 
 def test_foreign_key_names_only_suggest_and_each_names_an_easyrl_key():
     """The table of verl/TRL names only suggests (compat.LEGACY_KEYS renames EasyR1's own spellings, and agrees with
-    it where a name is in both): none is the last part of an easyrl key, and each target is a key of the schema."""
+    it where a name is in both): none is the last part(s) of a key a user can set, and each target is a key of the
+    schema."""
     from easyrl.config.compat import FOREIGN_KEY_NAMES, LEGACY_KEYS
-    from easyrl.config.load import valid_keys
+    from easyrl.config.load import DERIVED_KEYS, valid_keys
 
     keys = valid_keys()
-    leaves = {key.rsplit(".", 1)[-1] for key in keys}
     for name, (target, note) in FOREIGN_KEY_NAMES.items():
-        assert name.rsplit(".", 1)[-1] not in leaves, name
+        assert not [k for k in keys if (k == name or k.endswith("." + name)) and k not in DERIVED_KEYS], name
         assert any(key == target or key.endswith("." + target) for key in keys), target
         for legacy, renamed in LEGACY_KEYS.items():  # where EasyR1 spells it so too, the two agree
             assert not legacy.endswith("." + name) or renamed.endswith(target), name
@@ -566,3 +566,64 @@ def test_an_image_dir_that_is_no_folder_is_refused(valid_args, tmp_path):
     with pytest.raises(ConfigError, match=r"`data.image_dir`: `.*nowhere` is not a folder"):
         load_config([*valid_args, f"data.image_dir={tmp_path / 'nowhere'}"])
     assert load_config([*valid_args, f"data.image_dir={tmp_path}"]).data.image_dir == str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("given", "meant"),
+    [
+        # a foreign section that is one of easyrl's dicts: the field goes inside it (not the training temperature)
+        ("actor_rollout_ref.rollout.val_kwargs.temperature", "worker.rollout.val_override_config.temperature"),
+        ("actor_rollout_ref.rollout.val_kwargs.n", "worker.rollout.val_override_config.n"),
+        ("chat_template_kwargs.enable_thinking", "data.apply_chat_template_kwargs.enable_thinking"),
+        # they drew wrong suggestions by spelling: loss_avg_mode, lr_warmup_steps, worker.rollout.name, data.val_...
+        ("actor_rollout_ref.actor.policy_loss.loss_mode", "worker.actor.loss_type"),
+        ("actor_rollout_ref.actor.optim.warmup_style", "worker.actor.optim.lr_scheduler_type"),
+        ("custom_reward_function.path", "worker.reward.reward_function"),
+        ("custom_reward_function.name", "worker.reward.reward_function"),
+        ("trainer.resume_mode", "trainer.find_last_checkpoint"),
+        ("trainer.max_actor_ckpt_to_keep", "trainer.save_limit"),
+        ("actor_rollout_ref.model.use_remove_padding", "worker.actor.padding_free"),
+        ("actor_rollout_ref.model.lora_rank", "worker.actor.model.lora.rank"),
+        ("data.truncation", "data.filter_overlong_prompts"),
+        ("per_device_train_batch_size", "worker.actor.micro_batch_size_per_device_for_update"),
+        ("scale_rewards", "algorithm.norm_adv_by_std_in_grpo"),
+        ("importance_sampling_level", "worker.actor.loss_type"),
+    ],
+)
+def test_verl_and_trl_names_point_at_the_easyrl_key_that_means_the_same(valid_args, given, meant):
+    with pytest.raises(ConfigError) as error:
+        load_config([*valid_args, f"{given}=1"])
+    assert str(error.value).startswith(
+        f"Unknown config key `{given}` (from the command line). Did you mean `{meant}`? ("
+    )
+
+
+def test_every_refused_key_of_a_command_line_is_named_in_one_error(valid_args):
+    """A verl command line carries many keys: each is named with its easyrl key at once, not one per run of check."""
+    with pytest.raises(ConfigError) as error:
+        load_config([*valid_args, "data.train_batch_size=8", "worker.rollout.n=2", "trainer.total_training_steps=3"])
+    lines = str(error.value).splitlines()
+    assert lines[0] == "2 config keys are refused:"
+    assert lines[1].startswith(
+        "  - Unknown config key `data.train_batch_size` (from the command line). Did you mean `data.rollout_batch_size`?"
+    )
+    assert lines[2].startswith(
+        "  - Unknown config key `trainer.total_training_steps` (from the command line). Did you mean `trainer.max_steps`?"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "meant"),
+    [
+        ("dr_grpo", "worker.actor.loss_avg_mode=seq-mean-token-sum with algorithm.norm_adv_by_std_in_grpo=false"),
+        ("grpo", "worker.actor.loss_avg_mode=seq-mean-token-mean"),
+        ("dapo", "worker.actor.loss_avg_mode=token-mean"),
+    ],
+)
+def test_trl_loss_type_values_name_the_aggregation_not_a_near_spelt_policy_loss(valid_args, value, meant):
+    """TRL's loss_type is the aggregation; easyrl's is the policy loss, whose near spellings (gspo for grpo, sapo for
+    dapo) were suggested."""
+    with pytest.raises(ConfigError) as error:
+        load_config([*valid_args, f"worker.actor.loss_type={value}"])
+    assert f"TRL's loss_type={value} is " in str(error.value) and meant in str(error.value)
+    assert "Did you mean" not in str(error.value)

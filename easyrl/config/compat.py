@@ -7,6 +7,17 @@ from typing import Any
 # EasyR1 spells some choices and keys differently across versions; both spellings load.
 LOSS_AVG_MODE_ALIASES = {"token": "token-mean", "seq": "seq-mean-token-mean"}
 LOSS_TYPE_ALIASES = {"default": "ppo", "vanilla": "ppo"}
+# Values another framework gives a choice that easyrl names otherwise: key -> {value: what to write instead}. TRL's
+# loss_type is the loss's aggregation, which easyrl calls loss_avg_mode (its loss_type is the policy loss).
+FOREIGN_CHOICE_VALUES = {
+    "worker.actor.loss_type": {
+        "grpo": "TRL's loss_type=grpo is the aggregation worker.actor.loss_avg_mode=seq-mean-token-mean",
+        "bnpo": "TRL's loss_type=bnpo is the aggregation worker.actor.loss_avg_mode=token-mean",
+        "dapo": "TRL's loss_type=dapo is the aggregation worker.actor.loss_avg_mode=token-mean",
+        "dr_grpo": "TRL's loss_type=dr_grpo is worker.actor.loss_avg_mode=seq-mean-token-sum with "
+        "algorithm.norm_adv_by_std_in_grpo=false (Dr. GRPO)",
+    },
+}
 LEGACY_KEYS = {
     "worker.actor.ulysses_sequence_parallel_size": "worker.actor.ulysses_size",
     "worker.critic.ulysses_sequence_parallel_size": "worker.critic.ulysses_size",
@@ -119,8 +130,60 @@ FOREIGN_KEY_NAMES: dict[str, tuple[str, str]] = {
         "worker.rollout.multi_turn.tools",
         "verl's multi_turn.enable; multi-turn is on when multi_turn.tools or multi_turn.env names a file",
     ),
+    "val_kwargs": (
+        "worker.rollout.val_override_config",
+        "verl's rollout.val_kwargs: sampling settings of validation, over the training ones",
+    ),
+    "policy_loss.loss_mode": (
+        "worker.actor.loss_type",
+        "verl's policy_loss.loss_mode: the policy loss (verl's vanilla is easyrl's default; gspo, cispo, ...)",
+    ),
+    "warmup_style": ("optim.lr_scheduler_type", "verl's optim.warmup_style: the schedule after warmup"),
+    "custom_reward_function.path": (
+        "worker.reward.reward_function",
+        "verl's custom_reward_function.path: easyrl takes the file and the function in one key, `path.py:function`",
+    ),
+    "custom_reward_function.name": (
+        "worker.reward.reward_function",
+        "verl's custom_reward_function.name: easyrl takes the file and the function in one key, `path.py:function`",
+    ),
+    "max_actor_ckpt_to_keep": ("trainer.save_limit", "verl's max_actor_ckpt_to_keep: checkpoints kept"),
+    "use_remove_padding": ("padding_free", "verl's use_remove_padding: sequences packed without padding"),
+    "lora_rank": ("model.lora.rank", "verl's lora_rank"),
+    "lora_alpha": ("model.lora.alpha", "verl's lora_alpha"),
+    "resume_mode": (
+        "trainer.find_last_checkpoint",
+        "verl's resume_mode: auto is easyrl's default (find_last_checkpoint=true), disable is false, and "
+        "resume_path is trainer.load_checkpoint_path",
+    ),
+    "truncation": (
+        "data.filter_overlong_prompts",
+        "verl's data.truncation: easyrl drops prompts over data.max_prompt_length (true) or cuts them (false), and "
+        "counts them either way",
+    ),
     # TRL
     "learning_rate": ("optim.lr", "TRL's learning_rate"),
+    "per_device_train_batch_size": (
+        "micro_batch_size_per_device_for_update",
+        "TRL's per_device_train_batch_size: samples per forward/backward pass on one device; an optimizer step takes "
+        "worker.actor.global_batch_size prompts x worker.rollout.n samples",
+    ),
+    "gradient_accumulation_steps": (
+        "worker.actor.global_batch_size",
+        "TRL's gradient_accumulation_steps: easyrl accumulates micro-batches until worker.actor.global_batch_size "
+        "prompts' samples make one optimizer step",
+    ),
+    "scale_rewards": (
+        "algorithm.norm_adv_by_std_in_grpo",
+        "TRL's scale_rewards: false (Dr. GRPO) divides by no standard deviation",
+    ),
+    "importance_sampling_level": (
+        "worker.actor.loss_type",
+        "TRL's importance_sampling_level: sequence is GSPO, worker.actor.loss_type=gspo",
+    ),
+    "chat_template_kwargs": ("data.apply_chat_template_kwargs", "TRL's chat_template_kwargs"),
+    "eval_strategy": ("trainer.val_freq", "TRL's eval_strategy: validation every trainer.val_freq steps, -1 never"),
+    "use_vllm": ("worker.rollout.name", "TRL's use_vllm: easyrl samples with vLLM (worker.rollout.name=vllm)"),
     "num_generations": ("worker.rollout.n", "TRL's num_generations: samples per prompt"),
     "max_completion_length": ("data.max_response_length", "TRL's max_completion_length, in tokens"),
     "num_train_epochs": ("trainer.total_epochs", "TRL's num_train_epochs"),

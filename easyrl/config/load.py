@@ -94,6 +94,17 @@ def _suggest(key: str) -> str:
     foreign = next(
         (named for name, named in FOREIGN_KEY_NAMES.items() if key == name or key.endswith("." + name)), None
     )
+    inside = next(  # a foreign section that is a dict of easyrl's: verl's rollout.val_kwargs.temperature
+        (
+            (named, ("." + key).split("." + name + ".", 1)[1])
+            for name, named in FOREIGN_KEY_NAMES.items()
+            if f".{name}." in "." + key and named[0] in FREE_DICT_KEYS
+        ),
+        None,
+    )
+    if foreign is None and inside is not None:
+        (target, note), rest = inside
+        return f" Did you mean `{target}.{rest}`? ({note})"
     if foreign is not None and any(_one_slip(key, valid) for valid in FIELDS if valid not in DERIVED_KEYS):
         foreign = None
     ranked = []
@@ -114,26 +125,36 @@ def _suggest(key: str) -> str:
 
 
 def _check_keys(flat: dict[str, Any], source: str) -> None:
-    for key in flat:
-        # a field inside a derived dict (worker.rollout.multi_turn.chat_template_kwargs.enable_thinking) is derived too
-        derived = next((k for k in (key, *_prefixes(key)) if k in DERIVED_KEYS), None)
-        if derived is not None:
-            sources = derived_from(derived)
-            named = " and ".join(f"`{name}`" for name in sources)
-            inside = "" if derived == key else f" is inside `{derived}`, which"
-            raise ConfigError(
-                f"`{key}` (from {source}){inside} is derived by easyrl from {named} and cannot be set; remove it and set "
-                f"{'that' if len(sources) == 1 else 'those'} instead (`easyrl check` prints the value it gets)."
-            )
-        if key in FIELDS or any(key.startswith(free + ".") for free in FREE_DICT_KEYS):
-            continue
-        setting = next((p for p in _prefixes(key) if p in FIELDS and not _is_section(p)), None)
-        if setting is not None and _kind(FIELDS[setting].type)[0] != "any":
-            raise ConfigError(
-                f"Unknown config key `{key}` (from {source}): `{setting}` is one setting "
-                f"({_describe(FIELDS[setting].type)}), not a section of keys."
-            )
-        raise ConfigError(f"Unknown config key `{key}` (from {source}).{_suggest(key)}")
+    """Refuse keys easyrl does not take, every one of them in one error (a verl command line with twenty foreign keys
+    is corrected in one pass, not twenty)."""
+    problems = [problem for key in flat if (problem := _key_problem(key, source))]
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(f"{len(problems)} config keys are refused:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _key_problem(key: str, source: str) -> str | None:
+    """Why ``key`` cannot be set (with what to set instead), or None for a key easyrl takes."""
+    # a field inside a derived dict (worker.rollout.multi_turn.chat_template_kwargs.enable_thinking) is derived too
+    derived = next((k for k in (key, *_prefixes(key)) if k in DERIVED_KEYS), None)
+    if derived is not None:
+        sources = derived_from(derived)
+        named = " and ".join(f"`{name}`" for name in sources)
+        inside = "" if derived == key else f" is inside `{derived}`, which"
+        return (
+            f"`{key}` (from {source}){inside} is derived by easyrl from {named} and cannot be set; remove it and set "
+            f"{'that' if len(sources) == 1 else 'those'} instead (`easyrl check` prints the value it gets)."
+        )
+    if key in FIELDS or any(key.startswith(free + ".") for free in FREE_DICT_KEYS):
+        return None
+    setting = next((p for p in _prefixes(key) if p in FIELDS and not _is_section(p)), None)
+    if setting is not None and _kind(FIELDS[setting].type)[0] != "any":
+        return (
+            f"Unknown config key `{key}` (from {source}): `{setting}` is one setting "
+            f"({_describe(FIELDS[setting].type)}), not a section of keys."
+        )
+    return f"Unknown config key `{key}` (from {source}).{_suggest(key)}"
 
 
 def _is_section(key: str) -> bool:

@@ -25,6 +25,7 @@ from ..workers.reward.loader import (
     parse_user_file,
     resolve_reward_function,
 )
+from .compat import FOREIGN_CHOICE_VALUES
 from .schema import ActorConfig, ConfigError, JudgeConfig, PPOConfig
 
 
@@ -231,6 +232,9 @@ def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         close = difflib.get_close_matches(str(value), choices, n=1)
         hint = f" Did you mean `{close[0]}`?" if close else ""
+        foreign = FOREIGN_CHOICE_VALUES.get(key, {}).get(value)
+        if foreign is not None:  # a near spelling of another algorithm would mislead
+            hint = f" {foreign}."
         raise ConfigError(f"`{key}` is `{value}`, which is not one of: {', '.join(choices)}.{hint}")
 
 
