@@ -66,6 +66,33 @@ def test_placeholder_count_must_match_the_media():
         build_messages("look <image>", num_images=2)
 
 
+def test_content_given_as_text_parts_renders_with_a_text_models_template(tmp_path, tokenizer):
+    """OpenAI's and TRL's content parts ([{"type": "text", "text": ...}]) crashed SmolLM2's template, which adds the
+    content to a string, at the first measurement of the prompts: text parts alone are the one string they spell."""
+    from easyrl.data.template import PromptFormatter, conversation_messages
+
+    fmt = tmp_path / "fmt.jinja"
+    fmt.write_text("{{ content }} Put the answer in \\boxed{}.")
+    conversation = [
+        {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": [{"type": "text", "text": "What is 2 + 3?"}, {"type": "text", "text": " Think."}]},
+    ]
+    messages = conversation_messages(conversation, PromptFormatter(str(fmt)))
+    assert messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2 + 3? Think. Put the answer in \\boxed{}."},
+    ]
+    assert ChatTemplate(tokenizer)(messages).endswith(
+        "<|im_start|>user\nWhat is 2 + 3? Think. Put the answer in \\boxed{}.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    # a picture among the parts keeps them a list, for the model's processor
+    pictured = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]}]
+    assert conversation_messages(pictured, PromptFormatter(None), num_images=1)[0]["content"] == [
+        {"type": "image"},
+        {"type": "text", "text": "How many?"},
+    ]
+
+
 def test_override_chat_template_file(tmp_path, tokenizer):
     path = tmp_path / "chat.jinja"
     path.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]")

@@ -56,6 +56,7 @@ from .template import (
     is_chat_messages,
     place_media,
     placeholder_parts,
+    text_parts_as_strings,
 )
 from .vision import PictureSizing, UnreadableMediaError
 
@@ -120,10 +121,7 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
             raise UnusableConversationError(
                 "an assistant message holds an image or video; pictures and videos go in user messages"
             )
-        if isinstance(message["content"], list) and not _media_places(message["content"]):
-            # text alone is a plain string: what every chat template (text-only ones too) renders
-            message["content"] = "".join(part["text"] for part in message["content"])
-    return out
+    return text_parts_as_strings(out)
 
 
 # set on an assistant message whose `weight` is 0 (OpenAI's fine-tuning format): rendered as context, not trained on

@@ -202,7 +202,17 @@ def conversation_messages(
         users[-1]["content"] = formatter(content)
     elif isinstance(content, list) and (texts := [part for part in content if part.get("type") == "text"]):
         texts[-1]["text"] = formatter(texts[-1].get("text", ""))
-    return place_media(messages, num_images, num_videos)
+    return text_parts_as_strings(place_media(messages, num_images, num_videos))
+
+
+def text_parts_as_strings(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A message whose content is text parts alone gets it as one string: what every chat template renders (a text
+    model's template adds the content to a string; Qwen-VL's writes text parts one after the other, the same text)."""
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, list) and all(part.get("type") == "text" for part in content):
+            message["content"] = "".join(part.get("text") or "" for part in content)
+    return messages
 
 
 def placeholder_parts(text: str) -> list[dict[str, Any]]:
