@@ -41,6 +41,23 @@ class EchoWorker(Worker):
         value = data.batch["value"].repeat_interleave(n) * 10 + torch.arange(n).repeat(len(data))
         return DataProto.from_dict(tensors={"value": value, "rank": torch.full((len(data) * n,), self.rank)})
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_like(self, data):
+        """Rows and engine metrics of this rank's share, as a generate call answers."""
+        from easyrl.protocol import DataProto
+
+        rows = len(data)
+        metrics = {
+            "rollout/gen_seconds": 1.0 + self.rank,
+            "rollout/gen_tokens": 10.0 * rows,
+            "rollout/gen_responses": float(rows),
+            "rollout/gen_tokens_per_s": 10.0 * rows / (1.0 + self.rank),
+            "rollout/response_length/mean": 10.0 + self.rank,
+            "rollout/response_length/max": 10.0 + self.rank,
+            "rollout/multi_turn/tool_errors": 1.0 + self.rank,
+        }
+        return DataProto.from_dict(tensors={"value": data.batch["value"]}, meta_info={"metrics": metrics})
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def declare_pairs(self) -> None:
         # ranks (0, 1) form data-parallel group 0, answered by rank 0 (like a tensor-parallel pair)
@@ -127,6 +144,23 @@ def test_dp_compute_proto_drops_every_answer_of_a_padding_row(group):
     out = group.samples_per_row(DataProto.from_dict(tensors={"value": torch.arange(7)}), 3)
     assert out.batch["value"].tolist() == [10 * row + sample for row in range(7) for sample in range(3)]
     assert out.batch["rank"].tolist() == [0] * 12 + [1] * 9
+
+
+@pytest.mark.timeout(120)
+def test_dp_compute_proto_combines_the_engine_metrics_of_every_rank(group):
+    """A generate call's metrics were chunk 0's: with 2 workers, rollout/* described half the batch."""
+    from easyrl.protocol import DataProto
+
+    out = group.generate_like(DataProto.from_dict(tensors={"value": torch.arange(4)}))
+    assert out.meta_info["metrics"] == {
+        "rollout/gen_seconds": 2.0,  # the ranks ran at once: the slower one's
+        "rollout/gen_tokens": 40.0,
+        "rollout/gen_responses": 4.0,
+        "rollout/gen_tokens_per_s": 20.0,  # all tokens over the call's seconds
+        "rollout/response_length/mean": 10.5,
+        "rollout/response_length/max": 11.0,
+        "rollout/multi_turn/tool_errors": 3.0,
+    }
 
 
 @pytest.mark.timeout(120)

@@ -94,7 +94,7 @@ def test_generation_metrics_count_tokens_lengths_and_clipped_responses():
 
 def test_the_generate_calls_of_a_step_report_their_totals_not_the_mean_of_their_rates():
     """Refill rounds (online filtering, mini_rollout_batch_size) and a ReMax baseline make several calls a step."""
-    from easyrl.trainer.ray_trainer import reduce_call_metrics
+    from easyrl.utils.engine_metrics import reduce_call_metrics
 
     fast = generation_metrics(torch.tensor([[1, 1, 0, 0]] * 4), seconds=1.0)  # 8 tokens, 4 responses of 2
     slow = generation_metrics(torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1]]), seconds=15.0)  # 8 tokens, 2 of 4 (cut)

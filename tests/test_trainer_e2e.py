@@ -76,6 +76,16 @@ def test_each_validation_logs_the_same_samples_drawn_over_the_whole_set(tiny_grp
             assert problems[position] in row["prompt"], (step, position, row["prompt"])
 
 
+@pytest.mark.timeout(RUN_TIMEOUT)
+def test_the_engine_metrics_cover_both_workers_generations(tiny_grpo_run):
+    """Each of the 2 workers generates for half the prompts; the rollout/* metrics were worker 0's half alone."""
+    for step, row in tiny_grpo_run.metrics.items():
+        assert row["rollout/gen_responses"] == 4 * 4, step  # data.rollout_batch_size x worker.rollout.n
+        assert row["rollout/response_length/mean"] == pytest.approx(row["response_length/mean"]), step
+        assert row["rollout/gen_tokens"] == pytest.approx(16 * row["response_length/mean"]), step
+        assert row["rollout/gen_tokens_per_s"] == pytest.approx(row["rollout/gen_tokens"] / row["rollout/gen_seconds"])
+
+
 def test_losses_gradients_and_rates_are_finite_and_in_range(tiny_grpo_run):
     vocab_entropy = math.log(49152)  # the tiny model shares SmolLM2's vocabulary
     for step, row in tiny_grpo_run.metrics.items():

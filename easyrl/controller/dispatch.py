@@ -147,11 +147,13 @@ def _split_data_protos(args: tuple, kwargs: dict, chunks: int) -> tuple[list[tup
 
 
 def _join_data_protos(outputs: list, padding: Padding) -> Any:
-    """Concatenate per-chunk answers in order and drop the padding rows; metric-only answers come from chunk 0.
+    """Concatenate per-chunk answers in order and drop the padding rows; metric-only answers come from chunk 0 (the
+    workers reduced them over ranks), the engine metrics of answers with rows are combined over the chunks.
 
     An answer may hold several rows per input row, adjacent (a rollout's n samples of each prompt): the padding rows'
     answers are then the last ``rows x n`` (the padding sits at the end of the last chunk), all of them dropped."""
     from ..protocol import DataProto, unpad_dataproto
+    from ..utils.engine_metrics import reduce_rank_metrics
 
     first = outputs[0]
     if not isinstance(first, DataProto):
@@ -159,6 +161,9 @@ def _join_data_protos(outputs: list, padding: Padding) -> Any:
     if first.batch is None and not first.non_tensor_batch:
         return first  # e.g. update_actor: only meta_info["metrics"], already reduced over ranks by the worker
     joined = DataProto.concat(outputs)
+    ranks = [out.meta_info["metrics"] for out in outputs if isinstance(out.meta_info.get("metrics"), dict)]
+    if len(ranks) > 1:  # concat keeps chunk 0's meta_info: a generate call's engine metrics were rank 0's alone
+        joined.meta_info["metrics"] = reduce_rank_metrics(ranks)
     if not padding.rows:
         return joined
     per_row, rest = divmod(len(joined), padding.total)

@@ -34,9 +34,10 @@ from ..config.validate import uses_critic
 from ..controller.worker_group import WorkerDiedError
 from ..data.template import RESET_CONTENT
 from ..protocol import DataProto
+from ..utils.engine_metrics import reduce_call_metrics
 from ..workers.fsdp_utils import to_dtype
 from ..workers.reward.scorer import ROW_FIELDS, PendingScores, reduce_reward_metrics, scores_to_non_tensor
-from ..workers.rollout.base import GenerationRequest
+from ..workers.rollout.base import GenerationRequest, generation_metrics
 from .balance import balance_permutation, groups_by_uid, inverse_permutation
 from .checkpoint import (
     CheckpointManager,
@@ -81,37 +82,6 @@ def join_rollout_output(repeated_prompts: DataProto, generated: DataProto) -> Da
 
 # the multi-turn rollout's metrics (rollout/multi_turn/tool_errors, .../env_errors, .../turns, ...)
 MULTI_TURN_METRICS = "rollout/multi_turn/"
-
-
-# rate -> (amount, seconds): a rate over several calls is their total amount over their total time
-_CALL_RATES = {
-    "rollout/gen_tokens_per_s": ("rollout/gen_tokens", "rollout/gen_seconds"),
-    "rollout/weight_sync_gb_per_s": ("rollout/weight_sync_gb", "rollout/weight_sync_s"),
-}
-# means over a call's responses: weighted by each call's responses (a ReMax baseline call has n times fewer)
-_PER_RESPONSE = ("rollout/response_length/mean", "rollout/response_length/clip_ratio")
-
-
-def reduce_call_metrics(calls: list[dict[str, float]]) -> dict[str, float]:
-    """The engine metrics of several generate calls as one: seconds, bytes, tokens and responses add up over calls,
-    rates are total over total, maxima the largest, per-response means weighted by the responses; other means and
-    counts per call average."""
-    reduced = {}
-    for key in sorted({key for call in calls for key in call}):
-        values = [call[key] for call in calls if key in call]
-        if key.endswith(("_s", "_seconds", "_gb", "_bytes", "_buckets", "/gen_tokens", "/gen_responses")):
-            reduced[key] = float(sum(values))
-        elif key.endswith("/max"):
-            reduced[key] = float(max(values))
-        elif key in _PER_RESPONSE and all("rollout/gen_responses" in call for call in calls if key in call):
-            weights = [call["rollout/gen_responses"] for call in calls if key in call]
-            reduced[key] = float(sum(v * w for v, w in zip(values, weights)) / max(sum(weights), 1))
-        else:
-            reduced[key] = float(sum(values) / len(values))
-    for rate, (amount, seconds) in _CALL_RATES.items():
-        if rate in reduced and amount in reduced and seconds in reduced:
-            reduced[rate] = reduced[amount] / max(reduced[seconds], 1e-9)
-    return reduced
 
 
 # the draw of the validation samples that are logged (trainer.val_generations_to_log), fixed across validations
@@ -532,7 +502,14 @@ class PPOTrainer:
         seed = self._sampling_seed(0, round_index)
         with timer("gen", timing):
             generated = rollout.generate_sequences(gen_input, GenerationRequest(seed=seed))
-        self._rollout_metrics.append(generated.meta_info.pop("metrics", None) or {})
+        engine_metrics = generated.meta_info.pop("metrics", None) or {}
+        if "rollout/gen_seconds" in engine_metrics:
+            # the lengths of the responses trained on: with several data-parallel ranks, a rank's share of padding
+            # rows (a batch that does not split evenly) is in the ranks' own counts
+            engine_metrics.update(
+                generation_metrics(generated.batch["response_mask"], engine_metrics["rollout/gen_seconds"])
+            )
+        self._rollout_metrics.append(engine_metrics)
         if self.config.algorithm.adv_estimator == "remax":  # a baseline of its own, not a role: the plan has no say
             # ReMax (arXiv 2310.10505): the reward of each prompt's greedy response is its baseline.
             with timer("gen_baseline", timing):
@@ -660,8 +637,9 @@ class PPOTrainer:
             self._epoch_batches = 0
 
     def _reduce_rollout_metrics(self) -> dict[str, float]:
-        """The engine metrics of this step's generate calls (data-parallel rank 0's share): seconds and bytes add
-        up over calls (refill rounds, a ReMax baseline, a sync before validation), rates and lengths average."""
+        """The engine metrics of this step's generate calls, each already over its data-parallel ranks: seconds and
+        bytes add up over calls (refill rounds, a ReMax baseline, a sync before validation), rates are total over
+        total, lengths average over responses (`utils.engine_metrics`)."""
         calls, self._rollout_metrics = self._rollout_metrics, []
         return reduce_call_metrics(calls)
 
