@@ -627,3 +627,12 @@ def test_trl_loss_type_values_name_the_aggregation_not_a_near_spelt_policy_loss(
         load_config([*valid_args, f"worker.actor.loss_type={value}"])
     assert f"TRL's loss_type={value} is " in str(error.value) and meant in str(error.value)
     assert "Did you mean" not in str(error.value)
+
+
+def test_an_ignored_older_easyr1_key_is_named_with_what_to_write(valid_args, caplog):
+    """worker.reward.compute_score (EasyR1's older way to pick a built-in reward) was dropped without a word."""
+    with caplog.at_level("WARNING", logger="easyrl.config.compat"):
+        config = load_config([*valid_args, "worker.reward.compute_score=math"])
+    assert "worker.reward.compute_score=math is an older EasyR1 key that easyrl ignores" in caplog.text
+    assert "`reward_function/math.py:compute_score`" in caplog.text
+    assert config.worker.reward.reward_function == load_config(valid_args).worker.reward.reward_function

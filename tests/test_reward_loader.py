@@ -35,6 +35,28 @@ def test_named_sequential_function_is_called_once_per_input(tmp_path):
     assert fn.score([{"ground_truth": 1}, {"ground_truth": 0}]) == [{"overall": 1.0}, {"overall": 0.0}]
 
 
+def test_an_older_easyr1_configs_reward_type_says_how_a_file_without_reward_type_is_called(tmp_path, caplog):
+    """EasyR1 configs chose the calling convention with worker.reward.reward_type; the key was dropped, so a
+    sequential function was called with the whole batch and the run died at the first step."""
+    from easyrl.config import load_config
+
+    path = write(
+        tmp_path, "def compute_score(item, format_weight=0.1):\n    return {'overall': item['ground_truth']}\n"
+    )
+    fn = load_reward_function(str(path), {"format_weight": 0.2}, None, "sequential")
+    assert fn.reward_type == "sequential"
+    assert fn.score([{"ground_truth": 1}, {"ground_truth": 0}]) == [{"overall": 1.0}, {"overall": 0.0}]
+    config = load_config(
+        [f"worker.reward.reward_function={path}", "worker.reward.reward_type=sequential"], validate=False
+    )
+    assert config.worker.reward.reward_type == "sequential"
+    # the file's own REWARD_TYPE is what its function is written for: it wins, and the difference is said
+    batch = write(tmp_path, "REWARD_TYPE = 'batch'\n" + BATCH, name="batch_reward.py")
+    with caplog.at_level("WARNING"):
+        assert load_reward_function(str(batch), {}, None, "sequential").reward_type == "batch"
+    assert "worker.reward.reward_type is 'sequential' but" in caplog.text and "REWARD_TYPE = 'batch'" in caplog.text
+
+
 def test_missing_file_names_the_config_key(tmp_path):
     with pytest.raises(RewardFunctionError, match=r"worker.reward.reward_function.*nope.py.*does not exist"):
         load_reward_function(str(tmp_path / "nope.py"), {})

@@ -1,6 +1,7 @@
 """EasyR1 compatibility: other spellings of keys and choices that load unchanged, and the keys whose meaning in
 easyrl differs from EasyR1's (a warning names each one a config relies on; docs/config.md gives the reasons)."""
 
+import logging
 from typing import Any
 
 
@@ -26,12 +27,19 @@ LEGACY_KEYS = {
     "worker.reward.score_function_kwargs": "worker.reward.reward_function_kwargs",
     "trainer.total_episodes": "trainer.total_epochs",
 }
-# Keys older EasyR1 configs carry that no longer mean anything: accepted and ignored.
-IGNORED_LEGACY_KEYS = {"worker.reward.reward_type", "worker.reward.compute_score"}
+# Keys older EasyR1 configs carry that no longer mean anything: accepted, ignored, and said so (-> what to write).
+IGNORED_LEGACY_KEYS = {
+    "worker.reward.compute_score": "name the reward file and function with worker.reward.reward_function (EasyR1's "
+    "`compute_score: math` is `reward_function/math.py:compute_score`, `r1v` is `reward_function/r1v.py:compute_score`)"
+}
 
 
 def rename_legacy(flat: dict[str, Any]) -> dict[str, Any]:
-    """Flat {dotted key: value} with legacy keys renamed and ignored ones dropped."""
+    """Flat {dotted key: value} with legacy keys renamed and ignored ones dropped (with a warning naming the fix)."""
+    for key in flat.keys() & IGNORED_LEGACY_KEYS.keys():
+        logging.getLogger(__name__).warning(
+            "%s=%s is an older EasyR1 key that easyrl ignores: %s.", key, flat[key], IGNORED_LEGACY_KEYS[key]
+        )
     return {LEGACY_KEYS.get(key, key): value for key, value in flat.items() if key not in IGNORED_LEGACY_KEYS}
 
 

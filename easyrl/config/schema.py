@@ -643,6 +643,10 @@ class RewardConfig:
     videos). A missing `.../reward_function/{math,r1v,dapo,android_gui}.py` is
     replaced by easyrl's file of that name (EasyR1's scores and keys), with a warning naming both paths. Empty with
     a tool environment that defines get_reward: `reward_function/env_reward.py`, the environment's reward."""
+    reward_type: Optional[str] = None
+    """Older EasyR1 configs' key: how a function in a file without REWARD_TYPE is called, `batch` or `sequential`
+    (null: batch, EasyR1's default). A file's REWARD_TYPE wins (with a warning where they differ), and a function
+    written for verl (`solution_str`) or TRL (`completions`) is called their way."""
     reward_function_kwargs: dict = field(default_factory=dict)
     """Extra keyword arguments passed to the reward function (to each of combined functions, the ones it takes)."""
     reward_weights: Optional[list] = None

@@ -997,6 +997,8 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
                 _check_choice(key, item, allowed)
         else:
             _check_choice(key, value, allowed)
+    if config.worker.reward.reward_type is not None:  # older EasyR1 configs'
+        _check_choice("worker.reward.reward_type", config.worker.reward.reward_type, ("batch", "sequential"))
     for role in ("actor", "critic", "ref"):
         fsdp = _get(config, f"worker.{role}.fsdp")
         for name in DTYPE_KEYS:

@@ -176,7 +176,9 @@ def load_run_reward(config: Any) -> Any:
         return None
     from ..workers.reward.loader import load_reward_function
 
-    return load_reward_function(reward.reward_function, reward.reward_function_kwargs, reward.reward_weights)
+    return load_reward_function(
+        reward.reward_function, reward.reward_function_kwargs, reward.reward_weights, reward.reward_type
+    )
 
 
 def _takes_columns(reward_fn: Any) -> bool:

@@ -91,8 +91,8 @@ class RewardActor:
     math-verify's, work) and is a streaming generator: the driver receives each call's outcome as soon as it
     exists, so the samples scored before a call hangs keep their scores."""
 
-    def __init__(self, spec: str, kwargs: dict, weights: list[float] | None = None):
-        self.reward_fn = load_reward_function(spec, kwargs, weights)
+    def __init__(self, spec: str, kwargs: dict, weights: list[float] | None = None, reward_type: str | None = None):
+        self.reward_fn = load_reward_function(spec, kwargs, weights, reward_type)
 
     def ready(self) -> bool:
         return True

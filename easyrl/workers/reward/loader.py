@@ -653,9 +653,10 @@ def _missing_module_hint(err: ModuleNotFoundError, path: Path) -> str:
 
 
 def load_reward_function(
-    spec: str, kwargs: dict | None = None, weights: list[float] | None = None
+    spec: str, kwargs: dict | None = None, weights: list[float] | None = None, reward_type: str | None = None
 ) -> "RewardFunction | CombinedReward":
     """Import `path.py[:fn]`, choose the function, read REWARD_TYPE, and check that it accepts `kwargs`.
+    ``reward_type``: worker.reward.reward_type, how a file without REWARD_TYPE is called (older EasyR1 configs).
 
     `path.py:f,g` names several functions of the file (TRL's `reward_funcs`): they are combined with `weights`
     (TRL's `reward_weights`; default 1 each) into a `CombinedReward`, each getting the `kwargs` it accepts."""
@@ -670,7 +671,7 @@ def load_reward_function(
         )
     kwargs = dict(kwargs or {})
     if len(names) == 1 and (weights is None or float(weights[0]) == 1.0):
-        return _load_one(module, path, path_text, names[0], kwargs)
+        return _load_one(module, path, path_text, names[0], kwargs, reward_type)
     if len(set(names)) != len(names):
         raise RewardFunctionError(f"`{CONFIG_KEY}` names a function twice: {spec}.")
     taken = [name for name in names if name in ("overall", *RESERVED_SCORE_NAMES)]
@@ -684,7 +685,7 @@ def load_reward_function(
         fn = getattr(module, name, None)
         accepted = _declared_names(fn) if callable(fn) else None
         part_kwargs = kwargs if accepted is None else {k: v for k, v in kwargs.items() if k in accepted}
-        parts.append(_load_one(module, path, path_text, name, part_kwargs))
+        parts.append(_load_one(module, path, path_text, name, part_kwargs, reward_type))
     unused = [key for key in kwargs if not any(key in part.kwargs for part in parts)]
     if unused:
         raise RewardFunctionError(
@@ -699,19 +700,26 @@ def function_names(requested: str | None) -> list[str | None]:
     return requested.split(FUNCTION_SEPARATOR) if requested else [None]
 
 
-def _load_one(module: Any, path: Path, path_text: str, requested: str | None, kwargs: dict) -> RewardFunction:
+def _load_one(
+    module: Any, path: Path, path_text: str, requested: str | None, kwargs: dict, configured_type: str | None = None
+) -> RewardFunction:
     functions = {name for name, obj in vars(module).items() if inspect.isfunction(obj)}
     name = choose_function_name(path_text, requested, set(vars(module)), functions)
     fn = getattr(module, name)
     if not callable(fn):
         raise RewardFunctionError(f"`{CONFIG_KEY}`: `{name}` in `{path_text}` is not a function.")
+    if configured_type is not None and getattr(module, "REWARD_TYPE", configured_type) != configured_type:
+        _warn_once(  # a verl or TRL signature is recognised whatever the key says, below
+            f"worker.reward.reward_type is {configured_type!r} but `{path_text}` says REWARD_TYPE = "
+            f"{module.REWARD_TYPE!r}: the file's convention is used (its function is written for it)."
+        )
     if not hasattr(module, "REWARD_TYPE") and "solution_str" in _parameter_names(fn):
         reward_type = VERL_REWARD_TYPE
         _check_binding(fn, kwargs, dict.fromkeys(_verl_arguments(fn)), name, path_text)
     elif not hasattr(module, "REWARD_TYPE") and _parameter_names(fn) & set(TRL_SIGNATURE_NAMES):
         reward_type = TRL_REWARD_TYPE  # TRL's own call passes columns the function may not name: no binding check
     else:
-        reward_type = getattr(module, "REWARD_TYPE", DEFAULT_REWARD_TYPE)
+        reward_type = getattr(module, "REWARD_TYPE", configured_type or DEFAULT_REWARD_TYPE)
         if reward_type not in REWARD_TYPES:
             raise RewardFunctionError(
                 f"`REWARD_TYPE` in `{path_text}` is {reward_type!r}; use 'batch' (the function takes and returns "
@@ -728,6 +736,15 @@ def _load_one(module: Any, path: Path, path_text: str, requested: str | None, kw
         name_was_given=requested is not None,
         scores_env_reward=bool(getattr(module, "SCORES_ENV_REWARD", False)),
     )
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logging.getLogger(__name__).warning(message)
 
 
 def _check_binding(fn: Callable, kwargs: dict, verl_arguments: dict | None, name: str, path_text: str) -> None:

@@ -53,8 +53,9 @@ class RewardActorPool:
         actor_num_cpus: float = 1.0,
         startup_timeout_s: float = 300.0,
         weights: list[float] | None = None,
+        reward_type: str | None = None,
     ):
-        self.spec, self.kwargs, self.weights = spec, dict(kwargs), weights
+        self.spec, self.kwargs, self.weights, self.reward_type = spec, dict(kwargs), weights, reward_type
         self.timeout_s = timeout_s
         self.actor_num_cpus = actor_num_cpus
         self.startup_timeout_s = startup_timeout_s
@@ -66,7 +67,9 @@ class RewardActorPool:
         return len(self._slots)
 
     def _start_actor(self) -> _Slot:
-        actor = RewardActor.options(num_cpus=self.actor_num_cpus).remote(self.spec, self.kwargs, self.weights)
+        actor = RewardActor.options(num_cpus=self.actor_num_cpus).remote(
+            self.spec, self.kwargs, self.weights, self.reward_type
+        )
         return _Slot(actor=actor, ready_ref=actor.ready.remote(), started_at=time.monotonic())
 
     def _replace(self, index: int) -> None:

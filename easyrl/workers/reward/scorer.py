@@ -168,7 +168,7 @@ class RewardScorer:
         self.chunks_per_actor = chunks_per_actor
         # loading on the driver first reports a broken file at once, with the driver's traceback
         self.reward_fn = reward_fn or load_reward_function(
-            config.reward_function, config.reward_function_kwargs, config.reward_weights
+            config.reward_function, config.reward_function_kwargs, config.reward_weights, config.reward_type
         )
         logger.info(self.reward_fn.describe())
         # worker.reward.judge (see judge.py): asked from here, while the rule reward is scored
@@ -190,6 +190,7 @@ class RewardScorer:
                 config.reward_function,
                 config.reward_function_kwargs,
                 weights=config.reward_weights,
+                reward_type=config.reward_type,
                 num_actors=1 if whole_batch else max(1, config.num_cpus),
                 timeout_s=config.timeout_s,
                 actor_num_cpus=actor_num_cpus * (config.num_cpus if whole_batch else min(1, config.num_cpus)),
