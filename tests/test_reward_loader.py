@@ -399,3 +399,30 @@ def test_a_loop_blocked_by_a_sync_call_is_left_and_said(monkeypatch, caplog):
     assert caplog.text.count("has blocked its event loop") == 1
     thread.join(5)
     assert late == ["late"]  # the blocked call still finished, on its own loop
+
+
+def test_a_main_that_takes_no_input_is_the_files_self_test_and_compute_score_is_called(tmp_path):
+    """verl's reward files often end in `def main(): ...` run under `if __name__ == "__main__"`: without `:function`,
+    that `main` was chosen (EasyR1's default name) and the run stopped at its start."""
+    from easyrl.workers.reward.loader import resolve_reward_function
+
+    source = (
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float(solution_str.strip() == ground_truth)\n\n"
+        "def main():\n    print(compute_score('x', '3', '3'))\n\n"
+        "if __name__ == '__main__':\n    main()\n"
+    )
+    path = write(tmp_path, source)
+    assert resolve_reward_function(str(path)) == (str(path), "compute_score")  # what check reports
+    fn = load_reward_function(str(path), {})
+    assert (fn.name, fn.reward_type) == ("compute_score", "verl")
+    assert fn.score([{"response": "3", "ground_truth": "3", "data_source": "x"}])[0]["overall"] == 1.0
+    # a main that takes the inputs is EasyR1's default and stays the choice
+    easyr1 = write(tmp_path, BATCH + "\ndef main(reward_inputs):\n    return compute_score(reward_inputs)\n", "e.py")
+    assert load_reward_function(str(easyr1), {}).name == "main"
+
+
+def test_functions_of_two_files_are_refused_naming_the_one_file_form(tmp_path):
+    first, second = write(tmp_path, BATCH, "a.py"), write(tmp_path, BATCH, "b.py")
+    with pytest.raises(RewardFunctionError, match=r"functions to combine come from one file \(`file.py:f,g`\)"):
+        load_reward_function(f"{first}:compute_score,{second}:compute_score", {})

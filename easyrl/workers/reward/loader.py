@@ -48,6 +48,7 @@ import inspect
 import logging
 import numbers
 import os
+import re
 import sys
 import threading
 import time
@@ -422,6 +423,11 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     if not spec:
         raise RewardFunctionError(f"`{CONFIG_KEY}` is empty; give a reward module as path/to/file.py:function.")
     path, sep, name = spec.rpartition(":")
+    if sep and re.search(r"\.py:[^/\\]", path):  # `a.py:f,b.py:g`: TRL's reward_funcs from several modules
+        raise RewardFunctionError(
+            f"`{CONFIG_KEY}` is `{spec}`: functions to combine come from one file (`file.py:f,g`). Define or import "
+            "the others in it (an import of a module beside it needs that folder on PYTHONPATH) and name them there."
+        )
     if not sep or not names_functions(name):
         return spec, None
     return path, FUNCTION_SEPARATOR.join(part.strip() for part in name.split(FUNCTION_SEPARATOR))
@@ -434,12 +440,17 @@ def _rule_text(chosen: str) -> str:
 
 
 def choose_function_name(
-    path: str, requested: str | None, defined: Collection[str], functions: Collection[str]
+    path: str,
+    requested: str | None,
+    defined: Collection[str],
+    functions: Collection[str],
+    inputless: Collection[str] = (),
 ) -> str:
     """The function to call: the one named in the spec, else `main` (EasyR1), else `compute_score`.
 
     `defined` is every name the file binds at top level, `functions` the functions among them (listed in the error
-    raised when the choice is missing).
+    raised when the choice is missing), `inputless` those that take no argument: a `main()` that takes none is the
+    file's self-test (`if __name__ == "__main__": main()`, common in verl's reward files), not a reward function.
     """
     if requested is not None:
         if requested in defined:
@@ -447,7 +458,7 @@ def choose_function_name(
         missing = f"defines no function `{requested}`"
     else:
         for name in (EASYR1_DEFAULT_FUNCTION, FALLBACK_FUNCTION):
-            if name in defined:
+            if name in defined and not (name == EASYR1_DEFAULT_FUNCTION and name in inputless):
                 return name
         missing = (
             f"names no function (`path.py:function`) and the file defines neither `{EASYR1_DEFAULT_FUNCTION}` "
@@ -514,8 +525,21 @@ def resolve_reward_function(spec: str) -> tuple[str, str]:
     """
     path_text, requested = parse_spec(spec)
     path, names, functions = parse_user_file(path_text, CONFIG_KEY)
-    chosen = [choose_function_name(path_text, name, names, functions) for name in function_names(requested)]
+    inputless = _inputless_in_source(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+    chosen = [choose_function_name(path_text, name, names, functions, inputless) for name in function_names(requested)]
     return str(path), FUNCTION_SEPARATOR.join(chosen)
+
+
+def _inputless_in_source(tree: ast.Module) -> set[str]:
+    """The top-level functions of a file's source that take no argument at all."""
+    return {
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and not (node.args.posonlyargs or node.args.args or node.args.kwonlyargs)
+        and node.args.vararg is None
+        and node.args.kwarg is None
+    }
 
 
 def _keywords_in_source(tree: ast.Module, name: str) -> set[str] | None:
@@ -586,7 +610,8 @@ def check_reward_kwargs(spec: str, kwargs: dict | None) -> None:
     path_text, requested = parse_spec(spec)
     path, names, functions = parse_user_file(path_text, CONFIG_KEY)
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    chosen = [choose_function_name(path_text, name, names, functions) for name in function_names(requested)]
+    inputless = _inputless_in_source(tree)
+    chosen = [choose_function_name(path_text, name, names, functions, inputless) for name in function_names(requested)]
     declared = [_keywords_in_source(tree, name) for name in chosen]
     accepted = set().union(*(names for names in declared if names is not None))
     unknown = sorted(str(key) for key in kwargs if key not in accepted)
@@ -704,7 +729,8 @@ def _load_one(
     module: Any, path: Path, path_text: str, requested: str | None, kwargs: dict, configured_type: str | None = None
 ) -> RewardFunction:
     functions = {name for name, obj in vars(module).items() if inspect.isfunction(obj)}
-    name = choose_function_name(path_text, requested, set(vars(module)), functions)
+    inputless = {name for name in functions if not _parameters(getattr(module, name))}
+    name = choose_function_name(path_text, requested, set(vars(module)), functions, inputless)
     fn = getattr(module, name)
     if not callable(fn):
         raise RewardFunctionError(f"`{CONFIG_KEY}`: `{name}` in `{path_text}` is not a function.")
