@@ -288,6 +288,22 @@ def test_several_functions_of_one_file_combine_with_their_weights(tmp_path):
     assert load_reward_function(f"{path}:accuracy", {}, [0.5]).score(items[:1]) == [{"overall": 0.5, "accuracy": 1.0}]
 
 
+def test_a_combined_function_that_raises_is_named_alone(tmp_path):
+    """The failure of one of `file.py:f,g` was reported as a failure of every function, `g` never having run."""
+    from easyrl.workers.reward.loader import CombinedPartError
+
+    path = write(tmp_path, COMBINED + "\ndef broken(completions, **kwargs):\n    raise ValueError('even answer 8')\n")
+    fn = load_reward_function(f"{path}:accuracy,broken", {})
+    items = [{"response": " 7", "response_length": 1, "ground_truth": "7", "row_columns": {"answer": "7"}}]
+    with pytest.raises(CombinedPartError) as error:
+        fn.score(items)
+    assert str(error.value) == (
+        "`broken`, one of the combined functions, raised ValueError: even answer 8 (the samples of this call score 0 "
+        "for all of them)"
+    )
+    assert isinstance(error.value.__cause__, ValueError)
+
+
 # ---- functions written for TRL: fn(prompts=..., completions=..., completion_ids=..., **columns) -> list of numbers
 TRL_STYLE = """
 def accuracy_reward(completions, solution, **kwargs):

@@ -304,6 +304,10 @@ class RewardFunction:
         )
 
 
+class CombinedPartError(RuntimeError):
+    """One function of a combination raised: says which (the traceback above it is that function's)."""
+
+
 @dataclass
 class CombinedReward:
     """Several functions of one file (`path.py:f,g`), as TRL combines its `reward_funcs`: `overall` is the sum of
@@ -346,7 +350,17 @@ class CombinedReward:
                 part.check_columns(columns, answer_key, config_key, rollout_fields)
 
     def score(self, inputs: list[dict]) -> list[dict[str, float]]:
-        each = [part.score(inputs) for part in self.parts]
+        each = []
+        for part in self.parts:
+            try:
+                each.append(part.score(inputs))
+            except RewardFunctionError:
+                raise  # a contract broken: its message names the function already
+            except Exception as error:  # the failure names the function that raised, not all of them
+                raise CombinedPartError(
+                    f"`{part.name}`, one of the combined functions, raised {type(error).__name__}: {error} (the "
+                    f"samples of this call score 0 for all of them)"
+                ) from error
         combined = []
         for index in range(len(inputs)):
             scores = {"overall": sum(weight * got[index]["overall"] for weight, got in zip(self.weights, each))}
