@@ -535,3 +535,23 @@ def test_a_context_below_prompt_plus_response_is_noted_with_the_prompts_whose_re
     ]
     with pytest.raises(ConfigError, match="max_model_len` \\(64\\) leaves no room"):
         load_run_plan(BASE + [*lengths, "worker.rollout.max_model_len=64"])
+
+
+def test_the_plan_says_when_checkpoints_are_written_and_how_many_stay():
+    """verl's trainer.save_freq=-1 saves nothing; easyrl's saves the last step (model and optimizer): a verl user's
+    short runs filled a disk with checkpoints nothing said would be written."""
+    plan = load_run_plan(BASE + ["trainer.save_freq=-1", "trainer.save_checkpoint_path=/ckpt/run"])
+    lines = [line for line in plan.describe().splitlines() if line.startswith("checkpoints: ")]
+    assert lines == [
+        "checkpoints: after the last step (trainer.save_freq -1: that one only), at a stop signal; model and "
+        "optimizer, in /ckpt/run, all kept (trainer.save_limit -1)"
+    ]
+    periodic = load_run_plan(
+        BASE
+        + ["trainer.save_freq=5", "trainer.save_every_minutes=30", "trainer.save_limit=2"]
+        + ["trainer.save_model_only=true", "trainer.save_checkpoint_path=/ckpt/run"]
+    )
+    assert "checkpoints: every 5 steps, every 30 minutes, after the last step, at a stop signal; the model alone " in (
+        periodic.describe()
+    )
+    assert "in /ckpt/run, the newest 2 kept" in periodic.describe()

@@ -159,6 +159,7 @@ class RunPlan:
             f"zero-advantage samples: {zero_advantage.decision(actor)[1]}",
             f"training steps: {steps}",
             f"validation: {_validation_schedule(config, self.validate_at_end, start_step, self.validation_prompts)}",
+            f"checkpoints: {checkpoint_schedule(config.trainer)}",
         ]
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
@@ -172,6 +173,23 @@ def steps_described(training_steps: Optional[int], trainer: Any, batches: str) -
     if trainer.max_steps is not None:
         return f"{trainer.max_steps} (trainer.max_steps)"
     return f"set when the training data is read ({batches} per epoch x {trainer.total_epochs} epochs)"
+
+
+def checkpoint_schedule(trainer: Any) -> str:
+    """When a run (RL or SFT) checkpoints (`trainer.checkpoint.saves_after`), where, and how many it keeps. Said in
+    full because verl's trainer.save_freq=-1 saves nothing, and easyrl's saves the last step (model and optimizer)."""
+    if trainer.val_only:
+        return "none (trainer.val_only: no training)"
+    when = []
+    if trainer.save_freq > 0:
+        when.append(f"every {trainer.save_freq} steps")
+    if trainer.save_every_minutes > 0:
+        when.append(f"every {trainer.save_every_minutes:g} minutes")
+    when.append("after the last step" + (" (trainer.save_freq -1: that one only)" if trainer.save_freq <= 0 else ""))
+    when.append("at a stop signal")
+    what = "the model alone (trainer.save_model_only)" if trainer.save_model_only else "model and optimizer"
+    kept = f"the newest {trainer.save_limit} kept" if trainer.save_limit > 0 else "all kept (trainer.save_limit -1)"
+    return f"{', '.join(when)}; {what}, in {trainer.save_checkpoint_path}, {kept}"
 
 
 def _reward_summary(reward: Any) -> str:

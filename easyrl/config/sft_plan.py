@@ -14,7 +14,7 @@ from typing import Optional
 
 from ..paths import BUILTIN_PREFIX
 from .load import read_config
-from .plan import steps_described
+from .plan import checkpoint_schedule, steps_described
 from .schema import ConfigError, PPOConfig
 from .validate import (
     CHOICES,
@@ -85,7 +85,8 @@ class SFTPlan:
                 f"micro-batches of {actor.micro_batch_size_per_device_for_update}), token-mean cross-entropy on the "
                 "assistant's tokens",
                 f"training steps: {steps}",
-                f"output: checkpoints in {config.trainer.save_checkpoint_path}, the model in {self.hf_output_dir}"
+                f"checkpoints: {checkpoint_schedule(config.trainer)}",
+                f"output: the model in {self.hf_output_dir}"
                 + (
                     f" (the base with the LoRA adapters merged in; the adapters alone in {self.adapter_output_dir})"
                     if self.adapter_output_dir
