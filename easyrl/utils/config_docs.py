@@ -81,7 +81,7 @@ def render_config_docs() -> str:
         "by `python scripts/gen_config_docs.py`; do not edit.",
         "",
         "Values are resolved as defaults <- `config=FILE.yaml` <- `key=value` command-line overrides.",
-        "`easyrl check` prints the resolved config and the run plan (roles, batches, steps, what is skipped and why).",
+        "`easyrl check` prints the resolved config and the run plan (roles, batches, steps, what is skipped and why, validation and checkpoints).",
         "",
     ]
     derived = []
