@@ -78,6 +78,13 @@ def test_heads_not_divisible_by_ulysses_size_name_the_key_and_the_counts():
     config = Qwen2Config(num_attention_heads=12, num_key_value_heads=4)
     with pytest.raises(ValueError, match=r"12 attention heads and 4 key/value heads.*one of 1, 2, 4, 12\.$"):
         ulysses.check_heads(config, 6, "worker.actor.ulysses_size")
+    # the suggestion is what the run can use: a size must divide the workers too (it suggested 3 for 2 workers, which
+    # the next check refused)
+    config = Qwen2Config(num_attention_heads=9, num_key_value_heads=3)
+    with pytest.raises(ValueError, match=r"Of the sizes the heads allow \(1, 3, 9\), 1 also divides the 2 workers\.$"):
+        ulysses.check_heads(config, 2, "worker.actor.ulysses_size", world_size=2)
+    with pytest.raises(ValueError, match=r"Of the sizes the heads allow \(1, 3, 9\), 1, 3 also divide the 6 workers"):
+        ulysses.check_heads(config, 2, "worker.actor.ulysses_size", world_size=6)
 
 
 def test_easyrl_train_refuses_ulysses_the_model_heads_cannot_split_before_ray(tmp_path):

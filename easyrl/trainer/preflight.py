@@ -46,7 +46,7 @@ def check_ulysses_heads(plan: RunPlan, actor_config: Any = None) -> None:
             if role == "actor":  # a critic of the same model reads it from here
                 actor_config = model_config
         text_config = getattr(model_config, "text_config", None) or model_config
-        check_heads(text_config, settings.ulysses_size, f"worker.{role}.ulysses_size")
+        check_heads(text_config, settings.ulysses_size, f"worker.{role}.ulysses_size", plan.world_size)
 
 
 def resume_point(config: Any, what: str = "training") -> str | None:
