@@ -182,3 +182,39 @@ def test_trl_conversational_data_and_a_trl_reward_function_train_unchanged(tiny_
     # trainer_state, logged with log_metric (under the function's name: two functions may log the same name)
     assert row["reward/same_row_reward/steps_done"] == 0 and row["reward/same_row_reward/max_steps"] == 1
     assert "as TRL's GRPOTrainer calls it" in log_path.read_text(errors="replace")
+
+
+def test_trl_prompt_only_data_trains_with_trl_reward_functions_and_empty_answers(tiny_model_path, tmp_path, caplog):
+    """TRL's prompt-only data (no answer: TRL's reward functions have no ground truth) was refused for the missing
+    data.answer_key column; it is accepted where every reward function is written for TRL, each answer empty."""
+    import json
+
+    from easyrl.config import load_run_plan
+    from easyrl.trainer.main import prepare_run_data
+
+    data = tmp_path / "tldr.jsonl"
+    rows = [{"prompt": [{"role": "user", "content": f"Summarise: {i} cats."}], "completion": "x"} for i in range(8)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "rewards.py").write_text(
+        "def reward_len(completions, **kwargs):\n    return [-abs(20 - len(c[0]['content'])) for c in completions]\n"
+        "def compute_score(reward_inputs):\n    return [{'overall': float(x['ground_truth'] == '')} for x in reward_inputs]\n"
+    )
+    args = [
+        *TINY_RUN_OVERRIDES,
+        f"worker.actor.model.model_path={tiny_model_path}",
+        "trainer.n_gpus_per_node=1",
+        "data.val_files=",
+        f"data.train_files={data}",
+        "data.prompt_key=prompt",
+        "data.format_prompt=",
+        f"worker.reward.reward_function={tmp_path / 'rewards.py'}:reward_len",
+    ]
+    with caplog.at_level("WARNING"):
+        batch = next(iter(prepare_run_data(load_run_plan(args)).train_loader))
+    assert list(batch.non_tensor_batch["ground_truth"]) == [""] * 4
+    assert sorted(batch.non_tensor_batch["row_columns"][0]) == ["completion", "prompt"]  # no made-up answer column
+    assert "has no column 'answer' (data.answer_key): the reward functions are written for TRL" in caplog.text
+    # a function of EasyR1's kind reads answers: the column stays required, with or beside a TRL one
+    for spec in ("compute_score", "reward_len,compute_score"):
+        with pytest.raises(KeyError, match=r"no column 'answer' \(data\.answer_key\)"):
+            prepare_run_data(load_run_plan([*args, f"worker.reward.reward_function={tmp_path / 'rewards.py'}:{spec}"]))

@@ -501,11 +501,14 @@ class RLHFDataset(Dataset):
         env_prompts: bool = False,
         carry_prompt_messages: bool = False,
         max_images: int = 0,
+        answer_optional: bool = False,
     ):
         """``rows``: the rows themselves (``data_path`` then only names them); ``env_prompts``: a tool environment's
         reset gives each row's task, so data without a prompt (or answer) column is accepted (``_fill_env_columns``);
         ``carry_prompt_messages``: each item carries its prompt's messages as text (a judge reads them);
-        ``max_images``: worker.rollout.limit_images, rows with more pictures are skipped and named."""
+        ``max_images``: worker.rollout.limit_images, rows with more pictures are skipped and named;
+        ``answer_optional``: the reward functions are written for TRL (no ground truth in its contract), so data
+        without a data.answer_key column is accepted, each row's answer empty (TRL's prompt-only data)."""
         self.carry_prompt_messages = carry_prompt_messages
         self.config = config
         self.config_key = config_key
@@ -513,7 +516,7 @@ class RLHFDataset(Dataset):
         self.data_path = data_path
         self.rows, self.places = load_rows_and_places(data_path, config_key) if rows is None else (rows, RowPlaces())
         self.source_name = os.path.splitext(os.path.basename(data_path.split("@")[0].rstrip("/")))[0] or data_path
-        filled = self._fill_env_columns() if env_prompts and len(self.rows) else []
+        filled = self._fill_env_columns(env_prompts) if (env_prompts or answer_optional) and len(self.rows) else []
         config = self.config
         self._check_columns(processor)
         media_dirs = tuple(folder for folder in (config.image_dir, data_folder(data_path)) if folder)
@@ -598,30 +601,47 @@ class RLHFDataset(Dataset):
             any(media_in_messages(row_value({column: value}, self.config.prompt_key))) for value in self.rows[column]
         )
 
-    def _fill_env_columns(self) -> list[str]:
+    def _fill_env_columns(self, env_prompts: bool = True) -> list[str]:
         """TRL's rows that only choose an environment (its `environment` column) or hold its reset's arguments: data
         with no column at all for data.prompt_key gets an empty user message in each row, which the reset fills
         (data.format_prompt, which formats a row's prompt, is then left out), and data with none for
-        data.answer_key an empty answer. Returns the columns added (not handed to reset or reward functions)."""
+        data.answer_key an empty answer; without ``env_prompts`` (reward functions written for TRL, which have no
+        ground truth), the answer alone. Returns the columns added (not handed to reset or reward functions)."""
         columns, filled = self.rows.column_names, []
-        for key, value in (("prompt_key", ENV_EMPTY_PROMPT), ("answer_key", "")):
+        keys = (("prompt_key", ENV_EMPTY_PROMPT), ("answer_key", "")) if env_prompts else (("answer_key", ""),)
+        for key, value in keys:
             name = getattr(self.config, key)
             if "." in name or name in columns:  # a field inside a column is the user's to point at
                 continue
             near = _near_column(name, columns)
             if near:  # a misspelt key would train on empty prompts (or answers) after a warning: refuse it
+                why = (
+                    "Rows that only route to the tool environment (its reset gives the task) get an empty "
+                    f"{'prompt' if key == 'prompt_key' else 'answer'} only when no column's name is close to "
+                    f"data.{key}: rename {near!r} if the reset reads it."
+                    if env_prompts
+                    else "Data without an answer column (TRL's prompt-only data) gets empty answers only when no "
+                    f"column's name is close to data.{key}."
+                )
                 raise KeyError(
                     f"{self.config_key}: no column {name!r} (data.{key}), but {near!r} is close; set data.{key}="
-                    f"{near} if that is the column meant. Rows that only route to the tool environment (its reset "
-                    f"gives the task) get an empty {'prompt' if key == 'prompt_key' else 'answer'} only when no "
-                    f"column's name is close to data.{key}: rename {near!r} if the reset reads it. The columns are "
-                    f"{columns}."
+                    f"{near} if that is the column meant. {why} The columns are {columns}."
                 )
             self.rows = self.rows.add_column(name, [value] * len(self.rows))
             filled.append(name)
         if self.config.prompt_key in filled:
             self.config = dataclasses.replace(self.config, format_prompt=None)
-        if filled:
+        if filled and not env_prompts:
+            logger.warning(
+                "%s: %s has no column %r (data.answer_key): the reward functions are written for TRL, which hands "
+                "them the row's columns and no ground truth, so each row's answer is empty. Set data.answer_key if "
+                "the data has one under another name (the columns are %s).",
+                self.config_key,
+                self.data_path,
+                self.config.answer_key,
+                columns,
+            )
+        elif filled:
             logger.warning(
                 "%s: %s has no column %s: the environment's reset gives each row its task (TRL's rows that only "
                 "route to an environment), so each prompt is an empty user message it fills%s. If the data has them "

@@ -187,6 +187,14 @@ def _takes_columns(reward_fn: Any) -> bool:
     return reward_fn is not None and reward_fn.uses(TRL_REWARD_TYPE)
 
 
+def _trl_only(reward_fn: Any) -> bool:
+    """Every function of the reward is written for TRL (a combination with an EasyR1 or verl one reads answers)."""
+    from ..workers.reward.loader import TRL_REWARD_TYPE
+
+    parts = getattr(reward_fn, "parts", [reward_fn])
+    return reward_fn is not None and all(part.reward_type == TRL_REWARD_TYPE for part in parts)
+
+
 def dataset_options(config: Any, reward_fn: Any) -> dict[str, Any]:
     """The datasets' options beyond the data keys: ``tools``, the schemas the chat template advertises (multi-turn
     rollouts with tools or a tool environment's methods), ``carry_columns`` for a reward function written for TRL
@@ -207,6 +215,8 @@ def dataset_options(config: Any, reward_fn: Any) -> dict[str, Any]:
         # the question a judge reads; an environment's reset may write or extend the prompt: the decoded one then
         "carry_prompt_messages": config.worker.reward.judge.kind != "none" and not multi_turn.env,
         "max_images": config.worker.rollout.limit_images,
+        # TRL's contract has no ground truth: its prompt-only data trains with functions written for it alone
+        "answer_optional": _trl_only(reward_fn),
     }
 
 
