@@ -336,6 +336,7 @@ def test_check_accepts_tools_beside_a_tool_env_and_refuses_them_beside_a_stepped
         "env_prompts": False,
         "carry_prompt_messages": False,
         "max_images": 0,
+        "answer_optional": False,
     }
 
 

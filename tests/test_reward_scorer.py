@@ -120,3 +120,29 @@ def test_a_failure_warning_names_the_samples_row_in_the_data(tokenizer, tmp_path
     (message,) = [r.getMessage() for r in caplog.records if "raised on sample" in r.getMessage()]
     assert "raised on sample 1 (data.train_files math.jsonl row 9, ground truth 'bad');" in message
     assert "KeyError" in message
+
+
+def test_a_trl_function_gets_a_text_prompt_as_the_row_holds_it(tokenizer, tmp_path):
+    """TRL hands `prompts` as the dataset's column: a text prompt reached the function as the decoded chat template
+    (SmolLM2's system prompt, role names and data.format_prompt around it), so a prompt-keyed lookup failed."""
+    (tmp_path / "trl.py").write_text(
+        "def echo(prompts, completions, **kwargs):\n"
+        "    return [1.0 if p == 'What is 2 + 3?' else 0.0 for p in prompts]\n"
+    )
+    texts = ["What is 2 + 3?", "What is 4 + 4?"]
+    rendered = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False) for t in texts]
+    prompt_ids = [tokenizer.encode(r, add_special_tokens=False) for r in rendered]
+    width = max(map(len, prompt_ids))
+    prompts = torch.full((2, width), tokenizer.pad_token_id, dtype=torch.long)
+    for i, ids in enumerate(prompt_ids):
+        prompts[i, width - len(ids) :] = torch.tensor(ids)
+    batch = rollout_batch(tokenizer, ["5", "8"], ["5", "8"])
+    batch.batch["prompts"] = prompts
+    batch.batch["attention_mask"] = torch.cat(
+        [(prompts != tokenizer.pad_token_id).long(), batch.batch["response_mask"]], 1
+    )
+    batch.non_tensor_batch["conversational"] = np.array([False, False], dtype=object)
+    batch.non_tensor_batch["row_columns"] = np.array([{"question": t} for t in texts], dtype=object)
+    config = RewardConfig(reward_function=f"{tmp_path / 'trl.py'}:echo")
+    scores, _ = RewardScorer(config, tokenizer, in_process=True, prompt_key="question").score(batch)
+    assert scores.sum(-1).tolist() == [1.0, 0.0]

@@ -231,9 +231,11 @@ class RewardScorer:
             rows = data.non_tensor_batch.get("row_columns", [None] * len(inputs))
             resets = data.non_tensor_batch.get(RESET_CONTENT, [None] * len(inputs))
             for item, prompt, completion_ids, flag, row, reset in zip(inputs, prompts, ids, flags, rows, resets):
-                messages = row_value(row, self.prompt_key) if flag and row and self.prompt_key else None
-                if is_chat_messages(messages):  # TRL passes a conversational prompt as its messages
-                    prompt = with_reset_content(list(messages), reset)
+                written = row_value(row, self.prompt_key) if row and self.prompt_key else None
+                if flag and is_chat_messages(written):  # TRL passes a conversational prompt as its messages
+                    prompt = with_reset_content(list(written), reset)
+                elif not flag and isinstance(written, str) and reset is None:
+                    prompt = written  # and a text prompt as the row holds it (no chat template, no format_prompt)
                 item.update(prompt=prompt, completion_ids=completion_ids, conversational=bool(flag), row_columns=row)
                 item["trainer_state"] = data.meta_info.get("trainer_state")
                 if self.answer_key and "." not in self.answer_key and self.answer_key != "ground_truth":
