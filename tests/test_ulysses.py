@@ -101,6 +101,12 @@ def test_easyrl_train_refuses_ulysses_the_model_heads_cannot_split_before_ray(tm
     ):
         prepare_run_data(load_run_plan(args))
     assert len(prepare_run_data(load_run_plan([*args, "worker.actor.ulysses_size=1"])).train_loader) == 2
+    # a tensor-parallel engine splits the heads by the same rule: it failed at engine start, after Ray
+    tensor_parallel = [*args, "worker.actor.ulysses_size=1", "worker.rollout.tensor_parallel_size=2"]
+    with pytest.raises(
+        ValueError, match=r"`worker\.rollout\.tensor_parallel_size` is 2, but vLLM splits the attention"
+    ):
+        prepare_run_data(load_run_plan(tensor_parallel))
     # the critic's heads too, from its own model when it has one
     critic = [
         "algorithm.adv_estimator=gae",

@@ -463,7 +463,7 @@ def _check_liger(config: PPOConfig) -> None:
 
 def _check_ulysses(config: PPOConfig, role: str, role_config) -> None:
     """Ulysses (models/ulysses.py) needs whole sequence-parallel groups and a packed row to split. The head counts are
-    in the model's config: read before Ray starts (trainer.preflight.check_ulysses_heads), not here."""
+    in the model's config: read before Ray starts (trainer.preflight.check_head_splits), not here."""
     size, world = role_config.ulysses_size, config.world_size
     if size == 1:
         return
@@ -486,7 +486,8 @@ def _check_shared_prefix(config: PPOConfig) -> None:
         if section.shared_prefix and not section.padding_free:
             raise ConfigError(
                 f"`worker.{role}.shared_prefix` is true: it packs each prompt once in a padding-free row; set "
-                f"worker.{role}.padding_free=true."
+                f"worker.{role}.padding_free=true (or worker.{role}.shared_prefix=false to compute each sample's "
+                "prompt on its own)."
             )
 
 

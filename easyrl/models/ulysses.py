@@ -98,10 +98,17 @@ def text_config(model: torch.nn.Module):
     return getattr(config, "text_config", None) or config
 
 
-def check_heads(hf_config, ulysses_size: int, key: str, world_size: int | None = None) -> None:
+def check_heads(
+    hf_config,
+    ulysses_size: int,
+    key: str,
+    world_size: int | None = None,
+    splitter: str = "Ulysses splits the attention heads over the sequence-parallel ranks",
+) -> None:
     """Each rank attends with 1/k of the query heads and 1/k of the key/value heads (GQA groups stay whole); with
     fewer key/value heads than ranks (k a multiple of them) each key/value head is repeated until every rank has one.
-    ``world_size``: the run's workers, which a size must divide too (the sizes suggested are those that do)."""
+    ``world_size``: the run's workers, which a size must divide too (the sizes suggested are those that do);
+    ``splitter``: what splits the heads (vLLM's tensor parallelism has the same rule)."""
     heads = getattr(hf_config, "num_attention_heads", None)
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     if heads is None:
@@ -116,8 +123,7 @@ def check_heads(hf_config, ulysses_size: int, key: str, world_size: int | None =
                 f"divide{'s' if len(fitting) == 1 else ''} the {world_size} workers."
             )
         raise ValueError(
-            f"`{key}` is {ulysses_size}, but Ulysses splits the attention heads over the sequence-parallel ranks and "
-            f"this model has {heads} attention heads and {kv_heads} key/value heads: the attention heads must be "
+            f"`{key}` is {ulysses_size}, but {splitter} and this model has {heads} attention heads and {kv_heads} key/value heads: the attention heads must be "
             f"divisible by {key}, and the key/value heads divisible by it or a divisor of it. {choice}"
         )
 

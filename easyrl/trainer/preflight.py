@@ -21,11 +21,12 @@ def check_model_files(plan: RunPlan) -> None:
         from ..workers.tool_files import tool_schemas
 
         tool_schemas(multi_turn.tools, multi_turn.env)
-    check_ulysses_heads(plan)
+    check_head_splits(plan)
 
 
-def check_ulysses_heads(plan: RunPlan, actor_config: Any = None) -> None:
-    """The head counts Ulysses splits are in the models' configs: checked before Ray starts, not in the workers.
+def check_head_splits(plan: RunPlan, actor_config: Any = None) -> None:
+    """The head counts Ulysses and a tensor-parallel vLLM engine split are in the models' configs: checked before Ray
+    starts, not in the workers.
     ``actor_config``: the actor's HF config when the caller has read it (else each role's is read here, from a local
     folder only: a hub id is read when the run starts, and check does not download)."""
     worker = plan.config.worker
@@ -47,6 +48,29 @@ def check_ulysses_heads(plan: RunPlan, actor_config: Any = None) -> None:
                 actor_config = model_config
         text_config = getattr(model_config, "text_config", None) or model_config
         check_heads(text_config, settings.ulysses_size, f"worker.{role}.ulysses_size", plan.world_size)
+    tensor_parallel = worker.rollout.tensor_parallel_size
+    if tensor_parallel > 1 and worker.rollout.name == "vllm":
+        # vLLM splits the heads over a tensor-parallel engine by the same rule; it failed at engine start, after Ray
+        from ..demo.builtin_models import resolve_model_path
+        from ..models.ulysses import check_heads
+        from ..workers.fsdp_utils import load_hf_config
+
+        model_config = actor_config
+        if model_config is None:
+            model = dataclasses.replace(
+                worker.actor.model, model_path=resolve_model_path(worker.actor.model.model_path)
+            )
+            if not os.path.isdir(model.model_path):
+                return
+            model_config = load_hf_config(model, "causal_lm")
+        text_config = getattr(model_config, "text_config", None) or model_config
+        check_heads(
+            text_config,
+            tensor_parallel,
+            "worker.rollout.tensor_parallel_size",
+            plan.world_size,
+            splitter="vLLM splits the attention heads over the workers of a tensor-parallel engine",
+        )
 
 
 def resume_point(config: Any, what: str = "training") -> str | None:
