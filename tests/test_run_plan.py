@@ -555,3 +555,12 @@ def test_the_plan_says_when_checkpoints_are_written_and_how_many_stay():
         periodic.describe()
     )
     assert "in /ckpt/run, the newest 2 kept" in periodic.describe()
+
+
+def test_the_plan_names_remaxs_greedy_baseline_generation():
+    """ReMax generates each prompt's greedy answer beside the samples (its baseline): a generate call the plan left out."""
+    remax = load_run_plan(BASE + ["algorithm.adv_estimator=remax"]).describe()
+    assert (
+        "generated in 1 call(s) of 4 prompts, each followed by one greedy answer per prompt (ReMax's baseline" in remax
+    )
+    assert "greedy answer" not in load_run_plan(BASE).describe()

@@ -151,7 +151,12 @@ class RunPlan:
             f"advantage estimator: {config.algorithm.adv_estimator}, policy loss: {actor.loss_type}, KL: {kl}",
             f"per step: {config.data.rollout_batch_size} prompts x {config.worker.rollout.n} samples, generated in "
             f"{self.generation_rounds_per_step} call(s) of {self.generation_batch_size} prompts"
-            + (" (online filtering may add rounds)" if config.algorithm.online_filtering else ""),
+            + (" (online filtering may add rounds)" if config.algorithm.online_filtering else "")
+            + (
+                ", each followed by one greedy answer per prompt (ReMax's baseline, arXiv 2310.10505)"
+                if config.algorithm.adv_estimator == "remax"
+                else ""
+            ),
             f"actor: {self.actor_optimizer_steps_per_batch} optimizer step(s) per training step, "
             f"{actor.global_batch_size_per_device} samples per device per optimizer step, {micro_batches}",
             f"reward: {_reward_summary(config.worker.reward)}",
