@@ -442,3 +442,35 @@ def test_functions_of_two_files_are_refused_naming_the_one_file_form(tmp_path):
     first, second = write(tmp_path, BATCH, "a.py"), write(tmp_path, BATCH, "b.py")
     with pytest.raises(RewardFunctionError, match=r"functions to combine come from one file \(`file.py:f,g`\)"):
         load_reward_function(f"{first}:compute_score,{second}:compute_score", {})
+
+
+def test_a_verl_batch_reward_function_is_called_once_per_batch_with_lists(tmp_path):
+    """verl's BatchRewardManager convention (solution_strs, ground_truths, ... as lists): check told the user to put
+    `solution_strs` in reward_function_kwargs."""
+
+    path = write(
+        tmp_path,
+        "calls = []\n"
+        "def compute_score(data_sources, solution_strs, ground_truths, extra_infos, bonus=0.0):\n"
+        "    calls.append(len(solution_strs))\n"
+        "    return [{'score': float(s == g) + bonus, 'acc': s == g} if d == 'gsm8k' else float(s == g)\n"
+        "            for d, s, g in zip(data_sources, solution_strs, ground_truths)]\n",
+    )
+    fn = load_reward_function(str(path), {"bonus": 0.5})
+    assert (fn.reward_type, fn.whole_batch, fn.uses("verl")) == ("verl_batch", True, True)
+    assert "as verl's BatchRewardManager calls it" in fn.describe()
+    items = [
+        {"response": "3", "ground_truth": "3", "data_source": "gsm8k", "extra_info": {"index": 0}},
+        {"response": "4", "ground_truth": "3", "data_source": "math", "extra_info": {"index": 1}},
+    ]
+    assert fn.score(items) == [{"overall": 1.5, "acc": 1.0}, {"overall": 0.0}]
+    assert fn.fn.__globals__["calls"] == [2]  # one call for the batch
+    # what check reads from the source: verl's argument names are no keyword arguments to give (it asked for them)
+    from easyrl.workers.reward.loader import check_reward_kwargs
+
+    check_reward_kwargs(str(path), {"bonus": 1.0})
+    with pytest.raises(RewardFunctionError, match=r"\['unknown'\]"):
+        check_reward_kwargs(str(path), {"unknown": 1.0})
+    with pytest.raises(RewardFunctionError, match=r"must return a list of 2 numbers or dicts with `score`"):
+        write(tmp_path, "def compute_score(solution_strs, ground_truths):\n    return [1.0]\n", "short.py")
+        load_reward_function(str(tmp_path / "short.py"), {}).score(items)

@@ -637,7 +637,8 @@ class RewardConfig:
     list[dict]) or `sequential` (dict -> dict); inputs `response`, `response_length`, `ground_truth`; each output
     needs `overall` (placed on the last response token), other keys become `reward/<key>` metrics and per-sample
     columns for algorithm.filter_key. In a file without REWARD_TYPE, a function that takes `solution_str` is called as
-    verl calls it (once per response: data_source, solution_str, ground_truth, extra_info) and one that takes
+    verl calls it (once per response: data_source, solution_str, ground_truth, extra_info), one that takes
+    `solution_strs` as verl's batch manager does (once per batch, those four as lists), and one that takes
     `completions`, `completion_ids` or `environments` as TRL's GRPOTrainer calls it (once per batch: prompts,
     completions, completion_ids, a tool environment's `environments`, and every column of the row but pictures and
     videos). A missing `.../reward_function/{math,r1v,dapo,android_gui}.py` is

@@ -66,6 +66,10 @@ FALLBACK_FUNCTION = "compute_score"  # what EasyR1's own reward files define
 REWARD_TYPES = ("batch", "sequential")
 VERL_REWARD_TYPE = "verl"  # chosen from the signature (a `solution_str` parameter), never written in a file
 VERL_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
+# verl's BatchRewardManager calls compute_score(data_sources=..., solution_strs=..., ground_truths=..., extra_infos=...)
+# with lists, once per batch, and takes a list of numbers or dicts back
+VERL_BATCH_REWARD_TYPE = "verl_batch"  # chosen from the signature (a `solution_strs` parameter)
+VERL_BATCH_ARGUMENTS = ("data_sources", "solution_strs", "ground_truths", "extra_infos")
 TRL_REWARD_TYPE = "trl"  # chosen from the signature (a `completions` parameter), never written in a file
 # the scorer's additions to each input for TRL's call (the training progress as {"global_step", "max_steps", "epoch"})
 TRL_INPUT_KEYS = ("prompt", "completion_ids", "conversational", "row_columns", "trainer_state")
@@ -108,20 +112,25 @@ class RewardFunction:
     @property
     def whole_batch(self) -> bool:
         """One call scores the whole batch (EasyR1's batch functions, TRL's), else one call per response."""
-        return self.reward_type in ("batch", TRL_REWARD_TYPE)
+        return self.reward_type in ("batch", TRL_REWARD_TYPE, VERL_BATCH_REWARD_TYPE)
 
     @property
     def where(self) -> str:
         return f"`{self.name}` in {self.path}"
 
     def uses(self, reward_type: str) -> bool:
-        """The function is called by ``reward_type``'s convention (the scorer gives such calls more inputs)."""
-        return self.reward_type == reward_type
+        """The function is called by ``reward_type``'s convention (the scorer gives such calls more inputs); verl's
+        batch convention takes verl's inputs."""
+        return self.reward_type == reward_type or (reward_type, self.reward_type) == (
+            VERL_REWARD_TYPE,
+            VERL_BATCH_REWARD_TYPE,
+        )
 
     @functools.cached_property
     def verl_arguments(self) -> set[str]:
-        """Which of verl's four arguments the function takes (read once, not per response)."""
-        return _verl_arguments(self.fn)
+        """Which of verl's four arguments (of its batch convention's four) the function takes (read once)."""
+        names = VERL_BATCH_ARGUMENTS if self.reward_type == VERL_BATCH_REWARD_TYPE else VERL_ARGUMENTS
+        return _verl_arguments(self.fn, names)
 
     def describe(self) -> str:
         """One line for the log: which function of which file, its REWARD_NAME and REWARD_TYPE."""
@@ -137,6 +146,11 @@ class RewardFunction:
             kind = (
                 f"called once per response as verl calls it (it takes `solution_str`): {sorted(self.verl_arguments)}"
             )
+        if self.reward_type == VERL_BATCH_REWARD_TYPE:
+            kind = (
+                "called once per batch as verl's BatchRewardManager calls it (it takes `solution_strs`): "
+                f"{sorted(self.verl_arguments)}"
+            )
         return (
             f"Reward function {self.where}{how}; REWARD_NAME {self.reward_name!r}, {kind}, keyword arguments "
             f"{self.kwargs}."
@@ -146,6 +160,18 @@ class RewardFunction:
         """One score dict per input, checked and converted to floats. Exceptions of the function propagate."""
         if self.reward_type == VERL_REWARD_TYPE:
             return [self._check(self._from_verl(self._call_verl(item))) for item in inputs]
+        if self.reward_type == VERL_BATCH_REWARD_TYPE:
+            values = {
+                "data_sources": [item.get("data_source") for item in inputs],
+                "solution_strs": [item["response"] for item in inputs],
+                "ground_truths": [item["ground_truth"] for item in inputs],
+                "extra_infos": [item.get("extra_info") for item in inputs],
+            }
+            accepted = self.verl_arguments
+            outputs = self.fn(**{name: value for name, value in values.items() if name in accepted}, **self.kwargs)
+            convention = "(verl's batch convention)"
+            outputs = self._one_per_input(outputs, inputs, convention, "numbers or dicts with `score`, one per input")
+            return [self._check(self._from_verl(output)) for output in outputs]
         if self.reward_type == TRL_REWARD_TYPE:
             values, logged = self._call_trl(inputs)
             return [self._check({"overall": 0.0 if value is None else value, **logged}) for value in values]
@@ -588,7 +614,7 @@ def _required_in_source(tree: ast.Module, name: str) -> list[str]:
         return []
     args = node.args
     positional = [*args.posonlyargs, *args.args]
-    if {arg.arg for arg in (*positional, *args.kwonlyargs)} & {"solution_str", *TRL_SIGNATURE_NAMES}:
+    if {arg.arg for arg in (*positional, *args.kwonlyargs)} & {"solution_str", "solution_strs", *TRL_SIGNATURE_NAMES}:
         return []
     without_default = positional[1 : len(positional) - len(args.defaults)]
     kwonly = [arg for arg, default in zip(args.kwonlyargs, args.kw_defaults) if default is None]
@@ -611,6 +637,8 @@ def _passed_in_source(tree: ast.Module, name: str) -> set[str]:
     names = {*positional, *(arg.arg for arg in node.args.kwonlyargs)}
     if "solution_str" in names:
         return names & set(VERL_ARGUMENTS)
+    if "solution_strs" in names:
+        return names & set(VERL_BATCH_ARGUMENTS)
     if names & set(TRL_SIGNATURE_NAMES):
         return names & set(TRL_CALL_ARGUMENTS)
     return set(positional[:1])
@@ -756,6 +784,9 @@ def _load_one(
     if not hasattr(module, "REWARD_TYPE") and "solution_str" in _parameter_names(fn):
         reward_type = VERL_REWARD_TYPE
         _check_binding(fn, kwargs, dict.fromkeys(_verl_arguments(fn)), name, path_text)
+    elif not hasattr(module, "REWARD_TYPE") and "solution_strs" in _parameter_names(fn):
+        reward_type = VERL_BATCH_REWARD_TYPE
+        _check_binding(fn, kwargs, dict.fromkeys(_verl_arguments(fn, VERL_BATCH_ARGUMENTS)), name, path_text)
     elif not hasattr(module, "REWARD_TYPE") and _parameter_names(fn) & set(TRL_SIGNATURE_NAMES):
         reward_type = TRL_REWARD_TYPE  # TRL's own call passes columns the function may not name: no binding check
     else:
@@ -795,10 +826,12 @@ def _check_binding(fn: Callable, kwargs: dict, verl_arguments: dict | None, name
         else:
             inspect.signature(fn).bind(**verl_arguments, **kwargs)
     except TypeError as err:
+        batch = any(name in VERL_BATCH_ARGUMENTS for name in verl_arguments or ())
         called = (
             "one input"
             if verl_arguments is None
-            else f"verl's arguments by name ({', '.join(VERL_ARGUMENTS)}: it takes `solution_str`)"
+            else f"verl's arguments by name ({', '.join(VERL_BATCH_ARGUMENTS if batch else VERL_ARGUMENTS)}: it "
+            f"takes `{'solution_strs' if batch else 'solution_str'}`)"
         )
         raise RewardFunctionError(
             f"Reward function `{name}` in `{path_text}` cannot be called with {called} and the keyword arguments "
@@ -829,7 +862,7 @@ def _declared_names(fn: Callable) -> set[str] | None:
     return {p.name for p in parameters}
 
 
-def _verl_arguments(fn: Callable) -> set[str]:
-    """The names of verl's four arguments that ``fn`` takes (all four when it takes ``**kwargs``)."""
+def _verl_arguments(fn: Callable, names: tuple[str, ...] = VERL_ARGUMENTS) -> set[str]:
+    """Which of verl's four argument ``names`` ``fn`` takes (all four when it takes ``**kwargs``)."""
     declared = _declared_names(fn)
-    return set(VERL_ARGUMENTS) if declared is None else declared & set(VERL_ARGUMENTS)
+    return set(names) if declared is None else declared & set(names)
