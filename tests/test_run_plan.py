@@ -106,7 +106,7 @@ def test_the_plan_says_how_many_prompts_a_validation_runs_and_that_a_resumed_run
         "validation: not before training (it resumes at step 3), every 2 steps, at the end (5 prompts each time)"
     )
     # before the data is read (easyrl check) the size is not known and not guessed
-    assert load_run_plan(args).describe().splitlines()[-1].startswith("validation: before training, every 2 steps, at")
+    assert "\nvalidation: before training, every 2 steps, at the end\n" in load_run_plan(args).describe()
     assert "prompts each time" not in load_run_plan(args).describe()
 
 
@@ -564,3 +564,23 @@ def test_the_plan_names_remaxs_greedy_baseline_generation():
         "generated in 1 call(s) of 4 prompts, each followed by one greedy answer per prompt (ReMax's baseline" in remax
     )
     assert "greedy answer" not in load_run_plan(BASE).describe()
+
+
+def test_the_plan_gives_the_critics_batches_beside_the_actors():
+    """The critic's epochs, mini-batches and micro-batches were validated but never shown."""
+    critic = [
+        "algorithm.adv_estimator=gae",
+        "worker.critic.global_batch_size=2",
+        "worker.critic.ppo_epochs=3",
+        "worker.critic.dynamic_batching=false",
+        "worker.critic.micro_batch_size_per_device_for_update=2",
+        "worker.critic.micro_batch_size_per_device_for_experience=4",
+    ]
+    lines = load_run_plan(BASE + critic).describe().splitlines()
+    rollout_n = load_run_plan(BASE).config.worker.rollout.n
+    assert (
+        f"critic: 6 optimizer step(s) per training step, {2 * rollout_n} samples per device per optimizer step, "
+        in ("\n".join(lines))
+    )
+    assert "micro-batches of 2 (update) / 4 (values) samples" in "\n".join(lines)
+    assert not [line for line in load_run_plan(BASE).describe().splitlines() if line.startswith("critic:")]

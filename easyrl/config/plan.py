@@ -116,7 +116,7 @@ class RunPlan:
 
     def describe(self, start_step: int = 0) -> str:
         """The plan as the lines `easyrl check` prints; ``start_step``: the step the run resumes at (0: afresh)."""
-        config, actor = self.config, self.config.worker.actor
+        config, actor, critic = self.config, self.config.worker.actor, self.config.worker.critic
         roles = (
             ["actor", "rollout"]
             + (
@@ -133,18 +133,6 @@ class RunPlan:
             steps += (
                 " (a filtered step draws more prompts than a batch: the data is cycled more often than the epochs)"
             )
-        if actor.dynamic_batching:  # the sizes set token budgets over the padded length (models/dynamic_batching.py)
-            padded = config.data.max_prompt_length + config.data.max_response_length
-            micro_batches = (
-                f"micro-batches of up to {actor.micro_batch_size_per_device_for_update * padded} (update) / "
-                f"{actor.micro_batch_size_per_device_for_experience * padded} (log-probs) real tokens (dynamic "
-                f"batching: micro_batch_size_per_device_for_* x the padded length {padded}, prompt + response)"
-            )
-        else:
-            micro_batches = (
-                f"micro-batches of {actor.micro_batch_size_per_device_for_update} (update) / "
-                f"{actor.micro_batch_size_per_device_for_experience} (log-probs) samples"
-            )
         lines = [
             f"workers: {self.world_size} ({config.trainer.nnodes} node(s) x {config.trainer.n_gpus_per_node}), "
             f"roles: {', '.join(roles)}",
@@ -157,8 +145,11 @@ class RunPlan:
                 if config.algorithm.adv_estimator == "remax"
                 else ""
             ),
-            f"actor: {self.actor_optimizer_steps_per_batch} optimizer step(s) per training step, "
-            f"{actor.global_batch_size_per_device} samples per device per optimizer step, {micro_batches}",
+            f"actor: {_update_batches(config, actor, self.actor_optimizer_steps_per_batch)}",
+            *(
+                [f"critic: {_update_batches(config, critic, _optimizer_steps(config, critic), 'values')}"]
+                * self.use_critic
+            ),
             f"reward: {_reward_summary(config.worker.reward)}",
             f"old log-probs: {self.old_log_prob_reason}",
             f"zero-advantage samples: {zero_advantage.decision(actor)[1]}",
@@ -168,6 +159,32 @@ class RunPlan:
         ]
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+def _optimizer_steps(config: PPOConfig, role: Any) -> int:
+    """Optimizer steps a role (the actor, the critic) makes per training step: its epochs x its mini-batches."""
+    return role.ppo_epochs * (config.data.rollout_batch_size // role.global_batch_size)
+
+
+def _update_batches(config: PPOConfig, role: Any, steps: int, forward: str = "log-probs") -> str:
+    """A role's update as the plan says it: optimizer steps, samples per device per step, micro-batches (a token
+    budget with dynamic batching: the sizes times the padded length, models/dynamic_batching.py)."""
+    if role.dynamic_batching:
+        padded = config.data.max_prompt_length + config.data.max_response_length
+        micro_batches = (
+            f"micro-batches of up to {role.micro_batch_size_per_device_for_update * padded} (update) / "
+            f"{role.micro_batch_size_per_device_for_experience * padded} ({forward}) real tokens (dynamic "
+            f"batching: micro_batch_size_per_device_for_* x the padded length {padded}, prompt + response)"
+        )
+    else:
+        micro_batches = (
+            f"micro-batches of {role.micro_batch_size_per_device_for_update} (update) / "
+            f"{role.micro_batch_size_per_device_for_experience} ({forward}) samples"
+        )
+    return (
+        f"{steps} optimizer step(s) per training step, {role.global_batch_size_per_device} samples per device per "
+        f"optimizer step, {micro_batches}"
+    )
 
 
 def steps_described(training_steps: Optional[int], trainer: Any, batches: str) -> str:
@@ -374,7 +391,7 @@ def make_run_plan(config: PPOConfig, needs_reward: bool = True) -> RunPlan:
         kl_loss=use_reference and algorithm.use_kl_loss,
         on_policy=on_policy,
         old_log_prob_reason=reason,
-        actor_optimizer_steps_per_batch=actor.ppo_epochs * (data.rollout_batch_size // actor.global_batch_size),
+        actor_optimizer_steps_per_batch=_optimizer_steps(config, actor),
         generation_batch_size=generation_batch_size,
         generation_rounds_per_step=math.ceil(data.rollout_batch_size / generation_batch_size),
         rollout_enforce_eager=enforce_eager,
