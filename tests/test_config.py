@@ -116,6 +116,26 @@ def test_per_device_batch_must_hold_whole_micro_batches(valid_args):
         load_config([*valid_args, "worker.actor.micro_batch_size_per_device_for_update=3"])
 
 
+def test_the_critics_batch_refusals_give_the_numbers_and_the_values_that_work(valid_args):
+    """The critic's message gave no numbers at all, and neither said which sizes would do."""
+    gae = [*valid_args, "algorithm.adv_estimator=gae", "worker.rollout.n=4", "data.rollout_batch_size=8"]
+    with pytest.raises(ConfigError) as error:
+        load_config(gae)  # the critic's own global_batch_size, 256 by default
+    assert "`worker.critic.global_batch_size` (256) (the critic has its own, 256 by default as in EasyR1)" in str(
+        error.value
+    )
+    assert str(error.value).endswith("Make global_batch_size a divisor of it: 1, 2, 4, 8.")
+    with pytest.raises(ConfigError) as error:
+        load_config(
+            [*gae, "worker.critic.global_batch_size=2", "worker.critic.micro_batch_size_per_device_for_update=3"]
+        )
+    assert str(error.value) == (  # valid_args: 2 workers
+        "Each worker gets 4 samples per optimizer step (`worker.critic.global_batch_size` x `worker.rollout.n` = 8, "
+        "over 2 workers), which is not a multiple of `worker.critic.micro_batch_size_per_device_for_update` (3). Use "
+        "one that divides 4: 1, 2, 4."
+    )
+
+
 def test_tensor_parallel_must_divide_world(valid_args):
     with pytest.raises(ConfigError, match=r"`worker\.rollout\.tensor_parallel_size` \(4\) must divide"):
         load_config([*valid_args, "worker.rollout.tensor_parallel_size=4"])

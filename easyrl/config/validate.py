@@ -943,43 +943,52 @@ def check_generation_data(config: PPOConfig) -> None:
     raise ConfigError(message)
 
 
-def _check_update_batches(config: PPOConfig) -> None:
-    """The batch arithmetic of the updates: optimizer steps per rollout batch, micro-batches per worker."""
-    data, actor, rollout, critic = config.data, config.worker.actor, config.worker.rollout, config.worker.critic
-    world = config.world_size
-    if data.rollout_batch_size % actor.global_batch_size != 0:
+def _divisors(number: int) -> str:
+    return ", ".join(str(d) for d in range(1, number + 1) if number % d == 0)
+
+
+def _check_role_batches(config: PPOConfig, role: str) -> None:
+    """One role's batch arithmetic (the actor's, the critic's): optimizer steps per rollout batch, samples per worker,
+    micro-batches per worker; each refusal gives the numbers and the values that work."""
+    data, rollout, world = config.data, config.worker.rollout, config.world_size
+    section = getattr(config.worker, role)
+    key = f"worker.{role}"
+    own = " (the critic has its own, 256 by default as in EasyR1)" if role == "critic" else ""
+    if data.rollout_batch_size % section.global_batch_size != 0:
         raise ConfigError(
-            f"`data.rollout_batch_size` ({data.rollout_batch_size}) must be a multiple of "
-            f"`worker.actor.global_batch_size` ({actor.global_batch_size}): each step makes "
-            f"rollout_batch_size / global_batch_size optimizer steps. Make global_batch_size a divisor of it."
+            f"`data.rollout_batch_size` ({data.rollout_batch_size}) must be a multiple of `{key}.global_batch_size` "
+            f"({section.global_batch_size}){own}: each step makes rollout_batch_size / global_batch_size optimizer "
+            f"steps. Make global_batch_size a divisor of it: {_divisors(data.rollout_batch_size)}."
         )
-    samples = actor.global_batch_size * rollout.n
+    samples = section.global_batch_size * rollout.n
     if samples % world != 0:
         raise ConfigError(
-            f"`worker.actor.global_batch_size` x `worker.rollout.n` = {samples} samples per optimizer step cannot be "
+            f"`{key}.global_batch_size` x `worker.rollout.n` = {samples} samples per optimizer step cannot be "
             f"split evenly over {world} workers (`trainer.nnodes` x `trainer.n_gpus_per_node`). "
             f"Choose a global_batch_size so that the product is a multiple of {world}."
         )
-    if actor.global_batch_size_per_device % actor.micro_batch_size_per_device_for_update != 0:
-        raise ConfigError(
-            f"Each worker gets {actor.global_batch_size_per_device} samples per optimizer step "
-            f"(`worker.actor.global_batch_size` x `worker.rollout.n` / {world // max(actor.ulysses_size, 1)} "
-            f"data-parallel groups of `worker.actor.ulysses_size` workers), which is not a multiple of "
-            f"`worker.actor.micro_batch_size_per_device_for_update` ({actor.micro_batch_size_per_device_for_update})."
+    per_device, micro = section.global_batch_size_per_device, section.micro_batch_size_per_device_for_update
+    if per_device % micro != 0:
+        groups = world // max(section.ulysses_size, 1)
+        split = (
+            f"over {groups} data-parallel groups of `{key}.ulysses_size` workers"
+            if section.ulysses_size > 1
+            else f"over {world} worker{'s' * (world > 1)}"
         )
+        raise ConfigError(
+            f"Each worker gets {per_device} samples per optimizer step (`{key}.global_batch_size` x "
+            f"`worker.rollout.n` = {samples}, {split}), which is not a multiple of "
+            f"`{key}.micro_batch_size_per_device_for_update` ({micro}). Use one that divides {per_device}: "
+            f"{_divisors(per_device)}."
+        )
+
+
+def _check_update_batches(config: PPOConfig) -> None:
+    """The batch arithmetic of the updates: optimizer steps per rollout batch, micro-batches per worker."""
+    rollout = config.worker.rollout
+    _check_role_batches(config, "actor")
     if uses_critic(config):
-        if data.rollout_batch_size % critic.global_batch_size != 0:
-            raise ConfigError(
-                f"`data.rollout_batch_size` ({data.rollout_batch_size}) must be a multiple of "
-                f"`worker.critic.global_batch_size` ({critic.global_batch_size})."
-            )
-        if (critic.global_batch_size * rollout.n) % world != 0 or (
-            critic.global_batch_size_per_device % critic.micro_batch_size_per_device_for_update != 0
-        ):
-            raise ConfigError(
-                f"`worker.critic.global_batch_size` x `worker.rollout.n` must split into whole micro-batches of "
-                f"`worker.critic.micro_batch_size_per_device_for_update` on each of the {world} workers."
-            )
+        _check_role_batches(config, "critic")
     if rollout.n == 1 and config.algorithm.adv_estimator in GROUP_ESTIMATORS:
         raise ConfigError(
             f"`algorithm.adv_estimator={config.algorithm.adv_estimator}` compares samples of the same prompt and "
