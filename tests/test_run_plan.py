@@ -584,3 +584,21 @@ def test_the_plan_gives_the_critics_batches_beside_the_actors():
     )
     assert "micro-batches of 2 (update) / 4 (values) samples" in "\n".join(lines)
     assert not [line for line in load_run_plan(BASE).describe().splitlines() if line.startswith("critic:")]
+
+
+def test_offload_on_a_machine_without_cuda_is_noted_as_moving_nothing():
+    from easyrl.utils.platform import nvidia_gpus_visible
+
+    plan = load_run_plan(
+        BASE + ["worker.actor.fsdp.enable_cpu_offload=true", "worker.ref.offload.offload_params=true"]
+    )
+    notes = [note for note in plan.notes if "offloading to host memory" in note]
+    if nvidia_gpus_visible():
+        assert notes == []
+    else:
+        assert notes == [
+            "worker.actor.fsdp.enable_cpu_offload, worker.ref.offload.offload_params: offloading to host memory is for "
+            "GPUs; on a machine without CUDA the parameters and optimizer states are in host memory already, so "
+            "nothing moves."
+        ]
+    assert not [note for note in load_run_plan(BASE).notes if "offloading" in note]

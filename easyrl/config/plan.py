@@ -306,6 +306,25 @@ def _settings_without_effect(config: PPOConfig) -> list[str]:
             f"algorithm.kl_coef=0 with the KL on (algorithm.disable_kl=false): a reference model runs every step for "
             f"a {use} of 0 x KL{adaptive}, so the KL is only logged. Set algorithm.disable_kl=true to skip it."
         )
+    if not nvidia_gpus_visible():
+        # host-memory offload has nothing to move where the workers compute on the CPU (fsdp_utils, fsdp_worker)
+        roles = {name: getattr(config.worker, name) for name in ("actor", "ref", "critic")}
+        offloads = [
+            f"worker.{name}.{key}"
+            for name, role in roles.items()
+            if name != "critic" or uses_critic(config)
+            for key, on in (
+                ("fsdp.enable_cpu_offload", role.fsdp.enable_cpu_offload),
+                ("offload.offload_params", role.offload.offload_params),
+                ("offload.offload_optimizer", role.offload.offload_optimizer),
+            )
+            if on
+        ]
+        if offloads:
+            notes.append(
+                f"{', '.join(offloads)}: offloading to host memory is for GPUs; on a machine without CUDA the "
+                "parameters and optimizer states are in host memory already, so nothing moves."
+            )
     context, rollout = config.worker.rollout.max_model_len, config.worker.rollout
     if (
         rollout.name == "vllm"
