@@ -106,7 +106,10 @@ def test_every_ranged_key_exists_and_its_default_is_in_range():
 def test_sampling_override_keys_are_the_sampling_settings():
     from easyrl.workers.rollout.base import SamplingSettings
 
-    assert set(SAMPLING_OVERRIDE_KEYS) == {f.name for f in dataclasses.fields(SamplingSettings)} - {"max_tokens"}
+    assert set(SAMPLING_OVERRIDE_KEYS) == {f.name for f in dataclasses.fields(SamplingSettings)} - {
+        "max_tokens",
+        "engine",
+    }
 
 
 def test_ranges_are_in_the_config_docs():

@@ -139,6 +139,33 @@ def test_validation_applies_val_override_config():
     assert (settings.n, settings.temperature, settings.greedy) == (1, 0.0, True)
 
 
+def test_validation_may_set_vllms_penalties_and_both_engines_receive_what_they_take():
+    """EasyR1 passes any of vLLM's sampling settings in val_override_config (repetition_penalty, min_p, ...); they
+    were refused. Training takes none of them (the actor's log-probs assume plain temperature sampling)."""
+    import types
+
+    import numpy as np
+    import torch.distributed  # noqa: F401  (hf_rollout reads the process group)
+
+    from easyrl.config import validate as check
+    from easyrl.workers.rollout import base
+    from easyrl.workers.rollout.hf_rollout import _generate_kwargs
+    from easyrl.workers.rollout.vllm_rollout import VLLMRollout
+
+    assert check.VAL_ENGINE_KEYS == base.VAL_ENGINE_KEYS  # check's torch-free copy
+    config = _config(val_override_config={"temperature": 0.5, "repetition_penalty": 1.1, "min_p": 0.05})
+    settings = resolve_sampling(config, GenerationRequest(validate=True))
+    assert settings.temperature == 0.5 and settings.engine == (("min_p", 0.05), ("repetition_penalty", 1.1))
+    assert resolve_sampling(config).engine == ()  # training: none
+    engine = types.SimpleNamespace(stop_token_ids=[2], dp_rank=0, _request_seeds=np.random.default_rng(0))
+    params = VLLMRollout._sampling_params(engine, settings, 2, seed=[7])  # vLLM's own SamplingParams takes them
+    assert [(p.repetition_penalty, p.min_p, p.temperature) for p in params] == [(1.1, 0.05, 0.5)] * 2
+    hf = resolve_sampling(_config(val_override_config={"repetition_penalty": 1.2}), GenerationRequest(validate=True))
+    assert _generate_kwargs(hf, 2, 0)["repetition_penalty"] == 1.2
+    with pytest.raises(ValueError, match="unknown sampling key"):
+        resolve_sampling(_config(), GenerationRequest(sampling_override={"min_p": 0.1}))  # not for training calls
+
+
 def test_greedy_with_n_samples_asks_the_engine_once_and_copies():
     settings = resolve_sampling(_config(), GenerationRequest(sampling_override={"temperature": 0.0}))
     assert settings.engine_n == 1

@@ -530,7 +530,10 @@ class RolloutConfig:
     val_override_config: dict = field(default_factory=dict)
     """Sampling values used for validation, e.g. {temperature: 0, n: 1}. Sampled validation (temperature > 0) draws
     with the same seeds at every validation, so two validations differ by the model, not by new sampling noise; with
-    n > 1 the val/* scores are means over the n samples (mean@n; `easyrl eval` reports pass@k)."""
+    n > 1 the val/* scores are means over the n samples (mean@n; `easyrl eval` reports pass@k). Keys: n,
+    temperature, top_p, top_k, ignore_eos, and for vLLM repetition_penalty, presence_penalty, frequency_penalty and
+    min_p (EasyR1 passes any of vLLM's sampling settings; training has none of these, as the actor's log-probs assume
+    plain temperature sampling; the HF rollout takes repetition_penalty alone)."""
     lora_sync: str = "auto"
     """With LoRA (`worker.actor.model.lora.rank` > 0) and vllm, how the engine gets the actor after each update:
     `adapter` (the engine keeps the base weights and takes only the adapter, in memory), `merged` (merged weights,

@@ -77,6 +77,10 @@ DTYPES = ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32")
 # (easyrl.workers.rollout.base) but max_tokens, listed here so that check needs no torch import; a test asserts they
 # are equal.
 SAMPLING_OVERRIDE_KEYS = ("ignore_eos", "n", "temperature", "top_k", "top_p")
+# vLLM's settings validation may add (rollout.base.VAL_ENGINE_KEYS; HF generate takes the first alone), listed here so
+# that check imports no torch; a test asserts they agree
+VAL_ENGINE_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_p")
+VAL_HF_ENGINE_KEYS = ("repetition_penalty",)
 # the data files data/sources.py reads (its FILE_BUILDERS; a test asserts they agree), for a check without datasets
 DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".tsv", ".arrow", ".feather")
 # A connection to the model hub that takes longer than this counts as no hub (transformers would retry for a minute).
@@ -218,7 +222,15 @@ RANGES: dict[str, Interval] = {
     "trainer.max_restarts": NON_NEGATIVE,
 }
 # worker.rollout.val_override_config values, checked like the rollout's own (temperature 0 is greedy there)
-SAMPLING_OVERRIDE_RANGES = {"n": AT_LEAST_ONE, "temperature": NON_NEGATIVE, "top_p": PROBABILITY}
+SAMPLING_OVERRIDE_RANGES = {
+    "n": AT_LEAST_ONE,
+    "temperature": NON_NEGATIVE,
+    "top_p": PROBABILITY,
+    "min_p": Interval(0, 1),
+    "repetition_penalty": Interval(0, None, low_open=True),
+    "presence_penalty": Interval(-2, 2),
+    "frequency_penalty": Interval(-2, 2),
+}
 
 
 def _get(config: PPOConfig, key: str) -> Any:
@@ -433,11 +445,13 @@ def _check_ranges(config: PPOConfig) -> None:
         for index, beta in enumerate(betas):
             _check_range(f"worker.{role}.optim.betas[{index}]", beta, Interval(0, 1, high_open=True))
     overrides = config.worker.rollout.val_override_config
-    unknown = sorted(set(overrides) - set(SAMPLING_OVERRIDE_KEYS))
+    engine_keys = VAL_HF_ENGINE_KEYS if config.worker.rollout.name == "hf" else VAL_ENGINE_KEYS
+    unknown = sorted(set(overrides) - set(SAMPLING_OVERRIDE_KEYS) - set(engine_keys))
     if unknown:
         raise ConfigError(
             f"`worker.rollout.val_override_config` has unknown sampling key(s) {unknown}; allowed keys are "
-            f"{list(SAMPLING_OVERRIDE_KEYS)} (the response length is `data.max_response_length`)."
+            f"{[*SAMPLING_OVERRIDE_KEYS, *engine_keys]} with worker.rollout.name={config.worker.rollout.name} (the "
+            "response length is `data.max_response_length`)."
         )
     for name, interval in SAMPLING_OVERRIDE_RANGES.items():
         if name in overrides:

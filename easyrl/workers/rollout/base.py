@@ -71,6 +71,12 @@ class BaseRollout(ABC):
 # ----------------------------------------------------------------------------------------------------------------------
 # sampling settings
 # ----------------------------------------------------------------------------------------------------------------------
+# vLLM sampling settings validation may set beside easyrl's own (EasyR1 and verl pass any SamplingParams attribute of
+# val_override_config to vLLM); training samples without them, since the actor's log-probs assume plain temperature
+# sampling. HuggingFace generate takes repetition_penalty alone (check refuses the others with worker.rollout.name=hf).
+VAL_ENGINE_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_p")
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     n: int
@@ -79,6 +85,7 @@ class SamplingSettings:
     top_k: int
     max_tokens: int
     ignore_eos: bool
+    engine: tuple = ()  # (name, value) pairs of VAL_ENGINE_KEYS, validation only
 
     @property
     def greedy(self) -> bool:
@@ -97,15 +104,19 @@ def repeat_greedy(rows: list, settings: SamplingSettings) -> list:
     return [row for row in rows for _ in range(times)]
 
 
-def _apply_overrides(settings: SamplingSettings, overrides: dict, source: str) -> SamplingSettings:
-    known = {f.name for f in fields(SamplingSettings)} - {"max_tokens"}
-    unknown = sorted(set(overrides) - known)
+def _apply_overrides(
+    settings: SamplingSettings, overrides: dict, source: str, engine_keys: tuple = ()
+) -> SamplingSettings:
+    known = {f.name for f in fields(SamplingSettings)} - {"max_tokens", "engine"}
+    unknown = sorted(set(overrides) - known - set(engine_keys))
     if unknown:
         raise ValueError(
-            f"`{source}` has unknown sampling key(s) {unknown}; allowed keys are {sorted(known)} "
+            f"`{source}` has unknown sampling key(s) {unknown}; allowed keys are {sorted([*known, *engine_keys])} "
             "(the response length is `data.max_response_length`)."
         )
-    return replace(settings, **overrides)
+    engine = tuple(sorted((key, value) for key, value in overrides.items() if key in engine_keys))
+    own = {key: value for key, value in overrides.items() if key not in engine_keys}
+    return replace(settings, **own, engine=engine) if engine else replace(settings, **own)
 
 
 def resolve_sampling(config: RolloutConfig, request: Optional[GenerationRequest] = None) -> SamplingSettings:
@@ -126,7 +137,9 @@ def resolve_sampling(config: RolloutConfig, request: Optional[GenerationRequest]
         ignore_eos=config.ignore_eos,
     )
     if request.validate:
-        settings = _apply_overrides(settings, config.val_override_config, "worker.rollout.val_override_config")
+        settings = _apply_overrides(
+            settings, config.val_override_config, "worker.rollout.val_override_config", VAL_ENGINE_KEYS
+        )
     if request.sampling_override:
         settings = _apply_overrides(settings, request.sampling_override, "GenerationRequest.sampling_override")
     return settings

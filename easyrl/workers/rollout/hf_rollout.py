@@ -36,6 +36,7 @@ def _generate_kwargs(settings: SamplingSettings, eos_token_id: Any, pad_token_id
         "return_dict_in_generate": True,
         "output_logits": True,
         "synced_gpus": dist.is_initialized() and dist.get_world_size() > 1,
+        **dict(settings.engine),  # check lets validation set only what generate takes (HF_ENGINE_KEYS)
     }
     if settings.greedy:
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)

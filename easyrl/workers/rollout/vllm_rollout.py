@@ -445,6 +445,7 @@ class VLLMRollout(BaseRollout):
             "stop_token_ids": self.stop_token_ids,
             "logprobs": 0,  # the sampled token's log-prob only
             "detokenize": False,
+            **dict(settings.engine),  # validation's repetition_penalty, min_p, ... (VAL_ENGINE_KEYS)
         }
         return [SamplingParams(seed=seed, **common) for seed in seeds]
 
