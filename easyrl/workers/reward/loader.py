@@ -476,7 +476,7 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 def _rule_text(chosen: str) -> str:
     if chosen == EASYR1_DEFAULT_FUNCTION:
         return "EasyR1 calls `main`"
-    return "the file defines no `main` (EasyR1's default), so its `compute_score` is used"
+    return "the file defines no `main` taking inputs (EasyR1's default), so its `compute_score` is used"
 
 
 def choose_function_name(
