@@ -123,8 +123,9 @@ def check_heads(
                 f"divide{'s' if len(fitting) == 1 else ''} the {world_size} workers."
             )
         raise ValueError(
-            f"`{key}` is {ulysses_size}, but {splitter} and this model has {heads} attention heads and {kv_heads} key/value heads: the attention heads must be "
-            f"divisible by {key}, and the key/value heads divisible by it or a divisor of it. {choice}"
+            f"`{key}` is {ulysses_size}, but {splitter} and this model has {heads} attention heads and {kv_heads} "
+            f"key/value heads: the attention heads must be divisible by {key}, and the key/value heads divisible by it "
+            f"or a divisor of it. {choice}"
         )
 
 

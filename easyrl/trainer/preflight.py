@@ -30,47 +30,33 @@ def check_head_splits(plan: RunPlan, actor_config: Any = None) -> None:
     ``actor_config``: the actor's HF config when the caller has read it (else each role's is read here, from a local
     folder only: a hub id is read when the run starts, and check does not download)."""
     worker = plan.config.worker
-    roles = [("actor", worker.actor, "causal_lm")] + ([("critic", worker.critic, "value")] if plan.use_critic else [])
-    for role, settings, kind in roles:
-        if settings.ulysses_size <= 1:
+    # (key, size, the model whose heads it splits, its kind, what splits them (None: Ulysses))
+    splits = [("worker.actor.ulysses_size", worker.actor.ulysses_size, worker.actor.model, "causal_lm", None)]
+    if plan.use_critic:
+        splits.append(("worker.critic.ulysses_size", worker.critic.ulysses_size, worker.critic.model, "value", None))
+    if worker.rollout.name == "vllm":
+        # a tensor-parallel engine splits the heads by the same rule; it failed at engine start, after Ray
+        engine = "vLLM splits the attention heads over the workers of a tensor-parallel engine"
+        tensor_parallel = worker.rollout.tensor_parallel_size
+        splits.append(
+            ("worker.rollout.tensor_parallel_size", tensor_parallel, worker.actor.model, "causal_lm", engine)
+        )
+    configs = {worker.actor.model.model_path: actor_config} if actor_config is not None else {}  # read once per model
+    for key, size, model, kind, splitter in splits:
+        if size <= 1:
             continue
         from ..demo.builtin_models import resolve_model_path  # torch: only where there is something to check
         from ..models.ulysses import check_heads
         from ..workers.fsdp_utils import load_hf_config
 
-        model_config = actor_config if settings.model.model_path == worker.actor.model.model_path else None
+        if model.model_path not in configs:
+            local = dataclasses.replace(model, model_path=resolve_model_path(model.model_path))
+            configs[model.model_path] = load_hf_config(local, kind) if os.path.isdir(local.model_path) else None
+        model_config = configs[model.model_path]
         if model_config is None:
-            model = dataclasses.replace(settings.model, model_path=resolve_model_path(settings.model.model_path))
-            if not os.path.isdir(model.model_path):
-                continue
-            model_config = load_hf_config(model, kind)
-            if role == "actor":  # a critic of the same model reads it from here
-                actor_config = model_config
+            continue
         text_config = getattr(model_config, "text_config", None) or model_config
-        check_heads(text_config, settings.ulysses_size, f"worker.{role}.ulysses_size", plan.world_size)
-    tensor_parallel = worker.rollout.tensor_parallel_size
-    if tensor_parallel > 1 and worker.rollout.name == "vllm":
-        # vLLM splits the heads over a tensor-parallel engine by the same rule; it failed at engine start, after Ray
-        from ..demo.builtin_models import resolve_model_path
-        from ..models.ulysses import check_heads
-        from ..workers.fsdp_utils import load_hf_config
-
-        model_config = actor_config
-        if model_config is None:
-            model = dataclasses.replace(
-                worker.actor.model, model_path=resolve_model_path(worker.actor.model.model_path)
-            )
-            if not os.path.isdir(model.model_path):
-                return
-            model_config = load_hf_config(model, "causal_lm")
-        text_config = getattr(model_config, "text_config", None) or model_config
-        check_heads(
-            text_config,
-            tensor_parallel,
-            "worker.rollout.tensor_parallel_size",
-            plan.world_size,
-            splitter="vLLM splits the attention heads over the workers of a tensor-parallel engine",
-        )
+        check_heads(text_config, size, key, plan.world_size, **({"splitter": splitter} if splitter else {}))
 
 
 def resume_point(config: Any, what: str = "training") -> str | None:
