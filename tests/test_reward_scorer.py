@@ -28,6 +28,24 @@ def rollout_batch(tokenizer, responses, truths, width=24):
     )
 
 
+def with_text_prompts(tokenizer, batch, texts):
+    """``batch`` with the left-padded chat-template prompts of ``texts`` and their rows' `question` column, as the
+    rollout hands a batch of text prompts to the scorer."""
+    rendered = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False) for t in texts]
+    prompt_ids = [tokenizer.encode(r, add_special_tokens=False) for r in rendered]
+    width = max(map(len, prompt_ids))
+    prompts = torch.full((len(texts), width), tokenizer.pad_token_id, dtype=torch.long)
+    for i, ids in enumerate(prompt_ids):
+        prompts[i, width - len(ids) :] = torch.tensor(ids)
+    batch.batch["prompts"] = prompts
+    batch.batch["attention_mask"] = torch.cat(
+        [(prompts != tokenizer.pad_token_id).long(), batch.batch["response_mask"]], 1
+    )
+    batch.non_tensor_batch["conversational"] = np.array([False] * len(texts), dtype=object)
+    batch.non_tensor_batch["row_columns"] = np.array([{"question": t} for t in texts], dtype=object)
+    return batch
+
+
 @pytest.fixture
 def arithmetic_scorer(tokenizer):
     config = RewardConfig(reward_function=str(ROOT / "reward_function" / "arithmetic.py"))
@@ -130,19 +148,48 @@ def test_a_trl_function_gets_a_text_prompt_as_the_row_holds_it(tokenizer, tmp_pa
         "    return [1.0 if p == 'What is 2 + 3?' else 0.0 for p in prompts]\n"
     )
     texts = ["What is 2 + 3?", "What is 4 + 4?"]
-    rendered = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False) for t in texts]
-    prompt_ids = [tokenizer.encode(r, add_special_tokens=False) for r in rendered]
-    width = max(map(len, prompt_ids))
-    prompts = torch.full((2, width), tokenizer.pad_token_id, dtype=torch.long)
-    for i, ids in enumerate(prompt_ids):
-        prompts[i, width - len(ids) :] = torch.tensor(ids)
-    batch = rollout_batch(tokenizer, ["5", "8"], ["5", "8"])
-    batch.batch["prompts"] = prompts
-    batch.batch["attention_mask"] = torch.cat(
-        [(prompts != tokenizer.pad_token_id).long(), batch.batch["response_mask"]], 1
-    )
-    batch.non_tensor_batch["conversational"] = np.array([False, False], dtype=object)
-    batch.non_tensor_batch["row_columns"] = np.array([{"question": t} for t in texts], dtype=object)
+    batch = with_text_prompts(tokenizer, rollout_batch(tokenizer, ["5", "8"], ["5", "8"]), texts)
     config = RewardConfig(reward_function=f"{tmp_path / 'trl.py'}:echo")
     scores, _ = RewardScorer(config, tokenizer, in_process=True, prompt_key="question").score(batch)
     assert scores.sum(-1).tolist() == [1.0, 0.0]
+
+
+def test_a_score_is_averaged_over_the_samples_that_have_it_and_a_failed_sample_counts_zero(tokenizer, tmp_path):
+    # TRL: a function returning None does not apply to that sample (its reward/<function> is a nanmean); EasyR1: a
+    # score a sample's dict lacks is left out of that score's mean. A sample whose scoring failed counts 0 in all.
+    reward = tmp_path / "multi_task.py"
+    reward.write_text(
+        "def math_reward(completions, ground_truth, **kwargs):\n"
+        "    return [None if truth == 'code' else float(text == truth) for text, truth in zip(completions, ground_truth)]\n"
+        "def length_reward(completions, **kwargs):\n"
+        "    return [0.5 for _ in completions]\n"
+    )
+    config = RewardConfig(reward_function=f"{reward}:math_reward,length_reward", reward_weights=[1.0, 2.0])
+    batch = rollout_batch(tokenizer, ["4", "5", "x"], ["4", "4", "code"])
+    scores, metrics = RewardScorer(config, tokenizer, in_process=True, prompt_key="question").score(
+        with_text_prompts(tokenizer, batch, ["2 + 2?", "2 + 2?", "Write code."])
+    )
+    assert scores.sum(-1).tolist() == [2.0, 1.0, 1.0]  # the None adds 0 to the weighted sum, as TRL's nansum
+    reduced = reduce_reward_metrics(metrics)
+    assert reduced["reward/math_reward"] == 0.5  # over the two samples it scored, not 1/3
+    assert reduced["reward/length_reward"] == 0.5
+    assert reduced["reward/overall"] == pytest.approx(4.0 / 3)
+    assert scores_to_non_tensor(metrics)["math_reward"].tolist() == [1.0, 0.0, 0.0]  # per sample: what it added
+
+    sequential = tmp_path / "some_keys.py"
+    sequential.write_text(
+        "REWARD_TYPE = 'sequential'\n"
+        "def compute_score(reward_input):\n"
+        "    if reward_input['ground_truth'] == 'bad':\n"
+        "        raise ValueError('cannot score')\n"
+        "    if reward_input['ground_truth'] == 'text':\n"
+        "        return {'overall': 0.25}\n"
+        "    return {'overall': 1.0, 'accuracy': 1.0}\n"
+    )
+    _, metrics = RewardScorer(RewardConfig(reward_function=str(sequential)), tokenizer, True).score(
+        rollout_batch(tokenizer, ["1", "2", "3", "4"], ["7", "text", "bad", "7"])
+    )
+    reduced = reduce_reward_metrics(metrics)
+    assert reduced["reward/accuracy"] == pytest.approx(2.0 / 3)  # the failed sample counts 0, `text` is left out
+    assert reduced["reward/overall"] == pytest.approx(2.25 / 4)
+    assert reduced["reward/errors"] == 1.0

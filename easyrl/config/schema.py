@@ -638,8 +638,9 @@ class RewardConfig:
     its `compute_score`; `path/to/file.py:f,g` combines several functions of the file (see reward_weights). The
     file's REWARD_TYPE is `batch` (default: called once with the whole batch, list[dict] ->
     list[dict]) or `sequential` (dict -> dict); inputs `response`, `response_length`, `ground_truth`; each output
-    needs `overall` (placed on the last response token), other keys become `reward/<key>` metrics and per-sample
-    columns for algorithm.filter_key. In a file without REWARD_TYPE, a function that takes `solution_str` is called as
+    needs `overall` (placed on the last response token), other keys become `reward/<key>` metrics (the mean over the
+    samples that return the key, as in EasyR1; a sample whose scoring failed counts 0) and per-sample columns for
+    algorithm.filter_key (0 where absent). In a file without REWARD_TYPE, a function that takes `solution_str` is called as
     verl calls it (once per response: data_source, solution_str, ground_truth, extra_info), one that takes
     `solution_strs` as verl's batch manager does (once per batch, those four as lists), and one that takes
     `completions`, `completion_ids` or `environments` as TRL's GRPOTrainer calls it (once per batch: prompts,

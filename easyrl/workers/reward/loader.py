@@ -22,7 +22,8 @@ back), is called that way in a file without REWARD_TYPE: `completions` are the r
 messages), `prompts` the prompts (their chat messages where the data has them, as TRL passes them; otherwise the
 text the model saw), and the columns are every column of the row but the picture and video columns, the answer
 (data.answer_key) also as `ground_truth`, and `data_source` and `extra_info`. A None in the returned list (TRL: the
-function does not apply to that sample) scores 0. A parameter without a default that none of these fill stops the
+function does not apply to that sample) scores 0, and a combined function's reward/<name> leaves that sample out of
+its mean (TRL's nanmean). A parameter without a default that none of these fill stops the
 run before it starts.
 As TRL does, the call also passes `trainer_state` (`global_step`: training steps done, `max_steps`, `epoch`),
 `log_metric(name, value)` (the value is logged as reward/<name> for the batch) and `log_extra(column, values)`
@@ -158,6 +159,19 @@ class RewardFunction:
 
     def score(self, inputs: list[dict]) -> list[dict[str, float]]:
         """One score dict per input, checked and converted to floats. Exceptions of the function propagate."""
+        return self.scored(inputs)[0]
+
+    def scored(self, inputs: list[dict]) -> tuple[list[dict[str, float]], list[bool]]:
+        """`score`'s dicts, and per input whether the function applies to it: False where a function written for
+        TRL returned None (its `overall` is then 0: TRL sums the rewards without it, and logs the function's mean
+        over the samples it scored)."""
+        if self.reward_type == TRL_REWARD_TYPE:
+            values, logged = self._call_trl(inputs)
+            scores = [self._check({"overall": 0.0 if value is None else value, **logged}) for value in values]
+            return scores, [value is not None for value in values]
+        return self._score(inputs), [True] * len(inputs)
+
+    def _score(self, inputs: list[dict]) -> list[dict[str, float]]:
         if self.reward_type == VERL_REWARD_TYPE:
             return [self._check(self._from_verl(self._call_verl(item))) for item in inputs]
         if self.reward_type == VERL_BATCH_REWARD_TYPE:
@@ -172,9 +186,6 @@ class RewardFunction:
             convention = "(verl's batch convention)"
             outputs = self._one_per_input(outputs, inputs, convention, "numbers or dicts with `score`, one per input")
             return [self._check(self._from_verl(output)) for output in outputs]
-        if self.reward_type == TRL_REWARD_TYPE:
-            values, logged = self._call_trl(inputs)
-            return [self._check({"overall": 0.0 if value is None else value, **logged}) for value in values]
         if self.reward_type == "batch":
             outputs = self.fn(inputs, **self.kwargs)
             outputs = self._one_per_input(outputs, inputs, "(REWARD_TYPE='batch')", "dicts, one per input")
@@ -376,10 +387,12 @@ class CombinedReward:
                 part.check_columns(columns, answer_key, config_key, rollout_fields)
 
     def score(self, inputs: list[dict]) -> list[dict[str, float]]:
-        each = []
+        each, applies = [], []
         for part in self.parts:
             try:
-                each.append(part.score(inputs))
+                scores, applicable = part.scored(inputs)
+                each.append(scores)
+                applies.append(applicable)
             except RewardFunctionError:
                 raise  # a contract broken: its message names the function already
             except Exception as error:  # the failure names the function that raised, not all of them
@@ -390,8 +403,9 @@ class CombinedReward:
         combined = []
         for index in range(len(inputs)):
             scores = {"overall": sum(weight * got[index]["overall"] for weight, got in zip(self.weights, each))}
-            for part, got in zip(self.parts, each):
-                scores[part.name] = got[index]["overall"]
+            for part, got, applicable in zip(self.parts, each, applies):
+                if applicable[index]:  # reward/<function> is its mean over the samples it applies to, as TRL's
+                    scores[part.name] = got[index]["overall"]
                 scores.update({f"{part.name}/{key}": value for key, value in got[index].items() if key != "overall"})
             combined.append(scores)
         return combined

@@ -28,6 +28,7 @@ waited for at once. The deadline runs from the start of a batch's scoring, not f
 """
 
 import logging
+import math
 import threading
 import time
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
@@ -75,9 +76,10 @@ COUNT_KEYS = tuple(PREFIX + name for name in RESERVED_SCORE_NAMES) + (JUDGE_ERRO
 
 
 def reduce_reward_metrics(reward_metrics: dict[str, list[float]]) -> dict[str, float]:
-    """Mean of every named score; `reward/errors` and `reward/timeouts` are numbers of samples (a mean would be their
-    share)."""
-    reduced = {key: float(np.mean(values)) for key, values in reward_metrics.items() if values}
+    """Mean of every named score over the samples that have it (NaN where a sample was scored without it: EasyR1 and
+    TRL average a score over the samples that return it); `reward/errors` and `reward/timeouts` are numbers of samples
+    (a mean would be their share)."""
+    reduced = {key: float(np.nanmean(values)) for key, values in reward_metrics.items() if not np.isnan(values).all()}
     for key in COUNT_KEYS:
         if key != JUDGE_ERRORS_KEY or key in reward_metrics:  # no judge, no judge count
             reduced[key] = float(np.sum(reward_metrics.get(key, [0.0])))
@@ -86,9 +88,9 @@ def reduce_reward_metrics(reward_metrics: dict[str, list[float]]) -> dict[str, f
 
 def scores_to_non_tensor(reward_metrics: dict[str, list[float]]) -> dict[str, np.ndarray]:
     """Per-sample named scores as non-tensor arrays keyed by the bare name (`overall`, `accuracy`...), e.g. for
-    online filtering by `algorithm.filter_key`."""
+    online filtering by `algorithm.filter_key`; a sample scored without that score has 0 (what it added to `overall`)."""
     return {
-        key[len(PREFIX) :]: np.asarray(values, dtype=np.float64)
+        key[len(PREFIX) :]: np.nan_to_num(np.asarray(values, dtype=np.float64), nan=0.0)
         for key, values in reward_metrics.items()
         if key.startswith(PREFIX) and key not in COUNT_KEYS
     }
@@ -414,7 +416,11 @@ class RewardScorer:
         overall = torch.tensor([score["overall"] for score in scores], dtype=torch.float32)
         token_level_scores[torch.arange(len(scores)), last] = overall
         names = list(dict.fromkeys(name for score in scores for name in score))
-        reward_metrics = {PREFIX + name: [score.get(name, 0.0) for score in scores] for name in names}
+        # a failed sample counts 0 in every score's mean; a scored one without a score is left out of its mean
+        absent = [0.0 if failure is not None else math.nan for failure in failures]
+        reward_metrics = {
+            PREFIX + name: [score.get(name, gap) for score, gap in zip(scores, absent)] for name in names
+        }
         reward_metrics[ERRORS_KEY] = [float(failure is not None) for failure in failures]
         reward_metrics[TIMEOUTS_KEY] = [
             float(failure is not None and failure.kind == TIMED_OUT) for failure in failures
