@@ -111,9 +111,13 @@ def test_global_batch_must_split_over_workers(valid_args):
         load_config([*valid_args, "trainer.n_gpus_per_node=3", "worker.actor.global_batch_size=2"])
 
 
-def test_per_device_batch_must_hold_whole_micro_batches(valid_args):
-    with pytest.raises(ConfigError, match=r"micro_batch_size_per_device_for_update` \(3\)"):
-        load_config([*valid_args, "worker.actor.micro_batch_size_per_device_for_update=3"])
+def test_per_device_batch_must_hold_whole_fixed_micro_batches_but_any_with_dynamic_batching(valid_args):
+    fixed = [*valid_args, "worker.actor.dynamic_batching=false"]
+    with pytest.raises(ConfigError, match=r"micro_batch_size_per_device_for_update` \(3\), as fixed micro-batches"):
+        load_config([*fixed, "worker.actor.micro_batch_size_per_device_for_update=3"])
+    # a token budget of 3 x the padded length cuts 4 samples per device into as many micro-batches as it takes
+    config = load_config([*valid_args, "worker.actor.micro_batch_size_per_device_for_update=3"])
+    assert config.worker.actor.dynamic_batching and config.worker.actor.global_batch_size_per_device % 3 != 0
 
 
 def test_the_critics_batch_refusals_give_the_numbers_and_the_values_that_work(valid_args):
@@ -127,12 +131,18 @@ def test_the_critics_batch_refusals_give_the_numbers_and_the_values_that_work(va
     assert str(error.value).endswith("Make global_batch_size a divisor of it: 1, 2, 4, 8.")
     with pytest.raises(ConfigError) as error:
         load_config(
-            [*gae, "worker.critic.global_batch_size=2", "worker.critic.micro_batch_size_per_device_for_update=3"]
+            [
+                *gae,
+                "worker.critic.global_batch_size=2",
+                "worker.critic.micro_batch_size_per_device_for_update=3",
+                "worker.critic.dynamic_batching=false",
+            ]
         )
     assert str(error.value) == (  # valid_args: 2 workers
         "Each worker gets 4 samples per optimizer step (`worker.critic.global_batch_size` x `worker.rollout.n` = 8, "
-        "over 2 workers), which is not a multiple of `worker.critic.micro_batch_size_per_device_for_update` (3). Use "
-        "one that divides 4: 1, 2, 4."
+        "over 2 workers), which is not a multiple of `worker.critic.micro_batch_size_per_device_for_update` (3), as "
+        "fixed micro-batches (`worker.critic.dynamic_batching=false`) need. Use one that divides 4: 1, 2, 4, or set "
+        "worker.critic.dynamic_batching=true."
     )
 
 

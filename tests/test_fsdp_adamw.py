@@ -20,7 +20,11 @@ LR = 1e-3
 
 @pytest.fixture(scope="module")
 def adamw_workers(ray_cluster, tiny_model_path):
-    config = worker_config(tiny_model_path, 2, strategy="adamw", lr=LR, global_batch_size=8, dynamic_batching=True)
+    # 4 samples per worker and a token budget of 3 padded rows: a micro-batch size that does not divide the samples
+    # per device, which the config check allows with dynamic batching
+    config = worker_config(
+        tiny_model_path, 2, strategy="adamw", lr=LR, global_batch_size=8, micro_batch_size=3, dynamic_batching=True
+    )
     with worker_group(FSDPWorker, config, "actor", name_prefix="adamw", processes=2) as group:
         yield group
 

@@ -372,6 +372,7 @@ def test_generation_plans_ignore_the_batch_arithmetic_of_updates_they_never_make
             tmp_path,
             f"worker.rollout.n={n}",
             f"worker.actor.micro_batch_size_per_device_for_update={micro_batch}",
+            "worker.actor.dynamic_batching=false",  # a token budget takes any number of samples per device
             "algorithm.adv_estimator=grpo",
         )
         assert _generation_plan(args, command).config.worker.rollout.n == n

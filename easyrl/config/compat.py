@@ -297,4 +297,8 @@ EASYR1_DIFFERENCES: dict[str, str] = {
         "heads cannot be split is refused before Ray starts, naming the key and the sizes that work; the driver sends "
         "each sequence-parallel group one chunk of the batch instead of gathering inside the group"
     ),
+    "worker.actor.micro_batch_size_per_device_for_update": (
+        "with dynamic_batching (the default) it only sets the token budget, so the samples per device need not be a "
+        "multiple of it (EasyR1 asserts they are); with dynamic_batching=false the check stays, before Ray starts"
+    ),
 }

@@ -982,7 +982,9 @@ def _check_role_batches(config: PPOConfig, role: str) -> None:
             f"Choose a global_batch_size so that the product is a multiple of {world}."
         )
     per_device, micro = section.global_batch_size_per_device, section.micro_batch_size_per_device_for_update
-    if per_device % micro != 0:
+    # with dynamic batching the micro-batch size only sets the token budget, and the loss is divided by the whole
+    # mini-batch's tokens whatever the split: any number of samples per device works (EasyR1 asks divisibility anyway)
+    if per_device % micro != 0 and not section.dynamic_batching:
         groups = world // max(section.ulysses_size, 1)
         split = (
             f"over {groups} data-parallel groups of `{key}.ulysses_size` workers"
@@ -992,8 +994,9 @@ def _check_role_batches(config: PPOConfig, role: str) -> None:
         raise ConfigError(
             f"Each worker gets {per_device} samples per optimizer step (`{key}.global_batch_size` x "
             f"`worker.rollout.n` = {samples}, {split}), which is not a multiple of "
-            f"`{key}.micro_batch_size_per_device_for_update` ({micro}). Use one that divides {per_device}: "
-            f"{_divisors(per_device)}."
+            f"`{key}.micro_batch_size_per_device_for_update` ({micro}), as fixed micro-batches "
+            f"(`{key}.dynamic_batching=false`) need. Use one that divides {per_device}: {_divisors(per_device)}, or "
+            f"set {key}.dynamic_batching=true."
         )
 
 
