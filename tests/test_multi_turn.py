@@ -142,6 +142,18 @@ def test_tools_run_concurrently_and_a_raising_or_hanging_tool_becomes_a_counted_
     assert 1.0 <= elapsed < 2.0 and seconds == pytest.approx(elapsed, abs=0.05)  # the hung call did not hold the step
 
 
+def test_a_tool_calling_sys_exit_is_an_error_of_that_call_not_a_timeout():
+    """SystemExit is no Exception: the tool's thread ended without a result and the call was reported as one that took
+    longer than tool_timeout, though it returned at once."""
+
+    def leave(code: int) -> str:
+        raise SystemExit(code)
+
+    results, seconds = run_tool_calls([ToolCall("leave", {"code": 3})], {"leave": leave}, timeout=5.0)
+    assert results == [ToolResult("Error: leave raised SystemExit: 3", error=True)]
+    assert seconds < 2.0
+
+
 def test_calculator_tool_evaluates_arithmetic_and_refuses_anything_else():
     tools = load_tools(CALCULATOR)
     calculator = tools["calculator"]
@@ -400,6 +412,33 @@ def test_turns_are_assembled_with_tool_tokens_masked_out(tokenizer):
     assert metrics["rollout/multi_turn/tool_calls"] == 1 and metrics["rollout/multi_turn/tool_errors"] == 0
     assert metrics["rollout/multi_turn/truncated"] == 0
     assert metrics["rollout/response_length/mean"] == (len(call) + 2 * len(answer)) / 2  # model tokens only
+
+
+def test_a_lone_surrogate_a_tool_hands_back_reaches_the_model_as_a_replacement_character(tokenizer, tmp_path):
+    """JSON's "\\ud800" escape in a call's arguments decodes to a lone surrogate; a tool quoting its argument returned
+    it, and the tokenizer's TypeError on the tool message ended the step (and the run)."""
+    tools = tmp_path / "echo.py"
+    tools.write_text(
+        "def search(query: str) -> str:\n"
+        '    """Search the notes.\n\n    Args:\n        query: what to look for\n    """\n'
+        '    return f"No results for {query}."\n\n'
+        "TOOLS = [search]\n"
+    )
+    eos = tokenizer.eos_token_id
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    call = encode('<tool_call>{"name": "search", "arguments": {"query": "\\ud800"}}</tool_call>') + [eos]
+    answer = encode("Nothing found.") + [eos]
+    engine, _ = scripted_engine(tokenizer, {0: [call, answer]}, response_length=128)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(tools=str(tools), max_turns=3, tool_timeout=5.0))
+    out = rollout.generate_sequences(make_prompts(tokenizer, ["Find the note."]))
+    assert out.non_tensor_batch["messages"][0][1] == {
+        "role": "tool",
+        "name": "search",
+        "content": "No results for \ufffd.",
+    }
+    assert out.meta_info["metrics"]["rollout/multi_turn/tool_errors"] == 0
+    tool = encode("\n<|im_start|>tool\nNo results for \ufffd.<|im_end|>\n<|im_start|>assistant\n")
+    assert out.batch["responses"][0, : len(call) + len(tool)].tolist() == call + tool
 
 
 def test_max_turns_and_the_token_budget_end_trajectories_and_are_counted(tokenizer):

@@ -109,6 +109,24 @@ class ToolCall:
     arguments: dict
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable(content: Any) -> Any:
+    """Text (or the text parts of chat content) with each lone surrogate replaced by U+FFFD. JSON's `"\\ud800"`
+    escape decodes to one, so a model can write one into a tool call's arguments and a tool that quotes its argument
+    hands it back; `os.fsdecode` and `errors="surrogateescape"` make them of bytes that are not UTF-8. No tokenizer
+    encodes them and no UTF-8 file holds them: the step would die on a tool's answer."""
+    if isinstance(content, str):
+        return _LONE_SURROGATE.sub("\ufffd", content)
+    if isinstance(content, list):
+        return [
+            {**part, "text": encodable(part["text"])} if isinstance(part.get("text"), str) else part
+            for part in content
+        ]
+    return content
+
+
 @dataclass
 class ToolResult:
     content: str | list[dict]
@@ -117,6 +135,9 @@ class ToolResult:
     timed_out: bool = False
     pictures: list = field(default_factory=list)
     """The PIL images of the image parts of ``content``, in order."""
+
+    def __post_init__(self) -> None:
+        self.content = encodable(self.content)
 
 
 def to_content(value: Any) -> tuple[str | list[dict], list]:
@@ -191,7 +212,7 @@ def run_tool_calls(
             fn = tools_of(index)[call.name]
             content, pictures = to_content(_call(fn, call.arguments, rows[index] if rows else None))
             results[index] = ToolResult(content, pictures=pictures)
-        except Exception as err:  # the model reads what went wrong; the step goes on
+        except (Exception, SystemExit) as err:  # the model reads what went wrong; the step goes on
             results[index] = ToolResult(f"Error: {call.name} raised {type(err).__name__}: {err}", error=True)
 
     for index, call in enumerate(calls):
@@ -281,6 +302,9 @@ class EnvOutcome:
     timed_out: bool = False
     env: Any = None  # the environment a reset built
 
+    def __post_init__(self) -> None:
+        self.observation, self.error = encodable(self.observation), encodable(self.error)
+
 
 def run_with_deadline(jobs: list[Callable[[], Any]], timeout: float, what: str) -> tuple[list[EnvOutcome], float]:
     """Run every job at once, each in a daemon thread (see run_tool_calls), waiting at most ``timeout`` seconds for
@@ -293,7 +317,7 @@ def run_with_deadline(jobs: list[Callable[[], Any]], timeout: float, what: str) 
             results[index] = job()
         except EnvOutputError as err:
             results[index] = EnvOutcome(error=str(err))
-        except Exception as err:
+        except (Exception, SystemExit) as err:  # sys.exit in a thread ends the thread alone: not a timeout
             results[index] = EnvOutcome(error=f"{what} raised {type(err).__name__}: {err}")
 
     threads = [threading.Thread(target=work, args=(i, job), daemon=True, name="env") for i, job in enumerate(jobs)]
