@@ -721,6 +721,7 @@ def test_a_trl_reward_function_reads_the_prompt_the_reset_grew(tokenizer, env_fi
     import numpy as np
 
     from easyrl.data.template import with_reset_content
+    from easyrl.workers.reward.loader import RewardFunctionError
     from easyrl.workers.reward.scorer import RewardScorer
 
     done = tokenizer.encode("Done.", add_special_tokens=False) + [tokenizer.eos_token_id]
@@ -741,6 +742,31 @@ def test_a_trl_reward_function_reads_the_prompt_the_reset_grew(tokenizer, env_fi
     assert columns[0]["prompt"] == chat  # the row is not changed
     scores, _ = scorer.score(out)
     assert scores.sum(-1).tolist() == [1.0, 0.0]
+
+    # text rows: the row's text with the reset's text at its end, and the failed reset's row as written: one form in
+    # a batch (the failed row's prompt was the decoded chat template, the other's the row's text)
+    texts = [{"prompt": "Count.", "target": 3}, {"prompt": "Count.", "target": -1}]
+    text_prompts = chat_prompts(tokenizer, ["Count."] * 2, texts)
+    text_prompts.non_tensor_batch["conversational"] = np.array([False, False], dtype=object)
+    engine, _ = scripted_engine(tokenizer, {i: [done] for i in range(2)}, 16)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(env=env_file, max_turns=1, tool_timeout=5.0))
+    inputs = scorer.build_inputs(rollout.generate_sequences(text_prompts))
+    assert [item["prompt"] for item in inputs] == ["Count. Reach 3.", "Count."]
+
+    # a function reading env.<attribute> trips on the None of the failed reset: the stop says why
+    path.write_text(
+        "def reached(completions, environments, **kwargs):\n    return [env.counter for env in environments]\n"
+    )
+    engine, _ = scripted_engine(tokenizer, {i: [done] for i in range(2)}, 16)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(env=env_file, max_turns=1, tool_timeout=5.0))
+    out = rollout.generate_sequences(prompts)
+    scorer = RewardScorer(RewardConfig(reward_function=f"{path}:reached"), tokenizer, in_process=True)
+    with pytest.raises(RewardFunctionError) as stopped:
+        scorer.score(out)
+    assert "1 sample(s) of the batch have None in `environments`: their tool environment's reset failed" in str(
+        stopped.value
+    )
+    assert "'NoneType' object has no attribute 'counter'" in str(stopped.value)
 
     picture = object()
     parts = [{"type": "text", "text": " See:"}, {"type": "image", "image": picture}]

@@ -96,6 +96,19 @@ def scores_to_non_tensor(reward_metrics: dict[str, list[float]]) -> dict[str, np
     }
 
 
+def _failed_environments_hint(inputs: list[dict]) -> str:
+    """What to tell a function that raised on a batch in which some tool environments' reset failed: their samples'
+    `environments` entry is None (the instance was dropped), which a function reading `env.<attribute>` trips on."""
+    failed = sum("environments" in item and item["environments"] is None for item in inputs)
+    if not failed:
+        return ""
+    return (
+        f" {failed} sample(s) of the batch have None in `environments`: their tool environment's reset failed (counted "
+        "in rollout/multi_turn/env_errors) and the instance was dropped; a function that reads env.<attribute> must "
+        "skip them (`if env is None`)."
+    )
+
+
 def _timed(fn, *args):
     start = time.perf_counter()
     out = fn(*args)
@@ -236,8 +249,11 @@ class RewardScorer:
                 written = row_value(row, self.prompt_key) if row and self.prompt_key else None
                 if flag and is_chat_messages(written):  # TRL passes a conversational prompt as its messages
                     prompt = with_reset_content(list(written), reset)
-                elif not flag and isinstance(written, str) and reset is None:
-                    prompt = written  # and a text prompt as the row holds it (no chat template, no format_prompt)
+                elif not flag and isinstance(written, str) and (reset is None or isinstance(reset, str)):
+                    # and a text prompt as the row holds it (no chat template, no format_prompt), a reset's text
+                    # added at its end as the policy's prompt got it (one form for the rows of a batch whether their
+                    # reset wrote text or not)
+                    prompt = written + (reset or "")
                 item.update(prompt=prompt, completion_ids=completion_ids, conversational=bool(flag), row_columns=row)
                 item["trainer_state"] = data.meta_info.get("trainer_state")
                 if self.answer_key and "." not in self.answer_key and self.answer_key != "ground_truth":
@@ -305,6 +321,7 @@ class RewardScorer:
                 " It is a batch function, scoring a batch in one call: an exception on one of its rows fails every "
                 "sample of the batch." + hint
             )
+        hint += _failed_environments_hint(inputs)
         raise RewardFunctionError(
             f"Reward function {self.reward_fn.where} raised on every sample of {when} ({len(failures)} of "
             f"{len(failures)} in the last batch), so the run stops: nothing can be learnt from scores of 0.{hint} The "
@@ -327,7 +344,10 @@ class RewardScorer:
             where = self.reward_fn.where
             counted = f"{count} of {size} samples of this batch score 0 (counted in {ERRORS_KEY}"
             if kind == RAISED:
-                message = f"Reward function {where} raised on sample {first}; {counted}; logged once):\n{detail}"
+                message = (
+                    f"Reward function {where} raised on sample {first}; {counted}; logged once)."
+                    f"{_failed_environments_hint(inputs)}\n{detail}"
+                )
             elif kind == NON_FINITE:
                 message = (
                     f"Reward function {where} returned a non-finite score for sample {first}: {detail}. A NaN or "
