@@ -225,6 +225,49 @@ def test_two_tools_of_one_name_are_refused_naming_the_name_both_functions_and_th
     assert [tools["add"](1, 2), tools["add_v2"](1, 2), tools["delete_everything"]("x")] == [3, -999, "deleted x"]
 
 
+CALLABLE_TOOLS = '''
+import functools
+
+
+class Searcher:
+    def __call__(self, query: str) -> str:
+        """Search the notes.
+
+        Args:
+            query: What to look for.
+        """
+        return "nothing"
+
+
+def power(base: float, exponent: float) -> float:
+    """Raise a number to a power.
+
+    Args:
+        base: The number.
+        exponent: The power.
+    """
+    return base**exponent
+'''
+
+
+@pytest.mark.parametrize(
+    ("listed", "kind"),
+    [("Searcher()", "a Searcher object"), ("functools.partial(power, exponent=2)", "a functools.partial")],
+)
+def test_a_callable_object_or_a_partial_as_a_tool_is_told_to_become_a_function(tmp_path, listed, kind):
+    """Both were refused with transformers' "... is not a module, class, method, or function.." and advice to add the
+    type hints and docstring they had; a `schema` attribute still makes any callable a tool."""
+    path = tmp_path / "callables.py"
+    path.write_text(f"{CALLABLE_TOOLS}\nTOOLS = [{listed}]\n")
+    with pytest.raises(ValueError) as error:
+        load_tools(str(path))
+    assert f"`{path}` lists {kind}, not a function, as a tool" in str(error.value)
+    assert "Wrap it in a `def`" in str(error.value)
+    schema = {"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {}}}}
+    path.write_text(f"{CALLABLE_TOOLS}\nsearcher = {listed}\nsearcher.schema = {schema!r}\nTOOLS = [searcher]\n")
+    assert list(load_tools(str(path))) == ["search"]
+
+
 @pytest.mark.parametrize(
     "schema", ['"calc(expression: str)"', '{"type": "function", "function": {"description": "x"}}']
 )

@@ -52,11 +52,20 @@ def _named_schemas(functions: list[Callable], where: str, key: str, method: bool
     schemas, owners = {}, {}
     for fn in functions:
         fn_name = getattr(fn, "__name__", repr(fn))
+        if getattr(fn, "schema", None) is None and not (inspect.isfunction(fn) or inspect.ismethod(fn)):
+            # a callable object or a functools.partial: the schema reader (transformers', as TRL's) takes functions
+            kind = "a functools.partial" if isinstance(fn, functools.partial) else f"a {type(fn).__name__} object"
+            raise ValueError(
+                f"`{key}`: `{where}` lists {kind}, not a function, as a tool, and the JSON schema the model is shown "
+                "is read from a function's type hints and docstring. Wrap it in a `def` with those (e.g. `def "
+                "search(query: str) -> str:` with an `Args:` docstring, calling the object), or give it a `schema` "
+                "attribute."
+            )
         try:
             schema = tool_schema(fn, method)
         except Exception as err:  # transformers' DocstringParsingException, TypeHintParsingException
             raise ValueError(
-                f"`{key}`: no JSON schema for `{fn_name}` in `{where}`: {err}. Give it type "
+                f"`{key}`: no JSON schema for `{fn_name}` in `{where}`: {str(err).rstrip('.')}. Give it type "
                 "hints and a Google-style docstring with an `Args:` line per argument, or a `schema` attribute."
             ) from None
         name = _schema_name(schema)
