@@ -626,3 +626,51 @@ def test_three_grpo_steps_with_the_calculator_tool(tmp_path):
         assert np.isfinite(row["actor/pg_loss"]) and np.isfinite(row["reward/overall"])
         assert 1 <= row["rollout/multi_turn/turns/mean"] <= 3
         assert row["rollout/multi_turn/tool_errors"] <= row["rollout/multi_turn/tool_calls"]
+
+
+ENUM_TOOL = '''
+import enum
+from typing import Optional
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+class Size(enum.IntEnum):
+    SMALL = 1
+    LARGE = 2
+
+
+def paint(color: Color, size: Optional[Size] = None) -> str:
+    """Paint the wall.
+
+    Args:
+        color: The paint.
+        size: The brush.
+    """
+    assert isinstance(color, Color) and (size is None or isinstance(size, Size))
+    return f"painted {color.name} with {size.name if size else 'any'} brush"
+
+
+TOOLS = [paint]
+'''
+
+
+def test_an_enum_argument_is_advertised_with_its_values_and_reaches_the_tool_as_the_member(tmp_path):
+    """transformers' schema reader (TRL's too) shows an Enum as {"type": "object"} without its values, and the tool got
+    the model's string instead of the member."""
+    path = tmp_path / "paint.py"
+    path.write_text(ENUM_TOOL)
+    (schema,) = tool_files.tool_schemas(str(path))
+    properties = schema["function"]["parameters"]["properties"]
+    assert properties["color"] == {"type": "string", "description": "The paint.", "enum": ["red", "blue"]}
+    assert properties["size"]["type"] == "integer" and properties["size"]["enum"] == [1, 2]
+    tools = load_tools(str(path))
+    calls = [ToolCall("paint", {"color": "red", "size": 2}), ToolCall("paint", {"color": "green"})]
+    calls.append(ToolCall("paint", {"color": "blue"}))
+    results, _ = run_tool_calls(calls, tools, timeout=5.0)
+    assert results[0] == ToolResult("painted RED with LARGE brush")
+    assert results[1] == ToolResult("Error: paint raised ValueError: 'green' is not a valid Color", error=True)
+    assert results[2].content == "painted BLUE with any brush"

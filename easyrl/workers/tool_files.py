@@ -2,8 +2,11 @@
 environment classes. Apart from the rollout (torch, the engine) so that `easyrl check` and the driver read them
 without importing either."""
 
+import enum
 import functools
 import inspect
+import types
+import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
@@ -41,8 +44,50 @@ def tool_schema(fn: Callable, method: bool = False) -> dict:
             parameters=[p for name, p in signature.parameters.items() if name not in hidden]
         )
         shown.__annotations__ = {k: v for k, v in getattr(fn, "__annotations__", {}).items() if k not in hidden}
-        return get_json_schema(shown)
-    return get_json_schema(fn)
+        schema = get_json_schema(shown)
+    else:
+        schema = get_json_schema(fn)
+    properties = schema["function"].get("parameters", {}).get("properties", {})
+    for name, kind in enum_parameters(fn).items():
+        if name in properties:  # transformers' reader calls an Enum an "object" and lists no values
+            values = [member.value for member in kind]
+            named = {str: "string", int: "integer", float: "number"}.get(type(values[0])) if values else None
+            same = named is not None and all(type(value) is type(values[0]) for value in values)
+            described = {key: value for key, value in properties[name].items() if key != "type"}
+            properties[name] = {**described, **({"type": named} if same else {}), "enum": values}
+    return schema
+
+
+def enum_parameters(fn: Callable) -> dict[str, type]:
+    """The parameters of ``fn`` typed with an Enum class (or an Optional one): the model writes a member's value, which
+    the tool gets as the member (``enum_arguments``)."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # an unresolvable forward reference: the schema reader reports it
+        return {}
+    found = {}
+    for name, hint in hints.items():
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        kinds = [
+            k
+            for k in (typing.get_args(hint) if union else (hint,))
+            if isinstance(k, type) and issubclass(k, enum.Enum)
+        ]
+        if len(kinds) == 1:
+            found[name] = kinds[0]
+    return found
+
+
+def enum_arguments(fn: Callable, arguments: dict) -> dict:
+    """``arguments`` with the values of Enum-typed parameters turned into their members (a value no member has raises
+    ValueError, which the model reads as the tool's error)."""
+    kinds = enum_parameters(fn)
+    return {
+        name: kinds[name](value)
+        if name in kinds and value is not None and not isinstance(value, kinds[name])
+        else value
+        for name, value in arguments.items()
+    }
 
 
 def _named_schemas(functions: list[Callable], where: str, key: str, method: bool = False) -> dict[str, dict]:

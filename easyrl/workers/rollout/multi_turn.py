@@ -74,6 +74,7 @@ from ..tool_files import (
     ROW_ARGUMENT,
     TOOLS_KEY,
     check_tool_names,
+    enum_arguments,
     env_specs,
     env_tool_methods,
     env_tool_schemas,
@@ -181,6 +182,7 @@ def _content_item(item: Any) -> Any:
 
 
 def _call(fn: Callable, arguments: dict, row: Optional[dict] = None) -> Any:
+    arguments = enum_arguments(fn, arguments)
     if takes_row(fn):
         arguments = {**arguments, ROW_ARGUMENT: row}
     result = fn(**arguments)
