@@ -100,7 +100,9 @@ def test_env_observations_are_user_turns_out_of_the_mask_and_failures_end_only_t
     assert messages[0][3] == {"role": "user", "content": "bye"}  # recorded for the reward function, not tokenized
     assert messages[1][-1]["content"] == f"Error: {env_file} step raised RuntimeError: boom."
     assert messages[2][-1]["content"] == f"Error: {env_file} step took longer than 0.5 s."
-    assert messages[4][0]["content"] == f"Error: {env_file} reset raised ValueError: no such task."
+    # the model's one turn, then the failed reset's error, which the model never read
+    assert [m["role"] for m in messages[4]] == ["assistant", "user"]
+    assert messages[4][1]["content"] == f"Error: {env_file} reset raised ValueError: no such task."
     metrics = out.meta_info["metrics"]
     assert metrics["rollout/multi_turn/env_errors"] == 3 and metrics["rollout/multi_turn/env_timeouts"] == 1
     assert metrics["rollout/multi_turn/max_turns_reached"] == 1 and metrics["rollout/multi_turn/turns/max"] == 3
@@ -438,3 +440,66 @@ def test_the_rollouts_pictures_replace_the_prompts_when_the_batch_is_joined(toke
     joined = join_rollout_output(prompts, generated)
     assert joined.non_tensor_batch["multi_modal_data"][0] == {"images": ["prompt picture", "tool picture"]}
     assert joined.batch["responses"].tolist() == [[1, 1, 1]]
+
+
+# __init__ slower than tool_timeout (a sandbox starting), close() releasing what it holds (Gymnasium's name)
+SLOW_CLOSED_ENV = """
+import time
+
+BUILT, CLOSED = [], []
+
+
+class SandboxEnv:
+    def __init__(self):
+        time.sleep(0.8)
+        BUILT.append(self)
+
+    def reset(self, row):
+        if row["ground_truth"] == "bad_reset":
+            raise ValueError("no such task")
+
+    def step(self, action_text):
+        return "ok", 1.0, True
+
+    def close(self):
+        CLOSED.append(self)
+"""
+
+
+def _wait_for(condition, seconds=5.0):
+    """close() runs in a daemon thread: wait a moment for it."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_an_environment_built_slower_than_tool_timeout_works_and_every_instance_is_closed(tokenizer, tmp_path, caplog):
+    """__init__ ran inside the reset's deadline, so an environment that takes longer to build than tool_timeout failed
+    every trajectory of every step (blamed on reset), and no instance was ever closed: a subprocess or sandbox per
+    trajectory per step piled up until the worker exited."""
+    import logging
+
+    path = tmp_path / "sandbox_env.py"
+    path.write_text(SLOW_CLOSED_ENV)
+    spec = f"{path}:SandboxEnv"
+    module = load_env_class(spec).__init__.__globals__
+    turn = tokenizer.encode("42", add_special_tokens=False) + [tokenizer.eos_token_id]
+    engine, _ = scripted_engine(tokenizer, {i: [turn] for i in range(3)}, response_length=16)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(env=spec, max_turns=2, tool_timeout=STEP_TIMEOUT))
+    prompts = _with_truths(make_prompts(tokenizer, ["a", "b", "c"]), ["1", "2", "bad_reset"])
+    with caplog.at_level(logging.WARNING, logger="easyrl.workers.rollout.multi_turn"):
+        out = rollout.generate_sequences(prompts)
+    metrics = out.meta_info["metrics"]
+    assert metrics["rollout/multi_turn/env_timeouts"] == 0 and metrics["rollout/multi_turn/env_errors"] == 1
+    assert out.non_tensor_batch["env_reward"].tolist() == [1.0, 1.0, 0.0]
+    assert len(module["BUILT"]) == 3
+    # the failed reset's instance when dropped, the two others when their trajectories ended
+    assert _wait_for(lambda: len(module["CLOSED"]) == 3) and set(map(id, module["CLOSED"])) == set(
+        map(id, module["BUILT"])
+    )
+    (slow,) = [r.getMessage() for r in caplog.records if "which does not apply to __init__" in r.getMessage()]
+    assert slow.startswith(f"Building 3 instance(s) of environment {spec} took ")
+    assert "instances are built for every trajectory of every step" in slow

@@ -136,7 +136,7 @@ def test_the_methods_are_each_trajectorys_tools_and_the_reset_text_joins_the_las
     assert metrics["rollout/multi_turn/env_errors"] == 1
     assert metrics["rollout/multi_turn/env_reward/mean"] == pytest.approx(1 / 3)
     assert (
-        out.non_tensor_batch["messages"][2][0]["content"]
+        out.non_tensor_batch["messages"][2][1]["content"]
         == f"Error: {env_file} reset raised ValueError: no such target."
     )
 
@@ -219,8 +219,8 @@ def test_reset_text_that_cannot_join_the_prompt_is_an_environment_error(tokenize
     tight.non_tensor_batch["raw_prompt_ids"][1] = plain_ids
     out = rollout.generate_sequences(tight)
     messages = out.non_tensor_batch["messages"]
-    assert "more than data.max_prompt_length=" in messages[0][0]["content"]
-    assert "does not end with a user message" in messages[1][0]["content"]
+    assert "more than data.max_prompt_length=" in messages[0][1]["content"]
+    assert "does not end with a user message" in messages[1][1]["content"]
     assert out.meta_info["metrics"]["rollout/multi_turn/env_errors"] == 2
     assert llm.seen[0][0] == list(tight.non_tensor_batch["raw_prompt_ids"][0]) and llm.seen[0][1] == plain_ids
     assert out.non_tensor_batch["environments"].tolist() == [None, None]
@@ -560,7 +560,7 @@ def test_each_row_gets_its_own_environment_and_only_its_tools(tokenizer, two_env
     messages = out.non_tensor_batch["messages"]
     assert messages[0][1]["content"] == "3" and messages[1][1]["content"] == "HI"
     assert messages[2][1]["content"] == "Error: unknown tool 'increment'; the tools are: echo."
-    assert "the row's `environment` is 'chess', not one of 'counter', 'echo'" in messages[3][0]["content"]
+    assert "the row's `environment` is 'chess', not one of 'counter', 'echo'" in messages[3][1]["content"]
     # only the counter's reset added text; get_reward only where the class has it
     assert llm.seen[0][0] == tokenizer.encode(rendered(tokenizer, "Go. Reach 3."), add_special_tokens=False)
     assert llm.seen[0][1] == tokenizer.encode(rendered(tokenizer, "Go."), add_special_tokens=False)
@@ -645,17 +645,17 @@ def test_a_reset_may_return_text_parts_pictures_and_content_parts():
             return ""
 
     Parts.answer = [{"type": "text", "text": " Reach 3."}, " Go."]
-    assert _tool_env_reset(Parts, {}).observation == " Reach 3.\n Go."
+    assert _tool_env_reset(Parts(), {}).observation == " Reach 3.\n Go."
     picture = Image.new("RGB", (8, 8))
     Parts.answer = [{"type": "text", "text": "See:"}, {"type": "image", "image": picture}]
-    outcome = _tool_env_reset(Parts, {})
+    outcome = _tool_env_reset(Parts(), {})
     assert outcome.observation == [{"type": "text", "text": "See:"}, {"type": "image"}]
     assert outcome.pictures == [picture]
     Parts.answer = picture  # a picture alone
-    assert _tool_env_reset(Parts, {}).observation == [{"type": "image"}]
+    assert _tool_env_reset(Parts(), {}).observation == [{"type": "image"}]
     Parts.answer = [3]
     with pytest.raises(TypeError, match="items that are neither text, pictures nor content parts"):
-        _tool_env_reset(Parts, {})
+        _tool_env_reset(Parts(), {})
 
 
 # Counts its constructions: each instance knows its serial; reset keeps a log it never clears (state that a reused
@@ -852,3 +852,54 @@ def test_a_misspelt_key_beside_a_tool_environment_is_refused_not_filled(
     dataset = RLHFDataset(str(path), tokenizer, None, config, tools=tools, carry_columns=True, env_prompts=True)
     assert dataset[0]["ground_truth"] == "3"
     assert "Count to 3." in tokenizer.decode(dataset[0]["raw_prompt_ids"])
+
+
+SLOW_TOOL_ENV = '''
+import time
+
+BUILT, CLOSED = [], []
+
+
+class SandboxEnv:
+    def __init__(self):
+        time.sleep(0.8)
+        BUILT.append(self)
+
+    def reset(self, target, **kwargs):
+        if int(target) < 0:
+            raise ValueError("no such target")
+
+    def look(self) -> str:
+        """Look around."""
+        return "nothing"
+
+    def close(self):
+        CLOSED.append(self)
+'''
+
+
+def test_a_tool_environment_built_slower_than_tool_timeout_is_built_once_and_reused(tokenizer, tmp_path):
+    """Each instance was built inside its reset's deadline: an __init__ longer than tool_timeout timed out at every
+    step, and the late instances were never pooled nor closed. An instance dropped after a failed reset is closed."""
+    import time
+
+    path = tmp_path / "sandbox_env.py"
+    path.write_text(SLOW_TOOL_ENV)
+    spec = f"{path}:SandboxEnv"
+    module = load_env_class(spec).__init__.__globals__
+    done = tokenizer.encode("Done.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    engine, _ = scripted_engine(tokenizer, {i: [done, done] for i in range(2)}, 16)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(env=spec, max_turns=1, tool_timeout=0.5))
+    columns = [{"prompt": "Count.", "target": 3}, {"prompt": "Count.", "target": -1}]
+    first = rollout.generate_sequences(chat_prompts(tokenizer, ["Count."] * 2, columns))
+    assert first.meta_info["metrics"]["rollout/multi_turn/env_timeouts"] == 0
+    assert first.meta_info["metrics"]["rollout/multi_turn/env_errors"] == 1  # the -1 target's reset
+    assert len(module["BUILT"]) == 2
+    deadline = time.monotonic() + 5
+    while len(module["CLOSED"]) < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert module["CLOSED"] == [module["BUILT"][1]]  # dropped after its failed reset, closed
+    start = time.monotonic()
+    rollout.generate_sequences(chat_prompts(tokenizer, ["Count."] * 2, columns))
+    # the healthy instance is reused, one new one replaces the dropped: 3 built in all, not 4
+    assert len(module["BUILT"]) == 3 and time.monotonic() - start < 5

@@ -448,7 +448,7 @@ class MultiTurnConfig:
     returns `(observation, reward, done)`: the observation (text, a PIL image, or a list of both) is given to the
     model as a `user` message unless done, the rewards are summed per trajectory and handed to the reward function as
     `env_reward` (reward_function/env_reward.py scores with it alone); not together with `tools`. A class without
-    `step` is a tool environment (TRL's `environment_factory`): its public methods but `reset` and `get_reward` are
+    `step` is a tool environment (TRL's `environment_factory`): its public methods but `reset`, `get_reward` and `close` are
     the model's tools on that instance (with `tools`' too, when set), instances are reused across steps (TRL's
     "construct once, reset often"), `reset(**columns)` gets the row's columns and `seed` (one per prompt, shared by
     its samples; only the names it declares, without **kwargs) and the text (and, on a vision-language model,
@@ -456,7 +456,8 @@ class MultiTurnConfig:
     `get_reward()`, when defined, is called when the trajectory ends and added to the reward function's `overall`
     (reward/env_reward), unless the reward file sets `SCORES_ENV_REWARD = True` (env_reward.py does). A reset, step
     or get_reward that raises or takes longer than `tool_timeout` is counted in rollout/multi_turn/env_errors and
-    ends its trajectory (a failed get_reward gives 0); the step goes on."""
+    ends its trajectory (a failed get_reward gives 0); the step goes on. `__init__` is not held to `tool_timeout`;
+    an instance the rollout drops (a stepped one when its trajectory ends) has its `close()` called, when defined."""
     max_turns: int = 4
     """Most model turns per trajectory; a trajectory still calling tools (or not done) after its last turn ends
     there."""

@@ -232,8 +232,9 @@ def has_tool_env(env: Any) -> bool:
     return any(is_tool_env(cls) for cls in load_env_classes(env).values())
 
 
-# A tool environment's methods that are not tools (TRL's reserved names); names starting with `_` are not tools either.
-ENV_RESERVED_METHODS = ("reset", "get_reward")
+# A tool environment's methods that are not tools (TRL's reserved names, and `close`, which easyrl calls on an instance
+# it drops: Gymnasium's name for releasing what it holds); names starting with `_` are not tools either.
+ENV_RESERVED_METHODS = ("reset", "get_reward", "close")
 
 
 def is_tool_env(cls: type) -> bool:
@@ -243,7 +244,8 @@ def is_tool_env(cls: type) -> bool:
 
 
 def env_tool_methods(cls: type) -> list[str]:
-    """The names of a tool environment's tool methods: its public functions but ``reset`` and ``get_reward``."""
+    """The names of a tool environment's tool methods: its public functions but ``reset``, ``get_reward`` and
+    ``close``."""
     return [
         name
         for name, _ in inspect.getmembers(cls, predicate=inspect.isfunction)

@@ -44,7 +44,6 @@ A tool that takes a ``row`` argument gets the prompt's dataset row (its ``multi_
 pictures); ``row`` is not part of the schema the model sees.
 """
 
-import functools
 import inspect
 import json
 import logging
@@ -308,9 +307,12 @@ class EnvOutcome:
         self.observation, self.error = encodable(self.observation), encodable(self.error)
 
 
-def run_with_deadline(jobs: list[Callable[[], Any]], timeout: float, what: str) -> tuple[list[EnvOutcome], float]:
+def run_with_deadline(
+    jobs: list[Callable[[], Any]], timeout: Optional[float], what: str
+) -> tuple[list[EnvOutcome], float]:
     """Run every job at once, each in a daemon thread (see run_tool_calls), waiting at most ``timeout`` seconds for
-    all; a job returns an EnvOutcome, one that raises or is late becomes an EnvOutcome with ``error`` set."""
+    all (None: until all are done); a job returns an EnvOutcome, one that raises or is late becomes an EnvOutcome
+    with ``error`` set."""
     start = time.perf_counter()
     results: list[Optional[EnvOutcome]] = [None] * len(jobs)
 
@@ -325,9 +327,8 @@ def run_with_deadline(jobs: list[Callable[[], Any]], timeout: float, what: str) 
     threads = [threading.Thread(target=work, args=(i, job), daemon=True, name="env") for i, job in enumerate(jobs)]
     for thread in threads:
         thread.start()
-    deadline = start + timeout
     for thread in threads:
-        thread.join(max(0.0, deadline - time.perf_counter()))
+        thread.join(None if timeout is None else max(0.0, start + timeout - time.perf_counter()))
     for index in range(len(jobs)):
         if results[index] is None:
             results[index] = EnvOutcome(error=f"{what} took longer than {timeout:g} s", timed_out=True)
@@ -383,17 +384,15 @@ def _checked_done(value: Any, what: str) -> bool:
     )
 
 
-def _env_reset(env_class: type, row: dict) -> EnvOutcome:
-    env = env_class()
+def _env_reset(env: Any, row: dict) -> EnvOutcome:
     resolved(env.reset(row))
     return EnvOutcome(env=env)
 
 
-def _tool_env_reset(take: Callable[[], Any], columns: dict) -> EnvOutcome:
-    """A tool environment (``take()``: an idle instance or a new one) reset with its row's columns; what it returns
-    (None: nothing) is added to the last user message of the prompt, as TRL does: text, or a list of text and pictures
-    (PIL images, or TRL's / OpenAI's content parts), whose text alone is joined by newlines as a tool result's."""
-    env = take()
+def _tool_env_reset(env: Any, columns: dict) -> EnvOutcome:
+    """A tool environment instance reset with its row's columns; what it returns (None: nothing) is added to the last
+    user message of the prompt, as TRL does: text, or a list of text and pictures (PIL images, or TRL's / OpenAI's
+    content parts), whose text alone is joined by newlines as a tool result's."""
     output = resolved(env.reset(**reset_arguments(env.reset, columns)))
     if isinstance(output, Image.Image):
         output = [output]
@@ -640,6 +639,7 @@ class Trajectory:
     env_reward: float = 0.0
     env_errors: int = 0
     env_timeouts: int = 0
+    pending_error: Optional[dict] = None  # a failed reset's message, put in `messages` after the first turn
     truncated: bool = False
     max_turns_reached: bool = False
     stopped: bool = False  # the last model turn ended with a stop token
@@ -767,6 +767,7 @@ class MultiTurnRollout(BaseRollout):
             self.user_turn_end = self.renderer.user_turn_end()
             self._warned_tasks_differ = False
             self._idle_envs: dict[Optional[str], list] = {name: [] for name in self.env_classes}
+        self._warned_slow_init = self._warned_close = False
         # the reset seeds of calls that name no seed of their own (library callers)
         self._reset_rng = np.random.default_rng([engine.config.seed, engine.dp_rank, RESET_SEED_STREAM])
         vlm = processor is not None and getattr(processor, "image_token_id", None) is not None
@@ -872,6 +873,7 @@ class MultiTurnRollout(BaseRollout):
         rewards = np.array(repeat_greedy([t.env_reward for t in trajectories], settings), dtype=np.float64)
         if stepped:
             data.non_tensor_batch["env_reward"] = rewards
+            self._release_envs(trajectories)  # each closed: a stepped environment is new for every trajectory
         if tool_env:
             # TRL's `environments`: each trajectory's instance, as its attributes (the instance stays here)
             states = [EnvState(t.env) if t.env is not None else None for t in trajectories]
@@ -921,6 +923,9 @@ class MultiTurnRollout(BaseRollout):
             t.messages.append(
                 {"role": "assistant", "content": engine.tokenizer.decode(token_ids, skip_special_tokens=True)}
             )
+            if t.pending_error is not None:
+                t.messages.append(t.pending_error)
+                t.pending_error = None
             t.stopped = bool(token_ids) and token_ids[-1] in engine.stop_token_ids
             if len(t.response_ids) >= budget and not t.stopped:
                 t.truncated, t.done = True, True  # cut mid-answer at the response budget
@@ -934,16 +939,53 @@ class MultiTurnRollout(BaseRollout):
         return call_request_seeds([*np.atleast_1d(request.seed), RESET_SEED_STREAM], self.engine.dp_rank, num_prompts)
 
     def _reset_envs(self, trajectories: list[Trajectory], prompts: Any, engine_n: int, seeds: list[int]) -> float:
-        """One new environment per trajectory, reset with its prompt's row and ``seeds`` (all at once, with the
-        deadline). A failed reset ends the trajectory after its first turn (a response is never empty), with no step
-        taken."""
+        """One new environment per trajectory (built first, all at once: ``_build_envs``), reset with its prompt's row
+        and ``seeds`` (all at once, with the deadline). A failed reset ends the trajectory after its first turn (a
+        response is never empty), with no step taken."""
         fields = prompts.non_tensor_batch
         rows = [stepped_reset_row(fields, i // engine_n, seeds[i // engine_n]) for i in range(len(trajectories))]
-        jobs = [lambda row=row: _env_reset(self.env_class, row) for row in rows]
+        built = self._build_envs(trajectories, {None: self.env_class})
+        ready = [(t, row) for t, row in zip(trajectories, rows) if t.env is not None]
+        jobs = [lambda t=t, row=row: _env_reset(t.env, row) for t, row in ready]
         outcomes, seconds = run_with_deadline(jobs, self.multi_turn.tool_timeout, "reset")
-        for t, outcome in zip(trajectories, outcomes):
+        for (t, _), outcome in zip(ready, outcomes):
+            self._count_env_failure(t, outcome)
+        return built + seconds
+
+    def _build_envs(self, trajectories: list[Trajectory], classes: dict[Optional[str], type]) -> float:
+        """Give each trajectory of a known environment an instance (``classes``: name -> class): an idle one (tool
+        environments are pooled), else one built now, all at once and without the tool_timeout deadline: an
+        expensive ``__init__`` (a sandbox, a browser, an emulator) is paid once per concurrent trajectory for a tool
+        environment and would otherwise time out at every step. A constructor that raises is an error of its
+        trajectory. Returns the wall seconds."""
+        building = []
+        for t in trajectories:
+            idle = self._idle_envs.get(t.env_name) if self.tool_env else None
+            if idle:
+                t.env = idle.pop()
+            elif t.env_name in classes:
+                building.append(t)
+        if not building:
+            return 0.0
+        jobs = [lambda cls=classes[t.env_name]: EnvOutcome(env=cls()) for t in building]
+        outcomes, seconds = run_with_deadline(jobs, None, "__init__")
+        for t, outcome in zip(building, outcomes):
             if not self._count_env_failure(t, outcome):
                 t.env = outcome.env
+        if seconds > self.multi_turn.tool_timeout and not self._warned_slow_init:
+            self._warned_slow_init = True
+            again = (
+                "once per concurrent trajectory (reused)" if self.tool_env else "for every trajectory of every step"
+            )
+            logger.warning(
+                "Building %d instance(s) of environment %s took %.1f s, longer than worker.rollout.multi_turn."
+                "tool_timeout=%g s, which does not apply to __init__; instances are built %s. Logged once.",
+                len(building),
+                self._label(building[0]),
+                seconds,
+                self.multi_turn.tool_timeout,
+                again,
+            )
         return seconds
 
     def _reset_tool_envs(self, trajectories: list[Trajectory], prompts: Any, engine_n: int, seeds: list[int]) -> float:
@@ -959,21 +1001,20 @@ class MultiTurnRollout(BaseRollout):
         for t, row in zip(trajectories, columns):
             # TRL's routing column chooses the environment and is not handed to reset
             t.env_name = row.pop(ENVIRONMENT_COLUMN, None) if self.multi_env else None
-        jobs = [lambda t=t, row=row: self._reset_one(t, row) for t, row in zip(trajectories, columns)]
+        built = self._build_envs(trajectories, self.env_classes)
+        ready = [(index, t, row) for index, (t, row) in enumerate(zip(trajectories, columns)) if not t.env_errors]
+        jobs = [lambda t=t, row=row: self._reset_one(t, row) for _, t, row in ready]
         outcomes, seconds = run_with_deadline(jobs, self.multi_turn.tool_timeout, "reset")
         attended = prompts.batch["attention_mask"].sum(-1).tolist()
         width = prompts.batch["attention_mask"].shape[-1]
-        for index, (t, outcome) in enumerate(zip(trajectories, outcomes)):
-            if self._count_env_failure(t, outcome):
-                continue
-            t.env = outcome.env
-            if outcome.observation is None:
+        for (index, t, _), outcome in zip(ready, outcomes):
+            if self._count_env_failure(t, outcome) or outcome.observation is None:
                 continue
             try:
                 self._add_to_prompt(t, outcome, int(attended[index // engine_n]), width)
             except ValueError as err:
                 self._count_env_failure(t, EnvOutcome(error=f"reset: {err}"))
-        return seconds
+        return built + seconds
 
     def _tasks_differ(self, trajectories: list[Trajectory], engine_n: int) -> int:
         """The prompts whose samples' resets returned different text, said once in the log: the samples of a prompt
@@ -996,27 +1037,48 @@ class MultiTurnRollout(BaseRollout):
         return differ
 
     def _reset_one(self, t: Trajectory, columns: dict) -> EnvOutcome:
-        """An instance of the trajectory's tool environment (its row's, with several), reset with ``columns``."""
+        """The trajectory's tool environment instance (its row's environment, with several) reset with ``columns``.
+        Instances are reused across steps, TRL's "construct once, reset often" (``_build_envs``)."""
         if t.env_name not in self.env_classes:
             names = ", ".join(map(repr, self.env_classes))
             raise ValueError(f"the row's `{ENVIRONMENT_COLUMN}` is {t.env_name!r}, not one of {names}")
-        return _tool_env_reset(functools.partial(self._take_env, t.env_name), columns)
-
-    def _take_env(self, name: Optional[str]) -> Any:
-        """An idle instance of the tool environment ``name``, else a new one (called from the reset threads: a list's
-        pop is atomic). Instances are reused across steps, TRL's "construct once, reset often": an expensive
-        ``__init__`` (a sandbox, a browser, an emulator) is paid once per concurrent trajectory, not every step."""
-        try:
-            return self._idle_envs[name].pop()
-        except IndexError:
-            return self.env_classes[name]()
+        return _tool_env_reset(t.env, columns)
 
     def _release_envs(self, trajectories: list[Trajectory]) -> None:
-        """The instances of finished trajectories back to the idle pool, but for those a call may still be running in
-        (a reset, tool or get_reward past its deadline) and those whose reset or step failed (``t.env`` is None)."""
+        """The instances of finished trajectories back to the idle pool (tool environments) or closed (stepped ones,
+        new for every trajectory), but for those a call may still be running in (a reset, tool or get_reward past its
+        deadline), which are closed; those whose reset or step failed were closed when dropped."""
         for t in trajectories:
-            if t.env is not None and not t.tool_timeouts and not t.env_timeouts:
+            if t.env is None:
+                continue
+            if self.tool_env and not t.tool_timeouts and not t.env_timeouts:
                 self._idle_envs[t.env_name].append(t.env)
+            else:
+                self._close_env(t.env)
+            t.env = None
+
+    def _close_env(self, env: Any) -> None:
+        """Call a dropped instance's ``close()`` (Gymnasium's name, what a sandbox or a subprocess is released in),
+        when it has one, in a daemon thread: the rollout does not wait for it, and one of a hung call may still hold
+        the instance. A close that raises is logged once."""
+        close = getattr(env, "close", None)
+        if not callable(close):
+            return
+
+        def work() -> None:
+            try:
+                resolved(close())
+            except (Exception, SystemExit) as err:
+                if not self._warned_close:
+                    self._warned_close = True
+                    logger.warning(
+                        "Environment %s: close() raised %s: %s (logged once).",
+                        type(env).__name__,
+                        type(err).__name__,
+                        err,
+                    )
+
+        threading.Thread(target=work, daemon=True, name="env-close").start()
 
     def _add_to_prompt(self, t: Trajectory, outcome: EnvOutcome, actor_length: int, width: int) -> None:
         """Put a reset's text (tokenized on its own) or its text and pictures (rendered by the chat template as parts
@@ -1137,10 +1199,16 @@ class MultiTurnRollout(BaseRollout):
             return False
         t.env_errors += 1
         t.env_timeouts += outcome.timed_out
+        if t.env is not None:
+            self._close_env(t.env)
         t.env = None  # abandoned: a hung call may still hold it
         t.env_reward = 0.0
         error = outcome.error.rstrip(".")  # a message of its own may end in a full stop
-        t.messages.append({"role": "user", "content": f"Error: {self._label(t)} {error}."})
+        message = {"role": "user", "content": f"Error: {self._label(t)} {error}."}
+        if t.turns:
+            t.messages.append(message)
+        else:  # a failed reset: recorded after the one turn the trajectory gets (the model never read it)
+            t.pending_error = message
         logger.warning(
             "Environment %s%s: %s; the trajectory ends and its environment reward is 0.",
             self._label(t),
