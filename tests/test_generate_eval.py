@@ -417,6 +417,23 @@ def test_generate_without_a_reward_writes_the_samples_unscored(tiny_model_path, 
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_generate_with_tools_writes_each_samples_turns(tiny_model_path, val_file, tmp_path):
+    """A multi-turn row held the responses alone: tool results decoded into them without special tokens, so the
+    model's text and a tool's could not be told apart."""
+    tools = f"worker.rollout.multi_turn.tools={REPO_ROOT / 'tools' / 'calculator.py'}"
+    args = _without_reward(_args(tiny_model_path, val_file, tmp_path, tools, "data.max_response_length=24"))
+    _run("generate", args, tmp_path / "generate.log")
+    rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == len(PROMPTS)
+    for row in rows:
+        assert len(row["messages"]) == len(row["responses"]) == 4
+        for messages, response in zip(row["messages"], row["responses"]):
+            assert messages[0]["role"] == "assistant" and {m["role"] for m in messages} <= {"assistant", "tool"}
+            if len(messages) == 1:  # answered without a tool call: the one turn is the response
+                assert messages[0]["content"] == response
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 def test_eval_prints_the_table_and_writes_per_source_mean_and_pass_at_k(tiny_model_path, val_file, tmp_path):
     # the data's row 3 has no answer: skipped, so the rows after it are a prompt index behind their row in the file;
     # it has no data_source, so the file's name stands for it; the last row, an odd one, has no prompt

@@ -450,6 +450,17 @@ def test_turns_are_assembled_with_tool_tokens_masked_out(tokenizer):
         {"role": "tool", "name": "calculator", "content": "7"},
         {"role": "assistant", "content": "It is \\boxed{7}."},
     ]
+    # the generations table tells the model's text from the tool's (its `response` cannot: special tokens are gone)
+    from easyrl.trainer.ray_trainer import PPOTrainer
+
+    out.non_tensor_batch["ground_truth"] = np.array(["7", "7"], dtype=object)
+    trainer = SimpleNamespace(global_step=3, tokenizer=tokenizer)
+    samples = PPOTrainer._decode_samples(trainer, out, [1.0, 0.0])
+    assert samples[0]["turns"] == (
+        f"[assistant] {tokenizer.decode(call, skip_special_tokens=True)}\n[tool calculator] 7\n"
+        "[assistant] It is \\boxed{7}."
+    )
+    assert samples[1]["turns"] == "[assistant] It is \\boxed{7}." and samples[1]["step"] == 3
     metrics = out.meta_info["metrics"]
     assert metrics["rollout/multi_turn/turns/mean"] == 1.5 and metrics["rollout/multi_turn/turns/max"] == 2
     assert metrics["rollout/multi_turn/tool_calls"] == 1 and metrics["rollout/multi_turn/tool_errors"] == 0

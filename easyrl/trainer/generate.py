@@ -271,6 +271,7 @@ def generate_to_file(
         responses = _decode_responses(tokenizer, batch)
         # the prompts the samples were generated from: a tool environment's reset may have grown them
         seen = [tokenizer.decode(ids) for ids in batch.non_tensor_batch["raw_prompt_ids"]] if resets_grow else None
+        turns = batch.non_tensor_batch.get("messages")
         scores: list[dict[str, float]] | None = None
         if reward is not None:
             token_scores, reward_metrics = reward.score(batch)
@@ -296,6 +297,8 @@ def generate_to_file(
             }
             if seen is not None and any(text != texts[i] for text in seen[samples]):
                 row["sample_prompts"] = seen[samples]
+            if turns is not None:  # a multi-turn rollout: each sample's turns, which text is the model's or a tool's
+                row["messages"] = [list(messages) for messages in turns[samples]]
             if scores is not None:
                 row["scores"] = scores[samples]
             if settings is not None:

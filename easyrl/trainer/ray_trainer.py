@@ -37,7 +37,7 @@ from ..protocol import DataProto
 from ..utils.engine_metrics import reduce_call_metrics
 from ..workers.fsdp_utils import to_dtype
 from ..workers.reward.scorer import ROW_FIELDS, PendingScores, reduce_reward_metrics, scores_to_non_tensor
-from ..workers.rollout.base import GenerationRequest, generation_metrics
+from ..workers.rollout.base import GenerationRequest, format_turns, generation_metrics
 from .balance import balance_permutation, groups_by_uid, inverse_permutation
 from .checkpoint import (
     CheckpointManager,
@@ -612,15 +612,16 @@ class PPOTrainer:
             # the attended response: a multi-turn rollout's tool results are in it (response_mask has only the model's)
             responses = batch.batch["responses"][i]
             response = responses[batch.batch["attention_mask"][i, -responses.shape[-1] :].bool()]
-            out.append(
-                {
-                    "step": self.global_step,
-                    "prompt": self.tokenizer.decode(prompt),
-                    "response": self.tokenizer.decode(response, skip_special_tokens=True),
-                    "ground_truth": str(batch.non_tensor_batch["ground_truth"][i]),
-                    "score": scores[i],
-                }
-            )
+            sample = {
+                "step": self.global_step,
+                "prompt": self.tokenizer.decode(prompt),
+                "response": self.tokenizer.decode(response, skip_special_tokens=True),
+                "ground_truth": str(batch.non_tensor_batch["ground_truth"][i]),
+                "score": scores[i],
+            }
+            if "messages" in batch.non_tensor_batch:  # which text of a multi-turn response is the model's, a tool's
+                sample["turns"] = format_turns(batch.non_tensor_batch["messages"][i])
+            out.append(sample)
         return out
 
     # ------------------------------------------------------------------------------------------------------------------

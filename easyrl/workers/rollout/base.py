@@ -253,6 +253,21 @@ class GenerationTimer:
         self.seconds = time.perf_counter() - self.start
 
 
+def format_turns(messages: Any) -> str:
+    """A multi-turn trajectory's messages (the model's turns, tool results, observations) as text for a generations
+    table: each message's text after `[role]` (`[tool name]` for a tool's), a picture written `<image>`."""
+    lines = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(
+                part.get("text", "") if part.get("type") == "text" else f"<{part.get('type')}>" for part in content
+            )
+        who = f"{message['role']} {message['name']}" if message.get("name") else message["role"]
+        lines.append(f"[{who}] {content}")
+    return "\n".join(lines)
+
+
 def generation_metrics(response_mask: torch.Tensor, seconds: float) -> dict[str, float]:
     """Throughput and response-length statistics of one generate call.
 
