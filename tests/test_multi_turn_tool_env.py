@@ -883,6 +883,8 @@ def test_a_tool_environment_built_slower_than_tool_timeout_is_built_once_and_reu
     step, and the late instances were never pooled nor closed. An instance dropped after a failed reset is closed."""
     import time
 
+    from tests.test_multi_turn_env import _wait_for
+
     path = tmp_path / "sandbox_env.py"
     path.write_text(SLOW_TOOL_ENV)
     spec = f"{path}:SandboxEnv"
@@ -895,10 +897,7 @@ def test_a_tool_environment_built_slower_than_tool_timeout_is_built_once_and_reu
     assert first.meta_info["metrics"]["rollout/multi_turn/env_timeouts"] == 0
     assert first.meta_info["metrics"]["rollout/multi_turn/env_errors"] == 1  # the -1 target's reset
     assert len(module["BUILT"]) == 2
-    deadline = time.monotonic() + 5
-    while len(module["CLOSED"]) < 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert module["CLOSED"] == [module["BUILT"][1]]  # dropped after its failed reset, closed
+    assert _wait_for(lambda: module["CLOSED"] == [module["BUILT"][1]])  # dropped after its failed reset, closed
     start = time.monotonic()
     rollout.generate_sequences(chat_prompts(tokenizer, ["Count."] * 2, columns))
     # the healthy instance is reused, one new one replaces the dropped: 3 built in all, not 4
