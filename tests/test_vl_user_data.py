@@ -306,10 +306,14 @@ def test_chat_messages_that_carry_their_pictures_train_and_match_vllm(red_dots_d
         "worker.rollout.n=2",
         "trainer.n_gpus_per_node=1",
         "worker.rollout.tensor_parallel_size=1",
-        "trainer.max_steps=1",
+        "trainer.max_steps=2",
     ]
     run_training(args, log_path, RUN_TIMEOUT_S)
-    (row,) = metrics_by_step(save_dir).values()
-    assert math.isfinite(row["actor/pg_loss"]) and row["actor/grad_norm"] > 0, row
-    assert row["rollout/logprob_abs_diff/mean"] < LOGPROB_TOLERANCE, row["rollout/logprob_abs_diff/mean"]
+    rows = metrics_by_step(save_dir)
+    assert sorted(rows) == [1, 2]
+    # step 2 samples from the weights the first update made and synced: on one worker and busy cores the engine's
+    # reload once ran on one thread and vLLM's log-probs then stood 0.36-0.43 from the actor's
+    for step, row in rows.items():
+        assert math.isfinite(row["actor/pg_loss"]) and row["actor/grad_norm"] > 0, (step, row)
+        assert row["rollout/logprob_abs_diff/mean"] < LOGPROB_TOLERANCE, (step, row["rollout/logprob_abs_diff/mean"])
     assert "cannot be used" not in log_path.read_text(errors="replace")  # no row was skipped

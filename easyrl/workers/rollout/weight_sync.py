@@ -178,6 +178,14 @@ def cores_oversubscribed() -> bool:
     return os.getloadavg()[0] > len(os.sched_getaffinity(0))
 
 
+def reload_on_one_thread(multimodal: bool) -> bool:
+    """Whether a CPU reload runs on one thread: for a text model on busy cores (below). Not for a vision-language
+    model: reloaded on one thread and run on two, the tiny Qwen2.5-VL engine then computed log-probs 0.36-0.43 away
+    from the same weights in the actor (a one-worker training run from its second step on, on 2 busy cores; exact
+    with the reload on the engine's own threads), so the engine keeps its thread count whatever the load."""
+    return not multimodal and cores_oversubscribed()
+
+
 @contextlib.contextmanager
 def torch_threads(count: int) -> Iterator[None]:
     saved = torch.get_num_threads()
@@ -216,11 +224,12 @@ class WeightSyncExtension:
         load_threads = torch.get_num_threads()
         if current_platform.is_cpu():
             rebuild_cpu_expert_kernels(model)
-            if cores_oversubscribed():
+            if reload_on_one_thread(self.model_config.is_multimodal_model):
                 # vLLM's CPU reload is ~900 small memory-bound steps per model (a copy into each layer's fused
-                # tensor, a re-pack for the GEMM kernel; both exact with any thread count). Each multi-threaded step
-                # ends waiting for all its threads, and on shared cores that is a scheduler time slice each: one
-                # thread syncs 3-5x faster there (SmolLM2-135M at load ~13 on 2 cores: 0.7-1.9 s instead of 2.6-7 s)
+                # tensor, a re-pack for the GEMM kernel; for a text model exact with any thread count). Each
+                # multi-threaded step ends waiting for all its threads, and on shared cores that is a scheduler time
+                # slice each: one thread syncs 3-5x faster there (SmolLM2-135M at load ~13 on 2 cores: 0.7-1.9 s
+                # instead of 2.6-7 s)
                 buckets = produced_with_threads(buckets, load_threads)
                 load_threads = 1
         weights = to_released_layout(self.model_config.hf_config.model_type, stats.stream(buckets))
