@@ -405,6 +405,8 @@ def test_engine_tool_env_prompts_and_log_probs_match_the_actor(ray_cluster, tiny
 TRL_ENV = '''
 import ast
 import operator
+import os
+import pathlib
 
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
 
@@ -417,7 +419,18 @@ def _value(node):
     raise ValueError("only whole numbers and + - * //")
 
 
+MARKS = pathlib.Path(__file__).parent / "instances"  # one file per instance, written when built and when closed
+
+
 class CalculatorEnv:
+    def __init__(self):
+        MARKS.mkdir(exist_ok=True)
+        self.mark = MARKS / f"{os.getpid()}-{id(self)}"
+        self.mark.write_text("built")
+
+    def close(self):
+        self.mark.write_text("closed")
+
     def reset(self, answer, **kwargs):
         self.answer, self.calls, self.last = str(answer).strip(), 0, None
         return " Check it with the calculator."
@@ -461,6 +474,9 @@ def test_two_grpo_steps_with_a_trl_tool_environment(tmp_path):
         "data.max_prompt_length=136",
     )
     metrics = train_for_metrics(args, tmp_path, 2)
+    # every instance was closed when the run ended (the pooled ones by the worker's shutdown)
+    marks = [p.read_text() for p in (tmp_path / "instances").iterdir()]
+    assert len(marks) >= 4 and set(marks) == {"closed"}
     for step in (1, 2):
         row = metrics[step]
         assert row["rollout/multi_turn/env_errors"] == 0  # every reset got `answer` and its text fit the prompt
@@ -902,3 +918,8 @@ def test_a_tool_environment_built_slower_than_tool_timeout_is_built_once_and_reu
     rollout.generate_sequences(chat_prompts(tokenizer, ["Count."] * 2, columns))
     # the healthy instance is reused, one new one replaces the dropped: 3 built in all, not 4
     assert len(module["BUILT"]) == 3 and time.monotonic() - start < 5
+    assert _wait_for(lambda: len(module["CLOSED"]) == 2)  # the replacement failed its reset too
+    # the worker's shutdown closes the pooled instance, which would otherwise outlive the killed process
+    assert rollout.close() == 1
+    assert module["CLOSED"] == [module["BUILT"][1], module["BUILT"][2], module["BUILT"][0]]
+    assert rollout.close() == 0  # the pool is empty: nothing is closed twice

@@ -193,10 +193,23 @@ class FSDPWorker(Worker):
             self.register_dispatch_info(ROLLOUT_MESH, self.rank, self.world_size, True)
             from .rollout import build_rollout
 
-            self.rollout = None  # an engine from an earlier init_model may hold the previous actor module
+            self._close_rollout()  # an engine from an earlier init_model may hold the previous actor module
             # the engine starts from the checkpoint folder the actor was loaded from: their weights are equal
             self.rollout = build_rollout(self)
         self._offload_idle()
+
+    def _close_rollout(self) -> None:
+        """Drop the rollout, closing what it keeps open (a multi-turn rollout's pooled tool environments)."""
+        close = getattr(self.rollout, "close", None)
+        self.rollout = None
+        if callable(close):
+            close()
+
+    def shutdown(self) -> None:
+        """Close the rollout's pooled environments (their sandboxes and subprocesses would outlive the killed
+        process), then leave the process group."""
+        self._close_rollout()
+        super().shutdown()
 
     # ------------------------------------------------------------------------------------------------------------------
     # device placement between phases (GPU only)

@@ -1057,13 +1057,26 @@ class MultiTurnRollout(BaseRollout):
                 self._close_env(t.env)
             t.env = None
 
-    def _close_env(self, env: Any) -> None:
+    def close(self, timeout: float = 5.0) -> int:
+        """Close the pooled tool environment instances, at the worker's shutdown: the sandboxes and subprocesses they
+        hold would otherwise outlive the worker, whose process is killed. Waits ``timeout`` seconds at most for all
+        of them together (the worker group gives its shutdown 10). Returns how many were closed in time."""
+        envs = [env for pool in getattr(self, "_idle_envs", {}).values() for env in pool]
+        for pool in getattr(self, "_idle_envs", {}).values():
+            pool.clear()
+        threads = [thread for thread in map(self._close_env, envs) if thread is not None]
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return sum(not thread.is_alive() for thread in threads)
+
+    def _close_env(self, env: Any) -> Optional[threading.Thread]:
         """Call a dropped instance's ``close()`` (Gymnasium's name, what a sandbox or a subprocess is released in),
         when it has one, in a daemon thread: the rollout does not wait for it, and one of a hung call may still hold
-        the instance. A close that raises is logged once."""
+        the instance. A close that raises is logged once. Returns the thread (None without a ``close``)."""
         close = getattr(env, "close", None)
         if not callable(close):
-            return
+            return None
 
         def work() -> None:
             try:
@@ -1078,7 +1091,9 @@ class MultiTurnRollout(BaseRollout):
                         err,
                     )
 
-        threading.Thread(target=work, daemon=True, name="env-close").start()
+        thread = threading.Thread(target=work, daemon=True, name="env-close")
+        thread.start()
+        return thread
 
     def _add_to_prompt(self, t: Trajectory, outcome: EnvOutcome, actor_length: int, width: int) -> None:
         """Put a reset's text (tokenized on its own) or its text and pictures (rendered by the chat template as parts
