@@ -14,7 +14,7 @@ from easyrl.config import load_run_plan
 from easyrl.config.schema import DataConfig
 from easyrl.data.dataset import RLHFDataset
 from easyrl.trainer.evaluate import format_table, k_values, pass_at_k, rows_per_source, summarize
-from easyrl.trainer.generate import GenerationFileError, append_rows, read_rows
+from easyrl.trainer.generate import GenerationFileError, append_rows, read_rows, sample_scores
 from tests.fixtures.trainer_runs import (
     REPO_ROOT,
     RUN_TIMEOUT_S,
@@ -186,6 +186,41 @@ def test_combined_functions_are_judged_by_their_accuracy_not_the_weighted_sum():
     results = summarize(rows)
     assert results["correct"] == "accuracy_reward >= 1" and results["sources"]["s"]["pass@1"] == pytest.approx(0.5)
     assert summarize(rows, correct_key="overall")["sources"]["s"]["pass@1"] == pytest.approx(1.0)
+
+
+def test_a_score_a_trl_function_gives_none_is_null_in_the_file_and_eval_leaves_its_prompts_out(tokenizer, tmp_path):
+    """TRL's accuracy_reward returns None for a solution it cannot parse: the file held 0, so eval counted those
+    prompts as answered wrong. The sample's score is null and eval leaves the prompt out of pass@k, counted."""
+    from easyrl.config import RewardConfig
+    from easyrl.workers.reward.scorer import RewardScorer
+    from tests.test_reward_scorer import rollout_batch, with_text_prompts
+
+    reward = tmp_path / "trl_rewards.py"
+    reward.write_text(
+        "def accuracy_reward(completions, ground_truth, **kwargs):\n"
+        "    return [None if truth == '?' else float(text == truth) for text, truth in zip(completions, ground_truth)]\n"
+        "def format_reward(completions, **kwargs):\n"
+        "    return [1.0 for _ in completions]\n"
+    )
+    config = RewardConfig(reward_function=f"{reward}:accuracy_reward,format_reward")
+    responses, truths = ["4", "5", "9", "9", "x", "y"], ["4", "4", "9", "9", "?", "?"]
+    batch = with_text_prompts(tokenizer, rollout_batch(tokenizer, responses, truths), ["q"] * 6)
+    token_scores, metrics = RewardScorer(config, tokenizer, in_process=True, prompt_key="question").score(batch)
+    scores = json.loads(json.dumps(sample_scores(token_scores, metrics)))  # as written to the file and read back
+    assert [score["accuracy_reward"] for score in scores] == [1.0, 0.0, 1.0, 1.0, None, None]
+    assert [score["overall"] for score in scores] == [2.0, 1.0, 2.0, 2.0, 1.0, 1.0]  # the None added 0
+    rows = [{"index": i, "data_source": "math", "scores": scores[2 * i : 2 * i + 2]} for i in range(3)]
+    results = summarize(rows)
+    entry = results["sources"]["math"]
+    assert results["correct"] == "accuracy_reward >= 1" and results["unjudged"] == entry["unjudged"] == 1
+    assert entry["pass@1"] == pytest.approx(0.75) and entry["pass@2"] == 1.0  # over prompts 0 and 1, not 0.5
+    assert entry["accuracy_reward@2"] == pytest.approx(0.75) and entry["mean@2"] == pytest.approx(9 / 6)
+    table = format_table(results)
+    assert "1 prompts have samples whose `accuracy_reward` is null" in table
+    # a source whose every prompt the function does not apply to has no pass@k, rather than 0
+    alone = summarize([{"index": 0, "data_source": "code", "scores": scores[4:]}])["sources"]["code"]
+    assert alone["pass@1"] is None and alone["accuracy_reward@2"] is None and alone["unjudged"] == 1
+    assert "unjudged" not in summarize(rows[:2])["sources"]["math"]  # no column when every prompt was judged
 
 
 # ----------------------------------------------------------------------------------------------------------------------

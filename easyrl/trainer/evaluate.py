@@ -71,6 +71,11 @@ def correct_key_of(rows: list[dict[str, Any]], configured: str | None) -> str:
     return key
 
 
+def _judged(row: dict[str, Any], key: str) -> bool:
+    """Whether every sample of the row has the key's score (a TRL function returns None where it does not apply)."""
+    return all(score[key] is not None for score in row["scores"])
+
+
 def rows_per_source(dataset: RLHFDataset) -> dict[str, dict[str, int]]:
     """Per data source (as the dataset names its prompts' sources): the rows of the data file and how many of them the
     dataset skipped (unusable, or dropped as longer than data.max_prompt_length)."""
@@ -109,21 +114,30 @@ def summarize(
     for row in rows:
         by_source.setdefault(str(row["data_source"]), []).append(row)
     sources = {}
+    # a prompt whose reward does not apply (a TRL function's None for the key, e.g. TRL's accuracy_reward on a
+    # solution it cannot parse) is neither right nor wrong: left out of pass@k and the key's mean, and counted
+    unjudged = sum(not _judged(row, key) for row in rows)
     for source, source_rows in sorted(by_source.items()):
         overall = [score["overall"] for row in source_rows for score in row["scores"]]
-        correct = [sum(score[key] >= threshold for score in row["scores"]) for row in source_rows]
+        judged = [row for row in source_rows if _judged(row, key)]
+        correct = [sum(score[key] >= threshold for score in row["scores"]) for row in judged]
         entry = {"prompts": len(source_rows), **(row_counts or {}).get(source, {})}
         entry[f"mean@{n}"] = sum(overall) / len(overall)
         if key != "overall":  # the mean of the score that decides correctness
-            entry[f"{key}@{n}"] = sum(score[key] for row in source_rows for score in row["scores"]) / len(overall)
+            values = [score[key] for row in judged for score in row["scores"]]
+            entry[f"{key}@{n}"] = sum(values) / len(values) if values else None
         for k in ks:
-            entry[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
+            entry[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct) if correct else None
+        if unjudged:
+            entry["unjudged"] = len(source_rows) - len(judged)
         if any_failed:  # samples the reward could not score count as wrong: how many there are
             entry["scoring_failed"] = sum(
                 bool(score.get(FAILED_KEY)) for row in source_rows for score in row["scores"]
             )
         sources[source] = entry
     results = {"n": n, "correct": f"{key} >= {threshold:g}", "sources": sources}
+    if unjudged:
+        results["unjudged"] = unjudged
     if row_counts is not None:
         for source, counts in row_counts.items():  # every row skipped: nothing scored, which the reader must see
             sources.setdefault(source, {"prompts": 0, **counts})
@@ -143,6 +157,12 @@ def format_table(results: dict) -> str:
     for source, entry in sources.items():
         lines.append(f"{source:<{width}}  " + "  ".join(_cell(entry.get(c), w) for c, w in zip(columns, widths)))
     lines.append(f"(n={results['n']} samples per prompt; correct: {results['correct']})")
+    if results.get("unjudged"):
+        key = results["correct"].rsplit(" >= ", 1)[0]
+        lines.append(
+            f"({results['unjudged']} prompts have samples whose `{key}` is null, the reward function's None: it does "
+            f"not apply to them; pass@k and {key}@n leave them out, column `unjudged`)"
+        )
     data = results.get("data", {})
     if data.get("skipped"):
         lines.append(

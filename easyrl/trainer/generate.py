@@ -7,6 +7,9 @@ model itself; no optimizer, reference or critic) and the reward scorer. One row 
     {"index": 3, "data_source": "...", "prompt": "<templated prompt text>", "ground_truth": "...",
      "responses": ["...", ...], "scores": [{"overall": 1.0, "accuracy": 1.0, ...}, ...]}
 
+A score that does not apply to a sample (a TRL reward function's None) is ``null`` in its ``scores``; ``overall``
+counts it as 0, as the trainer does.
+
 With a tool environment (``worker.rollout.multi_turn.env``) whose ``reset`` adds text to the prompt, the row also
 holds ``"sample_prompts"``: the prompt each sample was generated from (``prompt`` stays the dataset's, which a
 resumed run checks).
@@ -25,6 +28,7 @@ with a seed of (worker.rollout.seed, batch index) only, so a resumed batch draws
 import dataclasses
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -38,7 +42,7 @@ import numpy as np
 from ..config import RunPlan
 from ..protocol import DataProto
 from ..utils.logging import setup_driver_logging
-from ..workers.reward.scorer import ERRORS_KEY, scores_to_non_tensor
+from ..workers.reward.scorer import ERRORS_KEY, named_scores
 from ..workers.rollout.base import GenerationRequest, resolve_sampling
 from ..workers.tool_files import has_tool_env
 from .ray_trainer import GENERATION_KEYS, generation_non_tensor_keys, join_rollout_output
@@ -275,13 +279,8 @@ def generate_to_file(
         scores: list[dict[str, float]] | None = None
         if reward is not None:
             token_scores, reward_metrics = reward.score(batch)
-            named = scores_to_non_tensor(reward_metrics)
-            overall = token_scores.sum(-1).tolist()  # what the trainer's validation averages
-            scores = [{**{k: float(v[i]) for k, v in named.items()}, "overall": overall[i]} for i in range(len(batch))]
+            scores = sample_scores(token_scores, reward_metrics)
             failed = reward_metrics.get(ERRORS_KEY, [0.0] * len(batch))
-            for score, flag in zip(scores, failed):
-                if flag:  # scored 0 because scoring failed, not because the answer was wrong
-                    score[FAILED_KEY] = True
             errors += int(sum(failed))
         sources = batch.non_tensor_batch.get("data_source", np.array(["val"] * len(batch), dtype=object))
         rows = []
@@ -315,6 +314,23 @@ def generate_to_file(
 def _batches(loader: Any) -> Iterator[DataProto]:
     for batch in loader:
         yield batch if isinstance(batch, DataProto) else DataProto.from_single_dict(batch)
+
+
+def sample_scores(token_scores: Any, reward_metrics: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """Each sample's named scores and its ``overall`` (what the trainer's validation averages). A score that does not
+    apply to a sample (a TRL function's None) is None, not the 0 it adds to ``overall``; a sample the reward failed
+    on is marked ``FAILED_KEY``, its 0 being no answer's score."""
+    named = {
+        name: [None if math.isnan(v) else v for v in values.tolist()]
+        for name, values in named_scores(reward_metrics).items()
+    }
+    overall = token_scores.sum(-1).tolist()
+    failed = reward_metrics.get(ERRORS_KEY, [0.0] * len(overall))
+    scores = [{**{k: v[i] for k, v in named.items()}, "overall": overall[i]} for i in range(len(overall))]
+    for score, flag in zip(scores, failed):
+        if flag:
+            score[FAILED_KEY] = True
+    return scores
 
 
 def _jsonable(value: Any) -> Any:

@@ -86,14 +86,20 @@ def reduce_reward_metrics(reward_metrics: dict[str, list[float]]) -> dict[str, f
     return reduced
 
 
-def scores_to_non_tensor(reward_metrics: dict[str, list[float]]) -> dict[str, np.ndarray]:
-    """Per-sample named scores as non-tensor arrays keyed by the bare name (`overall`, `accuracy`...), e.g. for
-    online filtering by `algorithm.filter_key`; a sample scored without that score has 0 (what it added to `overall`)."""
+def named_scores(reward_metrics: dict[str, list[float]]) -> dict[str, np.ndarray]:
+    """Per-sample named scores keyed by the bare name (`overall`, `accuracy`...), NaN for a sample scored without
+    that score (a TRL function's None, a part of a combined reward the sample did not get)."""
     return {
-        key[len(PREFIX) :]: np.nan_to_num(np.asarray(values, dtype=np.float64), nan=0.0)
+        key[len(PREFIX) :]: np.asarray(values, dtype=np.float64)
         for key, values in reward_metrics.items()
         if key.startswith(PREFIX) and key not in COUNT_KEYS
     }
+
+
+def scores_to_non_tensor(reward_metrics: dict[str, list[float]]) -> dict[str, np.ndarray]:
+    """``named_scores`` as non-tensor arrays, e.g. for online filtering by `algorithm.filter_key`; a sample scored
+    without that score has 0 (what it added to `overall`)."""
+    return {name: np.nan_to_num(values, nan=0.0) for name, values in named_scores(reward_metrics).items()}
 
 
 def _failed_environments_hint(inputs: list[dict]) -> str:
