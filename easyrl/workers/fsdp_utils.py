@@ -277,6 +277,9 @@ def _broadcast_buffers(model: torch.nn.Module) -> None:
             buffer.copy_(staged)
 
 
+NEW_WEIGHTS_SEED = 0  # the seed of the weights a loaded model's checkpoint does not hold (see build_fsdp_model)
+
+
 def build_fsdp_model(
     model_config: ModelConfig,
     fsdp_config: FSDPConfig,
@@ -313,7 +316,11 @@ def build_fsdp_model(
             with torch.device("meta"):
                 model = model_cls.from_config(hf_config, **common)
         else:
-            model = model_cls.from_pretrained(path, config=hf_config, **common)
+            # weights the checkpoint lacks (a critic's value head on a causal LM) are drawn from a fixed seed, not
+            # the process's unseeded generator: two runs of one config, and a run and its resume, start equal
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(NEW_WEIGHTS_SEED)
+                model = model_cls.from_pretrained(path, config=hf_config, **common)
     if kind == "value" and vision.is_vision_language_config(hf_config):
         vision.use_value_head(model)
     model.config.use_cache = False
