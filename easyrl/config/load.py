@@ -355,8 +355,22 @@ def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
+        if isinstance(value, dict) and _takes_text(key):  # `judge.score_pattern=Score: ([0-9]+)` means that text
+            value = raw
         flat[key] = _coerce_scientific(value)
     return flat
+
+
+def _takes_text(key: str) -> bool:
+    """Whether the field `key` holds a string (null allowed): YAML reads `a: b` on the command line as a mapping."""
+    field = FIELDS.get(key)
+    if field is None:
+        return False
+    tp = field.type
+    if get_origin(tp) is Union:
+        args = [arg for arg in get_args(tp) if arg is not type(None)]
+        tp = args[0] if len(args) == 1 else None
+    return tp is str
 
 
 def _load_yaml(path: str) -> dict[str, Any]:
