@@ -27,7 +27,9 @@ from easyrl.workers.reward.judge import (
     HttpJudge,
     JudgeUnreachableError,
     compile_score_pattern,
+    load_template,
     parse_score,
+    render_messages,
 )
 from easyrl.workers.reward.loader import RewardFunctionError
 from easyrl.workers.reward.scorer import RewardScorer, reduce_reward_metrics, scores_to_non_tensor
@@ -351,6 +353,37 @@ def test_score_pattern_uses_its_last_match_and_one_group():
         compile_score_pattern(r"(\d+)/(\d+)")
 
 
+@pytest.mark.parametrize(
+    ("reply", "score"),
+    [
+        ("Right, but terse.\nScore: 7", 0.7),
+        ("Partly right, step 2 is wrong.\nScore: 3/10", 0.3),  # the last number read the 10: every answer full marks
+        ("Score: 3 (out of 10)", 0.3),
+        ("**Score:** 4\n\nNote: the answer uses 2 steps.", 0.4),  # the last number read the 2
+        ("The score is low.\nscore = 6.5", 0.65),
+        ("Score: -2", None),  # off the scale, not its absolute value
+        ("I would give it 7.", None),  # no Score: a judge error, counted, not a guess
+    ],
+)
+def test_the_default_score_pattern_reads_the_number_after_the_last_score(reply, score):
+    """The default read the reply's last number: `Score: 3/10` paid the maximum, `Score: -2` paid 0.2."""
+    pattern = compile_score_pattern(JudgeConfig().score_pattern)
+    if score is None:
+        with pytest.raises(ValueError):
+            parse_score(reply, pattern, [0, 10])
+    else:
+        assert parse_score(reply, pattern, [0, 10]) == pytest.approx(score)
+
+
+def test_a_ground_truth_that_is_not_text_reaches_the_template_as_json():
+    template = load_template(None)
+    tests = {"inputs": ["1 2\n"], "outputs": ["3\n"]}
+    [message] = render_messages(template, ["Add."], [{"response": "print(3)", "ground_truth": tests}])
+    assert json.dumps(tests) in message and "'inputs'" not in message
+    [message] = render_messages(template, ["Add."], [{"response": "3", "ground_truth": "3"}])
+    assert "Reference answer:\n3\n" in message
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # the scorer: the weighted sum with the rule reward
 # ----------------------------------------------------------------------------------------------------------------------
@@ -479,6 +512,26 @@ def test_check_accepts_an_http_judge_with_the_builtin_template(valid_args):
 def test_check_refuses_a_judge_it_cannot_run(valid_args, extra, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         load_config(http_judge_args(valid_args, "http://127.0.0.1:8000/v1", *extra))
+
+
+def test_a_pattern_with_a_colon_is_text_on_the_command_line_and_a_template_not_asking_for_a_score_is_refused(
+    valid_args, tmp_path
+):
+    """YAML read `score_pattern=Score: ([0-9]+)`, the README's own pattern, as a mapping and refused it; a template
+    that never asks for a `Score` gets no reply the default pattern reads: the run stopped at its first batch."""
+    config = load_config(
+        http_judge_args(valid_args, "http://h:1/v1", "worker.reward.judge.score_pattern=Score: ([0-9]+)")
+    )
+    assert config.worker.reward.judge.score_pattern == "Score: ([0-9]+)"
+    template = tmp_path / "rate.jinja"
+    template.write_text("Rate this answer from 0 to 10, the number alone: {{ response }}")
+    given = f"worker.reward.judge.prompt_template={template}"
+    with pytest.raises(ConfigError, match="never says `score`.*'\\(\\[0-9\\]\\+\\)' reads the last number"):
+        load_config(http_judge_args(valid_args, "http://h:1/v1", given))
+    last_number = load_config(
+        http_judge_args(valid_args, "http://h:1/v1", given, "worker.reward.judge.score_pattern=([0-9]+)")
+    )
+    assert last_number.worker.reward.judge.prompt_template == str(template)
 
 
 @pytest.mark.parametrize(

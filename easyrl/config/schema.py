@@ -583,9 +583,11 @@ class JudgeConfig:
     data.format_prompt applied, before the policy's chat template; with worker.rollout.multi_turn.env the policy's
     prompt decoded), `response` and `ground_truth`; it must use `response` and no other variables. null: the built-in
     template (easyrl/workers/reward/judge.py), which asks for a 0-10 grade on a last line `Score: N`."""
-    score_pattern: str = "([0-9]+(?:[.][0-9]+)?)"
-    """Regex with exactly one group, read from the judge's reply: the group of its LAST match is the score (the
-    default reads the last number). No match, or a number outside score_range, scores 0 as a judge error."""
+    score_pattern: str = r"(?i)score\W*?(-?[0-9]+(?:[.][0-9]+)?)"
+    """Regex with exactly one group, read from the judge's reply: the group of its LAST match is the score. The
+    default reads the number after the last `Score` (any case, any punctuation between: `Score: 7`, `**Score:** 7`,
+    `Score: 3/10` reads 3, `Score: -2` is off the scale), which the built-in template asks for; `([0-9]+)` reads the
+    last number of the reply instead. No match, or a number outside score_range, scores 0 as a judge error."""
     score_range: list = field(default_factory=lambda: [0, 10])
     """[min, max] of the judge's scale, mapped onto [0, 1]."""
     concurrency: int = 16

@@ -18,7 +18,7 @@ from ..data.synthetic import parse_builtin
 from ..demo import builtin_models
 from ..paths import BUILTIN_PREFIX, FUNCTION_SEPARATOR, looks_local, shipped_files_hint, unreadable_suffix_hint
 from ..utils.platform import nvidia_gpus_visible
-from ..workers.reward.judge import CHAT_PATH, compile_score_pattern, load_template
+from ..workers.reward.judge import CHAT_PATH, compile_score_pattern, load_template, template_source
 from ..workers.reward.loader import (
     RewardFunctionError,
     check_reward_kwargs,
@@ -896,6 +896,15 @@ def _check_judge(config: PPOConfig) -> None:
         compile_score_pattern(judge.score_pattern)
     except ValueError as err:
         raise ConfigError(f"`{prefix}.score_pattern` ({judge.score_pattern!r}): {err}.") from None
+    default_pattern = JudgeConfig.score_pattern
+    if judge.prompt_template and judge.score_pattern == default_pattern:
+        if "score" not in template_source(judge.prompt_template).lower():
+            raise ConfigError(
+                f"`{prefix}.prompt_template` (`{judge.prompt_template}`) never says `score`, and the default "
+                f"`{prefix}.score_pattern` reads the number after `Score` in the judge's reply: ask for a last line "
+                f"`Score: N` in the template, or set {prefix}.score_pattern to what the replies hold (e.g. "
+                "'([0-9]+)' reads the last number)."
+            )
     low_high = judge.score_range
     if (
         not isinstance(low_high, (list, tuple))

@@ -29,6 +29,7 @@ Torch-free: the config check imports the template and pattern helpers from here.
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import math
 import os
@@ -189,11 +190,23 @@ def combine_scores(
 
 def render_messages(template: jinja2.Template, prompts: Sequence, inputs: Sequence[dict]) -> list[str]:
     """The judge's user message for each sample: `prompts[i]` (text, or messages: see `question_text`) with the reward
-    input `inputs[i]`."""
+    input `inputs[i]`. A ground truth that is not text (a jsonl row's object or list, e.g. code tests) is shown as
+    JSON, not as Python's repr of it."""
     return [
-        template.render(prompt=question_text(prompt), response=item["response"], ground_truth=item["ground_truth"])
+        template.render(
+            prompt=question_text(prompt), response=item["response"], ground_truth=_as_text(item["ground_truth"])
+        )
         for prompt, item in zip(prompts, inputs, strict=True)
     ]
+
+
+def _as_text(value: Any) -> Any:
+    if isinstance(value, (dict, list, tuple)):
+        try:
+            return json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError):  # not JSON's (e.g. bytes inside): as Python writes it
+            return str(value)
+    return value
 
 
 def read_verdict(reply: str, cut: bool, pattern: re.Pattern, config: "JudgeConfig") -> JudgeResult:
