@@ -27,7 +27,9 @@ the training run never sees its exceptions. The program runs as `python -I -S` (
 third-party package such as numpy imports) and its stdout and stderr are capped at `max_output_bytes` (8 MiB)
 each, past which it is killed and fails the test. Tests of the whole batch run concurrently on `max_workers` threads.
 After a program hits its time limit its remaining tests are failed without being run (`skip_after_timeout`), so an
-infinite loop costs one time-out, not one per test.
+infinite loop costs one time-out, not one per test; a program that does not compile fails every test without one
+being run. A test the sandbox itself could not start (e.g. `memory_mb` too small for the interpreter) fails too, with
+a warning; when no test of a batch could start, scoring raises, so the run stops rather than learn from zeros.
 
 Keyword arguments (`worker.reward.reward_function_kwargs`): reward, max_workers, cpu_seconds, wall_seconds,
 memory_mb, skip_after_timeout, require (sandbox layers that must be present, e.g. ["namespaces", "landlock",
@@ -41,7 +43,7 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from easyrl.workers.reward.sandbox import Limits, run_program
+from easyrl.workers.reward.sandbox import Limits, RunResult, run_program
 
 
 _log = logging.getLogger(__name__)
@@ -135,27 +137,55 @@ def _stdin_text(test_input) -> str:
     return "\n".join(map(str, test_input)) + "\n" if isinstance(test_input, list) else str(test_input)
 
 
-def run_test(program: str, tests: dict, index: int, limits: Limits, require=()) -> tuple[bool, str | None]:
-    """(passed, the limit the run hit or None) for test `index` of `tests`."""
+def compiles(program: str) -> bool:
+    """Whether the program is Python at all. Compiling runs none of it; one that does not compile fails every test
+    without a sandbox being started for each (a 200-test row cost ~25 s of runs that could only fail)."""
+    try:
+        compile(program, "solution.py", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return False
+    return True
+
+
+def run_test(program: str, tests: dict, index: int, limits: Limits, require=()) -> tuple[bool, RunResult]:
+    """(passed, the run's result: its `limit`, and its `error` when the sandbox could not run it) for test `index`
+    of `tests`."""
     expected = tests["outputs"][index]
     if tests["fn_name"] is None:
         result = run_program(program, _stdin_text(tests["inputs"][index]), limits, require=require)
         passed = result.ok and normalize_lines(result.stdout) == normalize_lines(_stdin_text(expected))
-        return passed, result.limit
+        return passed, result
     harness = _CALL_HARNESS.replace("FN_NAME", repr(str(tests["fn_name"]))).replace("MARKER", _RESULT_MARKER)
     arguments = tests["inputs"][index]
     arguments = arguments if isinstance(arguments, list) else [arguments]
     result = run_program(harness, json.dumps(arguments), limits, files={"solution.py": program}, require=require)
     if not result.ok:
-        return False, result.limit
+        return False, result
     marked = [line for line in result.stdout.splitlines() if line.startswith(_RESULT_MARKER)]
     try:
         actual = json.loads(marked[-1][len(_RESULT_MARKER) :])
     except (IndexError, ValueError):
-        return False, None
+        return False, result
     expected = json.loads(json.dumps(expected))
     wrapped = isinstance(expected, list) and len(expected) == 1 and values_equal(actual, expected[0])
-    return values_equal(actual, expected) or wrapped, None
+    return values_equal(actual, expected) or wrapped, result
+
+
+def _check_sandbox_errors(results: list[RunResult], limits: Limits) -> None:
+    """A run the sandbox could not start (the program never ran) fails its test: said in a warning, and an error
+    when no run of the batch started, which would otherwise train on zeros a weak model also scores (e.g. memory_mb
+    too small for the interpreter to start)."""
+    failed = [result for result in results if result.limit == "sandbox_error"]
+    if not failed:
+        return
+    message = (
+        f"code reward: the sandbox could not run {len(failed)} of the batch's {len(results)} test runs, which fail; "
+        f"the first error: {failed[0].error or '(no message)'}. Limits: cpu_seconds={limits.cpu_seconds:g}, "
+        f"wall_seconds={limits.wall_seconds:g}, memory_mb={limits.memory_mb} (worker.reward.reward_function_kwargs)."
+    )
+    if len(failed) == len(results):
+        raise RuntimeError(message)
+    _log.warning(message)
 
 
 def compute_score(
@@ -190,20 +220,22 @@ def compute_score(
     first_timeout = [math.inf] * len(reward_inputs)  # per row: the index of its first test that ran out of time
     lock = threading.Lock()
 
-    def one_test(row: int, index: int) -> tuple[bool, str | None]:
+    def one_test(row: int, index: int) -> tuple[bool, RunResult | None]:
         if skip_after_timeout and first_timeout[row] < index:
-            return False, "skipped"
-        passed, limit = run_test(programs[row][0], tests[row], index, limits, require)
-        if limit in ("cpu_time", "wall_time"):
+            return False, None
+        passed, result = run_test(programs[row][0], tests[row], index, limits, require)
+        if result.limit in ("cpu_time", "wall_time"):
             with lock:
                 first_timeout[row] = min(first_timeout[row], index)
-        return passed, limit
+        return passed, result
 
-    jobs = [(row, index) for row in range(len(reward_inputs)) for index in range(len(tests[row]["inputs"]))]
+    runnable = [row for row, (program, _fenced) in enumerate(programs) if compiles(program)]
+    jobs = [(row, index) for row in runnable for index in range(len(tests[row]["inputs"]))]
     with ThreadPoolExecutor(max_workers=max(1, int(max_workers)), thread_name_prefix="code-reward") as pool:
         outcomes = list(pool.map(lambda job: one_test(*job), jobs))
+    _check_sandbox_errors([result for _ok, result in outcomes if result is not None], limits)
     passed = [0] * len(reward_inputs)
-    for (row, index), (ok, _limit) in zip(jobs, outcomes):
+    for (row, index), (ok, _result) in zip(jobs, outcomes):
         # tests after a time-out fail whether or not they had already started: the score does not depend on timing
         passed[row] += ok and not (skip_after_timeout and index > first_timeout[row])
     scores = []

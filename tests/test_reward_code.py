@@ -88,6 +88,28 @@ def test_after_a_time_out_the_remaining_tests_fail_without_running():
     assert score([(slow_first, SUM_TESTS)], max_workers=1, skip_after_timeout=False)[0]["pass_rate"] == 0.75
 
 
+def test_a_program_that_does_not_compile_fails_every_test_without_running_one(monkeypatch):
+    """Each of its tests started a sandbox that could only fail: a 200-test row cost ~25 s a sample."""
+    reward = load_reward_function(f"{REWARD_FILE}:compute_score", FAST)
+    runs, real = [], reward.fn.__globals__["run_program"]
+    counted = lambda *args, **kwargs: runs.append(1) or real(*args, **kwargs)  # noqa: E731  (runs them all)
+    monkeypatch.setitem(reward.fn.__globals__, "run_program", counted)
+    tests = json.dumps({"inputs": ["1 2\n"] * 200, "outputs": ["3\n"] * 200})
+    right = block("a, b = map(int, input().split())\nprint(a + b)")
+    rows = [(block("def f(:"), tests), ("The sum of the two numbers.", tests), (right, SUM_TESTS)]
+    scores = reward.score([{"response": r, "response_length": 1, "ground_truth": t} for r, t in rows])
+    assert [s["pass_rate"] for s in scores] == [0.0, 0.0, 1.0]
+    assert len(runs) == 4  # the right program's four tests alone
+
+
+def test_a_sandbox_that_cannot_start_the_interpreter_stops_scoring_naming_the_limit():
+    """With memory_mb too small for Python to start, every test failed as if every program were wrong: the run
+    trained on zeros with nothing said."""
+    right = block("a, b = map(int, input().split())\nprint(a + b)")
+    with pytest.raises(RuntimeError, match=r"could not run 4 of the batch's 4 test runs.*memory_mb=16"):
+        score([(right, SUM_TESTS)], memory_mb=16)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # function-call tests
 # ----------------------------------------------------------------------------------------------------------------------
