@@ -139,6 +139,45 @@ def test_a_resumed_optimizer_takes_the_configs_peak_lr_and_weight_decay_at_its_p
     )
 
 
+def test_a_resume_with_a_longer_schedule_trains_its_next_step_at_the_new_schedules_lr_and_says_so(
+    tiny_model_path, one_rank_gloo_group, tmp_path, caplog
+):
+    """A finished 8-step cosine run resumed with trainer.max_steps=10 trained step 9 at the old schedule's lr (0, its
+    end), then followed the new one: a wasted step that looked normal, and nothing said."""
+    from easyrl.config import load_config
+    from easyrl.testing.single_rank import build_actor
+    from easyrl.trainer.checkpoint import warn_of_config_changes
+    from easyrl.workers.fsdp_checkpoint import load_role_checkpoint, save_role_checkpoint
+
+    def built(steps: int):
+        overrides = ["worker.actor.optim.lr=1e-3", "worker.actor.optim.lr_scheduler_type=cosine"]
+        _, module, optimizer = build_actor(str(tiny_model_path), overrides, batch_size=1)
+        optim_config = load_config(overrides, validate=False).worker.actor.optim
+        optim_config.training_steps = steps  # what the trainer derives from trainer.max_steps
+        return module, optimizer, build_lr_scheduler(optimizer, optim_config, "worker.actor.optim")
+
+    module, optimizer, scheduler = built(8)
+    for _ in range(8):
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == 0.0  # the end of the cosine
+    save_role_checkpoint(str(tmp_path / "actor"), module, optimizer, scheduler)
+
+    module, optimizer, scheduler = built(10)
+    changes = load_role_checkpoint(str(tmp_path / "actor"), module, optimizer, scheduler)
+    fresh = 1e-3 * lr_multiplier(8, 0, 10, "cosine", 0.0)  # what a 10-step run trains its step 9 at
+    assert fresh == pytest.approx(1e-3 * 0.5 * (1 + math.cos(0.8 * math.pi)))
+    assert [group["lr"] for group in optimizer.param_groups] == [pytest.approx(fresh)] * len(optimizer.param_groups)
+    assert scheduler.get_last_lr()[0] == pytest.approx(fresh)
+    assert [name for name, _, _ in changes] == ["lr of the next step"] and changes[0][1] == 0.0
+    with caplog.at_level(logging.WARNING, logger="easyrl.trainer.checkpoint"):
+        warn_of_config_changes([changes], "worker.actor.optim", 8)
+    said = f"step 9 trains at lr {fresh:.4g}, this run's schedule at its place, where the checkpoint's schedule would"
+    assert f"{said} give 0;" in caplog.text
+    module, optimizer, scheduler = built(8)  # the same schedule: nothing changes, nothing said
+    assert load_role_checkpoint(str(tmp_path / "actor"), module, optimizer, scheduler) == []
+
+
 def test_adamw_is_fused_on_cuda_parameters_only():
     """The fused kernel where every parameter is on CUDA (the GPU update); elsewhere PyTorch's default path, so CPU
     runs keep their numbers (the CPU suite's exact AdamW comparisons and bit-exact resumes)."""

@@ -187,7 +187,22 @@ def resolve_resume_path(config: Any) -> str | None:
 def warn_of_config_changes(answers: list, section: str, step: int) -> None:
     """Say which optimizer settings of ``section`` (e.g. "worker.actor.optim") this run's config changed since the
     checkpoint of ``step``; ``answers``: the workers' ``load_checkpoint`` answers (every rank's are the same)."""
+    from ..workers.fsdp_checkpoint import SCHEDULED_LR
+
     for name, saved, configured in (answers[0] if answers else None) or []:
+        if name == SCHEDULED_LR:
+            logger.warning(
+                "The learning-rate schedule of %s differs from the one the checkpoint of step %d was trained with (its "
+                "length: trainer.max_steps or total_epochs, or its warmup or kind): step %d trains at lr %.4g, this "
+                "run's schedule at its place, where the checkpoint's schedule would give %.4g; the rest of the run "
+                "follows this run's schedule.",
+                section,
+                step,
+                step + 1,
+                configured,
+                saved,
+            )
+            continue
         logger.warning(
             "%s.%s is %s in the checkpoint of step %d and %s in this run's config: the config's applies from step %d on"
             "%s.",

@@ -14,6 +14,7 @@ else cannot run code when loaded.
 
 import copy
 import logging
+import math
 import os
 import pickle
 import shutil
@@ -185,6 +186,9 @@ def _configured_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any
     ]
 
 
+SCHEDULED_LR = "lr of the next step"  # a configured-settings change: the schedule itself changed (not its peak)
+
+
 def _restore_configured_settings(
     optimizer: torch.optim.Optimizer,
     lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None,
@@ -212,7 +216,15 @@ def _restore_configured_settings(
                 changes.setdefault(key, (key, _as_tuple(group.get(key)), _as_tuple(wanted[key])))
                 group[key] = wanted[key]
         group.update({key: wanted[key] for key in KERNEL_GROUP_KEYS if key in wanted})  # not a change to report
-    if changes and lr_scheduler is not None:
+    if lr_scheduler is not None:
+        # the next step's lr is the config's schedule at the saved place: a resume that changed the schedule's length
+        # (trainer.max_steps, total_epochs), warmup or kind trained its first step at the old schedule's lr (0 at the
+        # end of a cosine) and went on with the new one
+        for index, group in enumerate(optimizer.param_groups):
+            scheduled = lr_scheduler.base_lrs[index] * lr_scheduler.lr_lambdas[index](lr_scheduler.last_epoch)
+            if not math.isclose(group["lr"], scheduled, rel_tol=1e-9, abs_tol=1e-15):
+                changes.setdefault(SCHEDULED_LR, (SCHEDULED_LR, group["lr"], scheduled))
+                group["lr"] = scheduled
         lr_scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr() reports
     return list(changes.values())
 
