@@ -449,6 +449,10 @@ def test_overall_is_the_weighted_sum_of_rule_and_judge(tokenizer, server, tmp_pa
         "reward/judge_errors": 1.0,
     }
     assert "judge_errors" not in scores_to_non_tensor(metrics)
+    # `easyrl generate` / `eval` files: the ungraded sample is marked, not a judge's 0 among others
+    from easyrl.trainer.generate import FAILED_KEY, sample_scores
+
+    assert [FAILED_KEY in score for score in sample_scores(token_level_scores, metrics)] == [False, False, True]
     # the judge saw the decoded prompt, the response and the answer
     assert sorted(r["messages"][0]["content"] for r in server.requests)[0] == r"Q: 1 + 2 = ? | A: no idea | R: 3"
 

@@ -42,7 +42,7 @@ import numpy as np
 from ..config import RunPlan
 from ..protocol import DataProto
 from ..utils.logging import setup_driver_logging
-from ..workers.reward.scorer import ERRORS_KEY, named_scores
+from ..workers.reward.scorer import ERRORS_KEY, JUDGE_ERRORS_KEY, named_scores
 from ..workers.rollout.base import GenerationRequest, resolve_sampling
 from ..workers.tool_files import has_tool_env
 from .ray_trainer import GENERATION_KEYS, generation_non_tensor_keys, join_rollout_output
@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 FAILED_KEY = "scoring_failed"
 """In a sample's scores: true where the reward function failed on it (it raised, gave a non-finite score, timed out
-or its actor died), so its 0 is no answer's score."""
+or its actor died) or its judge gave no grade, so its 0 (or its judge's 0) is no answer's score."""
 
 GENERATE_FILE = "samples.jsonl"
 """`easyrl generate`'s output under trainer.save_checkpoint_path when generate.output is not set."""
@@ -280,8 +280,7 @@ def generate_to_file(
         if reward is not None:
             token_scores, reward_metrics = reward.score(batch)
             scores = sample_scores(token_scores, reward_metrics)
-            failed = reward_metrics.get(ERRORS_KEY, [0.0] * len(batch))
-            errors += int(sum(failed))
+            errors += sum(bool(score.get(FAILED_KEY)) for score in scores)
         sources = batch.non_tensor_batch.get("data_source", np.array(["val"] * len(batch), dtype=object))
         rows = []
         for i in todo:
@@ -307,7 +306,12 @@ def generate_to_file(
         generated += len(rows)
         logger.info("batch %d: %d prompts x %d samples written to %s", batch_index, len(rows), repeat, path)
     if errors:
-        logger.warning("%d samples could not be scored and score 0 (reward/errors; see the log for why).", errors)
+        logger.warning(
+            "%d samples could not be scored (the reward function failed, or the judge gave no grade) and score 0 for "
+            "it, marked `%s` in the file (see the log for why).",
+            errors,
+            FAILED_KEY,
+        )
     return GenerationSummary(path=path, prompts=position, generated=generated, resumed=position - generated)
 
 
@@ -319,13 +323,17 @@ def _batches(loader: Any) -> Iterator[DataProto]:
 def sample_scores(token_scores: Any, reward_metrics: dict[str, list[float]]) -> list[dict[str, Any]]:
     """Each sample's named scores and its ``overall`` (what the trainer's validation averages). A score that does not
     apply to a sample (a TRL function's None) is None, not the 0 it adds to ``overall``; a sample the reward failed
-    on is marked ``FAILED_KEY``, its 0 being no answer's score."""
+    on, or whose judge gave no grade, is marked ``FAILED_KEY``, its 0 being no answer's score."""
     named = {
         name: [None if math.isnan(v) else v for v in values.tolist()]
         for name, values in named_scores(reward_metrics).items()
     }
     overall = token_scores.sum(-1).tolist()
-    failed = reward_metrics.get(ERRORS_KEY, [0.0] * len(overall))
+    none = [0.0] * len(overall)
+    # a judge that gave no grade (request failed, timed out, unreadable reply) scored its part 0: no answer's grade
+    failed = [
+        max(a, b) for a, b in zip(reward_metrics.get(ERRORS_KEY, none), reward_metrics.get(JUDGE_ERRORS_KEY, none))
+    ]
     scores = [{**{k: v[i] for k, v in named.items()}, "overall": overall[i]} for i in range(len(overall))]
     for score, flag in zip(scores, failed):
         if flag:
