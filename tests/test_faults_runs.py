@@ -246,6 +246,7 @@ def test_sigterm_to_every_process_of_the_job_exits_at_once_naming_the_last_check
     _assert_steps_equal_the_uninterrupted_run(save_dir, tiny_grpo_run.metrics, [3])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_reward_that_raises_on_every_sample_stops_the_run_at_its_first_batch(tiny_model_path, tmp_path):
     # the answer column holds numbers; the reward function treats them as text, as EasyR1's own math.py does
@@ -311,6 +312,7 @@ def test_online_filtering_that_finds_too_few_mixed_groups_stops_with_the_counts(
     assert "Traceback" not in text
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_step_online_filtering_cannot_fill_keeps_the_steps_before_it(tiny_model_path, tmp_path):
     """Step 1 finds mixed groups, step 2 none: the run stops with exit 2 and checkpoints step 1 (no save was due)

@@ -451,6 +451,7 @@ def test_generate_without_a_reward_writes_the_samples_unscored(tiny_model_path, 
     assert all(row["settings"]["reward_function"] is None for row in rows)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 def test_generate_with_tools_writes_each_samples_turns(tiny_model_path, val_file, tmp_path):
     """A multi-turn row held the responses alone: tool results decoded into them without special tokens, so the

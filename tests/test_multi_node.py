@@ -56,6 +56,7 @@ def test_a_run_over_two_nodes_trains_saves_and_resumes(two_node_cluster, tiny_mo
     assert all(row["reward/errors"] == 0 and row["actor/grad_norm"] > 0 for row in rows.values())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_cluster_with_fewer_nodes_than_trainer_nnodes_is_refused_in_one_line(tiny_model_path, tmp_path):
     """Ray would place what fits and leave the rest waiting; a cluster of one node for trainer.nnodes=2 stops at

@@ -563,6 +563,7 @@ def test_check_refuses_a_rule_weight_without_a_judge(valid_args):
 # ----------------------------------------------------------------------------------------------------------------------
 # end to end
 # ----------------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_two_grpo_steps_train_with_the_judge_in_the_reward(tiny_model_path, tmp_path, server):
     """`easyrl train` on the tiny model (one worker) with the judge at the local server: every step's reward is the

@@ -64,6 +64,7 @@ def test_a_verl_parquet_and_reward_function_train_unchanged(tiny_model_path, tmp
     assert "as verl calls it (it takes `solution_str`)" in log_path.read_text(errors="replace")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_eval_scores_a_verl_parquet_with_its_verl_reward_function(tiny_model_path, tmp_path):
     import json
