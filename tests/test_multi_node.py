@@ -26,6 +26,7 @@ def two_node_cluster():
         cluster.shutdown()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_run_over_two_nodes_trains_saves_and_resumes(two_node_cluster, tiny_model_path, tmp_path):
     save_dir = tmp_path / "run"

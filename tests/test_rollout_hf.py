@@ -54,6 +54,7 @@ def test_hf_rollout_call_seed_reproduces_the_samples(two_hf_workers, tokenizer):
     assert first == again
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_image_data_with_the_text_only_hf_rollout_is_refused_before_ray(tmp_path):
     """The hf rollout generates from text: train and generate refuse image data when the run starts, naming the

@@ -90,6 +90,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_reproduces_the_next_s
     assert len(events.Tensors("config/text_summary")) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_val_only_validates_the_checkpoint_it_resumes_as_the_run_validated_it(tiny_grpo_run, tmp_path):
     """trainer.val_only on a finished run's folder resumed its checkpoint and validated nothing (validation before
