@@ -170,13 +170,17 @@ def _prefixes(key: str) -> list[str]:
 # ----------------------------------------------------------------------------------------------------------------------
 # the shape of a value: a list where a list goes, one value where one goes (omegaconf's own errors name its node types)
 # ----------------------------------------------------------------------------------------------------------------------
+def _unwrapped(tp: Any) -> tuple[Any, bool]:
+    """A field type without its Optional: (the type, Any for a union of several; whether null is allowed)."""
+    if get_origin(tp) is not Union:
+        return tp, False
+    args = [arg for arg in get_args(tp) if arg is not type(None)]
+    return (args[0] if len(args) == 1 else Any), len(args) < len(get_args(tp))
+
+
 def _kind(tp: Any) -> tuple[str, bool]:
     """A field type -> (section | list | mapping | value | any, whether null is allowed)."""
-    nullable = False
-    if get_origin(tp) is Union:
-        args = [arg for arg in get_args(tp) if arg is not type(None)]
-        nullable = len(args) < len(get_args(tp))
-        tp = args[0] if len(args) == 1 else Any
+    tp, nullable = _unwrapped(tp)
     tp = get_origin(tp) or tp
     if tp is Any:
         return "any", True
@@ -363,14 +367,7 @@ def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
 
 def _takes_text(key: str) -> bool:
     """Whether the field `key` holds a string (null allowed): YAML reads `a: b` on the command line as a mapping."""
-    field = FIELDS.get(key)
-    if field is None:
-        return False
-    tp = field.type
-    if get_origin(tp) is Union:
-        args = [arg for arg in get_args(tp) if arg is not type(None)]
-        tp = args[0] if len(args) == 1 else None
-    return tp is str
+    return key in FIELDS and _unwrapped(FIELDS[key].type)[0] is str
 
 
 def _load_yaml(path: str) -> dict[str, Any]:

@@ -1061,8 +1061,9 @@ class MultiTurnRollout(BaseRollout):
         """Close the pooled tool environment instances, at the worker's shutdown: the sandboxes and subprocesses they
         hold would otherwise outlive the worker, whose process is killed. Waits ``timeout`` seconds at most for all
         of them together (the worker group gives its shutdown 10). Returns how many were closed in time."""
-        envs = [env for pool in getattr(self, "_idle_envs", {}).values() for env in pool]
-        for pool in getattr(self, "_idle_envs", {}).values():
+        pools = getattr(self, "_idle_envs", {}).values()  # only a tool environment's rollout pools its instances
+        envs = [env for pool in pools for env in pool]
+        for pool in pools:
             pool.clear()
         threads = [thread for thread in map(self._close_env, envs) if thread is not None]
         deadline = time.monotonic() + timeout
