@@ -882,7 +882,8 @@ class SandboxEnv:
         BUILT.append(self)
 
     def reset(self, target, **kwargs):
-        if int(target) < 0:
+        self.target = int(target)
+        if self.target < 0:
             raise ValueError("no such target")
 
     def look(self) -> str:
@@ -913,13 +914,19 @@ def test_a_tool_environment_built_slower_than_tool_timeout_is_built_once_and_reu
     assert first.meta_info["metrics"]["rollout/multi_turn/env_timeouts"] == 0
     assert first.meta_info["metrics"]["rollout/multi_turn/env_errors"] == 1  # the -1 target's reset
     assert len(module["BUILT"]) == 2
-    assert _wait_for(lambda: module["CLOSED"] == [module["BUILT"][1]])  # dropped after its failed reset, closed
+    # the instances are built concurrently, so BUILT's order is not the rows': find them by the target they were given
+    assert _wait_for(lambda: len(module["CLOSED"]) == 1)  # dropped after its failed reset, closed
+    assert module["CLOSED"][0].target == -1
+    (healthy,) = [env for env in module["BUILT"] if env not in module["CLOSED"]]
     start = time.monotonic()
     rollout.generate_sequences(chat_prompts(tokenizer, ["Count."] * 2, columns))
     # the healthy instance is reused, one new one replaces the dropped: 3 built in all, not 4
     assert len(module["BUILT"]) == 3 and time.monotonic() - start < 5
-    assert _wait_for(lambda: len(module["CLOSED"]) == 2)  # the replacement failed its reset too
+    assert _wait_for(lambda: len(module["CLOSED"]) == 2)  # whichever instance got the -1 target failed again
+    assert module["CLOSED"][1].target == -1 and module["CLOSED"][1] is not module["CLOSED"][0]
     # the worker's shutdown closes the pooled instance, which would otherwise outlive the killed process
+    (pooled,) = [env for env in module["BUILT"] if env not in module["CLOSED"]]
+    assert pooled.target == 3 and (pooled is healthy or module["CLOSED"][1] is healthy)
     assert rollout.close() == 1
-    assert module["CLOSED"] == [module["BUILT"][1], module["BUILT"][2], module["BUILT"][0]]
+    assert module["CLOSED"][2] is pooled and len(module["CLOSED"]) == 3
     assert rollout.close() == 0  # the pool is empty: nothing is closed twice
