@@ -118,6 +118,59 @@ def test_reinforce_plus_plus_whitens_discounted_returns_over_the_batch():
     torch.testing.assert_close(adv[mask.bool()], expected, atol=1e-4, rtol=0)
 
 
+def test_a_tool_result_between_turns_passes_the_return_and_gae_on_to_the_turn_before():
+    # one multi-turn trajectory: model, model, [tool, tool], model, model; outcome reward 1 on the last model token.
+    # gamma = lam = 1, V = 0.5 on every token: the return is 1 on every model token (the tool tokens are not steps
+    # of the episode), and GAE's raw advantage 1 - 0.5 = 0.5 on every model token. Cutting the episode at the tool
+    # result gave the first turn 0 (a return) and -0.5 (an advantage): the outcome never reached it.
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 1.0]])
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 1.0]])
+    values = torch.full((1, 6), 0.5)
+    _, returns = get_adv_estimator("reinforce_plus_plus")(rewards, mask, gamma=1.0)
+    torch.testing.assert_close(returns, mask.clone())
+    advantages, returns = get_adv_estimator("gae")(rewards, values, mask, gamma=1.0, lam=1.0)
+    torch.testing.assert_close(returns, mask.clone())
+    assert torch.equal(advantages * (1 - mask), torch.zeros_like(mask))  # no advantage on a tool token
+    _, returns = get_adv_estimator("remax")(rewards, mask, reward_baselines=torch.tensor([0.0]))
+    torch.testing.assert_close(returns, mask.clone())
+
+
+@pytest.mark.parametrize("estimator", ["gae", "reinforce_plus_plus", "remax"])
+def test_tool_results_inside_a_response_change_nothing_on_the_models_tokens(estimator):
+    """Random rewards, values and discounts over responses with holes (tool results) and right padding equal, on the
+    model's tokens, the same responses with the holes cut out: the masked tokens are not steps of the episode."""
+    generator = torch.Generator().manual_seed(0)
+    batch, width = 6, 12
+    mask = (torch.rand(batch, width, generator=generator) > 0.35).float()
+    mask[:, 0] = 1.0
+    for row, length in enumerate([12, 11, 9, 7, 12, 5]):
+        mask[row, length:] = 0.0  # right padding
+    rewards = torch.randn(batch, width, generator=generator) * mask
+    values = torch.randn(batch, width, generator=generator)
+    compact_mask, compact_rewards, compact_values = (torch.zeros(batch, width) for _ in range(3))
+    for row in range(batch):
+        keep = mask[row].bool()
+        count = int(keep.sum())
+        compact_mask[row, :count] = 1.0
+        compact_rewards[row, :count] = rewards[row, keep]
+        compact_values[row, :count] = values[row, keep]
+    kwargs = {
+        "gae": lambda r, m, v: {"values": v, "gamma": 0.9, "lam": 0.8},
+        "reinforce_plus_plus": lambda r, m, v: {"gamma": 0.9},
+        "remax": lambda r, m, v: {"reward_baselines": torch.zeros(batch)},
+    }[estimator]
+    function = get_adv_estimator(estimator)
+    holey = function(token_level_rewards=rewards, response_mask=mask, **kwargs(rewards, mask, values))
+    compact = function(
+        token_level_rewards=compact_rewards,
+        response_mask=compact_mask,
+        **kwargs(compact_rewards, compact_mask, compact_values),
+    )
+    for got, want in zip(holey, compact):  # advantages, returns
+        torch.testing.assert_close(got[mask.bool()], want[compact_mask.bool()], atol=1e-5, rtol=1e-5)
+        assert torch.equal(got[~mask.bool()], torch.zeros_like(got[~mask.bool()]))
+
+
 def test_reinforce_plus_plus_baseline_subtracts_group_mean_then_whitens():
     # group R = [1, 0] -> centred [0.5, -0.5]; lengths 2 and 1 -> tokens [0.5, 0.5, -0.5]
     # mean 1/6; unbiased var = (2 * (1/3)^2 + (2/3)^2) / 2 = 1/3; std 0.57735 -> A = [0.57735, 0.57735, -1.15470]

@@ -129,12 +129,15 @@ def compute_gae_advantage(
     next_value = torch.zeros_like(values[:, 0])
     next_advantage = torch.zeros_like(values[:, 0])
     for t in reversed(range(values.shape[1])):
+        m = mask[:, t]
         delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
-        advantage_t = (delta + gamma * lam * next_advantage) * mask[:, t]
-        advantages[:, t] = advantage_t
-        # right padding: past the last response token nothing flows back (V = 0, A = 0)
-        next_value = values[:, t] * mask[:, t]
-        next_advantage = advantage_t
+        advantage_t = delta + gamma * lam * next_advantage
+        advantages[:, t] = advantage_t * m
+        # A masked token is not an action: the right padding (past the last response token nothing flows back,
+        # V = 0, A = 0) or a tool result between two turns of a multi-turn rollout, which the next turn's value and
+        # advantage pass over unchanged, undiscounted, to the turn before (verl does the same).
+        next_value = values[:, t] * m + (1 - m) * next_value
+        next_advantage = advantage_t * m + (1 - m) * next_advantage
     returns = (advantages + values) * mask
     return _whiten(advantages, mask, advantages.dtype), returns
 
@@ -204,13 +207,17 @@ def compute_rloo_advantage(
 
 
 def _discounted_returns(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """G_t = sum_{k>=0} gamma^k r_{t+k} within the response: (batch, response_len)."""
+    """G_t = sum_{k>=0} gamma^k r_{t+k} over the response's own tokens: (batch, response_len), 0 where masked.
+
+    A masked token (a tool result between two turns of a multi-turn rollout) is not a step of the episode: the
+    return passes it unchanged and undiscounted, so an outcome reward on the last turn reaches every earlier turn."""
     mask = response_mask.to(token_level_rewards.dtype)
     returns = torch.zeros_like(token_level_rewards)
     running = torch.zeros_like(token_level_rewards[:, 0])
     for t in reversed(range(token_level_rewards.shape[1])):
-        running = (token_level_rewards[:, t] + gamma * running) * mask[:, t]
-        returns[:, t] = running
+        m = mask[:, t]
+        running = (token_level_rewards[:, t] + gamma * running) * m + (1 - m) * running
+        returns[:, t] = running * m
     return returns
 
 
