@@ -462,6 +462,14 @@ def test_the_plan_notes_a_kl_loss_that_disable_kl_turns_off():
     assert not any("asks for a KL loss" in note for note in notes)
 
 
+def test_the_plan_notes_an_adaptive_controller_that_a_kl_loss_does_not_read():
+    notes = load_run_plan([*BASE, *KL_MODES["loss"], "algorithm.kl_type=adaptive"]).notes
+    assert any("with algorithm.use_kl_loss=true the KL loss keeps algorithm.kl_coef=" in n for n in notes)
+    for kl, kind in (("loss", "fixed"), ("reward", "adaptive"), ("reward", "fixed")):
+        notes = load_run_plan([*BASE, *KL_MODES[kl], f"algorithm.kl_type={kind}"]).notes
+        assert not any("algorithm.kl_type=adaptive steers" in note for note in notes), (kl, kind)
+
+
 @pytest.mark.parametrize(("kl", "use"), [("reward", "a reward penalty"), ("loss", "a loss term")])
 def test_the_plan_notes_a_reference_run_for_a_zero_kl_coefficient(kl, use):
     notes = load_run_plan([*BASE, *KL_MODES[kl], "algorithm.kl_coef=0"]).notes

@@ -306,6 +306,12 @@ def _settings_without_effect(config: PPOConfig) -> list[str]:
             f"algorithm.kl_coef=0 with the KL on (algorithm.disable_kl=false): a reference model runs every step for "
             f"a {use} of 0 x KL{adaptive}, so the KL is only logged. Set algorithm.disable_kl=true to skip it."
         )
+    if not algorithm.disable_kl and algorithm.use_kl_loss and algorithm.kl_type == "adaptive":
+        notes.append(
+            "algorithm.kl_type=adaptive steers the KL penalty in the reward; with algorithm.use_kl_loss=true the KL "
+            f"loss keeps algorithm.kl_coef={algorithm.kl_coef} fixed, so algorithm.kl_target and kl_horizon do "
+            "nothing (as in EasyR1). Set algorithm.use_kl_loss=false for an adaptive penalty in the reward."
+        )
     if not nvidia_gpus_visible():
         # host-memory offload has nothing to move where the workers compute on the CPU (fsdp_utils, fsdp_worker)
         roles = {name: getattr(config.worker, name) for name in ("actor", "ref", "critic")}
