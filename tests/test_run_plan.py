@@ -462,6 +462,16 @@ def test_the_plan_notes_a_kl_loss_that_disable_kl_turns_off():
     assert not any("asks for a KL loss" in note for note in notes)
 
 
+def test_the_plan_notes_a_cispo_weight_with_a_lower_bound():
+    notes = load_run_plan([*BASE, "worker.actor.loss_type=cispo", "worker.actor.clip_ratio_low=0"]).notes
+    assert any("importance weight is floored at 1 - clip_ratio_low = 1," in note for note in notes)
+    for settings in (
+        ["worker.actor.loss_type=cispo", "worker.actor.clip_ratio_low=1"],
+        ["worker.actor.clip_ratio_low=0"],
+    ):
+        assert not any("floored" in note for note in load_run_plan([*BASE, *settings]).notes), settings
+
+
 def test_the_plan_notes_an_adaptive_controller_that_a_kl_loss_does_not_read():
     notes = load_run_plan([*BASE, *KL_MODES["loss"], "algorithm.kl_type=adaptive"]).notes
     assert any("with algorithm.use_kl_loss=true the KL loss keeps algorithm.kl_coef=" in n for n in notes)

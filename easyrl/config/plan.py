@@ -312,6 +312,16 @@ def _settings_without_effect(config: PPOConfig) -> list[str]:
             f"loss keeps algorithm.kl_coef={algorithm.kl_coef} fixed, so algorithm.kl_target and kl_horizon do "
             "nothing (as in EasyR1). Set algorithm.use_kl_loss=false for an adaptive penalty in the reward."
         )
+    actor = config.worker.actor
+    if actor.loss_type == "cispo" and actor.clip_ratio_low < 1:
+        # EasyR1's CISPO example sets clip_ratio_low=0, which raises every weight below 1 to 1
+        notes.append(
+            f"worker.actor.loss_type=cispo with clip_ratio_low={actor.clip_ratio_low}: the importance weight is "
+            f"floored at 1 - clip_ratio_low = {1 - actor.clip_ratio_low:g}, so a token whose probability fell since "
+            "the rollout is weighted as if it had fallen less; the CISPO paper (arXiv 2506.13585) sets no lower "
+            "bound: worker.actor.clip_ratio_low=1 or more. It matters only off-policy (ppo_epochs > 1 or "
+            "mini-batches), where the ratio is not 1."
+        )
     if not nvidia_gpus_visible():
         # host-memory offload has nothing to move where the workers compute on the CPU (fsdp_utils, fsdp_worker)
         roles = {name: getattr(config.worker, name) for name in ("actor", "ref", "critic")}
