@@ -11,11 +11,16 @@ from easyrl.data.sft import ConversationEncoder, SFTDataset, normalize_messages
 
 
 # a Qwen2.5-style template (trim_blocks / lstrip_blocks as transformers renders it): tool calls and tool results shown
-TOOL_TEMPLATE = """{%- for message in messages %}
+TOOL_TEMPLATE = """{%- if tools %}
+{{- '<|im_start|>system\n<tools>' }}
+{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}
+{{- '\n</tools><|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
 {%- if message.role == "assistant" and message.tool_calls %}
 {{- '<|im_start|>assistant\\n' + message.content }}
 {%- for call in message.tool_calls %}
-{{- '<tool_call>\\n{"name": "' + call.function.name + '", "arguments": ' + call.function.arguments + '}\\n</tool_call>' }}
+{{- '<tool_call>\\n{"name": "' + call.function.name + '", "arguments": ' + (call.function.arguments | tojson) + '}\\n</tool_call>' }}
 {%- endfor %}
 {{- '<|im_end|>\\n' }}
 {%- elif message.role == "tool" %}
@@ -47,7 +52,13 @@ def labelled_text(tokenizer, item) -> str:
 
 def test_the_keys_a_chat_template_reads_are_kept_and_none_filled_ones_dropped():
     messages = normalize_messages(TOOL_CONVERSATION, 0)
-    assert messages[1] == {"role": "assistant", "content": "", "tool_calls": [CALL]}
+    # OpenAI's JSON-string arguments become the object transformers' templates expect (Qwen2.5's `tojson` would
+    # otherwise train the model to write escaped JSON); text that is not a JSON object stays as written
+    parsed = {**CALL, "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+    assert messages[1] == {"role": "assistant", "content": "", "tool_calls": [parsed]}
+    for arguments in ("a=2", "[2, 3]", {"a": 2}):
+        call = {"type": "function", "function": {"name": "add", "arguments": arguments}}
+        assert normalize_messages([{"role": "assistant", "tool_calls": [call]}], 0)[0]["tool_calls"] == [call]
     assert messages[2] == {"role": "tool", "content": "5", "name": "add", "tool_call_id": "call_0"}
     # a column read by `datasets` gives every message every key, None where a message has none
     filled = [{"role": "user", "content": "hi", "tool_calls": None, "name": None, "reasoning_content": None}]
@@ -67,6 +78,53 @@ def test_a_tool_call_is_rendered_and_labelled_by_a_template_that_renders_tool_ca
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
     assert labelled_text(tokenizer, item) == call + "It is 5.<|im_end|>"
     assert "<tool_response>\nadd: 5\n</tool_response>" in tokenizer.decode(item["input_ids"])
+
+
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two numbers.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+    },
+}
+
+
+def test_a_rows_tools_are_shown_to_the_template_as_rl_shows_them_and_never_labelled(tokenizer, tmp_path, caplog):
+    """TRL's tool-calling rows carry their tools in a `tools` column (a list, or a JSON string of one): the template
+    lists them, as RL's prompt lists worker.rollout.multi_turn's tools, and only the replies are labelled."""
+    from easyrl.data.sft import _warn_unread_tools
+    from easyrl.data.template import ChatTemplate
+
+    _warn_unread_tools.cache_clear()  # said once per process: this test wants to see it
+
+    template = tmp_path / "tools.jinja"
+    template.write_text(TOOL_TEMPLATE)
+    data = DataConfig(override_chat_template=str(template))
+    rows = [
+        {"messages": TOOL_CONVERSATION, "tools": [ADD_TOOL]},
+        {"messages": TOOL_CONVERSATION, "tools": json.dumps([ADD_TOOL])},
+        {"messages": PLAIN},  # no tools: rendered without them
+        {"messages": PLAIN, "tools": "[not json"},
+    ]
+    dataset = SFTDataset(write_rows(tmp_path / "tools.jsonl", rows), tokenizer, None, data, SFTConfig())
+    assert [index for index, _ in dataset.unusable_rows] == [3]
+    assert "sft.tools_key='tools' holds text that is not JSON" in dataset.unusable_rows[0][1]
+    rl_prompt = ChatTemplate(tokenizer, None, str(template), tools=[ADD_TOOL])(TOOL_CONVERSATION[:1])
+    for item in (dataset[0], dataset[1]):
+        text = tokenizer.decode(item["input_ids"])
+        assert text.startswith(rl_prompt)  # what RL shows before the first reply, tool list included
+        assert text.count('"name": "add", "description": "Add two numbers."') == 1
+        call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
+        assert labelled_text(tokenizer, item) == call + "It is 5.<|im_end|>"
+    assert "<tools>" not in tokenizer.decode(dataset[2]["input_ids"])
+    assert "does not read `tools`" not in caplog.text
+    # a template that never reads `tools` (the tiny tokenizer's SmolLM2 one) trains without the list: said once
+    with caplog.at_level("WARNING"):
+        plain = SFTDataset(
+            write_rows(tmp_path / "plain.jsonl", rows[2:3] * 2 + rows[:1]), tokenizer, None, DataConfig(), SFTConfig()
+        )
+    assert len(plain) == 2 and caplog.text.count("but the chat template does not read `tools`") == 1
 
 
 def test_a_reply_that_renders_empty_is_skipped_and_named_once_with_its_rows(tokenizer, tmp_path, caplog):

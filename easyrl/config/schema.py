@@ -829,6 +829,11 @@ class SFTConfig:
     """Column holding the assistant's reply to data.prompt_key (a one-exchange conversation; the prompt goes through
     data.format_prompt as in RL). Both columns may hold chat messages instead of text (TRL's conversational
     prompt-completion data)."""
+    tools_key: str = "tools"
+    """Column holding a row's tools (TRL's tool-calling data): a list of JSON schemas (OpenAI's {"type": "function",
+    "function": {...}} or bare functions), or a JSON string of one. They go to the chat template as `tools=`, as the
+    tools of worker.rollout.multi_turn do in RL, so the model learns its tool calls beside the tool list that RL shows
+    it (Qwen2.5's and Qwen3's templates list them in the system message). Rows without it render without tools."""
     max_length: int = 2048
     """Longest conversation in tokens (pictures' tokens included); longer rows are skipped, counted and named."""
 

@@ -26,7 +26,9 @@ One item: ``input_ids`` (L,), ``loss_mask`` (L,) 0/1, ``position_ids`` (L,) or (
 padding-free forward pass and its token-mean denominator serve SFT unchanged.
 """
 
+import json
 import logging
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -98,6 +100,8 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
                         f"message {index} has a content part {part!r}: not text, image or video"
                     )
         kept = {key: message[key] for key in TEMPLATE_MESSAGE_KEYS if not _is_missing(message.get(key))}
+        if "tool_calls" in kept:
+            kept["tool_calls"] = [_arguments_as_object(call) for call in _as_list(kept["tool_calls"])]
         out.append({"role": str(message["role"]), "content": parts, **kept})
         weight = message.get("weight")
         if not _is_missing(weight):
@@ -126,6 +130,32 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
 
 # set on an assistant message whose `weight` is 0 (OpenAI's fine-tuning format): rendered as context, not trained on
 UNTRAINED = "_untrained"
+
+
+def _arguments_as_object(call: Any) -> Any:
+    """A tool call whose ``function.arguments`` is a JSON string of an object (OpenAI's API format) with them as that
+    object, as transformers' chat templates expect: Qwen2.5's renders a string through `tojson` once more, and the
+    model would learn to write escaped JSON."""
+    function = call.get("function") if isinstance(call, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    if not isinstance(arguments, str):
+        return call
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        return call
+    return {**call, "function": {**function, "arguments": parsed}} if isinstance(parsed, dict) else call
+
+
+@lru_cache(maxsize=8)
+def _warn_unread_tools(key: str) -> None:
+    """Once per process: rows carry tools, but the chat template never reads `tools`."""
+    logger.warning(
+        "Rows of the data carry tools (sft.tools_key=%s), but the chat template does not read `tools`: the model is "
+        "trained on its tool calls without being shown the tool list. Set data.override_chat_template to a template "
+        "that lists tools (Qwen2.5's and Qwen3's do), or describe them in the system message.",
+        key,
+    )
 
 
 def is_trained_reply(message: dict[str, Any]) -> bool:
@@ -229,8 +259,29 @@ class ConversationEncoder:
         # a reply made of added tokens alone (<|im_end|>, Qwen3's empty <think></think>) has nothing to learn
         self.added_ids = self.special_ids | {int(i) for i in tokenizer.added_tokens_decoder}
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        return self.chat_template.render(messages, add_generation_prompt)
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, tools: list | None = None) -> str:
+        return self.chat_template.render(messages, add_generation_prompt, **({"tools": tools} if tools else {}))
+
+    def tools(self, row: dict) -> list[dict[str, Any]] | None:
+        """The row's tool schemas (``sft.tools_key``), or None."""
+        value = row.get(self.sft.tools_key)
+        if _is_missing(value):
+            return None
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as error:
+                raise UnusableConversationError(
+                    f"sft.tools_key={self.sft.tools_key!r} holds text that is not JSON ({error})"
+                ) from error
+        tools = [value] if isinstance(value, dict) else _as_list(value)
+        if not all(isinstance(tool, dict) for tool in tools):
+            raise UnusableConversationError(
+                f"sft.tools_key={self.sft.tools_key!r} holds {str(value)[:80]!r}: give a list of JSON schemas"
+            )
+        if tools and self.chat_template.reads_tools() is False:
+            _warn_unread_tools(self.sft.tools_key)
+        return tools or None
 
     def conversation(self, row: dict) -> Any:
         """The row's chat messages as stored: ``sft.messages_key``, else the prompt column."""
@@ -299,7 +350,8 @@ class ConversationEncoder:
     def encode(self, row: dict) -> dict[str, Any]:
         images, videos, fps = self.media(row)
         messages = self.messages(row, len(images), len(videos))
-        pieces = labelled_pieces(messages, self.render)
+        tools = self.tools(row)
+        pieces = labelled_pieces(messages, lambda turns, prompt: self.render(turns, prompt, tools))
         replies = iter(i for i, message in enumerate(messages) if is_trained_reply(message))
         media_tokens = {
             kind: getattr(self.processor, f"{kind}_token", None) if items else None

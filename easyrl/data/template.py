@@ -343,10 +343,14 @@ class ChatTemplate:
     def warn_unshown_tools(self, tool_names: list[str], described_in: str) -> None:
         """Once per process: warn when this template does not read ``tools`` (SmolLM2's, Llama 2's: it renders as
         without them) and ``described_in`` (the prompt texts the user wrote) does not name every tool either."""
-        read = _read_variables(self.sources)
         unnamed = tuple(name for name in sorted(set(tool_names)) if name not in described_in)
-        if read is not None and "tools" not in read and unnamed:
+        if self.reads_tools() is False and unnamed:
             _warn_unshown_tools(unnamed)
+
+    def reads_tools(self) -> bool | None:
+        """Whether the template reads ``tools`` (None: unknown, it uses a tag only transformers knows)."""
+        read = _read_variables(self.sources)
+        return None if read is None else "tools" in read
 
     def __call__(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str:
         """``tools``: this prompt's schemas, in place of the template's own (a row's environment's)."""
