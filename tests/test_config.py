@@ -355,6 +355,8 @@ def test_unknown_key_suggestion_ranks_the_whole_dotted_path(valid_args, given, m
             "a reward penalty when algorithm.disable_kl=false and algorithm.use_kl_loss=false",
         ),
         ("actor_rollout_ref.actor.use_dynamic_bsz", "worker.actor.dynamic_batching", "verl's use_dynamic_bsz"),
+        ("actor_rollout_ref.actor.tis_imp_ratio_cap", "worker.actor.tis_cap", "verl's tis_imp_ratio_cap"),
+        ("algorithm.rollout_is_threshold", "worker.actor.tis_cap", "verl's rollout_is_threshold"),
         (
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
             "worker.actor.micro_batch_size_per_device_for_update",

@@ -91,6 +91,15 @@ FOREIGN_KEY_NAMES: dict[str, tuple[str, str]] = {
         "[1 - clip_ratio_low, 1 + clip_ratio_high]",
     ),
     "clip_ratio_c": ("clip_ratio_dual", "verl's clip_ratio_c: the dual-clip constant C"),
+    "tis_imp_ratio_cap": (
+        "worker.actor.tis_cap",
+        "verl's tis_imp_ratio_cap: the cap of the truncated importance weight against the rollout's log-probs",
+    ),
+    "rollout_is_threshold": (
+        "worker.actor.tis_cap",
+        "verl's rollout_is_threshold: the upper cap of the token-level importance weight against the rollout's "
+        "log-probs (easyrl truncates the weight there)",
+    ),
     "use_dynamic_bsz": ("dynamic_batching", "verl's use_dynamic_bsz: micro-batches by a token budget"),
     "log_prob_use_dynamic_bsz": (
         "worker.actor.dynamic_batching",
