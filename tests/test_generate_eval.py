@@ -8,6 +8,7 @@ import os
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from easyrl.config import load_run_plan
@@ -542,6 +543,75 @@ def test_eval_at_k_1_greedy_equals_the_trainers_validation_reward(tiny_model_pat
     validation = metrics_by_step(tmp_path / "train")[0]
     for source in ("odd", "even"):
         assert results["sources"][source]["mean@1"] == pytest.approx(validation[f"val/{source}/reward"], abs=1e-6)
+
+
+@pytest.mark.timeout(120)
+def test_a_file_made_by_other_weights_answers_or_reward_code_is_refused(tiny_model_path, val_file, tmp_path):
+    """A model folder rewritten in place (a resumed `easyrl sft`, a merge run again), a benchmark answer corrected or
+    a reward function fixed left the earlier rows standing: a rerun reported the old model's or old scores' numbers as
+    the new ones. A row of an earlier version, without the weights' and reward file's digests, is still read."""
+    import shutil
+
+    from easyrl.config.plan import load_run_plan
+    from easyrl.data.loader import create_val_loader
+    from easyrl.data.tokenizer import load_tokenizer_and_processor
+    from easyrl.trainer.generate import generation_settings, prompts_left
+    from easyrl.workers.rollout.base import GenerationRequest
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_path, model)
+    reward = tmp_path / "my_reward.py"
+    reward.write_text((REPO_ROOT / "reward_function" / "arithmetic.py").read_text())
+    args = _args(model, val_file, tmp_path, f"worker.reward.reward_function={reward}:compute_score")
+    tokenizer, _ = load_tokenizer_and_processor(str(model))
+
+    def settings_and_loader(data_file=val_file):
+        plan = load_run_plan([*args, f"data.val_files={data_file}"])
+        return generation_settings(plan, GenerationRequest()), create_val_loader(plan.config.data, tokenizer)
+
+    settings, loader = settings_and_loader()
+    assert len(settings["model_weights"]) == 16 and len(settings["reward_file"]) == 16
+    batches = list(loader)
+    texts = [tokenizer.decode(ids) for batch in batches for ids in batch.non_tensor_batch["raw_prompt_ids"]]
+    truths = [str(truth) for batch in batches for truth in batch.non_tensor_batch["ground_truth"]]
+    output = str(tmp_path / "samples.jsonl")
+    rows = [
+        {"index": i, "prompt": text, "ground_truth": truth, "responses": ["r"] * 4, "settings": settings}
+        for i, (text, truth) in enumerate(zip(texts, truths))
+    ]
+    append_rows(output, rows[:3])
+    assert prompts_left(output, tokenizer, loader, 4, settings) == len(PROMPTS) - 3
+
+    # new weights in the same folder: the tensors' bytes (after safetensors' header) all change, as training does
+    weights = next(model.glob("*.safetensors"))
+    data = weights.read_bytes()
+    start = 8 + int.from_bytes(data[:8], "little")
+    weights.write_bytes(data[:start] + np.random.default_rng(0).bytes(len(data) - start))
+    new_weights, _ = settings_and_loader()
+    with pytest.raises(GenerationFileError, match=r"other settings \(model_weights: '[0-9a-f]{16}' in the file, '"):
+        prompts_left(output, tokenizer, loader, 4, new_weights)
+    # the reward function fixed
+    reward.write_text(reward.read_text() + "\n# fixed\n")
+    fixed = {**settings, "reward_file": generation_settings(load_run_plan(args), GenerationRequest())["reward_file"]}
+    assert fixed["reward_file"] != settings["reward_file"]
+    with pytest.raises(GenerationFileError, match=r"other settings \(reward_file: '[0-9a-f]{16}' in the file, '"):
+        prompts_left(output, tokenizer, loader, 4, fixed)
+    # an answer of the data corrected
+    corrected = tmp_path / "val.jsonl"
+    lines = val_file.read_text().splitlines()
+    row = json.loads(lines[1])
+    lines[1] = json.dumps({**row, "answer": "99"})
+    corrected.write_text("\n".join(lines) + "\n")
+    _, corrected_loader = settings_and_loader(corrected)
+    with pytest.raises(
+        GenerationFileError, match=rf"prompt index 1 holds the answer '{row['answer']}', data.val_files now '99'"
+    ):
+        prompts_left(output, tokenizer, corrected_loader, 4, settings)
+    # rows of an earlier version have neither digest: read, not refused for lacking them
+    older = {key: value for key, value in settings.items() if key not in ("model_weights", "reward_file")}
+    earlier = str(tmp_path / "earlier.jsonl")
+    append_rows(earlier, [{**row, "settings": older} for row in rows[:2]])
+    assert prompts_left(earlier, tokenizer, loader, 4, settings) == len(PROMPTS) - 2
 
 
 @pytest.mark.timeout(300)

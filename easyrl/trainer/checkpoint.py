@@ -581,6 +581,14 @@ def _local_model_folder(name: str) -> str | None:
     return os.path.dirname(cached) if isinstance(cached, str) else None
 
 
+def model_weights_fingerprint(model_path: str) -> str | None:
+    """A short digest of the weight files of the model at ``model_path`` (a folder, or a hub id's cached snapshot):
+    it changes when new weights are written into the same folder. None when no weight file is found here."""
+    folder = _local_model_folder(model_path) if model_path else None
+    files = _weight_files_fingerprint(folder) if folder else ()
+    return hashlib.sha256(json.dumps(files).encode()).hexdigest()[:16] if files else None
+
+
 def _weight_files_fingerprint(folder: str) -> tuple[tuple[str, int, str], ...]:
     """``(name, size, digest of FINGERPRINT_SAMPLES stretches spread over it)`` of each weight file of a model folder:
     the same for two copies of a model, different for two models of one architecture, without reading tens of GB;

@@ -26,6 +26,7 @@ with a seed of (worker.rollout.seed, batch index) only, so a resumed batch draws
 """
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -45,6 +46,7 @@ from ..utils.logging import setup_driver_logging
 from ..workers.reward.scorer import ERRORS_KEY, JUDGE_ERRORS_KEY, named_scores
 from ..workers.rollout.base import GenerationRequest, resolve_sampling
 from ..workers.tool_files import has_tool_env
+from .checkpoint import model_weights_fingerprint
 from .ray_trainer import GENERATION_KEYS, generation_non_tensor_keys, join_rollout_output
 
 
@@ -148,6 +150,8 @@ def generation_settings(plan: RunPlan, request: GenerationRequest) -> dict[str, 
     reward = config.worker.reward
     settings = {
         "model_path": model,
+        # the weights themselves: a folder is often rewritten in place (a resumed `easyrl sft`, a merge run again)
+        "model_weights": model_weights_fingerprint(config.worker.actor.model.model_path),
         "sampling": {**dataclasses.asdict(sampling), "val_sampling": request.validate},
         "seed": config.worker.rollout.seed,
         "reward_function": reward.reward_function or None,
@@ -156,12 +160,34 @@ def generation_settings(plan: RunPlan, request: GenerationRequest) -> dict[str, 
     if multi_turn.enabled:  # tools, an environment, the turn limits: each changes what a response is
         settings["multi_turn"] = dataclasses.asdict(multi_turn)
     if reward.reward_function:
+        # its code: a fixed reward function must not leave the earlier scores standing
+        settings["reward_file"] = _file_digest(reward.reward_function)
         settings["reward_function_kwargs"] = dict(reward.reward_function_kwargs or {})
         settings["reward_weights"] = list(reward.reward_weights) if reward.reward_weights else None
         if reward.judge.kind != "none":  # a judge's grade is part of each score
             settings["rule_weight"] = reward.rule_weight
             settings["judge"] = dataclasses.asdict(reward.judge)
     return json.loads(json.dumps(settings, default=str))
+
+
+# settings that earlier versions did not write: a file without them is not refused for lacking them
+LATER_SETTINGS = ("model_weights", "reward_file")
+
+
+def _file_digest(spec: str) -> str | None:
+    """A short digest of the reward file's contents (``path.py[:function]``); None when it cannot be read."""
+    from ..workers.reward.loader import RewardFunctionError, parse_spec, parse_user_file
+
+    try:
+        path, _names, _functions = parse_user_file(parse_spec(spec)[0], "worker.reward.reward_function")
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except (OSError, RewardFunctionError):
+        return None
+
+
+def _comparable(written: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` less the LATER_SETTINGS that ``written`` (a row of an earlier version) does not hold."""
+    return {key: value for key, value in settings.items() if key in written or key not in LATER_SETTINGS}
 
 
 def _settings_changes(written: dict[str, Any], settings: dict[str, Any]) -> str:
@@ -181,12 +207,19 @@ def _settings_changes(written: dict[str, Any], settings: dict[str, Any]) -> str:
 
 
 def _check_resumed_row(
-    path: str, row: dict[str, Any], prompt: str, samples: int, settings: dict[str, Any] | None
+    path: str,
+    row: dict[str, Any],
+    prompt: str,
+    samples: int,
+    settings: dict[str, Any] | None,
+    ground_truth: Any = None,
 ) -> None:
-    """A row of an earlier run must be the one this run would write: same prompt, same number of samples, and made
-    with the same settings (a row without them comes from a version that did not write them)."""
+    """A row of an earlier run must be the one this run would write: same prompt and ground truth (``ground_truth``
+    in JSON's types; None: not checked), same number of samples, and made with the same settings (a row without them
+    comes from a version that did not write them)."""
     written = row.get("settings")
-    if settings is not None and written is not None and written != settings:
+    if settings is not None and written is not None and written != _comparable(written, settings):
+        settings = _comparable(written, settings)
         raise GenerationFileError(
             f"{path}: its rows were made with other settings ({_settings_changes(written, settings)}): continuing it "
             "would mix the two, or report the earlier settings' results as these. Choose another output file "
@@ -196,6 +229,12 @@ def _check_resumed_row(
         raise GenerationFileError(
             f"{path}: the row of prompt index {row['index']} holds another prompt than data.val_files has at that "
             "position: the file was written for other data or data.* settings. Delete it or choose another output."
+        )
+    if ground_truth is not None and "ground_truth" in row and row["ground_truth"] != ground_truth:
+        raise GenerationFileError(
+            f"{path}: the row of prompt index {row['index']} holds the answer {str(row['ground_truth'])[:80]!r}, "
+            f"data.val_files now {str(ground_truth)[:80]!r} (data.answer_key): its scores were computed against the "
+            "earlier answer. Delete the file or choose another output."
         )
     if len(row["responses"]) != samples:
         raise GenerationFileError(
@@ -223,9 +262,12 @@ def prompts_left(
         )
     position, left = 0, 0
     for prompts in _batches(val_loader):
-        for text in (tokenizer.decode(ids) for ids in prompts.non_tensor_batch["raw_prompt_ids"]):
+        truths = prompts.non_tensor_batch.get("ground_truth")
+        for k, ids in enumerate(prompts.non_tensor_batch["raw_prompt_ids"]):
             if position in done:
-                _check_resumed_row(path, done[position], text, samples_per_prompt, settings)
+                # as the file holds it: through JSON and back
+                truth = None if truths is None else json.loads(json.dumps(_jsonable(truths[k])))
+                _check_resumed_row(path, done[position], tokenizer.decode(ids), samples_per_prompt, settings, truth)
             else:
                 left += 1
             position += 1
