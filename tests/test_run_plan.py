@@ -462,6 +462,14 @@ def test_the_plan_notes_a_kl_loss_that_disable_kl_turns_off():
     assert not any("asks for a KL loss" in note for note in notes)
 
 
+def test_the_plan_notes_a_k1_kl_loss_whose_expected_gradient_is_zero():
+    notes = load_run_plan([*BASE, *KL_MODES["loss"], "algorithm.kl_penalty=kl"]).notes
+    assert any("with algorithm.kl_penalty=kl: as a loss, the k1 estimate" in note for note in notes)
+    for settings in (["algorithm.kl_penalty=low_var_kl"], ["algorithm.kl_penalty=kl", "algorithm.use_kl_loss=false"]):
+        notes = load_run_plan([*BASE, *KL_MODES["loss"], *settings]).notes
+        assert not any("the k1 estimate" in note for note in notes), settings
+
+
 def test_the_plan_notes_a_cispo_weight_with_a_lower_bound():
     notes = load_run_plan([*BASE, "worker.actor.loss_type=cispo", "worker.actor.clip_ratio_low=0"]).notes
     assert any("importance weight is floored at 1 - clip_ratio_low = 1," in note for note in notes)

@@ -312,6 +312,12 @@ def _settings_without_effect(config: PPOConfig) -> list[str]:
             f"loss keeps algorithm.kl_coef={algorithm.kl_coef} fixed, so algorithm.kl_target and kl_horizon do "
             "nothing (as in EasyR1). Set algorithm.use_kl_loss=false for an adaptive penalty in the reward."
         )
+    if not algorithm.disable_kl and algorithm.use_kl_loss and algorithm.kl_penalty == "kl" and algorithm.kl_coef:
+        notes.append(
+            "algorithm.use_kl_loss=true with algorithm.kl_penalty=kl: as a loss, the k1 estimate log pi - log pi_ref "
+            "has a gradient (grad log pi) whose mean over the policy's own samples is 0, so it adds noise rather "
+            "than pulling towards the reference. EasyR1's examples set algorithm.kl_penalty=low_var_kl (k3)."
+        )
     actor = config.worker.actor
     if actor.loss_type == "cispo" and actor.clip_ratio_low < 1:
         # EasyR1's CISPO example sets clip_ratio_low=0, which raises every weight below 1 to 1
