@@ -303,6 +303,11 @@ EASYR1_DIFFERENCES: dict[str, str] = {
         "and their optimizer state, and its huggingface/ folder is a peft adapter folder (EasyR1 writes a separate "
         "lora_adapter/); LoRA on the critic is refused"
     ),
+    "worker.actor.clip_ratio_dual": (
+        "bounds the default (PPO) loss only: gspo and gspo_token clip the sequence-level ratio without a dual clip, as "
+        "the GSPO paper and verl do (EasyR1 applies it to them too; with GSPO's narrow clip range a sequence ratio "
+        "beyond it is rare), and cispo and sapo have none in either"
+    ),
     "worker.actor.ulysses_size": (
         "also runs for vision-language models (EasyR1: text only); a model with fewer key/value heads than the size "
         "repeats each head over the ranks (as verl does; the size must then be a multiple of them), and one whose "
