@@ -118,6 +118,12 @@ def test_a_rows_tools_are_shown_to_the_template_as_rl_shows_them_and_never_label
         call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
         assert labelled_text(tokenizer, item) == call + "It is 5.<|im_end|>"
     assert "<tools>" not in tokenizer.decode(dataset[2]["input_ids"])
+    # an RL prompt holding the same earlier turns (a call with JSON-string arguments) renders them as SFT did
+    rl_rows = write_rows(tmp_path / "rl.jsonl", [{"prompt": TOOL_CONVERSATION[:3], "answer": "5"}])
+    rl_text = tokenizer.decode(RLHFDataset(rl_rows, tokenizer, None, data)[0]["raw_prompt_ids"])
+    sft_text = tokenizer.decode(dataset[0]["input_ids"])
+    tools_block = sft_text[: sft_text.index("<|im_start|>user")]  # the RL rows here have no tools
+    assert rl_text == sft_text[len(tools_block) : sft_text.index("It is 5.")]
     assert "does not read `tools`" not in caplog.text
     # a template that never reads `tools` (the tiny tokenizer's SmolLM2 one) trains without the list: said once
     with caplog.at_level("WARNING"):

@@ -54,6 +54,7 @@ from .template import (
     PLACEHOLDER,
     ChatTemplate,
     PromptFormatter,
+    arguments_as_object,
     conversation_messages,
     is_chat_messages,
     place_media,
@@ -101,7 +102,7 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
                     )
         kept = {key: message[key] for key in TEMPLATE_MESSAGE_KEYS if not _is_missing(message.get(key))}
         if "tool_calls" in kept:
-            kept["tool_calls"] = [_arguments_as_object(call) for call in _as_list(kept["tool_calls"])]
+            kept["tool_calls"] = [arguments_as_object(call) for call in _as_list(kept["tool_calls"])]
         out.append({"role": str(message["role"]), "content": parts, **kept})
         weight = message.get("weight")
         if not _is_missing(weight):
@@ -130,21 +131,6 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
 
 # set on an assistant message whose `weight` is 0 (OpenAI's fine-tuning format): rendered as context, not trained on
 UNTRAINED = "_untrained"
-
-
-def _arguments_as_object(call: Any) -> Any:
-    """A tool call whose ``function.arguments`` is a JSON string of an object (OpenAI's API format) with them as that
-    object, as transformers' chat templates expect: Qwen2.5's renders a string through `tojson` once more, and the
-    model would learn to write escaped JSON."""
-    function = call.get("function") if isinstance(call, dict) else None
-    arguments = function.get("arguments") if isinstance(function, dict) else None
-    if not isinstance(arguments, str):
-        return call
-    try:
-        parsed = json.loads(arguments)
-    except json.JSONDecodeError:
-        return call
-    return {**call, "function": {**function, "arguments": parsed}} if isinstance(parsed, dict) else call
 
 
 @lru_cache(maxsize=8)

@@ -16,6 +16,7 @@ text of its last user message, and the messages go to the chat template as they 
 """
 
 import copy
+import json
 import logging
 import re
 from functools import lru_cache
@@ -164,6 +165,21 @@ def media_in_messages(conversation: Any) -> tuple[list, list]:
     return found["image"], found["video"]
 
 
+def arguments_as_object(call: Any) -> Any:
+    """A tool call whose ``function.arguments`` is a JSON string of an object (OpenAI's API format) with them as that
+    object, as transformers' chat templates expect: Qwen2.5's renders a string through `tojson` once more, and the
+    model would learn to write escaped JSON."""
+    function = call.get("function") if isinstance(call, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    if not isinstance(arguments, str):
+        return call
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        return call
+    return {**call, "function": {**function, "arguments": parsed}} if isinstance(parsed, dict) else call
+
+
 def conversation_messages(
     conversation: list, formatter: PromptFormatter, num_images: int = 0, num_videos: int = 0
 ) -> list[dict[str, Any]]:
@@ -183,6 +199,11 @@ def conversation_messages(
                 f"{str(message)[:80]!r}"
             )
         message = copy.deepcopy(message)  # the row's own value stays as it is
+        # an earlier turn's tool calls and their null content (OpenAI's format), read as `easyrl sft` reads them
+        if isinstance(message.get("tool_calls"), list):
+            message["tool_calls"] = [arguments_as_object(call) for call in message["tool_calls"]]
+        if message["content"] is None:
+            message["content"] = ""
         if isinstance(content, list):
             # a part that names its picture is a bare part for the chat template; a part read from parquet carries
             # every key of every part (None where unused), and Qwen's template takes a part with an `image` key
