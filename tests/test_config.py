@@ -109,6 +109,16 @@ def test_rollout_batch_must_be_multiple_of_global_batch(valid_args):
 def test_global_batch_must_split_over_workers(valid_args):
     with pytest.raises(ConfigError, match=r"cannot be split evenly over 3 workers"):
         load_config([*valid_args, "trainer.n_gpus_per_node=3", "worker.actor.global_batch_size=2"])
+    two = [*valid_args, "trainer.n_gpus_per_node=2", "worker.reward.num_cpus=0", "worker.rollout.n=3"]
+    with pytest.raises(ConfigError, match=r"= 3 samples .* over 2 workers .*Choose a global_batch_size among 2, 4\.$"):
+        load_config([*two, "data.rollout_batch_size=4", "worker.actor.global_batch_size=1"])
+    # no global_batch_size can do: the way out is another n or rollout_batch_size
+    odd = [*two, "data.rollout_batch_size=3", "worker.actor.global_batch_size=3"]
+    with pytest.raises(ConfigError, match=r"No divisor of data.rollout_batch_size \(3\) does with worker.rollout.n=3"):
+        load_config(odd)
+    # Ulysses' two workers share one data-parallel group's 9 samples: nothing to split
+    config = load_config([*odd, "worker.actor.ulysses_size=2", "worker.actor.padding_free=true"])
+    assert config.worker.actor.global_batch_size_per_device == 9
 
 
 def test_per_device_batch_must_hold_whole_fixed_micro_batches_but_any_with_dynamic_batching(valid_args):

@@ -26,6 +26,7 @@ from ..workers.reward.loader import (
     resolve_reward_function,
 )
 from .compat import FOREIGN_CHOICE_VALUES
+from .load import data_parallel_size
 from .schema import ActorConfig, ConfigError, JudgeConfig, PPOConfig
 
 
@@ -984,22 +985,31 @@ def _check_role_batches(config: PPOConfig, role: str) -> None:
             f"steps. Make global_batch_size a divisor of it: {_divisors(data.rollout_batch_size)}."
         )
     samples = section.global_batch_size * rollout.n
-    if samples % world != 0:
+    # the samples split over the data-parallel groups: the workers, or groups of ulysses_size that share theirs
+    groups = data_parallel_size(section, world)
+    split = (
+        f"over {groups} data-parallel group{'s' * (groups > 1)} of `{key}.ulysses_size` workers"
+        if groups != world
+        else f"over {world} worker{'s' * (world > 1)} (`trainer.nnodes` x `trainer.n_gpus_per_node`)"
+    )
+    if samples % groups != 0:
+        working = [d for d in range(1, data.rollout_batch_size + 1) if data.rollout_batch_size % d == 0]
+        working = [d for d in working if d * rollout.n % groups == 0]
+        fix = (
+            f"Choose a global_batch_size among {', '.join(map(str, working))}."
+            if working
+            else f"No divisor of data.rollout_batch_size ({data.rollout_batch_size}) does with worker.rollout.n="
+            f"{rollout.n}: change worker.rollout.n or data.rollout_batch_size so that their product is a multiple "
+            f"of {groups}."
+        )
         raise ConfigError(
             f"`{key}.global_batch_size` x `worker.rollout.n` = {samples} samples per optimizer step cannot be "
-            f"split evenly over {world} workers (`trainer.nnodes` x `trainer.n_gpus_per_node`). "
-            f"Choose a global_batch_size so that the product is a multiple of {world}."
+            f"split evenly {split}. {fix}"
         )
     per_device, micro = section.global_batch_size_per_device, section.micro_batch_size_per_device_for_update
     # with dynamic batching the micro-batch size only sets the token budget, and the loss is divided by the whole
     # mini-batch's tokens whatever the split: any number of samples per device works (EasyR1 asks divisibility anyway)
     if per_device % micro != 0 and not section.dynamic_batching:
-        groups = world // max(section.ulysses_size, 1)
-        split = (
-            f"over {groups} data-parallel groups of `{key}.ulysses_size` workers"
-            if section.ulysses_size > 1
-            else f"over {world} worker{'s' * (world > 1)}"
-        )
         raise ConfigError(
             f"Each worker gets {per_device} samples per optimizer step (`{key}.global_batch_size` x "
             f"`worker.rollout.n` = {samples}, {split}), which is not a multiple of "
