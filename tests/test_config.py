@@ -106,6 +106,18 @@ def test_rollout_batch_must_be_multiple_of_global_batch(valid_args):
         load_config([*valid_args, "data.rollout_batch_size=6"])
 
 
+def test_a_mapping_without_spaces_after_its_colons_is_refused_with_the_spelling_that_works(valid_args):
+    with pytest.raises(ConfigError) as error:
+        load_config([*valid_args, "worker.rollout.val_override_config={temperature:1.0,n:2}"])
+    assert str(error.value) == (
+        "`worker.rollout.val_override_config={temperature:1.0,n:2}`: `temperature:1.0` holds a colon: in YAML a "
+        "mapping needs a space after it ({temperature: 1.0}, not {temperature:1.0}); or set one key at a time "
+        "(worker.rollout.val_override_config.temperature=1.0)."
+    )
+    config = load_config([*valid_args, "worker.rollout.val_override_config={temperature: 1.0, n: 2}"])
+    assert config.worker.rollout.val_override_config == {"temperature": 1.0, "n": 2}
+
+
 def test_global_batch_must_split_over_workers(valid_args):
     with pytest.raises(ConfigError, match=r"cannot be split evenly over 3 workers"):
         load_config([*valid_args, "trainer.n_gpus_per_node=3", "worker.actor.global_batch_size=2"])
@@ -367,6 +379,7 @@ def test_unknown_key_suggestion_ranks_the_whole_dotted_path(valid_args, given, m
         ("actor_rollout_ref.actor.use_dynamic_bsz", "worker.actor.dynamic_batching", "verl's use_dynamic_bsz"),
         ("actor_rollout_ref.actor.tis_imp_ratio_cap", "worker.actor.tis_cap", "verl's tis_imp_ratio_cap"),
         ("algorithm.rollout_is_threshold", "worker.actor.tis_cap", "verl's rollout_is_threshold"),
+        ("data.drop_last", "data.rollout_batch_size", "training drops the last partial batch of each epoch"),
         (
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
             "worker.actor.micro_batch_size_per_device_for_update",

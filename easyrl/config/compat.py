@@ -123,6 +123,15 @@ FOREIGN_KEY_NAMES: dict[str, tuple[str, str]] = {
         "micro_batch_size_per_device_for_update",
         f"verl's *_max_token_len_per_gpu: {TOKEN_BUDGET_NOTE.format(size='micro_batch_size_per_device_for_update')}",
     ),
+    "drop_last": (
+        "data.rollout_batch_size",
+        "training drops the last partial batch of each epoch (with data.shuffle=true its rows are drawn in other "
+        "epochs), as EasyR1 does; validation and `easyrl eval` use every row",
+    ),
+    "dataloader_drop_last": (
+        "data.rollout_batch_size",
+        "TRL's dataloader_drop_last: training drops the last partial batch of each epoch, validation uses every row",
+    ),
     "val_max_samples": (
         "data.val_files",
         "verl's val_max_samples: the first N rows of a data file are `data.val_files=FILE@train[:N]`",

@@ -361,8 +361,21 @@ def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
             value = raw
         if isinstance(value, dict) and _takes_text(key):  # `judge.score_pattern=Score: ([0-9]+)` means that text
             value = raw
+        elif isinstance(value, dict):
+            _refuse_unspaced_mapping(key, raw, value)
         flat[key] = _coerce_scientific(value)
     return flat
+
+
+def _refuse_unspaced_mapping(key: str, raw: str, value: dict) -> None:
+    """`{temperature:1.0,n:2}` reads in YAML as the keys 'temperature:1.0' and 'n:2' without values: say so."""
+    glued = [str(name) for name, item in value.items() if item is None and ":" in str(name)]
+    if glued:
+        name, _, given = glued[0].partition(":")
+        raise ConfigError(
+            f"`{key}={raw}`: `{glued[0]}` holds a colon: in YAML a mapping needs a space after it ({{{name}: "
+            f"{given}}}, not {{{glued[0]}}}); or set one key at a time ({key}.{name}={given})."
+        )
 
 
 def _takes_text(key: str) -> bool:

@@ -292,13 +292,15 @@ def _say_rows_left_over(plan: RunPlan, rows: int) -> None:
         return
     if config.data.shuffle:
         logger.info(
-            "data.train_files: %d usable rows make %d batches of %s=%d per epoch; %d rows, other ones each epoch "
-            "(data.shuffle=true), are not drawn in it.",
+            "data.train_files: %d usable rows make %d batches of %s=%d per epoch; %d %s, other ones each epoch "
+            "(data.shuffle=true), %s not drawn in it.",
             rows,
             rows // batch,
             key,
             batch,
             left,
+            "row" if left == 1 else "rows",
+            "is" if left == 1 else "are",
         )
         return
     logger.warning(
