@@ -149,6 +149,38 @@ def test_rows_without_an_answer_are_skipped_counted_and_named(tmp_path, tokenize
     assert "skipped 2 of 4 rows without a value for data.answer_key='answer' (rows 1, 3)" in caplog.text
 
 
+EMPTY_CSV_ANSWER = "no value for data.answer_key='answer'"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_empty_prompt_is_skipped_and_empty_answers_among_others_are_named(tmp_path, tokenizer, caplog, fmt):
+    """An empty prompt asks nothing (the model read data.format_prompt alone); an empty answer among filled ones is
+    a lost answer whose samples score 0 in every mean: said, with its rows. All answers empty is a choice."""
+    rows = [
+        {"problem": "1 + 1", "answer": "2"},
+        {"problem": "  ", "answer": "4"},
+        {"problem": "3 + 3", "answer": ""},
+        {"problem": "4 + 4", "answer": "8"},
+    ]
+    with caplog.at_level(logging.WARNING):
+        dataset = RLHFDataset(write_rows(tmp_path / f"rows.{fmt}", rows), tokenizer, None, data_config())
+    if fmt == "csv":  # an empty cell is no value at all: the row is skipped as one without an answer
+        assert dataset.unusable_rows == [(1, "no value for data.prompt_key='problem'"), (2, EMPTY_CSV_ANSWER)]
+        assert [dataset[i]["ground_truth"] for i in range(len(dataset))] == ["2", "8"]
+        return
+    assert dataset.unusable_rows == [(1, "no value for data.prompt_key='problem'")]
+    assert [dataset[i]["ground_truth"] for i in range(len(dataset))] == ["2", "", "8"]
+    assert "1 of 4 rows have an empty answer (data.answer_key=answer): row 2." in caplog.text
+    # a tool environment's reset may give the task (TRL's rows that only route to one): an empty prompt is kept
+    routed = RLHFDataset(write_rows(tmp_path / f"env.{fmt}", rows), tokenizer, None, data_config(), env_prompts=True)
+    assert routed.unusable_rows == []
+    caplog.clear()
+    unanswered = [{"problem": row["problem"], "answer": ""} for row in rows if row["problem"].strip()]
+    with caplog.at_level(logging.WARNING):
+        RLHFDataset(write_rows(tmp_path / f"judged.{fmt}", unanswered), tokenizer, None, data_config())
+    assert "empty answer" not in caplog.text
+
+
 def test_rows_absent_from_jsonl_lack_the_key_and_are_skipped(tmp_path, tokenizer):
     path = tmp_path / "rows.jsonl"
     path.write_text('{"problem": "a", "answer": "1"}\n{"problem": "b"}\n{"answer": "3"}\n')

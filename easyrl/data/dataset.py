@@ -181,6 +181,8 @@ class RowEncoder:
     """With several environments: the tool schemas each one's rows advertise (the row's ENVIRONMENT_COLUMN)."""
     max_images: int = 0
     """worker.rollout.limit_images: the most pictures the rollout engine takes in one prompt (0: no limit)."""
+    empty_prompts: bool = False
+    """Whether an empty prompt is a task: a tool environment's reset may give it (TRL's rows that only route to one)."""
 
     def media(self, row: dict) -> tuple[list, list, list[float]]:
         """Loaded images, videos and each video's sampling rate; raises UnreadableMediaError / UnusableRowError."""
@@ -195,7 +197,9 @@ class RowEncoder:
     def messages(self, row: dict, num_images: int, num_videos: int) -> list[dict[str, Any]]:
         """The chat messages of the row's prompt, before the chat template (format_prompt and system_prompt applied)."""
         text = row_value(row, self.config.prompt_key)
-        if _is_missing(text):
+        # an empty text prompt without pictures asks nothing: the model would answer data.format_prompt alone
+        empty = isinstance(text, str) and not text.strip() and not (num_images or num_videos or self.empty_prompts)
+        if _is_missing(text) or empty:
             raise MissingValueError("prompt_key", self.config.prompt_key)
         try:
             if is_chat_messages(text):  # verl's / TRL's conversational data
@@ -519,6 +523,8 @@ class RLHFDataset(Dataset):
         filled = self._fill_env_columns(env_prompts) if (env_prompts or answer_optional) and len(self.rows) else []
         config = self.config
         self._check_columns(processor)
+        if config.answer_key not in filled:
+            self._warn_empty_answers()
         media_dirs = tuple(folder for folder in (config.image_dir, data_folder(data_path)) if folder)
         vision_block_ids, pad_ids = _vision_token_ids(tokenizer, processor)
         self.encoder = RowEncoder(
@@ -542,6 +548,7 @@ class RLHFDataset(Dataset):
             pad_ids=pad_ids,
             tools_by_env=tools if isinstance(tools, dict) else None,
             max_images=max_images,
+            empty_prompts=env_prompts,
         )
         if tools and len(self.rows):
             self._warn_unshown_tools(tools)
@@ -653,6 +660,25 @@ class RLHFDataset(Dataset):
                 columns,
             )
         return filled
+
+    def _warn_empty_answers(self) -> None:
+        """Rows whose answer is empty text among rows that have one: a data error, almost always (a benchmark row
+        whose answer was lost), which a reward that compares with the answer scores 0 in every mean. All rows empty
+        is a choice (a judge or a reward that needs no answer): said nothing."""
+        key = self.config.answer_key
+        column = key.split(".")[0]
+        values = [row_value({column: value}, key) for value in self.rows[column]]
+        empty = [i for i, value in enumerate(values) if isinstance(value, str) and not value.strip()]
+        if empty and len(empty) < len(values):
+            logger.warning(
+                "%s: %d of %d rows have an empty answer (data.answer_key=%s): %s. They are trained and validated on, "
+                "and a reward that compares with the answer scores their samples 0; fill their answers or drop them.",
+                self.config_key,
+                len(empty),
+                len(values),
+                key,
+                _name_rows(empty, self.places),
+            )
 
     def _check_columns(self, processor: Any) -> None:
         if len(self.rows) == 0:
