@@ -100,6 +100,17 @@ def test_summary_per_source_mean_and_pass_at_k_by_hand():
     table = format_table(results)
     assert table.splitlines()[0].split() == ["source", "prompts", "mean@4", "accuracy@4", "pass@1", "pass@2", "pass@4"]
     assert table.splitlines()[1].split() == ["code", "1", "0.2500", "0.2500", "0.2500", "0.5000", "1.0000"]
+    assert "max_prompt_length" not in table
+    # prompts cut at data.max_prompt_length were scored as the others: the table says how many
+    results["data"] = {"rows": 3, "skipped": 0, "truncated": 2, "max_prompt_length": 64}
+    assert (
+        format_table(results)
+        .splitlines()[-1]
+        .startswith(
+            "(2 prompts were longer than data.max_prompt_length=64 tokens and were cut to their first 64, losing their "
+            "end and the generation prompt, yet scored as the others"
+        )
+    )
 
 
 def test_samples_the_reward_failed_on_count_as_wrong_and_are_counted_per_source():

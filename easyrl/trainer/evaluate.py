@@ -164,6 +164,13 @@ def format_table(results: dict) -> str:
             f"not apply to them; pass@k and {key}@n leave them out, column `unjudged`)"
         )
     data = results.get("data", {})
+    if data.get("truncated"):
+        lines.append(
+            f"({data['truncated']} prompts were longer than data.max_prompt_length={data['max_prompt_length']} "
+            f"tokens and were cut to their first {data['max_prompt_length']}, losing their end and the generation "
+            "prompt, yet scored as the others (data.filter_overlong_prompts=false): raise data.max_prompt_length, or "
+            "set data.filter_overlong_prompts=true to leave them out)"
+        )
     if data.get("skipped"):
         lines.append(
             f"({data['skipped']} of {data['rows']} rows of data.val_files were skipped when read: no score counts "
@@ -203,6 +210,10 @@ def run_eval(plan: RunPlan) -> dict:
         )
     results = summarize(rows, config.eval.correct_key, config.eval.correct_threshold, row_counts)
     results["data"] = {"val_files": config.data.val_files, **results["data"]}
+    truncated = run.val_loader.dataset.num_truncated
+    if truncated:  # scored as any other prompt, though the model read a prompt without its end
+        results["data"]["truncated"] = truncated
+        results["data"]["max_prompt_length"] = config.data.max_prompt_length
     if results["data"]["skipped"]:
         results["data"]["skipped_reasons"] = f"each skipped row and why: {run.skipped_rows_file}"
     results["generations"] = summary.path
