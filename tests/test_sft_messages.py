@@ -118,6 +118,15 @@ def test_a_rows_tools_are_shown_to_the_template_as_rl_shows_them_and_never_label
         call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
         assert labelled_text(tokenizer, item) == call + "It is 5.<|im_end|>"
     assert "<tools>" not in tokenizer.decode(dataset[2]["input_ids"])
+    # parquet gives each tool the union of all tools' keys, None where it has none: those are not the tool's
+    weather = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}
+    weather["function"]["parameters"]["properties"]["city"] = {"type": "string"}
+    import pandas as pd
+
+    columnar = tmp_path / "tools.parquet"
+    pd.DataFrame([{"messages": TOOL_CONVERSATION, "tools": [ADD_TOOL, weather]}]).to_parquet(columnar)
+    text = tokenizer.decode(SFTDataset(str(columnar), tokenizer, None, data, SFTConfig())[0]["input_ids"])
+    assert "null" not in text and '"properties": {"city": {"type": "string"}}' in text
     # an RL prompt holding the same earlier turns (a call with JSON-string arguments) renders them as SFT did
     rl_rows = write_rows(tmp_path / "rl.jsonl", [{"prompt": TOOL_CONVERSATION[:3], "answer": "5"}])
     rl_text = tokenizer.decode(RLHFDataset(rl_rows, tokenizer, None, data)[0]["raw_prompt_ids"])
