@@ -59,6 +59,12 @@ def test_the_keys_a_chat_template_reads_are_kept_and_none_filled_ones_dropped():
     for arguments in ("a=2", "[2, 3]", {"a": 2}):
         call = {"type": "function", "function": {"name": "add", "arguments": arguments}}
         assert normalize_messages([{"role": "assistant", "tool_calls": [call]}], 0)[0]["tool_calls"] == [call]
+    # a columnar file fills each call's arguments with every call's names, None where it has none: not the call's;
+    # a null written in a JSON string is the data's own
+    for arguments, meant in (({"a": 2, "city": None}, {"a": 2}), ('{"a": 2, "unit": null}', {"a": 2, "unit": None})):
+        call = {"type": "function", "function": {"name": "add", "arguments": arguments}}
+        normalized = normalize_messages([{"role": "assistant", "tool_calls": [call]}], 0)[0]["tool_calls"]
+        assert normalized == [{"type": "function", "function": {"name": "add", "arguments": meant}}]
     assert messages[2] == {"role": "tool", "content": "5", "name": "add", "tool_call_id": "call_0"}
     # a column read by `datasets` gives every message every key, None where a message has none
     filled = [{"role": "user", "content": "hi", "tool_calls": None, "name": None, "reasoning_content": None}]

@@ -60,6 +60,7 @@ from .template import (
     place_media,
     placeholder_parts,
     text_parts_as_strings,
+    without_nulls,
 )
 from .vision import PictureSizing, UnreadableMediaError
 
@@ -131,16 +132,6 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
 
 # set on an assistant message whose `weight` is 0 (OpenAI's fine-tuning format): rendered as context, not trained on
 UNTRAINED = "_untrained"
-
-
-def _without_nulls(value: Any) -> Any:
-    """A schema without its null entries: a columnar file (parquet, or `datasets`) gives every tool the union of all
-    tools' keys, None where a tool has none (an `add` tool would list `city: null` among its parameters)."""
-    if isinstance(value, dict):
-        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return [_without_nulls(item) for item in value]
-    return value
 
 
 @lru_cache(maxsize=8)
@@ -277,7 +268,7 @@ class ConversationEncoder:
             )
         if tools and self.chat_template.reads_tools() is False:
             _warn_unread_tools(self.sft.tools_key)
-        return [_without_nulls(tool) for tool in tools] or None
+        return [without_nulls(tool) for tool in tools] or None
 
     def conversation(self, row: dict) -> Any:
         """The row's chat messages as stored: ``sft.messages_key``, else the prompt column."""

@@ -165,12 +165,26 @@ def media_in_messages(conversation: Any) -> tuple[list, list]:
     return found["image"], found["video"]
 
 
+def without_nulls(value: Any) -> Any:
+    """``value`` without the null entries of its mappings, at any depth: a columnar file (parquet, or `datasets`)
+    gives every row's mapping the union of all rows' keys, None where a row has none (an `add` tool would list a
+    `city` parameter, a call to it a `"city": null` argument)."""
+    if isinstance(value, dict):
+        return {key: without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [without_nulls(item) for item in value]
+    return value
+
+
 def arguments_as_object(call: Any) -> Any:
-    """A tool call whose ``function.arguments`` is a JSON string of an object (OpenAI's API format) with them as that
-    object, as transformers' chat templates expect: Qwen2.5's renders a string through `tojson` once more, and the
-    model would learn to write escaped JSON."""
+    """A tool call with its ``function.arguments`` as an object, as transformers' chat templates expect: a JSON string
+    of one (OpenAI's API format) parsed (Qwen2.5's template renders a string through `tojson` once more, and the model
+    would learn to write escaped JSON), an object read from a columnar file without the nulls it was filled with (a
+    null written in a JSON string is the data's own and stays)."""
     function = call.get("function") if isinstance(call, dict) else None
     arguments = function.get("arguments") if isinstance(function, dict) else None
+    if isinstance(arguments, dict):
+        return {**call, "function": {**function, "arguments": without_nulls(arguments)}}
     if not isinstance(arguments, str):
         return call
     try:
