@@ -161,6 +161,28 @@ def test_data_parallel_balancing_moves_whole_groups_when_prompts_are_shared():
     assert rows.tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
 
 
+def test_groups_that_cannot_all_stay_whole_are_split_as_few_as_the_equal_chunks_force():
+    """3 prompts x 4 samples over 2 ranks (6 rows each): one group must be cut, not all three (balancing row by row
+    spread every prompt over both ranks, so no rank shared a prompt: 1.79x the tokens computed on a 2-worker run)."""
+    from easyrl.trainer.balance import balance_permutation, groups_by_uid
+
+    lengths = [9, 8, 9, 8, 5, 5, 5, 5, 7, 7, 6, 6]
+    attention_mask = (torch.arange(10)[None, :] < torch.tensor(lengths)[:, None]).long()
+    uids = ["a"] * 4 + ["b"] * 4 + ["c"] * 4
+    order, _ = balance_permutation(attention_mask, 2, groups_by_uid(uids))
+    ranks = [[uids[i] for i in order[:6].tolist()], [uids[i] for i in order[6:].tolist()]]
+    split = [uid for uid in "abc" if uid in ranks[0] and uid in ranks[1]]
+    assert len(split) == 1 and sorted(order.tolist()) == list(range(12))
+    # each rank holds its groups' rows together, in batch order
+    for rank in ranks:
+        assert rank == sorted(rank)
+    # groups of unequal sizes (online filtering keeps any) also stay whole where the chunks allow
+    uneven = ["a"] * 2 + ["b"] * 4 + ["c"] * 2 + ["d"] * 4
+    order, _ = balance_permutation(attention_mask, 2, groups_by_uid(uneven))
+    halves = [{uneven[i] for i in order[:6].tolist()}, {uneven[i] for i in order[6:].tolist()}]
+    assert not halves[0] & halves[1]
+
+
 @pytest.mark.parametrize(
     ("estimator", "actor_shares", "critic_shares", "whole_groups"),
     [

@@ -357,7 +357,7 @@ class ActorConfig(TrainableRoleConfig):
     prompt ids (and pictures) are packed as ONE prompt followed by their responses, each response attending to the
     prompt and itself, so log-prob and update passes (and a VLM's vision tower) compute each prompt once per group
     instead of rollout.n times; results equal the unshared path. Micro-batches and trainer.balance_batch's rank
-    chunks keep groups whole. Needs
+    chunks keep groups whole (rank chunks split only the groups that equal chunks force apart). Needs
     padding_free; with ulysses_size > 1 the packed row is cut over the group as any padding-free row is. Also used
     by the reference; the critic has its own switch, worker.critic.shared_prefix."""
     skip_zero_advantage: bool = True

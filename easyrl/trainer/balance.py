@@ -50,13 +50,29 @@ def groups_by_uid(uids) -> list[list[int]]:
     return list(groups.values())
 
 
-def _whole_group_partitions(lengths: list[int], groups: list[list[int]], num_parts: int) -> list[list[int]] | None:
-    """Equal chunks made of whole groups (each group's rows together, groups in batch order), balanced by the
-    groups' tokens; None when the groups differ in size or do not split evenly over ``num_parts``."""
-    if len(groups) % num_parts or len({len(group) for group in groups}) != 1:
-        return None
-    group_parts = equal_size_balanced_partitions([sum(lengths[i] for i in group) for group in groups], num_parts)
-    return [[i for g in part for i in groups[g]] for part in group_parts]
+def group_keeping_partitions(lengths: list[int], groups: list[list[int]], num_parts: int) -> list[list[int]]:
+    """Equal chunks of ``len(lengths) / num_parts`` rows that keep each group's rows together wherever the sizes
+    allow: groups are placed largest first (rows, then tokens; ties: batch order), each whole on the least-loaded
+    chunk with room for it; a group no chunk has room for is split over the chunks with the most room, so only the
+    groups that must be split are (3 groups of 4 over 2 ranks split 1, not all 3). Each chunk lists its groups (and
+    pieces) in batch order. ``groups`` covers every row once."""
+    size = len(lengths) // num_parts
+    tokens = [sum(lengths[i] for i in group) for group in groups]
+    pieces: list[list[list[int]]] = [[] for _ in range(num_parts)]
+    rows, loads = [0] * num_parts, [0] * num_parts
+    for g in sorted(range(len(groups)), key=lambda g: (-len(groups[g]), -tokens[g], g)):
+        fitting = [part for part in range(num_parts) if size - rows[part] >= len(groups[g])]
+        left = list(groups[g])
+        while left:
+            if fitting:
+                part = min(fitting, key=lambda part: (loads[part], part))
+            else:  # the chunk with the most room takes what it can
+                part = min(range(num_parts), key=lambda part: (rows[part] - size, loads[part], part))
+            taken, left = left[: size - rows[part]], left[size - rows[part] :]
+            pieces[part].append(taken)
+            rows[part] += len(taken)
+            loads[part] += sum(lengths[i] for i in taken)
+    return [[i for piece in sorted(part, key=lambda piece: piece[0]) for i in piece] for part in pieces]
 
 
 def balance_permutation(
@@ -67,7 +83,7 @@ def balance_permutation(
     ``perf/dp_token_imbalance`` (after). None (order kept, after = before) when the rows do not split into equal
     chunks, where the dispatch pads and balancing would move padding between ranks. ``groups`` (row indices per
     prompt, ``worker.actor.shared_prefix``): move whole groups, so that a prompt's samples stay together on one rank
-    and compute the prompt once (models/prefix_group.py); rows are balanced one by one where groups cannot be."""
+    and compute the prompt once (models/prefix_group.py), splitting only the groups the equal chunks force apart."""
     lengths = [int(n) for n in attention_mask.sum(-1).tolist()]
     count = len(lengths)
     if dp_size <= 1 or count % dp_size:
@@ -76,8 +92,9 @@ def balance_permutation(
         return None, {"perf/dp_token_imbalance/before": before, "perf/dp_token_imbalance": before}
     chunk = count // dp_size
     before = imbalance(lengths, [list(range(s, s + chunk)) for s in range(0, count, chunk)])
-    parts = _whole_group_partitions(lengths, groups, dp_size) if groups is not None else None
-    if parts is None:
+    if groups is not None:
+        parts = group_keeping_partitions(lengths, groups, dp_size)
+    else:
         parts = equal_size_balanced_partitions(lengths, dp_size)
     metrics = {"perf/dp_token_imbalance/before": before, "perf/dp_token_imbalance": imbalance(lengths, parts)}
     return torch.tensor([i for part in parts for i in part], dtype=torch.long), metrics
