@@ -9,6 +9,11 @@ Why the unboxed fallback: a small model (SmolLM2-135M) almost never writes \\box
 answers with the right number (~8% of samples), so accuracy alone already gives GRPO groups with different scores
 from the first step. The small format credit then pulls the answers into the box, where the answer is unambiguous.
 A box without an integer (`\\boxed{N}`, `\\boxed{}`) earns nothing and hides no fallback number.
+
+With tools (a multi-turn rollout, whose response holds every turn and the tool results between them), the model's
+last turn is scored, without its `<tool_call>...</tool_call>` blocks: the last integer of the whole trajectory is
+often the calculator's result, which would score a final turn that answers nothing (or a trajectory cut right after
+a tool result) as correct.
 """
 
 import re
@@ -43,11 +48,21 @@ def accuracy_reward(response: str, ground_truth: str) -> float:
     return 1.0 if predicted is not None and expected is not None and predicted == expected else 0.0
 
 
+_TOOL_CALL = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.DOTALL)
+
+
+def answer_text(item: dict) -> str:
+    """The text the answer is read from: the response, or with tools the model's last turn less its tool calls."""
+    turns = [message for message in item.get("messages") or [] if message.get("role") == "assistant"]
+    return _TOOL_CALL.sub(" ", str(turns[-1]["content"])) if turns else item["response"]
+
+
 def compute_score(reward_inputs: list[dict], format_weight: float = 0.1) -> list[dict]:
     scores = []
     for item in reward_inputs:
-        format_score = 1.0 if boxed_integer(item["response"]) is not None else 0.0
-        accuracy = accuracy_reward(item["response"], item["ground_truth"])
+        text = answer_text(item)
+        format_score = 1.0 if boxed_integer(text) is not None else 0.0
+        accuracy = accuracy_reward(text, item["ground_truth"])
         scores.append(
             {
                 "overall": format_weight * format_score + (1.0 - format_weight) * accuracy,

@@ -532,7 +532,11 @@ def test_the_reward_reads_the_whole_trajectory_and_sits_on_the_models_last_token
     model = torch.tensor([[1] * len(call) + [0] * len(tool) + [1] * len(answer) + [0] * 3])
     attended = torch.tensor([[1] * len(tokens) + [0] * 3])
     messages = np.empty(1, dtype=object)
-    messages[0] = [{"role": "assistant", "content": "call"}, {"role": "tool", "content": "7"}]
+    messages[0] = [
+        {"role": "assistant", "content": "call"},
+        {"role": "tool", "content": "7"},
+        {"role": "assistant", "content": "\\boxed{7}"},
+    ]
     data = DataProto.from_dict(
         tensors={"responses": responses, "response_mask": model, "attention_mask": torch.cat([attended] * 2, -1)},
         non_tensors={"ground_truth": np.array(["7"], dtype=object), "messages": messages},

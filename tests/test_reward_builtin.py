@@ -61,6 +61,27 @@ def test_arithmetic_box_without_an_integer_scores_zero_and_hides_earlier_numbers
     assert score("arithmetic", "no digits here", "82")["overall"] == 0.0
 
 
+def test_arithmetic_with_tools_reads_the_models_last_turn_not_the_calculators_result():
+    """The trajectory's last integer was the calculator's result: a final turn that answered nothing, or a
+    trajectory cut right after a tool result, scored as correct."""
+    fn = load_reward_function(str(ROOT / "reward_function" / "arithmetic.py"), {})
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "15 + 4"}}</tool_call>'
+    result = "\n<|im_start|>user\n<tool_response>\n19\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+    def scored(*turns):
+        messages = [{"role": "assistant", "content": call}, {"role": "tool", "content": "19"}]
+        messages += [{"role": "assistant", "content": turn} for turn in turns]
+        return fn.score([{"response": call + result + "".join(turns), "ground_truth": "19", "messages": messages}])[0]
+
+    assert scored("I am not sure.")["overall"] == 0.0
+    assert scored()["overall"] == 0.0  # cut after the tool result: the last turn is the call, whose 4 is no answer
+    assert scored("15 + 4 = \\boxed{19}")["overall"] == pytest.approx(1.0)
+    assert scored("It is 19.") == {"overall": pytest.approx(0.9), "format": 0.0, "accuracy": 1.0}
+    # a call and the answer in one turn: the call's numbers are not read
+    call_then = f"{call} so 15 + 4 makes 19"
+    assert scored(call_then)["accuracy"] == 1.0 and scored(f"19 {call}")["accuracy"] == 1.0
+
+
 def test_arithmetic_negative_answer():
     assert score("arithmetic", r"12 - 30 = \boxed{-18}", "-18")["accuracy"] == 1.0
 
