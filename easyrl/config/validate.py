@@ -990,7 +990,7 @@ def _check_role_batches(config: PPOConfig, role: str) -> None:
     split = (
         f"over {groups} data-parallel group{'s' * (groups > 1)} of `{key}.ulysses_size` workers"
         if groups != world
-        else f"over {world} worker{'s' * (world > 1)} (`trainer.nnodes` x `trainer.n_gpus_per_node`)"
+        else f"over {world} worker{'s' * (world > 1)}"
     )
     if samples % groups != 0:
         working = [d for d in range(1, data.rollout_batch_size + 1) if data.rollout_batch_size % d == 0]
@@ -1004,7 +1004,7 @@ def _check_role_batches(config: PPOConfig, role: str) -> None:
         )
         raise ConfigError(
             f"`{key}.global_batch_size` x `worker.rollout.n` = {samples} samples per optimizer step cannot be "
-            f"split evenly {split}. {fix}"
+            f"split evenly {split}{' (`trainer.nnodes` x `trainer.n_gpus_per_node`)' * (groups == world)}. {fix}"
         )
     per_device, micro = section.global_batch_size_per_device, section.micro_batch_size_per_device_for_update
     # with dynamic batching the micro-batch size only sets the token budget, and the loss is divided by the whole
