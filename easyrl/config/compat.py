@@ -251,9 +251,10 @@ EASYR1_DIFFERENCES: dict[str, str] = {
         "training metrics carry EasyR1's names (reward/<score>, critic/score/*, response_length/*, perf/*), "
         "but actor/pg_clipfrac_higher and actor/pg_clipfrac_lower count the tokens clipped at 1 + clip_ratio_high "
         "(advantage > 0) and at 1 - clip_ratio_low (advantage < 0), the dual clip in actor/pg_clipfrac_dual (EasyR1: "
-        "_higher counts both sides, _lower the dual clip), so each side of clip-higher can be read; "
-        "validation and timings do not carry EasyR1's names: val/reward/<score> and val/<data_source>/reward (EasyR1: val/<score>_reward, "
-        "val/reward_score, val_response_length/*), timing/<phase> in seconds (EasyR1: timing_s/<phase>). A "
+        "_higher counts both sides, _lower the dual clip), so each side of clip-higher can be read; validation and "
+        "timings do not carry EasyR1's names: val/reward/<score> and val/<data_source>/reward (EasyR1: "
+        "val/<score>_reward, val/reward_score, val_response_length/*), timing/<phase> in seconds (EasyR1: "
+        "timing_s/<phase>). A "
         "dashboard built on EasyR1's validation keys needs the new names"
     ),
     "trainer.val_before_train": (

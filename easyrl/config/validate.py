@@ -993,8 +993,8 @@ def _check_role_batches(config: PPOConfig, role: str) -> None:
         else f"over {world} worker{'s' * (world > 1)}"
     )
     if samples % groups != 0:
-        working = [d for d in range(1, data.rollout_batch_size + 1) if data.rollout_batch_size % d == 0]
-        working = [d for d in working if d * rollout.n % groups == 0]
+        size = data.rollout_batch_size
+        working = [d for d in range(1, size + 1) if size % d == 0 and d * rollout.n % groups == 0]
         fix = (
             f"Choose a global_batch_size among {', '.join(map(str, working))}."
             if working

@@ -247,7 +247,7 @@ class ConversationEncoder:
         self.added_ids = self.special_ids | {int(i) for i in tokenizer.added_tokens_decoder}
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, tools: list | None = None) -> str:
-        return self.chat_template.render(messages, add_generation_prompt, **({"tools": tools} if tools else {}))
+        return self.chat_template.render(messages, add_generation_prompt, tools)
 
     def tools(self, row: dict) -> list[dict[str, Any]] | None:
         """The row's tool schemas (``sft.tools_key``), or None."""

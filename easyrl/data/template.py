@@ -304,15 +304,17 @@ class _GenerationBlock(jinja2.ext.Extension):
 _CHAT_ENVIRONMENT = jinja2.Environment(extensions=["jinja2.ext.loopcontrols", _GenerationBlock])
 
 
-def _read_variables(sources: tuple[str, ...]) -> set[str] | None:
-    """The variables chat templates read; None when one uses a tag only transformers knows (unknown then)."""
+@lru_cache(maxsize=32)
+def _read_variables(sources: tuple[str, ...]) -> frozenset[str] | None:
+    """The variables chat templates read; None when one uses a tag only transformers knows (unknown then). Parsed
+    once per template and process: `easyrl sft` asks for every row that carries tools."""
     read: set[str] = set()
     for source in sources:
         try:
             read |= jinja2.meta.find_undeclared_variables(_CHAT_ENVIRONMENT.parse(source))
         except jinja2.TemplateSyntaxError:
             return None
-    return read
+    return frozenset(read)
 
 
 @lru_cache(maxsize=32)
@@ -389,17 +391,17 @@ class ChatTemplate:
 
     def __call__(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str:
         """``tools``: this prompt's schemas, in place of the template's own (a row's environment's)."""
-        tools = tools if tools is not None else self.tools
-        extra = {"tools": tools} if tools else {}
-        return self.render(messages, add_generation_prompt=True, **extra)
+        return self.render(messages, True, tools if tools is not None else self.tools)
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, **extra: Any) -> str:
-        """The template's text of ``messages`` (with the template variables)."""
+    def render(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool, tools: list[dict] | None = None
+    ) -> str:
+        """The template's text of ``messages`` (with the template variables; ``tools`` as `tools=`, none when empty)."""
         return self.renderer.apply_chat_template(
             messages,
             chat_template=self.template,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
             **self.kwargs,
-            **extra,
+            **({"tools": tools} if tools else {}),
         )

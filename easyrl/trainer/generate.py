@@ -218,8 +218,8 @@ def _check_resumed_row(
     in JSON's types; None: not checked), same number of samples, and made with the same settings (a row without them
     comes from a version that did not write them)."""
     written = row.get("settings")
-    if settings is not None and written is not None and written != _comparable(written, settings):
-        settings = _comparable(written, settings)
+    settings = None if settings is None or written is None else _comparable(written, settings)
+    if settings is not None and written != settings:
         raise GenerationFileError(
             f"{path}: its rows were made with other settings ({_settings_changes(written, settings)}): continuing it "
             "would mix the two, or report the earlier settings' results as these. Choose another output file "
