@@ -22,16 +22,24 @@ def _check(args: list[str]) -> int:
         hint = " (an SFT config? `easyrl check sft config=...`)" if missing_reward else ""
         print(f"easyrl check: invalid config: {err}{hint}", file=sys.stderr)
         return 2
-    from .trainer.preflight import check_model_files, error_text, resume_point, resume_summary, start_step
+    from .trainer.preflight import (
+        check_model_files,
+        error_text,
+        resume_point,
+        resume_summary,
+        start_step,
+        tool_schema_lines,
+    )
 
     try:  # what a run reads before Ray beyond the config: tool files, the heads Ulysses splits, its checkpoint
-        check_model_files(plan)
+        schemas = check_model_files(plan)
         checkpoint = resume_point(plan.config)
         start = resume_summary(plan, checkpoint)
     except (ValueError, KeyError, OSError) as err:
         print(f"easyrl check: invalid config: {error_text(err)}", file=sys.stderr)
         return 2
-    return _print_valid(plan, "run plan", plan.describe(start_step(checkpoint)), start)
+    describe = plan.describe(start_step(checkpoint))
+    return _print_valid(plan, "run plan", describe, start, tool_schema_lines(schemas))
 
 
 def _check_sft(args: list[str]) -> int:
@@ -47,14 +55,14 @@ def _check_sft(args: list[str]) -> int:
     return _print_valid(plan, "SFT plan", plan.describe(), start)
 
 
-def _print_valid(plan, title: str, lines: str, start: str) -> int:
+def _print_valid(plan, title: str, lines: str, start: str, after: list[str] = ()) -> int:
     """The resolved config as YAML, then the plan's ``lines`` as comments (``start``: where the run starts, afresh or
-    from a checkpoint); "config is valid" on stderr."""
+    from a checkpoint; ``after``: lines printed last, the tool schemas); "config is valid" on stderr."""
     from .config import config_to_yaml
 
     print(config_to_yaml(plan.config), end="")
     print(f"# {title}")
-    print("\n".join(f"#   {line}" for line in [*lines.splitlines(), start]))
+    print("\n".join(f"#   {line}" for line in [*lines.splitlines(), start, *after]))
     print("# config is valid", file=sys.stderr)
     return 0
 

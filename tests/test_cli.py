@@ -1,5 +1,6 @@
 """The `easyrl` command as a user types it (a real subprocess)."""
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -57,6 +58,25 @@ def test_check_reads_the_heads_ulysses_splits_and_the_tool_files_as_a_run_does(t
         "check", "config=examples/smollm2_arithmetic_grpo_tools.yaml", f"worker.rollout.multi_turn.tools={tools}"
     )
     assert result.returncode == 2 and "add" in result.stderr and "docstring" in result.stderr, result.stderr
+    # a valid tools file: check prints the schemas the prompts advertise, one JSON line a tool (an SFT tools column
+    # is written from them)
+    tools.write_text(
+        'def add(a: int, b: int) -> int:\n    """Add two numbers.\n\n    Args:\n        a: first\n        b: second\n'
+        '    """\n    return a + b\n\nTOOLS = [add]\n'
+    )
+    result = run_easyrl(
+        "check", "config=examples/smollm2_arithmetic_grpo_tools.yaml", f"worker.rollout.multi_turn.tools={tools}"
+    )
+    assert result.returncode == 0, result.stderr
+    comments = result.stdout.split("# run plan\n")[1].splitlines()
+    heading = comments.index(
+        "#   the tools, as the chat template's `tools=` gets them (an SFT `tools` column teaching these calls should "
+        "hold the same):"
+    )
+    assert comments[heading - 1] == "#   starts afresh" and len(comments) == heading + 2
+    schema = json.loads(comments[heading + 1].removeprefix("#     "))
+    assert schema["function"]["name"] == "add" and schema["function"]["parameters"]["required"] == ["a", "b"]
+    assert schema["function"]["parameters"]["properties"]["a"] == {"type": "integer", "description": "first"}
 
 
 def test_unknown_subcommand_exits_2():

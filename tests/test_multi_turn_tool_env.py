@@ -18,6 +18,7 @@ from easyrl.config.schema import MultiTurnConfig
 from easyrl.data.dataset import ROW_PLACE_KEY
 from easyrl.workers.rollout.base import rollout_logprob_mismatch
 from easyrl.workers.rollout.multi_turn import EnvState, MultiTurnRollout, reset_arguments
+from easyrl.trainer.preflight import tool_schema_lines
 from easyrl.workers.tool_files import is_tool_env, load_env_class, tool_schemas
 from tests.rollout_helpers import padded_prompts, rollout_worker_config
 from tests.test_multi_turn import LOGPROB_TOLERANCE, _runs, scripted_engine
@@ -611,6 +612,19 @@ def test_rows_advertise_their_own_environments_tools_and_a_row_naming_none_is_sk
         "counter": ["calculator", "increment"],
         "echo": ["calculator", "echo"],
     }
+    # easyrl check prints each environment's list under its name (one JSON line a tool)
+    lines = tool_schema_lines(tools)
+    assert [line for line in lines if not line.startswith("  ")] == [
+        f"environment `{name}`'s tools, as the chat template's `tools=` gets them (an SFT `tools` column teaching "
+        "these calls should hold the same):"
+        for name in ("counter", "echo")
+    ]
+    assert [json.loads(line)["function"]["name"] for line in lines if line.startswith("  ")] == [
+        "calculator",
+        "increment",
+        "calculator",
+        "echo",
+    ]
     config = data_config(override_chat_template=str(template), max_prompt_length=128)
     dataset = RLHFDataset(str(path), tokenizer, None, config, tools=tools, carry_columns=True)
     assert len(dataset) == 2 and dataset.unusable_rows[0][0] == 2

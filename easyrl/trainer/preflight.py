@@ -2,6 +2,7 @@
 (check answers in a second), its checks import what they read."""
 
 import dataclasses
+import json
 import os
 from typing import Any
 
@@ -13,15 +14,38 @@ def error_text(error: BaseException) -> str:
     return error.args[0] if isinstance(error, KeyError) and error.args else str(error)
 
 
-def check_model_files(plan: RunPlan) -> None:
+def check_model_files(plan: RunPlan) -> list[dict] | dict[str, list[dict]] | None:
     """What `easyrl check` reads beyond the config, as a run does before Ray starts: the tool files and environments
-    (schemas, names) and the head counts Ulysses splits (the models' config.json). Raises ValueError naming the key."""
+    (schemas, names) and the head counts Ulysses splits (the models' config.json). Raises ValueError naming the key.
+    Returns the tool schemas the prompts advertise (tool_files.tool_schemas; None without multi-turn tools)."""
     multi_turn = plan.config.worker.rollout.multi_turn
+    schemas = None
     if multi_turn.tools or multi_turn.env:
         from ..workers.tool_files import tool_schemas
 
-        tool_schemas(multi_turn.tools, multi_turn.env)
+        schemas = tool_schemas(multi_turn.tools, multi_turn.env)
     check_head_splits(plan)
+    return schemas
+
+
+def tool_schema_lines(schemas: list[dict] | dict[str, list[dict]] | None) -> list[str]:
+    """The tool schemas as `easyrl check` prints them, one JSON line a tool: what the chat template gets as
+    ``tools=``, so that a user can write an SFT ``tools`` column (sft.tools_key) that teaches the same calls."""
+    if not schemas:
+        return []
+    groups = schemas if isinstance(schemas, dict) else {None: schemas}
+    lines = []
+    for name, listed in groups.items():
+        if not listed:
+            lines.append(f"environment `{name}` advertises no tools (a stepped environment)")
+            continue
+        where = f"environment `{name}`'s" if name is not None else "the"
+        lines.append(
+            f"{where} tools, as the chat template's `tools=` gets them (an SFT `tools` column teaching these calls "
+            "should hold the same):"
+        )
+        lines += [f"  {json.dumps(schema, ensure_ascii=False)}" for schema in listed]
+    return lines
 
 
 def check_head_splits(plan: RunPlan, actor_config: Any = None) -> None:
