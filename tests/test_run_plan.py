@@ -256,6 +256,8 @@ def _assert_step_follows_the_plan(row: dict, kl: str, policy: str, critic: str) 
     assert ("timing/old_log_probs" in row) == (policy == "off" or kl == "reward")
     assert ("reward/kl_penalty" in row) == (kl == "reward")
     assert ("actor/kl_loss" in row) == (kl == "loss")
+    # each coefficient under its own name: the KL loss's in actor/, the in-reward beta in reward/
+    assert ("actor/kl_coef" in row) == (kl == "loss") and ("reward/kl_coef" in row) == (kl == "reward"), sorted(row)
     assert ("critic/vf_loss" in row) == (critic == "critic")
     assert math.isfinite(row["actor/entropy"])
     assert "timing/sync_weights" in row
@@ -628,3 +630,70 @@ def test_offload_on_a_machine_without_cuda_is_noted_as_moving_nothing():
             "nothing moves."
         ]
     assert not [note for note in load_run_plan(BASE).notes if "offloading" in note]
+
+
+def test_a_setting_the_chosen_estimator_or_loss_does_not_read_is_noted():
+    """algorithm.gamma=0.99 beside grpo (or a SAPO temperature beside PPO's clip) changed nothing, silently."""
+    plan = load_run_plan(
+        BASE + ["algorithm.gamma=0.99", "algorithm.norm_adv_by_std_in_grpo=false", "worker.actor.tau_negative=2"]
+    )
+    unread = [note for note in plan.notes if "does nothing with" in note]
+    assert unread == [
+        "algorithm.gamma=0.99 does nothing with algorithm.adv_estimator=grpo: it is read by gae, reinforce_plus_plus "
+        "only (the run goes on as with 1.0).",
+        "worker.actor.tau_negative=2.0 does nothing with worker.actor.loss_type=ppo: it is read by sapo only (the run "
+        "goes on as with 1.05).",
+    ]
+    # the same values where they are read: no note; defaults: no note
+    read = BASE + ["algorithm.adv_estimator=reinforce_plus_plus", "worker.actor.loss_type=sapo"]
+    notes = load_run_plan(read + ["algorithm.gamma=0.99", "worker.actor.tau_negative=2"]).notes
+    assert not [note for note in notes if "does nothing with" in note]
+    assert not [note for note in load_run_plan(BASE).notes if "does nothing with" in note]
+    rloo = load_run_plan(BASE + ["algorithm.adv_estimator=rloo", "algorithm.norm_adv_by_std_in_grpo=false"]).notes
+    assert [note.split(":")[0] for note in rloo if "does nothing with" in note] == [
+        "algorithm.norm_adv_by_std_in_grpo=False does nothing with algorithm.adv_estimator=rloo"
+    ]
+
+
+def test_the_settings_the_plan_says_an_algorithm_reads_are_the_ones_its_function_takes():
+    import inspect
+
+    from easyrl.algorithms import advantage
+    from easyrl.config import validate
+
+    parameters = {
+        "algorithm.gamma": "gamma",
+        "algorithm.lam": "lam",
+        "algorithm.norm_adv_by_std_in_grpo": "norm_adv_by_std",
+    }
+    for key, readers in validate.ESTIMATOR_SETTINGS.items():
+        takes = {
+            name
+            for name in validate.ADV_ESTIMATORS
+            if parameters[key] in inspect.signature(advantage.get_adv_estimator(name)).parameters
+        }
+        assert takes == readers, key
+    # a loss reads a setting when changing it changes the loss (an off-policy batch, advantages of both signs)
+    import dataclasses
+
+    import torch
+
+    from easyrl.algorithms import policy_loss
+    from easyrl.config.schema import ActorConfig
+
+    generator = torch.Generator().manual_seed(0)
+    old, new = torch.randn(2, 3, 5, generator=generator) - 1.0
+    advantages = torch.tensor([[1.0] * 5, [-1.0] * 5, [0.5] * 5])
+    mask = torch.ones(3, 5)
+    for key, readers in validate.LOSS_SETTINGS.items():
+        name = key.rsplit(".", 1)[1]
+        changed = set()
+        for loss in validate.POLICY_LOSSES:
+            config = ActorConfig(loss_type=loss, loss_avg_mode="token-mean")  # the resolved spelling
+            other = dataclasses.replace(config, **{name: getattr(config, name) * 1.7})
+            losses = [
+                policy_loss.compute_policy_loss(old, new, advantages, mask, c)[0].item() for c in (config, other)
+            ]
+            if losses[0] != losses[1]:
+                changed.add(loss)
+        assert changed == readers, key

@@ -15,9 +15,18 @@ from typing import Any, Optional
 from ..algorithms import zero_advantage
 from ..paths import PROJECT_ROOT
 from ..utils.platform import nvidia_gpus_visible
+from .compat import LOSS_TYPE_ALIASES
 from .load import read_config
 from .schema import PPOConfig
-from .validate import check_critic_warmup, env_owns_data, env_owns_reward, uses_critic, validate_config
+from .validate import (
+    ESTIMATOR_SETTINGS,
+    LOSS_SETTINGS,
+    check_critic_warmup,
+    env_owns_data,
+    env_owns_reward,
+    uses_critic,
+    validate_config,
+)
 
 
 # The reward of a tool environment with get_reward when no reward function is given (TRL's contract).
@@ -290,6 +299,34 @@ def _reference_precision_note(config: PPOConfig) -> Optional[str]:
     )
 
 
+def _settings_the_algorithm_does_not_read(config: PPOConfig) -> list[str]:
+    """A setting changed from its default that the chosen estimator or policy loss does not read (algorithm.gamma
+    with grpo, tau_* with ppo): the run ignores it, so the user hears so rather than comparing runs that differ in
+    nothing."""
+    defaults, actor = PPOConfig(), config.worker.actor
+    loss = LOSS_TYPE_ALIASES.get(actor.loss_type, actor.loss_type)
+    notes = []
+    for settings, kind, chosen in (
+        (ESTIMATOR_SETTINGS, "algorithm.adv_estimator", config.algorithm.adv_estimator),
+        (LOSS_SETTINGS, "worker.actor.loss_type", loss),
+    ):
+        for key, readers in settings.items():
+            value, default = _lookup(config, key), _lookup(defaults, key)
+            if value != default and chosen not in readers:
+                notes.append(
+                    f"{key}={value} does nothing with {kind}={chosen}: it is read by {', '.join(sorted(readers))} "
+                    f"only (the run goes on as with {default})."
+                )
+    return notes
+
+
+def _lookup(config: PPOConfig, key: str) -> Any:
+    node = config
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
 def _settings_without_effect(config: PPOConfig) -> list[str]:
     """Notes on settings a run accepts that do nothing, or nothing of what they ask, beside the others."""
     algorithm, trainer, notes = config.algorithm, config.trainer, []
@@ -328,6 +365,7 @@ def _settings_without_effect(config: PPOConfig) -> list[str]:
             "bound: worker.actor.clip_ratio_low=1 or more. It matters only off-policy (ppo_epochs > 1 or "
             "mini-batches), where the ratio is not 1."
         )
+    notes += _settings_the_algorithm_does_not_read(config)
     if not nvidia_gpus_visible():
         # host-memory offload has nothing to move where the workers compute on the CPU (fsdp_utils, fsdp_worker)
         roles = {name: getattr(config.worker, name) for name in ("actor", "ref", "critic")}

@@ -40,6 +40,17 @@ TOOL_CALL_PARSERS = ("hermes",)  # easyrl.workers.rollout.multi_turn.TOOL_CALL_P
 # estimators that learn a value model (a critic role exists), and those that compare the n samples of a prompt
 CRITIC_ESTIMATORS = frozenset({"gae"})
 GROUP_ESTIMATORS = frozenset({"grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline"})
+# the algorithm settings only some estimators / policy losses read (a test compares them with the functions'
+# parameters): a changed value beside another one does nothing, which the plan notes (plan._settings_without_effect)
+ESTIMATOR_SETTINGS = {
+    "algorithm.gamma": frozenset({"gae", "reinforce_plus_plus"}),
+    "algorithm.lam": frozenset({"gae"}),
+    "algorithm.norm_adv_by_std_in_grpo": frozenset({"grpo", "grpo_passk"}),
+}
+LOSS_SETTINGS = {
+    "worker.actor.tau_positive": frozenset({"sapo"}),
+    "worker.actor.tau_negative": frozenset({"sapo"}),
+}
 # policy losses that clip the ratio r to [1 - clip_ratio_low, 1 + clip_ratio_high] (cispo clips a weight instead, and
 # its paper sets clip_ratio_low >= 1 on purpose: no lower bound)
 CLIPPED_LOSSES = frozenset({"ppo", "gspo", "gspo_token"})
