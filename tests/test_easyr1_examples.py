@@ -909,6 +909,7 @@ def assert_recipe_ran(example: Example, metrics: dict[int, dict], plan: RunPlan)
         assert math.isfinite(row["actor/entropy"]) and math.isfinite(row["reward/overall"])
         assert ("actor/kl_loss" in row) == plan.kl_loss, sorted(row)
         assert ("reward/kl_penalty" in row) == plan.kl_in_reward, sorted(row)
+        assert ("actor/kl_coef" in row) == plan.kl_loss and ("reward/kl_coef" in row) == plan.kl_in_reward
         assert ("timing/old_log_probs" in row) == (not plan.on_policy), sorted(row)
         # the scripted answers differ within groups: the advantages are not all 0 and the policy gets a gradient
         assert row["actor/grad_norm"] > 0.0, f"step {step}: no gradient reached the policy"

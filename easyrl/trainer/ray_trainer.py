@@ -333,8 +333,8 @@ class PPOTrainer:
 
         # every logger gets the step itself (metrics.jsonl keeps it as an integer); as a metric it came back a float
         metrics["epoch"] = self.epoch
-        if self.plan.kl_in_reward:  # the controller's coefficient (the KL loss's fixed one comes from the update)
-            metrics["actor/kl_coef"] = self.kl_controller.value
+        # one name, one coefficient: actor/kl_coef is the KL loss's (from the update), reward/kl_coef the beta the
+        # in-reward penalty applied (apply_kl_penalty); with both on, the controller's value no longer hides the loss's
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, n_devices=self.config.world_size))
@@ -357,7 +357,7 @@ class PPOTrainer:
         dp_size, groups = self._rank_chunks(batch)
         order, balance_metrics = balance_permutation(batch.batch["attention_mask"], dp_size, groups)
         if not self.config.trainer.balance_batch:
-            balance_metrics["perf/dp_token_imbalance"] = balance_metrics["perf/dp_token_imbalance/before"]
+            balance_metrics["perf/dp_token_imbalance"] = balance_metrics["perf/dp_token_imbalance_before"]
             order = None
         metrics.update(balance_metrics)
         if order is not None:
@@ -377,7 +377,7 @@ class PPOTrainer:
         order, balance_metrics = balance_permutation(
             batch.batch["attention_mask"] * computed[:, None], dp_size, groups
         )
-        metrics["perf/dp_token_imbalance/update"] = balance_metrics["perf/dp_token_imbalance"]
+        metrics["perf/dp_token_imbalance_update"] = balance_metrics["perf/dp_token_imbalance"]
         if order is not None:
             batch.reorder(order)
 
