@@ -33,13 +33,13 @@ def test_permutation_and_imbalance_metrics_before_and_after():
     order, metrics = balance_permutation(masks([10, 9, 8, 7, 4, 3, 2, 1]), dp_size=2)
     assert order.tolist() == [0, 3, 4, 7, 1, 2, 5, 6]
     # as generated the ranks got 10+9+8+7 = 34 and 4+3+2+1 = 10 tokens: 34 / 22 = 1.5454...; after 22 and 22
-    assert metrics["perf/dp_token_imbalance/before"] == pytest.approx(34 / 22)
+    assert metrics["perf/dp_token_imbalance_before"] == pytest.approx(34 / 22)
     assert metrics["perf/dp_token_imbalance"] == 1.0
     assert inverse_permutation(order)[order].tolist() == list(range(8))
     # one rank, or rows that do not split evenly: order kept, the metric still logged
     assert balance_permutation(masks([10, 1]), dp_size=1) == (
         None,
-        {"perf/dp_token_imbalance/before": 1.0, "perf/dp_token_imbalance": 1.0},
+        {"perf/dp_token_imbalance_before": 1.0, "perf/dp_token_imbalance": 1.0},
     )
     order, metrics = balance_permutation(masks([10, 1, 1]), dp_size=2)
     assert order is None and metrics["perf/dp_token_imbalance"] == pytest.approx(11 / 6)
@@ -93,4 +93,4 @@ def test_trainer_reorders_for_the_data_parallel_groups(enabled):
     assert batch.batch["attention_mask"].sum(-1).tolist() == (
         [10, 2, 7, 5, 9, 3, 8, 4] if enabled else [10, 2, 9, 3, 8, 4, 7, 5]
     )
-    assert metrics["perf/dp_token_imbalance/before"] == pytest.approx(24 / 24)
+    assert metrics["perf/dp_token_imbalance_before"] == pytest.approx(24 / 24)

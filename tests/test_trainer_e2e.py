@@ -44,6 +44,9 @@ def test_every_step_logs_rewards_losses_timings_and_throughput(tiny_grpo_run):
         assert not missing, f"step {step} lacks {missing}"
         assert row["step"] == step and type(row["step"]) is int  # "step": 1, not 1.0 (tools join on the text)
         assert row["actor/kl_coef"] == pytest.approx(1e-3)  # the KL loss's coefficient (algorithm.kl_coef)
+    # no name is another's folder: MLflow's file store keeps `a/b` as a file, and cannot also hold `a/b/c`
+    names = set().union(*metrics.values())
+    assert not sorted((a, b) for a in names for b in names if b.startswith(a + "/"))
 
 
 @pytest.mark.timeout(RUN_TIMEOUT)

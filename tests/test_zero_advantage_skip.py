@@ -306,7 +306,7 @@ def test_the_trainer_spreads_the_computed_samples_over_the_ranks_before_the_upda
     trainer._balance_computed_samples(batch, metrics)
     computed = (batch.batch["advantages"] != 0).any(-1)
     assert computed[:4].sum() == computed[4:].sum() == 2
-    assert metrics["perf/dp_token_imbalance/update"] == pytest.approx(1.0)
+    assert metrics["perf/dp_token_imbalance_update"] == pytest.approx(1.0)
     rank_uids = [set(batch.non_tensor_batch["uid"][:4]), set(batch.non_tensor_batch["uid"][4:])]
     if shared_prefix:  # groups stay whole: two uids per rank
         assert all(len(uids) == 2 for uids in rank_uids)

@@ -732,7 +732,7 @@ class TrainerConfig:
     """Reorder each training batch so that every data-parallel rank (world / worker.actor.ulysses_size of them) gets
     the same number of rows and about the same number of real tokens (longest-first greedy), from the log-prob passes
     on; logged as perf/dp_token_imbalance (most tokens on a rank / mean, 1.0 is perfect) next to
-    perf/dp_token_imbalance/before (the batch as generated). Advantages group rows by uid, so they do not depend on
+    perf/dp_token_imbalance_before (the batch as generated). Advantages group rows by uid, so they do not depend on
     the order; the order is a function of the token counts alone, so a resumed run repeats it. EasyR1 always
     balances (Karmarkar-Karp partitions) and has no key; this is verl's key name."""
     val_freq: int = -1

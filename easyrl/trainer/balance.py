@@ -79,7 +79,7 @@ def balance_permutation(
     attention_mask: torch.Tensor, dp_size: int, groups: list[list[int]] | None = None
 ) -> tuple[torch.Tensor | None, dict[str, float]]:
     """The row order that gives each of ``dp_size`` contiguous equal chunks about the same number of real tokens,
-    and the metrics ``perf/dp_token_imbalance/before`` (the chunks of the batch as it came) and
+    and the metrics ``perf/dp_token_imbalance_before`` (the chunks of the batch as it came) and
     ``perf/dp_token_imbalance`` (after). None (order kept, after = before) when the rows do not split into equal
     chunks, where the dispatch pads and balancing would move padding between ranks. ``groups`` (row indices per
     prompt, ``worker.actor.shared_prefix``): move whole groups, so that a prompt's samples stay together on one rank
@@ -89,14 +89,14 @@ def balance_permutation(
     if dp_size <= 1 or count % dp_size:
         chunk = -(-count // max(dp_size, 1))
         before = imbalance(lengths, [list(range(s, min(s + chunk, count))) for s in range(0, count, chunk)])
-        return None, {"perf/dp_token_imbalance/before": before, "perf/dp_token_imbalance": before}
+        return None, {"perf/dp_token_imbalance_before": before, "perf/dp_token_imbalance": before}
     chunk = count // dp_size
     before = imbalance(lengths, [list(range(s, s + chunk)) for s in range(0, count, chunk)])
     if groups is not None:
         parts = group_keeping_partitions(lengths, groups, dp_size)
     else:
         parts = equal_size_balanced_partitions(lengths, dp_size)
-    metrics = {"perf/dp_token_imbalance/before": before, "perf/dp_token_imbalance": imbalance(lengths, parts)}
+    metrics = {"perf/dp_token_imbalance_before": before, "perf/dp_token_imbalance": imbalance(lengths, parts)}
     return torch.tensor([i for part in parts for i in part], dtype=torch.long), metrics
 
 
