@@ -337,6 +337,30 @@ def test_easyrl_train_stops_on_an_empty_file_before_ray_starts(tmp_path, tiny_mo
     print(f"easyrl train stopped after {elapsed:.1f} s")
 
 
+def test_a_tracker_that_cannot_start_its_run_stops_easyrl_train_before_ray_starts(tmp_path, tiny_model_path):
+    """MLflow (or a tracker whose package is missing) failed after Ray had started, with two chained tracebacks."""
+    pytest.importorskip("mlflow")
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps({"problem": f"say {i}", "answer": str(i)}) + "\n" for i in range(4)))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_TRACKING_URI": "nosuchstore://tracking"}
+    args = [*_train_args(tmp_path, tiny_model_path, path), "trainer.logger=[console,mlflow]"]
+    result = subprocess.run(
+        [sys.executable, "-m", "easyrl", "train", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert "easyrl train: cannot start: trainer.logger 'mlflow' could not start a run: " in result.stderr
+    assert "Check MLFLOW_TRACKING_URI (unset it for a local store), or remove 'mlflow' from trainer.logger." in (
+        result.stderr
+    )
+    assert "Traceback" not in output and "Started a local Ray instance" not in output
+
+
 @pytest.mark.slow  # a worker and its vLLM engine start before the refusal (~60 s)
 @pytest.mark.timeout(400)
 def test_a_model_the_cpu_engine_cannot_run_stops_the_run_with_one_line(tmp_path, tiny_model_path):

@@ -423,17 +423,19 @@ def start_tracker(config: Any, config_dict: dict, total_steps: int | None) -> An
     )
 
 
-def build_trainer(plan: RunPlan, data: RunData | None = None, stop: Any = None) -> Any:
+def build_trainer(plan: RunPlan, data: RunData | None = None, stop: Any = None, tracker: Any = None) -> Any:
     """Everything a run needs, wired together; the caller owns shutdown via `trainer.on_shutdown()`.
 
-    ``stop``: a ``StopRequest`` the trainer reads between steps (see ``easyrl.trainer.faults``)."""
+    ``stop``: a ``StopRequest`` the trainer reads between steps (see ``easyrl.trainer.faults``); ``tracker``: the
+    run's Tracker when the caller started it (`easyrl train` does, before Ray), else it is started here."""
     from .ray_trainer import PPOTrainer
 
     data = data or prepare_run_data(plan)
     plan, config = data.plan, data.plan.config
     # the trackers first: one that cannot start (no credentials, no network) fails in seconds, before the workers
     # spend minutes loading models and starting engines
-    tracker = start_tracker(config, _config_dict(plan), plan.training_steps)
+    if tracker is None:
+        tracker = start_tracker(config, _config_dict(plan), plan.training_steps)
     run_workers = RunWorkers(plan)
     try:
         workers = run_workers.start()
@@ -493,11 +495,14 @@ class RunSetupError(RuntimeError):
 
 @contextmanager
 def setup_errors_reported(log_file: str | None) -> Iterator[None]:
-    """Data and model errors (which name their key, file and row) raised inside become one `RunSetupError` line; the
+    """Data, model and tracker errors (which name their key, file and row) raised inside become one `RunSetupError`
+    line; the
     traceback, for a bug report, goes at INFO to the log file only (as for an interrupted run)."""
+    from .loggers import LoggerStartError, MissingLoggerPackage  # a tracker that cannot start its run
+
     try:
         yield
-    except (ValueError, KeyError, OSError) as error:
+    except (ValueError, KeyError, OSError, LoggerStartError, MissingLoggerPackage) as error:
         logging.getLogger().info("The run could not start:", exc_info=True)
         where = f" (traceback in {log_file})" if log_file is not None else ""
         raise RunSetupError(error_text(error) + where) from error
@@ -553,11 +558,17 @@ def run_training(plan: RunPlan) -> dict[str, float]:
         print(finished)
         return {}
     record_run_config(plan.config.trainer.save_checkpoint_path, config_to_yaml(plan.config), resumed_from=resumed_from)
-    init_ray(plan)
+    with setup_errors_reported(log_file):  # a tracker that cannot start its run: one line, before Ray starts
+        tracker = start_tracker(plan.config, _config_dict(plan), plan.training_steps)
+    try:
+        init_ray(plan)
+    except BaseException:
+        tracker.finish()
+        raise
     interrupted: RunInterrupted | None = None
     # after ray.init, whose own SIGTERM handler would tear the cluster down at once
     with StopRequest().installed() as stop:
-        trainer = build_trainer(plan, data, stop)
+        trainer = build_trainer(plan, data, stop, tracker)
         try:
             metrics = trainer.fit()
         except RunInterrupted as error:

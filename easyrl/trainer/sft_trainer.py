@@ -292,8 +292,13 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
         raise RunSetupError(str(error)) from error
     logger.info("SFT plan:\n%s", plan.describe())
     record_run_config(config.trainer.save_checkpoint_path, config_to_yaml(config), "SFT run", resumed_from)
-    init_ray(plan)
-    tracker = start_tracker(config, config_to_dict(config), plan.training_steps)
+    with setup_errors_reported(log_file):  # a tracker that cannot start its run: one line, before Ray starts
+        tracker = start_tracker(config, config_to_dict(config), plan.training_steps)
+    try:
+        init_ray(plan)
+    except BaseException:
+        tracker.finish()
+        raise
     pool = ResourcePool.from_trainer_config(
         config.trainer.nnodes,
         config.trainer.n_gpus_per_node,
