@@ -11,7 +11,13 @@ import ray
 
 from easyrl.config import ConfigError, RewardConfig, load_config
 from easyrl.config.schema import JudgeConfig
-from easyrl.workers.reward.judge import REQUEST_FAILED, UNPARSABLE
+from easyrl.workers.reward.judge import (
+    JUDGE_SILENT_STREAK,
+    REQUEST_FAILED,
+    UNPARSABLE,
+    JudgeUnreachableError,
+    compile_score_pattern,
+)
 from easyrl.workers.reward.judge_engine import JudgeEngineError, VllmJudge
 from easyrl.workers.reward.scorer import RewardScorer
 from easyrl.workers.rollout.vllm_rollout import kv_cache_kwargs
@@ -63,12 +69,26 @@ def test_the_engine_judges_a_batch_and_its_replies_are_read_by_the_regex(ray_clu
         cache = ray.get(
             judge.engine.__ray_call__.remote(lambda engine: engine.llm.llm_engine.vllm_config.cache_config)
         )
+        # replies the pattern never reads, JUDGE_SILENT_STREAK batches in a row, stop the run as the http judge's do
+        # (they trained on a judge share of 0 for every sample)
+        judge.pattern = compile_score_pattern("(never-in-a-reply)")
+        for _ in range(JUDGE_SILENT_STREAK - 1):
+            assert [v.failure.kind for v in judge.score(["a sum"] * 2, inputs[:2])] == [UNPARSABLE] * 2
+        with pytest.raises(JudgeUnreachableError) as silent:
+            judge.score(["a sum"] * 2, inputs[:2])
         # an engine that died stops the run with the key to look at, instead of scoring every sample 0
         ray.kill(judge.engine, no_restart=True)
         with pytest.raises(JudgeEngineError, match=r"judge engine \(worker.reward.judge.model_path=.*\) died while"):
             judge.score(["a sum"], inputs[:1])
     finally:
         judge.close()
+    message = str(silent.value)
+    assert message.startswith(
+        f"The judge engine (worker.reward.judge.model_path={tiny_judge_path}) gave a score to none of the samples of "
+        f"{JUDGE_SILENT_STREAK} batches in a row (the last had 2; "
+    )
+    assert "(the last had 2; it scored earlier batches): 2 had no readable score. The first failure" in message
+    assert "worker.reward.judge.score_pattern and score_range against the replies" in message
     assert cache.block_size == kv_cache_kwargs(None)["block_size"] == 32
     assert kv_cache_kwargs(64 << 20)["kv_cache_memory_bytes"] == 64 << 20
     assert kv_cache_kwargs(None)["kv_cache_memory_bytes"] == 1 << 30  # vLLM would read a share of host RAM

@@ -241,6 +241,54 @@ def report_failures(verdicts: list[JudgeResult], logged: set[str], judge: str) -
         )
 
 
+class SilentJudgeWatch:
+    """Both judges' (http, vllm) stop rule: no sample of the first batch, or of JUDGE_SILENT_STREAK batches in a row,
+    got a score. A judge share that is 0 for every sample would otherwise train on the rule reward alone, silently."""
+
+    def __init__(self, who: str, checks: list[str], timeout_s: float, went_silent: str = ""):
+        """``who``: the judge as the message names it; ``checks``: the keys to check whatever failed (the pattern's
+        and the timeout's are added when replies were unreadable or late); ``went_silent``: what to ask when a judge
+        that scored earlier batches stops scoring."""
+        self.who, self.checks, self.timeout_s, self.went_silent = who, checks, timeout_s, went_silent
+        self.batches_scored = 0
+        self.silent_streak = 0  # batches in a row (since the last with a score) in which no sample got a score
+
+    def check(self, verdicts: list[JudgeResult]) -> None:
+        """Count a collected batch; raise JudgeUnreachableError when the judge is not usable."""
+        first_batch = self.batches_scored == 0
+        self.batches_scored += 1
+        if not verdicts or any(verdict.failure is None for verdict in verdicts):
+            self.silent_streak = 0
+            return
+        self.silent_streak += 1
+        if first_batch or self.silent_streak >= JUDGE_SILENT_STREAK:
+            raise JudgeUnreachableError(self._message(verdicts, first_batch))
+
+    def _message(self, verdicts: list[JudgeResult], first_batch: bool) -> str:
+        kinds = Counter(verdict.failure.kind for verdict in verdicts)
+        counted = ", ".join(
+            f"{count} {FAILURE_COUNTS[kind].format(timeout_s=self.timeout_s)}" for kind, count in kinds.items()
+        )
+        first = verdicts[0].failure
+        when = (
+            f"the {len(verdicts)} samples of its first batch"
+            if first_batch
+            else f"the samples of {JUDGE_SILENT_STREAK} batches in a row (the last had {len(verdicts)}; it scored "
+            f"earlier batches{': ' + self.went_silent if self.went_silent else ''})"
+        )
+        checks = list(self.checks)
+        if TIMED_OUT in kinds:
+            checks.append("that the server answers at all (a slow judge needs a larger worker.reward.judge.timeout_s)")
+        if UNPARSABLE in kinds:
+            checks.append(
+                "worker.reward.judge.score_pattern and score_range against the replies (and max_tokens, prompt_template)"
+            )
+        return (
+            f"{self.who} gave a score to none of {when}: {counted}. The first failure ({first.kind}): "
+            f"{first.detail[:300]}. Check {'; '.join(checks)}."
+        )
+
+
 def judge_prompts(data: "DataProto", tokenizer, skip_special_tokens: bool = True) -> list:
     """What a judge is shown of each sample's prompt: its chat messages before the chat template (format_prompt and
     system_prompt applied, as text) where the data carries them (``prompt_messages``, when a judge is on), else the
@@ -295,8 +343,16 @@ class HttpJudge:
                     "environment; export it (the key itself never goes into the config)."
                 )
             self.headers["Authorization"] = f"Bearer {key}"
-        self.batches_scored = 0
-        self._silent_streak = 0  # batches in a row (since the last with a score) in which no sample got a score
+        self.watch = SilentJudgeWatch(
+            f"The judge at {self.url} (model `{config.model}`)",
+            [
+                "worker.reward.judge.base_url (the server's OpenAI base URL, e.g. http://host:8000/v1)",
+                "worker.reward.judge.model (a name the server serves)",
+                "the key in the variable named by worker.reward.judge.api_key_env",
+            ],
+            config.timeout_s,
+            went_silent="did the server go down or change?",
+        )
         self._logged: set[str] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="easyrl-http-judge", daemon=True)
@@ -324,45 +380,9 @@ class HttpJudge:
         JudgeUnreachableError when no sample of the first batch, or of JUDGE_SILENT_STREAK batches in a row, got a
         score."""
         verdicts = pending.result()
-        first_batch = self.batches_scored == 0
-        self.batches_scored += 1
         self._report(verdicts)
-        if not verdicts or any(verdict.failure is None for verdict in verdicts):
-            self._silent_streak = 0
-            return verdicts
-        self._silent_streak += 1
-        if first_batch or self._silent_streak >= JUDGE_SILENT_STREAK:
-            raise JudgeUnreachableError(self._unusable_message(verdicts, first_batch))
+        self.watch.check(verdicts)
         return verdicts
-
-    def _unusable_message(self, verdicts: list[JudgeResult], first_batch: bool) -> str:
-        config = self.config
-        kinds = Counter(verdict.failure.kind for verdict in verdicts)
-        counted = ", ".join(
-            f"{count} {FAILURE_COUNTS[kind].format(timeout_s=config.timeout_s)}" for kind, count in kinds.items()
-        )
-        first = verdicts[0].failure
-        when = (
-            f"the {len(verdicts)} samples of its first batch"
-            if first_batch
-            else f"the samples of {JUDGE_SILENT_STREAK} batches in a row (the last had {len(verdicts)}; it scored "
-            "earlier batches: did the server go down or change?)"
-        )
-        checks = [
-            "worker.reward.judge.base_url (the server's OpenAI base URL, e.g. http://host:8000/v1)",
-            "worker.reward.judge.model (a name the server serves)",
-            "the key in the variable named by worker.reward.judge.api_key_env",
-        ]
-        if TIMED_OUT in kinds:
-            checks.append("that the server answers at all (a slow judge needs a larger worker.reward.judge.timeout_s)")
-        if UNPARSABLE in kinds:
-            checks.append(
-                "worker.reward.judge.score_pattern and score_range against the replies (and max_tokens, prompt_template)"
-            )
-        return (
-            f"The judge at {self.url} (model `{config.model}`) gave a score to none of {when}: {counted}. The first "
-            f"failure ({first.kind}): {first.detail[:300]}. Check {'; '.join(checks)}."
-        )
 
     def score(self, prompts: Sequence[str], inputs: Sequence[dict]) -> list[JudgeResult]:
         return self.collect(self.submit(prompts, inputs))

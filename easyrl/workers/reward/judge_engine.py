@@ -33,6 +33,7 @@ from .judge import (
     REQUEST_FAILED,
     JudgeFailure,
     JudgeResult,
+    SilentJudgeWatch,
     compile_score_pattern,
     load_template,
     read_verdict,
@@ -129,6 +130,11 @@ class VllmJudge:
         self.pattern = compile_score_pattern(config.score_pattern)
         self.name = f"Judge engine {config.model_path}"
         self._logged: set[str] = set()
+        self.watch = SilentJudgeWatch(
+            f"The judge engine (worker.reward.judge.model_path={config.model_path})",
+            ["worker.reward.judge.model_path (a model that answers in the template's format)"],
+            config.timeout_s,
+        )
         # one CPU drives the engine (on CPU its vLLM backend computes with it); a GPU share when num_gpus > 0
         self.engine = JudgeEngine.options(num_cpus=1, num_gpus=config.num_gpus).remote(config, run_dir)
         try:
@@ -151,7 +157,9 @@ class VllmJudge:
         return self.engine.generate.remote(render_messages(self.template, prompts, inputs))
 
     def collect(self, pending: "ray.ObjectRef") -> list[JudgeResult]:
-        """The verdicts of a submitted batch, in order, the first failure of each kind logged once per run."""
+        """The verdicts of a submitted batch, in order, the first failure of each kind logged once per run; raises
+        JudgeUnreachableError when no sample of the first batch, or of JUDGE_SILENT_STREAK batches in a row, got a
+        score (as the http judge does)."""
         try:
             replies = ray.get(pending)
         except RayError as err:
@@ -166,6 +174,7 @@ class VllmJudge:
             for reply, cut, refusal in replies
         ]
         report_failures(verdicts, self._logged, self.name)
+        self.watch.check(verdicts)
         return verdicts
 
     def score(self, prompts: Sequence[str], inputs: Sequence[dict]) -> list[JudgeResult]:
