@@ -474,3 +474,42 @@ def test_a_verl_batch_reward_function_is_called_once_per_batch_with_lists(tmp_pa
     with pytest.raises(RewardFunctionError, match=r"must return a list of 2 numbers or dicts with `score`"):
         write(tmp_path, "def compute_score(solution_strs, ground_truths):\n    return [1.0]\n", "short.py")
         load_reward_function(str(tmp_path / "short.py"), {}).score(items)
+
+
+def test_check_refuses_a_kwarg_value_of_another_type_than_the_function_takes(tmp_path):
+    """`reward=yes` (a YAML bool) or `require=seccomp` (a str for a list) passed the check and failed every sample
+    after the workers started."""
+    from easyrl.workers.reward.loader import check_reward_kwargs
+
+    path = write(
+        tmp_path,
+        "from typing import Optional\n"
+        "def compute_score(reward_inputs, mode: str = 'a', layers: list[str] | tuple[str, ...] = (),\n"
+        "                  scale: float = 1.0, count: int = 2, cap: Optional[float] = None, flag=False, limit=3,\n"
+        "                  shape: 'Shape' = None, extra=None):\n"
+        "    return [0.0 for _ in reward_inputs]\n",
+    )
+    accepted = [
+        {"mode": "yes", "layers": ["seccomp"], "scale": 2, "count": 3, "cap": None, "flag": True, "limit": 4},
+        {"cap": 0.5, "layers": ("a",), "shape": [1, 2], "extra": {"any": "thing"}},
+    ]
+    for kwargs in accepted:
+        check_reward_kwargs(str(path), kwargs)
+    refused = {
+        "mode": (True, "`mode: str = 'a'`", "YAML reads yes/no/on/off/true/false unquoted as booleans"),
+        "layers": ("seccomp", "`layers: list[str] | tuple[str, ...] = ()`", "Give a list: [seccomp]."),
+        "scale": ("1e-3", "`scale: float = 1.0`", "write 1.0e-3"),
+        "count": (1.5, "`count: int = 2`", ""),
+        "cap": ("high", "`cap: Optional[float] = None`", ""),
+        "flag": ("true", "`flag = False`", ""),  # no annotation: the default's type
+        "limit": (True, "`limit = 3`", ""),  # a bool is no count
+    }
+    for key, (value, takes, hint) in refused.items():
+        with pytest.raises(RewardFunctionError) as error:
+            check_reward_kwargs(str(path), {key: value})
+        message = str(error.value)
+        assert message.startswith(
+            f"`worker.reward.reward_function_kwargs.{key}` is {value!r} (a {type(value).__name__}), but "
+            f"`compute_score` in `{path}` takes {takes}."
+        ), message
+        assert hint in message

@@ -277,6 +277,9 @@ def test_required_layer_missing_stops_the_run_naming_the_fix(monkeypatch):
         run_program("print(1)", "", FAST, require=["landlock"])
     with pytest.raises(ValueError, match="Unknown sandbox layer"):
         run_program("print(1)", "", FAST, require=["firewall"])
+    # one layer as a string (`require=landlock` on a command line) is that layer, not its letters
+    with pytest.raises(SandboxUnavailableError, match=r"needs landlock"):
+        run_program("print(1)", "", FAST, require="landlock")
 
 
 def test_a_layer_that_fails_to_apply_stops_the_program_before_it_runs(monkeypatch, sandbox_tmp):

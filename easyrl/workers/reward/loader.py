@@ -658,10 +658,101 @@ def _passed_in_source(tree: ast.Module, name: str) -> set[str]:
     return set(positional[:1])
 
 
+# what a value read from YAML or the command line may be for an argument annotated (or defaulted) with these names;
+# other annotations (a class of the file, Literal, Any) are not checked
+_ANNOTATED_TYPES = {
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "list": (list, tuple),
+    "List": (list, tuple),
+    "tuple": (list, tuple),
+    "Tuple": (list, tuple),
+    "Sequence": (list, tuple),
+    "dict": (dict,),
+    "Dict": (dict,),
+    "Mapping": (dict,),
+}
+
+
+def _annotation_types(node: ast.expr | None) -> tuple[type, ...] | None:
+    """The Python types an annotation allows, for the plain ones (``str``, ``float | None``, ``Optional[int]``,
+    ``list[str]``); None when it is not one of those."""
+    if isinstance(node, ast.Constant) and node.value is None:
+        return (type(None),)
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    if name is not None:
+        return _ANNOTATED_TYPES.get(name)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        left, right = _annotation_types(node.left), _annotation_types(node.right)
+        return left + right if left and right else None
+    if isinstance(node, ast.Subscript):
+        outer = _annotation_types(node.value)
+        base = node.value.id if isinstance(node.value, ast.Name) else getattr(node.value, "attr", None)
+        members = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if base in ("Optional", "Union"):
+            inner = [_annotation_types(member) for member in members]
+            if not all(inner):
+                return None
+            return sum(inner, ()) + ((type(None),) if base == "Optional" else ())
+        return outer
+    return None
+
+
+def _argument_types_in_source(tree: ast.Module, name: str) -> dict[str, tuple[tuple[type, ...], str]]:
+    """Per argument of function ``name`` (by keyword): the types its annotation allows, else its default's (a str,
+    number or bool default), with the source text that says so, for the arguments whose types are plain."""
+    node = _def_in_source(tree, name)
+    if node is None:
+        return {}
+    args = node.args
+    positional = [*args.posonlyargs, *args.args]
+    defaults = dict(zip([arg.arg for arg in positional[len(positional) - len(args.defaults) :]], args.defaults))
+    defaults.update({arg.arg: default for arg, default in zip(args.kwonlyargs, args.kw_defaults) if default})
+    found = {}
+    for arg in (*positional, *args.kwonlyargs):
+        default = defaults.get(arg.arg)
+        text = arg.arg + (f": {ast.unparse(arg.annotation)}" if arg.annotation is not None else "")
+        text += f" = {ast.unparse(default)}" if default is not None else ""
+        types = _annotation_types(arg.annotation) if arg.annotation is not None else None
+        if arg.annotation is None and isinstance(default, ast.Constant) and default.value is not None:
+            kind = type(default.value)
+            types = (int, float) if kind is float else (kind,) if kind in (str, int, bool) else None
+        if types:
+            found[arg.arg] = (types, text)
+    return found
+
+
+def _wrong_type(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):  # a bool is an int to Python, not to a reader of `threshold: int`
+        return bool not in types
+    return not isinstance(value, types)
+
+
+def _type_hint(value: Any, types: tuple[type, ...]) -> str:
+    """How the value was probably meant to be written."""
+    if isinstance(value, bool) and str in types:
+        return (
+            " YAML reads yes/no/on/off/true/false unquoted as booleans: quote the text (on the command line"
+            " '...key=\"yes\"', in a file key: 'yes')."
+        )
+    if isinstance(value, str) and (list in types or tuple in types):
+        return f" Give a list: [{value}]."
+    if isinstance(value, str) and float in types:
+        try:
+            float(value)
+        except ValueError:
+            return ""
+        return " YAML 1.1 reads an exponent without a dot (1e-3) as text: write 1.0e-3."
+    return ""
+
+
 def check_reward_kwargs(spec: str, kwargs: dict | None) -> None:
     """For the config check: every key of `worker.reward.reward_function_kwargs` is an argument some chosen function
-    of ``spec`` takes, and every argument a function needs without a default is among them, read from the file's
-    source without importing it (what loading the function checks again)."""
+    of ``spec`` takes, of the plain type its annotation (or default) names, and every argument a function needs
+    without a default is among them, read from the file's source without importing it (what loading the function
+    checks again)."""
     kwargs = kwargs or {}
     path_text, requested = parse_spec(spec)
     path, names, functions = parse_user_file(path_text, CONFIG_KEY)
@@ -688,6 +779,13 @@ def check_reward_kwargs(spec: str, kwargs: dict | None) -> None:
             + f").{hint}"
         )
     for name in chosen:
+        for key, (allowed, text) in _argument_types_in_source(tree, name).items():
+            if key in kwargs and _wrong_type(kwargs[key], allowed):
+                value = kwargs[key]
+                raise RewardFunctionError(
+                    f"`worker.reward.reward_function_kwargs.{key}` is {short_repr(value)} (a {type(value).__name__}), "
+                    f"but `{name}` in `{path_text}` takes `{text}`.{_type_hint(value, allowed)}"
+                )
         missing = [arg for arg in _required_in_source(tree, name) if arg not in kwargs]
         if missing:
             given = " ".join(f"worker.reward.reward_function_kwargs.{arg}=..." for arg in missing)

@@ -234,6 +234,8 @@ def check_protections(require: Iterable[str] = ()) -> HostProtections:
     """The host's layers; raise SandboxUnavailableError when one in `require` is missing, else log (once per
     process) the missing ones and what that leaves open."""
     protections = host_protections()
+    if isinstance(require, str):  # one layer, as a command line gives it (`require=seccomp`), not its letters
+        require = [require]
     required = set(LAYERS if "all" in require else require)
     unknown = required - set(LAYERS)
     if unknown:
