@@ -515,6 +515,15 @@ def test_foreign_key_names_only_suggest_and_each_names_an_easyrl_key():
             "`trainer.logger` (from the command line) takes a list, not `file`: write `trainer.logger=[file]` "
             "(or several: `[console,file]`).",
         ),
+        (  # several names joined by commas: the list of them, not a default plus the whole text
+            "trainer.logger=console,file",
+            "`trainer.logger` (from the command line) takes a list, not `console,file`: write "
+            "`trainer.logger=[console,file]`.",
+        ),
+        (
+            "trainer.logger=[console,file,console]",  # the Tracker refused it after Ray had started
+            "`trainer.logger` lists 'console' more than once (['console', 'file', 'console']); name each logger once.",
+        ),
         (
             "worker.actor.optim.betas=0.9",
             "`worker.actor.optim.betas` (from the command line) takes a list, not `0.9`: write it in brackets, e.g. "

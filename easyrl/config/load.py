@@ -293,8 +293,9 @@ def _list_example(key: str, value: Any, in_file: bool) -> str:
     if isinstance(value, dict) or (default and not all(isinstance(item, str) for item in default)):
         example = default or ["value"]
         return f"write it in brackets, e.g. {_written(key, example, in_file)}" + (" (its default)" if default else "")
-    text = f"write {_written(key, [value], in_file)}"
-    if default:
+    items = [item.strip() for item in value.split(",")] if isinstance(value, str) and "," in value else [value]
+    text = f"write {_written(key, items, in_file)}"
+    if default and len(items) == 1:
         several = default if value in default else [default[0], value]
         text += f" (or several: `{_flow(several, in_file)}`)"
     return text

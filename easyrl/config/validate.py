@@ -791,7 +791,14 @@ def _check_loggers_can_start(names: Any) -> None:
     the model; its backend knows without being imported (the loggers package imports no backend library)."""
     from ..trainer.loggers import get_logger_class
 
-    for name in names if isinstance(names, list) else [names]:
+    listed = names if isinstance(names, list) else [names]
+    twice = sorted({name for name in listed if listed.count(name) > 1})
+    if twice:  # the Tracker refuses it too, once Ray has started
+        raise ConfigError(
+            f"`trainer.logger` lists {', '.join(repr(name) for name in twice)} more than once ({listed}); "
+            "name each logger once."
+        )
+    for name in listed:
         problem = get_logger_class(name).start_problem()
         if problem is not None:
             raise ConfigError(f"`trainer.logger` includes '{name}': {problem} Or remove '{name}' from trainer.logger.")
