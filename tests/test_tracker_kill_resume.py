@@ -152,7 +152,7 @@ def test_wandb_keeps_the_steps_it_wrote_before_a_kill_and_gets_those_it_lost(sav
     _run_attempt(save_dir, loggers, 2, 4, [5, 6, 7, 8], "kill", wait_until_wandb_holds=7)
     stderr = _run_attempt(save_dir, loggers, 3, 6, [7, 8, 9], "kill", checkpoint_row={"score": 206.0})
     # true: step 7 is in attempt 2's file, so W&B keeps its first value; step 8 never got there and is trained again
-    assert "Steps 7-7 reached wandb before the resume" in stderr
+    assert "Step 7 reached wandb before the resume" in stderr
     assert "never reached wandb" not in stderr
     # attempt 3 was killed before W&B wrote anything: the checkpoint of step 9 brings back its steps 8 and 9
     stderr = _run_attempt(save_dir, loggers, 4, 9, [10], "finish", checkpoint_row={"score": 309.0})

@@ -177,20 +177,19 @@ class Tracker:
                 self._held[name] = at
             if len(lost) > 1 or (lost and lost[0] < step):
                 logger.warning(
-                    "Steps %s never reached %s before the resume (it writes what it is sent seconds later, and the "
+                    "%s never reached %s before the resume (it writes what it is sent seconds later, and the "
                     "kill came first): their rows, kept in %s, are sent to it again.",
-                    _step_list(lost),
+                    _steps_named(lost),
                     name,
                     TRACKER_STATE_FILE,
                 )
             self._skip_through[name] = self._held[name]
             if self._held[name] > step:
                 logger.warning(
-                    "Steps %d-%d reached %s before the resume: the run trains them again and their new metrics go "
+                    "%s reached %s before the resume: the run trains them again and their new metrics go "
                     "to the other loggers only (%s cannot drop what it holds; a deterministic resume gives the same "
                     "values).",
-                    step + 1,
-                    self._held[name],
+                    _steps_named(list(range(step + 1, self._held[name] + 1))),
                     name,
                     name,
                 )
@@ -209,6 +208,11 @@ class Tracker:
 
     def __exit__(self, *exc_info) -> None:
         self.finish()
+
+
+def _steps_named(steps: list[int]) -> str:
+    """``[3]`` -> ``"Step 3"``, ``[3, 4, 5, 7]`` -> ``"Steps 3-5, 7"``."""
+    return f"Step{'s' if len(steps) > 1 else ''} {_step_list(steps)}"
 
 
 def _step_list(steps: list[int]) -> str:
