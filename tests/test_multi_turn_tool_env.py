@@ -16,9 +16,9 @@ import easyrl  # noqa: F401  (process environment before Ray starts)
 from easyrl.config import ConfigError, RewardConfig, load_config
 from easyrl.config.schema import MultiTurnConfig
 from easyrl.data.dataset import ROW_PLACE_KEY
+from easyrl.trainer.preflight import tool_schema_lines
 from easyrl.workers.rollout.base import rollout_logprob_mismatch
 from easyrl.workers.rollout.multi_turn import EnvState, MultiTurnRollout, reset_arguments
-from easyrl.trainer.preflight import tool_schema_lines
 from easyrl.workers.tool_files import is_tool_env, load_env_class, tool_schemas
 from tests.rollout_helpers import padded_prompts, rollout_worker_config
 from tests.test_multi_turn import LOGPROB_TOLERANCE, _runs, scripted_engine
