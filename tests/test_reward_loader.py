@@ -491,7 +491,7 @@ def test_check_refuses_a_kwarg_value_of_another_type_than_the_function_takes(tmp
     )
     accepted = [
         {"mode": "yes", "layers": ["seccomp"], "scale": 2, "count": 3, "cap": None, "flag": True, "limit": 4},
-        {"cap": 0.5, "layers": ("a",), "shape": [1, 2], "extra": {"any": "thing"}},
+        {"cap": 0.5, "layers": ("a",), "shape": [1, 2], "extra": {"any": "thing"}, "limit": 0.5},
     ]
     for kwargs in accepted:
         check_reward_kwargs(str(path), kwargs)

@@ -718,7 +718,8 @@ def _argument_types_in_source(tree: ast.Module, name: str) -> dict[str, tuple[tu
         types = _annotation_types(arg.annotation) if arg.annotation is not None else None
         if arg.annotation is None and isinstance(default, ast.Constant) and default.value is not None:
             kind = type(default.value)
-            types = (int, float) if kind is float else (kind,) if kind in (str, int, bool) else None
+            # a number default takes either kind of number: `weight=0` does not say the argument is a count
+            types = (int, float) if kind in (int, float) else (kind,) if kind in (str, bool) else None
         if types:
             found[arg.arg] = (types, text)
     return found
