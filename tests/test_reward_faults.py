@@ -12,7 +12,7 @@ import torch
 from easyrl.config import RewardConfig
 from easyrl.protocol import DataProto
 from easyrl.workers.reward.loader import RewardFunctionError, load_reward_function
-from easyrl.workers.reward.scorer import RewardScorer, reduce_reward_metrics
+from easyrl.workers.reward.scorer import ALL_RAISED_STREAK, RewardScorer, reduce_reward_metrics
 from tests.test_reward_pool import HANGS_ON_HANG  # the same sequential reward that sleeps on "hang"
 
 
@@ -154,7 +154,7 @@ def test_a_hang_in_one_chunk_of_four_costs_one_timeout_and_the_healthy_chunks_ke
         scorer.shutdown()
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_every_chunk_hanging_costs_one_timeout_not_one_per_chunk(ray_cluster, reward_file):
     # before: the 4 chunks of one actor ran one after another, each with the full timeout (4 x timeout_s a step)
     timeout_s = 3.0
@@ -165,8 +165,34 @@ def test_every_chunk_hanging_costs_one_timeout_not_one_per_chunk(ray_cluster, re
         scores, failures = scorer.score_inputs(inputs("hang", "hang", "hang", "hang"))
         assert timeout_s <= time.monotonic() - start < 2 * timeout_s
         assert scores == [{"overall": 0.0}] * 4 and kinds(failures) == ["timed out"] * 4
+        # a batch that times out throughout may pass; ALL_RAISED_STREAK of them in a row trained on zeros for good
+        for _ in range(ALL_RAISED_STREAK - 2):
+            assert kinds(scorer.score_inputs(inputs("hang", "hang"))[1]) == ["timed out"] * 2
+        with pytest.raises(RewardFunctionError) as stopped:
+            scorer.score_inputs(inputs("hang", "hang"))
     finally:
         scorer.shutdown()
+    message = str(stopped.value)
+    assert "scored no sample (2 timed out) of the run so far (2 of 2 in the last batch), so the run stops" in message
+    assert "worker.reward.timeout_s=3 s: raise it" in message
+
+
+def test_a_function_giving_nan_for_every_sample_stops_the_run_at_once(reward_file):
+    scorer = RewardScorer(
+        RewardConfig(reward_function=reward_file(SEQUENTIAL_NON_FINITE)), tokenizer=None, in_process=True
+    )
+    assert kinds(scorer.score_inputs(inputs("a", "nan"))[1]) == [None, "non-finite"]  # one sample: scored
+    for _ in range(ALL_RAISED_STREAK - 1):
+        assert kinds(scorer.score_inputs(inputs("nan", "nan"))[1]) == ["non-finite"] * 2
+    with pytest.raises(
+        RewardFunctionError, match=rf"scored no sample \(2 non-finite\) of {ALL_RAISED_STREAK} batches in a row"
+    ):
+        scorer.score_inputs(inputs("nan", "nan"))
+    fresh = RewardScorer(
+        RewardConfig(reward_function=reward_file(SEQUENTIAL_NON_FINITE)), tokenizer=None, in_process=True
+    )
+    with pytest.raises(RewardFunctionError, match=r"scored no sample \(3 non-finite\) of the run so far"):
+        fresh.score_inputs(inputs("nan", "nan", "nan"))
 
 
 @pytest.mark.timeout(120)
@@ -251,8 +277,6 @@ def test_a_batch_function_raising_on_one_row_says_so_without_blaming_the_answer_
 
 
 def test_after_a_batch_was_scored_only_a_streak_of_batches_raising_throughout_stops_the_run(reward_file):
-    from easyrl.workers.reward.scorer import ALL_RAISED_STREAK
-
     scorer = RewardScorer(
         RewardConfig(reward_function=reward_file(STRIPS_EACH_TRUTH)), tokenizer=None, in_process=True
     )

@@ -18,9 +18,10 @@ scored within `worker.reward.timeout_s` (see pool.py). Each sample's `overall` s
 token (EasyR1's place). A sample scores 0 and is counted in `reward/errors` when the function raised on it (a batch
 call that fails fails for the whole batch), returned a NaN or infinite score, was not scored by the deadline (also
 counted in `reward/timeouts`), or its actor's process died; the first failure of each kind is logged once, with
-the sample's index in its batch. A function that raised on every sample it was given so far, or on every sample
-of ALL_RAISED_STREAK batches in a row, stops the run (RewardFunctionError): nothing can be learnt from zeros, and such a
-failure is a bug or a data mismatch (e.g. a number where the function expects a string), not a passing fault.
+the sample's index in its batch. A function that raised (or gave NaN) on every sample it was given so far, or that
+scored no sample of ALL_RAISED_STREAK batches in a row (whatever failed, the deadline included), stops the run
+(RewardFunctionError): nothing can be learnt from zeros, and such a failure is a bug, a data mismatch (e.g. a number
+where the function expects a string) or a timeout too short for the batches, not a passing fault.
 
 Scoring runs in one thread of the driver, one batch after another in the order they were handed over, so that the
 trainer can score a batch while the workers compute log-probs (`worker.reward.overlap`); `score` is `score_async`
@@ -31,6 +32,7 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -304,12 +306,17 @@ class RewardScorer:
         return scores, outcome.failures
 
     def _stop_if_it_never_works(self, failures: list[SampleFailure | None], inputs: list[dict]) -> None:
-        if not failures or not all(failure is not None and failure.kind == RAISED for failure in failures):
-            self._scored_once = self._scored_once or any(failure is None for failure in failures)
+        """Stop the run when no sample of the batches so far, or of ALL_RAISED_STREAK batches in a row, got a score
+        (whatever failed: a raise, a NaN, the deadline, a dead actor). A function that raises or returns NaN on every
+        sample of the first batch stops it at once; timeouts and deaths may pass, so they stop it only in a row."""
+        if not failures or any(failure is None for failure in failures):
+            self._scored_once = self._scored_once or bool(failures)
             self._all_raised_streak = 0
             return
         self._all_raised_streak += 1
-        if self._scored_once and self._all_raised_streak < ALL_RAISED_STREAK:
+        kinds = Counter(failure.kind for failure in failures)
+        at_once = set(kinds) <= {RAISED, NON_FINITE}
+        if self._all_raised_streak < ALL_RAISED_STREAK and (self._scored_once or not at_once):
             return
         when = "the run so far" if not self._scored_once else f"{ALL_RAISED_STREAK} batches in a row"
         # numbers where text was expected: the usual cause (a code reward's dict of tests is no hint)
@@ -319,19 +326,27 @@ class RewardScorer:
         hint = (
             f" The ground truths (data.answer_key's column) include values of type {', '.join(types)}, not str: a "
             "function that reads them as text fails on them; convert the column, or the value in the function."
-            if types and type_error
+            if types and type_error and kinds[RAISED]
             else ""
         )
-        if self.reward_fn.whole_batch:
+        if self.reward_fn.whole_batch and kinds[RAISED]:
             hint = (
                 " It is a batch function, scoring a batch in one call: an exception on one of its rows fails every "
                 "sample of the batch." + hint
             )
+        if kinds[TIMED_OUT]:
+            hint += (
+                f" A batch is scored within worker.reward.timeout_s={self.config.timeout_s:g} s: raise it (or give "
+                "the function more CPUs, worker.reward.num_cpus) if scoring a batch takes longer."
+            )
         hint += _failed_environments_hint(inputs)
+        if set(kinds) == {RAISED}:
+            what = "raised on every sample"
+        else:
+            what = "scored no sample (" + ", ".join(f"{count} {kind}" for kind, count in kinds.items()) + ")"
         raise RewardFunctionError(
-            f"Reward function {self.reward_fn.where} raised on every sample of {when} ({len(failures)} of "
-            f"{len(failures)} in the last batch), so the run stops: nothing can be learnt from scores of 0.{hint} The "
-            "first failure:\n"
+            f"Reward function {self.reward_fn.where} {what} of {when} ({len(failures)} of {len(failures)} in the last "
+            f"batch), so the run stops: nothing can be learnt from scores of 0.{hint} The first failure:\n"
             f"{failures[0].detail}"
         )
 
