@@ -400,3 +400,32 @@ def test_a_data_position_is_resumed_only_by_a_loader_that_can_restore_it(tmp_pat
             assert ("dataloader_num_workers is" in message) == (workers != saved[1]), (saved, shuffle, workers)
             assert ("data.shuffle is true in the checkpoint" in message) == (saved[0] and not shuffle), message
             assert message.endswith("or start afresh in a new trainer.save_checkpoint_path.")
+
+
+def test_a_checkpoint_records_the_digests_of_the_files_a_run_reads_and_a_resume_names_the_edited_ones(
+    valid_args, tmp_path
+):
+    from easyrl.config import load_config
+    from easyrl.trainer.checkpoint import changed_input_files, input_file_digests
+
+    template = tmp_path / "format.jinja"
+    template.write_text("{{ content }} Think first.")
+    env = tmp_path / "env.py"
+    env.write_text(
+        "class Counter:\n    def reset(self, **kwargs):\n        return ''\n\n    def add(self, x: int) -> str:\n        '''Add.\n\n        Args:\n            x: n\n        '''\n        return str(x)\n"
+    )
+    config = load_config(
+        [*valid_args, f"data.format_prompt={template}", f"worker.rollout.multi_turn.env={env}:Counter"]
+    )
+    saved = input_file_digests(config)
+    assert sorted(saved) == [
+        "data.format_prompt", "worker.reward.reward_function", "worker.rollout.multi_turn.env"
+    ]  # fmt: skip
+    assert all(len(digest) == 16 for digest in saved.values())
+    assert changed_input_files(saved, input_file_digests(config)) == []
+    (tmp_path / "my_reward.py").write_text((tmp_path / "my_reward.py").read_text() + "# fixed\n")
+    template.write_text("{{ content }} Answer at once.")
+    assert changed_input_files(saved, input_file_digests(config)) == [
+        "data.format_prompt", "worker.reward.reward_function"
+    ]  # fmt: skip
+    assert changed_input_files(None, input_file_digests(config)) == []  # a checkpoint of an earlier version

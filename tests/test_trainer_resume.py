@@ -10,6 +10,7 @@ import pytest
 
 from tests.fixtures.trainer_runs import (
     GRPO_RUN_OVERRIDES,
+    WORD_START_REWARD,
     kill_process_group,
     launch_training,
     metrics_by_step,
@@ -43,9 +44,13 @@ def _same(name: str, resumed, reference) -> bool:
 @pytest.mark.timeout(1800)
 def test_a_killed_run_resumes_from_its_last_checkpoint_and_reproduces_the_next_step(tiny_grpo_run, tmp_path):
     save_dir = tmp_path / "checkpoints"
-    # the reference run's command, with TensorBoard beside the default loggers: its events are rewound too
+    # the reference run's command, with TensorBoard beside the default loggers: its events are rewound too; its
+    # reward file a copy, edited (a comment) before the resume
+    reward = tmp_path / "reward.py"
+    reward.write_text(WORD_START_REWARD.read_text())
     args = train_args(tiny_grpo_run.model_path, save_dir, GRPO_RUN_OVERRIDES) + [
-        "trainer.logger=[console,file,tensorboard]"
+        "trainer.logger=[console,file,tensorboard]",
+        f"worker.reward.reward_function={reward}:compute_score",
     ]
 
     killed_log = tmp_path / "killed.log"
@@ -57,9 +62,16 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_reproduces_the_next_s
     assert proc.returncode == -signal.SIGKILL, "the run ended on its own before it could be killed"
     assert not (save_dir / "global_step_3").exists()
 
+    reward.write_text(reward.read_text() + "\n# edited between the attempts\n")
     resumed_log = tmp_path / "resumed.log"
     run_training(args, resumed_log)
-    assert f"Resuming from {save_dir / 'global_step_2'}" in resumed_log.read_text(errors="replace")
+    resumed_text = resumed_log.read_text(errors="replace")
+    assert f"Resuming from {save_dir / 'global_step_2'}" in resumed_text
+    # an edited reward file is named: the curves before and after measure different things (the config is the same)
+    assert (
+        f"The file of worker.reward.reward_function changed since {save_dir / 'global_step_2'} was saved: the scores "
+        "(or prompts) of the steps before and after this resume are not comparable." in resumed_text
+    )
 
     with open(save_dir / "metrics.jsonl", encoding="utf-8") as handle:
         logged_steps = [int(json.loads(line)["step"]) for line in handle]

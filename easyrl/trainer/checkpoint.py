@@ -5,7 +5,8 @@ Layout under ``trainer.save_checkpoint_path``::
     global_step_<N>/
         actor/ critic/ ...        model + optimizer state (torch.distributed.checkpoint), written by the workers
         dataloader_state.json     the driver's dataloader position
-        trainer_state.json        {"global_step": N, "epoch", "kl_coef", "metrics": the step's metrics row}
+        trainer_state.json        {"global_step": N, "epoch", "kl_coef", "metrics": the step's metrics row,
+                                   "input_files": digests of the reward/template/tools files}
         COMPLETE                  written last, just before the folder gets its final name
     latest_checkpointed_iteration.txt   N of the newest complete checkpoint (for other tools; easyrl reads COMPLETE)
     .tmp_global_step_<N>/         a save in progress, or one a crash interrupted: never loaded
@@ -579,6 +580,46 @@ def _local_model_folder(name: str) -> str | None:
     except ValueError:  # not a valid hub id either
         return None
     return os.path.dirname(cached) if isinstance(cached, str) else None
+
+
+def file_digest(path: str) -> str | None:
+    """A short digest of a file's contents; None when it cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+def input_file_digests(config: Any) -> dict[str, str]:
+    """Digests of the files a run reads by path besides its data and models, by config key: the reward function's
+    file, the prompt template, the judge's template, the tools and environment files. A resume warns when one
+    changed since its checkpoint (the scores or prompts before and after are not comparable)."""
+    from ..workers.reward.loader import CONFIG_KEY, RewardFunctionError, parse_spec, parse_user_file
+
+    reward, multi_turn = config.worker.reward, config.worker.rollout.multi_turn
+    paths = {
+        "data.format_prompt": config.data.format_prompt,
+        "worker.reward.judge.prompt_template": reward.judge.prompt_template if reward.judge.kind != "none" else None,
+        "worker.rollout.multi_turn.tools": multi_turn.tools,
+    }
+    if reward.reward_function:
+        try:
+            paths[CONFIG_KEY] = str(parse_user_file(parse_spec(reward.reward_function)[0], CONFIG_KEY)[0])
+        except (OSError, RewardFunctionError):
+            pass
+    envs = multi_turn.env if isinstance(multi_turn.env, dict) else {None: multi_turn.env}
+    for name, spec in envs.items():
+        if isinstance(spec, str) and spec:
+            paths["worker.rollout.multi_turn.env" + (f".{name}" if name else "")] = spec.rpartition(":")[0] or spec
+    digests = {key: file_digest(path) for key, path in paths.items() if isinstance(path, str) and path}
+    return {key: digest for key, digest in digests.items() if digest is not None}
+
+
+def changed_input_files(saved: dict[str, str] | None, now: dict[str, str]) -> list[str]:
+    """The config keys whose file has other contents now than when a checkpoint was saved (``saved``: its digests,
+    None for a checkpoint of an earlier version, which recorded none)."""
+    return sorted(key for key, digest in (saved or {}).items() if key in now and now[key] != digest)
 
 
 def model_weights_fingerprint(model_path: str) -> str | None:

@@ -26,7 +26,6 @@ with a seed of (worker.rollout.seed, batch index) only, so a resumed batch draws
 """
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -46,7 +45,7 @@ from ..utils.logging import setup_driver_logging
 from ..workers.reward.scorer import ERRORS_KEY, JUDGE_ERRORS_KEY, named_scores
 from ..workers.rollout.base import GenerationRequest, resolve_sampling
 from ..workers.tool_files import has_tool_env
-from .checkpoint import model_weights_fingerprint
+from .checkpoint import input_file_digests, model_weights_fingerprint
 from .ray_trainer import GENERATION_KEYS, generation_non_tensor_keys, join_rollout_output
 
 
@@ -161,7 +160,7 @@ def generation_settings(plan: RunPlan, request: GenerationRequest) -> dict[str, 
         settings["multi_turn"] = dataclasses.asdict(multi_turn)
     if reward.reward_function:
         # its code: a fixed reward function must not leave the earlier scores standing
-        settings["reward_file"] = _file_digest(reward.reward_function)
+        settings["reward_file"] = input_file_digests(config).get("worker.reward.reward_function")
         settings["reward_function_kwargs"] = dict(reward.reward_function_kwargs or {})
         settings["reward_weights"] = list(reward.reward_weights) if reward.reward_weights else None
         if reward.judge.kind != "none":  # a judge's grade is part of each score
@@ -172,17 +171,6 @@ def generation_settings(plan: RunPlan, request: GenerationRequest) -> dict[str, 
 
 # settings that earlier versions did not write: a file without them is not refused for lacking them
 LATER_SETTINGS = ("model_weights", "reward_file")
-
-
-def _file_digest(spec: str) -> str | None:
-    """A short digest of the reward file's contents (``path.py[:function]``); None when it cannot be read."""
-    from ..workers.reward.loader import RewardFunctionError, parse_spec, parse_user_file
-
-    try:
-        path, _names, _functions = parse_user_file(parse_spec(spec)[0], "worker.reward.reward_function")
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    except (OSError, RewardFunctionError):
-        return None
 
 
 def _comparable(written: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:

@@ -41,6 +41,8 @@ from ..workers.rollout.base import GenerationRequest, format_turns, generation_m
 from .balance import balance_permutation, groups_by_uid, inverse_permutation
 from .checkpoint import (
     CheckpointManager,
+    changed_input_files,
+    input_file_digests,
     load_dataloader_state,
     load_trainer_state,
     model_only_error,
@@ -151,6 +153,7 @@ class PPOTrainer:
         # what a restart before the first checkpoint starts again from
         self._initial_loader_state = train_loader.state_dict()
         self._initial_kl_coef = self.kl_controller.value
+        self._input_files = input_file_digests(self.config)  # saved with each checkpoint, compared on resume
         self._said_uniform_groups = False  # the online filter kept groups whose samples all scored alike (said once)
         self.epoch = 0  # passes over the training data completed
         self._epoch_batches = 0  # loader batches drawn in the pass under way
@@ -701,6 +704,7 @@ class PPOTrainer:
                 "kl_coef": self.kl_controller.value,
                 "metrics": row,
                 "train_rows": len(self.train_loader.dataset),
+                "input_files": self._input_files,
             },
             dataloader_state=None if save_model_only else loader_state or self.train_loader.state_dict(),
             required=("actor", "critic") if self.use_critic else ("actor",),
@@ -722,6 +726,18 @@ class PPOTrainer:
             saved_rows,
             path,
         )
+
+    def _say_if_the_files_changed(self, saved: dict[str, str] | None, path: str) -> None:
+        """A reward file (or template, tools file) edited since the checkpoint: the curves before and after the
+        resume measure different things, which the config alone does not show (its keys name the same path)."""
+        changed = changed_input_files(saved, self._input_files)
+        if changed:
+            logger.warning(
+                "The file of %s changed since %s was saved: the scores (or prompts) of the steps before and after "
+                "this resume are not comparable.",
+                ", ".join(changed),
+                path,
+            )
 
     def _resume(self) -> bool:
         """Restore the newest checkpoint of this run (after a worker restart) or, at the start, the one the config
@@ -747,6 +763,7 @@ class PPOTrainer:
         self.train_loader.load_state_dict(loader_state)
         self._epoch_batches = _batches_drawn(loader_state)
         self._say_if_the_data_changed(state.get("train_rows"), path)
+        self._say_if_the_files_changed(state.get("input_files"), path)
         self._start_epoch = state["epoch"]
         self.kl_controller.value = state["kl_coef"]
         self.global_step = self._saved_step = int(state["global_step"])
