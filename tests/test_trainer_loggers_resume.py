@@ -289,3 +289,29 @@ def test_tensorboard_restores_the_scalars_of_a_step_that_a_kill_cut_short(tmp_pa
     scalars, events = _scalars(save_dir / "tensorboard")
     assert scalars == [(1, 1.0), (3, 3.0), (4, 40.0)]
     assert [(event.step, round(event.value, 6)) for event in events.Scalars("loss")] == [(1, 0.1), (3, 0.3), (4, 0.4)]
+
+
+def test_a_val_only_look_at_an_earlier_checkpoint_keeps_the_history_and_opens_new_tracker_runs(tmp_path, mlflow_store):
+    """trainer.val_only on global_step_3 of a run that went on to step 5 dropped steps 4-5 from metrics.jsonl (as if
+    they would be trained again: nothing is), and MLflow, which held step 3, never got the validation."""
+    save_dir = tmp_path / "run"
+    with Tracker(["mlflow", "file"], "proj", "exp", {"seed": 1}, str(save_dir)) as tracker:
+        tracker.rewind_to(-1)
+        for step, value in FIRST.items():
+            tracker.log({"score": value}, step)
+    state = (save_dir / TRACKER_STATE_FILE).read_text()
+    with Tracker(["mlflow", "file"], "proj", "exp", {}, str(save_dir), resume=True, val_only=True) as tracker:
+        tracker.rewind_to(3, {"score": 3.0})  # what the trainer's resume does
+        tracker.log({"val/score": 0.5}, 3)
+    rows = [json.loads(line) for line in (save_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(row["step"], row.get("score"), row.get("val/score")) for row in rows] == [
+        *((step, value, None) for step, value in FIRST.items()),
+        (3, None, 0.5),
+    ]
+    client, runs = mlflow_store(save_dir)
+    assert len(runs) == 2  # the training run as it was, and the look's own
+    by_metric = {tuple(sorted(run.data.metrics)): run for run in runs}
+    training, look = by_metric[("score",)], by_metric[("val/score",)]
+    assert [(m.step, m.value) for m in client.get_metric_history(training.info.run_id, "score")] == list(FIRST.items())
+    assert [(m.step, m.value) for m in client.get_metric_history(look.info.run_id, "val/score")] == [(3, 0.5)]
+    assert (save_dir / TRACKER_STATE_FILE).read_text() == state  # a later resume continues the training run

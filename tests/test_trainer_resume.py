@@ -106,17 +106,23 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_reproduces_the_next_s
 @pytest.mark.timeout(900)
 def test_val_only_validates_the_checkpoint_it_resumes_as_the_run_validated_it(tiny_grpo_run, tmp_path):
     """trainer.val_only on a finished run's folder resumed its checkpoint and validated nothing (validation before
-    training was for step 0 only); it validates the checkpoint's model, with the step's sampling seeds."""
+    training was for step 0 only); it validates the checkpoint's model, with the step's sampling seeds. On an earlier
+    checkpoint it dropped the later steps' rows as if they would be trained again: the folder's history is kept."""
     import shutil
 
     save_dir = tmp_path / "checkpoints"
-    shutil.copytree(tiny_grpo_run.save_dir / "global_step_3", save_dir / "global_step_3")
-    args = train_args(tiny_grpo_run.model_path, save_dir, GRPO_RUN_OVERRIDES) + ["trainer.val_only=true"]
+    shutil.copytree(tiny_grpo_run.save_dir, save_dir)
+    history = (save_dir / "metrics.jsonl").read_text()
+    args = train_args(tiny_grpo_run.model_path, save_dir, GRPO_RUN_OVERRIDES) + [
+        "trainer.val_only=true",
+        f"trainer.load_checkpoint_path={save_dir / 'global_step_2'}",
+    ]
     run_training(args, tmp_path / "val_only.log")
-    with open(save_dir / "metrics.jsonl", encoding="utf-8") as handle:
-        last = json.loads(handle.read().splitlines()[-1])
-    reference = tiny_grpo_run.metrics[3]
+    text = (save_dir / "metrics.jsonl").read_text()
+    assert text.startswith(history)  # steps 1-3 as the run logged them
+    (last,) = [json.loads(line) for line in text[len(history) :].splitlines()]
+    reference = tiny_grpo_run.metrics[2]
     validated = {name: value for name, value in last.items() if name.startswith("val/")}
-    assert last["step"] == 3 and "reward/overall" not in last  # the validation's own row, after the restored one
+    assert last["step"] == 2 and "reward/overall" not in last  # the validation's own row, appended
     assert validated and validated == {name: reference[name] for name in validated}
-    assert not (save_dir / "global_step_4").exists()
+    assert not (save_dir / "global_step_4").exists() and (save_dir / "global_step_3").exists()

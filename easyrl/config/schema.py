@@ -742,7 +742,9 @@ class TrainerConfig:
     validated when it began; EasyR1 validates again at every resume)."""
     val_only: bool = False
     """Validate the model the run starts from (a checkpoint's when it resumes one, with trainer.val_before_train or
-    not) and exit without training."""
+    not) and exit without training. The folder's history is kept: the validation's row is appended to metrics.jsonl
+    (after that step's training row), and W&B, SwanLab and MLflow get it in new runs of their own (the training
+    attempts' runs stay as they were, for a later resume to continue)."""
     val_generations_to_log: int = 0
     """Sample generations logged at each validation: drawn over the whole validation set with a fixed seed, the same
     samples at every validation, so that an answer can be followed from step to step."""

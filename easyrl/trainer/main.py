@@ -420,6 +420,7 @@ def start_tracker(config: Any, config_dict: dict, total_steps: int | None) -> An
         save_dir=config.trainer.save_checkpoint_path,
         total_steps=total_steps,
         resume=resolve_resume_path(config.trainer) is not None,
+        val_only=config.trainer.val_only,
     )
 
 

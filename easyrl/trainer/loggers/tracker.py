@@ -48,14 +48,20 @@ class Tracker:
         total_steps: int | None = None,
         initial_step: int = 0,
         resume: bool = False,
+        val_only: bool = False,
     ) -> None:
+        """``val_only`` (`trainer.val_only`): a look at a checkpoint, not an attempt at the run. The trackers open new
+        runs, nothing the run logged is rewound (rows after the checkpoint are not trained again) and
+        tracker_state.json is left as the training attempts wrote it, so that a later resume continues their runs;
+        the validation's row is appended (metrics.jsonl then holds the step twice: its training row, then this)."""
         names = [loggers] if isinstance(loggers, str) else list(loggers)
         if len(set(names)) != len(names):
             raise ValueError(f"trainer.logger lists a logger twice: {names}")
         classes = [get_logger_class(name) for name in names]  # unknown names fail before any backend starts
         run = RunInfo(project_name, experiment_name, config_dict or {}, save_dir, total_steps, initial_step)
         self._state_path = os.path.join(save_dir, TRACKER_STATE_FILE)
-        state = self._read_state() if resume else {}
+        self._val_only = val_only
+        state = self._read_state() if resume and not val_only else {}
         saved, stored = state.get("backends") or {}, state.get("held_through") or {}
         self.backends: dict[str, Logger] = {}
         # per append-only backend: the highest step its store holds (what a kill of this process leaves it; from the
@@ -83,7 +89,7 @@ class Tracker:
         except BaseException:
             self.finish()  # close the backends already started (open runs, files) before re-raising
             raise
-        self._keeps_state = any(backend.resume_state() for backend in self.backends.values())
+        self._keeps_state = not val_only and any(backend.resume_state() for backend in self.backends.values())
         self._write_state()
 
     def _read_state(self) -> dict:
@@ -155,7 +161,10 @@ class Tracker:
         self._send(step, lambda backend: backend.log_generations(samples, step))
 
     def rewind_to(self, step: int, row: dict | None = None) -> None:
-        """The run resumes after ``step`` (-1: afresh); ``row`` is that step's metrics as its checkpoint kept them."""
+        """The run resumes after ``step`` (-1: afresh); ``row`` is that step's metrics as its checkpoint kept them.
+        Nothing is rewound for a val_only look at a checkpoint: no step after it is trained again."""
+        if self._val_only:
+            return
         scalars = None if row is None else {name: to_scalar(name, value) for name, value in row.items()}
         # the rows up to the checkpoint that a backend may lack: those a kill took from it, and the checkpoint's own
         # (the process died after the save, before the row was logged)
