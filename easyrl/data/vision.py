@@ -223,8 +223,9 @@ MAX_SIZING_PASSES = 256
 def _warn_clamped(key: str, value: int, clamped: int, low: int, high: int) -> None:
     # once per process and value: the train and validation datasets share the limits
     logger.warning(
-        "%s=%d is outside the model processor's range [%d, %d] (its preprocessor_config.json): pictures are sized "
-        "with %d, as the processor would size them anyway.",
+        "%s=%d is outside the model processor's range [%d, %d] (its image processor's size, in the model folder's "
+        "preprocessor_config.json or processor_config.json): pictures are sized with %d, as the processor would size "
+        "them anyway.",
         key,
         value,
         low,
