@@ -582,6 +582,25 @@ def test_rows_whose_text_does_not_match_their_pictures_are_skipped_and_named(
     assert "1 image pad tokens where its images need 0" in dataset.unusable_rows[1][1]
     assert "the prompt has 1 <image> / <video> placeholder but the row has no images" in dataset.unusable_rows[2][1]
     assert "skipped 3 of 5 rows" in caplog.text
+    # a data.format_prompt that writes <image> itself: the reason says the markers are the template's (the rows'
+    # own text has none, and the reason blamed "the prompt")
+    template = tmp_path / "marker.jinja"
+    template.write_text("<image>{{ content }} Answer briefly.")
+    config = vl_config(tmp_path, format_prompt=str(template))
+    rows = [
+        {"prompt": "How many?", "answer": "0", "images": ["a.png"]},  # the template's marker is its picture's
+        {"prompt": "<image> and", "answer": "1", "images": ["a.png"]},
+        {"prompt": "a text row", "answer": "2", "images": []},
+    ]
+    dataset = RLHFDataset(write_jsonl(tmp_path / "e.jsonl", rows), tokenizer, processor, config)
+    assert len(dataset) == 1 and [row for row, _ in dataset.unusable_rows] == [1, 2]
+    note = f" (1 of them written into every prompt by data.format_prompt {template})"
+    assert dataset.unusable_rows[0][1] == (
+        "the messages have 2 <image> and 0 <video> placeholders but the row has 1 images and 0 videos" + note
+    )
+    assert dataset.unusable_rows[1][1] == (
+        "the prompt has 1 <image> / <video> placeholder but the row has no images or videos" + note
+    )
 
 
 def test_without_filtering_a_prompt_is_cut_after_its_pictures_never_inside_them(

@@ -207,7 +207,7 @@ class RowEncoder:
             else:
                 messages = build_messages(self.formatter(str(text)), num_images, num_videos)
         except ValueError as error:  # placeholders that do not match the row's media, a list that is not messages
-            raise UnusableRowError(str(error)) from error
+            raise UnusableRowError(str(error) + self._template_markers_note(str(error))) from error
         if self.config.system_prompt and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": self.config.system_prompt}, *messages]
         if self.processor is not None and not (num_images or num_videos):
@@ -217,9 +217,19 @@ class RowEncoder:
             if places:
                 raise UnusableRowError(
                     f"the prompt has {places} <image> / <video> placeholder{'s' if places > 1 else ''} but the row has "
-                    "no images or videos"
+                    "no images or videos" + self._template_markers_note("placeholder")
                 )
         return messages
+
+    def _template_markers_note(self, reason: str) -> str:
+        """A placeholder mismatch where data.format_prompt writes markers itself: the row's own text may have none,
+        so the reason says where they came from."""
+        if "placeholder" not in reason or self.formatter.path is None:
+            return ""
+        added = len(PLACEHOLDER.findall(self.formatter("")))
+        if not added:
+            return ""
+        return f" ({added} of them written into every prompt by data.format_prompt {self.formatter.path})"
 
     def render(self, row: dict, messages: list[dict[str, Any]]) -> str:
         """The prompt text: the chat template over ``messages``, with the tools of the row's environment."""
