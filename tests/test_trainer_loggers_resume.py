@@ -68,7 +68,11 @@ def test_mlflow_continues_one_run_and_keeps_the_first_values_of_the_retrained_st
         (6, 60.0),
     ]
     state = json.loads((tmp_path / "run" / TRACKER_STATE_FILE).read_text())
-    assert state == {"backends": {"mlflow": {"id": runs[0].info.run_id}, "file": {}}, "held_through": {"mlflow": 6}}
+    assert state == {
+        "backends": {"mlflow": {"id": runs[0].info.run_id}, "file": {}},
+        "held_through": {"mlflow": 6},
+        "names": {"project": "proj", "experiment": "exp"},
+    }
 
 
 def test_mlflow_gets_the_checkpoint_row_that_the_crash_kept_from_it(tmp_path, mlflow_store):
@@ -315,3 +319,25 @@ def test_a_val_only_look_at_an_earlier_checkpoint_keeps_the_history_and_opens_ne
     assert [(m.step, m.value) for m in client.get_metric_history(training.info.run_id, "score")] == list(FIRST.items())
     assert [(m.step, m.value) for m in client.get_metric_history(look.info.run_id, "val/score")] == [(3, 0.5)]
     assert (save_dir / TRACKER_STATE_FILE).read_text() == state  # a later resume continues the training run
+
+
+def test_a_resume_under_new_project_or_experiment_names_keeps_the_tracker_runs_names(tmp_path, mlflow_store, caplog):
+    """Renamed between the attempts, MLflow opened a second run (steps from the checkpoint on) while W&B and SwanLab
+    reopened the run's id under the new names: the history split three ways."""
+    save_dir = tmp_path / "run"
+    with Tracker(["mlflow", "file"], "proj", "exp", {}, str(save_dir)) as tracker:
+        tracker.rewind_to(-1)
+        for step in (1, 2, 3):
+            tracker.log({"score": float(step)}, step)
+    with caplog.at_level("WARNING", logger="easyrl.trainer.loggers.tracker"):
+        with Tracker(["mlflow", "file"], "proj2", "exp2", {}, str(save_dir), resume=True) as tracker:
+            tracker.rewind_to(3, {"score": 3.0})
+            tracker.log({"score": 4.0}, 4)
+    client, runs = mlflow_store(save_dir)
+    assert len(runs) == 1 and runs[0].info.run_name == "exp"
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "score")] == [1, 2, 3, 4]
+    assert (
+        "trainer.project_name / experiment_name are proj2 / exp2, but the tracker runs this resume continues were "
+        "opened as proj / exp: they keep those names." in caplog.text
+    )
+    assert json.loads((save_dir / TRACKER_STATE_FILE).read_text())["names"] == {"project": "proj", "experiment": "exp"}

@@ -58,11 +58,26 @@ class Tracker:
         if len(set(names)) != len(names):
             raise ValueError(f"trainer.logger lists a logger twice: {names}")
         classes = [get_logger_class(name) for name in names]  # unknown names fail before any backend starts
-        run = RunInfo(project_name, experiment_name, config_dict or {}, save_dir, total_steps, initial_step)
         self._state_path = os.path.join(save_dir, TRACKER_STATE_FILE)
         self._val_only = val_only
         state = self._read_state() if resume and not val_only else {}
         saved, stored = state.get("backends") or {}, state.get("held_through") or {}
+        named = state.get("names") or {}
+        first = (named.get("project", project_name), named.get("experiment", experiment_name))
+        if saved and first != (project_name, experiment_name):
+            # W&B and SwanLab would reopen the run's id under the new names and MLflow open a new run: the history
+            # would split between them; the run keeps the names its tracker runs were opened with
+            logger.warning(
+                "trainer.project_name / experiment_name are %s / %s, but the tracker runs this resume continues were "
+                "opened as %s / %s: they keep those names. Start a new run folder (trainer.save_checkpoint_path) for "
+                "runs under the new names.",
+                project_name,
+                experiment_name,
+                *first,
+            )
+            project_name, experiment_name = first
+        self._names = {"project": project_name, "experiment": experiment_name}
+        run = RunInfo(project_name, experiment_name, config_dict or {}, save_dir, total_steps, initial_step)
         self.backends: dict[str, Logger] = {}
         # per append-only backend: the highest step its store holds (what a kill of this process leaves it; from the
         # attempts before too, when it continues their run), the highest step it holds or is given in this process,
@@ -115,6 +130,7 @@ class Tracker:
         state = {
             "backends": {name: backend.resume_state() for name, backend in self.backends.items()},
             "held_through": self._stored,
+            "names": self._names,
         }
         if self._unstored:
             state["unstored"] = {str(step): row for step, row in sorted(self._unstored.items())}
@@ -196,8 +212,9 @@ class Tracker:
             if self._held[name] > step:
                 logger.warning(
                     "%s reached %s before the resume: the run trains them again and their new metrics go "
-                    "to the other loggers only (%s cannot drop what it holds; a deterministic resume gives the same "
-                    "values).",
+                    "to the other loggers only (%s cannot drop what it holds: it keeps the first attempt's values, "
+                    "which the retrained steps repeat only when the resume is bitwise deterministic with an unchanged "
+                    "config; metrics.jsonl holds the retrained ones).",
                     _steps_named(list(range(step + 1, self._held[name] + 1))),
                     name,
                     name,
