@@ -8,6 +8,8 @@
     invalid_tests = 1 if the sample's ground truth is malformed (not JSON, no `inputs`/`outputs` lists, no tests,
                 or not one output per input), else 0: that sample alone scores 0, the rest of the batch is scored as
                 usual, and the batch logs one warning with the first such sample's problem and ground truth
+    syntax_error / timed_out / over_limit / crashed = 1 if the program did not compile / ran out of time / hit the
+                memory, output or file limit / exited non-zero or was killed (a blocked system call) on some test
 
 `ground_truth` holds the tests as a JSON string or a dict, in either style of the public code-RL data sets:
     standard input / output (APPS, TACO, CodeContests, DeepCoder):
@@ -230,14 +232,18 @@ def compute_score(
         return passed, result
 
     runnable = [row for row, (program, _fenced) in enumerate(programs) if compiles(program)]
+    runnable_rows = set(runnable)
     jobs = [(row, index) for row in runnable for index in range(len(tests[row]["inputs"]))]
     with ThreadPoolExecutor(max_workers=max(1, int(max_workers)), thread_name_prefix="code-reward") as pool:
         outcomes = list(pool.map(lambda job: one_test(*job), jobs))
     _check_sandbox_errors([result for _ok, result in outcomes if result is not None], limits)
     passed = [0] * len(reward_inputs)
-    for (row, index), (ok, _result) in zip(jobs, outcomes):
+    causes = [set() for _ in reward_inputs]  # why a sample's tests failed, beyond a wrong answer
+    for (row, index), (ok, result) in zip(jobs, outcomes):
         # tests after a time-out fail whether or not they had already started: the score does not depend on timing
         passed[row] += ok and not (skip_after_timeout and index > first_timeout[row])
+        if result is not None and not ok:
+            causes[row].add(_failure_cause(result))
     scores = []
     for row, (_program, fenced) in enumerate(programs):
         count = len(tests[row]["inputs"])  # 0 for malformed tests: they score 0
@@ -250,6 +256,26 @@ def compute_score(
                 "all_pass": all_pass,
                 "format": 1.0 if fenced else 0.0,
                 "invalid_tests": 0.0 if count else 1.0,
+                # the shares of samples (as reward/* means) whose program did not compile, ran out of time, hit a
+                # memory / output / file limit, or crashed (a non-zero exit, a signal, a blocked system call) on
+                # some test: a batch of zeros tells a too-tight cpu_seconds from a wrong model
+                "syntax_error": 0.0 if row in runnable_rows or not count else 1.0,
+                **{name: float(name in causes[row]) for name in FAILURE_CAUSES},
             }
         )
     return scores
+
+
+FAILURE_CAUSES = ("timed_out", "over_limit", "crashed")
+
+
+def _failure_cause(result: RunResult) -> str | None:
+    """A failed test's cause: its time limit, another limit (memory, output, file size), a crash; None for a program
+    that ran and answered wrong."""
+    if result.limit in ("cpu_time", "wall_time"):
+        return "timed_out"
+    if result.limit is not None and result.limit != "sandbox_error":
+        return "over_limit"
+    if result.limit is None and result.exit_code != 0:
+        return "crashed"
+    return None

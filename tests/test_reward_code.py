@@ -52,6 +52,15 @@ def test_stdin_programs_right_wrong_crashing_and_looping_score_their_pass_rates(
     assert [s["all_pass"] for s in scores] == [1.0, 0.0, 0.0, 0.0, 0.0]
     assert [s["overall"] for s in scores] == [s["pass_rate"] for s in scores]
     assert [s["format"] for s in scores] == [1.0] * 5
+    # why the tests failed, as shares of samples: the loop ran out of time, the zero division crashed, the wrong
+    # answers are neither (a batch of zeros tells a too-tight limit from a wrong model)
+    assert [(s["timed_out"], s["crashed"], s["over_limit"]) for s in scores] == [
+        (0.0, 0.0, 0.0), (0.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 0.0), (1.0, 0.0, 0.0)
+    ]  # fmt: skip
+    assert [s["syntax_error"] for s in score([(block("def f(:\n    pass"), SUM_TESTS), (right, SUM_TESTS)])] == [
+        1.0,
+        0.0,
+    ]
 
 
 def test_output_is_compared_line_by_line_with_whitespace_collapsed():
@@ -152,6 +161,7 @@ def test_malicious_programs_score_zero_beside_a_correct_one(tmp_path):
     escape = block(f"open({str(tmp_path / 'owned')!r}, 'w').write('x')\nprint(3)")
     scores = score([(right, SUM_TESTS), (flood, SUM_TESTS), (bomb, SUM_TESTS), (right, SUM_TESTS)])
     assert [s["pass_rate"] for s in scores] == [1.0, 0.0, 0.0, 1.0]
+    assert scores[1]["over_limit"] == 1.0 and scores[0]["over_limit"] == 0.0  # the flood hit the output cap
     escape_score = score([(escape, {"inputs": ["1 2\n"], "outputs": ["3\n"]})])[0]["pass_rate"]
     from easyrl.workers.reward.sandbox import host_protections
 
@@ -170,7 +180,10 @@ def test_a_malformed_row_scores_zero_alone_and_the_valid_rows_are_scored(caplog)
         scores = score(batch)
     assert [s["pass_rate"] for s in scores] == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0]
     assert [s["invalid_tests"] for s in scores] == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
-    assert scores[2] == {"overall": 0.0, "pass_rate": 0.0, "all_pass": 0.0, "format": 1.0, "invalid_tests": 1.0}
+    assert scores[2] == {
+        "overall": 0.0, "pass_rate": 0.0, "all_pass": 0.0, "format": 1.0, "invalid_tests": 1.0,
+        "syntax_error": 0.0, "timed_out": 0.0, "over_limit": 0.0, "crashed": 0.0,
+    }  # fmt: skip
     assert all(s.keys() == scores[0].keys() for s in scores)  # every sample has the same named scores
     warnings = [r.getMessage() for r in caplog.records if "malformed tests" in r.getMessage()]
     assert len(warnings) == 1  # once per batch
