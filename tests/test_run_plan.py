@@ -697,3 +697,27 @@ def test_the_settings_the_plan_says_an_algorithm_reads_are_the_ones_its_function
             if losses[0] != losses[1]:
                 changed.add(loss)
         assert changed == readers, key
+
+
+def test_a_local_ray_that_fails_to_start_is_one_line_saying_to_run_again(monkeypatch):
+    """On an overloaded machine Ray's node can time out during start-up; its exception has no type of its own and
+    reached the user as a 20-line traceback. (A real start-up failure cannot be staged on demand: ray.init raises.)"""
+    import ray
+
+    from easyrl.trainer.main import RunSetupError, init_ray
+
+    def times_out(**kwargs):
+        raise Exception(
+            "The current node timed out during startup. This could happen because some of the raylet\nmore"
+        )
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", times_out)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(RunSetupError) as error:
+        init_ray(load_run_plan(BASE))
+    assert str(error.value) == (
+        "Ray could not start a local cluster (The current node timed out during startup. This could happen because "
+        "some of the raylet). It happens on a machine under heavy load, or while the processes of a killed run are "
+        "still exiting (they do within about 2 minutes): run the command again."
+    )

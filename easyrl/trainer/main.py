@@ -78,12 +78,20 @@ def _start_ray(plan: RunPlan) -> None:
         # one). Oversubscribe logical CPUs on small machines: workers, reward actors and the driver take turns. A
         # cluster smaller than the run's reservations would keep a reward actor waiting for a CPU that never frees
         # (2 cores, a critic beside the actor on 2 workers: 4 CPUs for the workers, 1 more for the reward).
-        ray.init(
-            address="local",
-            num_cpus=max(os.cpu_count() or 1, 4, needed),
-            include_dashboard=False,
-            runtime_env=runtime_env,
-        )
+        try:
+            ray.init(
+                address="local",
+                num_cpus=max(os.cpu_count() or 1, 4, needed),
+                include_dashboard=False,
+                runtime_env=runtime_env,
+            )
+        except Exception as error:  # Ray's own start-up failures (a node that timed out) carry no type of theirs
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise RunSetupError(
+                f"Ray could not start a local cluster ({first_line}). "
+                "It happens on a machine under heavy load, or while the processes of a killed run are still "
+                "exiting (they do within about 2 minutes): run the command again."
+            ) from error
     if joined:
         address = ray.get_runtime_context().gcs_address
         alive = sum(1 for node in ray.nodes() if node.get("Alive"))
