@@ -214,7 +214,11 @@ def test_unreadable_replies_score_zero_as_unparsable_and_are_logged_once(server,
             judge_responses(judge, ["garbage again"])  # the same kind again: not logged again
     finally:
         judge.close()
-    assert len(caplog.records) == 1
+    messages = [record.getMessage() for record in caplog.records]
+    # the failure kind is logged once; the second batch, scored for no sample, is said as such
+    assert len([m for m in messages if "samples of this batch get judge score 0" in m]) == 1
+    assert len([m for m in messages if "gave a score to no sample of this batch (1;" in m]) == 1
+    assert len(messages) == 2
     assert "sample 0 unparsable" in caplog.text and "3 of 4 samples of this batch" in caplog.text
     assert [v.score for v in verdicts] == [0.0, 0.0, 0.0, 0.8]
     assert [v.failure.kind for v in verdicts[:3]] == [UNPARSABLE] * 3
@@ -328,14 +332,25 @@ def test_replies_that_never_match_the_pattern_stop_and_mixed_failures_are_counte
     assert "The first failure (unparsable): no match of score_pattern" in message
 
 
-def test_a_first_batch_with_some_scores_goes_on_until_the_judge_is_silent_for_a_streak(server, response_only_template):
+def test_a_first_batch_with_some_scores_goes_on_until_the_judge_is_silent_for_a_streak(
+    server, response_only_template, caplog
+):
     judge = make_judge(server, response_only_template, timeout_s=0.5)
     try:
         verdicts = judge_responses(judge, ["garbage", "slow", "refused", "grade=4"])  # one score: the judge works
         assert [v.score for v in verdicts] == [0.0, 0.0, 0.0, 0.4]
         assert [v.failure.kind for v in verdicts[:3]] == [UNPARSABLE, TIMED_OUT, REQUEST_FAILED]
-        for _ in range(JUDGE_SILENT_STREAK - 1):  # silent batches after a scored one: counted, not raised
-            judge_responses(judge, ["garbage"])
+        with caplog.at_level("WARNING", logger="easyrl.workers.reward.judge"):
+            for _ in range(JUDGE_SILENT_STREAK - 1):  # silent batches after a scored one: counted, not raised
+                judge_responses(judge, ["garbage"])
+        # and said at once, each (the failures themselves are logged once per run)
+        silent = [
+            r.getMessage() for r in caplog.records if "gave a score to no sample of this batch" in r.getMessage()
+        ]
+        assert len(silent) == JUDGE_SILENT_STREAK - 1
+        assert silent[-1].endswith(
+            f"the run stops after {JUDGE_SILENT_STREAK} such batches in a row (this is {JUDGE_SILENT_STREAK - 1})."
+        )
         judge_responses(judge, ["grade=2"])  # a score ends the streak
         for _ in range(JUDGE_SILENT_STREAK - 1):
             judge_responses(judge, ["garbage", "refused"])

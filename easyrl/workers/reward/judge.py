@@ -263,6 +263,19 @@ class SilentJudgeWatch:
         self.silent_streak += 1
         if first_batch or self.silent_streak >= JUDGE_SILENT_STREAK:
             raise JudgeUnreachableError(self._message(verdicts, first_batch))
+        # a judge that scored earlier batches went silent: said at once (its failures were logged once per run),
+        # not only when the streak stops the run
+        first = verdicts[0].failure
+        logger.warning(
+            "%s gave a score to no sample of this batch (%d; the first failure, %s: %s); the run stops after %d such "
+            "batches in a row (this is %d).",
+            self.who,
+            len(verdicts),
+            first.kind,
+            first.detail[:200],
+            JUDGE_SILENT_STREAK,
+            self.silent_streak,
+        )
 
     def _message(self, verdicts: list[JudgeResult], first_batch: bool) -> str:
         kinds = Counter(verdict.failure.kind for verdict in verdicts)
