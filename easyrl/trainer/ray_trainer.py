@@ -336,8 +336,6 @@ class PPOTrainer:
 
         # every logger gets the step itself (metrics.jsonl keeps it as an integer); as a metric it came back a float
         metrics["epoch"] = self.epoch
-        # one name, one coefficient: actor/kl_coef is the KL loss's (from the update), reward/kl_coef the beta the
-        # in-reward penalty applied (apply_kl_penalty); with both on, the controller's value no longer hides the loss's
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, n_devices=self.config.world_size))
