@@ -62,6 +62,11 @@ def test_the_resume_hint_says_whether_the_same_command_resumes(tmp_path):
     older = TrainerConfig(load_checkpoint_path=str(tmp_path / "global_step_2"))
     assert f"trainer.load_checkpoint_path={ckpt}" in resume_hint(ckpt, older)
     assert "rerun the same command" in resume_hint(ckpt, TrainerConfig(load_checkpoint_path=ckpt))
+    # a warm start from another run's folder: the rerun goes on from this folder's newest
+    warm = TrainerConfig(
+        save_checkpoint_path=str(tmp_path), load_checkpoint_path=str(tmp_path / "other" / "global_step_6")
+    )
+    assert "rerun the same command" in resume_hint(ckpt, warm)
     assert "starts from the beginning" in resume_hint(None, TrainerConfig())
     assert "cannot resume from it" in resume_hint(ckpt, TrainerConfig(save_model_only=True))
 

@@ -1,5 +1,6 @@
 """Checkpoints are published atomically, rotated, pointed to, and found again; RNG states round-trip."""
 
+import dataclasses
 import os
 import random
 
@@ -175,6 +176,32 @@ def test_load_checkpoint_path_wins_over_the_newest_checkpoint(tmp_path):
     first, _ = _save(manager, 1), _save(manager, 2)
     config = TrainerConfig(save_checkpoint_path=str(tmp_path), load_checkpoint_path=first)
     assert resolve_resume_path(config) == first
+
+
+def test_a_warm_started_run_rerun_goes_on_from_its_own_newest_checkpoint(tmp_path, valid_args):
+    """trainer.load_checkpoint_path naming another run's checkpoint: a killed run rerun with the same command (a
+    requeued job) went back to the other run's step and trained again, and save_limit deleted its own newer saves."""
+    from easyrl.config import load_run_plan
+    from easyrl.trainer.preflight import resume_summary
+
+    other = _save(CheckpointManager(str(tmp_path / "other")), 6)
+    own = tmp_path / "own"
+    config = TrainerConfig(save_checkpoint_path=str(own), load_checkpoint_path=other)
+    assert resolve_resume_path(config) == other  # the folder holds nothing yet: the warm start
+    manager = CheckpointManager(str(own))
+    _save(manager, 7), _save(manager, 8)
+    assert resolve_resume_path(config) == str(own / "global_step_8")
+    # not with find_last_checkpoint off, nor for a checkpoint of the run's own folder (a rollback)
+    assert resolve_resume_path(dataclasses.replace(config, find_last_checkpoint=False)) == other
+    assert resolve_resume_path(dataclasses.replace(config, load_checkpoint_path=str(own / "global_step_7"))) == str(
+        own / "global_step_7"
+    )
+    # check's plan line says where the run goes on from and why
+    plan = load_run_plan([*valid_args, f"trainer.save_checkpoint_path={own}", f"trainer.load_checkpoint_path={other}"])
+    assert resume_summary(plan, str(own / "global_step_8")).startswith(
+        f"resumes from {own / 'global_step_8'} (step 8), this run's own newest checkpoint: "
+        f"trainer.load_checkpoint_path={other}, outside its folder, was where it started"
+    )
 
 
 def test_no_resume_when_find_last_checkpoint_is_off(tmp_path):

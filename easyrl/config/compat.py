@@ -231,6 +231,12 @@ FOREIGN_SECTION_NAMES = {"actor_rollout_ref": "worker", "fsdp_config": "fsdp", "
 # Keys that mean something else in easyrl than in EasyR1, with what differs and why (docs/config.md lists them all;
 # a difference that applies to one run, such as enforce_eager on a machine without CUDA, is a note of its run plan).
 EASYR1_DIFFERENCES: dict[str, str] = {
+    "trainer.load_checkpoint_path": (
+        "a checkpoint outside the run's folder (a warm start) is where the run starts; once the run has saved its "
+        "own, a rerun of the same command goes on from the newest of those, as verl's resume_mode=auto does (EasyR1 "
+        "goes back to the warm start every time: a requeued job trained the same steps again and save_limit deleted "
+        "its newer saves). Give the run a new trainer.save_checkpoint_path to start from the warm start again"
+    ),
     "worker.actor.optim.lr": (
         "a run resumed from a checkpoint trains with its config's peak lr, weight_decay, betas and eps from the next "
         "step on, at the schedule's place, and says which changed (EasyR1 keeps the checkpoint's without a word, so a "

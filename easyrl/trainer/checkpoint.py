@@ -163,10 +163,16 @@ def saves_after(config: Any, step: int, is_last: bool, last_save_time: float, st
 def resolve_resume_path(config: Any) -> str | None:
     """The checkpoint a run resumes from (a PPOConfig or its TrainerConfig), or None to start fresh.
 
-    ``trainer.load_checkpoint_path`` wins; otherwise, with ``trainer.find_last_checkpoint``, the newest complete
-    checkpoint under ``trainer.save_checkpoint_path``.
+    ``trainer.load_checkpoint_path`` wins, but for a checkpoint outside the run's own folder (a warm start from
+    another run) once that folder holds complete checkpoints of its own (with ``trainer.find_last_checkpoint``): the
+    rerun of a killed warm-started run (a requeued job cannot change its command) goes on from the folder's newest,
+    as verl's resume_mode=auto does, instead of training again from the other run's step (``warm_start_passed``
+    says so). Otherwise, with ``trainer.find_last_checkpoint``, the newest complete checkpoint under
+    ``trainer.save_checkpoint_path``.
     """
     trainer = getattr(config, "trainer", config)
+    if trainer.load_checkpoint_path and (own := warm_start_passed(trainer)) is not None:
+        return own
     if trainer.load_checkpoint_path:
         path = os.path.abspath(trainer.load_checkpoint_path)
         if not os.path.isdir(path):
@@ -183,6 +189,16 @@ def resolve_resume_path(config: Any) -> str | None:
     if trainer.find_last_checkpoint:
         return find_last_checkpoint(trainer.save_checkpoint_path)
     return None
+
+
+def warm_start_passed(trainer: Any) -> str | None:
+    """The newest complete checkpoint of the run's own folder when ``trainer.load_checkpoint_path`` names one outside
+    it (a warm start the folder has gone on from); None otherwise."""
+    root = os.path.abspath(trainer.save_checkpoint_path) if trainer.save_checkpoint_path else None
+    load = os.path.abspath(trainer.load_checkpoint_path)
+    if not (root and trainer.find_last_checkpoint) or os.path.dirname(load) == root:
+        return None
+    return find_last_checkpoint(root)
 
 
 def warn_of_config_changes(answers: list, section: str, step: int) -> None:

@@ -528,6 +528,16 @@ def _say_the_checkpoint_found(plan: RunPlan) -> None:
         return  # said, with what to do, once the data is read (check_resume_point)
     if path is not None:
         logger.info("Found the checkpoint %s: the run resumes from it once the data is read and checked.", path)
+    load = plan.config.trainer.load_checkpoint_path
+    if path is not None and load and os.path.abspath(load) != path:
+        logger.warning(
+            "trainer.load_checkpoint_path=%s is outside this run's folder, which holds checkpoints the run saved "
+            "since it started from it: it goes on from its own newest, %s (a killed warm-started run rerun with the "
+            "same command). Give the run a new trainer.save_checkpoint_path to start from %s again.",
+            load,
+            path,
+            load,
+        )
 
 
 def _resume_point(plan: RunPlan) -> tuple[str | None, int, str | None]:

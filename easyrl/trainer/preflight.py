@@ -116,6 +116,13 @@ def resume_summary(plan: Any, path: str | None) -> str:
         return "starts afresh"
     step = start_step(path)
     line = f"resumes from {path} (step {step})"
+    trainer = plan.config.trainer
+    if getattr(trainer, "load_checkpoint_path", None) and os.path.abspath(trainer.load_checkpoint_path) != path:
+        line += (
+            f", this run's own newest checkpoint: trainer.load_checkpoint_path={trainer.load_checkpoint_path}, "
+            "outside its folder, was where it started, and the run has saved since (a rerun goes on; give the run "
+            "a new trainer.save_checkpoint_path to start from there again)"
+        )
     finished = nothing_left_to_train(plan, path, step)
     return line if finished is None else f"{line}; {finished}"
 
