@@ -217,6 +217,23 @@ def test_load_checkpoint_path_pointing_at_the_root_suggests_the_newest_step(tmp_
         resolve_resume_path(config)
 
 
+def test_load_checkpoint_path_inside_a_checkpoint_names_the_checkpoint(tmp_path):
+    step = _save(CheckpointManager(str(tmp_path)), 4)
+    os.makedirs(os.path.join(step, "actor", "huggingface"), exist_ok=True)
+    actor = os.path.join(step, "actor")
+    with pytest.raises(CheckpointError) as error:
+        resolve_resume_path(TrainerConfig(load_checkpoint_path=actor))
+    assert str(error.value) == (
+        f"trainer.load_checkpoint_path={actor} is a folder inside the checkpoint {step}: give that folder."
+    )
+    with pytest.raises(CheckpointError) as error:
+        resolve_resume_path(TrainerConfig(load_checkpoint_path=os.path.join(actor, "huggingface")))
+    assert str(error.value).endswith(
+        f"inside the checkpoint {step}: give that folder. (To start from this model's weights alone, give it as "
+        "worker.actor.model.model_path.)"
+    )
+
+
 def test_load_checkpoint_path_that_does_not_exist_is_named(tmp_path):
     with pytest.raises(CheckpointError, match="trainer.load_checkpoint_path=.*does not exist"):
         resolve_resume_path(TrainerConfig(load_checkpoint_path=str(tmp_path / "nope")))

@@ -180,6 +180,22 @@ def resolve_resume_path(config: Any) -> str | None:
         if not is_complete_checkpoint(path):
             last = find_last_checkpoint(path)
             hint = f" It holds checkpoints: did you mean {last}?" if last else ""
+            # a folder inside a checkpoint (its actor/, or the actor's huggingface/ model)
+            inside = next(
+                (parent for parent in (os.path.dirname(path), os.path.dirname(os.path.dirname(path)))
+                 if is_complete_checkpoint(parent)),
+                None,
+            )  # fmt: skip
+            if inside is not None:
+                model = (
+                    " (To start from this model's weights alone, give it as worker.actor.model.model_path.)"
+                    if os.path.basename(path) == "huggingface"
+                    else ""
+                )
+                raise CheckpointError(
+                    f"trainer.load_checkpoint_path={path} is a folder inside the checkpoint {inside}: give that "
+                    f"folder.{model}"
+                )
             raise CheckpointError(
                 f"trainer.load_checkpoint_path={path} is not a complete checkpoint (no {COMPLETE_MARKER} marker: "
                 f"the save was interrupted, or it is not a {STEP_DIR_PREFIX}N folder).{hint} Point it at a "
