@@ -473,3 +473,18 @@ def test_a_checkpoint_records_the_digests_of_the_files_a_run_reads_and_a_resume_
         "data.format_prompt", "worker.reward.reward_function"
     ]  # fmt: skip
     assert changed_input_files(None, input_file_digests(config)) == []  # a checkpoint of an earlier version
+
+
+def test_a_model_only_checkpoint_given_as_load_checkpoint_path_says_how_to_start_from_its_weights(tmp_path):
+    manager = CheckpointManager(str(tmp_path / "other"))
+    tmp_dir = manager.begin(2)
+    _worker_save(tmp_dir, seed=2)
+    path = manager.commit(2, trainer_state={"epoch": 0}, dataloader_state=None)
+    config = TrainerConfig(save_checkpoint_path=str(tmp_path / "new"), load_checkpoint_path=path)
+    with pytest.raises(CheckpointError) as error:
+        check_resume_point(config)
+    assert str(error.value).endswith(
+        "training cannot resume from it. Unset trainer.load_checkpoint_path to start afresh; to start from its "
+        f"weights, turn it into a model with `easyrl merge --local_dir {path}/actor` and give "
+        f"{path}/actor/huggingface as worker.actor.model.model_path."
+    )

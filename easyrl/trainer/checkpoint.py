@@ -249,12 +249,23 @@ def warn_of_config_changes(answers: list, section: str, step: int) -> None:
         )
 
 
-def model_only_error(path: str, what: str = "training") -> CheckpointError:
-    """The error for resuming from a checkpoint saved with trainer.save_model_only=true."""
+def model_only_error(path: str, what: str = "training", trainer: Any = None) -> CheckpointError:
+    """The error for resuming from a checkpoint saved with trainer.save_model_only=true (``trainer``: the run's
+    TrainerConfig, for a way out that fits where the checkpoint came from)."""
+    if trainer is not None and trainer.load_checkpoint_path:
+        way_out = (
+            "Unset trainer.load_checkpoint_path to start afresh; to start from its weights, turn it into a model "
+            f"with `easyrl merge --local_dir {path}/actor` and give {path}/actor/huggingface as "
+            "worker.actor.model.model_path."
+        )
+    else:
+        way_out = (
+            "Start afresh in a new trainer.save_checkpoint_path (or delete that folder), or turn it into a model with "
+            "`easyrl merge`."
+        )
     return CheckpointError(
         f"{path} holds no dataloader or optimizer state (saved with trainer.save_model_only=true): {what} cannot "
-        "resume from it. Start afresh in a new trainer.save_checkpoint_path (or delete that folder), or turn it into a "
-        "model with `easyrl merge`."
+        f"resume from it. {way_out}"
     )
 
 
@@ -280,7 +291,7 @@ def check_resume_point(config: Any, what: str = "training") -> str | None:
         return None
     loader_state = load_dataloader_state(path)
     if loader_state is None:
-        raise model_only_error(path, what)
+        raise model_only_error(path, what, trainer)
     if hasattr(config, "data"):
         check_loader_resumes(path, loader_state, config.data, _fresh_start_advice(trainer))
     if hasattr(config, "worker"):
