@@ -226,7 +226,7 @@ def compute_score(
         if skip_after_timeout and first_timeout[row] < index:
             return False, None
         passed, result = run_test(programs[row][0], tests[row], index, limits, require)
-        if result.limit in ("cpu_time", "wall_time"):
+        if result.limit in TIME_LIMITS:
             with lock:
                 first_timeout[row] = min(first_timeout[row], index)
         return passed, result
@@ -267,12 +267,13 @@ def compute_score(
 
 
 FAILURE_CAUSES = ("timed_out", "over_limit", "crashed")
+TIME_LIMITS = ("cpu_time", "wall_time")  # RunResult.limit of a program that ran out of time
 
 
 def _failure_cause(result: RunResult) -> str | None:
     """A failed test's cause: its time limit, another limit (memory, output, file size), a crash; None for a program
     that ran and answered wrong."""
-    if result.limit in ("cpu_time", "wall_time"):
+    if result.limit in TIME_LIMITS:
         return "timed_out"
     if result.limit is not None and result.limit != "sandbox_error":
         return "over_limit"

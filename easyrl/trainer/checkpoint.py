@@ -171,7 +171,7 @@ def resolve_resume_path(config: Any) -> str | None:
     ``trainer.save_checkpoint_path``.
     """
     trainer = getattr(config, "trainer", config)
-    if trainer.load_checkpoint_path and (own := warm_start_passed(trainer)) is not None:
+    if (own := warm_start_passed(trainer)) is not None:
         return own
     if trainer.load_checkpoint_path:
         path = os.path.abspath(trainer.load_checkpoint_path)
@@ -207,14 +207,21 @@ def resolve_resume_path(config: Any) -> str | None:
     return None
 
 
+def warm_start_root(trainer: Any) -> str | None:
+    """The run's own folder when ``trainer.load_checkpoint_path`` names a checkpoint outside it (a warm start from
+    another run) and the run resumes its own checkpoints (``trainer.find_last_checkpoint``): once that folder holds
+    some, a rerun goes on from its newest. None otherwise."""
+    if not (trainer.load_checkpoint_path and trainer.save_checkpoint_path and trainer.find_last_checkpoint):
+        return None
+    root = os.path.abspath(trainer.save_checkpoint_path)
+    return None if os.path.dirname(os.path.abspath(trainer.load_checkpoint_path)) == root else root
+
+
 def warm_start_passed(trainer: Any) -> str | None:
     """The newest complete checkpoint of the run's own folder when ``trainer.load_checkpoint_path`` names one outside
     it (a warm start the folder has gone on from); None otherwise."""
-    root = os.path.abspath(trainer.save_checkpoint_path) if trainer.save_checkpoint_path else None
-    load = os.path.abspath(trainer.load_checkpoint_path)
-    if not (root and trainer.find_last_checkpoint) or os.path.dirname(load) == root:
-        return None
-    return find_last_checkpoint(root)
+    root = warm_start_root(trainer)
+    return find_last_checkpoint(root) if root else None
 
 
 def warn_of_config_changes(answers: list, section: str, step: int) -> None:

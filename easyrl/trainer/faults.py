@@ -173,11 +173,13 @@ def resume_hint(checkpoint: str | None, trainer: Any) -> str:
             "cannot resume from it; `easyrl merge` turns it into a model."
         )
     if trainer.load_checkpoint_path:
-        load = os.path.abspath(trainer.load_checkpoint_path)
-        root = os.path.abspath(trainer.save_checkpoint_path) if trainer.save_checkpoint_path else None
+        from .checkpoint import warm_start_root
+
         # a warm start from outside the run's folder: a rerun goes on from the folder's newest (resolve_resume_path)
-        warm_start = bool(trainer.find_last_checkpoint and root) and os.path.dirname(load) != root
-        same_command_resumes = load == checkpoint or (warm_start and os.path.dirname(checkpoint) == root)
+        root = warm_start_root(trainer)
+        same_command_resumes = os.path.abspath(trainer.load_checkpoint_path) == checkpoint or (
+            root is not None and os.path.dirname(checkpoint) == root
+        )
     else:
         same_command_resumes = trainer.find_last_checkpoint
     if same_command_resumes:

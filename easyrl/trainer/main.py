@@ -505,8 +505,7 @@ class RunSetupError(RuntimeError):
 @contextmanager
 def setup_errors_reported(log_file: str | None) -> Iterator[None]:
     """Data, model and tracker errors (which name their key, file and row) raised inside become one `RunSetupError`
-    line; the
-    traceback, for a bug report, goes at INFO to the log file only (as for an interrupted run)."""
+    line; the traceback, for a bug report, goes at INFO to the log file only (as for an interrupted run)."""
     from .loggers import LoggerStartError, MissingLoggerPackage  # a tracker that cannot start its run
 
     try:
