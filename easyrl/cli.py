@@ -67,9 +67,10 @@ def _print_valid(plan, title: str, lines: str, start: str, after: list[str] = ()
     return 0
 
 
-def _run_command(command: str, load_plan, load_runner, run_errors: tuple = ()) -> int:
+def _run_command(command: str, load_plan, load_runner, run_errors=tuple) -> int:
     """Read the plan (an invalid config: one line, exit 2) before importing the runner (torch, Ray), then run it (a
-    setup error, or one of ``run_errors``, which name their key/file/row: one line, exit 2)."""
+    setup error, or one of the exceptions ``run_errors()`` returns, which name their key/file/row: one line, exit 2).
+    Both are functions so that a refused config costs the seconds of reading it, not those of importing torch."""
     from .config import ConfigError
 
     try:
@@ -79,22 +80,19 @@ def _run_command(command: str, load_plan, load_runner, run_errors: tuple = ()) -
         return 2
     from .trainer.main import RunSetupError, error_text
 
-    run = load_runner()
+    run, errors = load_runner(), run_errors()
     try:
         run(plan)
     except RunSetupError as err:
         print(f"easyrl {command}: cannot start: {err}", file=sys.stderr)
         return 2
-    except run_errors as err:
+    except errors as err:
         print(f"easyrl {command}: {error_text(err)}", file=sys.stderr)
         return 2
     return 0
 
 
 def _train(args: list[str]) -> int:
-    from .trainer.ray_trainer import OnlineFilteringError
-    from .workers.reward.loader import RewardFunctionError
-
     def load_plan():
         from .config import load_run_plan
 
@@ -105,9 +103,15 @@ def _train(args: list[str]) -> int:
 
         return run_training
 
-    # a reward function that cannot score (it raises on every sample, returns the wrong shape) stops the run
-    # so does online filtering that finds too few groups with mixed scores (the data or the filter must change)
-    return _run_command("train", load_plan, load_runner, (RewardFunctionError, OnlineFilteringError))
+    def run_errors():
+        # a reward function that cannot score (it raises on every sample, returns the wrong shape) stops the run
+        # so does online filtering that finds too few groups with mixed scores (the data or the filter must change)
+        from .trainer.ray_trainer import OnlineFilteringError
+        from .workers.reward.loader import RewardFunctionError
+
+        return (RewardFunctionError, OnlineFilteringError)
+
+    return _run_command("train", load_plan, load_runner, run_errors)
 
 
 def _generation_plan(args: list[str], command: str):
@@ -136,7 +140,9 @@ def _generate_or_eval(command: str, args: list[str]) -> int:
         return run_eval
 
     # data, model and output-file errors name their key/file/row
-    return _run_command(command, lambda: _generation_plan(args, command), load_runner, (ValueError, KeyError, OSError))
+    return _run_command(
+        command, lambda: _generation_plan(args, command), load_runner, lambda: (ValueError, KeyError, OSError)
+    )
 
 
 def _generate(args: list[str]) -> int:

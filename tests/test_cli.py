@@ -94,6 +94,27 @@ def test_train_with_no_arguments_names_what_a_run_needs_and_the_default_recipe()
     assert "Traceback" not in result.stderr
 
 
+def test_a_refused_config_is_answered_without_importing_torch():
+    """A typo costs the seconds of reading the config: each command refuses it before torch, Ray or vLLM load (the
+    train command imported the trainer first, ~20 s on a loaded 2-core machine for a one-line answer)."""
+    import sys
+
+    script = (
+        "import sys, contextlib, io\n"
+        "from easyrl.cli import main\n"
+        "for argv in (['train'], ['train', 'worker.rollout.nn=2'], ['sft', 'sft.max_lenght=1'],\n"
+        "             ['generate', 'data.val_files=x.jsonl', 'trainer.nope=1'], ['eval', 'trainer.nope=1']):\n"
+        "    with contextlib.redirect_stderr(io.StringIO()) as err:\n"
+        "        code = main(argv)\n"
+        "    assert code == 2 and 'invalid config' in err.getvalue(), (argv, err.getvalue())\n"
+        "heavy = sorted(name for name in ('torch', 'ray', 'vllm', 'transformers') if name in sys.modules)\n"
+        "print('imported:', heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "imported: []"
+
+
 def test_check_sft_checks_an_sft_config_and_the_rl_check_points_to_it():
     config = "config=examples/smollm2_arithmetic_sft.yaml"
     result = run_easyrl("check", "sft", config, "sft.max_length=300")
