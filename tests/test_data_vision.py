@@ -190,6 +190,18 @@ def test_a_picture_column_the_image_key_misses_is_named_before_training_text_onl
         RLHFDataset(path, tokenizer, processor, vl_config(tmp_path))
     item = RLHFDataset(path, tokenizer, processor, vl_config(tmp_path, image_key="image"))[0]
     assert len(item["multi_modal_data"]["images"]) == 1
+    # SFT reads the same keys: a conversation with its picture under `image` is refused too (it trained text-only)
+    from easyrl.config.schema import SFTConfig
+    from easyrl.data.sft import SFTDataset
+
+    chat = [{"role": "user", "content": "How many?"}, {"role": "assistant", "content": "1"}]
+    conversations = write_jsonl(tmp_path / "c.jsonl", [{"messages": chat, "image": "a.png"}])
+    with pytest.raises(KeyError, match=r"no column 'images' \(data.image_key\) but a column 'image'"):
+        SFTDataset(conversations, tokenizer, processor, vl_config(tmp_path), SFTConfig(max_length=200))
+    sft_item = SFTDataset(
+        conversations, tokenizer, processor, vl_config(tmp_path, image_key="image"), SFTConfig(max_length=200)
+    )[0]
+    assert len(sft_item["multi_modal_data"]["images"]) == 1
     # placeholders with the pictures under another name: the rows go, and the error says where to look
     placed = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "<image>How many?", "answer": "1", "pics": "a.png"}])
     with pytest.raises(ValueError, match=r"but the row has no images or videos\); check data.image_key / "

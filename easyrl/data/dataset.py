@@ -496,6 +496,20 @@ def data_folder(data_path: str) -> str | None:
     return None
 
 
+def check_media_columns(columns: list[str], data: Any, config_key: str) -> None:
+    """For a vision-language model: no ``data.image_key`` / ``data.video_key`` column but one that likely holds the
+    pictures or videos (``image``, ``videos``, ...) is refused, since the model would train on the text alone. RL and
+    SFT data are read with the same keys, so both ask this."""
+    for key in ("image_key", "video_key"):
+        name = getattr(data, key)
+        near = None if name in columns else likely_column(name, columns, LIKELY_MEDIA_COLUMNS[key])
+        if near:
+            raise KeyError(
+                f"{config_key}: no column {name!r} (data.{key}) but a column {near!r}: without data.{key}={near} the "
+                f"model would see none of its {key.split('_')[0]}s. The columns are {columns}."
+            )
+
+
 class RLHFDataset(Dataset):
     """Prompts of one data file / dataset, every row screened once when built (values present, media usable, length
     measured against max_prompt_length)."""
@@ -708,16 +722,8 @@ class RLHFDataset(Dataset):
                         "than a comma; save it comma-separated (CSV) or tab-separated as a .tsv file."
                     )
                 raise KeyError(f"{self.config_key}: no column {name!r} (data.{key}); the columns are {columns}.{hint}")
-        if processor is not None:  # a vision-language model: a misnamed media column means no pictures
-            for key in ("image_key", "video_key"):
-                name = getattr(self.config, key)
-                near = None if name in columns else likely_column(name, columns, LIKELY_MEDIA_COLUMNS[key])
-                if near:
-                    raise KeyError(
-                        f"{self.config_key}: no column {name!r} (data.{key}) but a column {near!r}: without "
-                        f"data.{key}={near} the model would see none of its {key.split('_')[0]}s. The columns are "
-                        f"{columns}."
-                    )
+        if processor is not None:
+            check_media_columns(columns, self.config, self.config_key)
 
     def _no_rows_hint(self) -> str:
         """What to change when screening left no row, after the reason of the first unusable one."""
