@@ -101,6 +101,15 @@ def test_summary_per_source_mean_and_pass_at_k_by_hand():
     assert table.splitlines()[0].split() == ["source", "prompts", "mean@4", "accuracy@4", "pass@1", "pass@2", "pass@4"]
     assert table.splitlines()[1].split() == ["code", "1", "0.2500", "0.2500", "0.2500", "0.5000", "1.0000"]
     assert "max_prompt_length" not in table
+    # every score the reward names, per source, as the validation logs them (a format score says why mean@n is low)
+    assert results["scores"] == {
+        "code": {"accuracy": pytest.approx(0.25), "overall": pytest.approx(0.25)},
+        "math": {"accuracy": pytest.approx(2 / 8), "overall": pytest.approx(2.1 / 8)},
+    }
+    assert (
+        table.splitlines()[-1]
+        == "(the mean of each score the reward names, per source, is in the JSON's `scores`: accuracy)"
+    )
     # prompts cut at data.max_prompt_length were scored as the others: the table says how many
     results["data"] = {"rows": 3, "skipped": 0, "truncated": 2, "max_prompt_length": 64}
     assert (
@@ -128,6 +137,7 @@ def test_samples_the_reward_failed_on_count_as_wrong_and_are_counted_per_source(
     assert results["sources"]["a"]["pass@1"] == results["sources"]["b"]["pass@1"] == 0.5
     assert format_table(results).splitlines()[0].split()[-1] == "scoring_failed"
     assert "scoring_failed" not in summarize(rows[1:])["sources"]["b"]  # no column when every sample was scored
+    assert results["scores"]["a"] == {"accuracy": 0.5, "overall": 0.5}  # the failed sample's zeros count, its flag not
 
 
 def test_each_source_reports_the_rows_of_its_data_and_how_many_were_skipped():

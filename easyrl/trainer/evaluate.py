@@ -136,6 +136,9 @@ def summarize(
             )
         sources[source] = entry
     results = {"n": n, "correct": f"{key} >= {threshold:g}", "sources": sources}
+    # the mean of every score the reward names, per source, as the validation logs them (val/reward/<name>): a
+    # format score, code.py's invalid_tests or timed_out say why a mean@n is low
+    results["scores"] = {source: score_means(source_rows) for source, source_rows in sorted(by_source.items())}
     if unjudged:
         results["unjudged"] = unjudged
     if row_counts is not None:
@@ -144,6 +147,18 @@ def summarize(
         results["sources"] = dict(sorted(sources.items()))
         results["data"] = {name: sum(counts[name] for counts in row_counts.values()) for name in ("rows", "skipped")}
     return results
+
+
+def score_means(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The mean over the samples of ``rows`` of each score their reward names (those a sample lacks or leaves None,
+    a TRL function's "does not apply", left out); `scoring_failed` is counted in the table instead."""
+    values: dict[str, list[float]] = {}
+    for row in rows:
+        for score in row["scores"]:
+            for name, value in score.items():
+                if name != FAILED_KEY and isinstance(value, (int, float)):  # a bool counts as 0 / 1
+                    values.setdefault(name, []).append(float(value))
+    return {name: sum(found) / len(found) for name, found in sorted(values.items())}
 
 
 def format_table(results: dict) -> str:
@@ -157,6 +172,11 @@ def format_table(results: dict) -> str:
     for source, entry in sources.items():
         lines.append(f"{source:<{width}}  " + "  ".join(_cell(entry.get(c), w) for c, w in zip(columns, widths)))
     lines.append(f"(n={results['n']} samples per prompt; correct: {results['correct']})")
+    names = sorted({name for means in results.get("scores", {}).values() for name in means} - {"overall"})
+    if names:
+        lines.append(
+            f"(the mean of each score the reward names, per source, is in the JSON's `scores`: {', '.join(names)})"
+        )
     if results.get("unjudged"):
         key = results["correct"].rsplit(" >= ", 1)[0]
         lines.append(
