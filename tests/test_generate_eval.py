@@ -377,21 +377,25 @@ def test_generate_killed_after_a_batch_resumes_without_duplicates_and_samples_as
 
 @pytest.mark.slow
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
-def test_ctrl_c_ends_generate_with_one_line_keeping_its_rows_and_the_rerun_says_how_many_are_done(
-    tiny_model_path, val_file, tmp_path
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_a_stop_ends_generate_with_one_line_keeping_its_rows_and_the_rerun_says_how_many_are_done(
+    tiny_model_path, val_file, tmp_path, stop
 ):
     args, output, proc = _generate_until_a_batch_is_written(tiny_model_path, val_file, tmp_path)
     log_path = tmp_path / "first.log"
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground process group
+    if stop == signal.SIGINT:
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground process group
+    else:
+        os.kill(proc.pid, signal.SIGTERM)  # a scheduler's stop, to the driver only (Ray's handler exited with 15)
     try:
         returncode = proc.wait(timeout=120)
     finally:
         kill_process_group(proc)
     log = log_path.read_text(errors="replace")
     kept = len(read_rows(str(output)))
-    assert returncode == 128 + signal.SIGINT, log
+    assert returncode == 128 + stop, log
     assert 2 <= kept < len(PROMPTS), "the stop came after the last batch: nothing left to continue"
-    assert f"easyrl generate: interrupted (SIGINT): {output} keeps the rows of {kept} prompts" in log
+    assert f"easyrl generate: interrupted ({stop.name}): {output} keeps the rows of {kept} prompts" in log
     assert "Traceback" not in log and "KeyboardInterrupt" not in log
 
     log = _run("generate", args, tmp_path / "second.log")

@@ -483,21 +483,51 @@ def default_path(plan: RunPlan, configured: str | None, name: str) -> str:
     )
 
 
+class GenerationStopped(KeyboardInterrupt):
+    """A stop signal other than SIGINT (SIGTERM from a scheduler, SIGUSR1 before a time limit) while generating."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 @contextmanager
-def stop_keeps_rows(command: str, path: str) -> Iterator[None]:
-    """Ctrl-C (SIGINT) ends `easyrl generate` / `easyrl eval` with one line, not a traceback: what is kept (the rows
-    of every finished batch) and that the same command continues, and exit status 130 (128 + SIGINT)."""
+def stop_signals_raise() -> Iterator[None]:
+    """SIGTERM and SIGUSR1 raise ``GenerationStopped`` in the main thread until the block ends, as Ctrl-C raises
+    KeyboardInterrupt. Installed once Ray has started: Ray's driver handler for SIGTERM exits silently with status 15."""
+    from .faults import STOP_SIGNALS
+
+    def handle(signum: int, frame: Any) -> None:
+        raise GenerationStopped(signum)
+
+    others = [signum for signum in STOP_SIGNALS if signum != signal.SIGINT]
+    previous = {signum: signal.getsignal(signum) for signum in others}
+    for signum in others:
+        signal.signal(signum, handle)
     try:
         yield
-    except KeyboardInterrupt:
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextmanager
+def stop_keeps_rows(command: str, path: str) -> Iterator[None]:
+    """A stop signal (Ctrl-C, SIGTERM, SIGUSR1) ends `easyrl generate` / `easyrl eval` with one line, not a traceback:
+    what is kept (the rows of every finished batch) and that the same command continues, and exit status 128 + the
+    signal's number (130 for Ctrl-C, 143 for SIGTERM)."""
+    try:
+        yield
+    except KeyboardInterrupt as stop:
+        signum = stop.signum if isinstance(stop, GenerationStopped) else signal.SIGINT
         kept = len({row["index"] for row in read_rows(path)})
         print(
-            f"easyrl {command}: interrupted (SIGINT): {path} keeps the rows of {kept} prompts, every batch that was "
-            "finished; rerunning the same command generates the others.",
+            f"easyrl {command}: interrupted ({signal.Signals(signum).name}): {path} keeps the rows of {kept} "
+            "prompts, every batch that was finished; rerunning the same command generates the others.",
             file=sys.stderr,
             flush=True,
         )
-        raise SystemExit(128 + signal.SIGINT) from None
+        raise SystemExit(128 + signum) from None
 
 
 def generate_file(
@@ -511,14 +541,15 @@ def generate_file(
 ) -> tuple[GenerationSummary, GenerationRun]:
     """`easyrl generate` / `easyrl eval` (``command``): ``samples`` responses per prompt of data.val_files into
     ``path``, each batch sampled with the seed (worker.rollout.seed, ``seed_kind``, batch); the workers are released
-    when it returns, and Ctrl-C ends it with one line (``stop_keeps_rows``)."""
+    when it returns, and a stop signal (Ctrl-C, SIGTERM) ends it with one line (``stop_keeps_rows``)."""
     seed = plan.config.worker.rollout.seed
     with stop_keeps_rows(command, path):
         run = GenerationRun(plan, path, samples, settings)
         try:
-            summary = run.generate(
-                path, lambda batch: dataclasses.replace(request, seed=[seed, seed_kind, batch]), samples
-            )
+            with stop_signals_raise():
+                summary = run.generate(
+                    path, lambda batch: dataclasses.replace(request, seed=[seed, seed_kind, batch]), samples
+                )
         finally:
             run.close()
     return summary, run
