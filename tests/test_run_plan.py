@@ -139,6 +139,15 @@ def test_a_reference_below_the_actors_fp32_is_noted_where_kl_is_on():
     assert any("reference in bf16" in note for note in load_run_plan(BASE + fp32_actor + kl_on + half_weights).notes)
     for quiet in (fp32_actor + kl_on + fp32_ref, fp32_actor + ["algorithm.disable_kl=true"], kl_on):
         assert not any("the actor computes in fp32" in note for note in load_run_plan(BASE + quiet).notes), quiet
+    # the critic computes in bf16 unless told (its mp_param_dtype): its values are rounded beside an fp32 actor
+    critic = [*CRITIC_MODES["critic"], *fp32_actor]
+    assert any(
+        "the actor computes in fp32 and the critic in bf16 (worker.critic.fsdp: torch_dtype=None, mp_param_dtype=bf16): "
+        "its values and their gradients are rounded to bf16" in note
+        for note in load_run_plan(BASE + critic).notes
+    )
+    fp32_critic = ["worker.critic.fsdp.mp_param_dtype=fp32"]
+    assert not any("and the critic in" in note for note in load_run_plan(BASE + critic + fp32_critic).notes)
     # the CPU recipes give their reference the actor's fp32
     demo = load_run_plan([f"config={REPO_ROOT / 'examples' / 'smollm2_arithmetic_grpo.yaml'}", *kl_on])
     assert not any("the actor computes in fp32" in note for note in demo.notes)
@@ -214,8 +223,19 @@ def test_check_prints_the_plan():
     assert out.returncode == 0, out.stderr
     assert "# run plan" in out.stdout
     assert "roles: actor, rollout, ref" in out.stdout
-    assert "KL: in the reward" in out.stdout
+    # the estimator, the aggregation and the coefficient, not only where the KL goes
+    assert "policy loss: ppo (token-mean), KL: kl in the reward (coefficient 0.001, fixed)" in out.stdout
     assert "old log-probs: computed (the in-reward KL penalty reads them before the update)" in out.stdout
+    as_loss = load_run_plan(
+        [
+            *BASE,
+            *KL_MODES["loss"],
+            "algorithm.kl_penalty=low_var_kl",
+            "algorithm.kl_coef=0.04",
+            "worker.actor.loss_avg_mode=seq",
+        ]
+    ).describe()
+    assert "policy loss: ppo (seq-mean-token-mean), KL: low_var_kl as an actor loss (coefficient 0.04)" in as_loss
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -507,8 +527,14 @@ def test_the_plan_notes_a_critic_warmup_without_a_critic_which_only_freezes_the_
         "first 3 steps generate and score without updating the actor" in note
         for note in notes
     )
-    notes = load_run_plan([*BASE, *CRITIC_MODES["critic"], "trainer.critic_warmup=3"]).notes
-    assert not any("critic_warmup" in note for note in notes)
+    plan = load_run_plan([*BASE, *CRITIC_MODES["critic"], "trainer.critic_warmup=3"])
+    assert not any("critic_warmup" in note for note in plan.notes)
+    # with a critic the warmup is the plan's, not a note: when the actor starts to learn
+    assert (
+        "critic warmup: steps 1-3 train the critic only; the actor's first update, and its learning-rate schedule, "
+        "begin at step 4 (trainer.critic_warmup)"
+    ) in plan.describe().splitlines()
+    assert "critic warmup" not in load_run_plan([*BASE, *CRITIC_MODES["critic"]]).describe()
 
 
 def test_a_critic_warmup_as_long_as_the_epochs_is_refused_once_the_steps_are_counted():

@@ -15,7 +15,7 @@ from typing import Any, Optional
 from ..algorithms import zero_advantage
 from ..paths import PROJECT_ROOT
 from ..utils.platform import nvidia_gpus_visible
-from .compat import LOSS_TYPE_ALIASES
+from .compat import LOSS_AVG_MODE_ALIASES, LOSS_TYPE_ALIASES
 from .load import read_config
 from .schema import PPOConfig
 from .validate import (
@@ -136,7 +136,14 @@ class RunPlan:
             + (["reward model"] if self.use_reward_model else [])
             + (["critic"] if self.use_critic else [])
         )
-        kl = "in the reward" if self.kl_in_reward else "as an actor loss" if self.kl_loss else "off"
+        algorithm = config.algorithm
+        if self.kl_in_reward:  # the controller steers the in-reward penalty only
+            kl = f"{algorithm.kl_penalty} in the reward (coefficient {algorithm.kl_coef:g}, {algorithm.kl_type})"
+        elif self.kl_loss:
+            kl = f"{algorithm.kl_penalty} as an actor loss (coefficient {actor.kl_coef:g})"
+        else:
+            kl = "off"
+        aggregation = LOSS_AVG_MODE_ALIASES.get(actor.loss_avg_mode, actor.loss_avg_mode)
         steps = steps_described(self.training_steps, config.trainer, "rollout batches")
         if config.trainer.max_steps is None and config.algorithm.online_filtering:
             steps += (
@@ -145,7 +152,8 @@ class RunPlan:
         lines = [
             f"workers: {self.world_size} ({config.trainer.nnodes} node(s) x {config.trainer.n_gpus_per_node}), "
             f"roles: {', '.join(roles)}",
-            f"advantage estimator: {config.algorithm.adv_estimator}, policy loss: {actor.loss_type}, KL: {kl}",
+            f"advantage estimator: {algorithm.adv_estimator}, policy loss: {actor.loss_type} ({aggregation}), "
+            f"KL: {kl}",
             f"per step: {config.data.rollout_batch_size} prompts x {config.worker.rollout.n} samples, generated in "
             f"{self.generation_rounds_per_step} call(s) of {self.generation_batch_size} prompts"
             + (" (online filtering may add rounds)" if config.algorithm.online_filtering else "")
@@ -163,6 +171,14 @@ class RunPlan:
             f"old log-probs: {self.old_log_prob_reason}",
             f"zero-advantage samples: {zero_advantage.decision(actor)[1]}",
             f"training steps: {steps}",
+            *(
+                [
+                    f"critic warmup: steps 1-{config.trainer.critic_warmup} train the critic only; the actor's first "
+                    f"update, and its learning-rate schedule, begin at step {config.trainer.critic_warmup + 1} "
+                    "(trainer.critic_warmup)"
+                ]
+                * (self.use_critic and config.trainer.critic_warmup > 0)
+            ),
             f"validation: {_validation_schedule(config, self.validate_at_end, start_step, self.validation_prompts)}",
             f"checkpoints: {checkpoint_schedule(config.trainer)}",
         ]
@@ -284,18 +300,26 @@ def _computes_in_fp32(fsdp, default_dtype: str) -> bool:
     return all(dtype in ("fp32", "float32") for dtype in (fsdp.torch_dtype or default_dtype, fsdp.mp_param_dtype))
 
 
-def _reference_precision_note(config: PPOConfig) -> Optional[str]:
-    """The reference loads in bf16 unless told (EasyR1's default): beside an actor that computes in fp32 (a CPU run)
-    the KL is then rounding noise before any update, said here."""
-    actor, ref = config.worker.actor.fsdp, config.worker.ref.fsdp
-    if not _computes_in_fp32(actor, "fp32") or _computes_in_fp32(ref, "bf16"):
+def _precision_note(config: PPOConfig, role: str) -> Optional[str]:
+    """The reference loads in bf16 unless told (EasyR1's default), and the critic computes in bf16 (its default
+    mp_param_dtype): beside an actor that computes in fp32 (a CPU run) the first makes the KL rounding noise before any
+    update, the second rounds the values to bf16 (0.44140625), said here."""
+    actor, other = config.worker.actor.fsdp, getattr(config.worker, role).fsdp
+    default = "bf16" if role == "ref" else "fp32"  # the weights' dtype when torch_dtype is unset
+    if not _computes_in_fp32(actor, "fp32") or _computes_in_fp32(other, default):
         return None
-    weights = ref.torch_dtype or "bf16"
-    lower = ref.mp_param_dtype if weights in ("fp32", "float32") else weights
+    weights = other.torch_dtype or default
+    lower = other.mp_param_dtype if weights in ("fp32", "float32") else weights
+    effect = (
+        "the KL is not 0 at the first step, from rounding alone"
+        if role == "ref"
+        else f"its values and their gradients are rounded to {lower}"
+    )
+    name = "reference" if role == "ref" else role
     return (
-        f"the actor computes in fp32 and the reference in {lower} (worker.ref.fsdp: torch_dtype={ref.torch_dtype}, "
-        f"mp_param_dtype={ref.mp_param_dtype}): the KL is not 0 at the first step, from rounding alone; set "
-        "worker.ref.fsdp.torch_dtype=fp32 worker.ref.fsdp.mp_param_dtype=fp32 to match."
+        f"the actor computes in fp32 and the {name} in {lower} (worker.{role}.fsdp: torch_dtype={other.torch_dtype}, "
+        f"mp_param_dtype={other.mp_param_dtype}): {effect}; set worker.{role}.fsdp.torch_dtype=fp32 "
+        f"worker.{role}.fsdp.mp_param_dtype=fp32 to match."
     )
 
 
@@ -425,8 +449,9 @@ def make_run_plan(config: PPOConfig, needs_reward: bool = True) -> RunPlan:
     use_reference = not algorithm.disable_kl
     kl_in_reward = use_reference and not algorithm.use_kl_loss
     on_policy, reason = _old_log_prob_decision(config, kl_in_reward)
-    if use_reference and (precision := _reference_precision_note(config)):
-        notes.append(precision)
+    for role, used in (("ref", use_reference), ("critic", uses_critic(config))):
+        if used and (precision := _precision_note(config, role)):
+            notes.append(precision)
     notes += _settings_without_effect(config)
     reward_length = (config.worker.reward.reward_function_kwargs or {}).get("max_response_length")
     if reward_length is not None and reward_length != data.max_response_length:
