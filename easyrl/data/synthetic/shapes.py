@@ -41,33 +41,56 @@ def _draw_shape(draw: ImageDraw.ImageDraw, kind: str, box: tuple[int, int, int, 
         draw.polygon([((left + right) // 2, top), (right, bottom), (left, bottom)], fill=colour)
 
 
-def _picture(
-    rng: random.Random, spec: ShapesSpec, asked: tuple[str, str] | None = None, count: int = 0
-) -> tuple[Image.Image, list[tuple[str, str]]]:
-    """A picture and the (colour, kind) of each shape in it; shapes sit in distinct grid cells, so never overlap.
+# A picture's layout: (grid cell, colour, kind) per shape, in drawing order. Shapes sit in distinct cells and each
+# (colour, kind) draws differently, so two pictures are the same exactly when their layouts hold the same shapes:
+# splits are kept apart by layout, without drawing or encoding the pictures they compare.
+Layout = tuple[tuple[int, str, str], ...]
+
+
+def _layout(rng: random.Random, spec: ShapesSpec, asked: tuple[str, str] | None = None, count: int = 0) -> Layout:
+    """Where each shape of a picture goes and what it is (the random draws of a picture; drawing it takes none).
     With ``asked``, exactly ``count`` shapes are that (colour, kind) and the others (up to max_shapes in all) are not."""
     cells_per_side = spec.image_size // (spec.shape_size * 2)
     most = min(spec.max_shapes, cells_per_side**2)
     cells = rng.sample(range(cells_per_side**2), rng.randint(max(1, count), most))
-    image = Image.new("RGB", (spec.image_size, spec.image_size), "white")
-    draw = ImageDraw.Draw(image)
     others = [(colour, kind) for colour in sorted(COLOURS) for kind in SHAPES if (colour, kind) != asked]
-    shapes = []
+    layout = []
     for i, cell in enumerate(cells):
         if asked is None:
             colour, kind = rng.choice(sorted(COLOURS)), rng.choice(SHAPES)
         else:
             colour, kind = asked if i < count else rng.choice(others)
+        layout.append((cell, colour, kind))
+    return tuple(layout)
+
+
+def _same_picture(layout: Layout) -> frozenset:
+    """What "the same picture" means when splits must not share one (equal exactly when the drawn pictures are)."""
+    return frozenset(layout)
+
+
+def _render(layout: Layout, spec: ShapesSpec) -> Image.Image:
+    cells_per_side = spec.image_size // (spec.shape_size * 2)
+    image = Image.new("RGB", (spec.image_size, spec.image_size), "white")
+    draw = ImageDraw.Draw(image)
+    for cell, colour, kind in layout:
         x = (cell % cells_per_side) * spec.shape_size * 2 + spec.shape_size // 2
         y = (cell // cells_per_side) * spec.shape_size * 2 + spec.shape_size // 2
         _draw_shape(draw, kind, (x, y, x + spec.shape_size, y + spec.shape_size), COLOURS[colour])
-        shapes.append((colour, kind))
-    return image, shapes
+    return image
 
 
-def _png(row: dict) -> bytes:
-    """The PNG bytes of a row's picture: what "the same picture" means when splits must not share one."""
-    return row["images"][0]["bytes"]
+def _shapes(layout: Layout) -> list[tuple[str, str]]:
+    return [(colour, kind) for _, colour, kind in layout]
+
+
+def _picture(
+    rng: random.Random, spec: ShapesSpec, asked: tuple[str, str] | None = None, count: int = 0
+) -> tuple[Image.Image, list[tuple[str, str]]]:
+    """A picture and the (colour, kind) of each shape in it; shapes sit in distinct grid cells, so never overlap.
+    With ``asked``, exactly ``count`` shapes are that (colour, kind) and the others (up to max_shapes in all) are not."""
+    layout = _layout(rng, spec, asked, count)
+    return _render(layout, spec), _shapes(layout)
 
 
 def _row(image: Image.Image, colour: str, kind: str, count: int) -> dict:
@@ -81,27 +104,35 @@ def _row(image: Image.Image, colour: str, kind: str, count: int) -> dict:
     }
 
 
-def _questions(split: str, size: int | None, spec: ShapesSpec) -> list[tuple[dict, str, str]]:
-    """(row, colour, kind) per picture of ``split``: the row and what its question asks to count. The train split
-    leaves out pictures that repeat a test picture (so it may hold fewer than ``size`` rows)."""
+def _drawn_questions(split: str, size: int | None, spec: ShapesSpec) -> list[tuple[Layout, str, str]]:
+    """(layout, colour, kind) per picture of ``split``: the picture and what its question asks to count. The train
+    split leaves out pictures that repeat a test picture (so it may hold fewer than ``size`` rows)."""
     if split not in SPLITS:
         raise ValueError(f"Unknown shapes split {split!r}; choose one of {sorted(SPLITS)}.")
     seed, default_size = SPLITS[split]
     rng = random.Random(seed)
     questions = []
     for _ in range(size or default_size):
-        image, shapes = _picture(rng, spec)
-        colour, kind = rng.choice(shapes)
-        questions.append((_row(image, colour, kind, shapes.count((colour, kind))), colour, kind))
+        layout = _layout(rng, spec)
+        colour, kind = rng.choice(_shapes(layout))
+        questions.append((layout, colour, kind))
     if split == "train":
         test = _test_pictures(spec)
-        questions = [question for question in questions if _png(question[0]) not in test]
+        questions = [question for question in questions if _same_picture(question[0]) not in test]
     return questions
 
 
-def _test_pictures(spec: ShapesSpec) -> set[bytes]:
-    """The PNG bytes of every test picture (for ``spec``), which no training row may repeat."""
-    return {_png(row) for row, _, _ in _questions("test", None, spec)}
+def _questions(split: str, size: int | None, spec: ShapesSpec) -> list[tuple[dict, str, str]]:
+    """(row, colour, kind) per picture of ``split`` (``_drawn_questions``, drawn and encoded)."""
+    return [
+        (_row(_render(layout, spec), colour, kind, _shapes(layout).count((colour, kind))), colour, kind)
+        for layout, colour, kind in _drawn_questions(split, size, spec)
+    ]
+
+
+def _test_pictures(spec: ShapesSpec) -> set[frozenset]:
+    """Every test picture (for ``spec``, as ``_same_picture``), which no training row may repeat."""
+    return {_same_picture(layout) for layout, _, _ in _drawn_questions("test", None, spec)}
 
 
 def generate_shapes(split: str = "train", size: int | None = None, spec: ShapesSpec = ShapesSpec()) -> list[dict]:
@@ -131,25 +162,34 @@ def generate_shapes_sft(split: str = "train") -> list[dict]:
     cue."""
     spec = ShapesSpec()
     if split == "train":
-        return _balanced_rows(SFT_SEED, SFT_ROWS, _test_pictures(spec), spec)
-    if split == "test":
-        trained_on = generate_shapes("train", spec=spec) + generate_shapes_sft("train")
-        seen = _test_pictures(spec) | {_png(row) for row in trained_on}
-        return _balanced_rows(SFT_TEST_SEED, SFT_TEST_ROWS, seen, spec)
-    raise ValueError(f"Unknown shapes_sft split {split!r}; choose 'train' or 'test'.")
+        drawn = _balanced_questions(SFT_SEED, SFT_ROWS, _test_pictures(spec), spec)
+    elif split == "test":
+        trained_on = [layout for layout, _, _ in _drawn_questions("train", None, spec)]
+        trained_on += [
+            layout for layout, _, _, _ in _balanced_questions(SFT_SEED, SFT_ROWS, _test_pictures(spec), spec)
+        ]
+        seen = _test_pictures(spec) | {_same_picture(layout) for layout in trained_on}
+        drawn = _balanced_questions(SFT_TEST_SEED, SFT_TEST_ROWS, seen, spec)
+    else:
+        raise ValueError(f"Unknown shapes_sft split {split!r}; choose 'train' or 'test'.")
+    return [
+        {**_row(_render(layout, spec), colour, kind, count), "response": worked_answer(colour, kind, str(count))}
+        for layout, colour, kind, count in drawn
+    ]
 
 
-def _balanced_rows(seed: int, size: int, leave_out: set[bytes], spec: ShapesSpec) -> list[dict]:
-    """``size`` questions drawn as the test's, resampled to SFT_COUNTS in turn, none with a picture in ``leave_out``."""
+def _balanced_questions(
+    seed: int, size: int, leave_out: set[frozenset], spec: ShapesSpec
+) -> list[tuple[Layout, str, str, int]]:
+    """``size`` questions (layout, colour, kind, count) drawn as the test's, resampled to SFT_COUNTS in turn, none with
+    a picture in ``leave_out``. Only the kept ones are drawn and encoded, by the caller (one in ~11 draws is kept)."""
     rng = random.Random(seed)
-    rows = []
-    while len(rows) < size:
-        want = SFT_COUNTS[len(rows) % len(SFT_COUNTS)]
-        image, shapes = _picture(rng, spec)
+    questions = []
+    while len(questions) < size:
+        want = SFT_COUNTS[len(questions) % len(SFT_COUNTS)]
+        layout = _layout(rng, spec)
+        shapes = _shapes(layout)
         colour, kind = rng.choice(shapes)
-        if shapes.count((colour, kind)) != want:
-            continue
-        row = _row(image, colour, kind, want)
-        if _png(row) not in leave_out:
-            rows.append({**row, "response": worked_answer(colour, kind, row["answer"])})
-    return rows
+        if shapes.count((colour, kind)) == want and _same_picture(layout) not in leave_out:
+            questions.append((layout, colour, kind, want))
+    return questions
