@@ -35,7 +35,7 @@ from ..controller.worker_group import WorkerDiedError
 from ..data.template import RESET_CONTENT
 from ..protocol import DataProto
 from ..utils.engine_metrics import reduce_call_metrics
-from ..workers.fsdp_utils import to_dtype
+from ..utils.torch_functional import to_dtype
 from ..workers.reward.scorer import ROW_FIELDS, PendingScores, reduce_reward_metrics, scores_to_non_tensor
 from ..workers.rollout.base import GenerationRequest, format_turns, generation_metrics
 from .balance import balance_permutation, groups_by_uid, inverse_permutation

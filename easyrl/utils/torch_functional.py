@@ -24,6 +24,24 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 
+DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+
+
+def to_dtype(name: str | None, default: torch.dtype = torch.float32) -> torch.dtype:
+    if name is None:
+        return default
+    if name not in DTYPES:
+        raise ValueError(f"Unknown dtype `{name}`; use one of: {', '.join(DTYPES)}.")
+    return DTYPES[name]
+
+
 logger = logging.getLogger(__name__)
 
 # fp32 elements processed at once (64M elements = 256 MB); rows per chunk = this / vocab size

@@ -24,27 +24,10 @@ from ..models import attention, lora, vision, vision_encoder
 from ..models.checkpoint_layout import released_dtype, save_pretrained_in_released_layout
 from ..utils import device
 from ..utils.remote_code import naming_the_remote_code_key
+from ..utils.torch_functional import DTYPES, to_dtype  # noqa: F401 (fsdp_utils.to_dtype, as before)
 
 
 logger = logging.getLogger(__name__)
-
-
-DTYPES = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-}
-
-
-def to_dtype(name: str | None, default: torch.dtype = torch.float32) -> torch.dtype:
-    if name is None:
-        return default
-    if name not in DTYPES:
-        raise ValueError(f"Unknown dtype `{name}`; use one of: {', '.join(DTYPES)}.")
-    return DTYPES[name]
 
 
 def attention_implementation(model_cls: type | None = None) -> str:

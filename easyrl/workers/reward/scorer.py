@@ -44,7 +44,6 @@ from ...data.template import RESET_CONTENT, is_chat_messages, with_reset_content
 from .actor import DIED, NON_FINITE, RAISED, TIMED_OUT, SampleFailure, merge, score_calls
 from .classifier import ClassifierJudge
 from .judge import HttpJudge, combine_scores, decode_prompts, judge_prompts
-from .judge_engine import VllmJudge
 from .loader import (
     FAILED_BATCH_STREAK,
     RESERVED_SCORE_NAMES,
@@ -199,6 +198,10 @@ class RewardScorer:
         if config.judge.kind == "http":
             self.judge = HttpJudge(config.judge)
         elif config.judge.kind == "vllm":
+            # imported here: the engine's module loads vLLM's and peft's helpers, seconds the driver of a run
+            # without a vllm judge need not spend
+            from .judge_engine import VllmJudge
+
             self.judge = VllmJudge(config.judge, run_dir=run_dir)
         if config.judge.kind == "classifier":  # the reward model runs in the training workers (reward_model.py)
             if reward_model_group is None:
