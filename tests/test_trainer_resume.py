@@ -1,6 +1,11 @@
 """Resume: a run SIGKILLed after its step-2 checkpoint, restarted with the same command, reproduces step 3 of the
 uninterrupted run exactly (same samples, rewards, losses, gradients): the model, optimizer, lr scheduler, dataloader
-position and the rollout's sampling seeds all come back."""
+position and the rollout's sampling seeds all come back.
+
+Marked slow to keep the default suite within its time: there, tests/test_faults_runs.py resumes a run stopped by
+SIGTERM (a rerun of the same command) and one whose worker was SIGKILLed (a restart from the last periodic
+checkpoint), each to the uninterrupted run's exact metrics; the TensorBoard rewind and the edited-file warning this
+run also checks have tests of their own (test_trainer_loggers_resume.py, test_trainer_checkpoint.py)."""
 
 import json
 import math
@@ -41,6 +46,7 @@ def _same(name: str, resumed, reference) -> bool:
     return math.isclose(resumed, reference, rel_tol=1e-5, abs_tol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_a_killed_run_resumes_from_its_last_checkpoint_and_reproduces_the_next_step(tiny_grpo_run, tmp_path):
     save_dir = tmp_path / "checkpoints"
