@@ -632,7 +632,24 @@ def test_a_file_made_by_other_weights_answers_or_reward_code_is_refused(tiny_mod
         GenerationFileError, match=rf"prompt index 1 holds the answer '{row['answer']}', data.val_files now '99'"
     ):
         prompts_left(output, tokenizer, corrected_loader, 4, settings)
-    # rows of an earlier version have neither digest: read, not refused for lacking them
+    # an edited tools file: each trajectory that called a tool would read another answer now
+    tools = tmp_path / "tools.py"
+    tools.write_text(
+        'def add(a: int, b: int) -> int:\n    """Add.\n\n    Args:\n        a: a\n        b: b\n    """\n    return a + b\n\n\nTOOLS = [add]\n'
+    )
+    with_tools = [*args, f"worker.rollout.multi_turn.tools={tools}"]
+    before = generation_settings(load_run_plan(with_tools), GenerationRequest())
+    assert list(before["input_files"]) == ["worker.rollout.multi_turn.tools"]
+    append_rows(str(tmp_path / "tools.jsonl"), [{**rows[0], "settings": before}])
+    tools.write_text(tools.read_text().replace("return a + b", "return a + b + 1"))
+    after = generation_settings(load_run_plan(with_tools), GenerationRequest())
+    with pytest.raises(
+        GenerationFileError,
+        match=r"other settings \(input_files.worker.rollout.multi_turn.tools: '[0-9a-f]{16}' in the file, '",
+    ):
+        prompts_left(str(tmp_path / "tools.jsonl"), tokenizer, loader, 4, after)
+    assert "input_files" not in settings  # no tools, environment or judge: nothing to digest
+    # rows of an earlier version have no digests: read, not refused for lacking them
     older = {key: value for key, value in settings.items() if key not in ("model_weights", "reward_file")}
     earlier = str(tmp_path / "earlier.jsonl")
     append_rows(earlier, [{**row, "settings": older} for row in rows[:2]])

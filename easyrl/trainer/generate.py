@@ -158,9 +158,21 @@ def generation_settings(plan: RunPlan, request: GenerationRequest) -> dict[str, 
     multi_turn = config.worker.rollout.multi_turn
     if multi_turn.enabled:  # tools, an environment, the turn limits: each changes what a response is
         settings["multi_turn"] = dataclasses.asdict(multi_turn)
+    digests = input_file_digests(config)
+    # the code of the tools, the environment and the judge's template (the keys above hold only their paths): an
+    # edited tool answers the model's calls otherwise, so the earlier trajectories are not this run's (the prompt
+    # template needs none: each row's prompt is compared)
+    files = {
+        key: digest
+        for key, digest in digests.items()
+        if key.startswith("worker.rollout.multi_turn.")
+        or (key == "worker.reward.judge.prompt_template" and reward.reward_function)
+    }
+    if files:
+        settings["input_files"] = files
     if reward.reward_function:
         # its code: a fixed reward function must not leave the earlier scores standing
-        settings["reward_file"] = input_file_digests(config).get("worker.reward.reward_function")
+        settings["reward_file"] = digests.get("worker.reward.reward_function")
         settings["reward_function_kwargs"] = dict(reward.reward_function_kwargs or {})
         settings["reward_weights"] = list(reward.reward_weights) if reward.reward_weights else None
         if reward.judge.kind != "none":  # a judge's grade is part of each score
@@ -170,7 +182,7 @@ def generation_settings(plan: RunPlan, request: GenerationRequest) -> dict[str, 
 
 
 # settings that earlier versions did not write: a file without them is not refused for lacking them
-LATER_SETTINGS = ("model_weights", "reward_file")
+LATER_SETTINGS = ("model_weights", "reward_file", "input_files")
 
 
 def _comparable(written: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
