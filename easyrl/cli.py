@@ -87,7 +87,10 @@ def _run_command(command: str, load_plan, load_runner, run_errors=tuple) -> int:
         print(f"easyrl {command}: cannot start: {err}", file=sys.stderr)
         return 2
     except errors as err:
-        print(f"easyrl {command}: {error_text(err)}", file=sys.stderr)
+        text = error_text(err).rstrip("\n")
+        for note in getattr(err, "__notes__", ()):  # where a stopped run goes on from: its own line after a traceback
+            text += ("\n" if "\n" in text else " ") + note
+        print(f"easyrl {command}: {text}", file=sys.stderr)
         return 2
     return 0
 
@@ -106,10 +109,12 @@ def _train(args: list[str]) -> int:
     def run_errors():
         # a reward function that cannot score (it raises on every sample, returns the wrong shape) stops the run
         # so does online filtering that finds too few groups with mixed scores (the data or the filter must change)
+        # a vllm judge whose engine died: its message names the engine and how it ended
         from .trainer.ray_trainer import OnlineFilteringError
+        from .workers.reward.judge import JudgeEngineError
         from .workers.reward.loader import RewardFunctionError
 
-        return (RewardFunctionError, OnlineFilteringError)
+        return (RewardFunctionError, OnlineFilteringError, JudgeEngineError)
 
     return _run_command("train", load_plan, load_runner, run_errors)
 

@@ -279,6 +279,50 @@ def test_a_reward_that_raises_on_every_sample_stops_the_run_at_its_first_batch(t
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or _logged_steps(tmp_path / "run") == []
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_reward_that_fails_mid_run_stops_naming_the_checkpoint_to_resume_from(tiny_model_path, tmp_path):
+    """A grader that goes away after the first step: the run stops with one line that, besides the reward's
+    failure, names the last complete checkpoint and that the same command resumes from it."""
+    from tests.fixtures.trainer_runs import TINY_RUN_OVERRIDES, bare_run
+
+    marker, reward = tmp_path / "scored_once", tmp_path / "grader.py"
+    reward.write_text(
+        "import os\n\n"
+        "def compute_score(reward_inputs):\n"
+        f"    if os.path.exists({str(marker)!r}):\n"
+        "        raise ConnectionError('the grading service is gone')\n"
+        f"    open({str(marker)!r}, 'w').close()\n"
+        "    return [{'overall': float(i % 2)} for i, _ in enumerate(reward_inputs)]\n"
+    )
+    save_dir = tmp_path / "run"
+    plain = (
+        "trainer.save_freq=-1",
+        "trainer.save_model_only=true",
+        "trainer.find_last_checkpoint=false",
+        "worker.reward.reward_function=",
+    )
+    args = [
+        *[arg for arg in TINY_RUN_OVERRIDES if not arg.startswith(plain)],
+        *[arg for arg in bare_run(6, save_dir) if not arg.startswith(plain)],
+        "trainer.save_freq=1",
+        f"worker.actor.model.model_path={tiny_model_path}",
+        "trainer.n_gpus_per_node=1",
+        f"worker.reward.reward_function={reward}:compute_score",
+    ]
+    log_path = tmp_path / "train.log"
+    returncode = _wait_for_exit(launch_training(args, log_path), log_path)
+    text = log_path.read_text(errors="replace")
+    assert returncode == 2, log_tail(log_path)
+    last = max(_checkpoint_steps(save_dir))
+    message = text[text.index("easyrl train: ") :].rstrip()  # the reward's failure, then where to go on from
+    assert "ConnectionError: the grading service is gone" in message, message
+    assert message.endswith(
+        "ConnectionError: the grading service is gone\nThe last complete checkpoint is "
+        f"{save_dir / f'global_step_{last}'}; rerun the same command to resume from it."
+    ), message
+
+
 def _run_a_filter_that_runs_dry(model_path, tmp_path, reward_source: str, steps: int, saves: bool = False) -> str:
     """A tiny run of ``steps`` steps with online filtering (2 rounds a step at most) and the reward function
     ``reward_source`` (in the driver); it must stop with exit 2. Its log. ``saves``: with full checkpoints."""

@@ -36,6 +36,8 @@ from ..data.template import RESET_CONTENT
 from ..protocol import DataProto
 from ..utils.engine_metrics import reduce_call_metrics
 from ..utils.torch_functional import to_dtype
+from ..workers.reward.judge import JudgeEngineError
+from ..workers.reward.loader import RewardFunctionError
 from ..workers.reward.scorer import ROW_FIELDS, PendingScores, reduce_reward_metrics, scores_to_non_tensor
 from ..workers.rollout.base import GenerationRequest, format_turns, generation_metrics
 from .balance import balance_permutation, groups_by_uid, inverse_permutation
@@ -175,6 +177,10 @@ class PPOTrainer:
                 if restart:
                     self.workers = self.restart_workers()
                 return self._train()
+            except (RewardFunctionError, JudgeEngineError) as error:
+                # a reward or judge that cannot score ends the run (printed as one line): say where it can go on from
+                error.add_note(self._resume_hint())
+                raise
             except WorkerDiedError as died:
                 self.reward_scorer.cancel_pending()  # the step that was scoring is lost with the worker
                 self.restarts = restart_after(

@@ -91,6 +91,11 @@ FAILURE_COUNTS = {
 }
 
 
+class JudgeEngineError(RuntimeError):
+    """The judge engine could not start or died (`worker.reward.judge.kind=vllm`; judge_engine.py). Defined here, with
+    the judges' other errors, so that the driver names it without importing the engine's module (vLLM's helpers)."""
+
+
 class JudgeUnreachableError(RewardFunctionError):
     """No sample of the judge's first batch (or of JUDGE_SILENT_STREAK batches in a row) got a score: a wrong
     `worker.reward.judge.base_url`, model, key or score_pattern, or a judge that went down. A RewardFunctionError, so

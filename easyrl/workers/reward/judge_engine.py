@@ -31,6 +31,7 @@ from ...utils.logging import setup_worker_logging
 from ..rollout.vllm_rollout import VLLM_DTYPES, _cpu_engine_environment, check_cpu_head_size, kv_cache_kwargs
 from .judge import (
     REQUEST_FAILED,
+    JudgeEngineError,
     JudgeFailure,
     JudgeResult,
     SilentJudgeWatch,
@@ -111,10 +112,6 @@ class JudgeEngine:
             completion = output.outputs[0]
             replies[i] = (completion.text, completion.finish_reason == "length", None)
         return replies
-
-
-class JudgeEngineError(RuntimeError):
-    """The judge engine could not start or died (`worker.reward.judge.kind=vllm`)."""
 
 
 class VllmJudge:
