@@ -236,6 +236,13 @@ def test_a_peft_adapter_folder_as_model_path_is_refused_naming_the_key(valid_arg
     else:
         with pytest.raises(ConfigError, match=r"`worker\.actor\.model\.model_path`: .* is a peft adapter folder"):
             load_config(args)
+    # as `easyrl merge --adapter_only` writes it: no config.json either, still named as an adapter folder
+    bare = tmp_path / "adapter_only"
+    bare.mkdir()
+    for name in ["adapter_config.json", "adapter_model.safetensors"]:
+        (bare / name).write_text("{}")
+    with pytest.raises(ConfigError, match=r"is a peft adapter folder .* `easyrl merge` without --adapter_only"):
+        load_config([*valid_args, f"worker.actor.model.model_path={bare}"])
     no_adapter = tmp_path / "plain_model"
     no_adapter.mkdir()
     (no_adapter / "config.json").write_text("{}")

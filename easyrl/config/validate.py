@@ -309,6 +309,14 @@ def _check_model_path(key: str, path: Optional[str], required: bool) -> None:
             f"Face weights), which transformers and vLLM cannot load. Write it as a Hugging Face model with `easyrl "
             f"merge --local_dir {role}` and give `{role / 'huggingface'}`."
         )
+    # an adapter folder first: one written by `easyrl merge --adapter_only` holds no config.json either
+    if key.endswith("model_path") and _is_adapter_folder(local):
+        raise ConfigError(
+            f"`{key}`: `{path}` is a peft adapter folder (adapter_config.json, no model weights), which transformers "
+            "and vLLM cannot load as a model. Merge the adapters into their base model and give that folder (peft: "
+            "PeftModel.from_pretrained(base, folder).merge_and_unload().save_pretrained(out)); after `easyrl sft` "
+            "with LoRA that is its `huggingface/` folder, and `easyrl merge` without --adapter_only writes one."
+        )
     if key.endswith("model_path") and local.is_dir() and not (local / "config.json").is_file():
         steps = sorted(local.glob("global_step_*/actor/huggingface/config.json"), key=lambda p: _step_of(p.parents[1]))
         hint = (
@@ -317,13 +325,6 @@ def _check_model_path(key: str, path: Optional[str], required: bool) -> None:
             else ""
         )
         raise ConfigError(f"`{key}`: `{path}` holds no config.json, so it is not a Hugging Face model folder.{hint}")
-    if key.endswith("model_path") and _is_adapter_folder(local):
-        raise ConfigError(
-            f"`{key}`: `{path}` is a peft adapter folder (adapter_config.json, no model weights), which transformers "
-            "and vLLM cannot load as a model. Merge the adapters into their base model and give that folder (peft: "
-            "PeftModel.from_pretrained(base, folder).merge_and_unload().save_pretrained(out)); after `easyrl sft` "
-            "with LoRA that is its `huggingface/` folder."
-        )
     if not local.exists():
         # a hub id; check reads no network: only a declared offline mode (the driver probes the hub before Ray)
         check_hub_model(key, path, probe=False)
