@@ -611,3 +611,36 @@ def test_two_grpo_steps_train_with_the_judge_in_the_reward(tiny_model_path, tmp_
     }
     assert questions and all(re.fullmatch(r"What is \d+ [-+*] \d+\?.*", q, re.S) for q in questions), questions
     assert not any("SmolLM" in q or "\nuser\n" in q or "assistant" in q for q in questions)
+
+
+def test_a_judge_nothing_answers_at_is_said_before_ray_and_one_that_listens_is_not(valid_args, caplog):
+    """A wrong base_url was found after Ray, the workers' start and the first rollout (minutes on a GPU node): the
+    driver now tries the host and port first and warns (a job may start its server beside the run: no refusal)."""
+    from easyrl.trainer.main import load_run_reward
+    from easyrl.workers.reward.judge import unreachable_judge
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert unreachable_judge(JudgeConfig(kind="http", base_url=f"http://127.0.0.1:{port}/v1", model="j")) is None
+    # the port closed: nothing listens there now
+    closed = JudgeConfig(kind="http", base_url=f"http://127.0.0.1:{port}/v1", model="j")
+    problem = unreachable_judge(closed)
+    assert problem.startswith(f"nothing answers at 127.0.0.1:{port} (worker.reward.judge.base_url=http://127.0.0.1:")
+    assert "The run goes on, and stops at the first batch the judge does not score" in problem
+    assert unreachable_judge(JudgeConfig(kind="none")) is None
+    # the driver says it while loading the reward, before Ray starts
+    config = load_config(
+        [
+            *valid_args,
+            "worker.reward.judge.kind=http",
+            f"worker.reward.judge.base_url=http://127.0.0.1:{port}/v1",
+            "worker.reward.judge.model=j",
+            "worker.reward.judge.weight=0.5",
+            "worker.reward.rule_weight=0.5",
+        ]
+    )
+    with caplog.at_level("WARNING", logger="easyrl.trainer.main"):
+        assert load_run_reward(config) is not None
+    assert any(f"The judge: nothing answers at 127.0.0.1:{port}" in record.getMessage() for record in caplog.records)

@@ -182,7 +182,11 @@ def load_run_reward(config: Any) -> Any:
     reward = config.worker.reward
     if not reward.reward_function:
         return None
+    from ..workers.reward.judge import unreachable_judge
     from ..workers.reward.loader import load_reward_function
+
+    if problem := unreachable_judge(reward.judge):  # said in a second, not after the workers' start and a rollout
+        logger.warning("The judge: %s", problem)
 
     return load_reward_function(
         reward.reward_function, reward.reward_function_kwargs, reward.reward_weights, reward.reward_type

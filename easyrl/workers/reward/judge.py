@@ -35,12 +35,14 @@ import math
 import os
 import random
 import re
+import socket
 import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
+from urllib.parse import urlsplit
 
 import httpx
 import jinja2
@@ -89,6 +91,28 @@ FAILURE_COUNTS = {
     TIMED_OUT: "timed out after worker.reward.judge.timeout_s={timeout_s:g} s",
     UNPARSABLE: "had no readable score",
 }
+
+
+def unreachable_judge(config: Any, timeout_s: float = 3.0) -> Optional[str]:
+    """Why nothing answers at the http judge's host and port now (a TCP connection, before Ray starts), or None
+    (it answers, or the judge is not an http one). A warning, not a refusal: a job may start its judge server beside
+    the run, and the run itself stops at the first batch the judge does not score."""
+    if config.kind != "http" or not config.base_url:
+        return None
+    url = urlsplit(config.base_url)
+    try:
+        port = url.port or (443 if url.scheme == "https" else 80)
+    except ValueError as error:  # a port that is not a number: the run's first request says the same
+        return str(error)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=timeout_s):
+            return None
+    except OSError as error:
+        return (
+            f"nothing answers at {url.hostname}:{port} (worker.reward.judge.base_url={config.base_url}) now: "
+            f"{error.strerror or error}. The run goes on, and stops at the first batch the judge does not score; "
+            "start the judge server, or fix the URL."
+        )
 
 
 class JudgeEngineError(RuntimeError):
