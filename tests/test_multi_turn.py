@@ -515,6 +515,8 @@ def test_max_turns_and_the_token_budget_end_trajectories_and_are_counted(tokeniz
     assert out.meta_info["metrics"]["rollout/multi_turn/truncated"] == 1 and len(llm.seen) == 1
     assert out.batch["response_mask"][0].tolist() == [1] * len(call) + [0] * 5
     assert out.batch["attention_mask"][0, PROMPT_LENGTH:].tolist() == [1] * budget
+    # cut at the limit, though the model wrote fewer tokens than the limit: the clip ratio counts the whole span
+    assert out.meta_info["metrics"]["rollout/response_length/clip_ratio"] == 1.0
 
 
 def test_the_reward_reads_the_whole_trajectory_and_sits_on_the_models_last_token(tokenizer):

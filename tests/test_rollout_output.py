@@ -92,6 +92,15 @@ def test_generation_metrics_count_tokens_lengths_and_clipped_responses():
     assert metrics["rollout/response_length/clip_ratio"] == pytest.approx(0.25)
 
 
+def test_a_trajectory_filled_by_tool_results_counts_as_cut_though_its_model_tokens_are_fewer():
+    model = torch.tensor([[1, 0, 0, 1], [1, 1, 0, 0]])  # row 0: model, a 2-token tool result, model
+    attended = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    metrics = generation_metrics(model, seconds=1.0, attended=attended)
+    assert metrics["rollout/gen_tokens"] == 4 and metrics["rollout/response_length/max"] == 2  # the model's tokens
+    assert metrics["rollout/response_length/clip_ratio"] == 0.5  # row 0 filled the limit
+    assert generation_metrics(model, seconds=1.0)["rollout/response_length/clip_ratio"] == 0.0  # the mask alone
+
+
 def test_the_generate_calls_of_a_step_report_their_totals_not_the_mean_of_their_rates():
     """Refill rounds (online filtering, mini_rollout_batch_size) and a ReMax baseline make several calls a step."""
     from easyrl.utils.engine_metrics import reduce_call_metrics

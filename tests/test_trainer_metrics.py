@@ -59,6 +59,22 @@ def test_configured_maximum_lengths_set_the_clip_ratio(batch):
     assert metrics["prompt_length/clip_ratio"] == 0.0
 
 
+def test_a_multi_turn_trajectory_cut_at_the_limit_counts_as_cut_though_tool_tokens_are_not_the_models():
+    """The model's tokens (response_mask) of a trajectory that filled the limit with a tool result between them are
+    fewer than the limit: response_length counts them, the clip ratio the whole span."""
+    response_mask = torch.tensor([[1, 0, 0, 1], [1, 1, 0, 0]])  # row 0: model, tool result x2, model; row 1: ended
+    span = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    tensors = {
+        "prompts": torch.ones(2, 2, dtype=torch.long),
+        "responses": torch.ones(2, 4, dtype=torch.long),
+        "attention_mask": torch.cat([torch.ones(2, 2, dtype=torch.long), span], dim=-1),
+        "response_mask": response_mask,
+    }
+    metrics = compute_data_metrics(DataProto.from_dict(tensors=tensors))
+    assert metrics["response_length/mean"] == 2.0 and metrics["response_length/max"] == 2.0
+    assert metrics["response_length/clip_ratio"] == 0.5  # row 0 filled the 4 tokens
+
+
 def test_sequence_scores_and_rewards_are_sums_over_the_response(batch):
     metrics = compute_data_metrics(batch)
     assert metrics["critic/score/mean"] == pytest.approx(0.75)

@@ -86,9 +86,13 @@ def compute_data_metrics(
     max_response_length = max_response_length or response_width
     max_prompt_length = max_prompt_length or prompt_mask.shape[-1]
 
+    # a response is cut when its whole span reaches the limit: in a multi-turn trajectory that span holds the tool
+    # results and observations too, which the response mask (the model's own tokens, what response_length counts)
+    # leaves out, so the clip ratio read 0 when every trajectory was cut
+    span = tensors["attention_mask"][:, -response_width:].sum(-1).float()
     metrics = {
         **_min_max_mean("response_length", response_length),
-        "response_length/clip_ratio": (response_length >= max_response_length).float().mean().item(),
+        "response_length/clip_ratio": (span >= max_response_length).float().mean().item(),
         **_min_max_mean("prompt_length", prompt_length),
         "prompt_length/clip_ratio": (prompt_length >= max_prompt_length).float().mean().item(),
     }

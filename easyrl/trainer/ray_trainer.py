@@ -513,9 +513,9 @@ class PPOTrainer:
         if "rollout/gen_seconds" in engine_metrics:
             # the lengths of the responses trained on: with several data-parallel ranks, a rank's share of padding
             # rows (a batch that does not split evenly) is in the ranks' own counts
-            engine_metrics.update(
-                generation_metrics(generated.batch["response_mask"], engine_metrics["rollout/gen_seconds"])
-            )
+            mask = generated.batch["response_mask"]
+            attended = generated.batch["attention_mask"][:, -mask.shape[-1] :]
+            engine_metrics.update(generation_metrics(mask, engine_metrics["rollout/gen_seconds"], attended))
         self._rollout_metrics.append(engine_metrics)
         if self.config.algorithm.adv_estimator == "remax":  # a baseline of its own, not a role: the plan has no say
             # ReMax (arXiv 2310.10505): the reward of each prompt's greedy response is its baseline.

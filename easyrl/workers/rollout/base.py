@@ -268,12 +268,17 @@ def format_turns(messages: Any) -> str:
     return "\n".join(lines)
 
 
-def generation_metrics(response_mask: torch.Tensor, seconds: float) -> dict[str, float]:
+def generation_metrics(
+    response_mask: torch.Tensor, seconds: float, attended: torch.Tensor | None = None
+) -> dict[str, float]:
     """Throughput and response-length statistics of one generate call.
 
-    response_mask: (batch*n, response_len). The clip ratio is the share of responses cut at the length limit.
+    response_mask: (batch*n, response_len), the model's tokens. The clip ratio is the share of responses cut at the
+    length limit, measured on ``attended`` (the response part of the attention mask) when given: a multi-turn
+    trajectory's span holds tool results too, which the response mask leaves out.
     """
     lengths = response_mask.sum(-1).float()
+    spans = lengths if attended is None else attended.sum(-1).float()
     max_length = response_mask.shape[-1]
     total_tokens = float(lengths.sum())
     return {
@@ -283,7 +288,7 @@ def generation_metrics(response_mask: torch.Tensor, seconds: float) -> dict[str,
         "rollout/gen_responses": float(len(lengths)),
         "rollout/response_length/mean": float(lengths.mean()) if len(lengths) else 0.0,
         "rollout/response_length/max": float(lengths.max()) if len(lengths) else 0.0,
-        "rollout/response_length/clip_ratio": float((lengths >= max_length).float().mean()) if len(lengths) else 0.0,
+        "rollout/response_length/clip_ratio": float((spans >= max_length).float().mean()) if len(lengths) else 0.0,
     }
 
 

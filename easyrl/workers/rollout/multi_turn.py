@@ -884,7 +884,8 @@ class MultiTurnRollout(BaseRollout):
             self._release_envs(trajectories)
             if self.env_rewards:  # added to the reward function's overall by the scorer (TRL's contract)
                 data.non_tensor_batch["env_get_reward"] = rewards
-        metrics = generation_metrics(response_mask, timer.seconds)
+        width = response_mask.shape[-1]
+        metrics = generation_metrics(response_mask, timer.seconds, data.batch["attention_mask"][:, -width:])
         metrics.update(multi_turn_metrics(trajectories, tool_seconds, env=stepped or tool_env, tools=not stepped))
         if tool_env:
             metrics["rollout/multi_turn/reset_differs"] = float(reset_differs)
