@@ -61,6 +61,26 @@ def test_validation_samples_decode_the_whole_attended_response(tokenizer):
     assert sample["response"] == "call\ntool\n7\nIt is 7."  # the tool's result too, special tokens dropped
     assert sample["prompt"] == "<|im_start|>user\nWhat is 3+4?<|im_end|>\n<|im_start|>assistant\n"
     assert sample["score"] == 1.0 and sample["step"] == 2
+    # a vision-language prompt: the actor's copy expands each picture's pad to its vision tokens, the engine's
+    # (raw_prompt_ids) holds one pad a picture; the logged prompt is the engine's, as `easyrl generate` writes it
+    engine_prompt = encode("<|im_start|>user\n<pad>What is 3+4?<|im_end|>\n<|im_start|>assistant\n")
+    expanded = encode("<|im_start|>user\n<pad><pad><pad><pad>What is 3+4?<|im_end|>\n<|im_start|>assistant\n")
+    raw = np.empty(1, dtype=object)  # an object array of token lists, as the dataset's raw_prompt_ids
+    raw[0] = engine_prompt
+    vl = DataProto.from_dict(
+        tensors={
+            "prompts": torch.tensor([expanded]),
+            "responses": torch.tensor([answer]),
+            "response_mask": torch.ones(1, len(answer), dtype=torch.long),
+            "attention_mask": torch.ones(1, len(expanded) + len(answer), dtype=torch.long),
+        },
+        non_tensors={
+            "ground_truth": np.array(["7"], dtype=object),
+            "raw_prompt_ids": raw,
+        },
+    )
+    (sample,) = PPOTrainer._decode_samples(SimpleNamespace(global_step=2, tokenizer=tokenizer), vl, [1.0])
+    assert sample["prompt"] == "<|im_start|>user\n<pad>What is 3+4?<|im_end|>\n<|im_start|>assistant\n"
 
 
 # ChatML with the tool role written as `observation`: a template a user gives in data.override_chat_template

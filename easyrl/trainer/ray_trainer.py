@@ -612,10 +612,14 @@ class PPOTrainer:
     def _decode_samples(self, batch: DataProto, scores: list[float]) -> list[dict[str, Any]]:
         out = []
         for i in range(len(batch)):
-            # the attended prompt: the pad token is often the model's end-of-turn token (SmolLM2, Qwen), which the
-            # prompt's chat template writes after every turn
-            prompt = batch.batch["prompts"][i]
-            prompt = prompt[batch.batch["attention_mask"][i, : prompt.shape[-1]].bool()]
+            # the prompt as the engine read it (raw_prompt_ids): one vision pad per picture, as `easyrl generate`
+            # writes it, not the hundreds the actor's copy expands it to; else the attended prompt (the pad token is
+            # often the model's end-of-turn token, which the chat template writes after every turn)
+            if "raw_prompt_ids" in batch.non_tensor_batch:
+                prompt = list(batch.non_tensor_batch["raw_prompt_ids"][i])
+            else:
+                prompt = batch.batch["prompts"][i]
+                prompt = prompt[batch.batch["attention_mask"][i, : prompt.shape[-1]].bool()]
             # the attended response: a multi-turn rollout's tool results are in it (response_mask has only the model's)
             responses = batch.batch["responses"][i]
             response = responses[batch.batch["attention_mask"][i, -responses.shape[-1] :].bool()]
