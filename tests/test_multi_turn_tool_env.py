@@ -633,6 +633,11 @@ def test_rows_advertise_their_own_environments_tools_and_a_row_naming_none_is_sk
     assert prompts[0].startswith("TOOLS: calculator(expression) increment(step)<user>count")
     assert prompts[1].startswith("TOOLS: calculator(expression) echo(text)<user>say")
     assert dataset[0]["row_columns"]["environment"] == "counter"
+    # no such column at all: one refusal naming it, not each row skipped with "its `environment` is None"
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text("".join(json.dumps({k: v for k, v in row.items() if k != "environment"}) + "\n" for row in rows))
+    with pytest.raises(KeyError, match=r"no column `environment`: with several environments \(worker.rollout"):
+        RLHFDataset(str(bare), tokenizer, None, config, tools=tools, carry_columns=True)
 
 
 def test_check_reads_several_environments_and_refuses_a_stepped_one_among_them(

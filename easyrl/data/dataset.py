@@ -547,6 +547,13 @@ class RLHFDataset(Dataset):
         filled = self._fill_env_columns(env_prompts) if (env_prompts or answer_optional) and len(self.rows) else []
         config = self.config
         self._check_columns(processor)
+        if isinstance(tools, dict) and not env_prompts and ENVIRONMENT_COLUMN not in self.rows.column_names:
+            # said once for the file, not once for each of its rows
+            raise KeyError(
+                f"{config_key}: no column `{ENVIRONMENT_COLUMN}`: with several environments "
+                f"(worker.rollout.multi_turn.env: {', '.join(tools)}) each row names the one it runs in there. The "
+                f"columns are {self.rows.column_names}."
+            )
         if config.answer_key not in filled:
             self._warn_empty_answers()
         media_dirs = tuple(folder for folder in (config.image_dir, data_folder(data_path)) if folder)
