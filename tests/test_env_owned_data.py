@@ -100,6 +100,8 @@ def test_each_training_prompt_is_the_template_rendering_of_its_reset_text(tokeni
     assert val_loader is None and len(train_loader.dataset) == 3
     prompts = next(iter(train_loader))
     assert prompts.non_tensor_batch["data_source"].tolist() == [ENV_PROMPTS] * 3
+    # warnings name a prompt as the environment's: there is no data.train_files to find a row in
+    assert train_loader.dataset.place(2) == "the environment's prompt 2"
 
     done = tokenizer.encode("Done.", add_special_tokens=False) + [tokenizer.eos_token_id]
     engine, llm = scripted_engine(tokenizer, {i: [done] for i in range(3)}, 32)

@@ -105,6 +105,8 @@ def text_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
 ENVIRONMENT_COLUMN = "environment"
 # the prompt of a row whose task a tool environment's reset gives (TRL's placeholder): an empty user message
 ENV_EMPTY_PROMPT = [{"role": "user", "content": ""}]
+# The name (and data_source) of the prompts of a tool environment that owns the data (no data.train_files).
+ENV_PROMPTS = "environment"
 
 
 class UnusableRowError(ValueError):
@@ -543,6 +545,7 @@ class RLHFDataset(Dataset):
         self.tokenizer = tokenizer
         self.data_path = data_path
         self.rows, self.places = load_rows_and_places(data_path, config_key) if rows is None else (rows, RowPlaces())
+        self.env_owned = rows is not None and data_path == ENV_PROMPTS  # loader.env_prompt_dataset's rows
         self.source_name = os.path.splitext(os.path.basename(data_path.split("@")[0].rstrip("/")))[0] or data_path
         filled = self._fill_env_columns(env_prompts) if (env_prompts or answer_optional) and len(self.rows) else []
         config = self.config
@@ -910,7 +913,10 @@ class RLHFDataset(Dataset):
         return self._count_sources(self.rows, self.row_index)
 
     def place(self, index: int) -> str:
-        """Where row ``index`` is: ``data.train_files math.jsonl row 17`` (rows numbered from 0 in each file)."""
+        """Where row ``index`` is: ``data.train_files math.jsonl row 17`` (rows numbered from 0 in each file), or
+        ``the environment's prompt 17`` when the environment owns the data (there is no data.train_files then)."""
+        if self.env_owned:
+            return f"the environment's prompt {index}"
         file, row = self.places.file_and_row(index)
         return f"{self.config_key} {file or os.path.basename(self.data_path.rstrip('/'))} row {row}"
 

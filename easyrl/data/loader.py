@@ -12,11 +12,7 @@ from torchdata.stateful_dataloader.sampler import RandomSampler
 
 from ..config import DataConfig
 from .collate import collate_fn
-from .dataset import ENV_EMPTY_PROMPT, RLHFDataset
-
-
-# The name (and data_source) of the prompts of a tool environment that owns the data.
-ENV_PROMPTS = "environment"
+from .dataset import ENV_EMPTY_PROMPT, ENV_PROMPTS, RLHFDataset
 
 
 def create_dataloaders(
