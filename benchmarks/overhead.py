@@ -40,7 +40,7 @@ def main() -> None:
     add_recipe_args(parser)
     args = parser.parse_args()
 
-    from easyrl.workers.fsdp_utils import to_dtype
+    from easyrl.utils.torch_functional import to_dtype
 
     run = run_recipe(args)
     rows, recorder = run.rows, run.recorder

@@ -24,7 +24,7 @@ from ..models import attention, lora, vision, vision_encoder
 from ..models.checkpoint_layout import released_dtype, save_pretrained_in_released_layout
 from ..utils import device
 from ..utils.remote_code import naming_the_remote_code_key
-from ..utils.torch_functional import DTYPES, to_dtype  # noqa: F401 (fsdp_utils.to_dtype, as before)
+from ..utils.torch_functional import to_dtype
 
 
 logger = logging.getLogger(__name__)
