@@ -161,14 +161,13 @@ def generate_shapes_sft(split: str = "train") -> list[dict]:
     in scripts/shapes_vlm_probe.py: in natural pictures the count goes with how full the picture is, an easy first
     cue."""
     spec = ShapesSpec()
+    test = _test_pictures(spec)
     if split == "train":
-        drawn = _balanced_questions(SFT_SEED, SFT_ROWS, _test_pictures(spec), spec)
+        drawn = _balanced_questions(SFT_SEED, SFT_ROWS, test, spec)
     elif split == "test":
         trained_on = [layout for layout, _, _ in _drawn_questions("train", None, spec)]
-        trained_on += [
-            layout for layout, _, _, _ in _balanced_questions(SFT_SEED, SFT_ROWS, _test_pictures(spec), spec)
-        ]
-        seen = _test_pictures(spec) | {_same_picture(layout) for layout in trained_on}
+        trained_on += [layout for layout, _, _, _ in _balanced_questions(SFT_SEED, SFT_ROWS, test, spec)]
+        seen = test | {_same_picture(layout) for layout in trained_on}
         drawn = _balanced_questions(SFT_TEST_SEED, SFT_TEST_ROWS, seen, spec)
     else:
         raise ValueError(f"Unknown shapes_sft split {split!r}; choose 'train' or 'test'.")
