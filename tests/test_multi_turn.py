@@ -40,12 +40,14 @@ import time
 from easyrl.workers.rollout.multi_turn import ToolCall, register_tool_call_parser
 
 
-def echo(text: str) -> str:
+def echo(text: str, times: int = 1) -> str:
     """Answer ok.
 
     Args:
         text: Anything.
+        times: How often.
     """
+    assert isinstance(times, int)
     return "ok"
 
 
@@ -62,7 +64,8 @@ def hang() -> str:
 
 @register_tool_call_parser("every_turn")
 def every_turn(text):
-    return [ToolCall("echo", {"text": text[:5]}), ToolCall("boom", {}), ToolCall("hang", {})]
+    # `times` as a string, as small models write numbers: read as the integer the schema advertises, and counted
+    return [ToolCall("echo", {"text": text[:5], "times": "1"}), ToolCall("boom", {}), ToolCall("hang", {})]
 
 
 TOOLS = [echo, boom, hang]
@@ -140,6 +143,102 @@ def test_tools_run_concurrently_and_a_raising_or_hanging_tool_becomes_a_counted_
     assert results[6] == ToolResult("Error: parse", error=True)
     assert [r.error for r in results] == [False, False, True, True, True, True, True]
     assert 1.0 <= elapsed < 2.0 and seconds == pytest.approx(elapsed, abs=0.05)  # the hung call did not hold the step
+
+
+TYPED_TOOLS = '''
+from typing import Optional
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first.
+        b: The second.
+    """
+    return a + b
+
+
+def configure(enabled: bool, scale: Optional[float] = None, ids: Optional[list[int]] = None) -> str:
+    """Set a flag.
+
+    Args:
+        enabled: Whether it is on.
+        scale: A factor.
+        ids: Some ids.
+    """
+    return f"{enabled!r} {scale!r} {ids!r}"
+
+
+def lookup(key):
+    return f"key {key!r}"
+
+
+lookup.schema = {
+    "type": "function",
+    "function": {"name": "lookup", "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}},
+}
+
+
+class Counter:
+    def reset(self, **columns):
+        self.total = 0
+
+    def bump(self, by: int) -> str:
+        """Add to the count.
+
+        Args:
+            by: How much.
+        """
+        self.total += by
+        return str(self.total)
+
+
+TOOLS = [add, configure, lookup]
+'''
+
+
+def test_tool_arguments_are_read_as_their_schemas_types_or_refused_before_the_tool_runs(tmp_path, caplog):
+    """A tool typed `int` got the string "2" a model wrote and computed "2" + "3" = "23"; "false" switched a flag on.
+    A value whose text says the advertised type is read as it (and counted); any other is the model's error."""
+    path = tmp_path / "typed.py"
+    path.write_text(TYPED_TOOLS)
+    tools = load_tools(str(path))
+    env = tool_files.load_env_class(f"{path}:Counter")()
+    env.reset()
+    tools["bump"] = env.bump  # a tool environment's method, as a trajectory's tools hold it
+    calls = [
+        ToolCall("add", {"a": "2", "b": "3"}),
+        ToolCall("add", {"a": 2.0, "b": 3}),
+        ToolCall("configure", {"enabled": "false", "scale": "1.5", "ids": "[1, 2]"}),
+        ToolCall("configure", {"enabled": True, "scale": None, "ids": [1, 2]}),
+        ToolCall("lookup", {"key": 42}),
+        ToolCall("bump", {"by": " 4 "}),
+        ToolCall("add", {"a": "2x", "b": 1}),
+        ToolCall("add", {"a": True, "b": 1}),
+        ToolCall("configure", {"enabled": 1}),
+        ToolCall("configure", {"enabled": False, "ids": [1, "x"]}),
+        ToolCall("add", {"a": [1], "b": 2}),
+    ]
+    multi_turn._warned_coercions.clear()  # logged once per tool and process
+    with caplog.at_level("WARNING"):
+        results, _ = run_tool_calls(calls, tools, timeout=5.0)
+    assert [(r.content, r.error, r.coerced) for r in results] == [
+        ("5", False, 2),
+        ("5", False, 1),
+        ("False 1.5 [1, 2]", False, 3),
+        ("True None [1, 2]", False, 0),
+        ("key '42'", False, 1),
+        ("4", False, 1),
+        ('Error: add: argument "a" must be an integer; got "2x" (a string).', True, 0),
+        ('Error: add: argument "a" must be an integer; got true (a boolean).', True, 0),
+        ('Error: configure: argument "enabled" must be a boolean; got 1 (an integer).', True, 0),
+        ('Error: configure: argument "ids[1]" must be an integer; got "x" (a string).', True, 0),
+        ('Error: add: argument "a" must be an integer; got [1] (an array).', True, 0),
+    ]
+    assert env.total == 4
+    warned = [r.getMessage() for r in caplog.records if "read as the advertised type" in r.getMessage()]
+    assert any(m.startswith("Tool 'add' got arguments") and "\"a\" = '2' read as an integer" in m for m in warned)
 
 
 def test_a_tool_calling_sys_exit_is_an_error_of_that_call_not_a_timeout():
@@ -619,6 +718,7 @@ def test_engine_trajectories_mask_exactly_the_model_tokens_and_match_the_actor(m
     assert metrics["rollout/multi_turn/turns/mean"] == 3 and metrics["rollout/multi_turn/max_turns_reached"] == 8
     assert metrics["rollout/multi_turn/tool_calls"] == 8 * 2 * 3
     assert metrics["rollout/multi_turn/tool_errors"] == 8 * 2 * 2 and metrics["rollout/multi_turn/tool_timeouts"] == 16
+    assert metrics["rollout/multi_turn/tool_args_coerced"] == 8 * 2
     assert metrics["rollout/multi_turn/tool_seconds"] >= 2 * TOOL_TIMEOUT
     # the actor scores the whole sequence (tool tokens as context): equal to vLLM's on the model's tokens
     actor = multi_turn_worker.compute_log_probs(out).batch["old_log_probs"]

@@ -5,6 +5,9 @@ without importing either."""
 import enum
 import functools
 import inspect
+import json
+import math
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -88,6 +91,152 @@ def enum_arguments(fn: Callable, arguments: dict) -> dict:
         else value
         for name, value in arguments.items()
     }
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a call's arguments against the schema the model was shown
+# ----------------------------------------------------------------------------------------------------------------------
+class ToolArgumentError(ValueError):
+    """A tool call's argument is not of the type its schema advertises, and no lossless reading makes it one."""
+
+
+_JSON_TYPE_NAMES = {
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "a boolean",
+    "array": "an array",
+    "object": "an object",
+    "null": "null",
+}
+_INTEGER_TEXT = re.compile(r"\s*[+-]?\d+\s*")
+_NUMBER_TEXT = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*")
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON type name of a parsed argument value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, (list, tuple)) else "object" if isinstance(value, dict) else type(value).__name__
+
+
+def _is_of(value: Any, kind: str) -> bool:
+    found = _json_kind(value)
+    return found == kind or (kind == "number" and found == "integer")
+
+
+_NO_READING = object()
+
+
+def _read_as(value: Any, kind: str) -> Any:
+    """``value`` read losslessly as JSON type ``kind``, or _NO_READING: a string that holds the literal of an integer,
+    a number, a boolean, an array or an object; an integral float as an integer; a number as its text."""
+    if isinstance(value, str):
+        if kind == "integer" and _INTEGER_TEXT.fullmatch(value):
+            return int(value)
+        if kind == "number" and _NUMBER_TEXT.fullmatch(value) and math.isfinite(float(value)):
+            return float(value)
+        if kind == "boolean" and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        if kind in ("array", "object"):
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                return _NO_READING
+            return parsed if _is_of(parsed, kind) else _NO_READING
+    elif kind == "integer" and isinstance(value, float) and value.is_integer():
+        return int(value)
+    elif kind == "string" and _json_kind(value) in ("integer", "number"):
+        return json.dumps(value)
+    return _NO_READING
+
+
+def _conform(value: Any, schema: Any, where: str, coerced: list[str]) -> Any:
+    """``value`` as the JSON schema ``schema`` types it (recursing into arrays' items and objects' properties), with
+    each lossless re-reading described in ``coerced``; raises ToolArgumentError for a value of another type. A schema
+    without a ``type`` (an untyped parameter) takes anything."""
+    if not isinstance(schema, dict) or "type" not in schema:
+        return value
+    kinds = [schema["type"]] if isinstance(schema["type"], str) else list(schema["type"])
+    if schema.get("nullable"):
+        kinds.append("null")
+    if not any(_is_of(value, kind) for kind in kinds):
+        for kind in kinds:
+            reading = _read_as(value, kind)
+            if reading is not _NO_READING:
+                coerced.append(f'"{where}" = {short_repr(value, 40)} read as {_JSON_TYPE_NAMES.get(kind, kind)}')
+                value = reading
+                break
+        else:
+            wanted = " or ".join(_JSON_TYPE_NAMES.get(kind, str(kind)) for kind in kinds)
+            got = _JSON_TYPE_NAMES.get(_json_kind(value), _json_kind(value))
+            shown = json.dumps(value, ensure_ascii=False, default=str)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise ToolArgumentError(f'argument "{where}" must be {wanted}; got {shown} ({got})')
+    if isinstance(value, (list, tuple)):
+        positions = schema.get("prefixItems") or []
+        return [
+            _conform(item, positions[i] if i < len(positions) else schema.get("items"), f"{where}[{i}]", coerced)
+            for i, item in enumerate(value)
+        ]
+    if isinstance(value, dict) and isinstance(schema.get("properties"), dict):
+        properties = schema["properties"]
+        return {key: _conform(item, properties.get(key), f"{where}.{key}", coerced) for key, item in value.items()}
+    return value
+
+
+def _parameter_schemas(schema: dict) -> dict:
+    function = schema.get("function", schema)
+    parameters = function.get("parameters") if isinstance(function, dict) else None
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    return properties if isinstance(properties, dict) else {}
+
+
+def _read_parameters(fn: Callable, method: bool) -> dict:
+    try:
+        return _parameter_schemas(tool_schema(fn, method))
+    except Exception:  # no schema to read (a library caller's undocumented function): nothing was advertised
+        return {}
+
+
+_cached_parameters = functools.lru_cache(maxsize=1024)(_read_parameters)
+
+
+def shown_parameters(fn: Callable) -> dict:
+    """name -> JSON schema of each parameter of the tool ``fn`` as the prompts advertise it (a tool environment's
+    bound method: read from its class's function, as env_tool_schemas reads it)."""
+    own = getattr(fn, "schema", None)
+    if own is not None:
+        return _parameter_schemas(own) if isinstance(own, dict) else {}
+    function = getattr(fn, "__func__", None)
+    target, method = (function, True) if function is not None else (fn, False)
+    try:
+        return _cached_parameters(target, method)
+    except TypeError:  # an unhashable callable
+        return _read_parameters(target, method)
+
+
+def checked_arguments(fn: Callable, arguments: dict) -> tuple[dict, list[str]]:
+    """A tool call's ``arguments`` against the parameter types of the schema the model was shown (``shown_parameters``):
+    a value of another type is read as the advertised one where its text says the same (the string "2" as the integer
+    2, "false" as false, 2.0 as 2, a number as its text, a JSON array or object sent as a string) and described in the
+    returned list; a value no reading fits raises ToolArgumentError, which the model gets as its error. Without this
+    check a tool typed ``int`` would get "2" and compute "2" + "3" = "23". Arguments the schema does not name are left
+    to the call (Python refuses them)."""
+    parameters, coerced = shown_parameters(fn), []
+    checked = {
+        name: _conform(value, parameters[name], name, coerced) if name in parameters else value
+        for name, value in arguments.items()
+    }
+    return checked, coerced
 
 
 def _named_schemas(functions: list[Callable], where: str, key: str, method: bool = False) -> dict[str, dict]:

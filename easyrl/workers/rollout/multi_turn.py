@@ -72,7 +72,9 @@ from ..tool_files import (
     ENV_KEY,
     ROW_ARGUMENT,
     TOOLS_KEY,
+    ToolArgumentError,
     check_tool_names,
+    checked_arguments,
     enum_arguments,
     env_specs,
     env_tool_methods,
@@ -135,6 +137,8 @@ class ToolResult:
     timed_out: bool = False
     pictures: list = field(default_factory=list)
     """The PIL images of the image parts of ``content``, in order."""
+    coerced: int = 0
+    """Arguments of the call read as the type the tool's schema advertises (the string "2" as the integer 2)."""
 
     def __post_init__(self) -> None:
         self.content = encodable(self.content)
@@ -180,12 +184,27 @@ def _content_item(item: Any) -> Any:
     return picture if isinstance(picture, Image.Image) else load_image(picture)
 
 
-def _call(fn: Callable, arguments: dict, row: Optional[dict] = None) -> Any:
+_warned_coercions: set[str] = set()  # the tools whose argument re-reading was logged (once per tool and process)
+
+
+def _call(fn: Callable, name: str, arguments: dict, row: Optional[dict] = None) -> tuple[Any, int]:
+    """The tool's result and how many of its arguments were read as their advertised type (tool_files.checked_arguments);
+    raises what the tool raises, and ToolArgumentError for an argument of another type."""
+    arguments, coerced = checked_arguments(fn, arguments)
+    if coerced and name not in _warned_coercions:
+        _warned_coercions.add(name)
+        logger.warning(
+            "Tool %r got arguments of another type than its schema advertises, read as the advertised type: %s "
+            "(counted in rollout/multi_turn/tool_args_coerced; logged once per tool). An argument no such reading fits "
+            "answers the model with an error, counted in tool_errors.",
+            name,
+            ", ".join(coerced),
+        )
     arguments = enum_arguments(fn, arguments)
     if takes_row(fn):
         arguments = {**arguments, ROW_ARGUMENT: row}
     result = fn(**arguments)
-    return resolved(result)
+    return resolved(result), len(coerced)
 
 
 def run_tool_calls(
@@ -211,8 +230,11 @@ def run_tool_calls(
     def work(index: int, call: ToolCall) -> None:
         try:
             fn = tools_of(index)[call.name]
-            content, pictures = to_content(_call(fn, call.arguments, rows[index] if rows else None))
-            results[index] = ToolResult(content, pictures=pictures)
+            value, coerced = _call(fn, call.name, call.arguments, rows[index] if rows else None)
+            content, pictures = to_content(value)
+            results[index] = ToolResult(content, pictures=pictures, coerced=coerced)
+        except ToolArgumentError as err:  # the tool did not run
+            results[index] = ToolResult(f"Error: {call.name}: {err}.", error=True)
         except (Exception, SystemExit) as err:  # the model reads what went wrong; the step goes on
             results[index] = ToolResult(f"Error: {call.name} raised {type(err).__name__}: {err}", error=True)
 
@@ -630,6 +652,7 @@ class Trajectory:
     tool_calls: int = 0
     tool_errors: int = 0
     tool_timeouts: int = 0
+    tool_args_coerced: int = 0
     env: Any = None  # this trajectory's environment instance (worker.rollout.multi_turn.env)
     prompt_insert: list[int] = field(default_factory=list)  # a tool environment's reset text, in the last user message
     prompt_pictures: list = field(default_factory=list)  # the reset's pictures (in prompt_insert, after the row's)
@@ -712,6 +735,7 @@ def multi_turn_metrics(
         metrics["rollout/multi_turn/tool_calls"] = float(sum(t.tool_calls for t in trajectories))
         metrics["rollout/multi_turn/tool_errors"] = float(sum(t.tool_errors for t in trajectories))
         metrics["rollout/multi_turn/tool_timeouts"] = float(sum(t.tool_timeouts for t in trajectories))
+        metrics["rollout/multi_turn/tool_args_coerced"] = float(sum(t.tool_args_coerced for t in trajectories))
     metrics["rollout/multi_turn/tool_seconds" if tools else "rollout/multi_turn/env_seconds"] = tool_seconds
     metrics["rollout/multi_turn/truncated"] = float(sum(t.truncated for t in trajectories))
     metrics["rollout/multi_turn/max_turns_reached"] = float(sum(t.max_turns_reached for t in trajectories))
@@ -1285,6 +1309,7 @@ class MultiTurnRollout(BaseRollout):
         t.tool_calls += len(calls)
         t.tool_errors += sum(r.error for r in results)
         t.tool_timeouts += sum(r.timed_out for r in results)
+        t.tool_args_coerced += sum(r.coerced for r in results)
         messages = self.renderer.messages(calls, results)
         t.messages += messages
         self._append_context(t, messages, pictures, budget)
