@@ -125,7 +125,9 @@ def _json_kind(value: Any) -> str:
         return "number"
     if isinstance(value, str):
         return "string"
-    return "array" if isinstance(value, (list, tuple)) else "object" if isinstance(value, dict) else type(value).__name__
+    return (
+        "array" if isinstance(value, (list, tuple)) else "object" if isinstance(value, dict) else type(value).__name__
+    )
 
 
 def _is_of(value: Any, kind: str) -> bool:
