@@ -477,6 +477,44 @@ def test_generate_without_a_reward_writes_the_samples_unscored(tiny_model_path, 
     assert all(row["settings"]["reward_function"] is None for row in rows)
 
 
+def test_eval_sums_each_samples_tool_counts_per_source_and_warns_when_most_tool_calls_failed(caplog):
+    """eval and generate dropped the multi-turn counts: a score measured with every tool call failing (a sandbox or
+    API that was down) looked like any other."""
+    from easyrl.trainer.evaluate import format_table, summarize
+    from easyrl.trainer.generate import describe_multi_turn, multi_turn_totals, warn_failing_tools
+
+    def sample(turns, calls, errors, late, cut=0):
+        return {"turns": turns, "tool_calls": calls, "tool_errors": errors, "tool_timeouts": late,
+                "tool_args_coerced": 0, "truncated": cut, "max_turns_reached": int(turns == 3)}  # fmt: skip
+
+    rows = [
+        {"index": 0, "data_source": "math", "multi_turn": [sample(3, 2, 2, 1), sample(1, 0, 0, 0)]},
+        {"index": 1, "data_source": "math", "multi_turn": [sample(2, 1, 1, 0, cut=1), sample(2, 1, 0, 0)]},
+        {"index": 2, "data_source": "code", "multi_turn": [sample(3, 4, 4, 4), sample(3, 4, 3, 3)]},
+        {"index": 3, "data_source": "code"},  # a row an older easyrl wrote: not counted
+    ]
+    for row in rows:
+        row["scores"] = [{"overall": 0.0}, {"overall": 1.0}]
+    totals = multi_turn_totals(rows)
+    assert totals["math"] == {
+        "prompts": 2, "samples": 4, "turns_max": 3, "turns_mean": 2.0, "tool_calls": 4, "tool_errors": 3,
+        "tool_timeouts": 1, "tool_args_coerced": 0, "truncated": 1, "max_turns_reached": 1,
+    }  # fmt: skip
+    assert totals["code"]["tool_calls"] == 8 and totals["code"]["tool_timeouts"] == 7
+    line = describe_multi_turn(totals)
+    assert line == (
+        "multi-turn over 3 prompts: 12 tool calls, 10 answered with an error (8 of them timed out); turns 2.33 mean, "
+        "3 max; 1 of 6 samples cut at data.max_response_length, 3 stopped at worker.rollout.multi_turn.max_turns"
+    )
+    results = summarize(rows)
+    results["multi_turn"] = totals
+    assert f"({line}; per source in the JSON's `multi_turn`)" in format_table(results).splitlines()
+    with caplog.at_level("WARNING"):
+        warn_failing_tools(totals, "eval_generations.jsonl")
+    assert "10 of 12 tool calls answered the model with an error (8 timed out)" in caplog.text
+    assert multi_turn_totals([{k: v for k, v in row.items() if k != "multi_turn"} for row in rows]) == {}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 def test_generate_with_tools_writes_each_samples_turns(tiny_model_path, val_file, tmp_path):
@@ -484,11 +522,16 @@ def test_generate_with_tools_writes_each_samples_turns(tiny_model_path, val_file
     model's text and a tool's could not be told apart."""
     tools = f"worker.rollout.multi_turn.tools={REPO_ROOT / 'tools' / 'calculator.py'}"
     args = _without_reward(_args(tiny_model_path, val_file, tmp_path, tools, "data.max_response_length=24"))
-    _run("generate", args, tmp_path / "generate.log")
+    log = _run("generate", args, tmp_path / "generate.log")
     rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == len(PROMPTS)
+    calls = sum(sample["tool_calls"] for row in rows for sample in row["multi_turn"])
+    assert f"multi-turn over {len(PROMPTS)} prompts: {calls} tool calls, " in log
     for row in rows:
-        assert len(row["messages"]) == len(row["responses"]) == 4
+        assert len(row["messages"]) == len(row["responses"]) == len(row["multi_turn"]) == 4
+        assert [s["turns"] for s in row["multi_turn"]] == [
+            sum(m["role"] == "assistant" for m in t) for t in row["messages"]
+        ]
         for messages, response in zip(row["messages"], row["responses"]):
             assert messages[0]["role"] == "assistant" and {m["role"] for m in messages} <= {"assistant", "tool"}
             if len(messages) == 1:  # answered without a tool call: the one turn is the response

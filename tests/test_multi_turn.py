@@ -719,6 +719,11 @@ def test_engine_trajectories_mask_exactly_the_model_tokens_and_match_the_actor(m
     assert metrics["rollout/multi_turn/tool_calls"] == 8 * 2 * 3
     assert metrics["rollout/multi_turn/tool_errors"] == 8 * 2 * 2 and metrics["rollout/multi_turn/tool_timeouts"] == 16
     assert metrics["rollout/multi_turn/tool_args_coerced"] == 8 * 2
+    # the same counts per sample, which `easyrl generate` / `easyrl eval` write into each row and sum
+    counts = out.non_tensor_batch["multi_turn_counts"]
+    assert len(counts) == len(out) and all(c["turns"] == 3 and c["max_turns_reached"] == 1 for c in counts)
+    for name in ("tool_calls", "tool_errors", "tool_timeouts", "tool_args_coerced", "truncated"):
+        assert sum(c[name] for c in counts) == metrics[f"rollout/multi_turn/{name}"], name
     assert metrics["rollout/multi_turn/tool_seconds"] >= 2 * TOOL_TIMEOUT
     # the actor scores the whole sequence (tool tokens as context): equal to vLLM's on the model's tokens
     actor = multi_turn_worker.compute_log_probs(out).batch["old_log_probs"]

@@ -14,6 +14,10 @@ The numbers cover the prompts the dataset kept: rows it skipped when reading dat
 data.max_prompt_length with data.filter_overlong_prompts) are in no score. So that a score over 8 of a benchmark's
 16 rows never reads as one over all of them, each source reports the rows the file holds and how many were skipped
 (the log names each skipped row and why); a source whose every row was skipped is reported with no score.
+
+A multi-turn run also reports, per source, what its tools and environments did (`multi_turn`: tool calls, how many
+answered with an error or timed out, turns, samples cut at the length limit): a sandbox or API that was down reads
+as a weak model in pass@k otherwise.
 """
 
 import json
@@ -29,9 +33,12 @@ from .generate import (
     EVAL_SEED_KIND,
     FAILED_KEY,
     default_path,
+    describe_multi_turn,
     generate_file,
     generation_settings,
+    multi_turn_totals,
     read_rows,
+    warn_failing_tools,
 )
 
 
@@ -183,6 +190,8 @@ def format_table(results: dict) -> str:
             f"({results['unjudged']} prompts have samples whose `{key}` is null, the reward function's None: it does "
             f"not apply to them; pass@k and {key}@n leave them out, column `unjudged`)"
         )
+    if results.get("multi_turn"):
+        lines.append(f"({describe_multi_turn(results['multi_turn'])}; per source in the JSON's `multi_turn`)")
     data = results.get("data", {})
     if data.get("truncated"):
         lines.append(
@@ -236,6 +245,10 @@ def run_eval(plan: RunPlan) -> dict:
         results["data"]["max_prompt_length"] = config.data.max_prompt_length
     if results["data"]["skipped"]:
         results["data"]["skipped_reasons"] = f"each skipped row and why: {run.skipped_rows_file}"
+    totals = multi_turn_totals(rows)
+    if totals:  # what the tools and environments did: a down sandbox or API reads as a weak model in pass@k
+        results["multi_turn"] = totals
+        warn_failing_tools(totals, summary.path)
     results["generations"] = summary.path
     results["settings"] = settings  # the model, sampling, seed and reward the numbers are of
     os.makedirs(os.path.dirname(output), exist_ok=True)

@@ -44,7 +44,7 @@ from ..protocol import DataProto
 from ..utils.logging import setup_driver_logging
 from ..workers.reward.scorer import ERRORS_KEY, JUDGE_ERRORS_KEY, named_scores
 from ..workers.rollout.base import GenerationRequest, resolve_sampling
-from ..workers.tool_files import has_tool_env
+from ..workers.tool_files import MULTI_TURN_COUNTS, has_tool_env
 from .checkpoint import input_file_digests, model_weights_fingerprint
 from .ray_trainer import GENERATION_KEYS, generation_non_tensor_keys, join_rollout_output
 
@@ -318,6 +318,7 @@ def generate_to_file(
         # the prompts the samples were generated from: a tool environment's reset may have grown them
         seen = [tokenizer.decode(ids) for ids in batch.non_tensor_batch["raw_prompt_ids"]] if resets_grow else None
         turns = batch.non_tensor_batch.get("messages")
+        counts = batch.non_tensor_batch.get(MULTI_TURN_COUNTS)
         scores: list[dict[str, float]] | None = None
         if reward is not None:
             token_scores, reward_metrics = reward.score(batch)
@@ -339,6 +340,8 @@ def generate_to_file(
                 row["sample_prompts"] = seen[samples]
             if turns is not None:  # a multi-turn rollout: each sample's turns, which text is the model's or a tool's
                 row["messages"] = [list(messages) for messages in turns[samples]]
+            if counts is not None:  # each sample's turns, tool calls and their errors (multi_turn_totals sums them)
+                row["multi_turn"] = [dict(sample) for sample in counts[samples]]
             if scores is not None:
                 row["scores"] = scores[samples]
             if settings is not None:
@@ -355,6 +358,88 @@ def generate_to_file(
             FAILED_KEY,
         )
     return GenerationSummary(path=path, prompts=position, generated=generated, resumed=position - generated)
+
+
+def multi_turn_totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per data source, the multi-turn counts of its rows' samples (``row["multi_turn"]``) summed, with ``turns`` as
+    ``turns_mean`` and ``turns_max`` over the samples and ``prompts`` the rows counted; {} when no row has them (a
+    single-turn run, or rows an older easyrl wrote)."""
+    totals: dict[str, dict[str, float]] = {}
+    for row in rows:
+        samples = row.get("multi_turn")
+        if not samples:
+            continue
+        entry = totals.setdefault(str(row["data_source"]), {"prompts": 0, "samples": 0, "turns": 0, "turns_max": 0})
+        entry["prompts"] += 1
+        for sample in samples:
+            entry["samples"] += 1
+            entry["turns_max"] = max(entry["turns_max"], sample.get("turns", 0))
+            for name, value in sample.items():
+                entry[name] = entry.get(name, 0) + value
+    for entry in totals.values():
+        entry["turns_mean"] = entry.pop("turns") / max(entry["samples"], 1)
+    return dict(sorted(totals.items()))
+
+
+def all_sources(totals: dict[str, dict[str, float]]) -> dict[str, float]:
+    """``multi_turn_totals`` over every source: counts added, ``turns_mean`` weighted by samples, the largest max."""
+    joined: dict[str, float] = {}
+    for entry in totals.values():
+        for name, value in entry.items():
+            if name == "turns_max":
+                joined[name] = max(joined.get(name, 0), value)
+            elif name == "turns_mean":
+                joined[name] = joined.get(name, 0.0) + value * entry["samples"]
+            else:
+                joined[name] = joined.get(name, 0) + value
+    if joined:
+        joined["turns_mean"] /= max(joined["samples"], 1)
+    return joined
+
+
+def describe_multi_turn(totals: dict[str, dict[str, float]]) -> str:
+    """One line of what the tools and environments did over all sources (empty without counts)."""
+    every = all_sources(totals)
+    if not every:
+        return ""
+    parts = []
+    if "tool_calls" in every:
+        calls, errors, late = int(every["tool_calls"]), int(every["tool_errors"]), int(every["tool_timeouts"])
+        part = f"{calls} tool calls, {errors} answered with an error ({late} of them timed out)"
+        if every.get("tool_args_coerced"):
+            part += f", {int(every['tool_args_coerced'])} arguments read as their schema's type"
+        parts.append(part)
+    if "env_errors" in every:
+        parts.append(f"{int(every['env_errors'])} environment errors ({int(every['env_timeouts'])} of them timed out)")
+    parts.append(f"turns {every['turns_mean']:.2f} mean, {int(every['turns_max'])} max")
+    parts.append(
+        f"{int(every['truncated'])} of {int(every['samples'])} samples cut at data.max_response_length, "
+        f"{int(every['max_turns_reached'])} stopped at worker.rollout.multi_turn.max_turns"
+    )
+    return f"multi-turn over {int(every['prompts'])} prompts: " + "; ".join(parts)
+
+
+def warn_failing_tools(totals: dict[str, dict[str, float]], path: str) -> None:
+    """Most tool calls (or environments) failing makes the scores those of the model with tools that did not answer
+    (a sandbox or API that is down), which the numbers alone do not show."""
+    every = all_sources(totals)
+    calls, errors = every.get("tool_calls", 0), every.get("tool_errors", 0)
+    if calls and errors > calls / 2:
+        logger.warning(
+            "%d of %d tool calls answered the model with an error (%d timed out): the scores are of the model with "
+            "tools that mostly did not answer. Each sample's tool messages are in %s.",
+            errors,
+            calls,
+            every["tool_timeouts"],
+            path,
+        )
+    if every.get("env_errors"):
+        logger.warning(
+            "%d environment resets or steps failed (%d timed out), each ending its trajectory; see the log and %s.",
+            every["env_errors"],
+            every["env_timeouts"],
+            path,
+        )
 
 
 def _batches(loader: Any) -> Iterator[DataProto]:
@@ -580,4 +665,9 @@ def run_generate(plan: RunPlan) -> GenerationSummary:
         f"{summary.prompts} prompts x {samples} samples in {summary.path} ({summary.generated} generated now"
         + (f", {summary.resumed} by an earlier run)" if summary.resumed else ")")
     )
+    if config.worker.rollout.multi_turn.enabled:
+        totals = multi_turn_totals(read_rows(path))
+        warn_failing_tools(totals, path)
+        if totals:
+            print(describe_multi_turn(totals))
     return summary

@@ -20,6 +20,9 @@ TOOLS_KEY = "worker.rollout.multi_turn.tools"
 ENV_KEY = "worker.rollout.multi_turn.env"
 
 ROW_ARGUMENT = "row"  # a tool with this parameter gets its trajectory's dataset row (not shown in the schema)
+# a multi-turn rollout's per-sample counts (turns, tool calls, errors, ...) in its output's non-tensor batch, which
+# `easyrl generate` / `easyrl eval` write into each row and sum
+MULTI_TURN_COUNTS = "multi_turn_counts"
 
 
 def takes_row(fn: Callable) -> bool:

@@ -70,6 +70,7 @@ from ...models.vision import text_token_for_sampled_pads
 from ..reward.loader import resolved, short_repr
 from ..tool_files import (
     ENV_KEY,
+    MULTI_TURN_COUNTS,
     ROW_ARGUMENT,
     TOOLS_KEY,
     ToolArgumentError,
@@ -716,6 +717,23 @@ class Trajectory:
         return end < len(expanded)
 
 
+def trajectory_counts(t: Trajectory, env: bool = False, tools: bool = True) -> dict[str, int]:
+    """One trajectory's counts, named as its metrics (``multi_turn_metrics``) are: what `easyrl generate` and `easyrl
+    eval` keep per sample."""
+    counts = {"turns": t.turns}
+    if tools:
+        counts.update(
+            tool_calls=t.tool_calls,
+            tool_errors=t.tool_errors,
+            tool_timeouts=t.tool_timeouts,
+            tool_args_coerced=t.tool_args_coerced,
+        )
+    if env:
+        counts.update(env_errors=t.env_errors, env_timeouts=t.env_timeouts)
+    counts.update(truncated=int(t.truncated), max_turns_reached=int(t.max_turns_reached))
+    return counts
+
+
 def multi_turn_metrics(
     trajectories: list[Trajectory], tool_seconds: float, env: bool = False, tools: bool = True
 ) -> dict[str, float]:
@@ -892,6 +910,9 @@ class MultiTurnRollout(BaseRollout):
             response_mask[i, : len(mask)] = torch.tensor(mask, dtype=response_mask.dtype)
         data.batch["response_mask"] = response_mask
         data.non_tensor_batch["messages"] = _object_array(repeat_greedy([t.messages for t in trajectories], settings))
+        counted = {"env": stepped or tool_env, "tools": not stepped}
+        counts = [trajectory_counts(t, **counted) for t in trajectories]
+        data.non_tensor_batch[MULTI_TURN_COUNTS] = _object_array(repeat_greedy(counts, settings))
         if any(t.pictures or t.prompt_pictures for t in trajectories):
             self._add_pictures(data, repeat_greedy(trajectories, settings), budget)
         rewards = np.array(repeat_greedy([t.env_reward for t in trajectories], settings), dtype=np.float64)
@@ -910,7 +931,7 @@ class MultiTurnRollout(BaseRollout):
                 data.non_tensor_batch["env_get_reward"] = rewards
         width = response_mask.shape[-1]
         metrics = generation_metrics(response_mask, timer.seconds, data.batch["attention_mask"][:, -width:])
-        metrics.update(multi_turn_metrics(trajectories, tool_seconds, env=stepped or tool_env, tools=not stepped))
+        metrics.update(multi_turn_metrics(trajectories, tool_seconds, **counted))
         if tool_env:
             metrics["rollout/multi_turn/reset_differs"] = float(reset_differs)
             metrics.update(self._env_reward_by_name(trajectories))
