@@ -150,3 +150,16 @@ def test_tools_a_template_does_not_list_are_named_in_a_warning_unless_the_users_
     assert "(calculator), and neither data.format_prompt nor the first row's prompt names them" in caplog.text
     assert not warned(override_chat_template=str(listing))  # a template that lists them
     assert not warned(format_prompt=str(naming))  # the user's prompt template describes it
+
+    # a tool's name inside another word is not the prompt naming it: "calc" is not in "calculator"
+    calc = {"type": "function", "function": {"name": "calc", "description": "Add.", "parameters": {}}}
+    template_module._warn_unshown_tools.cache_clear()
+    caplog.clear()
+    RLHFDataset(
+        str(path),
+        tokenizer,
+        None,
+        data_config(max_prompt_length=128, format_prompt=str(naming)),
+        tools=[*schemas, calc],
+    )
+    assert "(calc), and neither data.format_prompt nor the first row's prompt names them" in caplog.text

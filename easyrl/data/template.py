@@ -380,7 +380,10 @@ class ChatTemplate:
     def warn_unshown_tools(self, tool_names: list[str], described_in: str) -> None:
         """Once per process: warn when this template does not read ``tools`` (SmolLM2's, Llama 2's: it renders as
         without them) and ``described_in`` (the prompt texts the user wrote) does not name every tool either."""
-        unnamed = tuple(name for name in sorted(set(tool_names)) if name not in described_in)
+        # a whole word: "calc" is not named by a prompt that says "calculator"
+        unnamed = tuple(
+            name for name in sorted(set(tool_names)) if not re.search(rf"(?<!\w){re.escape(name)}(?!\w)", described_in)
+        )
         if self.reads_tools() is False and unnamed:
             _warn_unshown_tools(unnamed)
 
