@@ -121,6 +121,12 @@ def test_non_numeric_score_is_rejected(tmp_path):
     path = write(tmp_path, "REWARD_TYPE = 'sequential'\ndef compute_score(item):\n    return {'overall': 'high'}\n")
     with pytest.raises(RewardFunctionError, match=r"non-numeric score `overall`: 'high'"):
         load_reward_function(str(path), {}).score([{}])
+    # a number written as text is text too ("0.5" passed where "1/2" failed, by float()'s parsing alone)
+    path = write(
+        tmp_path, "REWARD_TYPE = 'sequential'\ndef compute_score(item):\n    return {'overall': 1.0, 'acc': '0.5'}\n"
+    )
+    with pytest.raises(RewardFunctionError, match=r"non-numeric score `acc`: '0.5'"):
+        load_reward_function(str(path), {}).score([{}])
 
 
 def test_a_file_named_math_does_not_shadow_the_standard_library(tmp_path):

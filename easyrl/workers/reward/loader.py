@@ -323,6 +323,8 @@ class RewardFunction:
             checked = {}
             for key, value in output.items():
                 try:
+                    if isinstance(value, (str, bytes)):  # float("0.5") works, float("1/2") not: text is no score
+                        raise TypeError
                     checked[str(key)] = float(value)
                 except (TypeError, ValueError):
                     raise RewardFunctionError(
