@@ -241,6 +241,28 @@ def test_tool_arguments_are_read_as_their_schemas_types_or_refused_before_the_to
     assert any(m.startswith("Tool 'add' got arguments") and "\"a\" = '2' read as an integer" in m for m in warned)
 
 
+def test_the_first_error_and_the_first_timeout_of_each_tool_are_logged_once(caplog):
+    """The counts alone did not say which tool failed, nor why (an environment's failures were logged, a tool's not)."""
+
+    def boom() -> str:
+        raise RuntimeError("kaputt")
+
+    def hang() -> str:
+        time.sleep(30)
+
+    calls = [ToolCall("boom", {}), ToolCall("hang", {}), ToolCall("boom", {}), ToolCall("hang", {})]
+    results, _ = run_tool_calls(calls, {"boom": boom, "hang": hang}, timeout=0.3)
+    rollout = SimpleNamespace(_warned_tools=set())
+    with caplog.at_level("WARNING"):
+        MultiTurnRollout._log_first_failures(rollout, calls, results)
+        MultiTurnRollout._log_first_failures(rollout, calls, results)  # a later turn or step: said already
+    logged = [record.getMessage() for record in caplog.records]
+    assert len(logged) == 2
+    assert logged[0].startswith("Tool 'boom': the model read 'Error: boom raised RuntimeError: kaputt' (counted in ")
+    assert logged[1].startswith("Tool 'hang': the model read 'Error: hang took longer than 0.3 s and was abandoned.'")
+    assert "rollout/multi_turn/tool_timeouts and tool_errors" in logged[1] and "blocks its event loop" in logged[1]
+
+
 def test_a_tool_calling_sys_exit_is_an_error_of_that_call_not_a_timeout():
     """SystemExit is no Exception: the tool's thread ended without a result and the call was reported as one that took
     longer than tool_timeout, though it returned at once."""

@@ -810,6 +810,7 @@ class MultiTurnRollout(BaseRollout):
             self._warned_tasks_differ = False
             self._idle_envs: dict[Optional[str], list] = {name: [] for name in self.env_classes}
         self._warned_slow_init = self._warned_close = False
+        self._warned_tools: set[tuple[str, bool]] = set()  # (tool, timed out) whose first failure was logged
         # the reset seeds of calls that name no seed of their own (library callers)
         self._reset_rng = np.random.default_rng([engine.config.seed, engine.dp_rank, RESET_SEED_STREAM])
         vlm = processor is not None and getattr(processor, "image_token_id", None) is not None
@@ -1327,6 +1328,7 @@ class MultiTurnRollout(BaseRollout):
                 results[index] = ToolResult(f"Error: {err}", error=True)
                 continue
             pictures += result.pictures
+        self._log_first_failures(calls, results)
         t.tool_calls += len(calls)
         t.tool_errors += sum(r.error for r in results)
         t.tool_timeouts += sum(r.timed_out for r in results)
@@ -1334,6 +1336,28 @@ class MultiTurnRollout(BaseRollout):
         messages = self.renderer.messages(calls, results)
         t.messages += messages
         self._append_context(t, messages, pictures, budget)
+
+    def _log_first_failures(self, calls: list, results: list[ToolResult]) -> None:
+        """The first error and the first timeout of each tool, once per process: the counts alone do not say which
+        tool fails, nor why."""
+        for call, result in zip(calls, results):
+            name = getattr(call, "name", None)
+            if not result.error or name is None or (name, result.timed_out) in self._warned_tools:
+                continue
+            self._warned_tools.add((name, result.timed_out))
+            counted = "tool_timeouts and tool_errors" if result.timed_out else "tool_errors"
+            logger.warning(
+                "Tool %r: the model read %s (counted in rollout/multi_turn/%s; the first of this tool's %s is "
+                "logged, once).%s",
+                name,
+                short_repr(result.content if isinstance(result.content, str) else "", 300),
+                counted,
+                "timeouts" if result.timed_out else "errors",
+                " An `async def` tool that blocks its event loop (time.sleep, a sync request) makes every async call "
+                "waiting on that loop time out with it."
+                if result.timed_out
+                else "",
+            )
 
     def _prepare_pictures(
         self, t: Trajectory, pictures: list, source: str, already: int = 0, said: bool = True
