@@ -177,7 +177,7 @@ def test_every_chunk_hanging_costs_one_timeout_not_one_per_chunk(ray_cluster, re
     assert "worker.reward.timeout_s=3 s: raise it" in message
 
 
-def test_a_function_giving_nan_for_every_sample_stops_the_run_at_once(reward_file):
+def test_a_function_giving_nan_for_every_sample_stops_the_run_at_once(reward_file, caplog):
     scorer = RewardScorer(
         RewardConfig(reward_function=reward_file(SEQUENTIAL_NON_FINITE)), tokenizer=None, in_process=True
     )
@@ -192,7 +192,9 @@ def test_a_function_giving_nan_for_every_sample_stops_the_run_at_once(reward_fil
         RewardConfig(reward_function=reward_file(SEQUENTIAL_NON_FINITE)), tokenizer=None, in_process=True
     )
     with pytest.raises(RewardFunctionError, match=r"scored no sample \(3 non-finite\) of the run so far"):
-        fresh.score_inputs(inputs("nan", "nan", "nan"))
+        fresh.score_inputs(inputs("nan", "nan", "nan"), places=["data.train_files t.jsonl row 7"] * 3)
+    # the warning that names the first failure's row came before the stop (it was never said)
+    assert "sample 0 (data.train_files t.jsonl row 7" in caplog.text
 
 
 @pytest.mark.timeout(120)

@@ -303,8 +303,9 @@ class RewardScorer:
             raise ScoringCancelled("The scoring of this batch was cancelled; its scores are not known.")
         if outcome.fatal:
             raise RewardFunctionError(outcome.fatal)
-        self._stop_if_it_never_works(outcome.failures, inputs)
+        # the warnings first: they name the first failure's data row and ground truth, which the stop does not
         self._report(outcome.failures, inputs, places)
+        self._stop_if_it_never_works(outcome.failures, inputs)
         scores = [score if score is not None else {"overall": 0.0} for score in outcome.scores]
         return scores, outcome.failures
 
