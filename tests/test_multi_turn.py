@@ -616,6 +616,37 @@ def test_a_lone_surrogate_a_tool_hands_back_reaches_the_model_as_a_replacement_c
     assert out.batch["responses"][0, : len(call) + len(tool)].tolist() == call + tool
 
 
+def test_a_result_far_over_the_budget_is_cut_before_it_is_tokenized_and_kept_cut(tokenizer, tmp_path, caplog):
+    """A tool returning a megabyte was tokenized whole per trajectory and kept whole in `messages` (and so in every
+    file of turns), though the model read a few dozen tokens of it. The model reads the same tokens either way."""
+    tools = tmp_path / "dump.py"
+    tools.write_text(
+        "def dump(part: int) -> str:\n"
+        '    """Dump the log.\n\n    Args:\n        part: which part\n    """\n'
+        '    return "line of the log, " * 70_000 if part else "short"\n\n'
+        "TOOLS = [dump]\n"
+    )
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    call = encode('<tool_call>{"name": "dump", "arguments": {"part": 1}}</tool_call>') + [tokenizer.eos_token_id]
+    budget = len(call) + 40
+    engine, _ = scripted_engine(tokenizer, {0: [call, call]}, response_length=budget)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(tools=str(tools), max_turns=3, tool_timeout=5.0))
+    with caplog.at_level("WARNING"):
+        out = rollout.generate_sequences(make_prompts(tokenizer, ["Read the log."]))
+    kept = out.non_tensor_batch["messages"][0][1]["content"]
+    limit = 40 * max(map(len, tokenizer.get_vocab()))
+    assert len(kept) == limit and ("line of the log, " * 70_000).startswith(kept)
+    assert (
+        f"Tool 'dump' returned {17 * 70_000} characters where its trajectory had room for 40 more tokens"
+        in caplog.text
+    )
+    assert out.meta_info["metrics"]["rollout/multi_turn/truncated"] == 1
+    stop = tokenizer.decode([tokenizer.eos_token_id])  # the call ended with the stop token
+    messages = rollout.renderer.messages([ToolCall("dump", {})], [ToolResult("line of the log, " * 70_000)])
+    whole = rollout.renderer.token_ids(messages, stop)
+    assert out.batch["responses"][0, len(call) :].tolist() == whole[:40]  # what the model read did not change
+
+
 def test_max_turns_and_the_token_budget_end_trajectories_and_are_counted(tokenizer):
     eos = tokenizer.eos_token_id
     text = '<tool_call>{"name": "calculator", "arguments": {"expression": "1/0"}}</tool_call>'

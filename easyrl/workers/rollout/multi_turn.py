@@ -811,6 +811,11 @@ class MultiTurnRollout(BaseRollout):
             self._idle_envs: dict[Optional[str], list] = {name: [] for name in self.env_classes}
         self._warned_slow_init = self._warned_close = False
         self._warned_tools: set[tuple[str, bool]] = set()  # (tool, timed out) whose first failure was logged
+        self._warned_long: set[str] = set()  # the tools whose cut result was logged
+        # the most characters one token can stand for (a vocabulary piece is at least as long as its text): a result
+        # of room x this many characters holds every token that fits, so the rest is never tokenized
+        vocabulary = engine.tokenizer.get_vocab()
+        self._chars_per_token = max(map(len, vocabulary), default=1) if vocabulary else 1
         # the reset seeds of calls that name no seed of their own (library callers)
         self._reset_rng = np.random.default_rng([engine.config.seed, engine.dp_rank, RESET_SEED_STREAM])
         vlm = processor is not None and getattr(processor, "image_token_id", None) is not None
@@ -1329,6 +1334,7 @@ class MultiTurnRollout(BaseRollout):
                 continue
             pictures += result.pictures
         self._log_first_failures(calls, results)
+        self._cut_long_results(t, calls, results, budget)
         t.tool_calls += len(calls)
         t.tool_errors += sum(r.error for r in results)
         t.tool_timeouts += sum(r.timed_out for r in results)
@@ -1336,6 +1342,29 @@ class MultiTurnRollout(BaseRollout):
         messages = self.renderer.messages(calls, results)
         t.messages += messages
         self._append_context(t, messages, pictures, budget)
+
+    def _cut_long_results(self, t: Trajectory, calls: list, results: list[ToolResult], budget: int) -> None:
+        """A text result longer than the trajectory's room (tokens left x the longest token's characters) is cut to
+        that before it is tokenized, and `messages` keep the cut text: a tool returning a megabyte cost a megabyte's
+        tokenization per trajectory, and wrote it whole into every file that keeps the turns, though the model read a
+        few hundred tokens of it. The trajectory still ends cut at the budget, as before."""
+        limit = max(budget - len(t.response_ids), 0) * self._chars_per_token
+        for call, result in zip(calls, results):
+            if not isinstance(result.content, str) or len(result.content) <= limit:
+                continue
+            name = getattr(call, "name", "?")
+            if name not in self._warned_long:
+                self._warned_long.add(name)
+                logger.warning(
+                    "Tool %r returned %d characters where its trajectory had room for %d more tokens "
+                    "(data.max_response_length): kept its first %d characters, more than those tokens can hold, and "
+                    "the trajectory ends cut there (counted in rollout/multi_turn/truncated; logged once per tool).",
+                    name,
+                    len(result.content),
+                    budget - len(t.response_ids),
+                    limit,
+                )
+            result.content = result.content[:limit]
 
     def _log_first_failures(self, calls: list, results: list[ToolResult]) -> None:
         """The first error and the first timeout of each tool, once per process: the counts alone do not say which
