@@ -2,6 +2,7 @@
 check, and the real vLLM engine in the FSDP worker (fp32, tiny model), whose model tokens must carry the actor's
 log-probs and whose tool tokens must be in the sequence but out of response_mask."""
 
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -261,6 +262,30 @@ def test_the_first_error_and_the_first_timeout_of_each_tool_are_logged_once(capl
     assert logged[0].startswith("Tool 'boom': the model read 'Error: boom raised RuntimeError: kaputt' (counted in ")
     assert logged[1].startswith("Tool 'hang': the model read 'Error: hang took longer than 0.3 s and was abandoned.'")
     assert "rollout/multi_turn/tool_timeouts and tool_errors" in logged[1] and "blocks its event loop" in logged[1]
+
+
+def test_calls_abandoned_at_their_deadline_that_still_run_are_counted_and_said_once(caplog):
+    """An abandoned CPU-bound call kept running in the worker that also trains, slowing it more every step, unsaid."""
+    done = threading.Event()
+
+    def spin() -> str:
+        done.wait(30)
+        return "late"
+
+    calls = [ToolCall("spin", {}), ToolCall("spin", {})]
+    run_tool_calls(calls, {"spin": spin}, timeout=0.2)
+    assert multi_turn.abandoned_still_running()["tool-spin"] == 2
+    rollout = SimpleNamespace(_warned_running=set())
+    with caplog.at_level("WARNING"):
+        assert MultiTurnRollout._warn_abandoned(rollout) >= 2
+        assert MultiTurnRollout._warn_abandoned(rollout) >= 2  # said once
+    logged = [r.getMessage() for r in caplog.records if "still run in this worker" in r.getMessage()]
+    assert len(logged) == 1 and "tool-spin x2" in logged[0]
+    done.set()
+    deadline = time.monotonic() + 10
+    while multi_turn.abandoned_still_running()["tool-spin"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert multi_turn.abandoned_still_running()["tool-spin"] == 0  # finished threads are no longer counted
 
 
 def test_a_tool_calling_sys_exit_is_an_error_of_that_call_not_a_timeout():

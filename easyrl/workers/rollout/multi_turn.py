@@ -53,6 +53,7 @@ import pickle
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
@@ -208,6 +209,24 @@ def _call(fn: Callable, name: str, arguments: dict, row: Optional[dict] = None) 
     return resolved(result), len(coerced)
 
 
+# the threads of calls abandoned at their deadline (tools, environment methods) that may still run: Python cannot stop
+# a thread, and a CPU-bound one takes the interpreter lock from the training that shares this process
+_abandoned: list[threading.Thread] = []
+_abandoned_lock = threading.Lock()
+
+
+def _abandon(threads: list[threading.Thread]) -> None:
+    with _abandoned_lock:
+        _abandoned.extend(thread for thread in threads if thread.is_alive())
+
+
+def abandoned_still_running() -> Counter:
+    """How many abandoned calls still run in this process, by thread name ("tool-<name>", "env <what>")."""
+    with _abandoned_lock:
+        _abandoned[:] = [thread for thread in _abandoned if thread.is_alive()]
+        return Counter(thread.name for thread in _abandoned)
+
+
 def run_tool_calls(
     calls: list[ToolCall | str],
     tools: dict[str, Callable] | list[dict[str, Callable]],
@@ -252,6 +271,7 @@ def run_tool_calls(
     deadline = start + timeout
     for thread in threads:
         thread.join(max(0.0, deadline - time.perf_counter()))
+    _abandon(threads)
     for index, call in enumerate(calls):
         if results[index] is None:
             results[index] = ToolResult(
@@ -347,11 +367,14 @@ def run_with_deadline(
         except (Exception, SystemExit) as err:  # sys.exit in a thread ends the thread alone: not a timeout
             results[index] = EnvOutcome(error=f"{what} raised {type(err).__name__}: {err}")
 
-    threads = [threading.Thread(target=work, args=(i, job), daemon=True, name="env") for i, job in enumerate(jobs)]
+    threads = [
+        threading.Thread(target=work, args=(i, job), daemon=True, name=f"env {what}") for i, job in enumerate(jobs)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(None if timeout is None else max(0.0, start + timeout - time.perf_counter()))
+    _abandon(threads)
     for index in range(len(jobs)):
         if results[index] is None:
             results[index] = EnvOutcome(error=f"{what} took longer than {timeout:g} s", timed_out=True)
@@ -812,6 +835,7 @@ class MultiTurnRollout(BaseRollout):
         self._warned_slow_init = self._warned_close = False
         self._warned_tools: set[tuple[str, bool]] = set()  # (tool, timed out) whose first failure was logged
         self._warned_long: set[str] = set()  # the tools whose cut result was logged
+        self._warned_running: set[str] = set()  # the abandoned calls (by thread name) said to be still running
         # the most characters one token can stand for (a vocabulary piece is at least as long as its text): a result
         # of room x this many characters holds every token that fits, so the rest is never tokenized
         vocabulary = engine.tokenizer.get_vocab()
@@ -938,6 +962,7 @@ class MultiTurnRollout(BaseRollout):
         width = response_mask.shape[-1]
         metrics = generation_metrics(response_mask, timer.seconds, data.batch["attention_mask"][:, -width:])
         metrics.update(multi_turn_metrics(trajectories, tool_seconds, **counted))
+        metrics["rollout/multi_turn/abandoned_still_running"] = float(self._warn_abandoned())
         if tool_env:
             metrics["rollout/multi_turn/reset_differs"] = float(reset_differs)
             metrics.update(self._env_reward_by_name(trajectories))
@@ -1342,6 +1367,23 @@ class MultiTurnRollout(BaseRollout):
         messages = self.renderer.messages(calls, results)
         t.messages += messages
         self._append_context(t, messages, pictures, budget)
+
+    def _warn_abandoned(self) -> int:
+        """The calls abandoned at their deadline that still run in this worker (a metric), and a warning for each
+        tool or environment method the first time its calls are found still running a generate call later."""
+        running = abandoned_still_running()
+        new = sorted(set(running) - self._warned_running)
+        if new:
+            self._warned_running.update(new)
+            logger.warning(
+                "%d calls abandoned at worker.rollout.multi_turn.tool_timeout still run in this worker (%s): Python "
+                "cannot stop a thread, and a CPU-bound one slows the training that shares this process, more with "
+                "every step. Make the tool bound its own time (CPU-bound work in a subprocess with a timeout, or a "
+                "deadline checked in its loop). Counted in rollout/multi_turn/abandoned_still_running.",
+                sum(running.values()),
+                ", ".join(f"{name} x{count}" for name, count in sorted(running.items())),
+            )
+        return sum(running.values())
 
     def _cut_long_results(self, t: Trajectory, calls: list, results: list[ToolResult], budget: int) -> None:
         """A text result longer than the trajectory's room (tokens left x the longest token's characters) is cut to
