@@ -288,6 +288,17 @@ def test_calls_abandoned_at_their_deadline_that_still_run_are_counted_and_said_o
     assert multi_turn.abandoned_still_running()["tool-spin"] == 0  # finished threads are no longer counted
 
 
+def test_a_wait_without_deadline_says_every_interval_that_it_is_still_waiting(monkeypatch):
+    """An environment whose __init__ hung froze the run without a line: no deadline applies to constructors."""
+    monkeypatch.setattr(multi_turn, "INIT_NOTICE_S", 0.2)
+    said = []
+    jobs = [lambda: multi_turn.EnvOutcome(), lambda: time.sleep(0.7) or multi_turn.EnvOutcome(env="built")]
+    outcomes, seconds = multi_turn.run_with_deadline(jobs, None, "__init__", lambda s, left: said.append((s, left)))
+    assert [outcome.env for outcome in outcomes] == [None, "built"] and 0.7 <= seconds < 1.5
+    assert 2 <= len(said) <= 4 and all(left == 1 for _, left in said)
+    assert all(0.15 < b - a < 0.45 for (a, _), (b, _) in zip(said, said[1:]))  # once per interval
+
+
 def test_a_tool_calling_sys_exit_is_an_error_of_that_call_not_a_timeout():
     """SystemExit is no Exception: the tool's thread ended without a result and the call was reported as one that took
     longer than tool_timeout, though it returned at once."""

@@ -350,12 +350,18 @@ class EnvOutcome:
         self.observation, self.error = encodable(self.observation), encodable(self.error)
 
 
+INIT_NOTICE_S = 60.0  # how often a wait without deadline (environment constructors) says it is still waiting
+
+
 def run_with_deadline(
-    jobs: list[Callable[[], Any]], timeout: Optional[float], what: str
+    jobs: list[Callable[[], Any]],
+    timeout: Optional[float],
+    what: str,
+    still_waiting: Optional[Callable[[float, int], None]] = None,
 ) -> tuple[list[EnvOutcome], float]:
     """Run every job at once, each in a daemon thread (see run_tool_calls), waiting at most ``timeout`` seconds for
-    all (None: until all are done); a job returns an EnvOutcome, one that raises or is late becomes an EnvOutcome
-    with ``error`` set."""
+    all (None: until all are done, calling ``still_waiting(seconds, jobs left)`` every INIT_NOTICE_S seconds); a job
+    returns an EnvOutcome, one that raises or is late becomes an EnvOutcome with ``error`` set."""
     start = time.perf_counter()
     results: list[Optional[EnvOutcome]] = [None] * len(jobs)
 
@@ -372,6 +378,15 @@ def run_with_deadline(
     ]
     for thread in threads:
         thread.start()
+    if timeout is None and still_waiting is not None:
+        while any(thread.is_alive() for thread in threads):
+            for thread in threads:
+                thread.join(max(0.0, INIT_NOTICE_S - (time.perf_counter() - start) % INIT_NOTICE_S))
+                if thread.is_alive():
+                    break
+            left = sum(thread.is_alive() for thread in threads)
+            if left:
+                still_waiting(time.perf_counter() - start, left)
     for thread in threads:
         thread.join(None if timeout is None else max(0.0, start + timeout - time.perf_counter()))
     _abandon(threads)
@@ -1045,7 +1060,18 @@ class MultiTurnRollout(BaseRollout):
         if not building:
             return 0.0
         jobs = [lambda cls=classes[t.env_name]: EnvOutcome(env=cls()) for t in building]
-        outcomes, seconds = run_with_deadline(jobs, None, "__init__")
+
+        def still_waiting(seconds: float, left: int) -> None:  # a frozen progress bar says nothing
+            logger.warning(
+                "Still building %d of %d instance(s) of environment %s after %.0f s: their __init__ has not returned "
+                "(worker.rollout.multi_turn.tool_timeout does not apply to __init__).",
+                left,
+                len(building),
+                self._label(building[0]),
+                seconds,
+            )
+
+        outcomes, seconds = run_with_deadline(jobs, None, "__init__", still_waiting)
         for t, outcome in zip(building, outcomes):
             if not self._count_env_failure(t, outcome):
                 t.env = outcome.env
