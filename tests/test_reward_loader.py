@@ -115,6 +115,13 @@ def test_dict_without_overall_lists_its_keys(tmp_path):
     path = write(tmp_path, "REWARD_TYPE = 'sequential'\ndef compute_score(item):\n    return {'acc': 1.0}\n")
     with pytest.raises(RewardFunctionError, match=r"no `overall` key \(keys: acc\)"):
         load_reward_function(str(path), {}).score([{}])
+    # one bad entry of a batch's list is named by its input's ground truth (the file alone did not say which)
+    source = "REWARD_TYPE = 'batch'\ndef compute_score(items):\n    return [{'overall': 1.0}, None]\n"
+    batch = load_reward_function(str(write(tmp_path, source, name="batch.py")), {})
+    with pytest.raises(
+        RewardFunctionError, match=r"it returned a NoneType \(for the input with ground truth '7'\)\.$"
+    ):
+        batch.score([{"ground_truth": "5"}, {"ground_truth": "7"}])
 
 
 def test_non_numeric_score_is_rejected(tmp_path):
@@ -209,7 +216,7 @@ def test_a_trl_reward_function_gets_the_rows_columns_by_name(tmp_path):
     """Every column of the row arrives under its name (TRL passes them all); the names of TRL's own arguments and
     `prompt` / `completion` (which TRL does not pass) do not, and reward_function_kwargs win over a column."""
     fn = load_reward_function(f"{write(tmp_path, COLUMNS_SEEN)}:seen", {"weight": 2})
-    fn._check = lambda output: output  # the raw return value: what the function was given
+    fn._check = lambda output, item=None: output  # the raw return value: what the function was given
     columns = {"task": "add", "prompt": "p", "completion": "c", "completions": "x", "weight": 9, "tests": [1]}
     columns["log_metric"] = "a column of that name"  # skipped: the name of one of TRL's own arguments
     item = {"response": "r", "response_length": 1, "ground_truth": "7", "row_columns": columns, "prompt": "P"}

@@ -167,13 +167,16 @@ class RewardFunction:
         over the samples it scored)."""
         if self.reward_type == TRL_REWARD_TYPE:
             values, logged = self._call_trl(inputs)
-            scores = [self._check({"overall": 0.0 if value is None else value, **logged}) for value in values]
+            scores = [
+                self._check({"overall": 0.0 if value is None else value, **logged}, item)
+                for value, item in zip(values, inputs)
+            ]
             return scores, [value is not None for value in values]
         return self._score(inputs), [True] * len(inputs)
 
     def _score(self, inputs: list[dict]) -> list[dict[str, float]]:
         if self.reward_type == VERL_REWARD_TYPE:
-            return [self._check(self._from_verl(self._call_verl(item))) for item in inputs]
+            return [self._check(self._from_verl(self._call_verl(item)), item) for item in inputs]
         if self.reward_type == VERL_BATCH_REWARD_TYPE:
             values = {
                 "data_sources": [item.get("data_source") for item in inputs],
@@ -185,13 +188,13 @@ class RewardFunction:
             outputs = self.fn(**{name: value for name, value in values.items() if name in accepted}, **self.kwargs)
             convention = "(verl's batch convention)"
             outputs = self._one_per_input(outputs, inputs, convention, "numbers or dicts with `score`, one per input")
-            return [self._check(self._from_verl(output)) for output in outputs]
+            return [self._check(self._from_verl(output), item) for output, item in zip(outputs, inputs)]
         if self.reward_type == "batch":
             outputs = self.fn(inputs, **self.kwargs)
             outputs = self._one_per_input(outputs, inputs, "(REWARD_TYPE='batch')", "dicts, one per input")
         else:
             outputs = [self.fn(item, **self.kwargs) for item in inputs]
-        return [self._check(output) for output in outputs]
+        return [self._check(output, item) for output, item in zip(outputs, inputs)]
 
     def _call_verl(self, item: dict) -> Any:
         values = {
@@ -312,7 +315,9 @@ class RewardFunction:
             )
         return output
 
-    def _check(self, output: Any) -> dict[str, float]:
+    def _check(self, output: Any, item: dict | None = None) -> dict[str, float]:
+        """``output`` as a score dict of floats; ``item``: its input, named in the error (its ground truth)."""
+        which = f" (for the input with ground truth {short_repr(item.get('ground_truth'))})" if item else ""
         if isinstance(output, numbers.Real) and not isinstance(output, bool):
             hint = "return {'overall': score} instead of a bare number"
         elif not isinstance(output, dict):
@@ -328,7 +333,7 @@ class RewardFunction:
                     checked[str(key)] = float(value)
                 except (TypeError, ValueError):
                     raise RewardFunctionError(
-                        f"Reward function {self.where} returned a non-numeric score `{key}`: {value!r}. "
+                        f"Reward function {self.where} returned a non-numeric score `{key}`: {value!r}{which}. "
                         "Every score must be a number."
                     ) from None
             reserved = [name for name in RESERVED_SCORE_NAMES if name in checked]
@@ -339,7 +344,8 @@ class RewardFunction:
                 )
             return checked
         raise RewardFunctionError(
-            f"Reward function {self.where} must return a dict with at least an `overall` float per response; {hint}."
+            f"Reward function {self.where} must return a dict with at least an `overall` float per response; {hint}"
+            f"{which}."
         )
 
 
