@@ -63,6 +63,24 @@ def test_a_non_finite_raw_score_scores_zero_and_counts_as_a_judge_error(caplog):
     assert judge_errors == [0.0, 1.0, 1.0, 0.0]
     judge.collect(AnsweredCall([math.nan]))
     assert caplog.text.count("non-finite raw score") == 1  # logged once per run
+    assert "Reward model rm: sample 1 got a non-finite raw score; 2 of 4 samples" in caplog.text
+    # with the rows' places (the scorer's), the warning names the data row, as the reward function's warnings do
+    fresh = ClassifierJudge(config, reward_model_group=lambda: None)
+    places = [f"data.train_files rows.jsonl row {row}" for row in (3, 8)]
+    fresh.collect(AnsweredCall([0.5, math.nan]), places)
+    assert "sample 1 (data.train_files rows.jsonl row 8) got a non-finite raw score" in caplog.text
+
+
+def test_a_judges_first_failure_of_each_kind_names_its_data_row(caplog):
+    from easyrl.workers.reward.judge import UNPARSABLE, JudgeFailure, JudgeResult, report_failures
+
+    verdicts = [JudgeResult(0.7), JudgeResult(0.0, JudgeFailure(UNPARSABLE, "no match"))]
+    with caplog.at_level("WARNING"):
+        report_failures(verdicts, set(), "Judge x", ["val.jsonl row 0", "val.jsonl row 5"])
+    assert [record.getMessage() for record in caplog.records] == [
+        "Judge x: sample 1 (val.jsonl row 5) unparsable: no match. 1 of 2 samples of this batch get judge score 0 "
+        "(counted in reward/judge_errors; logged once)."
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...protocol import DataProto, as_object_array
-from .judge import JudgeFailure, JudgeResult
+from .judge import JudgeFailure, JudgeResult, sample_label
 
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ class ClassifierJudge:
         )
         return self.reward_model_group().compute_rm_scores(texts)
 
-    def collect(self, pending: Any) -> list[JudgeResult]:
+    def collect(self, pending: Any, places: Any = None) -> list[JudgeResult]:
         """The verdicts of a submitted batch, in order; raises what the workers raised."""
         raw_scores = pending.get().batch["rm_scores"].tolist()
         config = self.config
@@ -100,10 +100,10 @@ class ClassifierJudge:
         if failed and not self._logged:
             self._logged = True
             logger.warning(
-                "Reward model %s: sample %d got a non-finite raw score; %d of %d samples of this batch get judge "
+                "Reward model %s: %s got a non-finite raw score; %d of %d samples of this batch get judge "
                 "score 0 (counted in reward/judge_errors; logged once).",
                 config.model_path,
-                failed[0],
+                sample_label(failed[0], places),
                 len(failed),
                 len(verdicts),
             )

@@ -250,19 +250,24 @@ def read_verdict(reply: str, cut: bool, pattern: re.Pattern, config: "JudgeConfi
         return JudgeResult(0.0, JudgeFailure(UNPARSABLE, f"{err} in the reply {reply[-300:]!r}"), reply)
 
 
-def report_failures(verdicts: list[JudgeResult], logged: set[str], judge: str) -> None:
+def sample_label(index: int, places: Any = None) -> str:
+    """A sample of a batch as the judges' warnings name it: its index, and where its row is in the data when known."""
+    return f"sample {index}" + (f" ({places[index]})" if places is not None else "")
+
+
+def report_failures(verdicts: list[JudgeResult], logged: set[str], judge: str, places: Any = None) -> None:
     """Log the first failure of each kind once per run (`logged` holds the kinds done), naming the sample's index in
-    its batch; `judge` names the judge (its URL or model)."""
+    its batch and, with ``places``, its row in the data; `judge` names the judge (its URL or model)."""
     for kind in (REQUEST_FAILED, TIMED_OUT, UNPARSABLE):
         indices = [i for i, verdict in enumerate(verdicts) if verdict.failure and verdict.failure.kind == kind]
         if not indices or kind in logged:
             continue
         logged.add(kind)
         logger.warning(
-            "%s: sample %d %s: %s. %d of %d samples of this batch get judge score 0 (counted in reward/judge_errors; "
+            "%s: %s %s: %s. %d of %d samples of this batch get judge score 0 (counted in reward/judge_errors; "
             "logged once).",
             judge,
-            indices[0],
+            sample_label(indices[0], places),
             kind,
             verdicts[indices[0]].failure.detail,
             len(indices),
@@ -417,12 +422,12 @@ class HttpJudge:
         of JudgeResult, in order. Failures are logged and counted by `collect`, not raised by the future."""
         return self._on_loop(self._score_all(render_messages(self.template, prompts, inputs)))
 
-    def collect(self, pending: concurrent.futures.Future) -> list[JudgeResult]:
-        """The results of a submitted batch, its failures logged (first of each kind, once per run); raises
-        JudgeUnreachableError when no sample of the first batch, or of JUDGE_SILENT_STREAK batches in a row, got a
-        score."""
+    def collect(self, pending: concurrent.futures.Future, places: Any = None) -> list[JudgeResult]:
+        """The results of a submitted batch, its failures logged (first of each kind, once per run, with its row in
+        the data from ``places``); raises JudgeUnreachableError when no sample of the first batch, or of
+        JUDGE_SILENT_STREAK batches in a row, got a score."""
         verdicts = pending.result()
-        self._report(verdicts)
+        self._report(verdicts, places)
         self.watch.check(verdicts)
         return verdicts
 
@@ -481,8 +486,8 @@ class HttpJudge:
             return JudgeResult(0.0, JudgeFailure(UNPARSABLE, f"the reply has no text content: {choice!r:.300}"))
         return read_verdict(reply, choice.get("finish_reason") == "length", self.pattern, self.config)
 
-    def _report(self, verdicts: list[JudgeResult]) -> None:
-        report_failures(verdicts, self._logged, f"Judge {self.url} (model {self.config.model})")
+    def _report(self, verdicts: list[JudgeResult], places: Any = None) -> None:
+        report_failures(verdicts, self._logged, f"Judge {self.url} (model {self.config.model})", places)
 
     def close(self) -> None:
         if self._loop.is_closed():

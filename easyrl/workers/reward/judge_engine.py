@@ -19,7 +19,7 @@ context (vLLM would refuse the whole batch for one such prompt). A dead engine s
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import ray
 from ray.exceptions import GetTimeoutError, RayError
@@ -153,7 +153,7 @@ class VllmJudge:
         """Start judging one batch (`prompts[i]` with the reward input `inputs[i]`); `collect` reads the result."""
         return self.engine.generate.remote(render_messages(self.template, prompts, inputs))
 
-    def collect(self, pending: "ray.ObjectRef") -> list[JudgeResult]:
+    def collect(self, pending: "ray.ObjectRef", places: Any = None) -> list[JudgeResult]:
         """The verdicts of a submitted batch, in order, the first failure of each kind logged once per run; raises
         JudgeUnreachableError when no sample of the first batch, or of JUDGE_SILENT_STREAK batches in a row, got a
         score (as the http judge does)."""
@@ -170,7 +170,7 @@ class VllmJudge:
             else read_verdict(reply, cut, self.pattern, self.config)
             for reply, cut, refusal in replies
         ]
-        report_failures(verdicts, self._logged, self.name)
+        report_failures(verdicts, self._logged, self.name, places)
         self.watch.check(verdicts)
         return verdicts
 

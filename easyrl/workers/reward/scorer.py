@@ -447,7 +447,7 @@ class RewardScorer:
         scores, failures = self.score_inputs(inputs, cancel, places)
         judge_errors = None
         if judging is not None:
-            verdicts = self.judge.collect(judging)
+            verdicts = self.judge.collect(judging, places)
             scores, judge_errors = combine_scores(scores, verdicts, self.config.rule_weight, self.config.judge.weight)
         if env_rewards is not None:  # a tool environment's get_reward(), one more term of weight 1 (TRL's contract)
             scores = [
