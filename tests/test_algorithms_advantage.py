@@ -187,6 +187,22 @@ def test_remax_subtracts_the_greedy_reward():
     torch.testing.assert_close(returns, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
 
 
+def test_remax_without_a_baseline_gives_that_prompts_samples_no_advantage():
+    """A greedy response the reward failed on scored 0 and became the baseline: every sample of its prompt was pushed
+    up by its whole reward, silently. Its baseline is NaN now, and its samples teach nothing this step."""
+    from easyrl.trainer.ray_trainer import remax_baseline_metrics
+
+    rewards, mask = outcome_rewards([1, 0, 1, 0.25], [2, 2, 2, 2], width=2)
+    baselines = torch.tensor([0.5, 0.5, float("nan"), float("nan")])
+    adv, returns = get_adv_estimator("remax")(rewards, mask, reward_baselines=baselines)
+    torch.testing.assert_close(adv, torch.tensor([[0.5, 0.5], [-0.5, -0.5], [0.0, 0.0], [0.0, 0.0]]))
+    torch.testing.assert_close(returns[2:], torch.tensor([[1.0, 1.0], [0.25, 0.25]]))  # the rewards stand
+    assert remax_baseline_metrics(baselines, n=2) == {
+        "reward/remax_baseline/mean": 0.5,
+        "reward/remax_baseline/errors": 1.0,
+    }
+
+
 def test_unknown_estimator_names_the_config_key():
     with pytest.raises(ValueError, match="algorithm.adv_estimator.*grpo"):
         get_adv_estimator("gpro")

@@ -259,9 +259,13 @@ def compute_remax_advantage(
 
     A_i     = R(x, y_i) - R(x, y_greedy)          for every token of sample i
     returns = sum_{k>=t} r_k                      (undiscounted reward-to-go)
+
+    A NaN baseline (the reward failed on the greedy response) gives its samples advantage 0: a baseline of 0 would
+    push every one of them up by its whole reward.
     """
     scores = _outcome_scores(token_level_rewards, response_mask)
-    advantages = _broadcast(scores - reward_baselines.double(), response_mask, _result_dtype(token_level_rewards))
+    centred = torch.nan_to_num(scores - reward_baselines.double(), nan=0.0)
+    advantages = _broadcast(centred, response_mask, _result_dtype(token_level_rewards))
     returns = _discounted_returns(token_level_rewards, response_mask, gamma=1.0)
     return advantages, returns
 

@@ -32,13 +32,22 @@ from ..algorithms.zero_advantage import nonzero_advantage, skips_zero_advantage
 from ..config import RunPlan
 from ..config.validate import uses_critic
 from ..controller.worker_group import WorkerDiedError
+from ..data.dataset import ROW_PLACE_KEY
 from ..data.template import RESET_CONTENT
 from ..protocol import DataProto
 from ..utils.engine_metrics import reduce_call_metrics
 from ..utils.torch_functional import to_dtype
 from ..workers.reward.judge import JudgeEngineError
 from ..workers.reward.loader import RewardFunctionError
-from ..workers.reward.scorer import ROW_FIELDS, PendingScores, reduce_reward_metrics, scores_to_non_tensor
+from ..workers.reward.scorer import (
+    COUNTED_IN_KEY,
+    ERRORS_KEY,
+    JUDGE_ERRORS_KEY,
+    ROW_FIELDS,
+    PendingScores,
+    reduce_reward_metrics,
+    scores_to_non_tensor,
+)
 from ..workers.rollout.base import GenerationRequest, format_turns, generation_metrics
 from .balance import balance_permutation, groups_by_uid, inverse_permutation
 from .checkpoint import (
@@ -82,6 +91,16 @@ def join_rollout_output(repeated_prompts: DataProto, generated: DataProto) -> Da
     media = [key for key in media if key in repeated_prompts.non_tensor_batch]
     repeated_prompts.pop(batch_keys=list(GENERATION_KEYS), non_tensor_batch_keys=media)
     return repeated_prompts.union(generated)
+
+
+def remax_baseline_metrics(baselines: torch.Tensor, n: int) -> dict[str, float]:
+    """ReMax's baselines (one per sample, its prompt's greedy score; NaN where that could not be scored): their mean,
+    and the prompts without one, whose samples got advantage 0."""
+    scored = baselines[~torch.isnan(baselines)]
+    return {
+        "reward/remax_baseline/mean": float(scored.mean()) if len(scored) else 0.0,
+        "reward/remax_baseline/errors": float(torch.isnan(baselines).sum()) / max(n, 1),
+    }
 
 
 # the multi-turn rollout's metrics (rollout/multi_turn/tool_errors, .../env_errors, .../turns, ...)
@@ -321,6 +340,8 @@ class PPOTrainer:
                 else:
                     batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
                 batch = compute_advantage(batch, algo)
+            if "reward_baselines" in batch.batch.keys():  # ReMax: the greedy responses' scores, per sample
+                metrics.update(remax_baseline_metrics(batch.batch["reward_baselines"], self.config.worker.rollout.n))
 
             # 4. updates: the critic first (it warms up alone for critic_warmup steps), then the actor, whose new
             #    weights then stream into the rollout engine for the next generation
@@ -525,9 +546,23 @@ class PPOTrainer:
                 for key in ROW_FIELDS:  # what the scorer reads of the rows: the answer, and for verl / TRL more
                     if key in prompts.non_tensor_batch:
                         greedy.non_tensor_batch[key] = prompts.non_tensor_batch[key]
+                if ROW_PLACE_KEY in prompts.non_tensor_batch:  # the warnings name the row, as for the samples
+                    greedy.non_tensor_batch[ROW_PLACE_KEY] = prompts.non_tensor_batch[ROW_PLACE_KEY]
                 greedy.meta_info["trainer_state"] = self._trainer_state(self.global_step - 1)
-                baseline_scores, _ = self.reward_scorer.score(greedy)
-            prompts.non_tensor_batch["reward_baselines"] = np.array(baseline_scores.sum(-1).tolist(), dtype=object)
+                greedy.meta_info[COUNTED_IN_KEY] = "reward/remax_baseline/errors"
+                baseline_scores, baseline_metrics = self.reward_scorer.score(greedy)
+            baselines = baseline_scores.sum(-1).double()
+            # a greedy response the reward (or its judge) could not score has no baseline, not a baseline of 0: NaN,
+            # which compute_remax_advantage turns into advantage 0 for that prompt's samples
+            failed = [
+                bool(error) or bool(judged)
+                for error, judged in zip(
+                    baseline_metrics.get(ERRORS_KEY, [0.0] * len(baselines)),
+                    baseline_metrics.get(JUDGE_ERRORS_KEY, [0.0] * len(baselines)),
+                )
+            ]
+            baselines[torch.tensor(failed, dtype=torch.bool)] = float("nan")
+            prompts.non_tensor_batch["reward_baselines"] = np.array(baselines.tolist(), dtype=object)
 
         batch = join_rollout_output(prompts.repeat(self.config.worker.rollout.n, interleave=True), generated)
         if "reward_baselines" in batch.non_tensor_batch:

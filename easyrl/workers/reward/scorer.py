@@ -70,6 +70,8 @@ ROW_FIELDS = ("ground_truth", "data_source", "extra_info", "conversational", "ro
 ALL_RAISED_STREAK = FAILED_BATCH_STREAK  # batches in a row raising on every sample that stop a run which scored before
 ENV_REWARD_SCORE = "env_reward"  # a tool environment's get_reward(), added to overall: reward/env_reward
 ERRORS_KEY = PREFIX + "errors"  # per-sample 1.0 where scoring failed (raised, non-finite, timed out, actor died)
+# a batch's meta_info key naming the metric its failures are counted in, when not reward/errors (ReMax's baselines)
+COUNTED_IN_KEY = "reward_failures_counted_in"
 TIMEOUTS_KEY = PREFIX + "timeouts"  # per-sample 1.0 where the batch's deadline passed before it was scored
 JUDGE_ERRORS_KEY = PREFIX + "judge_errors"  # per-sample 1.0 where the judge gave no score (only with a judge)
 # reduced to a count of samples, not a mean
@@ -287,10 +289,15 @@ class RewardScorer:
         return inputs
 
     def score_inputs(
-        self, inputs: list[dict], cancel: threading.Event | None = None, places: Any = None
+        self,
+        inputs: list[dict],
+        cancel: threading.Event | None = None,
+        places: Any = None,
+        counted_in: str = ERRORS_KEY,
     ) -> tuple[list[dict[str, float]], list[SampleFailure | None]]:
         """Per-sample score dicts (a failed sample: {"overall": 0.0}) and per-sample failures (None where scored);
-        ``places``: where each sample's row is in the data, for the warnings."""
+        ``places``: where each sample's row is in the data, for the warnings; ``counted_in``: the metric the
+        warnings say the failures are counted in."""
         if self.pool is None:
             outcome = merge(list(score_calls(self.reward_fn, inputs)))
         elif self.reward_fn.whole_batch:
@@ -304,7 +311,7 @@ class RewardScorer:
         if outcome.fatal:
             raise RewardFunctionError(outcome.fatal)
         # the warnings first: they name the first failure's data row and ground truth, which the stop does not
-        self._report(outcome.failures, inputs, places)
+        self._report(outcome.failures, inputs, places, counted_in)
         self._stop_if_it_never_works(outcome.failures, inputs)
         scores = [score if score is not None else {"overall": 0.0} for score in outcome.scores]
         return scores, outcome.failures
@@ -354,7 +361,13 @@ class RewardScorer:
             f"{failures[0].detail}"
         )
 
-    def _report(self, failures: list[SampleFailure | None], inputs: list[dict], places: Any = None) -> None:
+    def _report(
+        self,
+        failures: list[SampleFailure | None],
+        inputs: list[dict],
+        places: Any = None,
+        counted_in: str = ERRORS_KEY,
+    ) -> None:
         """Log the first failure of each kind once per run, naming the sample's index in its batch, its row in the
         data (where the batch came from a dataset) and its ground truth."""
         for kind in (RAISED, NON_FINITE, TIMED_OUT, DIED):
@@ -367,7 +380,7 @@ class RewardScorer:
             first = f"{index} ({place}ground truth {short_repr(inputs[index].get('ground_truth'))})"
             detail = failures[index].detail
             where = self.reward_fn.where
-            counted = f"{count} of {size} samples of this batch score 0 (counted in {ERRORS_KEY}"
+            counted = f"{count} of {size} samples of this batch score 0 (counted in {counted_in}"
             if kind == RAISED:
                 message = (
                     f"Reward function {where} raised on sample {first}; {counted}; logged once)."
@@ -412,7 +425,8 @@ class RewardScorer:
         if added is not None and self.reward_fn.scores_env_reward:
             added = None  # the function's overall already holds it
         places = data.non_tensor_batch.get(ROW_PLACE_KEY)
-        args = (data.batch["responses"], data.batch["response_mask"], inputs, judging, added, places)
+        counted_in = data.meta_info.get(COUNTED_IN_KEY, ERRORS_KEY)
+        args = (data.batch["responses"], data.batch["response_mask"], inputs, judging, added, places, counted_in)
         decode_s = time.perf_counter() - start
         cancel_event = threading.Event()
         if self._executor is None:  # in-process: scored here (a signal-based timeout needs the main thread)
@@ -442,9 +456,10 @@ class RewardScorer:
         judging,
         env_rewards: Any = None,
         places: Any = None,
+        counted_in: str = ERRORS_KEY,
         cancel: threading.Event | None = None,
     ) -> tuple[torch.Tensor, dict[str, list[float]]]:
-        scores, failures = self.score_inputs(inputs, cancel, places)
+        scores, failures = self.score_inputs(inputs, cancel, places, counted_in)
         judge_errors = None
         if judging is not None:
             verdicts = self.judge.collect(judging, places)
