@@ -160,15 +160,18 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-def configure(enabled: bool, scale: Optional[float] = None, ids: Optional[list[int]] = None) -> str:
+def configure(
+    enabled: bool, scale: Optional[float] = None, ids: Optional[list[int]] = None, counts: Optional[dict[str, int]] = None
+) -> str:
     """Set a flag.
 
     Args:
         enabled: Whether it is on.
         scale: A factor.
         ids: Some ids.
+        counts: Some counts.
     """
-    return f"{enabled!r} {scale!r} {ids!r}"
+    return f"{enabled!r} {scale!r} {ids!r}" + (f" {counts!r}" if counts else "")
 
 
 def lookup(key):
@@ -212,7 +215,7 @@ def test_tool_arguments_are_read_as_their_schemas_types_or_refused_before_the_to
         ToolCall("add", {"a": "2", "b": "3"}),
         ToolCall("add", {"a": 2.0, "b": 3}),
         ToolCall("configure", {"enabled": "false", "scale": "1.5", "ids": "[1, 2]"}),
-        ToolCall("configure", {"enabled": True, "scale": None, "ids": [1, 2]}),
+        ToolCall("configure", {"enabled": True, "scale": None, "ids": [1, 2], "counts": {"a": "3"}}),
         ToolCall("lookup", {"key": 42}),
         ToolCall("bump", {"by": " 4 "}),
         ToolCall("add", {"a": "2x", "b": 1}),
@@ -228,7 +231,7 @@ def test_tool_arguments_are_read_as_their_schemas_types_or_refused_before_the_to
         ("5", False, 2),
         ("5", False, 1),
         ("False 1.5 [1, 2]", False, 3),
-        ("True None [1, 2]", False, 0),
+        ("True None [1, 2] {'a': 3}", False, 1),
         ("key '42'", False, 1),
         ("4", False, 1),
         ('Error: add: argument "a" must be an integer; got "2x" (a string).', True, 0),

@@ -192,9 +192,12 @@ def _conform(value: Any, schema: Any, where: str, coerced: list[str]) -> Any:
             _conform(item, positions[i] if i < len(positions) else schema.get("items"), f"{where}[{i}]", coerced)
             for i, item in enumerate(value)
         ]
-    if isinstance(value, dict) and isinstance(schema.get("properties"), dict):
-        properties = schema["properties"]
-        return {key: _conform(item, properties.get(key), f"{where}.{key}", coerced) for key, item in value.items()}
+    if isinstance(value, dict):  # named properties, and the others' schema (a `dict[str, int]` hint's)
+        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        others = schema.get("additionalProperties")
+        return {
+            key: _conform(item, properties.get(key, others), f"{where}.{key}", coerced) for key, item in value.items()
+        }
     return value
 
 
