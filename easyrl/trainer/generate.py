@@ -12,7 +12,8 @@ counts it as 0, as the trainer does.
 
 With a tool environment (``worker.rollout.multi_turn.env``) whose ``reset`` adds text to the prompt, the row also
 holds ``"sample_prompts"``: the prompt each sample was generated from (``prompt`` stays the dataset's, which a
-resumed run checks).
+resumed run checks). A multi-turn row holds each sample's turns (``"messages"``) and counts (``"multi_turn"``: turns,
+tool calls, errors, timeouts), which ``multi_turn_totals`` sums for the summaries.
 
 ``index`` is the prompt's position among the prompts of the validation data that are kept (stable for the same data
 and data.* keys); ``row`` is its row in ``data.val_files`` (numbered from 0, as the warnings about skipped rows
