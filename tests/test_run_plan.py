@@ -308,14 +308,20 @@ def test_check_imports_no_torch_so_it_answers_in_well_under_two_seconds():
     assert "TORCH False" in out.stdout
 
 
-def test_the_driver_of_a_run_imports_neither_vllm_nor_peft():
+def test_the_driver_of_a_run_imports_neither_vllm_nor_peft(tiny_model_path):
     """The driver starts the workers; vLLM and peft load in them. Imported by the driver too (through the vllm judge's
-    module, and a dtype helper beside FSDP code), they cost every `easyrl train` and `easyrl sft` seconds at start."""
+    module, a dtype helper beside FSDP code, and the model config read through the FSDP module at every start), they
+    cost every `easyrl train` and `easyrl sft` seconds at start."""
     code = (
-        "import sys, easyrl.trainer.main, easyrl.trainer.ray_trainer, easyrl.trainer.sft_trainer; "
+        "import sys, easyrl.trainer.main as main, easyrl.trainer.ray_trainer, easyrl.trainer.sft_trainer; "
+        "from easyrl.config import load_run_plan; "
+        "main.load_model_side(load_run_plan(sys.argv[1:])); "
         "print('LOADED', sorted(name for name in ('vllm', 'peft') if name in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    args = [*BASE, f"worker.actor.model.model_path={tiny_model_path}"]
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert "LOADED []" in out.stdout
 

@@ -45,12 +45,11 @@ def load_smollm2_tokenizer():
 
 def ensure_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
     """Return a Hugging Face folder with SmolLM2-135M-Instruct, converting it on first use (~20 s)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     target = Path(cache_dir or DEFAULT_CACHE) / "SmolLM2-135M-Instruct"
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
-        return target
+        return target  # without importing torch and transformers' model classes: seconds at every resolve
+    import torch
+    from transformers import AutoModelForCausalLM
 
     gguf = find_smollm2_gguf()
     tokenizer = load_smollm2_tokenizer()

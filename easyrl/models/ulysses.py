@@ -38,6 +38,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from ..utils import device
 from . import attention, prefix_group
+from .hf_config import check_heads
 from .vision import vision_tower
 
 
@@ -96,37 +97,6 @@ def text_config(model: torch.nn.Module):
     """The config of the language model (a VLM's ``text_config``, else the model's own)."""
     config = model.config
     return getattr(config, "text_config", None) or config
-
-
-def check_heads(
-    hf_config,
-    ulysses_size: int,
-    key: str,
-    world_size: int | None = None,
-    splitter: str = "Ulysses splits the attention heads over the sequence-parallel ranks",
-) -> None:
-    """Each rank attends with 1/k of the query heads and 1/k of the key/value heads (GQA groups stay whole); with
-    fewer key/value heads than ranks (k a multiple of them) each key/value head is repeated until every rank has one.
-    ``world_size``: the run's workers, which a size must divide too (the sizes suggested are those that do);
-    ``splitter``: what splits the heads (vLLM's tensor parallelism has the same rule)."""
-    heads = getattr(hf_config, "num_attention_heads", None)
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-    if heads is None:
-        raise ValueError(f"`{key}` is {ulysses_size} but the model config names no num_attention_heads.")
-    if heads % ulysses_size or (kv_heads % ulysses_size and ulysses_size % kv_heads):
-        sizes = [k for k in range(1, heads + 1) if heads % k == 0 and (kv_heads % k == 0 or k % kv_heads == 0)]
-        choice = f"Choose one of {', '.join(map(str, sizes))}."
-        if world_size is not None and any(world_size % k for k in sizes):
-            fitting = [k for k in sizes if world_size % k == 0]
-            choice = (
-                f"Of the sizes the heads allow ({', '.join(map(str, sizes))}), {', '.join(map(str, fitting))} also "
-                f"divide{'s' if len(fitting) == 1 else ''} the {world_size} workers."
-            )
-        raise ValueError(
-            f"`{key}` is {ulysses_size}, but {splitter} and this model has {heads} attention heads and {kv_heads} "
-            f"key/value heads: the attention heads must be divisible by {key}, and the key/value heads divisible by it "
-            f"or a divisor of it. {choice}"
-        )
 
 
 def enable(model: torch.nn.Module, ulysses_size: int, key: str) -> None:

@@ -508,7 +508,8 @@ def _planned_adapter_config(model: Any) -> dict | None:
     structure alone: built on the meta device, no weight is read. None, with a warning, when the model cannot be
     built here (the workers then say why)."""
     from ..models import lora, vision
-    from ..workers.fsdp_utils import load_hf_config, resolve_model_class
+    from ..models.hf_config import load_hf_config
+    from ..workers.fsdp_utils import resolve_model_class
 
     hf_config = load_hf_config(model, "causal_lm")
     model_cls = resolve_model_class(hf_config, "causal_lm")

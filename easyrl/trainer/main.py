@@ -162,7 +162,7 @@ def load_model_side(plan: RunPlan) -> tuple[Any, Any, Any]:
     from ..config.validate import check_model_sources
     from ..data.tokenizer import load_tokenizer_and_processor
     from ..demo.builtin_models import resolve_model_path
-    from ..workers.fsdp_utils import load_hf_config
+    from ..models.hf_config import load_hf_config
 
     config = plan.config
     check_model_sources(config)  # a hub id with no hub in reach: an error now, not after a minute of retries

@@ -70,8 +70,7 @@ def check_head_splits(plan: RunPlan, actor_config: Any = None) -> None:
         if size <= 1:
             continue
         from ..demo.builtin_models import resolve_model_path  # torch: only where there is something to check
-        from ..models.ulysses import check_heads
-        from ..workers.fsdp_utils import load_hf_config
+        from ..models.hf_config import check_heads, load_hf_config
 
         if model.model_path not in configs:
             local = dataclasses.replace(model, model_path=resolve_model_path(model.model_path))

@@ -266,7 +266,7 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
     from ..data.dataset import SKIPPED_ROWS_FILE, write_skipped_rows
     from ..data.tokenizer import load_tokenizer_and_processor
     from ..demo.builtin_models import resolve_model_path
-    from ..workers.fsdp_utils import load_hf_config
+    from ..models.hf_config import load_hf_config
     from ..workers.fsdp_worker import FSDPWorker
     from .run_config import record_run_config
 

@@ -6,7 +6,6 @@ also lists the vision blocks), then on a VLM's vision tower (its patch embedding
 """
 
 import copy
-import functools
 import importlib.util
 import inspect
 import logging
@@ -22,6 +21,7 @@ from torch.distributed.tensor import DTensor
 from ..config import FSDPConfig, ModelConfig
 from ..models import attention, lora, vision, vision_encoder
 from ..models.checkpoint_layout import released_dtype, save_pretrained_in_released_layout
+from ..models.hf_config import config_role, load_hf_config
 from ..utils import device
 from ..utils.remote_code import naming_the_remote_code_key
 from ..utils.torch_functional import to_dtype
@@ -110,53 +110,10 @@ def concrete_model_class(model_cls: type, hf_config, trust_remote_code: bool) ->
 register_model_class_resolver(vision.resolve_vision_language_class)
 
 
-def load_hf_config(model_config: ModelConfig, kind: str):
-    from transformers import AutoConfig
-
-    from ..demo.builtin_models import resolve_model_path
-
-    overrides = dict(model_config.override_config)
-    if kind == "value":
-        # no dropout before the value head: transformers' token-classification head otherwise drops 10% of its input
-        # in training mode, so the update's values would not be the ones the rollout step computed
-        overrides.update(num_labels=1, classifier_dropout=0.0)
-    path = resolve_model_path(model_config.model_path)
-    with naming_the_remote_code_key(path, _role(kind)):
-        config, unknown = AutoConfig.from_pretrained(
-            path, trust_remote_code=model_config.trust_remote_code, return_unused_kwargs=True, **overrides
-        )
-    # transformers applies only the keys its config class declares and hands the others back unused: a key such
-    # as classifier_dropout, which the model class reads with getattr, would be dropped without a word
-    for key, value in unknown.items():
-        setattr(config, key, value)
-    undeclared = tuple(sorted(set(unknown) & set(model_config.override_config)))
-    if undeclared:
-        _warn_undeclared_overrides(_role(kind), undeclared, type(config).__name__)
-    return config
-
-
-@functools.cache
-def _warn_undeclared_overrides(role: str, keys: tuple[str, ...], config_class: str) -> None:
-    """Once per process: a role's config is read several times (the model, the dtype its folders are written in)."""
-    logger.warning(
-        "worker.%s.model.override_config: %s %s not among %s's declared fields; set on the config all the same, "
-        "it changes the model only where the model's code reads it.",
-        role,
-        ", ".join(keys),
-        "is" if len(keys) == 1 else "are",
-        config_class,
-    )
-
-
 def model_path_dtype(model_config: ModelConfig, kind: str) -> torch.dtype | None:
     """The dtype the weights at ``model_config.model_path`` are stored in: the Hugging Face folders written from
     this model (checkpoint configs, `easyrl merge`, the SFT output) use it."""
     return released_dtype(load_hf_config(model_config, kind))
-
-
-def _role(kind: str) -> str:
-    """The config section of a model kind, for errors that name its keys."""
-    return "critic" if kind == "value" else "actor"
 
 
 def load_tokenizer_and_processor(model_config: ModelConfig, chat_template: str | None = None):
@@ -282,7 +239,7 @@ def build_fsdp_model(
     hf_config = load_hf_config(model_config, kind)
     model_cls = resolve_model_class(hf_config, kind)
     if model_config.use_liger:
-        apply_liger_kernels(hf_config, f"worker.{_role(kind)}.model.use_liger")
+        apply_liger_kernels(hf_config, f"worker.{config_role(kind)}.model.use_liger")
     dtype = to_dtype(fsdp_config.torch_dtype, default_dtype)
     common = {
         "dtype": dtype,
@@ -294,7 +251,7 @@ def build_fsdp_model(
     rank = dist.get_rank() if dist.is_initialized() else 0
     broadcast = fsdp_config.enable_rank0_init and mesh.size() > 1
     path = resolve_model_path(model_config.model_path)
-    with naming_the_remote_code_key(path, _role(kind)):
+    with naming_the_remote_code_key(path, config_role(kind)):
         if broadcast and rank != 0:
             with torch.device("meta"):
                 model = model_cls.from_config(hf_config, **common)
@@ -309,7 +266,7 @@ def build_fsdp_model(
     model.config.use_cache = False
     model.requires_grad_(trainable)
     if trainable and model_config.freeze_vision_tower:
-        vision.freeze_vision_tower(model, f"worker.{_role(kind)}.model.freeze_vision_tower")
+        vision.freeze_vision_tower(model, f"worker.{config_role(kind)}.model.freeze_vision_tower")
     if trainable and model_config.enable_gradient_checkpointing:
         # non-reentrant checkpointing also carries gradients to adapters whose layer inputs need none (LoRA)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
