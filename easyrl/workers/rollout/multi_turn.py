@@ -1396,7 +1396,7 @@ class MultiTurnRollout(BaseRollout):
 
     def _warn_abandoned(self) -> int:
         """The calls abandoned at their deadline that still run in this worker (a metric), and a warning for each
-        tool or environment method the first time its calls are found still running a generate call later."""
+        tool or environment method the first time its calls are found still running at the end of a generate call."""
         running = abandoned_still_running()
         new = sorted(set(running) - self._warned_running)
         if new:
