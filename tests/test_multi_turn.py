@@ -276,9 +276,10 @@ def test_calls_abandoned_at_their_deadline_that_still_run_are_counted_and_said_o
         return "late"
 
     calls = [ToolCall("spin", {}), ToolCall("spin", {})]
-    run_tool_calls(calls, {"spin": spin}, timeout=0.2)
-    assert multi_turn.abandoned_still_running()["tool-spin"] == 2
-    rollout = SimpleNamespace(_warned_running=set())
+    held: list = []  # a rollout's own list: another rollout's abandoned calls are not its to report
+    run_tool_calls(calls, {"spin": spin}, timeout=0.2, abandoned=held)
+    assert multi_turn.abandoned_still_running(held)["tool-spin"] == 2
+    rollout = SimpleNamespace(_warned_running=set(), _abandoned=held)
     with caplog.at_level("WARNING"):
         assert MultiTurnRollout._warn_abandoned(rollout) >= 2
         assert MultiTurnRollout._warn_abandoned(rollout) >= 2  # said once
@@ -286,9 +287,9 @@ def test_calls_abandoned_at_their_deadline_that_still_run_are_counted_and_said_o
     assert len(logged) == 1 and "tool-spin x2" in logged[0]
     done.set()
     deadline = time.monotonic() + 10
-    while multi_turn.abandoned_still_running()["tool-spin"] and time.monotonic() < deadline:
+    while multi_turn.abandoned_still_running(held)["tool-spin"] and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert multi_turn.abandoned_still_running()["tool-spin"] == 0  # finished threads are no longer counted
+    assert multi_turn.abandoned_still_running(held)["tool-spin"] == 0 and held == []  # finished ones are dropped
 
 
 def test_a_wait_without_deadline_says_every_interval_that_it_is_still_waiting(monkeypatch):

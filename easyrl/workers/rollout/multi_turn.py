@@ -209,22 +209,18 @@ def _call(fn: Callable, name: str, arguments: dict, row: Optional[dict] = None) 
     return resolved(result), len(coerced)
 
 
-# the threads of calls abandoned at their deadline (tools, environment methods) that may still run: Python cannot stop
-# a thread, and a CPU-bound one takes the interpreter lock from the training that shares this process
-_abandoned: list[threading.Thread] = []
-_abandoned_lock = threading.Lock()
+def _abandon(threads: list[threading.Thread], abandoned: Optional[list]) -> None:
+    """Keep the threads of calls abandoned at their deadline that still run (Python cannot stop a thread, and a
+    CPU-bound one takes the interpreter lock from the training that shares the process) in ``abandoned``."""
+    if abandoned is not None:
+        abandoned.extend(thread for thread in threads if thread.is_alive())
 
 
-def _abandon(threads: list[threading.Thread]) -> None:
-    with _abandoned_lock:
-        _abandoned.extend(thread for thread in threads if thread.is_alive())
-
-
-def abandoned_still_running() -> Counter:
-    """How many abandoned calls still run in this process, by thread name ("tool-<name>", "env <what>")."""
-    with _abandoned_lock:
-        _abandoned[:] = [thread for thread in _abandoned if thread.is_alive()]
-        return Counter(thread.name for thread in _abandoned)
+def abandoned_still_running(abandoned: list[threading.Thread]) -> Counter:
+    """How many of the ``abandoned`` calls still run, by thread name ("tool-<name>", "env <what>"); the finished ones
+    are dropped from the list."""
+    abandoned[:] = [thread for thread in abandoned if thread.is_alive()]
+    return Counter(thread.name for thread in abandoned)
 
 
 def run_tool_calls(
@@ -232,11 +228,13 @@ def run_tool_calls(
     tools: dict[str, Callable] | list[dict[str, Callable]],
     timeout: float,
     rows: Optional[list[Optional[dict]]] = None,
+    abandoned: Optional[list] = None,
 ) -> tuple[list[ToolResult], float]:
     """Run every call at once, each in a daemon thread, and wait at most ``timeout`` seconds for all of them; returns
     the results in order and the wall seconds. A string in ``calls`` is a parse error, answered as an error.
     ``tools``: name -> function, or one such dict per call (a tool environment's methods are its trajectory's own).
-    ``rows[i]``: the dataset row that call i's tool gets when it takes a ``row`` argument.
+    ``rows[i]``: the dataset row that call i's tool gets when it takes a ``row`` argument; ``abandoned``: a list that
+    keeps the threads of the calls abandoned at the deadline (``abandoned_still_running``).
 
     Daemon threads, not a pool: a tool that hangs forever cannot be stopped from Python, and its thread must neither
     hold a pool slot nor keep the worker process from exiting."""
@@ -271,7 +269,7 @@ def run_tool_calls(
     deadline = start + timeout
     for thread in threads:
         thread.join(max(0.0, deadline - time.perf_counter()))
-    _abandon(threads)
+    _abandon(threads, abandoned)
     for index, call in enumerate(calls):
         if results[index] is None:
             results[index] = ToolResult(
@@ -358,6 +356,7 @@ def run_with_deadline(
     timeout: Optional[float],
     what: str,
     still_waiting: Optional[Callable[[float, int], None]] = None,
+    abandoned: Optional[list] = None,
 ) -> tuple[list[EnvOutcome], float]:
     """Run every job at once, each in a daemon thread (see run_tool_calls), waiting at most ``timeout`` seconds for
     all (None: until all are done, calling ``still_waiting(seconds, jobs left)`` every INIT_NOTICE_S seconds); a job
@@ -389,7 +388,7 @@ def run_with_deadline(
                 still_waiting(time.perf_counter() - start, left)
     for thread in threads:
         thread.join(None if timeout is None else max(0.0, start + timeout - time.perf_counter()))
-    _abandon(threads)
+    _abandon(threads, abandoned)
     for index in range(len(jobs)):
         if results[index] is None:
             results[index] = EnvOutcome(error=f"{what} took longer than {timeout:g} s", timed_out=True)
@@ -851,6 +850,7 @@ class MultiTurnRollout(BaseRollout):
         self._warned_tools: set[tuple[str, bool]] = set()  # (tool, timed out) whose first failure was logged
         self._warned_long: set[str] = set()  # the tools whose cut result was logged
         self._warned_running: set[str] = set()  # the abandoned calls (by thread name) said to be still running
+        self._abandoned: list[threading.Thread] = []  # this rollout's calls abandoned at their deadline, still running
         # the most characters one token can stand for (a vocabulary piece is at least as long as its text): a result
         # of room x this many characters holds every token that fits, so the rest is never tokenized
         vocabulary = engine.tokenizer.get_vocab()
@@ -928,7 +928,7 @@ class MultiTurnRollout(BaseRollout):
                 flat = [call for _, calls in calling for call in calls]
                 rows = [t.row for t, calls in calling for _ in calls]
                 tools = [self._tools_of(t) for t, calls in calling for _ in calls] if tool_env else self.tools
-                results, seconds = run_tool_calls(flat, tools, self.multi_turn.tool_timeout, rows)
+                results, seconds = run_tool_calls(flat, tools, self.multi_turn.tool_timeout, rows, self._abandoned)
                 tool_seconds += seconds
                 position = 0
                 for t, calls in calling:
@@ -1039,7 +1039,7 @@ class MultiTurnRollout(BaseRollout):
         built = self._build_envs(trajectories, {None: self.env_class})
         ready = [(t, row) for t, row in zip(trajectories, rows) if t.env is not None]
         jobs = [lambda t=t, row=row: _env_reset(t.env, row) for t, row in ready]
-        outcomes, seconds = run_with_deadline(jobs, self.multi_turn.tool_timeout, "reset")
+        outcomes, seconds = run_with_deadline(jobs, self.multi_turn.tool_timeout, "reset", abandoned=self._abandoned)
         for (t, _), outcome in zip(ready, outcomes):
             self._count_env_failure(t, outcome)
         return built + seconds
@@ -1071,7 +1071,7 @@ class MultiTurnRollout(BaseRollout):
                 seconds,
             )
 
-        outcomes, seconds = run_with_deadline(jobs, None, "__init__", still_waiting)
+        outcomes, seconds = run_with_deadline(jobs, None, "__init__", still_waiting, self._abandoned)
         for t, outcome in zip(building, outcomes):
             if not self._count_env_failure(t, outcome):
                 t.env = outcome.env
@@ -1107,7 +1107,7 @@ class MultiTurnRollout(BaseRollout):
         built = self._build_envs(trajectories, self.env_classes)
         ready = [(index, t, row) for index, (t, row) in enumerate(zip(trajectories, columns)) if not t.env_errors]
         jobs = [lambda t=t, row=row: self._reset_one(t, row) for _, t, row in ready]
-        outcomes, seconds = run_with_deadline(jobs, self.multi_turn.tool_timeout, "reset")
+        outcomes, seconds = run_with_deadline(jobs, self.multi_turn.tool_timeout, "reset", abandoned=self._abandoned)
         attended = prompts.batch["attention_mask"].sum(-1).tolist()
         width = prompts.batch["attention_mask"].shape[-1]
         for (index, t, _), outcome in zip(ready, outcomes):
@@ -1282,7 +1282,10 @@ class MultiTurnRollout(BaseRollout):
         that raises, is late or is not a finite number counts as an environment error and its reward is 0."""
         scored = [t for t in trajectories if t.env is not None and callable(getattr(t.env, "get_reward", None))]
         outcomes, seconds = run_with_deadline(
-            [lambda t=t: _env_get_reward(t.env) for t in scored], self.multi_turn.tool_timeout, "get_reward"
+            [lambda t=t: _env_get_reward(t.env) for t in scored],
+            self.multi_turn.tool_timeout,
+            "get_reward",
+            abandoned=self._abandoned,
         )
         for t, outcome in zip(scored, outcomes):
             if outcome.error is None:
@@ -1347,7 +1350,7 @@ class MultiTurnRollout(BaseRollout):
             if t.env is None:
                 t.done = True  # its reset failed: the first turn is all it gets
         jobs = [lambda t=t: _env_step(t.env, t.messages[-1]["content"]) for t in stepping]
-        outcomes, seconds = run_with_deadline(jobs, self.multi_turn.tool_timeout, "step")
+        outcomes, seconds = run_with_deadline(jobs, self.multi_turn.tool_timeout, "step", abandoned=self._abandoned)
         for t, outcome in zip(stepping, outcomes):
             if self._count_env_failure(t, outcome):
                 t.done = True
@@ -1397,7 +1400,7 @@ class MultiTurnRollout(BaseRollout):
     def _warn_abandoned(self) -> int:
         """The calls abandoned at their deadline that still run in this worker (a metric), and a warning for each
         tool or environment method the first time its calls are found still running at the end of a generate call."""
-        running = abandoned_still_running()
+        running = abandoned_still_running(self._abandoned)
         new = sorted(set(running) - self._warned_running)
         if new:
             self._warned_running.update(new)
