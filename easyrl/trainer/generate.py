@@ -43,7 +43,7 @@ import numpy as np
 from ..config import RunPlan
 from ..protocol import DataProto
 from ..utils.logging import setup_driver_logging
-from ..workers.reward.scorer import ERRORS_KEY, JUDGE_ERRORS_KEY, named_scores
+from ..workers.reward.scorer import failed_samples, named_scores
 from ..workers.rollout.base import GenerationRequest, resolve_sampling
 from ..workers.tool_files import MULTI_TURN_COUNTS, has_tool_env
 from .checkpoint import input_file_digests, model_weights_fingerprint
@@ -457,11 +457,8 @@ def sample_scores(token_scores: Any, reward_metrics: dict[str, list[float]]) -> 
         for name, values in named_scores(reward_metrics).items()
     }
     overall = token_scores.sum(-1).tolist()
-    none = [0.0] * len(overall)
     # a judge that gave no grade (request failed, timed out, unreadable reply) scored its part 0: no answer's grade
-    failed = [
-        max(a, b) for a, b in zip(reward_metrics.get(ERRORS_KEY, none), reward_metrics.get(JUDGE_ERRORS_KEY, none))
-    ]
+    failed = failed_samples(reward_metrics, len(overall))
     scores = [{**{k: v[i] for k, v in named.items()}, "overall": overall[i]} for i in range(len(overall))]
     for score, flag in zip(scores, failed):
         if flag:

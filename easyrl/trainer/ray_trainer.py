@@ -41,10 +41,9 @@ from ..workers.reward.judge import JudgeEngineError
 from ..workers.reward.loader import RewardFunctionError
 from ..workers.reward.scorer import (
     COUNTED_IN_KEY,
-    ERRORS_KEY,
-    JUDGE_ERRORS_KEY,
     ROW_FIELDS,
     PendingScores,
+    failed_samples,
     reduce_reward_metrics,
     scores_to_non_tensor,
 )
@@ -543,25 +542,17 @@ class PPOTrainer:
             with timer("gen_baseline", timing):
                 greedy_request = GenerationRequest(sampling_override={"temperature": 0.0, "n": 1}, seed=seed)
                 greedy = rollout.generate_sequences(gen_input, greedy_request)
-                for key in ROW_FIELDS:  # what the scorer reads of the rows: the answer, and for verl / TRL more
+                # what the scorer reads of the rows: the answer, for verl / TRL more, and the row's place (warnings)
+                for key in (*ROW_FIELDS, ROW_PLACE_KEY):
                     if key in prompts.non_tensor_batch:
                         greedy.non_tensor_batch[key] = prompts.non_tensor_batch[key]
-                if ROW_PLACE_KEY in prompts.non_tensor_batch:  # the warnings name the row, as for the samples
-                    greedy.non_tensor_batch[ROW_PLACE_KEY] = prompts.non_tensor_batch[ROW_PLACE_KEY]
                 greedy.meta_info["trainer_state"] = self._trainer_state(self.global_step - 1)
                 greedy.meta_info[COUNTED_IN_KEY] = "reward/remax_baseline/errors"
                 baseline_scores, baseline_metrics = self.reward_scorer.score(greedy)
             baselines = baseline_scores.sum(-1).double()
             # a greedy response the reward (or its judge) could not score has no baseline, not a baseline of 0: NaN,
             # which compute_remax_advantage turns into advantage 0 for that prompt's samples
-            failed = [
-                bool(error) or bool(judged)
-                for error, judged in zip(
-                    baseline_metrics.get(ERRORS_KEY, [0.0] * len(baselines)),
-                    baseline_metrics.get(JUDGE_ERRORS_KEY, [0.0] * len(baselines)),
-                )
-            ]
-            baselines[torch.tensor(failed, dtype=torch.bool)] = float("nan")
+            baselines[torch.tensor(failed_samples(baseline_metrics, len(baselines)), dtype=torch.bool)] = float("nan")
             prompts.non_tensor_batch["reward_baselines"] = np.array(baselines.tolist(), dtype=object)
 
         batch = join_rollout_output(prompts.repeat(self.config.worker.rollout.n, interleave=True), generated)

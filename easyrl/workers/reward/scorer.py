@@ -89,6 +89,15 @@ def reduce_reward_metrics(reward_metrics: dict[str, list[float]]) -> dict[str, f
     return reduced
 
 
+def failed_samples(reward_metrics: dict[str, list[float]], size: int) -> list[bool]:
+    """Per sample: the reward failed on it (`reward/errors`) or its judge gave no grade (`reward/judge_errors`), so
+    its score is no answer's score."""
+    none = [0.0] * size
+    return [
+        bool(a or b) for a, b in zip(reward_metrics.get(ERRORS_KEY, none), reward_metrics.get(JUDGE_ERRORS_KEY, none))
+    ]
+
+
 def named_scores(reward_metrics: dict[str, list[float]]) -> dict[str, np.ndarray]:
     """Per-sample named scores keyed by the bare name (`overall`, `accuracy`...), NaN for a sample scored without
     that score (a TRL function's None, a part of a combined reward the sample did not get)."""
