@@ -139,8 +139,8 @@ class ToolResult:
     timed_out: bool = False
     pictures: list = field(default_factory=list)
     """The PIL images of the image parts of ``content``, in order."""
-    coerced: int = 0
-    """Arguments of the call read as the type the tool's schema advertises (the string "2" as the integer 2)."""
+    coerced: list[str] = field(default_factory=list)
+    """The arguments of the call read as the type the tool's schema advertises (the string "2" as the integer 2)."""
 
     def __post_init__(self) -> None:
         self.content = encodable(self.content)
@@ -186,27 +186,15 @@ def _content_item(item: Any) -> Any:
     return picture if isinstance(picture, Image.Image) else load_image(picture)
 
 
-_warned_coercions: set[str] = set()  # the tools whose argument re-reading was logged (once per tool and process)
-
-
-def _call(fn: Callable, name: str, arguments: dict, row: Optional[dict] = None) -> tuple[Any, int]:
-    """The tool's result and how many of its arguments were read as their advertised type (tool_files.checked_arguments);
-    raises what the tool raises, and ToolArgumentError for an argument of another type."""
+def _call(fn: Callable, arguments: dict, row: Optional[dict] = None) -> tuple[Any, list[str]]:
+    """The tool's result and its arguments read as their advertised type (tool_files.checked_arguments); raises what
+    the tool raises, and ToolArgumentError for an argument of another type."""
     arguments, coerced = checked_arguments(fn, arguments)
-    if coerced and name not in _warned_coercions:
-        _warned_coercions.add(name)
-        logger.warning(
-            "Tool %r got arguments of another type than its schema advertises, read as the advertised type: %s "
-            "(counted in rollout/multi_turn/tool_args_coerced; logged once per tool). An argument no such reading fits "
-            "answers the model with an error, counted in tool_errors.",
-            name,
-            ", ".join(coerced),
-        )
     arguments = enum_arguments(fn, arguments)
     if takes_row(fn):
         arguments = {**arguments, ROW_ARGUMENT: row}
     result = fn(**arguments)
-    return resolved(result), len(coerced)
+    return resolved(result), coerced
 
 
 def _abandon(threads: list[threading.Thread], abandoned: Optional[list]) -> None:
@@ -248,7 +236,7 @@ def run_tool_calls(
     def work(index: int, call: ToolCall) -> None:
         try:
             fn = tools_of(index)[call.name]
-            value, coerced = _call(fn, call.name, call.arguments, rows[index] if rows else None)
+            value, coerced = _call(fn, call.arguments, rows[index] if rows else None)
             content, pictures = to_content(value)
             results[index] = ToolResult(content, pictures=pictures, coerced=coerced)
         except ToolArgumentError as err:  # the tool did not run
@@ -848,6 +836,7 @@ class MultiTurnRollout(BaseRollout):
             self._idle_envs: dict[Optional[str], list] = {name: [] for name in self.env_classes}
         self._warned_slow_init = self._warned_close = False
         self._warned_tools: set[tuple[str, bool]] = set()  # (tool, timed out) whose first failure was logged
+        self._warned_coercions: set[str] = set()  # the tools whose first argument re-reading was logged
         self._warned_long: set[str] = set()  # the tools whose cut result was logged
         self._warned_running: set[str] = set()  # the abandoned calls (by thread name) said to be still running
         self._abandoned: list[threading.Thread] = []  # this rollout's calls abandoned at their deadline, still running
@@ -1388,11 +1377,12 @@ class MultiTurnRollout(BaseRollout):
                 continue
             pictures += result.pictures
         self._log_first_failures(calls, results)
+        self._log_first_coercions(calls, results)
         self._cut_long_results(t, calls, results, budget)
         t.tool_calls += len(calls)
         t.tool_errors += sum(r.error for r in results)
         t.tool_timeouts += sum(r.timed_out for r in results)
-        t.tool_args_coerced += sum(r.coerced for r in results)
+        t.tool_args_coerced += sum(len(r.coerced) for r in results)
         messages = self.renderer.messages(calls, results)
         t.messages += messages
         self._append_context(t, messages, pictures, budget)
@@ -1436,6 +1426,21 @@ class MultiTurnRollout(BaseRollout):
                     limit,
                 )
             result.content = result.content[:limit]
+
+    def _log_first_coercions(self, calls: list, results: list[ToolResult]) -> None:
+        """The first call of each tool whose arguments were read as their schema's types, once per tool."""
+        for call, result in zip(calls, results):
+            name = getattr(call, "name", None)
+            if not result.coerced or name is None or name in self._warned_coercions:
+                continue
+            self._warned_coercions.add(name)
+            logger.warning(
+                "Tool %r got arguments of another type than its schema advertises, read as the advertised type: %s "
+                "(counted in rollout/multi_turn/tool_args_coerced; logged once per tool). An argument no such reading "
+                "fits answers the model with an error, counted in tool_errors.",
+                name,
+                ", ".join(result.coerced),
+            )
 
     def _log_first_failures(self, calls: list, results: list[ToolResult]) -> None:
         """The first error and the first timeout of each tool, once per process: the counts alone do not say which
