@@ -8,8 +8,9 @@ loss, token mean, one optimizer step over the batch in micro-batches), in a plai
 rollout-shaped: left-padded prompts and right-padded responses of random lengths, so padding-free packing has padding
 to skip. Variants (``VARIANTS``): padded, padding-free, without gradient checkpointing, with the fused LM head
 (``use_fused_kernels``) and with Liger's kernels (``use_liger``, when liger-kernel is installed; its patch is
-process-wide, so the Liger variants come last). ``--rms-norm compiled`` keeps Liger's RoPE and SwiGLU but runs
-transformers' own RMSNorm under torch.compile: 2.2-2.4% faster on an H100, a lead measured here, not an easyrl setting.
+process-wide, so the Liger variants come last). ``use_liger`` runs Liger's RoPE and SwiGLU beside the model's own
+RMSNorm compiled by torch.compile (`fsdp_utils.LIGER_RMS_NORM`); ``--rms-norm liger`` takes Liger's RMSNorm kernel
+instead, to compare.
 
 Tokens/s counts real (non-padding) tokens; MFU uses easyrl.trainer.flops (PaLM's 6N + attention formula) against
 the GPU's dense bf16 peak. With ``--n`` > 1 and a ``shared`` variant both count the work of the unshared batch
@@ -98,9 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--rms-norm",
         choices=["liger", "compiled"],
-        default="liger",
-        help="with Liger: its RMSNorm kernel (what use_liger does), or transformers' own RMSNorm under torch.compile "
-        "beside Liger's RoPE and SwiGLU (a measured lead, not a setting of easyrl)",
+        default="compiled",
+        help="with use_liger: the model's own RMSNorm compiled (what easyrl does), or Liger's RMSNorm kernel",
     )
     return parser.parse_args(argv)
 
@@ -153,7 +153,8 @@ KERNEL_KINDS = [
     ("matrix products", ("gemm", "cutlass", "cublas", "nvjet", "xmma", "matmul", "splitk")),
     ("optimizer", ("multi_tensor", "adam")),
     ("liger", ("rms_norm", "swiglu", "rope", "liger")),
-    ("compiled log-prob/entropy", ("triton_",)),
+    ("log-prob kernels (Triton)", ("_partial_logsumexp_kernel", "_merge_kernel", "_log_probs_grad_kernel")),
+    ("torch.compile (RMSNorm, entropy)", ("triton_",)),
     ("copies and casts", ("copy", "memcpy", "memset", "fill", "cat", "cast")),
     ("reductions", ("reduce", "softmax", "sum", "max")),
     ("element-wise", ("elementwise", "vectorized", "unrolled")),
@@ -180,18 +181,6 @@ def print_gpu_time_by_kind(events, seconds: float) -> None:
     print(f"GPU busy {busy:.3f} s of a {seconds:.3f} s update ({100 * busy / seconds:.0f}%)")
     for kind, total in sorted(totals.items(), key=lambda item: -item[1]):
         print(f"  {kind:<28} {1000 * total:8.1f} ms  {100 * total / busy:5.1f}%")
-
-
-def compile_rms_norm() -> None:
-    """``--rms-norm compiled``: Liger patches everything but RMSNorm, whose transformers forward runs compiled (dynamic
-    shapes, one compiled function for every layer's norm)."""
-    import torch
-    from liger_kernel.transformers import monkey_patch
-    from transformers.models.qwen2 import modeling_qwen2
-
-    apply = monkey_patch.MODEL_TYPE_TO_APPLY_LIGER_FN["qwen2"]
-    monkey_patch.MODEL_TYPE_TO_APPLY_LIGER_FN["qwen2"] = lambda **kwargs: apply(**{**kwargs, "rms_norm": False})
-    modeling_qwen2.Qwen2RMSNorm.forward = torch.compile(modeling_qwen2.Qwen2RMSNorm.forward, dynamic=True)
 
 
 def run_variant(args: argparse.Namespace, model_path: str, overrides: list[str], data) -> dict:
@@ -266,10 +255,10 @@ def main(argv: list[str] | None = None) -> None:
     from .common import append_result, describe_machine, print_table
 
     table = []
-    if args.rms_norm == "compiled":
-        if importlib.util.find_spec("liger_kernel") is None:
-            sys.exit("--rms-norm compiled replaces Liger's RMSNorm: it needs liger-kernel installed")
-        compile_rms_norm()
+    if args.rms_norm == "liger":
+        from easyrl.workers import fsdp_utils
+
+        fsdp_utils.LIGER_RMS_NORM = True
     with one_rank_process_group(), tempfile.TemporaryDirectory(prefix="easyrl_bench_qwen2_") as folder:
         model_path = build_model_folder(folder)
         data = rollout_batch(args, QWEN2_0_5B["vocab_size"])
@@ -289,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
         table,
         title=f"Actor update, Qwen2.5-0.5B shape (random), bf16 compute: {args.batch} sequences ({args.n} per "
         f"prompt), prompts <= {args.prompt_length}, responses <= {args.response_length}, micro-batch {args.micro_batch}"
-        f"{', RMSNorm compiled' if args.rms_norm == 'compiled' else ''} ({describe_machine()})",
+        f"{', Liger RMSNorm' if args.rms_norm == 'liger' else ''} ({describe_machine()})",
     )
     append_result("actor_update_gpu", {"args": vars(args), "variants": table})
 

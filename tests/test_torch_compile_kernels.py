@@ -1,6 +1,7 @@
 """`worker.actor.use_torch_compile`: the log-prob and entropy kernels run compiled, give the eager numbers, do not
 recompile for a new token count, and fall back to eager with one warning where compiling is impossible."""
 
+import os
 import subprocess
 import sys
 
@@ -86,6 +87,106 @@ def test_a_new_token_count_does_not_recompile():
             )
             entropy_fn(logits, TEMPERATURE)
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_the_compiled_log_prob_gradient_is_one_pass_over_the_chunk():
+    """The gradient of a chunk's log-probs compiles to one element-wise kernel (read the logits, write the gradient),
+    not a scatter into an fp32 copy re-read by a second kernel: the fused LM head's backward is bound by these bytes."""
+    from torch._inductor import metrics
+
+    from easyrl.utils.torch_functional import _log_probs_grad_chunk
+
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(12, 300, generator=generator).to(torch.bfloat16)
+    labels = torch.randint(0, 300, (12,), generator=generator)
+    logsumexp = torch.logsumexp(logits.float() / TEMPERATURE, dim=-1)
+    grad_output = torch.randn(12, generator=generator)
+    metrics.reset()
+    compiled = torch.compile(_log_probs_grad_chunk, dynamic=True, fullgraph=True)
+    got = compiled(logits, labels, logsumexp, grad_output, 1 / TEMPERATURE)
+    assert metrics.generated_kernel_count == 1
+    assert got.dtype == torch.bfloat16
+    # (onehot - softmax(z / T)) / T x incoming gradient, in float64
+    probs = torch.softmax(logits.double() / TEMPERATURE, dim=-1)
+    expected = (
+        (torch.nn.functional.one_hot(labels, 300).double() - probs) * grad_output.double()[:, None] / TEMPERATURE
+    )
+    torch.testing.assert_close(got.double(), expected, rtol=1e-2, atol=1e-3)
+
+
+TRITON_PROGRAM = """
+import torch
+from easyrl.utils import triton_logprobs
+
+torch.manual_seed(0)
+T = 0.7
+for dtype, rows, vocab, block in ((torch.float32, 5, 1000, 64), (torch.bfloat16, 3, 333, 32), (torch.float32, 2, 64, 64)):
+    # a wider buffer: rows are not contiguous with each other, as a slice of a larger chunk
+    wide = torch.randn(rows, vocab + 24) * 4
+    wide[0, 7] = 60.0  # one dominant logit: the merge of the splits must keep it
+    logits = wide[:, :vocab].to(dtype)
+    labels = torch.randint(0, vocab, (rows,))
+    labels[0], labels[-1] = 0, vocab - 1
+    log_probs, lse = triton_logprobs.log_probs_chunk(logits, labels, 1 / T, block=block)
+    z = logits.double() / T
+    ref_lse = torch.logsumexp(z, dim=-1)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(log_probs.double(), z.gather(1, labels[:, None]).squeeze(1) - ref_lse, rtol=1e-6, atol=1e-5)
+    grad_output = torch.randn(rows)
+    grad = triton_logprobs.log_probs_grad_chunk(logits, labels, lse, grad_output, 1 / T, block=block)
+    assert grad.dtype == dtype and grad.shape == logits.shape
+    expected = (torch.nn.functional.one_hot(labels, vocab).double() - torch.softmax(z, -1)) * grad_output.double()[:, None] / T
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(grad.double(), expected, rtol=tolerance, atol=tolerance)
+print("triton kernels ok")
+"""
+
+
+def test_triton_log_prob_kernels_equal_a_float64_reference_in_the_interpreter():
+    """The GPU's log-prob kernels (utils/triton_logprobs.py), run by Triton's interpreter on the CPU: a row split over
+    several log-sum-exp programs, a last block and split cut short, rows that are slices of a wider buffer, labels at
+    the first and last column, fp32 and bf16."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", TRITON_PROGRAM], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "triton kernels ok" in result.stdout
+
+
+def test_rms_norms_run_compiled_with_one_graph_for_all_layers_and_eager_numbers():
+    """`use_liger` runs the model's own RMSNorm layers compiled (fsdp_utils.compile_rms_norms): every layer, one
+    compiled graph for all of them and for any token count, the eager values and gradients."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from easyrl.workers.fsdp_utils import compile_rms_norms
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config)
+    norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+    for norm in norms:  # not all ones, so that a gradient through the weight shows
+        norm.weight.data.uniform_(0.5, 1.5)
+    ids = torch.randint(0, 256, (2, 17))
+    expected = model(ids).logits
+    expected.square().mean().backward()
+    expected_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+
+    assert compile_rms_norms(model) == len(norms) == 2 * 3 + 1
+    calls, graphs = compiled_kernel_calls(), counters["stats"]["unique_graphs"]
+    got = model(ids).logits
+    got.square().mean().backward()
+    model(torch.randint(0, 256, (3, 29)))  # another token count: no new graph
+    assert compiled_kernel_calls() - calls == 2 * len(norms)
+    assert counters["stats"]["unique_graphs"] - graphs == 1
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, expected_grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 FALLBACK_PROGRAM = """

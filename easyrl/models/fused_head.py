@@ -18,8 +18,9 @@ logits once, for the log-prob and the entropy gradient together, and the forward
 kept (two floats per row), so neither is recomputed; checkpointing would re-run the whole chunk forward (log-sum-exp
 and entropy passes over rows x vocab) and then differentiate the entropy through autograd, with several fp32
 rows x vocab temporaries alive at once. The arithmetic is `torch_functional`'s chunk kernels, eager or compiled by
-``worker.actor.use_torch_compile``: `_log_probs_chunk` and `_entropy_chunk` forward, their closed-form gradients
-`_log_probs_grad_chunk` and `_entropy_grad_chunk` backward.
+``worker.actor.use_torch_compile`` (on a GPU the log-prob ones are Triton kernels, `triton_logprobs`):
+`_log_probs_chunk` and `_entropy_chunk` forward, their closed-form gradients `_log_probs_grad_chunk` and
+`_entropy_grad_chunk` backward.
 """
 
 from collections.abc import Callable, Iterator
