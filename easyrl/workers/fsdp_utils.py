@@ -129,7 +129,8 @@ def load_tokenizer_and_processor(model_config: ModelConfig, chat_template: str |
 
 # With use_liger, RMSNorm is the model's own layer compiled by torch.compile rather than Liger's kernel: on an H100
 # Liger's RMSNorm backward ran at about a quarter of the memory bandwidth, and the compiled norm made the whole actor
-# update 2.2-2.4% faster (README, Performance). benchmarks/actor_update_gpu.py sets this true to compare the two.
+# update 2.2-2.4% faster there and 2.4% on an H200 (README, Performance). benchmarks/actor_update_gpu.py sets this
+# true to compare the two.
 LIGER_RMS_NORM = False
 
 
