@@ -89,6 +89,8 @@ def _run_command(command: str, load_plan, load_runner, run_errors=tuple) -> int:
     except errors as err:
         text = error_text(err).rstrip("\n")
         for note in getattr(err, "__notes__", ()):  # where a stopped run goes on from: its own line after a traceback
+            if "\n" not in text and not text.endswith((".", "!", "?", ":")):
+                text += "."  # the note is a sentence of its own
             text += ("\n" if "\n" in text else " ") + note
         print(f"easyrl {command}: {text}", file=sys.stderr)
         return 2

@@ -154,3 +154,19 @@ def test_check_refuses_the_data_and_hub_models_a_run_would_refuse_before_ray(tmp
     # a slice of a built-in split is what it is for a data file: the split's first rows
     sliced = run_easyrl("check", demo, "data.val_files=builtin://arithmetic_small@test[:16]")
     assert sliced.returncode == 0, sliced.stderr
+
+
+def test_an_error_that_stops_a_run_and_its_resume_note_read_as_two_sentences(capsys):
+    """A run error printed on one line (exit 2) ends its sentence before the note that says where to resume."""
+    from easyrl.cli import _run_command
+
+    def run(plan):
+        error = RuntimeError("the judge engine died while judging a batch: killed by a signal (a segfault)")
+        error.add_note("The last complete checkpoint is ckpt/global_step_1; rerun the same command to resume from it.")
+        raise error
+
+    assert _run_command("train", lambda: None, lambda: run, lambda: (RuntimeError,)) == 2
+    assert capsys.readouterr().err == (
+        "easyrl train: the judge engine died while judging a batch: killed by a signal (a segfault). The last "
+        "complete checkpoint is ckpt/global_step_1; rerun the same command to resume from it.\n"
+    )

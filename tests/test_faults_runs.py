@@ -19,6 +19,7 @@ from easyrl.trainer.checkpoint import list_checkpoints
 from tests.fixtures.trainer_runs import (
     GRPO_RUN_OVERRIDES,
     RUN_TIMEOUT_S,
+    actor_pids,
     kill_process_group,
     launch_training,
     log_tail,
@@ -60,19 +61,8 @@ def _wait_for_exit(proc, log_path, timeout: float = RUN_TIMEOUT_S) -> int:
 
 
 def _worker_pids(session_leader: int) -> list[int]:
-    """The FSDP worker processes (Ray actors) a run started: same session as its driver, titled ``ray::FSDPWorker``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                title = handle.read().split(b"\0")[0].decode(errors="replace")
-            if title.startswith("ray::FSDPWorker") and os.getsid(int(entry)) == session_leader:
-                pids.append(int(entry))
-        except (OSError, ProcessLookupError):
-            continue
-    return sorted(pids)
+    """The FSDP worker processes (Ray actors) a run started."""
+    return actor_pids(session_leader, "FSDPWorker")
 
 
 def _assert_steps_equal_the_uninterrupted_run(save_dir: Path, reference: dict, steps: list[int]) -> None:

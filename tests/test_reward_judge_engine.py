@@ -3,7 +3,9 @@ its head shaped so that replies end and hold digits; easyrl/testing/tiny_judge.p
 by a regex as the HTTP judge reads them, the weighted sum with the rule reward, the config check, and a 2-step GRPO
 run through `easyrl train` with the judge engine on."""
 
+import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -15,13 +17,24 @@ from easyrl.workers.reward.judge import (
     JUDGE_SILENT_STREAK,
     REQUEST_FAILED,
     UNPARSABLE,
+    JudgeEngineDied,
     JudgeUnreachableError,
     compile_score_pattern,
 )
 from easyrl.workers.reward.judge_engine import JudgeEngineError, VllmJudge
 from easyrl.workers.reward.scorer import RewardScorer
 from easyrl.workers.rollout.vllm_rollout import kv_cache_kwargs
-from tests.fixtures.trainer_runs import TWO_STEP_HALF_RULE_OVERRIDES, metrics_by_step, run_training, train_args
+from tests.fixtures.trainer_runs import (
+    TWO_STEP_HALF_RULE_OVERRIDES,
+    actor_pids,
+    kill_process_group,
+    launch_training,
+    log_tail,
+    metrics_by_step,
+    run_training,
+    train_args,
+    wait_for_path,
+)
 from tests.test_reward_judge import judged_batch
 
 
@@ -76,10 +89,14 @@ def test_the_engine_judges_a_batch_and_its_replies_are_read_by_the_regex(ray_clu
             assert [v.failure.kind for v in judge.score(["a sum"] * 2, inputs[:2])] == [UNPARSABLE] * 2
         with pytest.raises(JudgeUnreachableError) as silent:
             judge.score(["a sum"] * 2, inputs[:2])
-        # an engine that died stops the run with the key to look at, instead of scoring every sample 0
+        # an engine that died says so, with the key to look at, instead of scoring every sample 0; a run restarts it
+        # (trainer.max_restarts): a new engine judges the next batch
         ray.kill(judge.engine, no_restart=True)
-        with pytest.raises(JudgeEngineError, match=r"judge engine \(worker.reward.judge.model_path=.*\) died while"):
+        with pytest.raises(JudgeEngineDied, match=r"judge engine \(worker.reward.judge.model_path=.*\) died while"):
             judge.score(["a sum"], inputs[:1])
+        judge.pattern = compile_score_pattern(DIGIT.pattern)
+        judge.restart()
+        assert len(judge.score(["a sum"] * 3, inputs[:3])) == 3
     finally:
         judge.close()
     message = str(silent.value)
@@ -177,16 +194,12 @@ def test_check_accepts_a_judge_engine_and_refuses_one_it_cannot_run(valid_args, 
             load_config(vllm_judge_args(valid_args, *extra))
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_two_grpo_steps_train_with_the_judge_engine_in_the_reward(tiny_model_path, tiny_judge_path, tmp_path):
-    """`easyrl train` on the tiny model (one worker) with the tiny judge's engine in its own actor: every step's
-    reward is the weighted sum of the rule reward and the engine's grade, every sample judged or counted."""
-    save_dir, log_path = tmp_path / "run", tmp_path / "train.log"
-    overrides = TWO_STEP_HALF_RULE_OVERRIDES + [
+def judge_engine_run_overrides(judge_path) -> list[str]:
+    """Two tiny GRPO steps on one worker whose reward is 0.5 x rule + 0.25 x the tiny judge's grade."""
+    return TWO_STEP_HALF_RULE_OVERRIDES + [
         "worker.reward.judge.kind=vllm",
         "worker.reward.judge.weight=0.25",
-        f"worker.reward.judge.model_path={tiny_judge_path}",
+        f"worker.reward.judge.model_path={judge_path}",
         "worker.reward.judge.dtype=fp32",
         "worker.reward.judge.kv_cache_memory_bytes=67108864",
         "worker.reward.judge.temperature=1.0",
@@ -194,6 +207,15 @@ def test_two_grpo_steps_train_with_the_judge_engine_in_the_reward(tiny_model_pat
         "worker.reward.judge.score_pattern=([0-9])",
         "worker.reward.judge.score_range=[0,9]",
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_grpo_steps_train_with_the_judge_engine_in_the_reward(tiny_model_path, tiny_judge_path, tmp_path):
+    """`easyrl train` on the tiny model (one worker) with the tiny judge's engine in its own actor: every step's
+    reward is the weighted sum of the rule reward and the engine's grade, every sample judged or counted."""
+    save_dir, log_path = tmp_path / "run", tmp_path / "train.log"
+    overrides = judge_engine_run_overrides(tiny_judge_path)
     run_training(train_args(tiny_model_path, save_dir, overrides), log_path, timeout=540)
     rows = metrics_by_step(save_dir)
     assert sorted(rows) == [1, 2]
@@ -206,3 +228,40 @@ def test_two_grpo_steps_train_with_the_judge_engine_in_the_reward(tiny_model_pat
     # the engine's own output went to the run's logs, not to the console
     assert "Qwen2ForCausalLM" in (save_dir / "logs" / "judge_engine_0.log").read_text()
     assert "Qwen2ForCausalLM" not in log_path.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_judge_engine_killed_mid_run_is_restarted_with_the_workers_and_the_run_finishes(
+    tiny_model_path, tiny_judge_path, tmp_path
+):
+    """trainer.max_restarts covers the judge's engine as it covers a training worker: SIGKILL of the engine (what
+    the out-of-memory killer sends) after step 1's checkpoint, and the run starts its workers and a new engine,
+    resumes from its last checkpoint and trains every step with the judge's grades."""
+    save_dir, log_path = tmp_path / "run", tmp_path / "train.log"
+    overrides = [
+        *judge_engine_run_overrides(tiny_judge_path),
+        "trainer.max_steps=3",
+        "trainer.save_model_only=false",
+        "trainer.save_freq=1",
+        "trainer.max_restarts=1",
+    ]
+    proc = launch_training(train_args(tiny_model_path, save_dir, overrides), log_path)
+    try:
+        wait_for_path(save_dir / "global_step_1" / "COMPLETE", proc, log_path, timeout=900)
+        (engine,) = actor_pids(proc.pid, "JudgeEngine")
+        os.kill(engine, signal.SIGKILL)
+        returncode = proc.wait(timeout=1200)
+    finally:
+        kill_process_group(proc)
+    assert returncode == 0, log_tail(log_path)
+    text = log_path.read_text(errors="replace")
+    assert f"the judge engine (worker.reward.judge.model_path={tiny_judge_path}) died while judging a batch" in text
+    assert re.search(rf"Restarting every worker and resuming from {re.escape(str(save_dir))}/global_step_\d", text)
+    rows = metrics_by_step(save_dir)
+    assert sorted(rows) == [1, 2, 3]
+    assert rows[1]["trainer/restarts"] == 0 and rows[3]["trainer/restarts"] == 1
+    for step in (2, 3):
+        assert rows[step]["reward/overall"] == pytest.approx(
+            0.5 * rows[step]["reward/rule"] + 0.25 * rows[step]["reward/judge"]
+        )

@@ -765,7 +765,8 @@ class TrainerConfig:
     max_restarts: int = 0
     """When a worker process dies (killed, out of memory, crashed), kill every worker, start new ones and resume
     from the last complete checkpoint, up to this many times per `easyrl train` or `easyrl sft` (logged as
-    trainer/restarts); 0 ends the run with a message naming the worker."""
+    trainer/restarts); 0 ends the run with a message naming the worker. A `vllm` judge's engine that dies counts
+    the same (a new engine starts with the workers)."""
     save_checkpoint_path: Optional[str] = None
     """Checkpoint folder; null means checkpoints/<project_name>/<experiment_name>."""
     load_checkpoint_path: Optional[str] = None

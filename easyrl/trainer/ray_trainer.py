@@ -37,7 +37,7 @@ from ..data.template import RESET_CONTENT
 from ..protocol import DataProto
 from ..utils.engine_metrics import reduce_call_metrics
 from ..utils.torch_functional import to_dtype
-from ..workers.reward.judge import JudgeEngineError
+from ..workers.reward.judge import JudgeEngineDied, JudgeEngineError
 from ..workers.reward.loader import RewardFunctionError
 from ..workers.reward.scorer import (
     COUNTED_IN_KEY,
@@ -184,33 +184,40 @@ class PPOTrainer:
     def fit(self) -> dict[str, float]:
         """Train until total_epochs or max_steps; return the last step's metrics.
 
-        A worker process that dies ends the run with a message naming it (``WorkerDied``) or, while
-        ``trainer.max_restarts`` allows, has every worker started again and the run resumed from the last complete
-        checkpoint. A stop signal ends the run after the current step, with a checkpoint (``RunStopped``).
+        A worker process (or a `vllm` judge's engine) that dies ends the run with a message naming it (``WorkerDied``)
+        or, while ``trainer.max_restarts`` allows, has every worker (and the engine) started again and the run resumed
+        from the last complete checkpoint. A stop signal ends the run after the current step, with a checkpoint (``RunStopped``).
         """
         max_restarts = self.config.trainer.max_restarts
-        restart = False
+        restart = judge_died = False
         while True:
             try:
                 if restart:
                     self.workers = self.restart_workers()
+                if judge_died:
+                    self.reward_scorer.restart_judge()
+                    judge_died = False
                 return self._train()
+            except JudgeEngineDied as error:  # before its base class's clause: a dead process, as a worker's
+                died, judge_died = error, True
             except (RewardFunctionError, JudgeEngineError) as error:
                 # a reward or judge that cannot score ends the run (printed as one line): say where it can go on from
                 error.add_note(self._resume_hint())
                 raise
-            except WorkerDiedError as died:
-                self.reward_scorer.cancel_pending()  # the step that was scoring is lost with the worker
-                self.restarts = restart_after(
-                    died,
-                    step=self.global_step,
-                    restarts=self.restarts,
-                    max_restarts=max_restarts,
-                    checkpoint=self.last_checkpoint,
-                    can_restart=self.restart_workers is not None and not self.stop.requested,
-                    trainer=self.config.trainer,
-                )
-                restart = True
+            except WorkerDiedError as error:
+                died = error
+            # a worker or the judge engine died: every worker starts again (and the engine) while max_restarts allows
+            self.reward_scorer.cancel_pending()  # the step that was scoring is lost with the worker
+            self.restarts = restart_after(
+                died,
+                step=self.global_step,
+                restarts=self.restarts,
+                max_restarts=max_restarts,
+                checkpoint=self.last_checkpoint,
+                can_restart=self.restart_workers is not None and not self.stop.requested,
+                trainer=self.config.trainer,
+            )
+            restart = True
 
     def _train(self) -> dict[str, float]:
         """From the last complete checkpoint (or the beginning) to the last step."""

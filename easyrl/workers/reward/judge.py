@@ -120,6 +120,11 @@ class JudgeEngineError(RuntimeError):
     the judges' other errors, so that the driver names it without importing the engine's module (vLLM's helpers)."""
 
 
+class JudgeEngineDied(JudgeEngineError):
+    """The judge engine's process died while the run went on (killed, out of memory, crashed): under
+    `trainer.max_restarts` the run restarts its workers and the engine and resumes, as when a training worker dies."""
+
+
 class JudgeUnreachableError(RewardFunctionError):
     """No sample of the judge's first batch (or of JUDGE_SILENT_STREAK batches in a row) got a score: a wrong
     `worker.reward.judge.base_url`, model, key or score_pattern, or a judge that went down. A RewardFunctionError, so

@@ -31,6 +31,7 @@ from ...utils.logging import setup_worker_logging
 from ..rollout.vllm_rollout import VLLM_DTYPES, _cpu_engine_environment, check_cpu_head_size, kv_cache_kwargs
 from .judge import (
     REQUEST_FAILED,
+    JudgeEngineDied,
     JudgeEngineError,
     JudgeFailure,
     JudgeResult,
@@ -132,15 +133,20 @@ class VllmJudge:
             ["worker.reward.judge.model_path (a model that answers in the template's format)"],
             config.timeout_s,
         )
+        self.run_dir, self.startup_timeout_s = run_dir, startup_timeout_s
+        self.engine = self._start_engine()
+
+    def _start_engine(self) -> Any:
+        config, timeout_s = self.config, self.startup_timeout_s
         # one CPU drives the engine (on CPU its vLLM backend computes with it); a GPU share when num_gpus > 0
-        self.engine = JudgeEngine.options(num_cpus=1, num_gpus=config.num_gpus).remote(config, run_dir)
+        engine = JudgeEngine.options(num_cpus=1, num_gpus=config.num_gpus).remote(config, self.run_dir)
         try:
-            ray.get(self.engine.ready.remote(), timeout=startup_timeout_s)
+            ray.get(engine.ready.remote(), timeout=timeout_s)
         except GetTimeoutError:
-            ray.kill(self.engine, no_restart=True)
+            ray.kill(engine, no_restart=True)
             raise JudgeEngineError(
                 f"The judge engine (worker.reward.judge.model_path={config.model_path}) did not start within "
-                f"{startup_timeout_s:g} s. Its actor needs 1 CPU and worker.reward.judge.num_gpus={config.num_gpus:g} "
+                f"{timeout_s:g} s. Its actor needs 1 CPU and worker.reward.judge.num_gpus={config.num_gpus:g} "
                 f"GPUs besides the training workers' (free now: {ray.available_resources()}); give Ray more, or "
                 "lower worker.reward.judge.num_gpus."
             ) from None
@@ -148,6 +154,12 @@ class VllmJudge:
             raise JudgeEngineError(
                 f"The judge engine (worker.reward.judge.model_path={config.model_path}) failed to start: {err}"
             ) from err
+        return engine
+
+    def restart(self) -> None:
+        """A new engine in place of one that died (`JudgeEngineDied`, trainer.max_restarts)."""
+        ray.kill(self.engine, no_restart=True)
+        self.engine = self._start_engine()
 
     def submit(self, prompts: Sequence[str], inputs: Sequence[dict]) -> "ray.ObjectRef":
         """Start judging one batch (`prompts[i]` with the reward input `inputs[i]`); `collect` reads the result."""
@@ -160,8 +172,8 @@ class VllmJudge:
         try:
             replies = ray.get(pending)
         except RayError as err:
-            raise JudgeEngineError(
-                f"The judge engine (worker.reward.judge.model_path={self.config.model_path}) died while judging a "
+            raise JudgeEngineDied(
+                f"the judge engine (worker.reward.judge.model_path={self.config.model_path}) died while judging a "
                 f"batch: {describe_death(err)}"
             ) from err
         verdicts = [

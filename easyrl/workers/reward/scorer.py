@@ -457,6 +457,11 @@ class RewardScorer:
             pending.cancel()
         self._pending = []
 
+    def restart_judge(self) -> None:
+        """A new judge engine in place of one that died (`JudgeEngineDied`; only a `vllm` judge has an engine)."""
+        if self.judge is not None and hasattr(self.judge, "restart"):
+            self.judge.restart()
+
     def _score_decoded(
         self,
         responses: torch.Tensor,
