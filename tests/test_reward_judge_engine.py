@@ -3,6 +3,7 @@ its head shaped so that replies end and hold digits; easyrl/testing/tiny_judge.p
 by a regex as the HTTP judge reads them, the weighted sum with the rule reward, the config check, and a 2-step GRPO
 run through `easyrl train` with the judge engine on."""
 
+import json
 import os
 import re
 import signal
@@ -189,9 +190,39 @@ def test_check_accepts_a_judge_engine_and_refuses_one_it_cannot_run(valid_args, 
         ([f"worker.reward.judge.model_path={judge}", "worker.reward.judge.num_gpus=1"], "has no NVIDIA GPU"),
         ([f"worker.reward.judge.model_path={judge}", "worker.reward.judge.score_pattern=x"], "0 groups"),
         ([f"worker.reward.judge.model_path={tmp_path}"], "holds no config.json"),
+        ([f"worker.reward.judge.model_path={judge}", "worker.reward.judge.max_model_len=0"], "must be >= 1"),
     ]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_config(vllm_judge_args(valid_args, *extra))
+    # a CPU engine's KV cache must hold one request of its context, or vLLM refuses to start it: said before Ray
+    # starts, with what fits (SmolLM2-135M's shape: 30 layers x 3 key-value heads x 64, 8192 positions)
+    shaped = tmp_path / "smollm2_shaped"
+    shaped.mkdir()
+    (shaped / "config.json").write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 30,
+                "num_attention_heads": 9,
+                "num_key_value_heads": 3,
+                "hidden_size": 576,
+                "max_position_embeddings": 8192,
+            }
+        )
+    )
+    small_cache = [f"worker.reward.judge.model_path={shaped}", "worker.reward.judge.kv_cache_memory_bytes=67108864"]
+    per_token = 2 * 30 * 3 * 64 * 2  # bf16: 23040 bytes, 0.18 GiB for 8192 tokens
+    with pytest.raises(ConfigError) as refused:
+        load_config(vllm_judge_args(valid_args, *small_cache))
+    assert str(refused.value) == (
+        "the judge engine's KV cache (`worker.reward.judge.kv_cache_memory_bytes`: 0.06 GiB) cannot hold one request "
+        f"of its context (8192 tokens of {shaped} x {per_token} bytes in bf16 = 0.18 GiB), and the engine would refuse "
+        "to start. Set worker.reward.judge.max_model_len to what a judge message and its reply need (at most "
+        f"{(64 << 20) // per_token} tokens fit), or give worker.reward.judge.kv_cache_memory_bytes at least "
+        f"{8192 * per_token}."
+    )
+    config = load_config(vllm_judge_args(valid_args, *small_cache, "worker.reward.judge.max_model_len=2048"))
+    assert config.worker.reward.judge.max_model_len == 2048
+    load_config(vllm_judge_args(valid_args, f"worker.reward.judge.model_path={shaped}"))  # 1 GiB holds it
 
 
 def judge_engine_run_overrides(judge_path) -> list[str]:

@@ -619,7 +619,11 @@ class JudgeConfig:
     """Share of its GPU's memory the `vllm` judge engine may use (GPU only)."""
     kv_cache_memory_bytes: Optional[int] = None
     """KV-cache size of the `vllm` judge engine in bytes; null: 1 GiB on CPU (vLLM needs an explicit size there),
-    gpu_memory_utilization's share on GPU."""
+    gpu_memory_utilization's share on GPU. It must hold one request of max_model_len tokens."""
+    max_model_len: Optional[int] = None
+    """`vllm`: the judge engine's context in tokens (the judge message and its reply); null: the judge model's own
+    (32k-128k for many models, whose KV cache for one request that long may not fit kv_cache_memory_bytes). A
+    longer message scores as a judge error, counted in reward/judge_errors."""
     max_length: int = 4096
     """`classifier`: longest reward-model input in tokens (the chat-templated prompt and response); a longer one is
     cut at its end (the start, with the prompt, is kept), scored as cut, and counted in a warning."""

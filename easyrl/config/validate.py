@@ -222,6 +222,7 @@ RANGES: dict[str, Interval] = {
     "worker.reward.judge.num_gpus": NON_NEGATIVE,
     "worker.reward.judge.gpu_memory_utilization": PROBABILITY,
     "worker.reward.judge.kv_cache_memory_bytes": AT_LEAST_ONE,
+    "worker.reward.judge.max_model_len": AT_LEAST_ONE,
     "trainer.total_epochs": AT_LEAST_ONE,
     "trainer.max_steps": AT_LEAST_ONE,
     "trainer.nnodes": AT_LEAST_ONE,
@@ -882,6 +883,37 @@ def _check_judge_engine_device(judge: JudgeConfig, prefix: str, nnodes: int) -> 
         )
 
 
+def _check_judge_kv_cache(judge: JudgeConfig, prefix: str) -> None:
+    """A judge engine on the CPU gets a KV cache of kv_cache_memory_bytes (1 GiB when unset), which vLLM refuses to
+    start with unless one request of the whole context fits: say so before Ray starts, from the model's config.json
+    (a local folder; plain multi-head or grouped-query attention only: other layouts are left to the engine)."""
+    config_file = Path(judge.model_path).expanduser() / "config.json"
+    if judge.num_gpus > 0 or not config_file.is_file():
+        return
+    try:
+        hf_config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # the engine's own start names an unreadable config
+    text = {**hf_config, **(hf_config.get("text_config") or {})}
+    layers, heads = text.get("num_hidden_layers"), text.get("num_attention_heads")
+    context = judge.max_model_len or text.get("max_position_embeddings")
+    if not (layers and heads and context) or "kv_lora_rank" in text or text.get("use_sliding_window"):
+        return
+    head_dim = text.get("head_dim") or text.get("hidden_size", 0) // heads
+    kv_heads = text.get("num_key_value_heads") or heads
+    per_token = 2 * layers * kv_heads * head_dim * (4 if judge.dtype in ("fp32", "float32") else 2)
+    available = judge.kv_cache_memory_bytes or (1 << 30)
+    if context * per_token > available:
+        raise ConfigError(
+            f"the judge engine's KV cache (`{prefix}.kv_cache_memory_bytes`: {available / 2**30:.2f} GiB) cannot hold "
+            f"one request of its context ({context} tokens of {judge.model_path} x {per_token} bytes in "
+            f"{judge.dtype} = {context * per_token / 2**30:.2f} GiB), and the engine would refuse to start. Set "
+            f"{prefix}.max_model_len to what a judge message and its reply need (at most "
+            f"{available // per_token} tokens fit), or give {prefix}.kv_cache_memory_bytes at least "
+            f"{context * per_token}."
+        )
+
+
 def _check_judge(config: PPOConfig) -> None:
     """`worker.reward.judge`: everything a judge needs that can be known without asking it (no request is sent)."""
     reward, prefix = config.worker.reward, "worker.reward.judge"
@@ -904,6 +936,7 @@ def _check_judge(config: PPOConfig) -> None:
     elif judge.kind == "vllm":
         _check_model_path(f"{prefix}.model_path", judge.model_path, required=True)
         _check_judge_engine_device(judge, prefix, config.trainer.nnodes)
+        _check_judge_kv_cache(judge, prefix)
     elif judge.kind == "classifier":
         _check_classifier_judge(judge, prefix)
         return  # it reads no template and parses no text

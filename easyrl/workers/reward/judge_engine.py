@@ -72,6 +72,8 @@ class JudgeEngine:
             "disable_log_stats": True,
         }
         kwargs.update(kv_cache_kwargs(config.kv_cache_memory_bytes))  # judge prompts share their template's blocks
+        if config.max_model_len is not None:
+            kwargs["max_model_len"] = config.max_model_len
         path = resolve_model_path(config.model_path)
         with _cpu_engine_environment():
             from vllm import LLM, SamplingParams
@@ -151,8 +153,15 @@ class VllmJudge:
                 "lower worker.reward.judge.num_gpus."
             ) from None
         except RayError as err:
+            advice = ""
+            if "KV cache" in str(err) or "max seq len" in str(err):  # vLLM's advice names its own arguments
+                advice = (
+                    " The KV cache must hold one request of the engine's context: set worker.reward.judge.max_model_len "
+                    "to what a judge message and its reply need, or give the engine more memory "
+                    "(worker.reward.judge.kv_cache_memory_bytes; on a GPU, worker.reward.judge.gpu_memory_utilization)."
+                )
             raise JudgeEngineError(
-                f"The judge engine (worker.reward.judge.model_path={config.model_path}) failed to start: {err}"
+                f"The judge engine (worker.reward.judge.model_path={config.model_path}) failed to start: {err}{advice}"
             ) from err
         return engine
 
