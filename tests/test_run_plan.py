@@ -80,6 +80,30 @@ def test_max_steps_sets_the_step_count_outright_as_in_easyr1():
     assert plan.with_training_steps(3).training_steps == 7  # more than one epoch: the data is cycled
 
 
+def test_the_actors_schedule_spans_the_steps_after_the_critic_warmup():
+    """The actor's scheduler advances only on the steps that update it: a cosine schedule over every step of the run
+    would end at 0.105 of the peak (100 steps, warm-up 20), not at its floor."""
+    from torch import nn, optim
+
+    from easyrl.workers.optim import build_lr_scheduler
+
+    overrides = ["trainer.max_steps=100", "algorithm.adv_estimator=gae", "trainer.critic_warmup=20"]
+    overrides += ["worker.critic.global_batch_size=4"]
+    plan = load_run_plan(BASE + overrides + ["worker.actor.optim.lr_scheduler_type=cosine"]).with_training_steps(3)
+    actor, critic = plan.config.worker.actor.optim, plan.config.worker.critic.optim
+    assert (plan.training_steps, actor.training_steps, critic.training_steps) == (100, 80, 100)
+    assert "the schedule spans the actor's 80 steps" in plan.describe()
+    optimizer = optim.SGD(nn.Linear(1, 1).parameters(), lr=1.0)
+    scheduler = build_lr_scheduler(optimizer, actor, "worker.actor.optim")
+    rates = []
+    for _ in range(80):  # the actor's updates, steps 21-100
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert rates[0] == 1.0 and rates[-1] == pytest.approx(0.5 * (1 + math.cos(math.pi * 79 / 80)))
+    assert rates[-1] < 0.001
+
+
 def test_the_plan_says_how_many_prompts_a_validation_runs_and_that_a_resumed_run_does_not_validate_first(
     tiny_model_path, tmp_path
 ):
@@ -550,7 +574,7 @@ def test_the_plan_notes_a_critic_warmup_without_a_critic_which_only_freezes_the_
     # with a critic the warmup is the plan's, not a note: when the actor starts to learn
     assert (
         "critic warmup: steps 1-3 train the critic only; the actor's first update, and its learning-rate schedule, "
-        "begin at step 4 (trainer.critic_warmup)"
+        "begin at step 4 (trainer.critic_warmup); the schedule spans the actor's remaining steps"
     ) in plan.describe().splitlines()
     assert "critic warmup" not in load_run_plan([*BASE, *CRITIC_MODES["critic"]]).describe()
 

@@ -263,6 +263,11 @@ EASYR1_DIFFERENCES: dict[str, str] = {
         "timing_s/<phase>). A "
         "dashboard built on EasyR1's validation keys needs the new names"
     ),
+    "trainer.critic_warmup": (
+        "the actor's learning-rate schedule spans the steps after the warm-up, the ones that update it (EasyR1 and "
+        "verl size it over every step while the actor's scheduler stands still in the warm-up, so a cosine schedule "
+        "ended at 0.105 of the peak for 100 steps with a warm-up of 20, not at its floor)"
+    ),
     "trainer.val_before_train": (
         "validates before the first step of a run that starts afresh, not again when a run resumes (EasyR1 "
         "validates at every resume); trainer.val_only validates the resumed checkpoint"

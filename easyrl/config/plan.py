@@ -119,7 +119,9 @@ class RunPlan:
                 "prompts. Use more data, a smaller rollout_batch_size, or set trainer.max_steps."
             )
         check_critic_warmup(config, steps, counted_by)
-        config.worker.actor.optim.training_steps = steps
+        # the actor's schedule spans the steps that update it: during trainer.critic_warmup its scheduler does not
+        # advance (EasyR1 and verl size it over every step, so a cosine schedule never reaches its floor)
+        config.worker.actor.optim.training_steps = steps - config.trainer.critic_warmup
         config.worker.critic.optim.training_steps = steps
         return dataclasses.replace(self, training_steps=steps)
 
@@ -175,7 +177,8 @@ class RunPlan:
                 [
                     f"critic warmup: steps 1-{config.trainer.critic_warmup} train the critic only; the actor's first "
                     f"update, and its learning-rate schedule, begin at step {config.trainer.critic_warmup + 1} "
-                    "(trainer.critic_warmup)"
+                    f"(trainer.critic_warmup); the schedule spans the actor's "
+                    f"{actor.optim.training_steps if actor.optim.training_steps > 0 else 'remaining'} steps"
                 ]
                 * (self.use_critic and config.trainer.critic_warmup > 0)
             ),

@@ -249,7 +249,8 @@ class OptimConfig:
     """Schedule after warmup: constant or cosine."""
     training_steps: int = field(default=-1, metadata=derived("trainer.max_steps", "trainer.total_epochs"))
     """Training steps of the run (the schedule's length): trainer.max_steps, else the steps of trainer.total_epochs
-    over the training data (derived; -1 until the data is read)."""
+    over the training data (derived; -1 until the data is read). The actor's leaves out trainer.critic_warmup, the
+    steps that do not update it."""
 
 
 @dataclass
@@ -733,7 +734,8 @@ class TrainerConfig:
     critic_warmup: int = 0
     """Steps that update only the critic before the actor starts learning: the actor is first updated at step
     critic_warmup + 1, so it must be below the run's steps. Without a critic those steps only generate and score
-    (as in EasyR1); the run plan says so."""
+    (as in EasyR1); the run plan says so. The actor's learning-rate schedule spans the steps after the warm-up (in
+    EasyR1 and verl it spans every step, so a cosine schedule ends above its floor)."""
     balance_batch: bool = True
     """Reorder each training batch so that every data-parallel rank (world / worker.actor.ulysses_size of them) gets
     the same number of rows and about the same number of real tokens (longest-first greedy), from the log-prob passes
