@@ -217,19 +217,14 @@ class WorkerDied(RunInterrupted):
         super().__init__(f"easyrl: in step {step}, {cause}{tried}. {hint}")
 
 
-def restart_after(
-    died: Exception,
-    *,
-    step: int,
-    restarts: int,
-    max_restarts: int,
-    checkpoint: str | None,
-    can_restart: bool,
-    trainer: Any,
-) -> int:
-    """The restart count to go on with after a worker died in ``step`` (RL or SFT), logged; raises ``WorkerDied``
-    when ``trainer.max_restarts`` is spent or no restart is possible (``can_restart``: a restart function exists and
-    no stop signal came)."""
+def restart_after(died: Exception, run: Any) -> int:
+    """The restart count to go on with after a worker died in the current step of ``run`` (the RL or the SFT
+    trainer: its global_step, restarts, last_checkpoint, restart_workers, stop and config), logged; raises
+    ``WorkerDied`` when ``trainer.max_restarts`` is spent or no restart is possible (no restart function, or a stop
+    signal came)."""
+    step, restarts, checkpoint, trainer = run.global_step, run.restarts, run.last_checkpoint, run.config.trainer
+    max_restarts = trainer.max_restarts
+    can_restart = run.restart_workers is not None and not run.stop.requested
     if restarts >= max_restarts or not can_restart:
         raise WorkerDied(died, step, restarts, max_restarts, resume_hint(checkpoint, trainer)) from died
     logger.warning(

@@ -186,9 +186,9 @@ class PPOTrainer:
 
         A worker process (or a `vllm` judge's engine) that dies ends the run with a message naming it (``WorkerDied``)
         or, while ``trainer.max_restarts`` allows, has every worker (and the engine) started again and the run resumed
-        from the last complete checkpoint. A stop signal ends the run after the current step, with a checkpoint (``RunStopped``).
+        from the last complete checkpoint. A stop signal ends the run after the current step, with a checkpoint
+        (``RunStopped``).
         """
-        max_restarts = self.config.trainer.max_restarts
         restart = judge_died = False
         while True:
             try:
@@ -208,15 +208,7 @@ class PPOTrainer:
                 died = error
             # a worker or the judge engine died: every worker starts again (and the engine) while max_restarts allows
             self.reward_scorer.cancel_pending()  # the step that was scoring is lost with the worker
-            self.restarts = restart_after(
-                died,
-                step=self.global_step,
-                restarts=self.restarts,
-                max_restarts=max_restarts,
-                checkpoint=self.last_checkpoint,
-                can_restart=self.restart_workers is not None and not self.stop.requested,
-                trainer=self.config.trainer,
-            )
+            self.restarts = restart_after(died, self)
             restart = True
 
     def _train(self) -> dict[str, float]:

@@ -190,20 +190,11 @@ class SFTTrainer:
 
         A worker that dies ends the run naming it (``WorkerDied``) or, while ``trainer.max_restarts`` allows, the
         group is started again and the run resumes from the last complete checkpoint, as in RL."""
-        max_restarts = self.config.trainer.max_restarts
         while True:
             try:
                 return self._train()
             except WorkerDiedError as died:
-                self.restarts = restart_after(
-                    died,
-                    step=self.global_step,
-                    restarts=self.restarts,
-                    max_restarts=max_restarts,
-                    checkpoint=self.last_checkpoint,
-                    can_restart=self.restart_workers is not None and not self.stop.requested,
-                    trainer=self.config.trainer,
-                )
+                self.restarts = restart_after(died, self)
                 self.workers = self.restart_workers()
 
     def _train(self) -> dict[str, float]:
