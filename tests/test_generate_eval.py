@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -761,3 +762,26 @@ def test_an_existing_output_is_checked_and_a_finished_one_ends_the_run_before_ra
         result.stdout
     )
     assert not (tmp_path / "logs" / "actor_rollout_0.log").exists()  # no worker started
+
+
+def test_a_stop_signal_that_a_ray_wait_turns_into_keyboard_interrupt_is_still_named(tmp_path, capsys):
+    """SIGTERM while generating: easyrl's handler raises inside a wait of Ray's, which hands the driver a plain
+    KeyboardInterrupt; the run still says SIGTERM and exits 143 (a scheduler's preemption, not Ctrl-C's 130)."""
+    from easyrl.trainer.generate import GenerationStopped, stop_keeps_rows, stop_signals_raise
+
+    output = tmp_path / "samples.jsonl"
+    output.write_text('{"index": 0, "responses": ["a"]}\n')
+    received: list[int] = []
+    with pytest.raises(SystemExit) as stopped:
+        with stop_keeps_rows("eval", str(output), received):
+            with stop_signals_raise(received):
+                try:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(5)  # the handler raises here, in the main thread
+                except GenerationStopped:
+                    raise KeyboardInterrupt from None  # what ray.wait made of it
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.startswith(
+        f"easyrl eval: interrupted (SIGTERM): {output} keeps the rows of 1 prompts, every batch that was finished"
+    )
+    assert received == [signal.SIGTERM]

@@ -517,6 +517,7 @@ class GenerationRun:
         self.workers = None
         self.reward = None
         self.rollout = None
+        self._workers_needed = False
         left = prompts_left(output, self.tokenizer, self.val_loader, samples, settings)
         if left == 0:
             logger.warning("%s holds a row for every prompt of data.val_files: nothing to generate.", output)
@@ -531,11 +532,14 @@ class GenerationRun:
                 left,
             )
         init_ray(plan)
-        self._start()
+        self._workers_needed = True
 
-    def _start(self) -> None:
+    def start_workers(self) -> None:
+        """The generation workers and the reward scorer (after Ray started; nothing when no prompt is left)."""
         from .main import RunWorkers
 
+        if not self._workers_needed:
+            return
         config = self.plan.config
         self.workers = RunWorkers(self.plan, generation_only=True)
         try:
@@ -587,12 +591,15 @@ class GenerationStopped(KeyboardInterrupt):
 
 
 @contextmanager
-def stop_signals_raise() -> Iterator[None]:
+def stop_signals_raise(received: list[int]) -> Iterator[None]:
     """SIGTERM and SIGUSR1 raise ``GenerationStopped`` in the main thread until the block ends, as Ctrl-C raises
-    KeyboardInterrupt. Installed once Ray has started: Ray's driver handler for SIGTERM exits silently with status 15."""
+    KeyboardInterrupt, and are appended to ``received`` first: a wait inside Ray turns the exception into a plain
+    KeyboardInterrupt, and `stop_keeps_rows` still names the signal. Installed once Ray has started: Ray's driver
+    handler for SIGTERM exits silently with status 15."""
     from .faults import STOP_SIGNALS
 
     def handle(signum: int, frame: Any) -> None:
+        received.append(signum)
         raise GenerationStopped(signum)
 
     others = [signum for signum in STOP_SIGNALS if signum != signal.SIGINT]
@@ -607,14 +614,15 @@ def stop_signals_raise() -> Iterator[None]:
 
 
 @contextmanager
-def stop_keeps_rows(command: str, path: str) -> Iterator[None]:
+def stop_keeps_rows(command: str, path: str, received: list[int]) -> Iterator[None]:
     """A stop signal (Ctrl-C, SIGTERM, SIGUSR1) ends `easyrl generate` / `easyrl eval` with one line, not a traceback:
     what is kept (the rows of every finished batch) and that the same command continues, and exit status 128 + the
-    signal's number (130 for Ctrl-C, 143 for SIGTERM)."""
+    signal's number (130 for Ctrl-C, 143 for SIGTERM). ``received``: the signals `stop_signals_raise` caught (none:
+    Ctrl-C's KeyboardInterrupt)."""
     try:
         yield
     except KeyboardInterrupt as stop:
-        signum = stop.signum if isinstance(stop, GenerationStopped) else signal.SIGINT
+        signum = stop.signum if isinstance(stop, GenerationStopped) else received[0] if received else signal.SIGINT
         kept = len({row["index"] for row in read_rows(path)})
         print(
             f"easyrl {command}: interrupted ({signal.Signals(signum).name}): {path} keeps the rows of {kept} "
@@ -638,10 +646,13 @@ def generate_file(
     ``path``, each batch sampled with the seed (worker.rollout.seed, ``seed_kind``, batch); the workers are released
     when it returns, and a stop signal (Ctrl-C, SIGTERM) ends it with one line (``stop_keeps_rows``)."""
     seed = plan.config.worker.rollout.seed
-    with stop_keeps_rows(command, path):
-        run = GenerationRun(plan, path, samples, settings)
+    received: list[int] = []
+    with stop_keeps_rows(command, path, received):
+        run = GenerationRun(plan, path, samples, settings)  # Ray starts here (a stop then ends it at once)
         try:
-            with stop_signals_raise():
+            # from the workers' start on, which takes a while (engines load), not only while generating
+            with stop_signals_raise(received):
+                run.start_workers()
                 summary = run.generate(
                     path, lambda batch: dataclasses.replace(request, seed=[seed, seed_kind, batch]), samples
                 )
