@@ -693,6 +693,17 @@ def test_a_file_made_by_other_weights_answers_or_reward_code_is_refused(tiny_mod
     ):
         prompts_left(str(tmp_path / "tools.jsonl"), tokenizer, loader, 4, after)
     assert "input_files" not in settings  # no tools, environment or judge: nothing to digest
+    # sampled generations draw per batch (a seed of the batch's index): other batches, other samples
+    sampled = [*args, "worker.rollout.val_override_config={temperature: 0.7}"]
+    by_two = generation_settings(load_run_plan([*sampled, "data.val_batch_size=2"]), GenerationRequest(validate=True))
+    append_rows(str(tmp_path / "sampled.jsonl"), [{**rows[0], "settings": by_two}])
+    by_three = generation_settings(
+        load_run_plan([*sampled, "data.val_batch_size=3"]), GenerationRequest(validate=True)
+    )
+    with pytest.raises(GenerationFileError, match=r"other settings \(val_batch_size: 2 in the file, 3 now\)"):
+        prompts_left(str(tmp_path / "sampled.jsonl"), tokenizer, loader, 4, by_three)
+    greedy = [*args, "worker.rollout.val_override_config={temperature: 0}"]
+    assert "val_batch_size" not in generation_settings(load_run_plan(greedy), GenerationRequest(validate=True))
     # rows of an earlier version have no digests: read, not refused for lacking them
     older = {key: value for key, value in settings.items() if key not in ("model_weights", "reward_file")}
     earlier = str(tmp_path / "earlier.jsonl")

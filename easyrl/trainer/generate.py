@@ -140,8 +140,9 @@ def _decode_responses(tokenizer: Any, batch: DataProto) -> list[str]:
 
 
 def generation_settings(plan: RunPlan, request: GenerationRequest) -> dict[str, Any]:
-    """What makes a file's responses and scores: the model, the sampling ``request`` resolves to, the seed, the
-    multi-turn settings (tools, environment, turns) and the reward (as stored in each row, in JSON's types)."""
+    """What makes a file's responses and scores: the model, the sampling ``request`` resolves to, the seed (and with
+    sampling, the batches it is drawn per), the multi-turn settings (tools, environment, turns) and the reward (as
+    stored in each row, in JSON's types)."""
     config = plan.config
     sampling = resolve_sampling(config.worker.rollout, request)
     model = config.worker.actor.model.model_path
@@ -156,6 +157,9 @@ def generation_settings(plan: RunPlan, request: GenerationRequest) -> dict[str, 
         "seed": config.worker.rollout.seed,
         "reward_function": reward.reward_function or None,
     }
+    if sampling.temperature > 0:
+        # each batch samples with a seed of its index: other batches draw other samples for the same prompts
+        settings["val_batch_size"] = config.data.val_batch_size
     multi_turn = config.worker.rollout.multi_turn
     if multi_turn.enabled:  # tools, an environment, the turn limits: each changes what a response is
         settings["multi_turn"] = dataclasses.asdict(multi_turn)
@@ -183,7 +187,7 @@ def generation_settings(plan: RunPlan, request: GenerationRequest) -> dict[str, 
 
 
 # settings that earlier versions did not write: a file without them is not refused for lacking them
-LATER_SETTINGS = ("model_weights", "reward_file", "input_files")
+LATER_SETTINGS = ("model_weights", "reward_file", "input_files", "val_batch_size")
 
 
 def _comparable(written: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
