@@ -487,6 +487,10 @@ class MultiTurnConfig:
         return bool(self.tools or self.env)
 
 
+# vLLM's CPU backend needs an explicit KV-cache size; a rollout or judge engine without one gets this much
+DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+
+
 @dataclass
 class RolloutConfig:
     """`worker.rollout.*`: the generation engine and sampling."""

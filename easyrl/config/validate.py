@@ -27,7 +27,7 @@ from ..workers.reward.loader import (
 )
 from .compat import FOREIGN_CHOICE_VALUES
 from .load import data_parallel_size
-from .schema import ActorConfig, ConfigError, JudgeConfig, PPOConfig
+from .schema import DEFAULT_CPU_KV_CACHE_BYTES, ActorConfig, ConfigError, JudgeConfig, PPOConfig
 
 
 # Names of the registered algorithms and loggers, listed here so that check needs no torch import; a test asserts
@@ -902,7 +902,7 @@ def _check_judge_kv_cache(judge: JudgeConfig, prefix: str) -> None:
     head_dim = text.get("head_dim") or text.get("hidden_size", 0) // heads
     kv_heads = text.get("num_key_value_heads") or heads
     per_token = 2 * layers * kv_heads * head_dim * (4 if judge.dtype in ("fp32", "float32") else 2)
-    available = judge.kv_cache_memory_bytes or (1 << 30)
+    available = judge.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
     if context * per_token > available:
         raise ConfigError(
             f"the judge engine's KV cache (`{prefix}.kv_cache_memory_bytes`: {available / 2**30:.2f} GiB) cannot hold "

@@ -589,10 +589,6 @@ def default_path(plan: RunPlan, configured: str | None, name: str) -> str:
 class GenerationStopped(KeyboardInterrupt):
     """A stop signal other than SIGINT (SIGTERM from a scheduler, SIGUSR1 before a time limit) while generating."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
 
 @contextmanager
 def stop_signals_raise(received: list[int]) -> Iterator[None]:
@@ -625,8 +621,8 @@ def stop_keeps_rows(command: str, path: str, received: list[int]) -> Iterator[No
     Ctrl-C's KeyboardInterrupt)."""
     try:
         yield
-    except KeyboardInterrupt as stop:
-        signum = stop.signum if isinstance(stop, GenerationStopped) else received[0] if received else signal.SIGINT
+    except KeyboardInterrupt:
+        signum = received[0] if received else signal.SIGINT
         kept = len({row["index"] for row in read_rows(path)})
         print(
             f"easyrl {command}: interrupted ({signal.Signals(signum).name}): {path} keeps the rows of {kept} "

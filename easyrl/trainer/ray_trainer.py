@@ -189,17 +189,16 @@ class PPOTrainer:
         from the last complete checkpoint. A stop signal ends the run after the current step, with a checkpoint
         (``RunStopped``).
         """
-        restart = judge_died = False
+        died: Exception | None = None  # what ended the last try: restart what it took down
         while True:
             try:
-                if restart:
-                    self.workers = self.restart_workers()
-                if judge_died:
+                if isinstance(died, JudgeEngineDied):  # first: a worker that dies restarting must not skip it
                     self.reward_scorer.restart_judge()
-                    judge_died = False
+                if died is not None:
+                    self.workers = self.restart_workers()
                 return self._train()
             except JudgeEngineDied as error:  # before its base class's clause: a dead process, as a worker's
-                died, judge_died = error, True
+                died = error
             except (RewardFunctionError, JudgeEngineError) as error:
                 # a reward or judge that cannot score ends the run (printed as one line): say where it can go on from
                 error.add_note(self._resume_hint())
@@ -209,7 +208,6 @@ class PPOTrainer:
             # a worker or the judge engine died: every worker starts again (and the engine) while max_restarts allows
             self.reward_scorer.cancel_pending()  # the step that was scoring is lost with the worker
             self.restarts = restart_after(died, self)
-            restart = True
 
     def _train(self) -> dict[str, float]:
         """From the last complete checkpoint (or the beginning) to the last step."""

@@ -119,6 +119,11 @@ class _CompileState:
         self.unavailable_reason: str | None = None
         self.compiled_calls = 0
 
+    def served(self) -> None:
+        """Count a chunk-kernel call that compiled code (torch.compile's or Triton's) served."""
+        with self.lock:
+            self.compiled_calls += 1
+
     def give_up(self, reason: str) -> None:
         with self.lock:
             if self.unavailable_reason is None:
@@ -169,8 +174,7 @@ class LazilyCompiled:
             out = self.fn(*args)
             _STATE.give_up(f"torch.compile failed ({type(error).__name__}: {str(error).strip().splitlines()[0]})")
             return out
-        with _STATE.lock:
-            _STATE.compiled_calls += 1
+        _STATE.served()
         return out
 
 
@@ -211,8 +215,7 @@ class _TritonOnCuda:
                     _TritonOnCuda.failure,
                 )
             else:
-                with _STATE.lock:
-                    _STATE.compiled_calls += 1
+                _STATE.served()
                 return out
         return self.fallback(logits, *args)
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ...config import RolloutConfig
+from ...config.schema import DEFAULT_CPU_KV_CACHE_BYTES
 from ...utils import device
 from .base import (
     BaseRollout,
@@ -58,7 +59,6 @@ VLLM_DTYPES = {
     "float32": "float32",
 }
 # vLLM needs an explicit KV-cache size on CPU (gpu_memory_utilization would be read as a share of host RAM)
-DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 # KV block size on CPU. vLLM's CPU default (128) is longer than most RL prompts, and prefix caching shares only full
 # blocks, so the n samples of a prompt each prefilled it again; with 32 (the smallest its CPU attention takes) they
 # share the prompt's whole blocks within one generate call: 8 prompts x n=4 of 57 tokens prefill in 2.0 s, not 3.6 s.
