@@ -97,7 +97,9 @@ def test_the_engine_judges_a_batch_and_its_replies_are_read_by_the_regex(ray_clu
             judge.score(["a sum"], inputs[:1])
         judge.pattern = compile_score_pattern(DIGIT.pattern)
         judge.restart()
-        assert len(judge.score(["a sum"] * 3, inputs[:3])) == 3
+        # at temperature 1 each message samples with a seed of its own: the new engine grades the first batch's
+        # messages, in the reverse order, with the same replies (a resumed run's judge grades as the first run's)
+        again = judge.score(["a sum"] * 11, inputs[10::-1])
     finally:
         judge.close()
     message = str(silent.value)
@@ -124,6 +126,8 @@ def test_the_engine_judges_a_batch_and_its_replies_are_read_by_the_regex(ray_clu
     for verdict in no_digit:
         assert verdict.score == 0.0 and not DIGIT.search(verdict.reply)
     assert [verdicts.index(v) for v in refused] == [11]
+    assert [v.reply for v in again] == [v.reply for v in verdicts[10::-1]]
+    assert len({v.reply for v in again}) > 1  # sampled, not one greedy reply
     assert "the judge model takes 2047 at most" in refused[0].failure.detail
     from easyrl.testing.tiny_models import tiny_tokenizer
 

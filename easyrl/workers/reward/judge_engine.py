@@ -17,6 +17,7 @@ a score in range scores 0 and counts in reward/judge_errors, and so does a messa
 context (vLLM would refuse the whole batch for one such prompt). A dead engine stops the run.
 """
 
+import hashlib
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
@@ -28,7 +29,13 @@ from ...controller.worker_group import describe_death
 from ...demo.builtin_models import resolve_model_path
 from ...utils import device
 from ...utils.logging import setup_worker_logging
-from ..rollout.vllm_rollout import VLLM_DTYPES, _cpu_engine_environment, check_cpu_head_size, kv_cache_kwargs
+from ..rollout.vllm_rollout import (
+    MAX_REQUEST_SEED,
+    VLLM_DTYPES,
+    _cpu_engine_environment,
+    check_cpu_head_size,
+    kv_cache_kwargs,
+)
 from .judge import (
     REQUEST_FAILED,
     JudgeEngineDied,
@@ -49,7 +56,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-JUDGE_SEED = 0  # the engine's sampling seed: a judge sampling at temperature > 0 grades reproducibly
+JUDGE_SEED = 0  # the engine's own seed; each request samples with message_seed's
+
+
+def message_seed(ids: list[int]) -> int:
+    """The sampling seed of one judge message, from its token ids: a judge sampling at temperature > 0 grades the
+    same message the same way whatever the batch, its place in it, or how many batches the engine judged before (an
+    engine restarted on a resume starts over; one seed for the engine would give each message the draws of its place
+    in the engine's history)."""
+    digest = hashlib.blake2b(repr(ids).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % MAX_REQUEST_SEED
 STARTUP_TIMEOUT_S = 600.0
 LOG_GROUP = "judge_engine"  # its output goes to <run_dir>/logs/judge_engine_0.log
 
@@ -82,7 +98,9 @@ class JudgeEngine:
         if not cuda:
             way_out = "Serve the judge elsewhere (worker.reward.judge.kind=http with base_url)"
             check_cpu_head_size(self.llm.llm_engine.model_config.get_head_size(), path, "judge engine", way_out)
-        self.sampling = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens)
+        self.sampling = lambda seed: SamplingParams(
+            temperature=config.temperature, max_tokens=config.max_tokens, seed=seed
+        )
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
 
@@ -102,7 +120,8 @@ class JudgeEngine:
     def generate(self, messages: list[str]) -> list[tuple[str, bool, Optional[str]]]:
         ids = [self.encode(message) for message in messages]
         fits = [i for i, row in enumerate(ids) if len(row) < self.max_model_len]
-        outputs = self.llm.generate([{"prompt_token_ids": ids[i]} for i in fits], self.sampling, use_tqdm=False)
+        sampling = [self.sampling(message_seed(ids[i])) for i in fits]
+        outputs = self.llm.generate([{"prompt_token_ids": ids[i]} for i in fits], sampling, use_tqdm=False)
         replies: list[tuple[str, bool, Optional[str]]] = [
             (
                 "",
