@@ -66,6 +66,8 @@ def message_seed(ids: list[int]) -> int:
     in the engine's history)."""
     digest = hashlib.blake2b(repr(ids).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % MAX_REQUEST_SEED
+
+
 STARTUP_TIMEOUT_S = 600.0
 LOG_GROUP = "judge_engine"  # its output goes to <run_dir>/logs/judge_engine_0.log
 
