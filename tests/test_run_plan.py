@@ -651,6 +651,10 @@ def test_the_plan_says_when_checkpoints_are_written_and_how_many_stay():
         periodic.describe()
     )
     assert "in /ckpt/run, the newest 2 kept" in periodic.describe()
+    # EasyR1 reads any value <= 0 as -1; the plan quotes the value the user wrote
+    zero = load_run_plan(BASE + ["trainer.save_freq=0", "trainer.save_limit=0"]).describe()
+    assert "after the last step (trainer.save_freq 0: that one only)" in zero
+    assert "all kept (trainer.save_limit 0)" in zero
 
 
 def test_the_plan_names_remaxs_greedy_baseline_generation():
@@ -698,6 +702,18 @@ def test_offload_on_a_machine_without_cuda_is_noted_as_moving_nothing():
             "nothing moves."
         ]
     assert not [note for note in load_run_plan(BASE).notes if "offloading" in note]
+    # without a KL term no reference model runs: its offload key is not among those said to move nothing
+    no_ref = load_run_plan(
+        BASE
+        + [
+            "algorithm.disable_kl=true",
+            "worker.ref.offload.offload_params=true",
+            "worker.actor.offload.offload_params=true",
+        ]
+    )
+    if not nvidia_gpus_visible():
+        (note,) = [note for note in no_ref.notes if "offloading to host memory" in note]
+        assert note.startswith("worker.actor.offload.offload_params: offloading")
 
 
 def test_a_setting_the_chosen_estimator_or_loss_does_not_read_is_noted():
@@ -789,3 +805,20 @@ def test_a_local_ray_that_fails_to_start_is_one_line_saying_to_run_again(monkeyp
         "some of the raylet). It happens on a machine under heavy load, or while the processes of a killed run are "
         "still exiting (they do within about 2 minutes): run the command again."
     )
+
+
+def test_greedy_validation_with_several_samples_and_filtering_single_samples_are_noted():
+    """Both run as asked and waste or drop what the user wanted: n greedy answers are one answer n times; a group of
+    one sample whose 0/1 score is its mean is outside (filter_low, filter_high), so online filtering drops it."""
+    greedy = [note for note in load_run_plan(BASE).notes if "samples greedily" in note]
+    assert greedy == []
+    (greedy,) = [
+        note
+        for note in load_run_plan(BASE + ["worker.rollout.val_override_config={temperature: 0, n: 4}"]).notes
+        if "samples greedily" in note
+    ]
+    assert greedy.startswith("worker.rollout.val_override_config samples greedily (temperature 0) with n=4: the 4 ")
+    single = ["algorithm.adv_estimator=reinforce_plus_plus", "worker.rollout.n=1", "algorithm.online_filtering=true"]
+    (note,) = [note for note in load_run_plan(BASE + single).notes if "online_filtering with" in note]
+    assert "a sample scored 0.01 or below, or 0.99 or above, is dropped (with a 0/1 reward, every one)" in note
+    assert not [n for n in load_run_plan(BASE + single[:2]).notes if "online_filtering with" in n]

@@ -235,10 +235,15 @@ def checkpoint_schedule(trainer: Any) -> str:
         when.append(f"every {trainer.save_freq} steps")
     if trainer.save_every_minutes > 0:
         when.append(f"every {trainer.save_every_minutes:g} minutes")
-    when.append("after the last step" + (" (trainer.save_freq -1: that one only)" if trainer.save_freq <= 0 else ""))
+    only = f" (trainer.save_freq {trainer.save_freq}: that one only)" if trainer.save_freq <= 0 else ""
+    when.append("after the last step" + only)
     when.append("at a stop signal")
     what = "the model alone (trainer.save_model_only)" if trainer.save_model_only else "model and optimizer"
-    kept = f"the newest {trainer.save_limit} kept" if trainer.save_limit > 0 else "all kept (trainer.save_limit -1)"
+    kept = (
+        f"the newest {trainer.save_limit} kept"
+        if trainer.save_limit > 0
+        else f"all kept (trainer.save_limit {trainer.save_limit})"
+    )
     return f"{', '.join(when)}; {what}, in {trainer.save_checkpoint_path}, {kept}"
 
 
@@ -392,6 +397,21 @@ def _settings_without_effect(config: PPOConfig) -> list[str]:
             "bound: worker.actor.clip_ratio_low=1 or more. It matters only off-policy (ppo_epochs > 1 or "
             "mini-batches), where the ratio is not 1."
         )
+    rollout, val = config.worker.rollout, config.worker.rollout.val_override_config or {}
+    val_n = val.get("n", rollout.n)
+    if val.get("temperature", rollout.temperature) == 0 and val_n > 1:
+        notes.append(
+            f"worker.rollout.val_override_config samples greedily (temperature 0) with n={val_n}: the {val_n} answers "
+            f"to a prompt are the same answer, generated and scored {val_n} times. Set val_override_config.n=1, or a "
+            "temperature above 0 for several different answers."
+        )
+    if algorithm.online_filtering and rollout.n == 1:
+        notes.append(
+            "algorithm.online_filtering with worker.rollout.n=1: each group is one sample, so its mean "
+            f"{algorithm.filter_key} is that sample's own score, and a sample scored {algorithm.filter_low:g} or "
+            f"below, or {algorithm.filter_high:g} or above, is dropped (with a 0/1 reward, every one). Online "
+            "filtering is for groups of several samples (worker.rollout.n > 1)."
+        )
     notes += _settings_the_algorithm_does_not_read(config)
     if not nvidia_gpus_visible():
         # host-memory offload has nothing to move where the workers compute on the CPU (fsdp_utils, fsdp_worker)
@@ -399,7 +419,7 @@ def _settings_without_effect(config: PPOConfig) -> list[str]:
         offloads = [
             f"worker.{name}.{key}"
             for name, role in roles.items()
-            if name != "critic" or uses_critic(config)
+            if {"critic": uses_critic(config), "ref": not config.algorithm.disable_kl}.get(name, True)
             for key, on in (
                 ("fsdp.enable_cpu_offload", role.fsdp.enable_cpu_offload),
                 ("offload.offload_params", role.offload.offload_params),

@@ -762,10 +762,10 @@ class TrainerConfig:
     """Sample generations logged at each validation: drawn over the whole validation set with a fixed seed, the same
     samples at every validation, so that an answer can be followed from step to step."""
     save_freq: int = -1
-    """Save a checkpoint every this many steps; -1 saves only at the end."""
+    """Save a checkpoint every this many steps; -1 (or any value <= 0, as in EasyR1) saves only at the end."""
     save_limit: int = -1
     """Checkpoints kept: the newest saves (a run resumed from an earlier step keeps its own before the later steps of
-    the run it branched from); older ones are deleted; -1 keeps all. An old checkpoint is deleted once the new one is
+    the run it branched from); older ones are deleted; -1 (or any value <= 0, as in EasyR1) keeps all. An old checkpoint is deleted once the new one is
     complete, so the disk holds save_limit + 1 of them while a checkpoint is written."""
     save_model_only: bool = False
     """Save only model weights (no optimizer or dataloader state): such a checkpoint cannot be resumed (a rerun in
