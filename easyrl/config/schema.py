@@ -555,6 +555,10 @@ class RolloutConfig:
     """Copied from data.max_prompt_length (derived)."""
     response_length: int = field(default=-1, metadata=derived("data.max_response_length"))
     """Copied from data.max_response_length (derived)."""
+    min_pixels: Optional[int] = field(default=None, metadata=derived("data.min_pixels"))
+    """Copied from data.min_pixels (derived): pictures from tools and environments are sized as the dataset's."""
+    max_pixels: Optional[int] = field(default=None, metadata=derived("data.max_pixels"))
+    """Copied from data.max_pixels (derived)."""
 
 
 @dataclass
