@@ -74,27 +74,64 @@ def test_the_epoch_a_reward_reads_counts_passes_and_a_changed_data_file_is_said(
 
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from easyrl.trainer.ray_trainer import PPOTrainer, _batches_drawn
+    from easyrl.data.loader import batches_drawn, restore_position
+    from easyrl.trainer.ray_trainer import PPOTrainer
 
     for workers in (0, 2):
         loader = StatefulDataLoader(list(range(10)), batch_size=2, num_workers=workers)
         batches = iter(loader)
         for _ in range(3):
             next(batches)
-        assert _batches_drawn(loader.state_dict()) == 3, workers
+        assert batches_drawn(loader.state_dict()) == 3, workers
         del batches
     trainer = SimpleNamespace(train_loader=loader, training_steps=8, epoch=1, _epoch_batches=3)
     # mini-batches of 2 of 10 rows: 3 drawn in the second pass
     assert PPOTrainer._trainer_state(trainer, 4) == {"global_step": 4, "max_steps": 8, "epoch": 1.6}
-    with caplog.at_level(logging.WARNING, logger="easyrl.trainer.ray_trainer"):
-        PPOTrainer._say_if_the_data_changed(trainer, 10, "ckpt/global_step_4")
-        PPOTrainer._say_if_the_data_changed(trainer, None, "ckpt/global_step_4")  # saved before the rows were kept
+    state = loader.state_dict()
+    with caplog.at_level(logging.WARNING, logger="easyrl.data.loader"):
+        restore_position(loader, state, 10, "ckpt/global_step_4")
+        restore_position(loader, state, None, "ckpt/global_step_4")  # saved before the rows were kept
         assert not caplog.records
-        PPOTrainer._say_if_the_data_changed(trainer, 6, "ckpt/global_step_4")
+        restore_position(loader, state, 6, "ckpt/global_step_4")
     (record,) = caplog.records
     assert record.getMessage().startswith(
         "data.train_files has 10 usable rows and had 6 when ckpt/global_step_4 was saved: the data changed."
     )
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_position_past_the_end_of_fewer_rows_ends_the_epoch_under_way(caplog, shuffle):
+    """A checkpoint saved 16 rows into its epoch, resumed on data that now has 13 (rows cleaned out of the file, the
+    same command rerun): torchdata stopped the resume with a bare StopIteration while skipping to the position."""
+    import logging
+
+    from easyrl.data.loader import batches_drawn, restore_position, stateful_train_loader
+
+    for workers in (0, 2):
+        data = DataConfig(shuffle=shuffle, seed=5, dataloader_num_workers=workers)
+        loader = stateful_train_loader(list(range(16)), 4, data, None)
+        batches = iter(loader)
+        for _ in range(4):
+            next(batches)
+        saved = _through_json(loader.state_dict())
+        before = json.dumps(to_json_value(saved))
+        smaller = stateful_train_loader(list(range(13)), 4, data, None)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="easyrl.data.loader"):
+            loaded = restore_position(smaller, saved, 16, "ckpt/global_step_4")
+        said = [record.getMessage() for record in caplog.records]
+        assert said[0].startswith("data.train_files has 13 usable rows and had 16 when ckpt/global_step_4")
+        assert said[1] == (
+            "ckpt/global_step_4 was saved 16 rows into its epoch, past the end of the 13 usable rows "
+            "data.train_files has now: that epoch ends here and the next one starts."
+        )
+        assert batches_drawn(loaded) == 3 and json.dumps(to_json_value(saved)) == before  # the saved state is kept
+        assert list(smaller) == []  # the rest of the epoch under way
+        epoch = [batch.tolist() for batch in smaller]  # the next one: whole batches of the new rows
+        rows = [row for batch in epoch for row in batch]
+        assert len(epoch) == 3 and len(set(rows)) == 12 and set(rows) <= set(range(13)), (shuffle, workers)
+        if not shuffle:
+            assert rows == list(range(12))
 
 
 def test_rows_that_never_fill_a_batch_are_said_and_warned_of_when_unshuffled(caplog):
@@ -107,7 +144,7 @@ def test_rows_that_never_fill_a_batch_are_said_and_warned_of_when_unshuffled(cap
         batching = ["worker.rollout.n=2", "worker.actor.micro_batch_size_per_device_for_update=2"]
         plan = load_run_plan(["config=examples/smollm2_arithmetic_grpo.yaml", *batching, *overrides])
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="easyrl.trainer.main"):
+        with caplog.at_level(logging.INFO, logger="easyrl.data.loader"):
             _say_rows_left_over(plan, 10)
         return [(record.levelno, record.getMessage()) for record in caplog.records]
 

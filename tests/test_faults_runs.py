@@ -351,8 +351,8 @@ def test_online_filtering_that_finds_too_few_mixed_groups_stops_with_the_counts(
 def test_a_step_online_filtering_cannot_fill_keeps_the_steps_before_it(tiny_model_path, tmp_path):
     """Step 1 finds mixed groups, step 2 none: the run stops with exit 2 and checkpoints step 1 (no save was due)
     with the data position step 2 started from, so that a rerun with a wider filter loses no trained step."""
+    from easyrl.data.loader import batches_drawn
     from easyrl.trainer.checkpoint import load_dataloader_state, load_trainer_state
-    from easyrl.trainer.ray_trainer import _batches_drawn
 
     reward = (
         "CALLS = [0]\n"
@@ -366,5 +366,5 @@ def test_a_step_online_filtering_cannot_fill_keeps_the_steps_before_it(tiny_mode
     assert f"The 1 steps before it are saved in {saved}; a rerun resumes from there." in text
     assert load_trainer_state(str(saved))["global_step"] == 1 and _logged_steps(tmp_path / "run") == [1]
     # the position step 2 started from (one batch drawn), not the one after its two rounds
-    assert _batches_drawn(load_dataloader_state(str(saved))) == 1
+    assert batches_drawn(load_dataloader_state(str(saved))) == 1
     assert "Traceback" not in text

@@ -513,6 +513,30 @@ def test_sft_resumes_from_its_last_checkpoint(sft_run, tmp_path):
 
 
 @pytest.mark.slow
+def test_sft_resumes_on_fewer_rows_than_its_checkpoints_position_at_the_next_epoch(sft_run, tmp_path):
+    """The same command rerun after rows were cleaned out of the data file: the checkpoint's position (8 rows into
+    its epoch) is past the end of the 6 rows left; the epoch ends there and training goes on (it stopped with a bare
+    StopIteration from the loader). The 2 rows a batch of 4 leaves over each epoch are said."""
+    import shutil
+
+    folder, rows, args, _ = sft_run
+    shutil.copytree(folder / "ckpt", tmp_path / "ckpt")
+    fewer = tmp_path / "fewer.jsonl"
+    fewer.write_text("".join(json.dumps(row) + "\n" for row in rows[:6]))
+    replaced = {"data.train_files": str(fewer), "trainer.save_checkpoint_path": str(tmp_path / "ckpt")}
+    rerun = [a for a in args if a.split("=")[0] not in (*replaced, "trainer.max_steps")]
+    rerun += [f"{key}={value}" for key, value in replaced.items()] + ["trainer.max_steps=10"]
+    _run("sft", rerun, tmp_path / "resume.log")
+    text = (tmp_path / "resume.log").read_text()
+    assert "data.train_files has 6 usable rows and had 8 when " in text
+    assert "was saved 8 rows into its epoch, past the end of the 6 usable rows data.train_files has now" in text
+    assert "data.train_files: 6 usable rows make 1 batches of worker.actor.global_batch_size=4 per epoch, and " in text
+    metrics = [json.loads(line) for line in (tmp_path / "ckpt" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in metrics] == list(range(11))
+    assert [row["sft/epoch"] for row in metrics[9:]] == [4, 5]  # one batch of the 6 rows per epoch
+
+
+@pytest.mark.slow
 def test_lora_sft_of_a_vision_language_model_writes_a_merged_model_with_its_processor(tmp_path):
     """The shapes cold start with LoRA for two steps: the merged folder is the Qwen2.5-VL class with its processor,
     and its logits on a picture are the base's with the adapters applied."""

@@ -293,38 +293,12 @@ def prepare_run_data(plan: RunPlan) -> RunData:
 
 
 def _say_rows_left_over(plan: RunPlan, rows: int) -> None:
-    """The train loader draws whole batches (data.mini_rollout_batch_size prompts, else rollout_batch_size): the rows
-    that do not fill the last one are not drawn in that epoch. Shuffled, they are other rows each epoch; in file
-    order always the last ones, which are then never trained."""
+    """The train loader draws mini-batches (data.mini_rollout_batch_size prompts) when they are set."""
+    from ..data.loader import say_rows_left_over
+
     config = plan.config
-    batch = plan.generation_batch_size
     key = "data.mini_rollout_batch_size" if config.data.mini_rollout_batch_size else "data.rollout_batch_size"
-    left = rows % batch
-    if not left or rows < batch:
-        return
-    if config.data.shuffle:
-        logger.info(
-            "data.train_files: %d usable rows make %d batches of %s=%d per epoch; %d %s, other ones each epoch "
-            "(data.shuffle=true), %s not drawn in it.",
-            rows,
-            rows // batch,
-            key,
-            batch,
-            left,
-            "row" if left == 1 else "rows",
-            "is" if left == 1 else "are",
-        )
-        return
-    logger.warning(
-        "data.train_files: %d usable rows make %d batches of %s=%d per epoch, and with data.shuffle=false the last "
-        "%d rows are never drawn. Make %s divide the rows, or set data.shuffle=true.",
-        rows,
-        rows // batch,
-        key,
-        batch,
-        left,
-        key,
-    )
+    say_rows_left_over(rows, plan.generation_batch_size, key, config.data.shuffle)
 
 
 class RunWorkers:

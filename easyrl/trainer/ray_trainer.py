@@ -33,6 +33,7 @@ from ..config import RunPlan
 from ..config.validate import uses_critic
 from ..controller.worker_group import WorkerDiedError
 from ..data.dataset import ROW_PLACE_KEY
+from ..data.loader import batches_drawn, restore_position
 from ..data.template import RESET_CONTENT
 from ..protocol import DataProto
 from ..utils.engine_metrics import reduce_call_metrics
@@ -743,21 +744,6 @@ class PPOTrainer:
         self._saved_step = self.global_step
         self._last_save_time = time.monotonic()
 
-    def _say_if_the_data_changed(self, saved_rows: int | None, path: str) -> None:
-        """A checkpoint's position in an epoch counts batches of a shuffled order of the rows it was trained on: on
-        other rows (the data file changed under the same name) the epoch under way goes on in another order."""
-        rows = len(self.train_loader.dataset)
-        if saved_rows is None or saved_rows == rows:
-            return
-        logger.warning(
-            "data.train_files has %d usable rows and had %d when %s was saved: the data changed. The epoch under way "
-            "goes on at the checkpoint's position in an order of the new rows, so some of its rows are drawn twice "
-            "and others not at all; the epochs after it are whole.",
-            rows,
-            saved_rows,
-            path,
-        )
-
     def _say_if_the_files_changed(self, saved: dict[str, str] | None, path: str) -> None:
         """A reward file (or template, tools file) edited since the checkpoint: the curves before and after the
         resume measure different things, which the config alone does not show (its keys name the same path)."""
@@ -791,9 +777,8 @@ class PPOTrainer:
         if self.use_critic:
             critic_changes = self.workers.critic.load_checkpoint(f"{path}/critic")
             warn_of_config_changes(critic_changes, "worker.critic.optim", step)
-        self.train_loader.load_state_dict(loader_state)
-        self._epoch_batches = _batches_drawn(loader_state)
-        self._say_if_the_data_changed(state.get("train_rows"), path)
+        loader_state = restore_position(self.train_loader, loader_state, state.get("train_rows"), path)
+        self._epoch_batches = batches_drawn(loader_state)
         self._say_if_the_files_changed(state.get("input_files"), path)
         self._start_epoch = state["epoch"]
         self.kl_controller.value = state["kl_coef"]
@@ -801,12 +786,3 @@ class PPOTrainer:
         self.last_checkpoint = path
         self.tracker.rewind_to(self.global_step, state.get("metrics"))
         return True
-
-
-def _batches_drawn(loader_state: dict) -> int:
-    """The batches a saved train loader had drawn in its epoch (a loader with worker processes keeps the count in its
-    main process's snapshot)."""
-    snapshot = loader_state.get("_snapshot")
-    if isinstance(snapshot, dict):
-        return int((snapshot.get("_main_snapshot") or {}).get("_sampler_iter_yielded") or 0)
-    return int(loader_state.get("_num_yielded") or 0)

@@ -15,14 +15,12 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import torch
-from torch.utils.data import SequentialSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
-from torchdata.stateful_dataloader.sampler import RandomSampler
 
 from ..config.sft_plan import SFTPlan
 from ..controller.worker_group import WorkerDiedError
 from ..data.collate import sft_collate
+from ..data.loader import restore_position, say_rows_left_over, stateful_train_loader
 from ..data.sft import SFTDataset
 from ..utils.logging import setup_driver_logging
 from .checkpoint import (
@@ -64,21 +62,9 @@ def build_sft_loader(plan: SFTPlan, tokenizer: Any, processor: Any, model_config
             f"data.train_files has {len(dataset)} usable conversations, fewer than one batch "
             f"(worker.actor.global_batch_size={batch_size}); lower the batch size or add data."
         )
-    if config.data.shuffle:
-        generator = torch.Generator()
-        generator.manual_seed(config.data.seed)
-        sampler = RandomSampler(dataset, generator=generator)
-    else:
-        sampler = SequentialSampler(dataset)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return StatefulDataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        num_workers=config.data.dataloader_num_workers,
-        collate_fn=partial(sft_collate, pad_token_id=pad),
-        drop_last=True,
-    )
+    say_rows_left_over(len(dataset), batch_size, "worker.actor.global_batch_size", config.data.shuffle)
+    return stateful_train_loader(dataset, batch_size, config.data, partial(sft_collate, pad_token_id=pad))
 
 
 def build_sft_val_loader(
@@ -150,7 +136,7 @@ class SFTTrainer:
         state = load_trainer_state(path)
         changes = self.workers.load_checkpoint(f"{path}/actor")
         warn_of_config_changes(changes, "worker.actor.optim", int(state["global_step"]))
-        self.loader.load_state_dict(loader_state)
+        restore_position(self.loader, loader_state, state.get("train_rows"), path)
         self.global_step, self.epoch = int(state["global_step"]), int(state.get("epoch", 0))
         self.last_checkpoint, self._saved_step = path, self.global_step
         self.tracker.rewind_to(self.global_step, state.get("metrics"))
@@ -177,7 +163,7 @@ class SFTTrainer:
         self.workers.save_checkpoint(f"{tmp_dir}/actor", model_only)
         self.last_checkpoint = self.checkpoints.commit(
             self.global_step,
-            trainer_state={"epoch": self.epoch, "metrics": metrics},
+            trainer_state={"epoch": self.epoch, "metrics": metrics, "train_rows": len(self.loader.dataset)},
             dataloader_state=None if model_only else self.loader.state_dict(),
             required=("actor",),
         )
