@@ -406,3 +406,21 @@ def test_only_a_workers_own_refusal_becomes_a_setup_error(ray_cluster):
         assert (cause is not None) == refused, kind
         assert cause is None or (type(cause), cause.args) == (kind, ("a message naming the key",))
     assert _worker_setup_refusal(ValueError("in the driver")) is None  # the driver's own go through its checks
+
+
+def test_pictures_for_a_model_without_a_processor_name_where_they_are(tmp_path, tokenizer):
+    """A text-only model given picture rows stops the run (a misconfigured model path, most likely): the message says
+    which key holds the pictures and shows one, so the user finds the rows and the setting."""
+    rows = [
+        {"problem": "1 + 1?", "answer": "2"},
+        {"problem": "<image>How many dots?", "answer": "3", "pics": ["d.png"]},
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(ValueError) as error:
+        RLHFDataset(str(path), tokenizer, None, data_config(train_files=str(path), image_key="pics"))
+    assert str(error.value) == (
+        "data.train_files: rows have images/videos (in data.image_key='pics' / data.video_key='videos'; the first of "
+        "this row is d.png) but the model (worker.actor.model.model_path) has no processor: use a vision-language "
+        "model, or drop the media from the rows."
+    )

@@ -202,11 +202,28 @@ def test_a_picture_column_the_image_key_misses_is_named_before_training_text_onl
         conversations, tokenizer, processor, vl_config(tmp_path, image_key="image"), SFTConfig(max_length=200)
     )[0]
     assert len(sft_item["multi_modal_data"]["images"]) == 1
-    # placeholders with the pictures under another name: the rows go, and the error says where to look
-    placed = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "<image>How many?", "answer": "1", "pics": "a.png"}])
+    # a column of any name whose values name picture files (the first non-empty of the first rows), with or without
+    # placeholders, in RL and SFT data: the rows without placeholders trained on their text alone
+    for name, value in (("pics", ["a.png"]), ("figure", {"bytes": None, "path": "x/A.JPG"}), ("shot", "a.png")):
+        rows = [
+            {"prompt": "How many?", "answer": "0", name: None},
+            {"prompt": "How many?", "answer": "1", name: value},
+        ]
+        with pytest.raises(KeyError, match=rf"no column 'images' \(data.image_key\) but a column '{name}': without "):
+            RLHFDataset(write_jsonl(tmp_path / f"{name}.jsonl", rows), tokenizer, processor, vl_config(tmp_path))
+    with pytest.raises(KeyError, match=r"no column 'videos' \(data.video_key\) but a column 'clip'"):
+        clips = [{"messages": chat, "clip": "https://example.com/v.mp4?x=1"}]
+        SFTDataset(write_jsonl(tmp_path / "v.jsonl", clips), tokenizer, processor, vl_config(tmp_path), SFTConfig())
+    # placeholders with the pictures under a name no check can tell: the rows go, and the error says where to look
+    placed = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "<image>How many?", "answer": "1", "ref": "img-1"}])
     with pytest.raises(ValueError, match=r"but the row has no images or videos\); check data.image_key / "
-                       r"data.video_key \(the columns are \['prompt', 'answer', 'pics'\]\)"):  # fmt: skip
+                       r"data.video_key \(the columns are \['prompt', 'answer', 'ref'\]\)"):  # fmt: skip
         RLHFDataset(placed, tokenizer, processor, vl_config(tmp_path))
+    # an answer that names a file is the answer's
+    answered = [{"prompt": "Which file?", "answer": "a.png"}]
+    assert (
+        len(RLHFDataset(write_jsonl(tmp_path / "n.jsonl", answered), tokenizer, processor, vl_config(tmp_path))) == 1
+    )
 
 
 def test_corrupt_image_row_is_skipped_counted_and_reported(tmp_path, vl_tokenizer_and_processor, caplog):

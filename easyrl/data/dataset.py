@@ -367,9 +367,17 @@ def load_row_media(
             )
         images, videos = in_messages
     if (images or videos) and processor is None:
+        where = (
+            "in the content parts of its messages"
+            if any(in_messages)
+            else f"in data.image_key={config.image_key!r} / data.video_key={config.video_key!r}"
+        )
+        first = str((images or videos)[0])
+        first = first if len(first) <= 80 else first[:77] + "..."
         raise ValueError(
-            f"{config_key}: rows have images/videos but the model has no processor; use a vision-language model or "
-            "drop the media columns."
+            f"{config_key}: rows have images/videos ({where}; the first of this row is {first}) but the model "
+            "(worker.actor.model.model_path) has no processor: use a vision-language model, or drop the media from "
+            "the rows."
         )
     images = [
         load_image(image, media_dirs, sizing, min_pixels=config.min_pixels, max_pixels=config.max_pixels)
@@ -498,18 +506,61 @@ def data_folder(data_path: str) -> str | None:
     return None
 
 
-def check_media_columns(columns: list[str], data: Any, config_key: str) -> None:
+MEDIA_SUFFIXES = {
+    "image_key": (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".tif", ".tiff"),
+    "video_key": (".mp4", ".avi", ".mov", ".webm", ".mkv"),
+}
+MEDIA_ROWS_LOOKED_AT = 20  # the first rows whose values tell a column of picture / video files
+
+
+def _media_kind(value: Any) -> str | None:
+    """"image_key" / "video_key" for a value that names a picture / video file the way data rows do (a path or URL
+    with the file's suffix, an image data URI, a {"bytes", "path"} dict, or a list of them); else None."""
+    if isinstance(value, (list, tuple)) and value:
+        value = value[0]
+    if isinstance(value, dict) and ("bytes" in value or "path" in value):
+        if value.get("bytes") is not None:
+            return "image_key"
+        value = value.get("path")
+    if not isinstance(value, str):
+        return None
+    if value.startswith("data:image/"):
+        return "image_key"
+    name = value.split("?")[0].lower()
+    return next((key for key, suffixes in MEDIA_SUFFIXES.items() if name.endswith(suffixes)), None)
+
+
+def check_media_columns(columns: list[str], data: Any, config_key: str, rows: Any = None) -> None:
     """For a vision-language model: no ``data.image_key`` / ``data.video_key`` column but one that likely holds the
-    pictures or videos (``image``, ``videos``, ...) is refused, since the model would train on the text alone. RL and
-    SFT data are read with the same keys, so both ask this."""
+    pictures or videos is refused, since the model would train on the text alone: a column named as such columns are
+    (``image``, ``videos``, ...), or one whose values in the first rows of ``rows`` name picture / video files
+    (``pics: ["a.png"]``). RL and SFT data are read with the same keys, so both ask this."""
     for key in ("image_key", "video_key"):
         name = getattr(data, key)
-        near = None if name in columns else likely_column(name, columns, LIKELY_MEDIA_COLUMNS[key])
+        if name in columns:
+            continue
+        near = likely_column(name, columns, LIKELY_MEDIA_COLUMNS[key]) or _column_of_media(columns, data, key, rows)
         if near:
             raise KeyError(
                 f"{config_key}: no column {name!r} (data.{key}) but a column {near!r}: without data.{key}={near} the "
                 f"model would see none of its {key.split('_')[0]}s. The columns are {columns}."
             )
+
+
+def _column_of_media(columns: list[str], data: Any, key: str, rows: Any) -> str | None:
+    """The first column (not the prompt's or the answer's) whose first non-empty value among the first rows names
+    files of the ``key`` kind, or None."""
+    if rows is None:
+        return None
+    taken = {data.prompt_key.split(".")[0], data.answer_key.split(".")[0]}
+    head = rows.select(range(min(len(rows), MEDIA_ROWS_LOOKED_AT)))
+    for column in columns:
+        if column in taken:
+            continue
+        value = next((v for v in head[column] if v not in (None, "", [])), None)
+        if _media_kind(value) == key:
+            return column
+    return None
 
 
 class RLHFDataset(Dataset):
@@ -733,7 +784,7 @@ class RLHFDataset(Dataset):
                     )
                 raise KeyError(f"{self.config_key}: no column {name!r} (data.{key}); the columns are {columns}.{hint}")
         if processor is not None:
-            check_media_columns(columns, self.config, self.config_key)
+            check_media_columns(columns, self.config, self.config_key, self.rows)
 
     def _no_rows_hint(self) -> str:
         """What to change when screening left no row, after the reason of the first unusable one."""

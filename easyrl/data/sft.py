@@ -443,7 +443,7 @@ class SFTDataset(Dataset):
         self.rows, self.places = load_rows_and_places(data_path, config_key)
         _check_conversation_columns(self.rows.column_names, data_path, data, sft, config_key)
         if processor is not None:  # a picture column under another name: the model would learn from the text alone
-            check_media_columns(self.rows.column_names, data, config_key)
+            check_media_columns(self.rows.column_names, data, config_key, self.rows)
         media_dirs = tuple(folder for folder in (data.image_dir, data_folder(data_path)) if folder)
         self.encoder = ConversationEncoder(tokenizer, processor, data, sft, config_key, media_dirs, model_config)
         # a media column, or (found while encoding) messages that name their own pictures or videos
