@@ -1,5 +1,6 @@
 """Config loading, overrides and validation: every error names the key and the fix."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -707,3 +708,40 @@ def test_an_ignored_older_easyr1_key_is_named_with_what_to_write(valid_args, cap
     assert "worker.reward.compute_score=math is an older EasyR1 key that easyrl ignores" in caplog.text
     assert "`reward_function/math.py:compute_score`" in caplog.text
     assert config.worker.reward.reward_function == load_config(valid_args).worker.reward.reward_function
+
+
+def test_a_vision_language_actors_critic_must_cut_pictures_as_the_actor_does(valid_args, tmp_path):
+    """The critic reads the actor's sequences and pictures: a text-only critic, or Qwen3-VL's 16-pixel patches under
+    a Qwen2.5-VL actor, failed with a bare shape error in its first forward, after Ray, the engine and a rollout."""
+    cut = {"spatial_merge_size": 2, "temporal_patch_size": 2}
+    folders = {
+        "actor": {"model_type": "qwen2_5_vl", "vision_config": {"patch_size": 14, **cut}},
+        "small": {"model_type": "qwen2_5_vl", "hidden_size": 64, "vision_config": {"patch_size": 14, **cut}},
+        "qwen3": {"model_type": "qwen3_vl", "vision_config": {"patch_size": 16, **cut}},
+        "text": {"model_type": "qwen2"},
+    }
+    for name, content in folders.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(content))
+    gae = [
+        *valid_args,
+        f"worker.actor.model.model_path={tmp_path / 'actor'}",
+        "algorithm.adv_estimator=gae",
+        "worker.critic.global_batch_size=4",
+    ]
+
+    def critic(name: str) -> list[str]:
+        return [*gae, f"worker.critic.model.model_path={tmp_path / name}"]
+
+    load_config(critic("small"))  # a smaller model of the actor's family
+    no_critic = [*valid_args, f"worker.actor.model.model_path={tmp_path / 'actor'}"]
+    load_config([*no_critic, f"worker.critic.model.model_path={tmp_path / 'text'}"])  # GRPO trains no critic
+    with pytest.raises(ConfigError) as error:
+        load_config(critic("qwen3"))
+    assert str(error.value).startswith(
+        f"`worker.critic.model.model_path` ({tmp_path / 'qwen3'}): its vision model cuts pictures otherwise "
+        f"(patch_size 16 where the actor's is 14), and the actor ({tmp_path / 'actor'}, qwen2_5_vl) is a "
+        "vision-language model whose sequences, pictures and 3-D rope positions the critic reads."
+    )
+    with pytest.raises(ConfigError, match=r"\): it is a text-only model \(qwen2\), and the actor"):
+        load_config(critic("text"))

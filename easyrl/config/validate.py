@@ -883,16 +883,58 @@ def _check_judge_engine_device(judge: JudgeConfig, prefix: str, nnodes: int) -> 
         )
 
 
+def _local_hf_config(path: Optional[str]) -> Optional[dict]:
+    """The config.json of a local model folder, or None (a hub id, a built-in model, a file that cannot be read: the
+    checks that use it leave those to the loaders, which name them)."""
+    config_file = Path(path).expanduser() / "config.json" if path else None
+    if config_file is None or not config_file.is_file():
+        return None
+    try:
+        return json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+# what must agree between an actor's and its critic's vision configs: the critic reads the actor's pictures, cut into
+# the actor's patches and merged into as many vision tokens
+VISION_CUT_KEYS = ("patch_size", "spatial_merge_size", "temporal_patch_size")
+
+
+def _check_critic_sees_the_actors_pictures(config: PPOConfig) -> None:
+    """A vision-language actor's critic gets the actor's sequences: its vision pads, 3-D rope positions and pictures
+    cut by the actor's processor. A text-only critic, or one cutting pictures otherwise (Qwen3-VL's 16-pixel patches
+    under a Qwen2.5-VL actor's 14), failed in its first forward after Ray, the engine and a rollout (local folders
+    only; built-in and hub models are left to the workers)."""
+    actor_path, critic_path = config.worker.actor.model.model_path, config.worker.critic.model.model_path
+    actor, critic = _local_hf_config(actor_path), _local_hf_config(critic_path)
+    if actor is None or critic is None or not isinstance(actor.get("vision_config"), dict):
+        return
+    vision = critic.get("vision_config")
+    if not isinstance(vision, dict):
+        differs = f"it is a text-only model ({critic.get('model_type')})"
+    else:
+        cuts = [
+            f"{key} {vision.get(key)} where the actor's is {actor['vision_config'].get(key)}"
+            for key in VISION_CUT_KEYS
+            if vision.get(key) != actor["vision_config"].get(key)
+        ]
+        if not cuts:
+            return
+        differs = f"its vision model cuts pictures otherwise ({', '.join(cuts)})"
+    raise ConfigError(
+        f"`worker.critic.model.model_path` ({critic_path}): {differs}, and the actor ({actor_path}, "
+        f"{actor.get('model_type')}) is a vision-language model whose sequences, pictures and 3-D rope positions the "
+        "critic reads. Give the critic a vision-language model of the actor's family (a smaller one works), e.g. the "
+        "actor's own model."
+    )
+
+
 def _check_judge_kv_cache(judge: JudgeConfig, prefix: str) -> None:
     """A judge engine on the CPU gets a KV cache of kv_cache_memory_bytes (1 GiB when unset), which vLLM refuses to
     start with unless one request of the whole context fits: say so before Ray starts, from the model's config.json
     (a local folder; plain multi-head or grouped-query attention only: other layouts are left to the engine)."""
-    config_file = Path(judge.model_path).expanduser() / "config.json"
-    if judge.num_gpus > 0 or not config_file.is_file():
-        return
-    try:
-        hf_config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    hf_config = None if judge.num_gpus > 0 else _local_hf_config(judge.model_path)
+    if hf_config is None:
         return  # the engine's own start names an unreadable config
     text = {**hf_config, **(hf_config.get("text_config") or {})}
     layers, heads = text.get("num_hidden_layers"), text.get("num_attention_heads")
@@ -1182,6 +1224,7 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
     _check_model_path("worker.actor.model.tokenizer_path", actor.model.tokenizer_path, required=False)
     if uses_critic(config):
         _check_model_path("worker.critic.model.model_path", critic.model.model_path, required=True)
+        _check_critic_sees_the_actors_pictures(config)
     try:  # the loader's own rule (`main`, else `compute_score`), read from the file without running it
         if config.worker.reward.reward_function or needs_reward:
             _, chosen = resolve_reward_function(config.worker.reward.reward_function)
