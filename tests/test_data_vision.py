@@ -481,6 +481,16 @@ def test_a_picture_too_large_for_pil_is_unreadable_not_a_crash(monkeypatch):
         load_image(saved(picture(100, 100), "PNG"))
 
 
+def test_an_undecodable_stored_picture_is_named_by_the_path_its_row_keeps():
+    """A Hugging Face Image feature's {"bytes", "path"} (EasyR1's geo3k parquet) read "image dict" and PIL's repr of an
+    in-memory file, <_io.BytesIO object at 0x...>, which names nothing the user has."""
+    with pytest.raises(UnreadableMediaError) as error:
+        load_image({"bytes": b"notapng", "path": "geo/12.png"})
+    assert str(error.value) == "cannot read image 'geo/12.png' (7 bytes in the row): cannot identify image file"
+    with pytest.raises(UnreadableMediaError, match=r"^cannot read image \(7 bytes in the row\): cannot identify"):
+        load_image({"bytes": b"notapng", "path": None})
+
+
 def test_relative_paths_resolve_against_image_dir_then_the_data_files_folder(tmp_path, vl_tokenizer_and_processor):
     tokenizer, processor = vl_tokenizer_and_processor
     data_dir, image_dir = tmp_path / "data", tmp_path / "pictures"

@@ -514,7 +514,7 @@ MEDIA_ROWS_LOOKED_AT = 20  # the first rows whose values tell a column of pictur
 
 
 def _media_kind(value: Any) -> str | None:
-    """"image_key" / "video_key" for a value that names a picture / video file the way data rows do (a path or URL
+    """ "image_key" / "video_key" for a value that names a picture / video file the way data rows do (a path or URL
     with the file's suffix, an image data URI, a {"bytes", "path"} dict, or a list of them); else None."""
     if isinstance(value, (list, tuple)) and value:
         value = value[0]

@@ -27,6 +27,7 @@ import io
 import logging
 import math
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -129,7 +130,16 @@ def _describe(image: Any) -> str:
         return repr(image)
     if isinstance(image, dict) and image.get("bytes") is None and image.get("path"):
         return repr(image["path"])
+    if isinstance(image, dict) and isinstance(image.get("bytes"), (bytes, bytearray)):
+        # a Hugging Face Image feature's stored picture (EasyR1's geo3k): named by its path when the row keeps one
+        stored = f"({len(image['bytes'])} bytes in the row)"
+        return f"{image['path']!r} {stored}" if image.get("path") else stored
     return type(image).__name__
+
+
+def _pil_error(error: Exception) -> str:
+    """PIL's message without the repr of the in-memory file it was given (``<_io.BytesIO object at 0x...>``)."""
+    return re.sub(r" ?<_io\.BytesIO object at 0x[0-9a-f]+>", "", str(error))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -362,7 +372,7 @@ def load_image(
     except UnreadableMediaError:
         raise
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:  # PIL's errors for bad files
-        raise UnreadableMediaError(f"cannot read image {_describe(image)}: {error}") from error
+        raise UnreadableMediaError(f"cannot read image {_describe(image)}: {_pil_error(error)}") from error
     if sizing is not None:
         try:
             return sizing(rgb)
