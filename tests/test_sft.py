@@ -308,8 +308,12 @@ def test_sft_plan_counts_conversations_per_device_and_names_the_keys_it_needs(ti
     plan = load_sft_plan([*base, "trainer.n_gpus_per_node=2", "worker.actor.global_batch_size=8"])
     assert plan.config.worker.actor.global_batch_size_per_device == 4  # no rollout.n factor in SFT
     assert plan.with_training_steps(5).training_steps == 5 * plan.config.trainer.total_epochs
-    with pytest.raises(ConfigError, match="over 2 workers"):
+    with pytest.raises(ConfigError, match=r"over 2 workers .* multiple of 2, or set trainer.n_gpus_per_node to the "
+                       r"devices this run has\.$"):  # fmt: skip
         load_sft_plan([*base, "trainer.n_gpus_per_node=2", "worker.actor.global_batch_size=3"])
+    # the default 8 workers: a first run on a CPU with a small batch is told of the key, not only of the batch
+    with pytest.raises(ConfigError, match=r"multiple of 8, or set .* \(8 is the default; 1 on a CPU or one GPU\)\.$"):
+        load_sft_plan([*base, "worker.actor.global_batch_size=4"])
     with pytest.raises(ConfigError, match="micro_batch_size_per_device_for_update"):
         load_sft_plan([*base, "trainer.n_gpus_per_node=1", "worker.actor.global_batch_size=6"])
     with pytest.raises(ConfigError, match="`data.apply_chat_template_kwargs.tokenize`: `tokenize` is an argument"):

@@ -199,6 +199,28 @@ def test_no_usable_row_blames_max_length_only_when_rows_were_too_long(tokenizer,
         )
 
 
+def test_messages_held_as_json_text_train_and_other_text_or_roles_are_named(tokenizer, tmp_path, caplog):
+    """A CSV cell (or a column written with json.dumps) holds the messages as JSON text: it trains as the list does.
+    Plain text read as "message 0 is not a {role, content} dict", and a reply under a role the template does not
+    know as "no assistant message" without the role."""
+    import csv
+
+    path = tmp_path / "chats.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["messages"])
+        writer.writerow([json.dumps(PLAIN)])
+        writer.writerow(["What is 2+2? 4"])
+        writer.writerow([json.dumps([PLAIN[0], {"role": "bot", "content": "4"}])])
+    with caplog.at_level("WARNING"):
+        dataset = SFTDataset(str(path), tokenizer, None, DataConfig(), SFTConfig())
+    assert len(dataset) == 1 and labelled_text(tokenizer, dataset[0]) == "4<|im_end|>"
+    assert dataset.unusable_rows == [
+        (1, "sft.messages_key='messages' holds text, not a list of {role, content} messages (nor JSON text of one)"),
+        (2, "the conversation has no assistant message (its roles: user, bot): nothing to learn"),
+    ]
+
+
 def test_sharegpt_conversations_train_like_chat_messages(tokenizer, tmp_path):
     """LLaMA-Factory's sharegpt format: {"from": "human" | "gpt" | "system", "value": ...}."""
     turns = [

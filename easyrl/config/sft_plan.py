@@ -124,7 +124,8 @@ def validate_sft_config(config: PPOConfig) -> None:
         raise ConfigError(
             f"`worker.actor.global_batch_size` ({actor.global_batch_size} conversations per optimizer step) cannot be "
             f"split evenly over {world} workers (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of "
-            f"{world}."
+            f"{world}, or set trainer.n_gpus_per_node to the devices this run has"
+            + (" (8 is the default; 1 on a CPU or one GPU)." if config.trainer.n_gpus_per_node == 8 else ".")
         )
     if actor.global_batch_size_per_device % actor.micro_batch_size_per_device_for_update != 0:
         raise ConfigError(

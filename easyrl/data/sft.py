@@ -169,6 +169,18 @@ def _as_chat_message(message: Any) -> Any:
     return {**rest, "role": SHAREGPT_ROLES.get(speaker.lower(), speaker), "content": message.get("value")}
 
 
+def _stored_messages(value: Any) -> Any:
+    """A messages column as stored; one held as JSON text (a CSV cell, a column written with json.dumps) is read as
+    the list it holds."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            return value
+        return parsed if isinstance(parsed, list) else value
+    return value
+
+
 def _has_content(message: dict) -> bool:
     """OpenAI's assistant message that calls tools may leave out its content."""
     return "content" in message or not _is_missing(message.get("tool_calls"))
@@ -209,7 +221,9 @@ def labelled_pieces(messages: list[dict[str, Any]], render) -> list[tuple[str, b
         raise UnusableConversationError(
             "every assistant message has weight 0: nothing to learn"
             if untrained
-            else "the conversation has no assistant message: nothing to learn"
+            else "the conversation has no assistant message (its roles: "
+            + ", ".join(dict.fromkeys(str(message["role"]) for message in messages))
+            + "): nothing to learn"
         )
     return [(text, labelled) for text, labelled in pieces if text]
 
@@ -273,11 +287,16 @@ class ConversationEncoder:
 
     def conversation(self, row: dict) -> Any:
         """The row's chat messages as stored: ``sft.messages_key``, else the prompt column."""
-        conversation = row.get(self.sft.messages_key)
+        conversation = _stored_messages(row.get(self.sft.messages_key))
         return row.get(self.data.prompt_key) if _is_missing(conversation) else conversation
 
     def messages(self, row: dict, num_images: int, num_videos: int) -> list[dict[str, Any]]:
-        conversation = row.get(self.sft.messages_key)
+        conversation = _stored_messages(row.get(self.sft.messages_key))
+        if isinstance(conversation, str) and not _is_missing(conversation):
+            raise UnusableConversationError(
+                f"sft.messages_key={self.sft.messages_key!r} holds text, not a list of {{role, content}} messages (nor "
+                "JSON text of one)"
+            )
         if not _is_missing(conversation):
             return normalize_messages(self.format_last_user_message(conversation), num_images, num_videos)
         prompt, response = row.get(self.data.prompt_key), row.get(self.sft.response_key)
