@@ -3,6 +3,7 @@ FSDP2 workers whose loss falls and whose output folder is an RL actor's model_pa
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -252,8 +253,10 @@ def test_unusable_and_overlong_rows_are_skipped_counted_and_named(tokenizer, tmp
     assert [index for index, _ in dataset.unusable_rows] == [1, 3]
     assert dataset.overlong_rows == [2]
     assert "skipped 2 of 4 rows (row 1: the conversation has no assistant message" in caplog.text
-    assert "skipped 1 of 4 rows longer than sft.max_length=100 tokens (row 2)" in caplog.text
-    with pytest.raises(ValueError, match="none of the 4 rows"):
+    # the lengths of the rows left out say what max_length would keep them
+    long_row = re.search(r"longer than sft.max_length=100 tokens \(row 2; (\d+) tokens\)", caplog.text)
+    assert long_row and int(long_row[1]) > 300
+    with pytest.raises(ValueError, match=r"none of the 4 rows .* within sft.max_length=5 tokens \(the shortest has "):
         SFTDataset(str(path), tokenizer, None, DataConfig(), SFTConfig(max_length=5))
     assert [(record["row"], record["reason"][:22]) for record in dataset.skipped_rows()] == [
         (1, "the conversation has n"),
@@ -268,7 +271,7 @@ def test_unusable_and_overlong_rows_are_skipped_counted_and_named(tokenizer, tmp
     with caplog.at_level("WARNING"):
         dataset = SFTDataset(str(tmp_path / "folder"), tokenizer, None, DataConfig(), SFTConfig(max_length=100))
     assert "skipped 2 of 5 rows (b.jsonl row 1: the conversation has no assistant message" in caplog.text
-    assert "longer than sft.max_length=100 tokens (b.jsonl row 2)" in caplog.text
+    assert "longer than sft.max_length=100 tokens (b.jsonl row 2; " in caplog.text
     assert [(record["file"], record["row"]) for record in dataset.skipped_rows()] == [
         ("b.jsonl", i) for i in (1, 2, 3)
     ]

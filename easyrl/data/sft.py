@@ -470,7 +470,7 @@ class SFTDataset(Dataset):
         self.unusable_rows: list[tuple[int, str]] = []
         self.overlong_rows: list[int] = []
         self.max_length = sft.max_length
-        kept = []
+        kept, overlong_lengths = [], []
         for index in range(len(self.rows)):
             try:
                 encoded = self.encoder.encode(self.rows[index])
@@ -481,6 +481,7 @@ class SFTDataset(Dataset):
             self.has_media = self.has_media or "multi_modal_data" in encoded
             if length > sft.max_length:
                 self.overlong_rows.append(index)
+                overlong_lengths.append(length)
             else:
                 kept.append(index)
         self.row_index = np.array(kept, dtype=np.int64)
@@ -497,9 +498,11 @@ class SFTDataset(Dataset):
             shown += f"; and {more} more reasons" if more > 0 else ""
             logger.warning("%s: skipped %d of %d rows (%s).", config_key, len(self.unusable_rows), total, shown)
         if self.overlong_rows:
+            low, high = min(overlong_lengths), max(overlong_lengths)
             logger.warning(
-                "%s: skipped %d of %d rows longer than sft.max_length=%d tokens (%s).",
+                "%s: skipped %d of %d rows longer than sft.max_length=%d tokens (%s; %s tokens).",
                 config_key, len(self.overlong_rows), total, sft.max_length, _name_rows(self.overlong_rows, self.places),
+                low if low == high else f"{low} to {high}",
             )  # fmt: skip
         if not kept:
             first = (
@@ -507,7 +510,11 @@ class SFTDataset(Dataset):
                 if self.unusable_rows
                 else ""
             )
-            within = f" within sft.max_length={sft.max_length} tokens" if self.overlong_rows else ""
+            within = (
+                f" within sft.max_length={sft.max_length} tokens (the shortest has {min(overlong_lengths)})"
+                if self.overlong_rows
+                else ""
+            )
             raise ValueError(
                 f"{config_key}: none of the {total} rows of {data_path} is a usable conversation{within}.{first}"
             )
