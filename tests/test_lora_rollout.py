@@ -227,6 +227,32 @@ def test_engine_max_lora_rank_is_the_smallest_vllm_serves():
     assert [engine_max_lora_rank(r) for r in (1, 2, 8, 9, 64, 300, 512, 513)] == [1, 8, 8, 16, 64, 320, 512, None]
 
 
+def test_a_fallback_to_merged_weights_names_the_settings_that_keep_or_choose_a_route(caplog):
+    """Vision-tower adapters vLLM does not serve: the warning (auto) and the refusal (adapter) name
+    lora.vision_tower=false, with which the adapter goes to the engine; the warning read like a note to ourselves."""
+    import logging
+    from types import SimpleNamespace
+
+    from easyrl.config.schema import RolloutConfig
+    from easyrl.workers.rollout.vllm_rollout import VLLMRollout
+
+    reason = "vLLM's LoRA does not serve the adapters of model.visual.blocks.0.attn.qkv"
+    setting = "worker.actor.model.lora.vision_tower=false (adapters on the language model only)"
+    engine = SimpleNamespace(config=RolloutConfig(lora_sync="auto"), lora_route="adapter")
+    with caplog.at_level(logging.WARNING, logger="easyrl.workers.rollout.vllm_rollout"):
+        VLLMRollout._lora_falls_back(engine, reason, setting)
+    assert engine.lora_route == "merged"
+    assert caplog.records[-1].getMessage() == (
+        f"LoRA: the rollout engine gets MERGED weights after each update (a full-model sync), not the adapter: "
+        f"{reason}. Set {setting} for the adapter route. Set worker.rollout.lora_sync=merged to choose this route "
+        "without this warning."
+    )
+    engine.config.lora_sync = "adapter"
+    with pytest.raises(ValueError) as error:
+        VLLMRollout._lora_falls_back(engine, reason, setting)
+    assert str(error.value).endswith(f"into the engine instead. Set {setting} for the adapter route.")
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # the merged route (the fallback): merged weights through the per-layer stream
 # ----------------------------------------------------------------------------------------------------------------------

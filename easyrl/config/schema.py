@@ -614,7 +614,7 @@ class JudgeConfig:
     retried). A `vllm` engine has no deadline: its batch ends when every reply reaches its end or max_tokens."""
     temperature: float = 0.0
     """Sampling temperature of the judge's reply. Above 0 the `vllm` judge samples each message with a seed made from
-    its text, so a message is graded the same way in any batch and after a resume."""
+    its tokens, so a message is graded the same way in any batch and after a resume (and in any run)."""
     max_tokens: int = 512
     """Longest judge reply in tokens; a reply cut there (finish_reason `length`) scores 0 as a judge error."""
     model_path: Optional[str] = None

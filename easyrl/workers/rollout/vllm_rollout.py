@@ -311,7 +311,13 @@ class VLLMRollout(BaseRollout):
             (unserved,) = self.llm.collective_rpc("easyrl_unserved_lora_modules", args=(list(lora.module_names),))
             if unserved:
                 shown = ", ".join(unserved[:5]) + (f" and {len(unserved) - 5} more" if len(unserved) > 5 else "")
-                self._lora_falls_back(f"vLLM's LoRA does not serve the adapters of {shown}")
+                vision = any(".visual." in name or "vision" in name for name in unserved)
+                self._lora_falls_back(
+                    f"vLLM's LoRA does not serve the adapters of {shown}",
+                    "worker.actor.model.lora.vision_tower=false (adapters on the language model only)"
+                    if vision
+                    else None,
+                )
         self.is_multimodal = self.llm.llm_engine.model_config.is_multimodal_model
         if not device.is_cuda_available():
             way_out = (
@@ -345,16 +351,20 @@ class VLLMRollout(BaseRollout):
         self.lora_route = "adapter"
         return engine_max_lora_rank(self.lora.rank)
 
-    def _lora_falls_back(self, reason: str) -> None:
+    def _lora_falls_back(self, reason: str, adapter_setting: str | None = None) -> None:
+        """``adapter_setting``: a setting with which the engine would take the adapter, named to the user."""
+        keep = f" Set {adapter_setting} for the adapter route." if adapter_setting else ""
         if self.config.lora_sync == "adapter":
             raise ValueError(
                 f"`{LORA_SYNC_KEY}=adapter`, but {reason}. Set {LORA_SYNC_KEY}=auto (or merged) to stream merged "
-                "weights into the engine instead."
+                f"weights into the engine instead.{keep}"
             )
         logger.warning(
             "LoRA: the rollout engine gets MERGED weights after each update (a full-model sync), not the adapter: "
-            "%s. The adapter route would need that fixed.",
+            "%s.%s Set %s=merged to choose this route without this warning.",
             reason,
+            keep,
+            LORA_SYNC_KEY,
         )
         self.lora_route = "merged"
 
