@@ -281,34 +281,41 @@ def test_a_tool_picture_reaches_the_next_turn_the_rows_pictures_and_the_rope(vl_
     assert int((vision.input_ids == pad).sum()) == 2 * (6 + CROP_TOKENS)
 
 
-def test_tool_pictures_are_sized_within_the_runs_data_pixel_limits(vl_tokenizer_and_processor, tmp_path):
-    """data.min_pixels / data.max_pixels size the pictures a tool returns as they size the dataset's (through the
-    rollout's derived copies): a 4K screenshot from a tool kept the processor's own 12.8 Mpx ceiling."""
+def test_tool_pictures_are_held_to_the_runs_data_max_pixels_and_not_raised_to_min_pixels(
+    vl_tokenizer_and_processor, tmp_path
+):
+    """data.max_pixels holds the pictures a tool returns as it holds the dataset's (through the rollout's derived
+    copy): a 4K screenshot from a tool kept the processor's own 12.8 Mpx ceiling. data.min_pixels does not raise them:
+    a tool chooses what it shows (its default, 512 x 512, would make a 56-pixel crop 334 vision tokens)."""
     from easyrl.config import load_config
     from easyrl.data.vision import PictureSizing
 
     tokenizer, processor = vl_tokenizer_and_processor
     model_path = Path(processor.tokenizer.name_or_path)
-    tools = tmp_path / "big_tools.py"
-    tools.write_text(LOOK_TOOLS.replace("picture.crop((0, 0, 56, 56))", "picture.resize((280, 168))"))
+    tools = tmp_path / "two_tools.py"
+    tools.write_text(
+        LOOK_TOOLS.replace(
+            '["Here:", picture.crop((0, 0, 56, 56))]', "[picture.resize((280, 168)), picture.crop((0, 0, 56, 56))]"
+        )
+    )
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     call, answer = encode(CALL) + [tokenizer.eos_token_id], encode("Done.") + [tokenizer.eos_token_id]
-    limits = ["data.min_pixels=3136", "data.max_pixels=6272"]  # 4 to 8 vision tokens of 28 x 28 pixels
-    derived = load_config(limits, validate=False).worker.rollout
-    assert (derived.min_pixels, derived.max_pixels) == (3136, 6272)
+    derived = load_config(["data.min_pixels=8000", "data.max_pixels=6272"], validate=False).worker.rollout
+    assert derived.max_pixels == 6272
     sizes = {}
-    for name, (low, high) in {"processor": (None, None), "data": (3136, 6272)}.items():
+    for name, high in {"processor": None, "data": 6272}.items():
         engine, _ = scripted_engine(tokenizer, {0: [call, answer]}, response_length=96)
-        engine.config.min_pixels, engine.config.max_pixels = low, high
+        engine.config.max_pixels = high
         rollout = MultiTurnRollout(
             engine, MultiTurnConfig(tools=str(tools), max_turns=3), processor=processor, model_path=str(model_path)
         )
         image = random_image(0, **PROMPT_IMAGE)
         out = rollout.generate_sequences(vl_prompts(processor, model_path, [VLSample("Describe it.", [image])]))
-        sizes[name] = out.non_tensor_batch["multi_modal_data"][0]["images"][1].size
+        sizes[name] = [picture.size for picture in out.non_tensor_batch["multi_modal_data"][0]["images"][1:]]
     big = random_image(0, width=280, height=168)
-    assert sizes["processor"] == PictureSizing.from_processor(processor)(big).size == (140, 84)  # its 12544 px
-    assert sizes["data"] == PictureSizing.from_processor(processor, 3136, 6272)(big).size == (84, 56)
+    assert sizes["processor"] == [PictureSizing.from_processor(processor)(big).size, (56, 56)] == [(140, 84), (56, 56)]
+    assert sizes["data"] == [PictureSizing.from_processor(processor, None, 6272)(big).size, (56, 56)]
+    assert sizes["data"][0] == (84, 56)  # 4 x 6 patches: within 6272 pixels
 
 
 def test_a_picture_that_does_not_fit_the_budget_is_left_out_whole(vl_tokenizer_and_processor, look_tools):

@@ -473,7 +473,7 @@ def derive(config: PPOConfig) -> None:
     actor, rollout, ref, critic = worker.actor, worker.rollout, worker.ref, worker.critic
     rollout.prompt_length = config.data.max_prompt_length
     rollout.response_length = config.data.max_response_length
-    rollout.min_pixels, rollout.max_pixels = config.data.min_pixels, config.data.max_pixels
+    rollout.max_pixels = config.data.max_pixels
     rollout.trust_remote_code = actor.model.trust_remote_code
     if rollout.max_model_len is None:
         rollout.max_model_len = config.data.max_prompt_length + config.data.max_response_length

@@ -555,10 +555,9 @@ class RolloutConfig:
     """Copied from data.max_prompt_length (derived)."""
     response_length: int = field(default=-1, metadata=derived("data.max_response_length"))
     """Copied from data.max_response_length (derived)."""
-    min_pixels: Optional[int] = field(default=None, metadata=derived("data.min_pixels"))
-    """Copied from data.min_pixels (derived): pictures from tools and environments are sized as the dataset's."""
     max_pixels: Optional[int] = field(default=None, metadata=derived("data.max_pixels"))
-    """Copied from data.max_pixels (derived)."""
+    """Copied from data.max_pixels (derived): pictures from tools and environments are held to it as the dataset's
+    are, but not raised to data.min_pixels (a tool chooses the size of what it shows; the zoom tool enlarges its crop)."""
 
 
 @dataclass

@@ -601,7 +601,7 @@ class PictureTokens:
     """The vision side of tool / observation pictures for a VLM's processor.
 
     - ``prepare``: a picture as the dataset stores one (RGB, at the size the processor keeps: data/vision.py
-      PictureSizing with data.min_pixels / max_pixels), so that vLLM and the actor cut it into the same patches;
+      PictureSizing held to data.max_pixels), so that vLLM and the actor cut it into the same patches;
     - ``expand``: the rendered message's tokens (one pad per picture, vLLM's form) -> the actor's form (each pad
       repeated once per vision token of its picture) and the pictures' (t, h, w) patch grids;
     - ``engine_view``: a model turn as vLLM reads it back at the next turn: a vision pad the policy sampled is not a
@@ -609,16 +609,11 @@ class PictureTokens:
     - ``response_positions``: 3-D rope positions of a response with pictures, from the model's own get_rope_index.
     """
 
-    def __init__(
-        self,
-        processor: Any,
-        model_path: Optional[str] = None,
-        min_pixels: Optional[int] = None,
-        max_pixels: Optional[int] = None,
-    ) -> None:
-        """``min_pixels`` / ``max_pixels``: data.min_pixels / data.max_pixels (None: the processor's own limit)."""
+    def __init__(self, processor: Any, model_path: Optional[str] = None, max_pixels: Optional[int] = None) -> None:
+        """``max_pixels``: data.max_pixels (None: the processor's own limit). The floor is the processor's, not
+        data.min_pixels: EasyR1's default (512 x 512) would raise a tool's 56-pixel crop to 334 vision tokens."""
         self.processor = processor
-        self.sizing = PictureSizing.from_processor(processor, min_pixels, max_pixels)
+        self.sizing = PictureSizing.from_processor(processor, None, max_pixels)
         self.image_pad = int(processor.image_token_id)
         self.vision_pads = torch.tensor([processor.image_token_id, processor.video_token_id])
         self.text_token = text_token_for_sampled_pads(processor)
@@ -854,8 +849,7 @@ class MultiTurnRollout(BaseRollout):
         # the reset seeds of calls that name no seed of their own (library callers)
         self._reset_rng = np.random.default_rng([engine.config.seed, engine.dp_rank, RESET_SEED_STREAM])
         vlm = processor is not None and getattr(processor, "image_token_id", None) is not None
-        rollout = engine.config
-        self.pictures = PictureTokens(processor, model_path, rollout.min_pixels, rollout.max_pixels) if vlm else None
+        self.pictures = PictureTokens(processor, model_path, engine.config.max_pixels) if vlm else None
 
     def __getattr__(self, name: str) -> Any:
         if name == "engine":  # not set yet: no recursion while unpickling / before __init__
