@@ -369,8 +369,9 @@ class ActorConfig(TrainableRoleConfig):
     nothing to the loss or its gradient, so the update is the same (to float rounding) for less compute; the loss
     denominators still count them. Then the per-token metrics (entropy, ppo_kl, clip fractions) cover the computed
     samples (none where no sample of a mini-batch has an advantage: its one computed placeholder would stand for
-    it), and actor/zero_advantage_skipped is the share skipped. With trainer.balance_batch the ranks get equal
-    shares of the computed tokens. Ignored where those conditions do not hold."""
+    it), and actor/zero_advantage_skipped is the share skipped. With trainer.balance_batch the ranks get about equal
+    shares of the computed tokens of each optimizer step (samples trade ranks within their step only, so every step
+    holds the samples it would hold without the skip). Ignored where those conditions do not hold."""
     disable_kl: bool = field(default=False, metadata=derived("algorithm.disable_kl"))
     """Copied from algorithm.disable_kl (derived)."""
     use_kl_loss: bool = field(default=False, metadata=derived("algorithm.use_kl_loss"))

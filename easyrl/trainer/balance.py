@@ -105,3 +105,41 @@ def inverse_permutation(permutation: torch.Tensor) -> torch.Tensor:
     inverse = torch.empty_like(permutation)
     inverse[permutation] = torch.arange(len(permutation), dtype=permutation.dtype)
     return inverse
+
+
+def per_step_balance(
+    lengths: torch.Tensor, dp_size: int, step_size: int, groups: list[list[int]] | None = None
+) -> tuple[torch.Tensor | None, float]:
+    """The row order that balances ``lengths`` (tokens per row) over ``dp_size`` contiguous equal chunks WITHOUT
+    changing which rows form each optimizer step: rank r cuts its chunk into steps of ``step_size`` rows in order, so
+    step j is the union over ranks of their j-th ``step_size`` rows; each such union is balanced over the ranks on
+    its own (``groups``, restricted to it, stay whole where they can). The update equals the batch's own order's (the
+    loss denominators are global), and the ranks compute about as much in every step. Returns (order or None when the
+    rows do not split into equal chunks of whole steps, the imbalance over the ranks' chunks after it)."""
+    count = len(lengths)
+    if dp_size <= 1 or count % dp_size or (count // dp_size) % step_size:
+        return None, 1.0
+    chunk = count // dp_size
+    group_of = {i: g for g, members in enumerate(groups or []) for i in members}
+    per_rank: list[list[int]] = [[] for _ in range(dp_size)]
+    for start in range(0, chunk, step_size):
+        rows = [r * chunk + start + i for r in range(dp_size) for i in range(step_size)]
+        local = {row: position for position, row in enumerate(rows)}
+        step_groups = None
+        if groups is not None:
+            members: dict[int, list[int]] = {}
+            for row in rows:
+                members.setdefault(group_of.get(row, -1 - row), []).append(local[row])
+            step_groups = list(members.values())
+        order, _ = balance_permutation(_as_token_counts(lengths[rows]), dp_size, step_groups)
+        placed = [rows[i] for i in order.tolist()] if order is not None else rows
+        for r in range(dp_size):
+            per_rank[r].extend(placed[r * step_size : (r + 1) * step_size])
+    order = torch.tensor([row for rank in per_rank for row in rank], dtype=torch.long)
+    return order, imbalance([int(n) for n in lengths.tolist()], per_rank)
+
+
+def _as_token_counts(lengths: torch.Tensor) -> torch.Tensor:
+    """An attention mask whose rows sum to ``lengths`` (what balance_permutation reads)."""
+    width = int(lengths.max()) if len(lengths) else 0
+    return (torch.arange(width)[None, :] < lengths[:, None]).to(torch.long)

@@ -49,7 +49,7 @@ from ..workers.reward.scorer import (
     scores_to_non_tensor,
 )
 from ..workers.rollout.base import GenerationRequest, format_turns, generation_metrics
-from .balance import balance_permutation, groups_by_uid, inverse_permutation
+from .balance import balance_permutation, groups_by_uid, inverse_permutation, per_step_balance
 from .checkpoint import (
     CheckpointManager,
     changed_input_files,
@@ -390,20 +390,22 @@ class PPOTrainer:
         return order
 
     def _balance_computed_samples(self, batch: DataProto, metrics: dict[str, Any]) -> None:
-        """Reorder ``batch`` in place so that the ranks' chunks hold about the same number of tokens the actor update
-        computes, where it skips zero-advantage samples (worker.actor.skip_zero_advantage): the balance made after
-        generation counted every sample, and each rank computes as many samples as the busiest one."""
-        if not (self.config.trainer.balance_batch and skips_zero_advantage(self.config.worker.actor)):
+        """Reorder ``batch`` in place so that the ranks hold about the same number of tokens the actor update computes,
+        where it skips zero-advantage samples (worker.actor.skip_zero_advantage): the balance made after generation
+        counted every sample, and each rank computes as many samples as the busiest one. Only rows of the same
+        optimizer step trade ranks (``per_step_balance``), so each step holds the samples it would hold without the
+        skip and the update stays the one the key promises."""
+        actor = self.config.worker.actor
+        if not (self.config.trainer.balance_batch and skips_zero_advantage(actor)):
             return
         dp_size, groups = self._rank_chunks(batch)
         if dp_size == 1:
             return
         computed = nonzero_advantage(batch).to(batch.batch["attention_mask"].dtype)
-        order, balance_metrics = balance_permutation(
-            batch.batch["attention_mask"] * computed[:, None], dp_size, groups
-        )
-        metrics["perf/dp_token_imbalance_update"] = balance_metrics["perf/dp_token_imbalance"]
+        tokens = batch.batch["attention_mask"].sum(-1) * computed
+        order, after = per_step_balance(tokens, dp_size, actor.global_batch_size_per_device, groups)
         if order is not None:
+            metrics["perf/dp_token_imbalance_update"] = after
             batch.reorder(order)
 
     # ------------------------------------------------------------------------------------------------------------------
