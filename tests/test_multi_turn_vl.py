@@ -494,6 +494,8 @@ def test_two_grpo_steps_with_pictures_in_the_observations(tmp_path):
         f"worker.rollout.multi_turn.env={env_path}:ZoomEnv",
         "worker.rollout.multi_turn.max_turns=2",
         "worker.reward.num_cpus=0",
+        # the random model's samples all score 0: the skip would leave no sample whose log-probs the update measures
+        "worker.actor.skip_zero_advantage=false",
         *bare_run(2, tmp_path / "checkpoints"),
     ]
     metrics = train_for_metrics(args, tmp_path, 2)
