@@ -430,3 +430,32 @@ def test_two_ranks_report_the_token_mean_of_the_whole_batch(ray_cluster, tiny_mo
         group.init_model()
         metrics = group.update_actor(data, on_policy=True).meta_info["metrics"]
     assert metrics["actor/entropy"] == pytest.approx(token_mean, rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_two_workers_with_several_optimizer_steps_train_the_same_first_step_with_and_without_the_skip(
+    tiny_model_path, tmp_path
+):
+    """`easyrl train` on 2 workers, 4 optimizer steps per update, balance_batch on: step 1 generates the same samples
+    either way, and its update must be the same (the computed-token balance moved samples between optimizer steps)."""
+    from tests.fixtures.trainer_runs import TINY_RUN_OVERRIDES, bare_run, train_args, train_for_metrics
+
+    rows = {}
+    for skip in (False, True):
+        folder = tmp_path / str(skip)
+        folder.mkdir()
+        overrides = [
+            *TINY_RUN_OVERRIDES,
+            "trainer.n_gpus_per_node=2",
+            "worker.actor.global_batch_size=1",
+            "worker.actor.micro_batch_size_per_device_for_update=2",
+            "algorithm.disable_kl=true",
+            "worker.rollout.temperature=1.0",
+            f"worker.actor.skip_zero_advantage={str(skip).lower()}",
+            *bare_run(1, folder / "checkpoints"),
+        ]
+        rows[skip] = train_for_metrics(train_args(tiny_model_path, folder / "checkpoints", overrides), folder, 1)[1]
+    assert rows[False]["reward/overall"] == rows[True]["reward/overall"]  # the same samples
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl"):
+        assert rows[True][key] == pytest.approx(rows[False][key], rel=1e-4, abs=1e-7), key
