@@ -100,7 +100,8 @@ def _main_state(state: dict) -> dict:
 def batches_drawn(state: dict) -> int:
     """The batches a saved train loader had drawn in its epoch."""
     main = _main_state(state)
-    return int(main.get("_sampler_iter_yielded" if "_snapshot" in state else "_num_yielded") or 0)
+    workers = isinstance(state.get("_snapshot"), dict)  # a loader with worker processes counts in its snapshot
+    return int(main.get("_sampler_iter_yielded" if workers else "_num_yielded") or 0)
 
 
 def restore_position(loader: StatefulDataLoader, state: dict, saved_rows: Optional[int], path: str) -> dict:
