@@ -421,6 +421,6 @@ def test_pictures_for_a_model_without_a_processor_name_where_they_are(tmp_path, 
         RLHFDataset(str(path), tokenizer, None, data_config(train_files=str(path), image_key="pics"))
     assert str(error.value) == (
         "data.train_files: rows have images/videos (in data.image_key='pics' / data.video_key='videos'; the first of "
-        "this row is d.png) but the model (worker.actor.model.model_path) has no processor: use a vision-language "
+        "this row is 'd.png') but the model (worker.actor.model.model_path) has no processor: use a vision-language "
         "model, or drop the media from the rows."
     )

@@ -558,7 +558,8 @@ class RolloutConfig:
     """Copied from data.max_response_length (derived)."""
     max_pixels: Optional[int] = field(default=None, metadata=derived("data.max_pixels"))
     """Copied from data.max_pixels (derived): pictures from tools and environments are held to it as the dataset's
-    are, but not raised to data.min_pixels (a tool chooses the size of what it shows; the zoom tool enlarges its crop)."""
+    are, but not raised to data.min_pixels (a tool chooses the size of what it shows; the zoom tool enlarges its
+    crop)."""
 
 
 @dataclass
@@ -769,8 +770,9 @@ class TrainerConfig:
     """Save a checkpoint every this many steps; -1 (or any value <= 0, as in EasyR1) saves only at the end."""
     save_limit: int = -1
     """Checkpoints kept: the newest saves (a run resumed from an earlier step keeps its own before the later steps of
-    the run it branched from); older ones are deleted; -1 (or any value <= 0, as in EasyR1) keeps all. An old checkpoint is deleted once the new one is
-    complete, so the disk holds save_limit + 1 of them while a checkpoint is written."""
+    the run it branched from); older ones are deleted; -1 (or any value <= 0, as in EasyR1) keeps all. An old
+    checkpoint is deleted once the new one is complete, so the disk holds save_limit + 1 of them while a checkpoint is
+    written."""
     save_model_only: bool = False
     """Save only model weights (no optimizer or dataloader state): such a checkpoint cannot be resumed (a rerun in
     the same folder says so before Ray starts); `easyrl merge` turns it into a model."""

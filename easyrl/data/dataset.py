@@ -62,7 +62,7 @@ from .template import (
     media_in_messages,
     read_template_file,
 )
-from .vision import PictureSizing, UnreadableMediaError, load_image, load_video
+from .vision import PictureSizing, UnreadableMediaError, describe_media, load_image, load_video
 
 
 logger = logging.getLogger(__name__)
@@ -372,8 +372,7 @@ def load_row_media(
             if any(in_messages)
             else f"in data.image_key={config.image_key!r} / data.video_key={config.video_key!r}"
         )
-        first = str((images or videos)[0])
-        first = first if len(first) <= 80 else first[:77] + "..."
+        first = describe_media((images or videos)[0])
         raise ValueError(
             f"{config_key}: rows have images/videos ({where}; the first of this row is {first}) but the model "
             "(worker.actor.model.model_path) has no processor: use a vision-language model, or drop the media from "

@@ -123,7 +123,8 @@ def _download(url: str) -> bytes:
         raise UnreadableMediaError(f"cannot download {url!r}: {getattr(error, 'reason', error)}") from error
 
 
-def _describe(image: Any) -> str:
+def describe_media(image: Any) -> str:
+    """A picture or video as a message names it: its path, the start of a data URI, its stored bytes."""
     if isinstance(image, str) and len(image) > 120:  # a data URI: its start and size, not a screenful of base64
         return f"{image[:60]!r}... ({len(image)} characters)"
     if isinstance(image, str):
@@ -343,7 +344,7 @@ def _warn_if_animated(opened: Image.Image, image: Any) -> None:
     """Say (once per picture and process) that an animated picture (GIF, APNG, WebP) is read as its first frame, as
     the Qwen-VL processors read it: its motion would otherwise be lost without a word."""
     frames = getattr(opened, "n_frames", 1)
-    name = _describe(image)
+    name = describe_media(image)
     if frames > 1 and name not in _ANIMATED_SEEN:
         _ANIMATED_SEEN.add(name)
         logger.warning(
@@ -372,12 +373,12 @@ def load_image(
     except UnreadableMediaError:
         raise
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:  # PIL's errors for bad files
-        raise UnreadableMediaError(f"cannot read image {_describe(image)}: {_pil_error(error)}") from error
+        raise UnreadableMediaError(f"cannot read image {describe_media(image)}: {_pil_error(error)}") from error
     if sizing is not None:
         try:
             return sizing(rgb)
         except UnreadableMediaError as error:
-            raise UnreadableMediaError(f"image {_describe(image)}: {error}") from error
+            raise UnreadableMediaError(f"image {describe_media(image)}: {error}") from error
     return resize_to_pixel_range(rgb, min_pixels, max_pixels)
 
 

@@ -84,7 +84,13 @@ def balance_permutation(
     chunks, where the dispatch pads and balancing would move padding between ranks. ``groups`` (row indices per
     prompt, ``worker.actor.shared_prefix``): move whole groups, so that a prompt's samples stay together on one rank
     and compute the prompt once (models/prefix_group.py), splitting only the groups the equal chunks force apart."""
-    lengths = [int(n) for n in attention_mask.sum(-1).tolist()]
+    return balance_lengths([int(n) for n in attention_mask.sum(-1).tolist()], dp_size, groups)
+
+
+def balance_lengths(
+    lengths: list[int], dp_size: int, groups: list[list[int]] | None = None
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """``balance_permutation`` of rows of ``lengths`` tokens."""
     count = len(lengths)
     if dp_size <= 1 or count % dp_size:
         chunk = -(-count // max(dp_size, 1))
@@ -108,7 +114,7 @@ def inverse_permutation(permutation: torch.Tensor) -> torch.Tensor:
 
 
 def per_step_balance(
-    lengths: torch.Tensor, dp_size: int, step_size: int, groups: list[list[int]] | None = None
+    lengths: list[int], dp_size: int, step_size: int, groups: list[list[int]] | None = None
 ) -> tuple[torch.Tensor | None, float]:
     """The row order that balances ``lengths`` (tokens per row) over ``dp_size`` contiguous equal chunks WITHOUT
     changing which rows form each optimizer step: rank r cuts its chunk into steps of ``step_size`` rows in order, so
@@ -124,22 +130,15 @@ def per_step_balance(
     per_rank: list[list[int]] = [[] for _ in range(dp_size)]
     for start in range(0, chunk, step_size):
         rows = [r * chunk + start + i for r in range(dp_size) for i in range(step_size)]
-        local = {row: position for position, row in enumerate(rows)}
         step_groups = None
         if groups is not None:
             members: dict[int, list[int]] = {}
-            for row in rows:
-                members.setdefault(group_of.get(row, -1 - row), []).append(local[row])
+            for position, row in enumerate(rows):
+                members.setdefault(group_of.get(row, -1 - row), []).append(position)
             step_groups = list(members.values())
-        order, _ = balance_permutation(_as_token_counts(lengths[rows]), dp_size, step_groups)
+        order, _ = balance_lengths([lengths[row] for row in rows], dp_size, step_groups)
         placed = [rows[i] for i in order.tolist()] if order is not None else rows
         for r in range(dp_size):
             per_rank[r].extend(placed[r * step_size : (r + 1) * step_size])
     order = torch.tensor([row for rank in per_rank for row in rank], dtype=torch.long)
-    return order, imbalance([int(n) for n in lengths.tolist()], per_rank)
-
-
-def _as_token_counts(lengths: torch.Tensor) -> torch.Tensor:
-    """An attention mask whose rows sum to ``lengths`` (what balance_permutation reads)."""
-    width = int(lengths.max()) if len(lengths) else 0
-    return (torch.arange(width)[None, :] < lengths[:, None]).to(torch.long)
+    return order, imbalance(lengths, per_rank)

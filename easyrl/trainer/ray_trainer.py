@@ -402,7 +402,7 @@ class PPOTrainer:
         if dp_size == 1:
             return
         computed = nonzero_advantage(batch).to(batch.batch["attention_mask"].dtype)
-        tokens = batch.batch["attention_mask"].sum(-1) * computed
+        tokens = (batch.batch["attention_mask"].sum(-1) * computed).tolist()
         order, after = per_step_balance(tokens, dp_size, actor.global_batch_size_per_device, groups)
         if order is not None:
             metrics["perf/dp_token_imbalance_update"] = after

@@ -17,6 +17,7 @@ a score in range scores 0 and counts in reward/judge_errors, and so does a messa
 context (vLLM would refuse the whole batch for one such prompt). A dead engine stops the run.
 """
 
+import functools
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -100,9 +101,7 @@ class JudgeEngine:
         if not cuda:
             way_out = "Serve the judge elsewhere (worker.reward.judge.kind=http with base_url)"
             check_cpu_head_size(self.llm.llm_engine.model_config.get_head_size(), path, "judge engine", way_out)
-        self.sampling = lambda seed: SamplingParams(
-            temperature=config.temperature, max_tokens=config.max_tokens, seed=seed
-        )
+        self.sampling = functools.partial(SamplingParams, temperature=config.temperature, max_tokens=config.max_tokens)
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
 
@@ -122,7 +121,7 @@ class JudgeEngine:
     def generate(self, messages: list[str]) -> list[tuple[str, bool, Optional[str]]]:
         ids = [self.encode(message) for message in messages]
         fits = [i for i, row in enumerate(ids) if len(row) < self.max_model_len]
-        sampling = [self.sampling(message_seed(ids[i])) for i in fits]
+        sampling = [self.sampling(seed=message_seed(ids[i])) for i in fits]
         outputs = self.llm.generate([{"prompt_token_ids": ids[i]} for i in fits], sampling, use_tqdm=False)
         replies: list[tuple[str, bool, Optional[str]]] = [
             (
