@@ -160,7 +160,10 @@ def stops_end_startup() -> Iterator[None]:
         file=sys.stderr,
         flush=True,
     )
-    raise SystemExit(128 + signum)
+    sys.stdout.flush()
+    # os._exit, not SystemExit: with the cluster shut down, the interpreter's own teardown of Ray's C++ core worker can
+    # abort (SIGABRT) on a loaded machine, which would turn the promised exit status into -6.
+    os._exit(128 + signum)
 
 
 def resume_hint(checkpoint: str | None, trainer: Any) -> str:
