@@ -579,6 +579,23 @@ def test_the_plan_notes_a_critic_warmup_without_a_critic_which_only_freezes_the_
     assert "critic warmup" not in load_run_plan([*BASE, *CRITIC_MODES["critic"]]).describe()
 
 
+def test_the_plan_notes_critic_settings_in_a_run_without_a_critic():
+    critic_keys = ["worker.critic.optim.lr=3e-5", "worker.critic.cliprange_value=0.2", "worker.critic.global_batch_size=2"]
+    notes = load_run_plan([*BASE, *CRITIC_MODES["no_critic"], *critic_keys]).notes
+    assert (
+        "worker.critic.global_batch_size=2, worker.critic.optim.lr=3e-05, worker.critic.cliprange_value=0.2: "
+        "algorithm.adv_estimator=grpo learns no value model, so the run has no critic and these settings do nothing. "
+        "Set algorithm.adv_estimator=gae to train a critic."
+    ) in notes
+    # what the critic copies from the actor (its model), a run with a critic, and a plain run are not noted
+    for args in (
+        [*CRITIC_MODES["no_critic"], "worker.critic.model.model_path=builtin://SmolLM2-135M-Instruct"],
+        [*CRITIC_MODES["critic"], *critic_keys],
+        CRITIC_MODES["no_critic"],
+    ):
+        assert not any("learns no value model, so the run has no critic" in n for n in load_run_plan([*BASE, *args]).notes)
+
+
 def test_a_critic_warmup_as_long_as_the_epochs_is_refused_once_the_steps_are_counted():
     plan = load_run_plan([*BASE, "trainer.total_epochs=2", "trainer.critic_warmup=4"])
     assert plan.with_training_steps(3).training_steps == 6  # 3 batches of 4 prompts x 2 epochs

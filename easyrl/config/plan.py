@@ -19,6 +19,7 @@ from .compat import LOSS_AVG_MODE_ALIASES, LOSS_TYPE_ALIASES
 from .load import read_config
 from .schema import PPOConfig
 from .validate import (
+    CRITIC_ESTIMATORS,
     ESTIMATOR_SETTINGS,
     LOSS_SETTINGS,
     check_critic_warmup,
@@ -352,6 +353,31 @@ def _settings_the_algorithm_does_not_read(config: PPOConfig) -> list[str]:
     return notes
 
 
+def _critic_settings_without_critic(config: PPOConfig) -> list[str]:
+    """`worker.critic.*` keys set away from their defaults in a run without a critic, as `key=value`. A value the
+    critic takes from the actor when unset (its model path) is not the user's setting, so it is not listed."""
+    if uses_critic(config):
+        return []
+    from .load import DERIVED_KEYS, FIELDS, derive
+
+    defaults = PPOConfig()
+    derive(defaults)
+    changed = []
+    for key, spec in FIELDS.items():
+        if not key.startswith("worker.critic.") or key in DERIVED_KEYS or dataclasses.is_dataclass(spec.type):
+            continue
+        value = _lookup(config, key)
+        if value == _lookup(defaults, key):
+            continue
+        try:
+            if value == _lookup(config, key.replace("worker.critic.", "worker.actor.", 1)):
+                continue
+        except AttributeError:  # a key only the critic has (cliprange_value)
+            pass
+        changed.append(f"{key}={value}")
+    return changed
+
+
 def _lookup(config: PPOConfig, key: str) -> Any:
     node = config
     for part in key.split("."):
@@ -413,6 +439,13 @@ def _settings_without_effect(config: PPOConfig) -> list[str]:
             "filtering is for groups of several samples (worker.rollout.n > 1)."
         )
     notes += _settings_the_algorithm_does_not_read(config)
+    unread = _critic_settings_without_critic(config)
+    if unread:
+        notes.append(
+            f"{', '.join(unread)}: algorithm.adv_estimator={algorithm.adv_estimator} learns no value model, so the run "
+            f"has no critic and {'this setting does' if len(unread) == 1 else 'these settings do'} nothing. Set "
+            f"algorithm.adv_estimator={' or '.join(sorted(CRITIC_ESTIMATORS))} to train a critic."
+        )
     if not nvidia_gpus_visible():
         # host-memory offload has nothing to move where the workers compute on the CPU (fsdp_utils, fsdp_worker)
         roles = {name: getattr(config.worker, name) for name in ("actor", "ref", "critic")}
