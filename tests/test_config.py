@@ -1,6 +1,8 @@
 """Config loading, overrides and validation: every error names the key and the fix."""
 
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -317,6 +319,41 @@ def test_hub_model_id_is_accepted_without_download(valid_args, monkeypatch):
 def test_unknown_builtin_model(valid_args):
     with pytest.raises(ConfigError, match=r"unknown built-in model `builtin://GPT-5`"):
         load_config([*valid_args, "worker.actor.model.model_path=builtin://GPT-5"])
+
+
+def test_a_nullable_key_of_the_wrong_type_names_the_type_a_user_reads(valid_args):
+    with pytest.raises(ConfigError, match=r"`trainer\.max_steps`.*2\.5.*Expected int or null\.$"):
+        load_config([*valid_args, "trainer.max_steps=2.5"])
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("${oc.env:EASYRL_TEST_UNSET_VARIABLE}", "Environment variable 'EASYRL_TEST_UNSET_VARIABLE' not found"),
+        ("${data.sed}", "Interpolation key 'data.sed' not found"),
+    ],
+)
+def test_an_interpolation_that_does_not_resolve_is_a_config_error_naming_the_key(valid_args, value, says, monkeypatch):
+    monkeypatch.delenv("EASYRL_TEST_UNSET_VARIABLE", raising=False)
+    with pytest.raises(ConfigError, match=rf"^Bad value for `worker\.rollout\.n`: .*{re.escape(says)}"):
+        load_config([*valid_args, f"worker.rollout.n={value}"])
+    monkeypatch.setenv("EASYRL_TEST_UNSET_VARIABLE", "3")
+    assert load_config([*valid_args, "worker.rollout.n=${oc.env:EASYRL_TEST_UNSET_VARIABLE}"]).worker.rollout.n == 3
+
+
+def test_a_second_config_file_is_refused_naming_both(valid_args, tmp_path):
+    first, second = tmp_path / "base.yaml", tmp_path / "mine.yaml"
+    first.write_text("worker:\n  rollout:\n    n: 4\n")
+    second.write_text("data:\n  max_prompt_length: 64\n")
+    with pytest.raises(ConfigError, match=rf"config= is given twice \({first} and {second}\)"):
+        load_config([*valid_args, f"config={first}", f"config={second}"])
+
+
+def test_an_empty_checkpoint_path_is_unset_not_the_working_directory(valid_args):
+    config = load_config([*valid_args, "trainer.save_checkpoint_path="])
+    assert config.trainer.save_checkpoint_path == os.path.abspath(
+        os.path.join("checkpoints", config.trainer.project_name, config.trainer.experiment_name)
+    )
 
 
 def test_override_without_equals_sign():

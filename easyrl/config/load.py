@@ -410,7 +410,10 @@ def _load_yaml(path: str) -> dict[str, Any]:
 
 
 def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp)).replace("typing.", "")
+    """A field's type as a user reads it: `int`, `int or null` (not `Optional`)."""
+    inner, nullable = _unwrapped(tp)
+    name = getattr(inner, "__name__", str(inner)).replace("typing.", "")
+    return f"{name} or null" if nullable else name
 
 
 def read_config(args: Optional[list[str]] = None) -> PPOConfig:
@@ -421,6 +424,13 @@ def read_config(args: Optional[list[str]] = None) -> PPOConfig:
     config_file, overrides = None, []
     for arg in args or []:
         if arg.startswith("config="):
+            if config_file is not None:
+                # one file, then key=value overrides: a second file silently replacing the first would drop its keys
+                raise ConfigError(
+                    f"config= is given twice ({config_file} and {arg.split('=', 1)[1]}); easyrl reads one config file, "
+                    "then key=value overrides. Merge the files into one, or give the second file's keys as "
+                    "key=value arguments."
+                )
             config_file = arg.split("=", 1)[1]
         else:
             overrides.append(arg)
@@ -449,7 +459,12 @@ def read_config(args: Optional[list[str]] = None) -> PPOConfig:
             hint = f" Expected {_type_name(expected.type)}." if expected is not None else ""
             message = str(err.msg).splitlines()[0].rstrip(".")
             raise ConfigError(f"Bad value for `{key}` (from {source}): {message}.{hint}") from None
-    config: PPOConfig = OmegaConf.to_object(merged)
+    try:  # interpolations (${oc.env:VAR}, ${data.seed}) resolve here
+        config: PPOConfig = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or "?"
+        message = str(getattr(err, "msg", err)).splitlines()[0].rstrip(".")
+        raise ConfigError(f"Bad value for `{key}`: {message}.") from None
     derive(config)
     return config
 
@@ -514,7 +529,7 @@ def derive(config: PPOConfig) -> None:
     )
 
     trainer = config.trainer
-    if trainer.save_checkpoint_path is None:
+    if not trainer.save_checkpoint_path:  # `trainer.save_checkpoint_path=` is unset, as `key=` is elsewhere, not the cwd
         trainer.save_checkpoint_path = os.path.join("checkpoints", trainer.project_name, trainer.experiment_name)
     trainer.save_checkpoint_path = os.path.abspath(trainer.save_checkpoint_path)
     reward = worker.reward
