@@ -2,7 +2,12 @@
 
 import pytest
 
-from easyrl.workers.reward.loader import RewardFunction, RewardFunctionError, load_reward_function
+from easyrl.workers.reward.loader import (
+    RewardFunction,
+    RewardFunctionError,
+    load_reward_function,
+    resolve_reward_function,
+)
 
 
 def write(tmp_path, text, name="my_reward.py"):
@@ -72,6 +77,12 @@ def test_bad_reward_type_says_which_values_work(tmp_path):
     path = write(tmp_path, "REWARD_TYPE = 'parallel'\n" + BATCH)
     with pytest.raises(RewardFunctionError, match=r"REWARD_TYPE.*'parallel'.*'batch'.*'sequential'"):
         load_reward_function(str(path), {})
+    # `easyrl check` reads the file without importing it, and refuses it as the run would
+    with pytest.raises(RewardFunctionError, match=r"REWARD_TYPE.*'parallel'.*'batch'.*'sequential'"):
+        resolve_reward_function(str(path))
+    # a literal the file reassigns later counts as its last; one computed at import is left to the import
+    resolve_reward_function(str(write(tmp_path, "REWARD_TYPE = 'bacth'\nREWARD_TYPE = 'batch'\n" + BATCH, "a.py")))
+    resolve_reward_function(str(write(tmp_path, "REWARD_TYPE = 'b' + 'atch'\n" + BATCH, "b.py")))
 
 
 def test_unexpected_kwargs_are_reported_with_the_config_key(tmp_path):

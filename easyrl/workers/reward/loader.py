@@ -587,9 +587,32 @@ def resolve_reward_function(spec: str) -> tuple[str, str]:
     """
     path_text, requested = parse_spec(spec)
     path, names, functions = parse_user_file(path_text, CONFIG_KEY)
-    inputless = _inputless_in_source(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    declared = _reward_type_in_source(tree)
+    if declared is not None and declared not in REWARD_TYPES:
+        raise RewardFunctionError(_reward_type_problem(path_text, declared))
+    inputless = _inputless_in_source(tree)
     chosen = [choose_function_name(path_text, name, names, functions, inputless) for name in function_names(requested)]
     return str(path), FUNCTION_SEPARATOR.join(chosen)
+
+
+def _reward_type_in_source(tree: ast.Module) -> object | None:
+    """The value the file's last top-level ``REWARD_TYPE = <literal>`` gives, or None (no such line, or not a literal:
+    that one is read when the file is imported)."""
+    value = None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "REWARD_TYPE" for t in node.targets):
+            value = node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "REWARD_TYPE":
+            value = node.value
+    return value.value if isinstance(value, ast.Constant) else None
+
+
+def _reward_type_problem(path_text: str, reward_type: object) -> str:
+    return (
+        f"`REWARD_TYPE` in `{path_text}` is {reward_type!r}; use 'batch' (the function takes and returns lists) or "
+        "'sequential' (one dict in, one dict out)."
+    )
 
 
 def _inputless_in_source(tree: ast.Module) -> set[str]:
@@ -913,10 +936,7 @@ def _load_one(
     else:
         reward_type = getattr(module, "REWARD_TYPE", configured_type or DEFAULT_REWARD_TYPE)
         if reward_type not in REWARD_TYPES:
-            raise RewardFunctionError(
-                f"`REWARD_TYPE` in `{path_text}` is {reward_type!r}; use 'batch' (the function takes and returns "
-                "lists) or 'sequential' (one dict in, one dict out)."
-            )
+            raise RewardFunctionError(_reward_type_problem(path_text, reward_type))
         _check_binding(fn, kwargs, None, name, path_text)
     return RewardFunction(
         fn=fn,
