@@ -65,3 +65,19 @@ def test_a_resume_names_the_changes_since_its_checkpoints_config_and_the_keys_it
         "the shuffled order goes on as the checkpoint saved it" in caplog.text
     )
     assert yaml.safe_load((run / "config.2.yaml").read_text())["data"]["shuffle"] is False
+
+
+def test_a_val_only_look_keeps_its_config_beside_the_runs(tmp_path, caplog):
+    run = tmp_path / "run"
+    trained = _config_yaml("trainer.max_steps=4")
+    record_run_config(str(run), trained)
+    look = _config_yaml("trainer.max_steps=4", "trainer.val_only=true")
+    with caplog.at_level(logging.WARNING):
+        assert record_run_config(str(run), look, "validation", val_only=True) == []
+    assert not caplog.text  # trainer.val_only itself is no change to announce
+    assert (run / "config.yaml").read_text() == trained and (run / "val_only_config.yaml").read_text() == look
+    # a second look with other settings keeps the first look's beside it, as a run's restarts do
+    other = _config_yaml("trainer.max_steps=4", "trainer.val_only=true", "worker.rollout.n=2")
+    assert record_run_config(str(run), other, "validation", val_only=True) == ["worker.rollout.n: 6 -> 2"]
+    assert (run / "val_only_config.1.yaml").read_text() == look and (run / "config.yaml").read_text() == trained
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "val_only_config.1.yaml", "val_only_config.yaml"]

@@ -12,6 +12,7 @@ import math
 import signal
 
 import pytest
+import yaml
 
 from tests.fixtures.trainer_runs import (
     GRPO_RUN_OVERRIDES,
@@ -119,6 +120,7 @@ def test_val_only_validates_the_checkpoint_it_resumes_as_the_run_validated_it(ti
     save_dir = tmp_path / "checkpoints"
     shutil.copytree(tiny_grpo_run.save_dir, save_dir)
     history = (save_dir / "metrics.jsonl").read_text()
+    trained_with = (save_dir / "config.yaml").read_text()
     args = train_args(tiny_grpo_run.model_path, save_dir, GRPO_RUN_OVERRIDES) + [
         "trainer.val_only=true",
         f"trainer.load_checkpoint_path={save_dir / 'global_step_2'}",
@@ -132,3 +134,25 @@ def test_val_only_validates_the_checkpoint_it_resumes_as_the_run_validated_it(ti
     assert last["step"] == 2 and "reward/overall" not in last  # the validation's own row, appended
     assert validated and validated == {name: reference[name] for name in validated}
     assert not (save_dir / "global_step_4").exists() and (save_dir / "global_step_3").exists()
+    # the folder still repeats the training run; the look's config is kept beside it
+    assert (save_dir / "config.yaml").read_text() == trained_with and not (save_dir / "config.1.yaml").exists()
+    assert yaml.safe_load((save_dir / "val_only_config.yaml").read_text())["trainer"]["val_only"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_warm_start_from_another_runs_checkpoint_trains_its_next_step_and_logs_only_its_own(tiny_grpo_run, tmp_path):
+    """A warm start into a new folder copied the source run's checkpoint-step row into its metrics.jsonl, under a
+    warning that read as if this run had written it; the step after the checkpoint is the source run's step."""
+    save_dir = tmp_path / "warm"
+    args = train_args(tiny_grpo_run.model_path, save_dir, GRPO_RUN_OVERRIDES) + [
+        f"trainer.load_checkpoint_path={tiny_grpo_run.save_dir / 'global_step_2'}"
+    ]
+    log = tmp_path / "warm.log"
+    run_training(args, log)
+    assert "restored the row of step 2" not in log.read_text(errors="replace")
+    rows = metrics_by_step(save_dir)
+    assert sorted(rows) == [3]
+    reference = tiny_grpo_run.metrics[3]
+    compared = sorted(name for name in reference if not name.startswith(TIME_DEPENDENT_PREFIXES))
+    assert {name for name in compared if not _same(name, rows[3][name], reference[name])} == set()

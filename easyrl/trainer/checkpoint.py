@@ -217,6 +217,13 @@ def warm_start_root(trainer: Any) -> str | None:
     return None if os.path.dirname(os.path.abspath(trainer.load_checkpoint_path)) == root else root
 
 
+def own_step_row(path: str, trainer: Any, state: dict) -> dict | None:
+    """The metrics row the checkpoint at ``path`` kept of its step, for the run's loggers to restore when a crash
+    took it (``rewind_to``); None for a warm start from another run's folder, which this run never trained."""
+    own = os.path.dirname(os.path.abspath(path)) == os.path.abspath(trainer.save_checkpoint_path)
+    return state.get("metrics") if own else None
+
+
 def warm_start_passed(trainer: Any) -> str | None:
     """The newest complete checkpoint of the run's own folder when ``trainer.load_checkpoint_path`` names one outside
     it (a warm start the folder has gone on from); None otherwise."""

@@ -553,7 +553,14 @@ def run_training(plan: RunPlan) -> dict[str, float]:
     if finished is not None:
         print(finished)
         return {}
-    record_run_config(plan.config.trainer.save_checkpoint_path, config_to_yaml(plan.config), resumed_from=resumed_from)
+    val_only = plan.config.trainer.val_only
+    record_run_config(
+        plan.config.trainer.save_checkpoint_path,
+        config_to_yaml(plan.config),
+        "validation" if val_only else "run",
+        resumed_from,
+        val_only,
+    )
     with setup_errors_reported(log_file):  # a tracker that cannot start its run: one line, before Ray starts
         tracker = start_tracker(plan.config, _config_dict(plan), plan.training_steps)
     try:

@@ -57,6 +57,7 @@ from .checkpoint import (
     load_dataloader_state,
     load_trainer_state,
     model_only_error,
+    own_step_row,
     resolve_resume_path,
     saves_after,
     validates_first,
@@ -786,5 +787,5 @@ class PPOTrainer:
         self.kl_controller.value = state["kl_coef"]
         self.global_step = self._saved_step = int(state["global_step"])
         self.last_checkpoint = path
-        self.tracker.rewind_to(self.global_step, state.get("metrics"))
+        self.tracker.rewind_to(self.global_step, own_step_row(path, self.config.trainer, state))
         return True

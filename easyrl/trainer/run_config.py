@@ -19,6 +19,9 @@ from .loggers.base import flatten_dict
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
+# a trainer.val_only look at a run's checkpoint keeps its config beside the run's, not in place of it: the folder's
+# config.yaml still repeats the training run
+VAL_ONLY_CONFIG_FILE = "val_only_config.yaml"
 # changed keys named in the warning (all of them are in the two files)
 CHANGES_NAMED = 8
 
@@ -43,23 +46,28 @@ KEPT_ON_RESUME = {
 }
 
 
-def record_run_config(run_dir: str, config_yaml: str, what: str = "run", resumed_from: str | None = None) -> list[str]:
-    """Write ``config_yaml`` (the resolved config, as ``config_to_yaml`` gives it) to ``<run_dir>/config.yaml``; an
-    earlier start's that differs is kept beside it. The changes announced are those since the config the checkpoint
-    it resumes (``resumed_from``) was trained with, where that checkpoint holds a copy of it (a start that failed
-    before its first save left its own config in the folder), else since the folder's. Returns the changes."""
+def record_run_config(
+    run_dir: str, config_yaml: str, what: str = "run", resumed_from: str | None = None, val_only: bool = False
+) -> list[str]:
+    """Write ``config_yaml`` (the resolved config, as ``config_to_yaml`` gives it) to ``<run_dir>/config.yaml``
+    (``val_only``: to ``val_only_config.yaml``); an earlier start's that differs is kept beside it. The changes
+    announced are those since the config the checkpoint it resumes (``resumed_from``) was trained with, where that
+    checkpoint holds a copy of it (a start that failed before its first save left its own config in the folder), else
+    since the folder's. Returns the changes."""
     os.makedirs(run_dir, exist_ok=True)
-    path = os.path.join(run_dir, CONFIG_FILE)
+    name = VAL_ONLY_CONFIG_FILE if val_only else CONFIG_FILE
+    path = os.path.join(run_dir, name)
     earlier_text = _read(path)
-    trained_with = _read(os.path.join(resumed_from, CONFIG_FILE)) if resumed_from else None
+    trained_with = _read(os.path.join(resumed_from, CONFIG_FILE)) if resumed_from and not val_only else None
     config = _parse(config_yaml)
     since_folder = config_changes(_parse(earlier_text), config) if earlier_text is not None else []
     kept = None
     if since_folder:
+        stem = name.removesuffix(".yaml")
         number = 1
-        while os.path.exists(os.path.join(run_dir, f"config.{number}.yaml")):
+        while os.path.exists(os.path.join(run_dir, f"{stem}.{number}.yaml")):
             number += 1
-        kept = os.path.join(run_dir, f"config.{number}.yaml")
+        kept = os.path.join(run_dir, f"{stem}.{number}.yaml")
         replace_file(kept, earlier_text)
     changes = config_changes(_parse(trained_with), config) if trained_with is not None else since_folder
     if changes:

@@ -28,6 +28,7 @@ from .checkpoint import (
     load_dataloader_state,
     load_trainer_state,
     model_only_error,
+    own_step_row,
     resolve_resume_path,
     saves_after,
     validates_first,
@@ -139,7 +140,7 @@ class SFTTrainer:
         restore_position(self.loader, loader_state, state.get("train_rows"), path)
         self.global_step, self.epoch = int(state["global_step"]), int(state.get("epoch", 0))
         self.last_checkpoint, self._saved_step = path, self.global_step
-        self.tracker.rewind_to(self.global_step, state.get("metrics"))
+        self.tracker.rewind_to(self.global_step, own_step_row(path, self.config.trainer, state))
 
     def _batches(self):
         while True:
@@ -268,7 +269,14 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
     except ValueError as error:
         raise RunSetupError(str(error)) from error
     logger.info("SFT plan:\n%s", plan.describe())
-    record_run_config(config.trainer.save_checkpoint_path, config_to_yaml(config), "SFT run", resumed_from)
+    val_only = config.trainer.val_only
+    record_run_config(
+        config.trainer.save_checkpoint_path,
+        config_to_yaml(config),
+        "SFT validation" if val_only else "SFT run",
+        resumed_from,
+        val_only,
+    )
     with setup_errors_reported(log_file):  # a tracker that cannot start its run: one line, before Ray starts
         tracker = start_tracker(config, config_to_dict(config), plan.training_steps)
     try:
