@@ -259,7 +259,7 @@ CONFIG_HELP = (
 
 
 def _help() -> str:
-    lines = ["usage: easyrl <command> [arguments]", "", "commands:"]
+    lines = ["usage: easyrl <command> [arguments]   (easyrl --version: the installed version)", "", "commands:"]
     width = max(len(name) for name in COMMANDS) + 2
     lines += [f"  {name:<{width}}{text}" for name, (_, text) in COMMANDS.items()]
     lines += ["", CONFIG_HELP]
@@ -271,9 +271,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_help())
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version", "version"):
+        from . import __version__
+
+        print(f"easyrl {__version__}")
+        return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"easyrl: unknown command `{command}`.\n\n{_help()}", file=sys.stderr)
+        import difflib
+
+        near = difflib.get_close_matches(command, COMMANDS, n=1, cutoff=0.6)
+        hint = f" Did you mean `easyrl {near[0]}`?" if near else ""
+        print(f"easyrl: unknown command `{command}`.{hint}\n\n{_help()}", file=sys.stderr)
         return 2
     if command != "merge" and any(a in ("-h", "--help") for a in rest):
         print(f"{COMMANDS[command][1]}\n\n{CONFIG_HELP}")

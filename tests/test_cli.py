@@ -85,6 +85,18 @@ def test_unknown_subcommand_exits_2():
     assert "unknown command `fly`" in result.stderr
 
 
+def test_a_misspelt_command_is_named_with_the_one_meant_and_the_version_is_printed(capsys):
+    import easyrl
+    from easyrl.cli import main
+
+    assert main(["trian", "config=x.yaml"]) == 2
+    assert "unknown command `trian`. Did you mean `easyrl train`?" in capsys.readouterr().err
+    assert main(["fly"]) == 2
+    assert "Did you mean" not in capsys.readouterr().err
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"easyrl {easyrl.__version__}\n"
+
+
 def test_train_with_no_arguments_names_what_a_run_needs_and_the_default_recipe():
     result = run_easyrl("train")
     assert result.returncode == 2
