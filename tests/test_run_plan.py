@@ -596,6 +596,12 @@ def test_the_plan_notes_critic_settings_in_a_run_without_a_critic():
         assert not any("learns no value model, so the run has no critic" in n for n in load_run_plan([*BASE, *args]).notes)
 
 
+def test_the_plan_notes_a_run_without_loggers():
+    note = "trainer.logger=[]: the run logs no metrics (no line per step, no metrics.jsonl, no curves)"
+    assert any(n.startswith(note) for n in load_run_plan([*BASE, "trainer.logger=[]"]).notes)
+    assert not any(n.startswith(note) for n in load_run_plan([*BASE, "trainer.logger=[file]"]).notes)
+
+
 def test_a_critic_warmup_as_long_as_the_epochs_is_refused_once_the_steps_are_counted():
     plan = load_run_plan([*BASE, "trainer.total_epochs=2", "trainer.critic_warmup=4"])
     assert plan.with_training_steps(3).training_steps == 6  # 3 batches of 4 prompts x 2 epochs

@@ -438,6 +438,11 @@ def _settings_without_effect(config: PPOConfig) -> list[str]:
             f"below, or {algorithm.filter_high:g} or above, is dropped (with a 0/1 reward, every one). Online "
             "filtering is for groups of several samples (worker.rollout.n > 1)."
         )
+    if not trainer.logger:
+        notes.append(
+            "trainer.logger=[]: the run logs no metrics (no line per step, no metrics.jsonl, no curves); its "
+            "checkpoints are written as usual. Add console and file (the defaults) to see it learn."
+        )
     notes += _settings_the_algorithm_does_not_read(config)
     unread = _critic_settings_without_critic(config)
     if unread:
