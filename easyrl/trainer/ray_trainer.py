@@ -602,7 +602,9 @@ class PPOTrainer:
             batch = join_rollout_output(prompts.repeat(repeat, interleave=True), generated)
             batch.meta_info["trainer_state"] = self._trainer_state(self.global_step)
             scores, reward_metrics = self.val_reward_scorer.score(batch)
-            overall = scores.sum(-1).tolist()
+            # the scores as the function gave them (float64), so that val/<source>/reward and val/reward/overall of
+            # one source are the same number; the token-level tensor holds them in float32
+            overall = reward_metrics.get("reward/overall") or scores.sum(-1).tolist()
             sources = batch.non_tensor_batch.get("data_source", np.array(["val"] * len(batch), dtype=object))
             for source, score in zip(sources, overall):
                 scores_by_source.setdefault(str(source), []).append(score)
