@@ -580,7 +580,11 @@ def test_the_plan_notes_a_critic_warmup_without_a_critic_which_only_freezes_the_
 
 
 def test_the_plan_notes_critic_settings_in_a_run_without_a_critic():
-    critic_keys = ["worker.critic.optim.lr=3e-5", "worker.critic.cliprange_value=0.2", "worker.critic.global_batch_size=2"]
+    critic_keys = [
+        "worker.critic.optim.lr=3e-5",
+        "worker.critic.cliprange_value=0.2",
+        "worker.critic.global_batch_size=2",
+    ]
     notes = load_run_plan([*BASE, *CRITIC_MODES["no_critic"], *critic_keys]).notes
     assert (
         "worker.critic.global_batch_size=2, worker.critic.optim.lr=3e-05, worker.critic.cliprange_value=0.2: "
@@ -593,7 +597,17 @@ def test_the_plan_notes_critic_settings_in_a_run_without_a_critic():
         [*CRITIC_MODES["critic"], *critic_keys],
         CRITIC_MODES["no_critic"],
     ):
-        assert not any("learns no value model, so the run has no critic" in n for n in load_run_plan([*BASE, *args]).notes)
+        assert not any(
+            "learns no value model, so the run has no critic" in n for n in load_run_plan([*BASE, *args]).notes
+        )
+
+
+def test_the_plan_notes_shared_prefixes_with_one_sample_per_prompt():
+    note = "worker.actor.shared_prefix with worker.rollout.n=1: each prompt has one sample"
+    one = ["algorithm.adv_estimator=reinforce_plus_plus", "worker.rollout.n=1", "worker.actor.global_batch_size=4"]
+    shared = ["worker.actor.padding_free=true", "worker.actor.shared_prefix=true"]
+    assert any(n.startswith(note) for n in load_run_plan([*BASE, *one, *shared]).notes)
+    assert not any(n.startswith(note) for n in load_run_plan([*BASE, *shared]).notes)
 
 
 def test_the_plan_notes_a_run_without_loggers():

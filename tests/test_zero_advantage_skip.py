@@ -459,3 +459,40 @@ def test_two_workers_with_several_optimizer_steps_train_the_same_first_step_with
     assert rows[False]["reward/overall"] == rows[True]["reward/overall"]  # the same samples
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl"):
         assert rows[True][key] == pytest.approx(rows[False][key], rel=1e-4, abs=1e-7), key
+
+
+def test_a_step_whose_every_advantage_is_zero_is_said(caplog):
+    """A reward that gave every answer the same score trained whole runs for nothing: only grad_norm 0 showed it."""
+    import logging
+
+    import numpy as np
+
+    from easyrl.config import PPOConfig, derive
+    from easyrl.protocol import DataProto
+    from easyrl.trainer.ray_trainer import PPOTrainer
+
+    mask = torch.ones(4, 3, dtype=torch.long)
+    config = PPOConfig()
+    derive(config)
+    trainer = PPOTrainer.__new__(PPOTrainer)
+    trainer.config, trainer.global_step = config, 7
+    for advantages, said in (
+        (torch.zeros(4, 3), True),
+        (torch.tensor([[0.0] * 3, [0.0] * 3, [0.5] * 3, [-0.5] * 3]), False),
+    ):
+        batch = DataProto.from_dict(
+            tensors={"response_mask": mask, "advantages": advantages},
+            non_tensors={"uid": np.array(["a", "a", "b", "b"], dtype=object)},
+        )
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            trainer._say_if_nothing_is_learnt(batch)
+        assert ("Step 7: every sample's advantage is 0 (algorithm.adv_estimator=grpo" in caplog.text) is said
+    # the critic's warmup steps do not update the actor: nothing to say
+    config.trainer.critic_warmup = 7
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        trainer._say_if_nothing_is_learnt(
+            DataProto.from_dict(tensors={"response_mask": mask, "advantages": torch.zeros(4, 3)})
+        )
+    assert not caplog.text

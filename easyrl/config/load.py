@@ -529,7 +529,9 @@ def derive(config: PPOConfig) -> None:
     )
 
     trainer = config.trainer
-    if not trainer.save_checkpoint_path:  # `trainer.save_checkpoint_path=` is unset, as `key=` is elsewhere, not the cwd
+    if (
+        not trainer.save_checkpoint_path
+    ):  # `trainer.save_checkpoint_path=` is unset, as `key=` is elsewhere, not the cwd
         trainer.save_checkpoint_path = os.path.join("checkpoints", trainer.project_name, trainer.experiment_name)
     trainer.save_checkpoint_path = os.path.abspath(trainer.save_checkpoint_path)
     reward = worker.reward

@@ -23,6 +23,7 @@ from .validate import (
     ESTIMATOR_SETTINGS,
     LOSS_SETTINGS,
     check_critic_warmup,
+    config_value,
     env_owns_data,
     env_owns_reward,
     uses_critic,
@@ -344,7 +345,7 @@ def _settings_the_algorithm_does_not_read(config: PPOConfig) -> list[str]:
         (LOSS_SETTINGS, "worker.actor.loss_type", loss),
     ):
         for key, readers in settings.items():
-            value, default = _lookup(config, key), _lookup(defaults, key)
+            value, default = config_value(config, key), config_value(defaults, key)
             if value != default and chosen not in readers:
                 notes.append(
                     f"{key}={value} does nothing with {kind}={chosen}: it is read by {', '.join(sorted(readers))} "
@@ -366,23 +367,16 @@ def _critic_settings_without_critic(config: PPOConfig) -> list[str]:
     for key, spec in FIELDS.items():
         if not key.startswith("worker.critic.") or key in DERIVED_KEYS or dataclasses.is_dataclass(spec.type):
             continue
-        value = _lookup(config, key)
-        if value == _lookup(defaults, key):
+        value = config_value(config, key)
+        if value == config_value(defaults, key):
             continue
         try:
-            if value == _lookup(config, key.replace("worker.critic.", "worker.actor.", 1)):
+            if value == config_value(config, key.replace("worker.critic.", "worker.actor.", 1)):
                 continue
         except AttributeError:  # a key only the critic has (cliprange_value)
             pass
         changed.append(f"{key}={value}")
     return changed
-
-
-def _lookup(config: PPOConfig, key: str) -> Any:
-    node = config
-    for part in key.split("."):
-        node = getattr(node, part)
-    return node
 
 
 def _settings_without_effect(config: PPOConfig) -> list[str]:
@@ -437,6 +431,11 @@ def _settings_without_effect(config: PPOConfig) -> list[str]:
             f"{algorithm.filter_key} is that sample's own score, and a sample scored {algorithm.filter_low:g} or "
             f"below, or {algorithm.filter_high:g} or above, is dropped (with a 0/1 reward, every one). Online "
             "filtering is for groups of several samples (worker.rollout.n > 1)."
+        )
+    if config.worker.actor.shared_prefix and rollout.n == 1:
+        notes.append(
+            "worker.actor.shared_prefix with worker.rollout.n=1: each prompt has one sample, so no prompt is shared "
+            "and every pass computes as without it. It saves compute for groups of several samples (n > 1)."
         )
     if not trainer.logger:
         notes.append(

@@ -26,8 +26,8 @@ from .validate import (
     _check_model_path,
     _check_ranges,
     _check_unsupported,
-    _get,
     check_template_kwargs,
+    config_value,
 )
 
 
@@ -110,7 +110,7 @@ def validate_sft_config(config: PPOConfig) -> None:
     if missing:
         raise ConfigError(f"an SFT run needs a model and data; set {', '.join(f'`{k}`' for k in missing)}.")
     for key, allowed in CHOICES.items():
-        value = _get(config, key)
+        value = config_value(config, key)
         for item in value if isinstance(value, list) else [value]:
             _check_choice(key, item, allowed)
     for name in DTYPE_KEYS:

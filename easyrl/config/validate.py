@@ -246,7 +246,8 @@ SAMPLING_OVERRIDE_RANGES = {
 }
 
 
-def _get(config: PPOConfig, key: str) -> Any:
+def config_value(config: PPOConfig, key: str) -> Any:
+    """The value of dotted ``key`` (``worker.rollout.n``) in ``config``."""
     node: Any = config
     for part in key.split("."):
         node = getattr(node, part)
@@ -430,7 +431,7 @@ def check_model_sources(config: PPOConfig) -> None:
     if uses_critic(config):
         keys.append("worker.critic.model.model_path")
     for key in keys:
-        path = _get(config, key)
+        path = config_value(config, key)
         if path:
             check_hub_model(key, path)
 
@@ -451,9 +452,9 @@ def _check_range(key: str, value: Any, interval: Interval) -> None:
 
 def _check_ranges(config: PPOConfig) -> None:
     for key, interval in RANGES.items():
-        _check_range(key, _get(config, key), interval)
+        _check_range(key, config_value(config, key), interval)
     for role in ("actor", "critic"):
-        betas = _get(config, f"worker.{role}.optim.betas")
+        betas = config_value(config, f"worker.{role}.optim.betas")
         if len(betas) != 2:
             raise ConfigError(f"`worker.{role}.optim.betas` is {betas}; give two numbers, e.g. [0.9, 0.999].")
         for index, beta in enumerate(betas):
@@ -1131,7 +1132,7 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
     for a run that only samples (`easyrl generate`), where a reward function is optional."""
     _check_required(config, needs_reward)
     for key, allowed in CHOICES.items():
-        value = _get(config, key)
+        value = config_value(config, key)
         if isinstance(value, list):
             for item in value:
                 _check_choice(key, item, allowed)
@@ -1140,7 +1141,7 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
     if config.worker.reward.reward_type is not None:  # older EasyR1 configs'
         _check_choice("worker.reward.reward_type", config.worker.reward.reward_type, ("batch", "sequential"))
     for role in ("actor", "critic", "ref"):
-        fsdp = _get(config, f"worker.{role}.fsdp")
+        fsdp = config_value(config, f"worker.{role}.fsdp")
         for name in DTYPE_KEYS:
             _check_choice(f"worker.{role}.fsdp.{name}", getattr(fsdp, name), DTYPES)
         if fsdp.torch_dtype is not None:
@@ -1167,7 +1168,7 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
     if not config.trainer.val_only:  # `easyrl generate` / `eval` and trainer.val_only make no update
         _check_update_batches(config)
     for role in ("actor", "critic", "ref") if uses_critic(config) else ("actor", "ref"):
-        fsdp_size = _get(config, f"worker.{role}.fsdp.fsdp_size")
+        fsdp_size = config_value(config, f"worker.{role}.fsdp.fsdp_size")
         if 0 < fsdp_size < world and world % fsdp_size != 0:
             raise ConfigError(
                 f"`worker.{role}.fsdp.fsdp_size` ({fsdp_size}) must divide the number of workers ({world} = "
@@ -1249,7 +1250,7 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
     _check_file("data.override_chat_template", data.override_chat_template, "chat template")
     check_template_kwargs(data.apply_chat_template_kwargs)
     for key in ("data.train_files", "data.val_files"):
-        value = _get(config, key)
+        value = config_value(config, key)
         if value and value.startswith(BUILTIN_PREFIX):
             try:
                 parse_builtin(value)

@@ -338,6 +338,7 @@ class PPOTrainer:
                 else:
                     batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
                 batch = compute_advantage(batch, algo)
+                self._say_if_nothing_is_learnt(batch)
             if "reward_baselines" in batch.batch.keys():  # ReMax: the greedy responses' scores, per sample
                 metrics.update(remax_baseline_metrics(batch.batch["reward_baselines"], self.config.worker.rollout.n))
 
@@ -710,6 +711,19 @@ class PPOTrainer:
             flops = self._actor_flops.flops(seq_lens, frozen_weights=frozen)
         flops *= self.config.worker.actor.ppo_epochs
         return {"perf/mfu/actor": compute_mfu(flops, seconds, self.config.world_size, self._actor_peak_flops)}
+
+    def _say_if_nothing_is_learnt(self, batch: DataProto) -> None:
+        """A step whose every advantage is 0 (each group's samples scored alike; a reward that gives every answer the
+        same score) teaches the policy nothing from its rewards: only grad_norm 0 would show it otherwise."""
+        if self.global_step <= self.config.trainer.critic_warmup or bool(nonzero_advantage(batch).any()):
+            return
+        logger.warning(
+            "Step %d: every sample's advantage is 0 (algorithm.adv_estimator=%s; the samples of each group scored "
+            "alike), so the update learns nothing from the rewards this step. If every step says so, check that the "
+            "reward function tells answers apart (reward/* in the metrics).",
+            self.global_step,
+            self.config.algorithm.adv_estimator,
+        )
 
     def _rollout_mismatch(self, batch: DataProto) -> dict[str, float]:
         from ..workers.rollout.base import rollout_logprob_mismatch

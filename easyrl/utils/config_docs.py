@@ -6,7 +6,7 @@ from dataclasses import MISSING, fields, is_dataclass
 
 from ..config.compat import EASYR1_DIFFERENCES
 from ..config.schema import PPOConfig
-from ..config.validate import RANGES
+from ..config.validate import RANGES, config_value
 
 
 def field_docstrings(cls: type) -> dict[str, str]:
@@ -42,6 +42,10 @@ def _default(f) -> str:
         value = f.default_factory()
     else:
         return ""
+    return _shown(value)
+
+
+def _shown(value) -> str:
     if is_dataclass(value):
         return ""
     if value is None:
@@ -85,6 +89,11 @@ def render_config_docs() -> str:
         "",
     ]
     derived = []
+    # a derived key's default is what it is copied from, by default: the value `derive` gives the defaults
+    from ..config.load import derive
+
+    resolved = PPOConfig()
+    derive(resolved)
     for section, cls in iter_sections():
         if not section:
             continue
@@ -97,7 +106,10 @@ def render_config_docs() -> str:
             doc = docs.get(f.name, "").replace("|", "\\|")
             if f"{section}.{f.name}" in RANGES:  # the range `easyrl check` holds the key to
                 doc += f" Allowed: {RANGES[f'{section}.{f.name}']}."
-            row = f"| `{section}.{f.name}` | {_type(f)} | `{_default(f)}` | {doc} |"
+            default = _default(f)
+            if f.metadata.get("derived"):
+                default = _shown(config_value(resolved, f"{section}.{f.name}"))
+            row = f"| `{section}.{f.name}` | {_type(f)} | `{default}` | {doc} |"
             (derived if f.metadata.get("derived") else lines).append(row)
         lines.append("")
     lines += [

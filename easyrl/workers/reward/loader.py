@@ -601,7 +601,9 @@ def _reward_type_in_source(tree: ast.Module) -> object | None:
     that one is read when the file is imported)."""
     value = None
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "REWARD_TYPE" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "REWARD_TYPE" for t in node.targets
+        ):
             value = node.value
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "REWARD_TYPE":
             value = node.value
