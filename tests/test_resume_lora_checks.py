@@ -290,3 +290,29 @@ def test_a_changed_lora_vision_tower_is_named_as_the_key_that_changed(tmp_path):
             f"{not saved_tower} in this run's config. Set it as the checkpoint has it, {FRESH_START}."
         ) in message
         assert "target_modules" not in message
+
+
+def test_a_checkpoint_trained_with_the_vision_tower_frozen_does_not_resume_with_it_trained(tmp_path, bases):
+    """Its optimizer holds no state for the tower's weights: the workers' load failed after Ray started, on a missing
+    optimizer key, naming neither the setting nor a way out. Freezing a tower the checkpoint trained resumes."""
+    import yaml
+
+    base, _ = bases
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({"worker": {"actor": {"model": {"freeze_vision_tower": True}}}}))
+    path = _save_checkpoint(run, base)
+    assert (Path(path) / "config.yaml").is_file()
+
+    message = _refusal(_config(run, base, rank=0))
+    assert message.startswith(
+        f"Cannot resume from {path}: it was trained with worker.actor.model.freeze_vision_tower=true, so its "
+        "optimizer holds no state for the vision tower's weights"
+    )
+    assert f"Set worker.actor.model.freeze_vision_tower=true as the checkpoint has it, {FRESH_START}" in message
+    frozen = _config(run, base, rank=0)
+    frozen.worker.actor.model.freeze_vision_tower = True
+    assert check_resume_point(frozen) == path
+    (run / "config.yaml").write_text(yaml.safe_dump({"worker": {"actor": {"model": {"freeze_vision_tower": False}}}}))
+    trained = _save_checkpoint(run, base, step=3)
+    assert check_resume_point(frozen) == trained

@@ -434,6 +434,7 @@ def check_actor_resumes(path: str, model: Any, fresh_start: str) -> None:
     adapter_file = adapter_config_file(role)  # in huggingface/, or in lora_adapter/ after `easyrl merge` in place
     rank = model.lora.rank
     if adapter_file is None:
+        _check_vision_tower_stays_frozen(path, model, fresh_start)
         if rank > 0:
             raise CheckpointError(
                 f"Cannot resume from {path}: it holds full weights and this run trains LoRA adapters ({LORA_KEY}.rank="
@@ -457,6 +458,23 @@ def check_actor_resumes(path: str, model: Any, fresh_start: str) -> None:
         raise CheckpointError(
             f"Cannot resume from {path}: {'; '.join(differences)}. Set {them} as the checkpoint has {them}, or "
             f"{fresh_start}."
+        )
+
+
+def _check_vision_tower_stays_frozen(path: str, model: Any, fresh_start: str) -> None:
+    """A full-weight checkpoint trained with the vision tower frozen has no optimizer state for the tower's weights,
+    which a run with worker.actor.model.freeze_vision_tower=false would train: its load would fail after Ray starts,
+    on a missing key. (Freezing a tower the checkpoint trained resumes: the warning names the key.)"""
+    from .run_config import checkpoint_config
+
+    model_section = checkpoint_config(path).get("worker", {}).get("actor", {}).get("model", {})
+    if model_section.get("freeze_vision_tower") and not model.freeze_vision_tower:
+        raise CheckpointError(
+            f"Cannot resume from {path}: it was trained with worker.actor.model.freeze_vision_tower=true, so its "
+            "optimizer holds no state for the vision tower's weights, which this run trains (freeze_vision_tower="
+            f"false). Set worker.actor.model.freeze_vision_tower=true as the checkpoint has it, or {fresh_start} "
+            f"(the checkpoint's weights as the model: `easyrl merge` its actor and give the merged folder as "
+            f"{MODEL_PATH_KEY})."
         )
 
 
