@@ -610,6 +610,25 @@ def test_the_plan_notes_shared_prefixes_with_one_sample_per_prompt():
     assert not any(n.startswith(note) for n in load_run_plan([*BASE, *shared]).notes)
 
 
+def test_the_plan_notes_lora_settings_in_a_run_without_lora():
+    notes = load_run_plan([*BASE, "worker.rollout.lora_sync=adapter", "worker.actor.model.lora.lr=1e-4"]).notes
+    assert (
+        "worker.actor.model.lora.lr=0.0001, worker.rollout.lora_sync=adapter: worker.actor.model.lora.rank=0 trains "
+        "full weights, so these LoRA settings do nothing. Set worker.actor.model.lora.rank (e.g. 64) to train LoRA "
+        "adapters."
+    ) in notes
+    lora = ["worker.actor.model.lora.rank=8", "worker.rollout.lora_sync=adapter", "worker.actor.model.lora.lr=1e-4"]
+    for args in (lora, []):
+        assert not any("trains full weights, so" in note for note in load_run_plan([*BASE, *args]).notes), args
+
+
+def test_easyr1s_config_gets_no_lora_note_for_the_exclusion_it_ships_beside_rank_0(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the config logs to W&B
+    plan = load_run_plan(["config=tests/data/easyr1_config.yaml"])
+    assert plan.config.worker.actor.model.lora.exclude_modules == ".*visual.*"
+    assert not any("trains full weights, so" in note for note in plan.notes)
+
+
 def test_the_plan_notes_a_run_without_loggers():
     note = "trainer.logger=[]: the run logs no metrics (no line per step, no metrics.jsonl, no curves)"
     assert any(n.startswith(note) for n in load_run_plan([*BASE, "trainer.logger=[]"]).notes)

@@ -354,6 +354,26 @@ def _settings_the_algorithm_does_not_read(config: PPOConfig) -> list[str]:
     return notes
 
 
+def _lora_settings_without_lora(config: PPOConfig) -> list[str]:
+    """`worker.actor.model.lora.*` and `worker.rollout.lora_sync` set away from their defaults in a run without LoRA
+    (lora.rank 0), as `key=value`."""
+    if config.worker.actor.model.lora.rank > 0:
+        return []
+    from .load import FIELDS
+
+    defaults = PPOConfig()
+    keys = [key for key in FIELDS if key.startswith("worker.actor.model.lora.")] + ["worker.rollout.lora_sync"]
+    return [
+        f"{key}={config_value(config, key)}"
+        for key in keys
+        if config_value(config, key) not in (config_value(defaults, key), EASYR1_LORA_TEMPLATE.get(key))
+    ]
+
+
+# values EasyR1's config.yaml writes beside lora.rank 0: every config made from it holds them, not a choice of LoRA
+EASYR1_LORA_TEMPLATE = {"worker.actor.model.lora.exclude_modules": ".*visual.*"}
+
+
 def _critic_settings_without_critic(config: PPOConfig) -> list[str]:
     """`worker.critic.*` keys set away from their defaults in a run without a critic, as `key=value`. A value the
     critic takes from the actor when unset (its model path) is not the user's setting, so it is not listed."""
@@ -443,6 +463,13 @@ def _settings_without_effect(config: PPOConfig) -> list[str]:
             "checkpoints are written as usual. Add console and file (the defaults) to see it learn."
         )
     notes += _settings_the_algorithm_does_not_read(config)
+    lora = _lora_settings_without_lora(config)
+    if lora:
+        notes.append(
+            f"{', '.join(lora)}: worker.actor.model.lora.rank=0 trains full weights, so "
+            f"{'this LoRA setting does' if len(lora) == 1 else 'these LoRA settings do'} nothing. Set "
+            "worker.actor.model.lora.rank (e.g. 64) to train LoRA adapters."
+        )
     unread = _critic_settings_without_critic(config)
     if unread:
         notes.append(
