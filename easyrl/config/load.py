@@ -529,9 +529,8 @@ def derive(config: PPOConfig) -> None:
     )
 
     trainer = config.trainer
-    if (
-        not trainer.save_checkpoint_path
-    ):  # `trainer.save_checkpoint_path=` is unset, as `key=` is elsewhere, not the cwd
+    # `trainer.save_checkpoint_path=` unsets the key, as `key=` does elsewhere: the default folder, not the cwd
+    if not trainer.save_checkpoint_path:
         trainer.save_checkpoint_path = os.path.join("checkpoints", trainer.project_name, trainer.experiment_name)
     trainer.save_checkpoint_path = os.path.abspath(trainer.save_checkpoint_path)
     reward = worker.reward
