@@ -154,6 +154,48 @@ def test_a_trl_function_gets_a_text_prompt_as_the_row_holds_it(tokenizer, tmp_pa
     assert scores.sum(-1).tolist() == [1.0, 0.0]
 
 
+def test_a_sample_no_function_scores_is_counted_named_and_stops_a_run_that_scores_nothing(tokenizer, tmp_path, caplog):
+    """One TRL function returning None for a sample (it does not apply) gave it 0 with no count and no word: a
+    function that returned None for every sample trained a whole run on zeros. TRL warns; easyrl counts it in
+    reward/errors, names its row once, and stops a run that no function ever scores."""
+    import logging
+
+    from easyrl.data.dataset import ROW_PLACE_KEY
+    from easyrl.workers.reward.loader import RewardFunctionError
+
+    reward = tmp_path / "partial.py"
+    reward.write_text(
+        "def math_reward(completions, ground_truth, **kwargs):\n"
+        "    return [None if truth == 'code' else float(text == truth) for text, truth in zip(completions, ground_truth)]\n"
+        "def never(completions, **kwargs):\n"
+        "    return [None for _ in completions]\n"
+        "def half(completions, **kwargs):\n"
+        "    return [0.5 for _ in completions]\n"
+    )
+    batch = rollout_batch(tokenizer, ["4", "5", "x"], ["4", "4", "code"])
+    batch = with_text_prompts(tokenizer, batch, ["2 + 2?", "2 + 2?", "Write code."])
+    batch.non_tensor_batch[ROW_PLACE_KEY] = np.array(
+        [f"data.train_files t.jsonl row {r}" for r in (0, 1, 2)], dtype=object
+    )
+    scorer = RewardScorer(
+        RewardConfig(reward_function=f"{reward}:math_reward"), tokenizer, in_process=True, prompt_key="q"
+    )
+    with caplog.at_level(logging.WARNING, logger="easyrl.workers.reward.scorer"):
+        scores, metrics = scorer.score(batch)
+    assert scores.sum(-1).tolist() == [1.0, 0.0, 0.0] and metrics["reward/errors"] == [0.0, 0.0, 1.0]
+    (message,) = [r.getMessage() for r in caplog.records if "returned None for sample" in r.getMessage()]
+    assert "returned None for sample 2 (data.train_files t.jsonl row 2, ground truth 'code')" in message
+    # combined with a function that scores it, the sample has a reward: nothing to count
+    both = RewardScorer(
+        RewardConfig(reward_function=f"{reward}:math_reward,half"), tokenizer, in_process=True, prompt_key="q"
+    )
+    assert both.score(batch)[1]["reward/errors"] == [0.0, 0.0, 0.0]
+    # a function that scores no sample at all stops the run, as one that raises on every sample does
+    never = RewardScorer(RewardConfig(reward_function=f"{reward}:never"), tokenizer, in_process=True, prompt_key="q")
+    with pytest.raises(RewardFunctionError, match=r"scored no sample \(3 no score\) of the run so far"):
+        never.score(batch)
+
+
 def test_a_score_is_averaged_over_the_samples_that_have_it_and_a_failed_sample_counts_zero(tokenizer, tmp_path):
     # TRL: a function returning None does not apply to that sample (its reward/<function> is a nanmean); EasyR1: a
     # score a sample's dict lacks is left out of that score's mean. A sample whose scoring failed counts 0 in all.

@@ -23,11 +23,12 @@ RAISED = "raised"
 NON_FINITE = "non-finite"
 TIMED_OUT = "timed out"
 DIED = "died"
+NO_SCORE = "no score"  # every function returned None for it (TRL's "does not apply"): the sample has no reward
 
 
 @dataclass(frozen=True)
 class SampleFailure:
-    kind: str  # RAISED, NON_FINITE, TIMED_OUT or DIED
+    kind: str  # RAISED, NON_FINITE, TIMED_OUT, DIED or NO_SCORE
     detail: str  # the traceback, the offending scores, or what happened to the actor
 
 
@@ -65,12 +66,13 @@ def _non_finite(score: dict[str, float]) -> SampleFailure | None:
 
 def _score_call(reward_fn: RewardFunction | CombinedReward, call: list[dict]) -> Scored:
     try:
-        scores = reward_fn.score(call)
+        scores, applies = reward_fn.scored(call)
     except RewardFunctionError as err:
         return Scored(scores=[None] * len(call), failures=[None] * len(call), fatal=str(err))
     except (Exception, SystemExit):  # noqa: BLE001 - any failure of user code (sys.exit too) scores 0, reported
         return failed(len(call), SampleFailure(RAISED, traceback.format_exc()))
-    failures = [_non_finite(score) for score in scores]
+    unscored = SampleFailure(NO_SCORE, "returned None (TRL's convention: the function does not apply to it)")
+    failures = [_non_finite(score) if applied else unscored for score, applied in zip(scores, applies)]
     return Scored(scores=[None if f else s for s, f in zip(scores, failures)], failures=failures)
 
 

@@ -395,6 +395,11 @@ class CombinedReward:
                 part.check_columns(columns, answer_key, config_key, rollout_fields)
 
     def score(self, inputs: list[dict]) -> list[dict[str, float]]:
+        return self.scored(inputs)[0]
+
+    def scored(self, inputs: list[dict]) -> tuple[list[dict[str, float]], list[bool]]:
+        """The combined score dicts, and per input whether some function applies to it (TRL warns when none
+        does: the sample has no reward)."""
         each, applies = [], []
         for part in self.parts:
             try:
@@ -416,7 +421,7 @@ class CombinedReward:
                     scores[part.name] = got[index]["overall"]
                 scores.update({f"{part.name}/{key}": value for key, value in got[index].items() if key != "overall"})
             combined.append(scores)
-        return combined
+        return combined, [any(applicable[index] for applicable in applies) for index in range(len(inputs))]
 
 
 def resolved(value: Any) -> Any:

@@ -41,7 +41,7 @@ import torch
 
 from ...data.dataset import ROW_PLACE_KEY, row_value
 from ...data.template import RESET_CONTENT, is_chat_messages, with_reset_content
-from .actor import DIED, NON_FINITE, RAISED, TIMED_OUT, SampleFailure, merge, score_calls
+from .actor import DIED, NO_SCORE, NON_FINITE, RAISED, TIMED_OUT, SampleFailure, merge, score_calls
 from .classifier import ClassifierJudge
 from .judge import HttpJudge, combine_scores, decode_prompts, judge_prompts
 from .loader import (
@@ -335,7 +335,7 @@ class RewardScorer:
             return
         self._all_raised_streak += 1
         kinds = Counter(failure.kind for failure in failures)
-        at_once = set(kinds) <= {RAISED, NON_FINITE}
+        at_once = set(kinds) <= {RAISED, NON_FINITE, NO_SCORE}
         if self._all_raised_streak < ALL_RAISED_STREAK and (self._scored_once or not at_once):
             return
         when = "the run so far" if not self._scored_once else f"{ALL_RAISED_STREAK} batches in a row"
@@ -379,7 +379,7 @@ class RewardScorer:
     ) -> None:
         """Log the first failure of each kind once per run, naming the sample's index in its batch, its row in the
         data (where the batch came from a dataset) and its ground truth."""
-        for kind in (RAISED, NON_FINITE, TIMED_OUT, DIED):
+        for kind in (RAISED, NON_FINITE, NO_SCORE, TIMED_OUT, DIED):
             indices = [i for i, failure in enumerate(failures) if failure is not None and failure.kind == kind]
             if not indices or kind in self._logged:
                 continue
@@ -399,6 +399,12 @@ class RewardScorer:
                 message = (
                     f"Reward function {where} returned a non-finite score for sample {first}: {detail}. A NaN or "
                     f"infinite reward would make every update non-finite, so {counted}; logged once)."
+                )
+            elif kind == NO_SCORE:
+                message = (
+                    f"Reward function {where} returned None for sample {first}, as TRL's functions do where they do "
+                    f"not apply, and no function scored it; {counted}; logged once). Return a number for every "
+                    "sample, or combine the function with one that scores the others (path.py:f,g)."
                 )
             elif kind == TIMED_OUT:
                 message = (
