@@ -196,6 +196,31 @@ def test_a_sample_no_function_scores_is_counted_named_and_stops_a_run_that_score
         never.score(batch)
 
 
+@pytest.mark.parametrize("convention", ["sequential", "batch", "trl"])
+def test_a_score_that_is_not_a_number_stops_the_run_naming_the_samples_data_row(tokenizer, tmp_path, convention):
+    """The stop named the ground truth only; where many rows share an answer that finds no row."""
+    from easyrl.data.dataset import ROW_PLACE_KEY
+    from easyrl.workers.reward.loader import RewardFunctionError
+
+    text = "'0.5' if truth == '3' else 1.0"
+    source = {
+        "sequential": "REWARD_TYPE = 'sequential'\ndef compute_score(item):\n    truth = item['ground_truth']\n"
+        f"    return {{'overall': {text}}}\n",
+        "batch": "def compute_score(items):\n"
+        f"    return [{{'overall': {text}}} for truth in (item['ground_truth'] for item in items)]\n",
+        "trl": f"def compute_score(completions, ground_truth, **kwargs):\n    return [{text} for truth in ground_truth]\n",
+    }[convention]
+    (tmp_path / "reward.py").write_text(source)
+    batch = rollout_batch(tokenizer, ["1", "2", "3", "4"], ["1", "2", "3", "3"])
+    places = [f"data.train_files t.jsonl row {row}" for row in (5, 6, 7, 8)]
+    batch.non_tensor_batch[ROW_PLACE_KEY] = np.array(places, dtype=object)
+    scorer = RewardScorer(RewardConfig(reward_function=str(tmp_path / "reward.py")), tokenizer, True, prompt_key="q")
+    with pytest.raises(RewardFunctionError) as stop:
+        scorer.score(with_text_prompts(tokenizer, batch, ["a?", "b?", "c?", "d?"]))
+    assert "non-numeric score `overall`: '0.5' (for the input with ground truth '3')" in str(stop.value)
+    assert str(stop.value).endswith(" The sample is data.train_files t.jsonl row 7.")
+
+
 def test_a_score_is_averaged_over_the_samples_that_have_it_and_a_failed_sample_counts_zero(tokenizer, tmp_path):
     # TRL: a function returning None does not apply to that sample (its reward/<function> is a nanmean); EasyR1: a
     # score a sample's dict lacks is left out of that score's mean. A sample whose scoring failed counts 0 in all.

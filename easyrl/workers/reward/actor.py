@@ -39,6 +39,7 @@ class Scored:
     scores: list[dict[str, float] | None] = field(default_factory=list)  # None where the sample scores 0
     failures: list[SampleFailure | None] = field(default_factory=list)  # why, where it scores 0
     fatal: str | None = None  # a RewardFunctionError message: stop training
+    fatal_index: int | None = None  # the sample the fatal message is about, where it is about one
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -52,9 +53,11 @@ def merge(parts: list[Scored]) -> Scored:
     """The parts one after another; the first fatal message wins."""
     merged = Scored()
     for part in parts:
+        if merged.fatal is None and part.fatal is not None:
+            merged.fatal = part.fatal
+            merged.fatal_index = None if part.fatal_index is None else len(merged.scores) + part.fatal_index
         merged.scores.extend(part.scores)
         merged.failures.extend(part.failures)
-        merged.fatal = merged.fatal or part.fatal
     return merged
 
 
@@ -68,7 +71,9 @@ def _score_call(reward_fn: RewardFunction | CombinedReward, call: list[dict]) ->
     try:
         scores, applies = reward_fn.scored(call)
     except RewardFunctionError as err:
-        return Scored(scores=[None] * len(call), failures=[None] * len(call), fatal=str(err))
+        about = getattr(err, "item", None)
+        index = next((i for i, item in enumerate(call) if item is about), None) if about is not None else None
+        return Scored(scores=[None] * len(call), failures=[None] * len(call), fatal=str(err), fatal_index=index)
     except (Exception, SystemExit):  # noqa: BLE001 - any failure of user code (sys.exit too) scores 0, reported
         return failed(len(call), SampleFailure(RAISED, traceback.format_exc()))
     unscored = SampleFailure(NO_SCORE, "returned None (TRL's convention: the function does not apply to it)")

@@ -316,7 +316,15 @@ class RewardFunction:
         return output
 
     def _check(self, output: Any, item: dict | None = None) -> dict[str, float]:
-        """``output`` as a score dict of floats; ``item``: its input, named in the error (its ground truth)."""
+        """``output`` as a score dict of floats; ``item``: its input, named in the error (its ground truth) and kept
+        on it (``error.item``), so that the scorer can name the sample's data row."""
+        try:
+            return self._checked(output, item)
+        except RewardFunctionError as error:
+            error.item = item
+            raise
+
+    def _checked(self, output: Any, item: dict | None) -> dict[str, float]:
         which = f" (for the input with ground truth {short_repr(item.get('ground_truth'))})" if item else ""
         if isinstance(output, numbers.Real) and not isinstance(output, bool):
             hint = "return {'overall': score} instead of a bare number"

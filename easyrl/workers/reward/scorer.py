@@ -318,7 +318,9 @@ class RewardScorer:
         if cancel is not None and cancel.is_set():
             raise ScoringCancelled("The scoring of this batch was cancelled; its scores are not known.")
         if outcome.fatal:
-            raise RewardFunctionError(outcome.fatal)
+            index = outcome.fatal_index
+            place = f" The sample is {places[index]}." if places is not None and index is not None else ""
+            raise RewardFunctionError(outcome.fatal + place)
         # the warnings first: they name the first failure's data row and ground truth, which the stop does not
         self._report(outcome.failures, inputs, places, counted_in)
         self._stop_if_it_never_works(outcome.failures, inputs)
