@@ -354,19 +354,18 @@ def _settings_the_algorithm_does_not_read(config: PPOConfig) -> list[str]:
     return notes
 
 
-def _lora_settings_without_lora(config: PPOConfig) -> list[str]:
-    """`worker.actor.model.lora.*` and `worker.rollout.lora_sync` set away from their defaults in a run without LoRA
-    (lora.rank 0), as `key=value`."""
-    if config.worker.actor.model.lora.rank > 0:
-        return []
-    from .load import FIELDS
+def _set_away_from_defaults(config: PPOConfig, prefixes: tuple[str, ...]) -> list[tuple[str, Any]]:
+    """(key, value) of each settable leaf key under ``prefixes`` whose value differs from what the defaults resolve
+    to (derived keys, which follow others, are left out)."""
+    from .load import DERIVED_KEYS, FIELDS, derive
 
     defaults = PPOConfig()
-    keys = [key for key in FIELDS if key.startswith("worker.actor.model.lora.")] + ["worker.rollout.lora_sync"]
+    derive(defaults)
     return [
-        f"{key}={config_value(config, key)}"
-        for key in keys
-        if config_value(config, key) not in (config_value(defaults, key), EASYR1_LORA_TEMPLATE.get(key))
+        (key, config_value(config, key))
+        for key, spec in FIELDS.items()
+        if key.startswith(prefixes) and key not in DERIVED_KEYS and not dataclasses.is_dataclass(spec.type)
+        if config_value(config, key) != config_value(defaults, key)
     ]
 
 
@@ -374,29 +373,29 @@ def _lora_settings_without_lora(config: PPOConfig) -> list[str]:
 EASYR1_LORA_TEMPLATE = {"worker.actor.model.lora.exclude_modules": ".*visual.*"}
 
 
+def _lora_settings_without_lora(config: PPOConfig) -> list[str]:
+    """`worker.actor.model.lora.*` and `worker.rollout.lora_sync` set away from their defaults in a run without LoRA
+    (lora.rank 0), as `key=value`."""
+    if config.worker.actor.model.lora.rank > 0:
+        return []
+    changed = _set_away_from_defaults(config, ("worker.actor.model.lora.", "worker.rollout.lora_sync"))
+    return [f"{key}={value}" for key, value in changed if value != EASYR1_LORA_TEMPLATE.get(key)]
+
+
 def _critic_settings_without_critic(config: PPOConfig) -> list[str]:
     """`worker.critic.*` keys set away from their defaults in a run without a critic, as `key=value`. A value the
     critic takes from the actor when unset (its model path) is not the user's setting, so it is not listed."""
     if uses_critic(config):
         return []
-    from .load import DERIVED_KEYS, FIELDS, derive
 
-    defaults = PPOConfig()
-    derive(defaults)
-    changed = []
-    for key, spec in FIELDS.items():
-        if not key.startswith("worker.critic.") or key in DERIVED_KEYS or dataclasses.is_dataclass(spec.type):
-            continue
-        value = config_value(config, key)
-        if value == config_value(defaults, key):
-            continue
+    def from_actor(key: str, value: Any) -> bool:
         try:
-            if value == config_value(config, key.replace("worker.critic.", "worker.actor.", 1)):
-                continue
+            return value == config_value(config, key.replace("worker.critic.", "worker.actor.", 1))
         except AttributeError:  # a key only the critic has (cliprange_value)
-            pass
-        changed.append(f"{key}={value}")
-    return changed
+            return False
+
+    changed = _set_away_from_defaults(config, ("worker.critic.",))
+    return [f"{key}={value}" for key, value in changed if not from_actor(key, value)]
 
 
 def _settings_without_effect(config: PPOConfig) -> list[str]:

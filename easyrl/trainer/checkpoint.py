@@ -213,15 +213,22 @@ def warm_start_root(trainer: Any) -> str | None:
     some, a rerun goes on from its newest. None otherwise."""
     if not (trainer.load_checkpoint_path and trainer.save_checkpoint_path and trainer.find_last_checkpoint):
         return None
-    root = os.path.abspath(trainer.save_checkpoint_path)
-    return None if os.path.dirname(os.path.abspath(trainer.load_checkpoint_path)) == root else root
+    return (
+        None if in_run_folder(trainer.load_checkpoint_path, trainer) else os.path.abspath(trainer.save_checkpoint_path)
+    )
+
+
+def in_run_folder(path: str, trainer: Any) -> bool:
+    """Whether the checkpoint at ``path`` is one of this run's own (``trainer.save_checkpoint_path``), not another
+    run's."""
+    root = trainer.save_checkpoint_path
+    return bool(root) and os.path.dirname(os.path.abspath(path)) == os.path.abspath(root)
 
 
 def own_step_row(path: str, trainer: Any, state: dict) -> dict | None:
     """The metrics row the checkpoint at ``path`` kept of its step, for the run's loggers to restore when a crash
     took it (``rewind_to``); None for a warm start from another run's folder, which this run never trained."""
-    own = os.path.dirname(os.path.abspath(path)) == os.path.abspath(trainer.save_checkpoint_path)
-    return state.get("metrics") if own else None
+    return state.get("metrics") if in_run_folder(path, trainer) else None
 
 
 def warm_start_passed(trainer: Any) -> str | None:
@@ -375,7 +382,7 @@ def _warn_of_later_steps(trainer: Any, path: str) -> None:
     step = checkpoint_step(path)
     root = os.path.abspath(trainer.save_checkpoint_path) if trainer.save_checkpoint_path else None
     later = [name for at, name in list_checkpoints(root) if at > step] if root else []
-    if later and os.path.dirname(path) == root:
+    if later and in_run_folder(path, trainer):
         logger.warning(
             "Resuming from step %d of %s, which also holds later checkpoints (%s) of the run that went on from it: "
             "this run's saves of the same steps replace them, and a rerun resumes from whichever was saved last.",

@@ -578,12 +578,16 @@ def _existing_file(path_text: str, config_key: str = CONFIG_KEY) -> Path:
 def parse_user_file(path_text: str, config_key: str) -> tuple[Path, set[str], set[str]]:
     """(absolute path, top-level names, top-level functions) of the user file named by `config_key`, read without
     importing it (for the config check); a missing file or a syntax error raises RewardFunctionError naming the key."""
+    path, tree = _parsed_user_file(path_text, config_key)
+    return (path, *_top_level_names(tree))
+
+
+def _parsed_user_file(path_text: str, config_key: str) -> tuple[Path, ast.Module]:
     path = _existing_file(path_text, config_key)
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        return path, ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     except SyntaxError as err:
         raise RewardFunctionError(f"`{config_key}`: `{path_text}` line {err.lineno}: {err.msg}.") from None
-    return (path, *_top_level_names(tree))
 
 
 def import_user_file(path_text: str, config_key: str):
@@ -599,8 +603,8 @@ def resolve_reward_function(spec: str) -> tuple[str, str]:
     missing function.
     """
     path_text, requested = parse_spec(spec)
-    path, names, functions = parse_user_file(path_text, CONFIG_KEY)
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    path, tree = _parsed_user_file(path_text, CONFIG_KEY)
+    names, functions = _top_level_names(tree)
     declared = _reward_type_in_source(tree)
     if declared is not None and declared not in REWARD_TYPES:
         raise RewardFunctionError(_reward_type_problem(path_text, declared))
@@ -802,8 +806,8 @@ def check_reward_kwargs(spec: str, kwargs: dict | None) -> None:
     checks again)."""
     kwargs = kwargs or {}
     path_text, requested = parse_spec(spec)
-    path, names, functions = parse_user_file(path_text, CONFIG_KEY)
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    path, tree = _parsed_user_file(path_text, CONFIG_KEY)
+    names, functions = _top_level_names(tree)
     inputless = _inputless_in_source(tree)
     chosen = [choose_function_name(path_text, name, names, functions, inputless) for name in function_names(requested)]
     declared = [_keywords_in_source(tree, name) for name in chosen]
