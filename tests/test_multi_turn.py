@@ -737,7 +737,7 @@ def test_the_reward_reads_the_whole_trajectory_and_sits_on_the_models_last_token
     )
     root = Path(__file__).resolve().parent.parent
     scorer = RewardScorer(
-        RewardConfig(reward_function=str(root / "reward_function" / "arithmetic.py")), tokenizer, True
+        RewardConfig(reward_function=str(root / "reward_function" / "arithmetic.py")), tokenizer, in_process=True
     )
     (item,) = scorer.build_inputs(data)
     assert item["response_length"] == len(tokens) and item["response"].endswith("7\nassistant\n\\boxed{7}")

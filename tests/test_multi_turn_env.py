@@ -110,7 +110,7 @@ def test_env_observations_are_user_turns_out_of_the_mask_and_failures_end_only_t
     assert metrics["rollout/multi_turn/turns/mean"] == pytest.approx((2 + 1 + 1 + 3 + 1) / 5)
     # the reward function gets the summed rewards; reward_function/env_reward.py scores with them alone
     scorer = RewardScorer(
-        RewardConfig(reward_function=str(ROOT / "reward_function" / "env_reward.py")), tokenizer, True
+        RewardConfig(reward_function=str(ROOT / "reward_function" / "env_reward.py")), tokenizer, in_process=True
     )
     assert [item["env_reward"] for item in scorer.build_inputs(out)] == [1.5, 0.0, 0.0, 1.5, 0.0]
     scores, _ = scorer.score(out)

@@ -147,13 +147,13 @@ def test_the_methods_are_each_trajectorys_tools_and_the_reset_text_joins_the_las
         "def tried(completions, environments, **kwargs):\n"
         "    return [0.5 if env is not None and env.counter > 0 else 0.0 for env in environments]\n"
     )
-    scorer = RewardScorer(RewardConfig(reward_function=f"{reward_file}:tried"), tokenizer, True)
+    scorer = RewardScorer(RewardConfig(reward_function=f"{reward_file}:tried"), tokenizer, in_process=True)
     scores, metrics = scorer.score(out)
     assert scores.sum(-1).tolist() == [1.5, 0.5, 0.0]
     assert metrics["reward/env_reward"] == [1.0, 0.0, 0.0] and metrics["reward/overall"] == [1.5, 0.5, 0.0]
     # ... not added twice where the reward file scores with env_reward itself
     scorer = RewardScorer(
-        RewardConfig(reward_function=str(ROOT / "reward_function" / "env_reward.py")), tokenizer, True
+        RewardConfig(reward_function=str(ROOT / "reward_function" / "env_reward.py")), tokenizer, in_process=True
     )
     scores, _ = scorer.score(out)
     assert scores.sum(-1).tolist() == [1.0, 0.0, 0.0]

@@ -128,7 +128,7 @@ def test_a_failure_warning_names_the_samples_row_in_the_data(tokenizer, tmp_path
         "        raise KeyError('no such answer')\n"
         "    return {'overall': 1.0}\n"
     )
-    scorer = RewardScorer(RewardConfig(reward_function=str(reward)), tokenizer, True)
+    scorer = RewardScorer(RewardConfig(reward_function=str(reward)), tokenizer, in_process=True)
     data = rollout_batch(tokenizer, ["1", "2", "3"], ["ok", "bad", "ok"])
     places = [f"data.train_files math.jsonl row {row}" for row in (4, 9, 2)]
     data.non_tensor_batch[ROW_PLACE_KEY] = np.array(places, dtype=object)
@@ -214,7 +214,9 @@ def test_a_score_that_is_not_a_number_stops_the_run_naming_the_samples_data_row(
     batch = rollout_batch(tokenizer, ["1", "2", "3", "4"], ["1", "2", "3", "3"])
     places = [f"data.train_files t.jsonl row {row}" for row in (5, 6, 7, 8)]
     batch.non_tensor_batch[ROW_PLACE_KEY] = np.array(places, dtype=object)
-    scorer = RewardScorer(RewardConfig(reward_function=str(tmp_path / "reward.py")), tokenizer, True, prompt_key="q")
+    scorer = RewardScorer(
+        RewardConfig(reward_function=str(tmp_path / "reward.py")), tokenizer, in_process=True, prompt_key="q"
+    )
     with pytest.raises(RewardFunctionError) as stop:
         scorer.score(with_text_prompts(tokenizer, batch, ["a?", "b?", "c?", "d?"]))
     assert "non-numeric score `overall`: '0.5' (for the input with ground truth '3')" in str(stop.value)
@@ -253,7 +255,7 @@ def test_a_score_is_averaged_over_the_samples_that_have_it_and_a_failed_sample_c
         "        return {'overall': 0.25}\n"
         "    return {'overall': 1.0, 'accuracy': 1.0}\n"
     )
-    _, metrics = RewardScorer(RewardConfig(reward_function=str(sequential)), tokenizer, True).score(
+    _, metrics = RewardScorer(RewardConfig(reward_function=str(sequential)), tokenizer, in_process=True).score(
         rollout_batch(tokenizer, ["1", "2", "3", "4"], ["7", "text", "bad", "7"])
     )
     reduced = reduce_reward_metrics(metrics)

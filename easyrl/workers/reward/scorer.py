@@ -174,6 +174,7 @@ class RewardScorer:
         self,
         config: "RewardConfig",
         tokenizer,
+        *,  # keyword-only: a positional `True` once meant `actor_num_cpus`, starting Ray where in-process was meant
         actor_num_cpus: float = 1.0,
         chunks_per_actor: int = 4,
         in_process: bool = False,
