@@ -272,6 +272,22 @@ def test_start_problem_is_known_without_starting_the_backend(
         assert get_logger_class(name).start_problem() is None
 
 
+def test_every_tracker_that_cannot_start_is_named_at_once(tmp_path, monkeypatch):
+    # before: only the first was named, and fixing it led to a second refusal for the next
+    from easyrl.config import ConfigError
+    from easyrl.config.validate import _check_loggers_can_start
+
+    _no_login(monkeypatch, tmp_path, "WANDB_")
+    _no_login(monkeypatch, tmp_path, "SWANLAB_")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        _check_loggers_can_start(["console", "wandb", "swanlab"])
+    lines = str(refused.value).splitlines()
+    assert [line.split("'")[1] for line in lines] == ["wandb", "swanlab"]
+    assert "WANDB_MODE" in lines[0] and "SWANLAB_MODE" in lines[1]
+    _check_loggers_can_start(["console", "file"])  # nothing to refuse
+
+
 def test_wandb_writes_under_the_users_wandb_dir(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")

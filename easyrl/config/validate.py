@@ -801,10 +801,14 @@ def _check_loggers_can_start(names: Any) -> None:
             f"`trainer.logger` lists {', '.join(repr(name) for name in twice)} more than once ({listed}); "
             "name each logger once."
         )
-    for name in listed:
-        problem = get_logger_class(name).start_problem()
-        if problem is not None:
-            raise ConfigError(f"`trainer.logger` includes '{name}': {problem} Or remove '{name}' from trainer.logger.")
+    problems = [(name, problem) for name in listed if (problem := get_logger_class(name).start_problem())]
+    if problems:  # every tracker that cannot start, so that one fix is not followed by another refusal
+        raise ConfigError(
+            "\n".join(
+                f"`trainer.logger` includes '{name}': {problem} Or remove '{name}' from trainer.logger."
+                for name, problem in problems
+            )
+        )
 
 
 def _check_http_judge(judge: JudgeConfig, prefix: str) -> None:
