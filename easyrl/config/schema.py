@@ -792,6 +792,11 @@ class TrainerConfig:
     or requeued job) goes on from its newest (with find_last_checkpoint), and says so."""
     ray_timeline: Optional[str] = None
     """Write Ray's task timeline (a chrome://tracing JSON file) to this path when the run ends."""
+    worker_env: list = field(default_factory=list)
+    """Names of variables of the driver's environment that every worker and reward actor gets too, e.g.
+    [OPENAI_API_KEY] for a reward function that reads it. A cluster easyrl starts passes the whole environment
+    anyway; on one started with `ray start` (RAY_ADDRESS, trainer.nnodes > 1) the workers have that command's
+    environment, plus the driver's EASYRL_*, VLLM_*, HF_* and TORCHDYNAMO_* variables, its PYTHONPATH, and these."""
     find_last_checkpoint: bool = True
     """Resume from the complete checkpoint saved last under save_checkpoint_path when there is one; false starts afresh,
     which a folder holding an earlier run's checkpoints refuses (give the run a new save_checkpoint_path)."""

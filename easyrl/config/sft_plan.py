@@ -26,6 +26,7 @@ from .validate import (
     _check_model_path,
     _check_ranges,
     _check_unsupported,
+    _check_worker_env,
     check_template_kwargs,
     config_value,
 )
@@ -116,6 +117,7 @@ def validate_sft_config(config: PPOConfig) -> None:
     for name in DTYPE_KEYS:
         _check_choice(f"worker.actor.fsdp.{name}", getattr(actor.fsdp, name), DTYPES)
     _check_loggers_can_start(config.trainer.logger)
+    _check_worker_env(config.trainer.worker_env)
     _check_ranges(config)
     _check_unsupported(config)
     if config.sft.max_length < 2:

@@ -789,6 +789,18 @@ def env_owns_reward(env: Any) -> bool:
     )
 
 
+def _check_worker_env(names: Any) -> None:
+    """`trainer.worker_env` names variables that are set here, where the driver reads them."""
+    if not isinstance(names, list) or not all(isinstance(name, str) and name for name in names):
+        raise ConfigError(f"`trainer.worker_env` is {names!r}; give a list of variable names, e.g. [OPENAI_API_KEY].")
+    unset = [name for name in names if name not in os.environ]
+    if unset:
+        raise ConfigError(
+            f"`trainer.worker_env` names {', '.join(unset)}, not set in this environment (the workers get the driver's "
+            f"value): export {unset[0]}=... before the run, or remove it from trainer.worker_env."
+        )
+
+
 def _check_loggers_can_start(names: Any) -> None:
     """A tracker that cannot start (a remote service without a login) would stop the run after the workers loaded
     the model; its backend knows without being imported (the loggers package imports no backend library)."""
@@ -1151,6 +1163,7 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
         if fsdp.torch_dtype is not None:
             _check_choice(f"worker.{role}.fsdp.torch_dtype", fsdp.torch_dtype, DTYPES)
     _check_loggers_can_start(config.trainer.logger)
+    _check_worker_env(config.trainer.worker_env)
 
     data, actor, rollout, critic = config.data, config.worker.actor, config.worker.rollout, config.worker.critic
     _check_ranges(config)

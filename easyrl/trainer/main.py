@@ -56,11 +56,9 @@ def _start_ray(plan: RunPlan) -> None:
     import ray
 
     needed = ray_cpus_needed(plan)
-    env_vars = {k: v for k, v in os.environ.items() if k.startswith(("EASYRL_", "VLLM_", "HF_", "TORCHDYNAMO_"))}
-    env_vars.setdefault("TOKENIZERS_PARALLELISM", "false")
-    runtime_env = {"env_vars": env_vars}
     nnodes = plan.config.trainer.nnodes
     joined = bool(os.environ.get("RAY_ADDRESS")) or nnodes > 1
+    runtime_env = {"env_vars": worker_env_vars(plan.config.trainer.worker_env, joined)}
     if os.environ.get("RAY_ADDRESS"):
         _check_reachable(os.environ["RAY_ADDRESS"])
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env)
@@ -103,16 +101,79 @@ def _start_ray(plan: RunPlan) -> None:
                 f"others with `ray start --address={address}`, or lower trainer.nnodes. (With RAY_ADDRESS unset, "
                 "the newest cluster started on this machine is joined, whoever started it.)"
             )
+        try:
+            check_nodes_can_hold_workers(
+                plan, address, [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
+            )
+        except RunSetupError:
+            ray.shutdown()
+            raise
         total = ray.cluster_resources().get("CPU", 0)
         if total < needed:
             logger.warning(
                 "The Ray cluster has %g CPUs and this run reserves %d (%d worker(s) x their cores, and "
                 "worker.reward.num_cpus for the reward actors): what does not fit waits for a CPU, and fails after "
-                "300 s unless the cluster grows. Lower worker.reward.num_cpus or add nodes.",
+                "300 s unless the cluster grows. Lower trainer.n_gpus_per_node or worker.reward.num_cpus, or add "
+                "nodes.",
                 total,
                 needed,
                 plan.world_size,
             )
+
+
+# what every worker gets of the driver's environment besides trainer.worker_env (a local cluster's workers inherit
+# all of it; on a cluster started with `ray start` they have that command's environment)
+FORWARDED_ENV_PREFIXES = ("EASYRL_", "VLLM_", "HF_", "TORCHDYNAMO_")
+
+
+def worker_env_vars(names: list[str], joined: bool) -> dict[str, str]:
+    """The variables the run's runtime env sets on every worker and reward actor: the forwarded prefixes, the named
+    `trainer.worker_env`, and on a joined cluster the driver's PYTHONPATH ahead of the node's own (so that a reward or
+    tools file importing a module beside it finds it there as here). Inside a Ray job (`ray job submit
+    --runtime-env`), a variable the job's runtime env sets is the job's: Ray refuses a ray.init that sets any of the
+    same variables, even to the same value."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES) or k in names}
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    job_env = _ray_job_env_vars()
+    if joined and os.environ.get("PYTHONPATH") and job_env is None:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"] + ":${PYTHONPATH}"  # Ray expands ${...} on the node
+    return {k: v for k, v in env.items() if k not in (job_env or {})}
+
+
+def _ray_job_env_vars() -> dict[str, str] | None:
+    """The env_vars of the runtime env of the Ray job this driver runs as; None when it is not one."""
+    import json
+
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+
+    text = os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR)
+    if not text:
+        return None
+    return dict((json.loads(text).get("runtime_env") or {}).get("env_vars") or {})
+
+
+def check_nodes_can_hold_workers(plan: RunPlan, address: str, nodes: list[dict[str, float]]) -> None:
+    """Each node's workers are one STRICT_PACK placement group: a cluster with fewer nodes able to hold
+    trainer.n_gpus_per_node workers than trainer.nnodes would wait for them until the reservation times out.
+    ``nodes``: the resources of each live node (``ray.nodes()``' "Resources")."""
+    trainer = plan.config.trainer
+    groups = colocated_groups(plan)
+    per_node = {"CPU": float(trainer.n_gpus_per_node * cpus_per_worker(plan, groups) * groups)}
+    if (resource := device.get_ray_resource_name()) != "CPU":
+        per_node[resource] = float(trainer.n_gpus_per_node)
+    fitting = sum(all(held.get(name, 0) >= amount for name, amount in per_node.items()) for held in nodes)
+    if fitting < trainer.nnodes:
+        largest = max(nodes, key=lambda held: tuple(held.get(name, 0) for name in per_node), default={})
+        raise RunSetupError(
+            f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node}: each node's workers "
+            f"need {_resources_text(per_node)} on one node; {fitting} of the {len(nodes)} node(s) of the Ray cluster "
+            f"at {address} have that (the largest has {_resources_text({n: largest.get(n, 0) for n in per_node})}). "
+            "Lower trainer.n_gpus_per_node to what a node holds, or add nodes."
+        )
+
+
+def _resources_text(amounts: dict[str, float]) -> str:
+    return ", ".join(f"{amount:g} {name}" for name, amount in amounts.items())
 
 
 def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
@@ -122,6 +183,17 @@ def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
 
     if address in ("auto", "local"):
         return
+    scheme = address.split("://", 1)[0].lower() if "://" in address else ""
+    if scheme == "ray":  # Ray Client: the streaming calls of the reward actors are not supported through it
+        raise RunSetupError(
+            f"RAY_ADDRESS={address} is a Ray Client address, which easyrl does not support: run easyrl on a node of the "
+            "cluster with RAY_ADDRESS=<head>:6379 (the GCS address), or submit it with `ray job submit`."
+        )
+    if scheme in ("http", "https"):
+        raise RunSetupError(
+            f"RAY_ADDRESS={address} is the dashboard's address, which `ray job submit --address` takes; to run easyrl "
+            "on the cluster directly give the GCS address, RAY_ADDRESS=<head>:6379."
+        )
     host, _, port = address.split("://", 1)[-1].rpartition(":")
     host = host.strip("[]")  # an IPv6 address is written [::1]:6379
     if not host or not port.isdigit():

@@ -875,7 +875,7 @@ def _missing_module_hint(err: ModuleNotFoundError, path: Path) -> str:
     if (folder / f"{module}.py").is_file() or (folder / module / "__init__.py").is_file():
         return (
             f" `{module}` is next to it in `{folder}`, but easyrl imports the file by its path, so that folder is not "
-            f"on the import path. Put it there (PYTHONPATH={folder}, which the Ray workers started here inherit), or "
+            f"on the import path. Put it there (PYTHONPATH={folder}: the run gives the workers its PYTHONPATH), or "
             "make the helpers an installed package (pip install -e)."
         )
     # e.g. mathruler's grader needs pylatexenc, which mathruler does not declare
