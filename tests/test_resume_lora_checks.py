@@ -292,6 +292,28 @@ def test_a_changed_lora_vision_tower_is_named_as_the_key_that_changed(tmp_path):
         assert "target_modules" not in message
 
 
+def test_an_exclusion_respelled_or_dropped_resumes_when_the_adapted_modules_are_the_same(tmp_path):
+    """EasyR1's `exclude_modules: .*visual.*` excludes what lora.vision_tower=false already keeps free of adapters:
+    the checkpoint resumes with it dropped or spelled otherwise (before: the exclusion regexes were compared as text,
+    and the resume was refused). An exclusion that removes more modules is still refused."""
+    from transformers import AutoModelForImageTextToText
+
+    from easyrl.testing.tiny_vlms import build_tiny_vlm
+
+    base = build_tiny_vlm("qwen2_5_vl", tmp_path / "vlm")
+    model = AutoModelForImageTextToText.from_pretrained(str(base), dtype=torch.float32)
+    model = lora.apply_lora(
+        model, LoraConfig(rank=RANK, alpha=ALPHA, exclude_modules=".*visual.*"), is_vision_language=True
+    )
+    manager = CheckpointManager(str(tmp_path / "run"))
+    save_role_checkpoint(os.path.join(manager.begin(1), "actor"), model, None, None)
+    path = manager.commit(1, trainer_state={"epoch": 0}, dataloader_state={"batches": 1}, required=("actor",))
+    for exclude in (".*visual.*", None, r"model\.visual.*", ".*no_such_module.*"):
+        assert check_resume_point(_config(tmp_path / "run", base, exclude_modules=exclude)) == path, exclude
+    message = _refusal(_config(tmp_path / "run", base, exclude_modules=r".*layers\.0\..*"))
+    assert "the modules kept free of adapters (worker.actor.model.lora.exclude_modules" in message
+
+
 def test_a_checkpoint_trained_with_the_vision_tower_frozen_does_not_resume_with_it_trained(tmp_path, bases):
     """Its optimizer holds no state for the tower's weights: the workers' load failed after Ray started, on a missing
     optimizer key, naming neither the setting nor a way out. Freezing a tower the checkpoint trained resumes."""

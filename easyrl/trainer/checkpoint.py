@@ -501,17 +501,20 @@ def _lora_differences(saved: dict, model: Any) -> list[str]:
     planned = _planned_adapter_config(model)
     if planned is None:
         return differences
-    if not _same_modules(saved, planned):
-        # the vision encoder's modules alone differ: the key that changed is vision_tower, whatever target_modules says
-        flipped = dataclasses.replace(
-            model, lora=dataclasses.replace(lora_config, vision_tower=not lora_config.vision_tower)
-        )
-        if _same_modules(saved, _planned_adapter_config(flipped) or {}):
-            return differences + [
-                f"{LORA_KEY}.vision_tower is {not lora_config.vision_tower} in the checkpoint and "
-                f"{lora_config.vision_tower} in this run's config"
-            ]
-    saved_targets, planned_targets = saved.get("target_modules"), planned["target_modules"]
+    planned_config, names = planned
+    if _adapted(saved, names) == _adapted(planned_config, names):
+        return differences  # another spelling of the same modules (e.g. EasyR1's `.*visual.*` with the tower excluded)
+    # the vision encoder's modules alone differ: the key that changed is vision_tower, whatever target_modules says
+    flipped = dataclasses.replace(
+        model, lora=dataclasses.replace(lora_config, vision_tower=not lora_config.vision_tower)
+    )
+    flipped_plan = _planned_adapter_config(flipped)
+    if flipped_plan is not None and _adapted(saved, names) == _adapted(flipped_plan[0], names):
+        return differences + [
+            f"{LORA_KEY}.vision_tower is {not lora_config.vision_tower} in the checkpoint and "
+            f"{lora_config.vision_tower} in this run's config"
+        ]
+    saved_targets, planned_targets = saved.get("target_modules"), planned_config["target_modules"]
     if _as_set(saved_targets) != _as_set(planned_targets):
         asked = _listed(lora_config.target_modules)
         resolved = "" if asked == _listed(planned_targets) else f" (that is {_listed(planned_targets)})"
@@ -519,26 +522,35 @@ def _lora_differences(saved: dict, model: Any) -> list[str]:
             f"{LORA_KEY}.target_modules is {_listed(saved_targets)} in the checkpoint and {asked}{resolved} in this "
             "run's config"
         )
-    elif saved.get("exclude_modules") != planned.get("exclude_modules"):
+    else:
         differences.append(
             f"the modules kept free of adapters ({LORA_KEY}.exclude_modules, and the vision encoder unless "
             f"{LORA_KEY}.vision_tower) are `{saved.get('exclude_modules')}` in the checkpoint and "
-            f"`{planned.get('exclude_modules')}` in this run's config"
+            f"`{planned_config.get('exclude_modules')}` in this run's config"
         )
     return differences
 
 
-def _same_modules(saved: dict, planned: dict) -> bool:
-    """Whether two adapter configs put adapters on the same modules."""
-    return _as_set(saved.get("target_modules")) == _as_set(planned.get("target_modules")) and saved.get(
-        "exclude_modules"
-    ) == planned.get("exclude_modules")
+def _adapted(adapter_config: dict, names: list[str]) -> frozenset[str]:
+    """The modules among ``names`` that an adapter config (adapter_config.json's target_modules and exclude_modules)
+    puts adapters on, matched as peft matches them."""
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import _ExcludedModule, check_target_module_exists
+
+    config = LoraConfig(
+        target_modules=adapter_config.get("target_modules"), exclude_modules=adapter_config.get("exclude_modules")
+    )
+    return frozenset(
+        name
+        for name in names
+        if (found := check_target_module_exists(config, name)) and not isinstance(found, _ExcludedModule)
+    )
 
 
-def _planned_adapter_config(model: Any) -> dict | None:
-    """The adapter config this run's workers will write (peft's, as adapter_config.json holds it), from the model's
-    structure alone: built on the meta device, no weight is read. None, with a warning, when the model cannot be
-    built here (the workers then say why)."""
+def _planned_adapter_config(model: Any) -> tuple[dict, list[str]] | None:
+    """The adapter config this run's workers will write (peft's, as adapter_config.json holds it), and the names of
+    the model's modules, from the model's structure alone: built on the meta device, no weight is read. None, with a
+    warning, when the model cannot be built here (the workers then say why)."""
     from ..models import lora, vision
     from ..models.hf_config import load_hf_config
     from ..workers.fsdp_utils import resolve_model_class
@@ -557,6 +569,7 @@ def _planned_adapter_config(model: Any) -> dict | None:
             error,
         )
         return None
+    names = [name for name, _ in skeleton.named_modules() if name]
     try:
         with torch.device("meta"):
             adapted = lora.apply_lora(
@@ -564,7 +577,7 @@ def _planned_adapter_config(model: Any) -> dict | None:
             )
     except ValueError as error:  # a target_modules name that matches nothing: what the workers would stop on
         raise CheckpointError(str(error)) from error
-    return lora.lora_peft_config(adapted)
+    return lora.lora_peft_config(adapted), names
 
 
 def _as_set(names: Any) -> Any:
