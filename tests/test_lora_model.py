@@ -221,6 +221,12 @@ def test_check_refuses_lora_on_the_critic_and_a_bad_dropout():
         load_run_plan(base + tower)
     assert load_run_plan(base + tower[:1]).config.worker.actor.model.lora.vision_tower
     assert load_run_plan(base + tower[1:]).config.worker.actor.model.freeze_vision_tower
+    # EasyR1's `.*visual.*` kept while vision_tower is turned on: no vision adapter would train (before: silently)
+    for exclude in (".*visual.*", r"model\.visual.*"):
+        with pytest.raises(ConfigError, match=r"`worker\.actor\.model\.lora\.exclude_modules` \(.*\) excludes it"):
+            load_run_plan(base + tower[:1] + [f"worker.actor.model.lora.exclude_modules={exclude}"])
+    exclude_lm_layer = [r"worker.actor.model.lora.exclude_modules=.*layers\.1\..*"]
+    assert load_run_plan(base + tower[:1] + exclude_lm_layer).config.worker.actor.model.lora.vision_tower
 
 
 @pytest.mark.parametrize("out_dtype", [None, torch.float32])

@@ -176,7 +176,9 @@ class LoraConfig:
     """Modules that get adapters: `all-linear` (every linear layer of the language model except the LM head) or a
     list / comma-separated names (module names or their last component, e.g. `q_proj,v_proj`)."""
     exclude_modules: Optional[str] = None
-    """Regex (matched against the whole module name) of modules that never get adapters."""
+    """Regex (matched against the whole module name) of modules that never get adapters. EasyR1's `.*visual.*` changes
+    nothing unless vision_tower is true, which it would undo (refused); a resume compares the modules adapted, not
+    the regex."""
     dropout: float = 0.0
     """Dropout on the adapters' input in training passes."""
     vision_tower: bool = False

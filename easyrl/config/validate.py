@@ -545,6 +545,15 @@ def _check_lora(config: PPOConfig) -> None:
             raise ConfigError(
                 f"`worker.actor.model.lora.exclude_modules` is not a valid regex ({error}): {lora.exclude_modules!r}."
             ) from error
+        # the vision encoder's linear layers as Qwen-VL models name them (`visual` before transformers 4.52)
+        tower_layers = ("model.visual.blocks.0.attn.qkv", "visual.blocks.0.attn.qkv", "model.visual.merger.mlp.0")
+        if lora.vision_tower and any(re.fullmatch(str(lora.exclude_modules), name) for name in tower_layers):
+            raise ConfigError(
+                f"`worker.actor.model.lora.vision_tower=true` asks for adapters on the vision encoder, and "
+                f"`worker.actor.model.lora.exclude_modules` ({lora.exclude_modules}) excludes it, so none would be "
+                "trained: remove exclude_modules (EasyR1's `.*visual.*` is not needed: the encoder gets adapters only "
+                "with vision_tower=true), or set lora.vision_tower=false."
+            )
 
 
 def _check_clip_ratio_low(actor: ActorConfig) -> None:
