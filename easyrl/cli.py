@@ -201,7 +201,7 @@ def _merge(args: list[str]) -> int:
     parser.add_argument(
         "--dtype",
         default=None,
-        choices=["bfloat16", "float16", "float32"],
+        choices=["bf16", "fp16", "fp32", "bfloat16", "float16", "float32"],  # as the config's dtype keys take them
         help="the dtype of the written weights (default: the one the checkpoint's config says, the model path's)",
     )
     parser.add_argument(

@@ -253,7 +253,10 @@ def test_folders_written_from_a_released_model_are_bf16_and_keep_its_generation_
     for folder, dtype in (
         (tmp_path / "export", None),
         (merge_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "merged")), None),
-        (merge_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "merged32"), dtype="float32"), "float32"),
+        (
+            merge_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "merged32"), dtype="fp32"),
+            "float32",
+        ),  # the config's spelling
     ):
         tensors = safetensors.torch.load_file(os.path.join(folder, "model.safetensors"))
         assert json.loads(open(os.path.join(folder, "config.json")).read())["dtype"] == (dtype or "bfloat16")

@@ -16,10 +16,10 @@ def merge_checkpoint(
     checkpoint gives the full model with the adapters merged in, as EasyR1's merger does (`base_model`: the base
     model's folder or hub id, when it is not the one the adapter config names; written in place, the adapter files
     move to `<local_dir>/lora_adapter`), or with `adapter_only` the peft adapter folder. The weights are written
-    in `dtype` (`bfloat16`, `float16`, `float32`), by default the dtype of the model the run started from.
+    in `dtype` (`bf16`/`bfloat16`, `fp16`/`float16`, `fp32`/`float32`), by default the dtype of the model the run started from.
     """
-    import torch
 
+    from ..utils.torch_functional import to_dtype
     from ..workers.fsdp_checkpoint import HF_FOLDER, is_role_folder, merge_checkpoint_to_hf
 
     local_dir = os.path.normpath(local_dir)
@@ -33,7 +33,7 @@ def merge_checkpoint(
         )
     output_dir = output_dir or os.path.join(local_dir, HF_FOLDER)
     os.makedirs(output_dir, exist_ok=True)
-    torch_dtype = getattr(torch, dtype) if dtype else None
+    torch_dtype = to_dtype(dtype) if dtype else None
     merge_checkpoint_to_hf(local_dir, output_dir, adapter_only=adapter_only, base_model=base_model, dtype=torch_dtype)
     return output_dir
 
