@@ -335,3 +335,31 @@ def test_a_reference_pass_before_the_first_update_keeps_bf16_lora_training(tiny_
     assert done.returncode == 0, done.stderr[-3000:]
     moved, trainable, skipped = done.stdout.split("MOVED ")[1].split()
     assert int(moved) > 0 and int(trainable) == 28 and skipped in ("0", "0.0")
+
+
+@pytest.mark.parametrize(
+    ("keys", "said"),
+    [
+        (["target_modules=[q_proj,qkv]"], "names `qkv`, which matches no linear layer"),
+        (["target_modules=all_linear"], "all_linear"),
+        (["target_modules=q_proj", r"exclude_modules=.*layers\..*"], "exclude_modules"),
+    ],
+    ids=["a_vision_name", "a_typo_of_all_linear", "everything_excluded"],
+)
+def test_target_modules_that_adapt_nothing_stop_before_ray(tiny_model_path, keys, said):
+    """Before: `easyrl check` called such a config valid, and the run stopped only once Ray and the engine had
+    started (the workers' refusal, about a minute in on this machine)."""
+    from easyrl.config.plan import load_run_plan
+    from easyrl.trainer.preflight import check_model_files
+
+    base = [
+        f"worker.actor.model.model_path={tiny_model_path}",
+        "worker.reward.reward_function=reward_function/arithmetic.py:compute_score",
+        "data.train_files=builtin://arithmetic_small@train",
+        "worker.rollout.n=4",
+        "worker.actor.model.lora.rank=4",
+    ]
+    with pytest.raises(ValueError) as refused:
+        check_model_files(load_run_plan(base + [f"worker.actor.model.lora.{key}" for key in keys]))
+    assert said in str(refused.value) and "`worker.actor.model.lora." in str(refused.value)
+    check_model_files(load_run_plan(base))  # all-linear adapts every projection: nothing to refuse

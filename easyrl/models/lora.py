@@ -62,6 +62,12 @@ def _resolve_targets(model: torch.nn.Module, lora_config: LoraConfig, excluded: 
     adapters (readable, and what vLLM's LoRA expects), full module names elsewhere (a vision merger's ``mlp.0``)."""
     linear = {name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name}
     candidates = {name for name in linear if not excluded.fullmatch(name)}
+    if linear and not candidates and lora_config.exclude_modules:
+        raise ValueError(
+            f"`worker.actor.model.lora.exclude_modules` ({lora_config.exclude_modules}) excludes every linear layer of "
+            f"{type(model).__name__} that may get adapters, so none would be trained: narrow it (it is matched "
+            "against whole module names, e.g. `.*layers\\.0\\..*`)."
+        )
     requested = _requested_names(lora_config.target_modules)
     if requested is None:
         chosen = candidates

@@ -547,10 +547,11 @@ def _adapted(adapter_config: dict, names: list[str]) -> frozenset[str]:
     )
 
 
-def _planned_adapter_config(model: Any) -> tuple[dict, list[str]] | None:
+def planned_adapter_config(model: Any, compared_with: str = "with the checkpoint's") -> tuple[dict, list[str]] | None:
     """The adapter config this run's workers will write (peft's, as adapter_config.json holds it), and the names of
     the model's modules, from the model's structure alone: built on the meta device, no weight is read. None, with a
-    warning, when the model cannot be built here (the workers then say why)."""
+    warning, when the model cannot be built here (the workers then say why). Raises ValueError, as the workers
+    would, when target_modules / exclude_modules leave no layer to adapt."""
     from ..models import lora, vision
     from ..models.hf_config import load_hf_config
     from ..workers.fsdp_utils import resolve_model_class
@@ -562,22 +563,24 @@ def _planned_adapter_config(model: Any) -> tuple[dict, list[str]] | None:
             skeleton = model_cls.from_config(hf_config, trust_remote_code=model.trust_remote_code)
     except Exception as error:  # e.g. remote code that needs a GPU library: the workers load the model their own way
         logger.warning(
-            "The LoRA target modules of this run were not compared with the checkpoint's: %s cannot be built here "
-            "(%s: %s).",
+            "The LoRA target modules of this run were not checked %s: %s cannot be built here (%s: %s).",
+            compared_with,
             model.model_path,
             type(error).__name__,
             error,
         )
         return None
     names = [name for name, _ in skeleton.named_modules() if name]
+    with torch.device("meta"):
+        adapted = lora.apply_lora(skeleton, model.lora, is_vision_language=vision.is_vision_language_config(hf_config))
+    return lora.lora_peft_config(adapted), names
+
+
+def _planned_adapter_config(model: Any) -> tuple[dict, list[str]] | None:
     try:
-        with torch.device("meta"):
-            adapted = lora.apply_lora(
-                skeleton, model.lora, is_vision_language=vision.is_vision_language_config(hf_config)
-            )
+        return planned_adapter_config(model)
     except ValueError as error:  # a target_modules name that matches nothing: what the workers would stop on
         raise CheckpointError(str(error)) from error
-    return lora.lora_peft_config(adapted), names
 
 
 def _as_set(names: Any) -> Any:

@@ -341,11 +341,12 @@ def prepare_run_data(plan: RunPlan) -> RunData:
     """Resolve built-in model paths, load the tokenizer/processor and the data, and count the training steps."""
     from ..data.dataset import SKIPPED_ROWS_FILE, write_skipped_rows
     from ..data.loader import create_dataloaders
-    from .preflight import check_head_splits
+    from .preflight import check_head_splits, check_lora_targets
 
     config = plan.config
     tokenizer, processor, model_config = load_model_side(plan)
     check_head_splits(plan, model_config)
+    check_lora_targets(plan)
     reward_fn = load_run_reward(config)
     train_loader, val_loader = create_dataloaders(
         config.data, tokenizer, processor, model_config=model_config, **dataset_options(config, reward_fn)

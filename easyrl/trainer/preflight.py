@@ -25,7 +25,24 @@ def check_model_files(plan: RunPlan) -> list[dict] | dict[str, list[dict]] | Non
 
         schemas = tool_schemas(multi_turn.tools, multi_turn.env)
     check_head_splits(plan)
+    check_lora_targets(plan)
     return schemas
+
+
+def check_lora_targets(plan: RunPlan) -> None:
+    """LoRA's target_modules and exclude_modules leave some layer of the model to adapt: the workers would stop on
+    it at start, after Ray and the engine. Checked on the model's structure (its config.json, built on the meta
+    device) when the model is a local folder; a hub id is checked by the workers."""
+    model = plan.config.worker.actor.model
+    if model.lora.rank == 0:
+        return
+    from ..demo.builtin_models import resolve_model_path  # torch: only for LoRA runs
+
+    local = dataclasses.replace(model, model_path=resolve_model_path(model.model_path))
+    if os.path.isfile(os.path.join(local.model_path, "config.json")):
+        from .checkpoint import planned_adapter_config
+
+        planned_adapter_config(local, "before Ray")
 
 
 def tool_schema_lines(schemas: list[dict] | dict[str, list[dict]] | None) -> list[str]:
