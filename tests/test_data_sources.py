@@ -65,6 +65,62 @@ def test_split_of_a_folder_of_data_files(tmp_path):
     assert load_rows(f"{folder}@test").to_list() == ROWS[1:]
 
 
+TRAIN_ROWS = [{"prompt": f"q{i}", "answer": str(i)} for i in range(10)]
+TEST_ROWS = [{"prompt": f"t{i}", "answer": str(i)} for i in range(4)]
+
+
+def _saved_splits(tmp_path, **splits):
+    folder = tmp_path / "saved"
+    datasets.DatasetDict({name: datasets.Dataset.from_list(rows) for name, rows in splits.items()}).save_to_disk(
+        str(folder)
+    )
+    return folder
+
+
+def _split_files_folder(tmp_path, **splits):
+    folder = tmp_path / "files"
+    folder.mkdir()
+    for name, rows in splits.items():
+        (folder / f"{name}-00000-of-00001.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+@pytest.mark.parametrize("layout", [_saved_splits, _split_files_folder])
+def test_several_splits_read_without_a_split_give_train_and_say_so_once(tmp_path, caplog, layout):
+    """EasyR1 reads `file@split` as train without a split; that choice is kept, but it is said: a validation set
+    given as the folder itself ran on the training rows without a word."""
+    folder = layout(tmp_path, train=TRAIN_ROWS, test=TEST_ROWS)
+    with caplog.at_level("WARNING", logger="easyrl.data.sources"):
+        assert load_rows(str(folder), "data.val_files").to_list() == TRAIN_ROWS
+        load_rows(str(folder), "data.val_files")  # the same source again: no second warning
+    (warning,) = [record.getMessage() for record in caplog.records]
+    assert warning == (
+        f"data.val_files: '{folder}' has the splits 'test', 'train' and no `@split` was given, so 'train' is read, "
+        f"not 'test'. Choose one with `{folder}@<split>`. Validation then runs on the training rows, though the "
+        f"folder has a 'test' split ({folder}@test)."
+    )
+
+
+def test_the_first_split_read_for_training_without_a_split_is_named_with_the_others(tmp_path, caplog):
+    folder = _saved_splits(tmp_path, validation=TEST_ROWS, test=TRAIN_ROWS)
+    with caplog.at_level("WARNING", logger="easyrl.data.sources"):
+        assert load_rows(str(folder), "data.train_files").to_list() == TEST_ROWS
+        assert load_rows(f"{folder}@test", "data.train_files").to_list() == TRAIN_ROWS  # asked for: nothing said
+    (warning,) = [record.getMessage() for record in caplog.records]
+    assert warning.startswith(
+        f"data.train_files: '{folder}' has the splits 'test', 'validation' and no `@split` was given, so "
+        "'validation' is read, not 'test'."
+    )
+    assert "Validation then runs" not in warning
+
+
+def test_a_folder_with_one_split_read_without_a_split_says_nothing(tmp_path, caplog):
+    folder = _saved_splits(tmp_path, train=TRAIN_ROWS)
+    with caplog.at_level("WARNING", logger="easyrl.data.sources"):
+        assert load_rows(str(folder), "data.val_files").to_list() == TRAIN_ROWS
+    assert caplog.records == []
+
+
 def test_missing_file_names_the_key_and_path(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"data.val_files: '.*nope.jsonl' does not exist"):
         load_rows(str(tmp_path / "nope.jsonl"), "data.val_files")

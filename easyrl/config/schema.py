@@ -29,7 +29,9 @@ class DataConfig:
 
     train_files: str = ""
     """Training data: a .jsonl/.json/.parquet/.csv file, a folder saved by `datasets`, a folder of data files of one
-    kind (each read as a single file is, joined in file-name order), `name@split`, or `builtin://NAME@split`. Every row is read and encoded when the run starts, before Ray: a file with no rows, a byte
+    kind (each read as a single file is, joined in file-name order), `name@split`, or `builtin://NAME@split`. A
+    folder with several splits given without `@split` reads `train` (else its first split), with a warning naming the
+    others. Every row is read and encoded when the run starts, before Ray: a file with no rows, a byte
     that is not UTF-8 (.jsonl/.json/.csv) or a .jsonl line that is not JSON is an error naming the file and line; CSV
     cells are read as text. Empty with a tool environment (worker.rollout.multi_turn.env) and trainer.max_steps: the
     environment owns the data, each prompt is what its reset returns (TRL without a train_dataset)."""

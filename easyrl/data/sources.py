@@ -5,6 +5,9 @@ path/to/folder                             a folder written by ``Dataset.save_to
 path/to/folder@test, name@split            a split of a saved DatasetDict, of a data folder, or of a hub dataset
 builtin://arithmetic@train                 a generator shipped with easyrl
 
+A folder with several splits read without ``@split`` gives its `train` split (else its first), as EasyR1's
+``file@split`` does, and says so in a warning naming the others.
+
 A folder of data files is read file by file, each checked and read as a single file would be, and the files joined
 in file-name order. Its splits are those ``datasets`` names from the file names (train-0.jsonl, data/test.csv; with
 none named, every file is "train"); files of other types (pictures beside the rows, a README) are not rows, and the
@@ -25,6 +28,7 @@ import json
 import logging
 import os
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import datasets
@@ -59,10 +63,41 @@ def split_path(path: str) -> tuple[str, str | None]:
     return path, None
 
 
+# the splits that hold rows kept out of training
+HELD_OUT_SPLITS = ("test", "validation", "val")
+
+
+@lru_cache(maxsize=64)
+def _warn_split_chosen(config_key: str, folder: str, chosen: str, available: tuple[str, ...]) -> None:
+    """Once per source: a folder with several splits read without ``@split`` gives one of them, which the user should
+    know (for validation, the training rows when its held-out split was meant)."""
+    others = [name for name in available if name != chosen]
+    held_out = next((name for name in HELD_OUT_SPLITS if name in others), None)
+    on_training_rows = (
+        f" Validation then runs on the training rows, though the folder has a {held_out!r} split "
+        f"({folder}@{held_out})."
+        if config_key == "data.val_files" and chosen == "train" and held_out
+        else ""
+    )
+    logger.warning(
+        "%s: %r has the splits %s and no `@split` was given, so %r is read, not %s. Choose one with `%s@<split>`.%s",
+        config_key,
+        folder,
+        ", ".join(repr(name) for name in available),
+        chosen,
+        " or ".join(repr(name) for name in others),
+        folder,
+        on_training_rows,
+    )
+
+
 def _pick_split(available: list[str], split: str | None, folder: Path, config_key: str) -> str:
-    """``split`` when the folder has it; with none asked for, "train", else the folder's first split."""
+    """``split`` when the folder has it; with none asked for, "train", else the folder's first split (EasyR1's
+    ``file@split`` defaults to train), said in a warning when there were others."""
     if split is None:
         split = "train" if "train" in available else available[0]
+        if len(available) > 1:
+            _warn_split_chosen(config_key, str(folder), split, tuple(sorted(available)))
     if split not in available:
         raise ValueError(f"{config_key}: {str(folder)!r} has no split {split!r}; it has {sorted(available)}.")
     return split
