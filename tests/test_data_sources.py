@@ -121,6 +121,29 @@ def test_a_folder_with_one_split_read_without_a_split_says_nothing(tmp_path, cap
     assert caplog.records == []
 
 
+@pytest.mark.parametrize("layout", [_saved_splits, _split_files_folder])
+def test_a_folders_split_takes_the_first_rows_slice_as_a_file_does(tmp_path, layout):
+    """`@test[:2]` on a saved DatasetDict failed with "has no split 'test[:2]'; it has ['test', 'train']"."""
+    folder = layout(tmp_path, train=TRAIN_ROWS, test=TEST_ROWS)
+    file = tmp_path / "train.jsonl"
+    file.write_text("".join(json.dumps(row) + "\n" for row in TRAIN_ROWS))
+    assert load_rows(f"{folder}@test[:2]", "data.val_files").to_list() == TEST_ROWS[:2]
+    assert load_rows(f"{folder}@test[ : -1 ]", "data.val_files").to_list() == TEST_ROWS[:-1]
+    for first in ("[:3]", "[:25%]", "[:15%]", "[:-4]", "[:100]"):  # the same rows as the same slice of a file
+        assert load_rows(f"{folder}@train{first}").to_list() == load_rows(f"{file}@train{first}").to_list(), first
+    with pytest.raises(ValueError, match=r"has no split 'validation'; it has \['test', 'train'\]"):
+        load_rows(f"{folder}@validation[:2]", "data.val_files")
+    with pytest.raises(ValueError, match=r"data.val_files: `@test\[:150%\]` of .*: Percent slice boundaries must be"):
+        load_rows(f"{folder}@test[:150%]", "data.val_files")
+    with pytest.raises(ValueError, match=r"`@test\[:0\]` keeps none of the 4 rows of the split 'test' of"):
+        load_rows(f"{folder}@test[:0]", "data.val_files")
+
+
+def test_a_saved_dataset_takes_the_first_rows_slice(tmp_path):
+    datasets.Dataset.from_list(TRAIN_ROWS).save_to_disk(str(tmp_path / "saved"))
+    assert load_rows(f"{tmp_path / 'saved'}@train[:3]").to_list() == TRAIN_ROWS[:3]
+
+
 def test_missing_file_names_the_key_and_path(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"data.val_files: '.*nope.jsonl' does not exist"):
         load_rows(str(tmp_path / "nope.jsonl"), "data.val_files")
@@ -384,5 +407,6 @@ def test_a_folder_whose_card_declares_configs_is_read_as_the_card_says(tmp_path)
         "---\nconfigs:\n- config_name: main\n  data_files:\n  - split: train\n    path: main/train.jsonl\n---\n"
     )
     assert load_rows(str(folder)).to_list() == ROWS[:1]
+    assert load_rows(f"{folder}@train[:1]").to_list() == ROWS[:1]
     with pytest.raises(ValueError, match=rf"'{folder}' has no split 'test'; it has \['train'\]"):
         load_rows(f"{folder}@test", "data.val_files")

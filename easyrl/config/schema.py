@@ -36,7 +36,8 @@ class DataConfig:
     cells are read as text. Empty with a tool environment (worker.rollout.multi_turn.env) and trainer.max_steps: the
     environment owns the data, each prompt is what its reset returns (TRL without a train_dataset)."""
     val_files: str = ""
-    """Validation data, same forms as `train_files` (`FILE@train[:N]`: a file's first N rows); empty disables
+    """Validation data, same forms as `train_files` (`FILE@train[:N]`: a file's first N rows, `FOLDER@test[:N]`: a
+    folder's split's; `[:N%]`: that share); empty disables
     validation. Also the prompts of `easyrl generate` and `easyrl eval`. Beside a tool environment whose reset gives the task, rows may hold only its reset
     arguments (e.g. a `seed` column): a row without a prompt column gets an empty user message that the reset fills
     (unless a column's name is close to data.prompt_key or data.answer_key: a misspelt key is an error)."""

@@ -3,6 +3,7 @@
 data.jsonl / data.json / data.parquet      one file
 path/to/folder                             a folder written by ``Dataset.save_to_disk``, or of data files
 path/to/folder@test, name@split            a split of a saved DatasetDict, of a data folder, or of a hub dataset
+data.jsonl@train[:N], folder@test[:N%]     a split's first N rows (or N percent of them)
 builtin://arithmetic@train                 a generator shipped with easyrl
 
 A folder with several splits read without ``@split`` gives its `train` split (else its first), as EasyR1's
@@ -63,6 +64,18 @@ def split_path(path: str) -> tuple[str, str | None]:
     return path, None
 
 
+# `@split[:N]` / `@split[:N%]`: a split's first N rows (N a count or a percentage). The slice is read by `datasets`
+# (its ReadInstruction, which `load_dataset` applies to a file's split), for a single file as for a folder's split.
+SPLIT_SLICE = re.compile(r"(?P<name>.*?)\s*(?P<first>\[\s*:\s*-?\d+%?\s*\])?")
+
+
+def parse_split(split: str) -> tuple[str, str]:
+    """(the split's name, its first-rows slice ``[:N]`` / ``[:N%]`` without spaces, or "") of ``@split``; a bracket of
+    another kind (``[5:]``) stays part of the name."""
+    match = SPLIT_SLICE.fullmatch(split.strip())
+    return match["name"], re.sub(r"\s", "", match["first"] or "")
+
+
 # the splits that hold rows kept out of training
 HELD_OUT_SPLITS = ("test", "validation", "val")
 
@@ -92,8 +105,8 @@ def _warn_split_chosen(config_key: str, folder: str, chosen: str, available: tup
 
 
 def _pick_split(available: list[str], split: str | None, folder: Path, config_key: str) -> str:
-    """``split`` when the folder has it; with none asked for, "train", else the folder's first split (EasyR1's
-    ``file@split`` defaults to train), said in a warning when there were others."""
+    """``split`` (a name, without its slice) when the folder has it; with none asked for, "train", else the folder's
+    first split (EasyR1's ``file@split`` defaults to train), said in a warning when there were others."""
     if split is None:
         split = "train" if "train" in available else available[0]
         if len(available) > 1:
@@ -103,11 +116,30 @@ def _pick_split(available: list[str], split: str | None, folder: Path, config_ke
     return split
 
 
+def _first_rows(rows: datasets.Dataset, split: str, first: str, folder: Path, config_key: str) -> datasets.Dataset:
+    """The rows of ``split`` that its slice ``first`` keeps (all of them for ""), read as `datasets` reads the same
+    slice of a data file's split."""
+    if not first:
+        return rows
+    try:  # the split's own name may be one `datasets` does not take for a split: the slice is read on a stand-in
+        (kept,) = datasets.ReadInstruction.from_spec(f"rows{first}").to_absolute({"rows": len(rows)})
+    except ValueError as error:  # a percentage beyond 100
+        raise ValueError(f"{config_key}: `@{split}{first}` of {str(folder)!r}: {error}") from None
+    if kept.to <= kept.from_:
+        raise ValueError(
+            f"{config_key}: `@{split}{first}` keeps none of the {len(rows)} rows of the split {split!r} of "
+            f"{str(folder)!r}; give a larger N."
+        )
+    return rows.select(range(kept.from_, kept.to))
+
+
 def _from_saved(folder: Path, split: str | None, config_key: str) -> datasets.Dataset:
     loaded = datasets.load_from_disk(str(folder))
+    name, first = parse_split(split) if split is not None else (None, "")
     if isinstance(loaded, datasets.DatasetDict):
-        return loaded[_pick_split(list(loaded), split, folder, config_key)]
-    return loaded
+        name = _pick_split(list(loaded), name, folder, config_key)
+        return _first_rows(loaded[name], name, first, folder, config_key)
+    return _first_rows(loaded, name or "train", first, folder, config_key)  # one Dataset: its rows are its split
 
 
 def check_text_file(path: Path, config_key: str) -> None:
@@ -205,17 +237,14 @@ def _check_columnar_json(local: Path, rows: datasets.Dataset, config_key: str) -
     )
 
 
-# `file@train[:N]`: the first N rows of a data file (a datasets slice, N a count or a percentage)
-FILE_SPLIT = re.compile(r"train(\[\s*:\s*-?\d+%?\s*\])?")
-
-
 def _file_split(split: str | None, local: Path, config_key: str) -> str:
-    """The split to read of one data file: its rows are the split `train`, whose first rows `train[:N]` are;
-    another name would be read as all of them."""
+    """The split to read of one data file: its rows are the split `train`, whose first rows `train[:N]` are (see
+    ``SPLIT_SLICE``); another name would be read as all of them."""
     if split is None:
         return "train"
-    if FILE_SPLIT.fullmatch(split.strip()):
-        return split.strip()
+    name, first = parse_split(split)
+    if name == "train":
+        return name + first
     raise ValueError(
         f"{config_key}: {local} is one data file, whose rows are its only split `train`, and `@{split}` asks for "
         "another. Drop it, or give `@train[:N]` (or `@train[:N%]`) for the file's first rows; a folder of data "
@@ -406,14 +435,18 @@ class RowPlaces:
 
 
 def _from_folder(folder: Path, split: str | None, config_key: str) -> tuple[datasets.Dataset, RowPlaces]:
+    name, first = parse_split(split) if split is not None else (None, "")
     if _declares_configs(folder):
-        split = _pick_split(datasets.get_dataset_split_names(str(folder)), split, folder, config_key)
-        return datasets.load_dataset(str(folder), split=split), RowPlaces()
+        name = _pick_split(datasets.get_dataset_split_names(str(folder)), name, folder, config_key)
+        rows = datasets.load_dataset(str(folder), split=name)
+        return _first_rows(rows, name, first, folder, config_key), RowPlaces()
     splits = _split_files(folder, config_key)
-    files = splits[_pick_split(list(splits), split, folder, config_key)]
+    name = _pick_split(list(splits), name, folder, config_key)
+    files = splits[name]
     parts = [_from_file(file, FILE_BUILDERS[file.suffix.lower()], config_key) for file in files]
+    # the slice keeps the first rows, so each kept row stays where the files' row counts place it
     places = RowPlaces([(file.relative_to(folder).as_posix(), len(part)) for file, part in zip(files, parts)])
-    return _concatenate(parts), places
+    return _first_rows(_concatenate(parts), name, first, folder, config_key), places
 
 
 def _looks_local(path: str) -> bool:
