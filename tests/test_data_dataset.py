@@ -253,6 +253,35 @@ def test_a_prompt_list_that_is_not_chat_messages_is_skipped_and_named(tmp_path, 
     assert "the prompt is a list, so it must be chat messages" in caplog.text and "item 0 is 'two'" in caplog.text
 
 
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 3?"}]
+
+
+def test_chat_messages_held_as_json_text_are_read_as_the_messages_sft_reads(tmp_path, tokenizer):
+    """A CSV cell (or a column written with json.dumps) holding chat messages is read as those messages, as `easyrl
+    sft` reads it (it was trained on as the literal JSON text); other text, though it starts with `[`, stays text."""
+    import csv
+
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ content }} Think first.")
+    path = tmp_path / "d.csv"
+    not_messages = ['["two", "parts"]', '[{"role": "user"}]', "[1, 2] + [3]?", "[not json"]
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["problem", "answer"])
+        writer.writerow([json.dumps(CHAT), "5"])
+        for text in not_messages:
+            writer.writerow([text, "0"])
+    dataset = RLHFDataset(str(path), tokenizer, None, config(format_prompt=str(template)))
+    as_list = write_jsonl(tmp_path / "l.jsonl", [{"problem": CHAT, "answer": "5"}])
+    as_list = RLHFDataset(as_list, tokenizer, None, config(format_prompt=str(template)))
+    assert dataset[0]["raw_prompt_ids"] == as_list[0]["raw_prompt_ids"]
+    assert "<|im_start|>user\nWhat is 2 + 3? Think first.<|im_end|>" in tokenizer.decode(dataset[0]["raw_prompt_ids"])
+    assert dataset[0]["conversational"] is True
+    for i, text in enumerate(not_messages, 1):
+        assert f"<|im_start|>user\n{text} Think first.<|im_end|>" in tokenizer.decode(dataset[i]["raw_prompt_ids"])
+        assert "conversational" not in dataset[i]
+
+
 def test_a_dotted_answer_key_needs_its_column(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "d.jsonl", [{"problem": "p", "answer": "1"}])
     with pytest.raises(KeyError, match=r"no column 'reward_model\.ground_truth' \(data\.answer_key\)"):

@@ -154,6 +154,21 @@ def test_a_trl_function_gets_a_text_prompt_as_the_row_holds_it(tokenizer, tmp_pa
     assert scores.sum(-1).tolist() == [1.0, 0.0]
 
 
+def test_a_trl_function_gets_messages_held_as_json_text_as_the_messages(tokenizer, tmp_path):
+    """The dataset reads such prompts as chat messages (template.read_prompt), so TRL's `prompts` are those messages,
+    as for a prompt column that holds the list itself."""
+    import json
+
+    (tmp_path / "trl.py").write_text("def echo(prompts, completions, **kwargs):\n    return [0.0 for _ in prompts]\n")
+    message = {"role": "user", "content": "What is 2 + 3?"}
+    batch = with_text_prompts(tokenizer, rollout_batch(tokenizer, ["5", "5"], ["5", "5"]), ["What is 2 + 3?"] * 2)
+    batch.non_tensor_batch["conversational"] = np.array([True, True], dtype=object)
+    batch.non_tensor_batch["row_columns"] = np.array([{"question": json.dumps([message])}] * 2)
+    config = RewardConfig(reward_function=f"{tmp_path / 'trl.py'}:echo")
+    inputs = RewardScorer(config, tokenizer, in_process=True, prompt_key="question").build_inputs(batch)
+    assert [item["prompt"] for item in inputs] == [[message], [message]]
+
+
 def test_a_sample_no_function_scores_is_counted_named_and_stops_a_run_that_scores_nothing(tokenizer, tmp_path, caplog):
     """One TRL function returning None for a sample (it does not apply) gave it 0 with no count and no word: a
     function that returned None for every sample trained a whole run on zeros. TRL warns; easyrl counts it in

@@ -43,7 +43,8 @@ class DataConfig:
     (unless a column's name is close to data.prompt_key or data.answer_key: a misspelt key is an error)."""
     prompt_key: str = "prompt"
     """Column holding the prompt: a text, or a list of chat messages ``{"role", "content"}`` (verl's and TRL's
-    conversational data; data.format_prompt then renders the last user message). ``column.field`` reads a field
+    conversational data; data.format_prompt then renders the last user message), also as JSON text of one (a CSV
+    cell; other text stays text), read as sft.messages_key reads it. ``column.field`` reads a field
     inside a column. A row without a value (null or absent) is skipped, counted and named in a warning (rows
     numbered from 0); a file where no row has one is an error naming this key."""
     answer_key: str = "answer"

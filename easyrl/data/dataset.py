@@ -21,7 +21,8 @@ starts), never first when it is drawn. A file that cannot be read is an error (s
 trained on as they stand are skipped, counted and named in a warning (``unusable_rows``; rows are numbered from 0 in
 the order of the source): a row without a value (null or absent) for data.prompt_key or data.answer_key, a picture or
 video that cannot be read or sized, ``<image>`` / ``<video>`` placeholders that do not match the row's media, vision
-tokens written into the prompt text, and (with data.filter_overlong_prompts=false) a prompt whose cut at
+tokens written into the prompt text, a prompt list that is not chat messages (messages held as JSON text are read as
+messages), and (with data.filter_overlong_prompts=false) a prompt whose cut at
 max_prompt_length would fall inside its pictures. When no row has a value for one of the two keys, that is an error
 naming the key (it names the wrong column). Other overlong prompts are dropped (filter_overlong_prompts=true) or, as
 EasyR1 does, cut to their first max_prompt_length tokens; either way their number is reported when the dataset is
@@ -60,6 +61,7 @@ from .template import (
     conversation_messages,
     is_chat_messages,
     media_in_messages,
+    read_prompt,
     read_template_file,
 )
 from .vision import PictureSizing, UnreadableMediaError, describe_media, load_image, load_video
@@ -189,8 +191,8 @@ class RowEncoder:
     def media(self, row: dict) -> tuple[list, list, list[float]]:
         """Loaded images, videos and each video's sampling rate; raises UnreadableMediaError / UnusableRowError."""
         return load_row_media(
-            row, self.config, row_value(row, self.config.prompt_key), self.processor, self.media_dirs, self.sizing,
-            self.config_key,
+            row, self.config, read_prompt(row_value(row, self.config.prompt_key)), self.processor, self.media_dirs,
+            self.sizing, self.config_key,
         )  # fmt: skip
 
     def prompt(self, row: dict, index: int, num_images: int, num_videos: int) -> str:
@@ -198,7 +200,7 @@ class RowEncoder:
 
     def messages(self, row: dict, num_images: int, num_videos: int) -> list[dict[str, Any]]:
         """The chat messages of the row's prompt, before the chat template (format_prompt and system_prompt applied)."""
-        text = row_value(row, self.config.prompt_key)
+        text = read_prompt(row_value(row, self.config.prompt_key))
         # an empty text prompt without pictures asks nothing: the model would answer data.format_prompt alone
         empty = isinstance(text, str) and not text.strip() and not (num_images or num_videos or self.empty_prompts)
         if _is_missing(text) or empty:
@@ -686,10 +688,11 @@ class RLHFDataset(Dataset):
         column = self.config.prompt_key.split(".")[0]
         if processor is None or column not in self.rows.column_names:
             return False
-        if not is_chat_messages(row_value(self.rows[0], self.config.prompt_key)):
+        if not is_chat_messages(read_prompt(row_value(self.rows[0], self.config.prompt_key))):
             return False
         return any(
-            any(media_in_messages(row_value({column: value}, self.config.prompt_key))) for value in self.rows[column]
+            any(media_in_messages(read_prompt(row_value({column: value}, self.config.prompt_key))))
+            for value in self.rows[column]
         )
 
     def _fill_env_columns(self, env_prompts: bool = True) -> list[str]:
@@ -1038,7 +1041,7 @@ class RLHFDataset(Dataset):
             out[ROW_COLUMNS_KEY] = {name: row.get(name) for name in self.carried_columns}
         if self.carry_prompt_messages:
             out[PROMPT_MESSAGES_KEY] = text_messages(encoded["messages"])
-        if is_chat_messages(row_value(row, self.config.prompt_key)):
+        if is_chat_messages(read_prompt(row_value(row, self.config.prompt_key))):
             out["conversational"] = True  # a reward function written for TRL gets chat-message completions
         if self.has_media:
             # every item of a dataset with media columns has the key (None for a text row): batches of text rows

@@ -58,6 +58,7 @@ from .template import (
     arguments_as_object,
     conversation_messages,
     is_chat_messages,
+    messages_in_json_text,
     place_media,
     placeholder_parts,
     text_parts_as_strings,
@@ -83,7 +84,7 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
     out = []
     for index, message in enumerate(messages):
         message = _as_chat_message(message)
-        if not isinstance(message, dict) or _is_missing(message.get("role")) or not _has_content(message):
+        if not _is_message(message):
             raise UnusableConversationError(f"message {index} is not a {{role, content}} dict")
         content = "" if _is_missing(message.get("content")) else message["content"]  # a tool call's null content
         if isinstance(content, (int, float)) and not isinstance(content, bool):
@@ -171,19 +172,17 @@ def _as_chat_message(message: Any) -> Any:
 
 def _stored_messages(value: Any) -> Any:
     """A messages column as stored; one held as JSON text (a CSV cell, a column written with json.dumps) is read as
-    the list it holds."""
-    if isinstance(value, str) and value.lstrip().startswith("["):
-        try:
-            parsed = json.loads(value)
-        except ValueError:
-            return value
-        return parsed if isinstance(parsed, list) else value
-    return value
+    the list of messages it holds, as an RL prompt's is (ShareGPT's messages too)."""
+    return messages_in_json_text(value, lambda message: _is_message(_as_chat_message(message)))
 
 
-def _has_content(message: dict) -> bool:
-    """OpenAI's assistant message that calls tools may leave out its content."""
-    return "content" in message or not _is_missing(message.get("tool_calls"))
+def _is_message(message: Any) -> bool:
+    """A {role, content} dict; OpenAI's assistant message that calls tools may leave out its content."""
+    return (
+        isinstance(message, dict)
+        and not _is_missing(message.get("role"))
+        and ("content" in message or not _is_missing(message.get("tool_calls")))
+    )
 
 
 # content part type -> the bare part a chat template takes (OpenAI's image_url is a picture)

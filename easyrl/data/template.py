@@ -12,13 +12,15 @@ once, naming the variables, because it is almost always a typo.
 images but no placeholders gets its images before the text.
 
 A prompt may also be a list of chat messages (verl's and TRL's conversational data): the format file then renders the
-text of its last user message, and the messages go to the chat template as they are.
+text of its last user message, and the messages go to the chat template as they are. Such a list held as JSON text (a
+CSV cell, a column written with json.dumps) is read as that list (``read_prompt``).
 """
 
 import copy
 import json
 import logging
 import re
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -109,6 +111,30 @@ def is_chat_messages(value: Any) -> bool:
     """A prompt (or reply) column's value that is a sequence of chat messages rather than a text (how parquet and
     pandas readers hand lists over: a list, or an object array)."""
     return isinstance(value, (list, tuple, np.ndarray))
+
+
+def is_chat_message(value: Any) -> bool:
+    """One chat message: a mapping with a text `role` and a `content` key."""
+    return isinstance(value, Mapping) and isinstance(value.get("role"), str) and "content" in value
+
+
+def messages_in_json_text(value: Any, is_message: Callable[[Any], bool] = is_chat_message) -> Any:
+    """``value``, or the chat messages it holds as JSON text (a CSV cell, a column written with json.dumps): text that
+    parses as a JSON list of messages (each ``is_message``) is that list; any other value or text is returned as it
+    is. Shared by RL prompts and SFT conversations, so a cell trains the same in both."""
+    if not isinstance(value, str) or not value.lstrip().startswith("["):
+        return value
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return value
+    return parsed if isinstance(parsed, list) and parsed and all(map(is_message, parsed)) else value
+
+
+def read_prompt(value: Any) -> Any:
+    """A prompt column's value as it is rendered: chat messages held as JSON text (``messages_in_json_text``) are a
+    list of messages; a text, a list or anything else as stored."""
+    return messages_in_json_text(value)
 
 
 # The rollout output's field holding what each sample's tool-environment reset added to its prompt (message content)
