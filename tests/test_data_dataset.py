@@ -282,6 +282,27 @@ def test_chat_messages_held_as_json_text_are_read_as_the_messages_sft_reads(tmp_
         assert "conversational" not in dataset[i]
 
 
+def test_a_single_message_prompt_is_a_list_of_one_and_another_mapping_is_skipped_and_named(
+    tmp_path, tokenizer, caplog
+):
+    """A prompt that was a dict became the Python text "{'role': 'user', 'content': ...}" without a word."""
+    rows = [
+        {"problem": {"role": "user", "content": "What is 2 + 3?"}, "answer": "5"},
+        {"problem": {"question": "What is 2 + 3?"}, "answer": "5"},
+        {"problem": "What is 2 + 3?", "answer": "5"},
+    ]
+    dataset = RLHFDataset(write_jsonl(tmp_path / "d.jsonl", rows), tokenizer, None, config())
+    assert len(dataset) == 2 and dataset[0]["raw_prompt_ids"] == dataset[1]["raw_prompt_ids"]
+    assert dataset[0]["conversational"] is True
+    reason = (
+        "the prompt is a mapping with the keys ['question'], not a chat message {'role': ..., 'content': ...}, a list "
+        "of them or a text"
+    )
+    assert dataset.unusable_rows == [(1, reason)]
+    assert f"skipped 1 of 3 rows whose pictures/videos or prompts cannot be used (row 1: {reason})" in caplog.text
+    assert dataset.skipped_rows() == [{"data": "data.train_files", "row": 1, "reason": reason}]
+
+
 def test_a_dotted_answer_key_needs_its_column(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "d.jsonl", [{"problem": "p", "answer": "1"}])
     with pytest.raises(KeyError, match=r"no column 'reward_model\.ground_truth' \(data\.answer_key\)"):

@@ -603,20 +603,23 @@ def test_chat_messages_that_carry_their_own_pictures(tmp_path, vl_tokenizer_and_
     assert media_in_messages([{"role": "user", "content": [{"type": "image_url", "image_url": uri}]}]) == ([uri], [])
 
 
-def test_pictures_in_messages_held_as_json_text_load_as_in_a_list(tmp_path, vl_tokenizer_and_processor):
-    """Messages read from JSON text (a CSV cell) carry their pictures the way a list of them does: the same pictures,
-    pads and prompt."""
+def test_pictures_in_messages_held_as_json_text_or_in_a_single_message_load_as_in_a_list(
+    tmp_path, vl_tokenizer_and_processor
+):
+    """Messages read from JSON text (a CSV cell) or a lone message dict carry their pictures the way a list of them
+    does: the same pictures, pads and prompt."""
     import csv
 
     tokenizer, processor = vl_tokenizer_and_processor
     picture(56, 56).save(tmp_path / "a.png")
     message = {"role": "user", "content": [{"type": "image", "image": "a.png"}, {"type": "text", "text": "How many?"}]}
     as_list = write_jsonl(tmp_path / "list.jsonl", [{"prompt": [message], "answer": "1"}])
+    one = write_jsonl(tmp_path / "one.jsonl", [{"prompt": message, "answer": "1"}])
     with (tmp_path / "text.csv").open("w", newline="") as handle:
         csv.writer(handle).writerows([["prompt", "answer"], [json.dumps([message]), "1"]])
     items = [
         RLHFDataset(path, tokenizer, processor, vl_config(tmp_path))[0]
-        for path in (as_list, str(tmp_path / "text.csv"))
+        for path in (as_list, one, str(tmp_path / "text.csv"))
     ]
     for item in items:
         assert [image.size for image in item["multi_modal_data"]["images"]] == [(56, 56)]

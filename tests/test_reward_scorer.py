@@ -154,7 +154,7 @@ def test_a_trl_function_gets_a_text_prompt_as_the_row_holds_it(tokenizer, tmp_pa
     assert scores.sum(-1).tolist() == [1.0, 0.0]
 
 
-def test_a_trl_function_gets_messages_held_as_json_text_as_the_messages(tokenizer, tmp_path):
+def test_a_trl_function_gets_messages_held_as_json_text_or_one_message_as_a_list_of_messages(tokenizer, tmp_path):
     """The dataset reads such prompts as chat messages (template.read_prompt), so TRL's `prompts` are those messages,
     as for a prompt column that holds the list itself."""
     import json
@@ -163,7 +163,7 @@ def test_a_trl_function_gets_messages_held_as_json_text_as_the_messages(tokenize
     message = {"role": "user", "content": "What is 2 + 3?"}
     batch = with_text_prompts(tokenizer, rollout_batch(tokenizer, ["5", "5"], ["5", "5"]), ["What is 2 + 3?"] * 2)
     batch.non_tensor_batch["conversational"] = np.array([True, True], dtype=object)
-    batch.non_tensor_batch["row_columns"] = np.array([{"question": json.dumps([message])}] * 2)
+    batch.non_tensor_batch["row_columns"] = np.array([{"question": json.dumps([message])}, {"question": message}])
     config = RewardConfig(reward_function=f"{tmp_path / 'trl.py'}:echo")
     inputs = RewardScorer(config, tokenizer, in_process=True, prompt_key="question").build_inputs(batch)
     assert [item["prompt"] for item in inputs] == [[message], [message]]

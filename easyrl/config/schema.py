@@ -44,9 +44,10 @@ class DataConfig:
     prompt_key: str = "prompt"
     """Column holding the prompt: a text, or a list of chat messages ``{"role", "content"}`` (verl's and TRL's
     conversational data; data.format_prompt then renders the last user message), also as JSON text of one (a CSV
-    cell; other text stays text), read as sft.messages_key reads it. ``column.field`` reads a field
-    inside a column. A row without a value (null or absent) is skipped, counted and named in a warning (rows
-    numbered from 0); a file where no row has one is an error naming this key."""
+    cell; other text stays text), read as sft.messages_key reads it; a single message is a list of one, a mapping
+    that is no message a skipped row. ``column.field`` reads a field inside a column. A row without a value (null or
+    absent) is skipped, counted and named in a warning (rows numbered from 0); a file where no row has one is an error
+    naming this key."""
     answer_key: str = "answer"
     """Column holding the ground truth handed to the reward function (``column.field`` reads a field inside a
     column: ``reward_model.ground_truth`` for verl's data); rows without one are skipped like rows without a prompt

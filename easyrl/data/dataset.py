@@ -21,12 +21,12 @@ starts), never first when it is drawn. A file that cannot be read is an error (s
 trained on as they stand are skipped, counted and named in a warning (``unusable_rows``; rows are numbered from 0 in
 the order of the source): a row without a value (null or absent) for data.prompt_key or data.answer_key, a picture or
 video that cannot be read or sized, ``<image>`` / ``<video>`` placeholders that do not match the row's media, vision
-tokens written into the prompt text, a prompt list that is not chat messages (messages held as JSON text are read as
-messages), and (with data.filter_overlong_prompts=false) a prompt whose cut at
-max_prompt_length would fall inside its pictures. When no row has a value for one of the two keys, that is an error
-naming the key (it names the wrong column). Other overlong prompts are dropped (filter_overlong_prompts=true) or, as
-EasyR1 does, cut to their first max_prompt_length tokens; either way their number is reported when the dataset is
-built.
+tokens written into the prompt text, a prompt that is neither a text nor chat messages (a list or a mapping of
+something else; a single message, or messages held as JSON text, are read as messages), and (with
+data.filter_overlong_prompts=false) a prompt whose cut at max_prompt_length would fall inside its pictures. When no
+row has a value for one of the two keys, that is an error naming the key (it names the wrong column). Other overlong
+prompts are dropped (filter_overlong_prompts=true) or, as EasyR1 does, cut to their first max_prompt_length tokens;
+either way their number is reported when the dataset is built.
 """
 
 import dataclasses
@@ -205,6 +205,11 @@ class RowEncoder:
         empty = isinstance(text, str) and not text.strip() and not (num_images or num_videos or self.empty_prompts)
         if _is_missing(text) or empty:
             raise MissingValueError("prompt_key", self.config.prompt_key)
+        if isinstance(text, Mapping):  # a single message is read as a list of one (read_prompt): this is none
+            raise UnusableRowError(
+                f"the prompt is a mapping with the keys {sorted(map(str, text))}, not a chat message "
+                "{'role': ..., 'content': ...}, a list of them or a text"
+            )
         try:
             if is_chat_messages(text):  # verl's / TRL's conversational data
                 messages = conversation_messages(list(text), self.formatter, num_images, num_videos)

@@ -13,7 +13,7 @@ images but no placeholders gets its images before the text.
 
 A prompt may also be a list of chat messages (verl's and TRL's conversational data): the format file then renders the
 text of its last user message, and the messages go to the chat template as they are. Such a list held as JSON text (a
-CSV cell, a column written with json.dumps) is read as that list (``read_prompt``).
+CSV cell, a column written with json.dumps) and a single message are read as that list (``read_prompt``).
 """
 
 import copy
@@ -132,9 +132,10 @@ def messages_in_json_text(value: Any, is_message: Callable[[Any], bool] = is_cha
 
 
 def read_prompt(value: Any) -> Any:
-    """A prompt column's value as it is rendered: chat messages held as JSON text (``messages_in_json_text``) are a
-    list of messages; a text, a list or anything else as stored."""
-    return messages_in_json_text(value)
+    """A prompt column's value as it is rendered: chat messages held as JSON text (``messages_in_json_text``) and a
+    single message are a list of messages; a text, a list or anything else as stored."""
+    value = messages_in_json_text(value)
+    return [value] if is_chat_message(value) else value
 
 
 # The rollout output's field holding what each sample's tool-environment reset added to its prompt (message content)
