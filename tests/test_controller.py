@@ -1,5 +1,7 @@
 """Worker groups on a local Ray cluster: rank environment, gloo process group, dispatch modes, shutdown."""
 
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -192,3 +194,32 @@ def test_resource_pool_explains_a_reservation_the_cluster_cannot_grant(ray_clust
     pool = ResourcePool(process_on_nodes=[64], ready_timeout_s=2)
     with pytest.raises(RuntimeError, match="trainer.n_gpus_per_node"):
         pool.placement_groups()
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_ends_the_wait_for_a_reservation_and_releases_it(ray_cluster):
+    """Before: a SIGTERM while the workers waited for resources busy elsewhere waited out the 300 s (the handler only
+    sets a flag), saying it was finishing a step no one was running."""
+    from ray.util import placement_group_table
+
+    from easyrl.trainer.faults import RunStopped, StopRequest
+
+    stop = StopRequest()
+    asked_at = time.monotonic() + 1.5
+
+    def signal_then_check() -> None:  # the signal arrives 1.5 s into the wait
+        if time.monotonic() >= asked_at:
+            stop.request(15)
+        stop.raise_if_requested()
+
+    pool = ResourcePool(process_on_nodes=[64], ready_timeout_s=300, while_waiting=signal_then_check)
+    before = set(placement_group_table())
+    start = time.monotonic()
+    with pytest.raises(RunStopped) as stopped:
+        pool.placement_groups()
+    assert time.monotonic() - start < 10
+    assert stopped.value.exit_code == 143 and str(stopped.value).startswith(
+        "easyrl: stopped by SIGTERM before the first step. Nothing was saved or lost"
+    )
+    made = {key: entry for key, entry in placement_group_table().items() if key not in before}
+    assert made and all(entry["state"] == "REMOVED" for entry in made.values())

@@ -33,6 +33,18 @@ def test_sigusr1_before_a_time_limit_asks_for_a_checkpoint_like_sigterm():
     assert RunStopped("SIGUSR1", signal.SIGUSR1, 3, "/ckpt/global_step_3", "HINT.").exit_code == 138
 
 
+def test_a_signal_while_the_workers_start_says_the_run_stops_before_its_first_step(capfd):
+    """Before: it said it was finishing the current step while the workers still loaded or waited for resources."""
+    with StopRequest().installed() as stop:
+        stop.starting = True
+        os.kill(os.getpid(), signal.SIGTERM)
+    said = capfd.readouterr().err
+    assert "SIGTERM received: the run stops before its first step, with nothing to save" in said
+    assert "finishing the current step" not in said
+    with pytest.raises(RunStopped, match="before the first step. Nothing was saved or lost"):
+        stop.raise_if_requested()
+
+
 def test_a_second_signal_exits_at_once_with_128_plus_its_number():
     program = (
         "import os, signal, time\n"

@@ -6,6 +6,8 @@ Several worker groups can share the bundles (``max_colocate_count``): each worke
 accelerator, which is how the critic shares the actor's devices.
 """
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import ray
@@ -25,6 +27,9 @@ class ResourcePool:
     """CPU cores reserved for each worker of each colocated group."""
     ready_timeout_s: float = 300.0
     """How long to wait for the cluster to grant the reservation before failing with an explanation."""
+    while_waiting: Callable[[], None] | None = None
+    """Called about every second while the reservation waits; what it raises (a stop signal's exception) ends the
+    wait, the reservation released."""
     _placement_groups: list[PlacementGroup] = field(default_factory=list, init=False, repr=False)
 
     @classmethod
@@ -47,7 +52,17 @@ class ResourcePool:
         if self._placement_groups:
             return self._placement_groups
         groups = [placement_group([self._bundle()] * n, strategy="STRICT_PACK") for n in self.process_on_nodes]
-        ready, _ = ray.wait([pg.ready() for pg in groups], num_returns=len(groups), timeout=self.ready_timeout_s)
+        refs, deadline = [pg.ready() for pg in groups], time.monotonic() + self.ready_timeout_s
+        ready: list = []
+        try:
+            while len(ready) < len(groups) and (left := deadline - time.monotonic()) > 0:
+                ready, _ = ray.wait(refs, num_returns=len(groups), timeout=min(left, 1.0))
+                if len(ready) < len(groups) and self.while_waiting is not None:
+                    self.while_waiting()
+        except BaseException:
+            for pg in groups:
+                remove_placement_group(pg)
+            raise
         if len(ready) < len(groups):
             for pg in groups:
                 remove_placement_group(pg)

@@ -57,6 +57,7 @@ class StopRequest:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.resume_hint: Callable[[], str] | None = None
+        self.starting = False  # the workers are starting: no step runs yet
         self._disarmed = threading.Event()
 
     @property
@@ -79,10 +80,15 @@ class StopRequest:
             )
             os._exit(128 + signum)
         self.request(signum)
+        doing = (
+            "the run stops before its first step, with nothing to save"
+            if self.starting
+            else "finishing the current step, then saving a checkpoint and exiting"
+        )
         os.write(
             2,
-            f"\neasyrl: {signal.Signals(signum).name} received: finishing the current step, then saving a "
-            "checkpoint and exiting (send it again to exit at once, without a checkpoint).\n".encode(),
+            f"\neasyrl: {signal.Signals(signum).name} received: {doing} (send it again to exit at once, without a "
+            "checkpoint).\n".encode(),
         )
         processes = _local_cluster_processes()
         if processes:
@@ -99,6 +105,12 @@ class StopRequest:
                 )
                 os.write(2, f"\n{message}{hint}\n".encode())
                 os._exit(128 + (self.signum or 0))
+
+    def raise_if_requested(self) -> None:
+        """While the workers wait for the cluster to grant their reservation (no step has run): a stop ends the wait."""
+        if self.requested:
+            hint = "Nothing was saved or lost; rerunning the same command starts where this one would have."
+            raise RunStopped(self.signal_name, self.signum, 0, None, hint)
 
     @contextmanager
     def installed(self) -> Iterator["StopRequest"]:

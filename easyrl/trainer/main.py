@@ -378,8 +378,9 @@ class RunWorkers:
     """The worker groups of a run in their resource pool: started together, killed together, and started afresh
     when a worker dies and trainer.max_restarts allows (``restart``, which the trainer calls)."""
 
-    def __init__(self, plan: RunPlan, generation_only: bool = False) -> None:
-        """``generation_only``: one group of ``plan.generation_worker_role`` (`easyrl generate` / `easyrl eval`)."""
+    def __init__(self, plan: RunPlan, generation_only: bool = False, stop: Any = None) -> None:
+        """``generation_only``: one group of ``plan.generation_worker_role`` (`easyrl generate` / `easyrl eval`);
+        ``stop``: the run's StopRequest, which ends a wait for the cluster's resources."""
         from ..controller.resource_pool import ResourcePool
 
         self.plan = plan
@@ -390,6 +391,7 @@ class RunWorkers:
             plan.config.trainer.n_gpus_per_node,
             max_colocate_count=groups,
             cpus_per_worker=cpus_per_worker(plan, groups),
+            while_waiting=stop.raise_if_requested if stop is not None else None,
         )
         self.groups: list[Any] = []
 
@@ -496,7 +498,7 @@ def build_trainer(plan: RunPlan, data: RunData | None = None, stop: Any = None, 
     # spend minutes loading models and starting engines
     if tracker is None:
         tracker = start_tracker(config, _config_dict(plan), plan.training_steps)
-    run_workers = RunWorkers(plan)
+    run_workers = RunWorkers(plan, stop=stop)
     try:
         workers = run_workers.start()
         reward = run_workers.reward_scorer(data.tokenizer, data.reward_fn)
@@ -644,7 +646,13 @@ def run_training(plan: RunPlan) -> dict[str, float]:
     interrupted: RunInterrupted | None = None
     # after ray.init, whose own SIGTERM handler would tear the cluster down at once
     with StopRequest().installed() as stop:
-        trainer = build_trainer(plan, data, stop, tracker)
+        stop.starting = True
+        try:
+            trainer = build_trainer(plan, data, stop, tracker)
+        except RunInterrupted as error:  # a stop while the workers waited for the cluster's resources
+            print_interruption(error)
+            raise SystemExit(error.exit_code) from None
+        stop.starting = False
         try:
             metrics = trainer.fit()
         except RunInterrupted as error:

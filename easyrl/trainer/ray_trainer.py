@@ -217,6 +217,8 @@ class PPOTrainer:
         if self._resume():
             self.workers.actor_rollout.sync_rollout_weights()  # the engine started from the model path
         last_metrics: dict[str, float] = {}
+        if self.stop.requested:  # a stop while the workers started: no validation before it is honoured
+            self._stop_now(last_metrics)
         if self.val_loader is not None and validates_first(trainer_config, self.global_step):
             seconds: dict[str, float] = {}
             with timer("validation", seconds):  # as a step's validation is timed

@@ -308,8 +308,12 @@ def run_sft(plan: SFTPlan) -> dict[str, float]:
 
     # after ray.init, whose own SIGTERM handler would tear the cluster down at once
     with StopRequest().installed() as stop:
+        pool.while_waiting = stop.raise_if_requested  # a stop while the workers wait for the cluster's resources
         try:
-            trainer = SFTTrainer(plan, loader, start_group(), tracker, stop, val_loader, restart_group)
+            stop.starting = True
+            first_group = start_group()
+            stop.starting = False
+            trainer = SFTTrainer(plan, loader, first_group, tracker, stop, val_loader, restart_group)
             metrics = trainer.fit()
         except RunInterrupted as error:
             interrupted = error
