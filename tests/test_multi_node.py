@@ -202,3 +202,31 @@ def test_a_ray_client_or_dashboard_address_is_refused_in_one_line(address, said)
 
     with pytest.raises(RunSetupError, match=said):
         _check_reachable(address)
+
+
+def test_inside_a_ray_job_checkpoints_in_its_working_dir_copy_are_refused_before_ray(
+    tiny_model_path, tmp_path, monkeypatch
+):
+    """`ray job submit --runtime-env` with a working_dir runs the driver in Ray's copy of that folder, deleted with
+    the session and copied anew when a file changes. Before: a relative or default save path wrote the checkpoints
+    there without a word, and a resubmission after any edit started afresh."""
+    import json
+
+    from easyrl.config import ConfigError, load_run_plan
+
+    copy = tmp_path / "runtime_resources" / "working_dir_files" / "_ray_pkg_0123"
+    copy.mkdir(parents=True)
+    monkeypatch.chdir(copy)
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "./"}}))
+    monkeypatch.delenv("EASYRL_TEST_UNSET", raising=False)
+    args = [*TINY_RUN_OVERRIDES, f"worker.actor.model.model_path={tiny_model_path}"]
+    for save in ([], ["trainer.save_checkpoint_path=checkpoints/rel"]):  # the default path, a relative one
+        with pytest.raises(ConfigError, match=r"inside this Ray job's copy of its working_dir, which Ray deletes"):
+            load_run_plan(args + save)
+    shared = tmp_path / "shared" / "ckpt"
+    assert load_run_plan([*args, f"trainer.save_checkpoint_path={shared}"]).config.trainer.save_checkpoint_path
+    # a variable for the workers is given to the job, not to the shell that submits it
+    with pytest.raises(ConfigError, match=r"set it in the job's runtime env \(env_vars\) or before its entrypoint"):
+        load_run_plan([*args, f"trainer.save_checkpoint_path={shared}", "trainer.worker_env=[EASYRL_TEST_UNSET]"])
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {}}))  # no working_dir: cwd is yours
+    assert load_run_plan(args).config.trainer.save_checkpoint_path.startswith(str(copy))

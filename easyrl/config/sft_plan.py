@@ -27,6 +27,7 @@ from .validate import (
     _check_ranges,
     _check_unsupported,
     _check_worker_env,
+    check_checkpoints_outlive_the_job,
     check_template_kwargs,
     config_value,
 )
@@ -118,6 +119,7 @@ def validate_sft_config(config: PPOConfig) -> None:
         _check_choice(f"worker.actor.fsdp.{name}", getattr(actor.fsdp, name), DTYPES)
     _check_loggers_can_start(config.trainer.logger)
     _check_worker_env(config.trainer.worker_env)
+    check_checkpoints_outlive_the_job(config.trainer.save_checkpoint_path)
     _check_ranges(config)
     _check_unsupported(config)
     if config.sft.max_length < 2:

@@ -18,6 +18,7 @@ from ..data.synthetic import parse_builtin
 from ..demo import builtin_models
 from ..paths import BUILTIN_PREFIX, FUNCTION_SEPARATOR, looks_local, shipped_files_hint, unreadable_suffix_hint
 from ..utils.platform import nvidia_gpus_visible
+from ..utils.runtime_env import ray_job_runtime_env
 from ..workers.reward.judge import CHAT_PATH, compile_score_pattern, load_template, template_source
 from ..workers.reward.loader import (
     RewardFunctionError,
@@ -804,9 +805,31 @@ def _check_worker_env(names: Any) -> None:
         raise ConfigError(f"`trainer.worker_env` is {names!r}; give a list of variable names, e.g. [OPENAI_API_KEY].")
     unset = [name for name in names if name not in os.environ]
     if unset:
+        how = (
+            f"set it in the job's runtime env (env_vars) or before its entrypoint (`{unset[0]}=... easyrl train ...`)"
+            if ray_job_runtime_env() is not None  # a variable exported where `ray job submit` runs never gets here
+            else f"export {unset[0]}=... before the run"
+        )
         raise ConfigError(
             f"`trainer.worker_env` names {', '.join(unset)}, not set in this environment (the workers get the driver's "
-            f"value): export {unset[0]}=... before the run, or remove it from trainer.worker_env."
+            f"value): {how}, or remove it from trainer.worker_env."
+        )
+
+
+def check_checkpoints_outlive_the_job(save_path: str) -> None:
+    """Inside a Ray job with a working_dir, the driver runs in Ray's copy of that folder, which is deleted with the
+    session and replaced by another copy whenever a file changes: checkpoints there would be lost, and a resubmission
+    would start afresh without a word."""
+    job = ray_job_runtime_env()
+    if not job or not job.get("working_dir") or not save_path:
+        return
+    here, path = os.path.realpath(os.getcwd()), os.path.realpath(save_path)
+    if path == here or path.startswith(here + os.sep):
+        raise ConfigError(
+            f"`trainer.save_checkpoint_path` is {path}, inside this Ray job's copy of its working_dir, which Ray "
+            "deletes with its session and copies anew whenever a file changes: the checkpoints would be lost, and a "
+            "resubmitted job would start afresh. Give an absolute path on storage that outlives the job (one every "
+            "node sees, for several nodes), e.g. trainer.save_checkpoint_path=/shared/checkpoints/<experiment>."
         )
 
 
@@ -1173,6 +1196,7 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
             _check_choice(f"worker.{role}.fsdp.torch_dtype", fsdp.torch_dtype, DTYPES)
     _check_loggers_can_start(config.trainer.logger)
     _check_worker_env(config.trainer.worker_env)
+    check_checkpoints_outlive_the_job(config.trainer.save_checkpoint_path)
 
     data, actor, rollout, critic = config.data, config.worker.actor, config.worker.rollout, config.worker.critic
     _check_ranges(config)

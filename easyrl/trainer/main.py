@@ -15,6 +15,7 @@ from typing import Any
 from ..config import RunPlan
 from ..utils import device
 from ..utils.logging import log_dir, setup_driver_logging
+from ..utils.runtime_env import ray_job_runtime_env
 from .preflight import error_text
 
 
@@ -134,22 +135,11 @@ def worker_env_vars(names: list[str], joined: bool) -> dict[str, str]:
     same variables, even to the same value."""
     env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES) or k in names}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    job_env = _ray_job_env_vars()
-    if joined and os.environ.get("PYTHONPATH") and job_env is None:
+    job = ray_job_runtime_env()
+    job_env = None if job is None else dict(job.get("env_vars") or {})
+    if joined and os.environ.get("PYTHONPATH") and job is None:
         env["PYTHONPATH"] = os.environ["PYTHONPATH"] + ":${PYTHONPATH}"  # Ray expands ${...} on the node
     return {k: v for k, v in env.items() if k not in (job_env or {})}
-
-
-def _ray_job_env_vars() -> dict[str, str] | None:
-    """The env_vars of the runtime env of the Ray job this driver runs as; None when it is not one."""
-    import json
-
-    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
-
-    text = os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR)
-    if not text:
-        return None
-    return dict((json.loads(text).get("runtime_env") or {}).get("env_vars") or {})
 
 
 def check_nodes_can_hold_workers(plan: RunPlan, address: str, nodes: list[dict[str, float]]) -> None:

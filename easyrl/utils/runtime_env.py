@@ -5,6 +5,7 @@ Each fix only sets defaults (``os.environ.setdefault``): a value the user export
 """
 
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -47,3 +48,16 @@ def prepare_process_environment() -> None:
     for key, value in _DEFAULT_ENV.items():
         os.environ.setdefault(key, value)
     _install_torchvision_shim()
+
+
+# What Ray sets in the driver of a job (`ray job submit`): the job's config, its runtime env included (the name of
+# ray._private.runtime_env.constants.RAY_JOB_CONFIG_JSON_ENV_VAR, written out so that config checks need no Ray)
+RAY_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def ray_job_runtime_env() -> dict | None:
+    """The runtime env of the Ray job this process is the driver of ({} when it has none); None when it is no job."""
+    text = os.environ.get(RAY_JOB_CONFIG_ENV)
+    if not text:
+        return None
+    return dict(json.loads(text).get("runtime_env") or {})

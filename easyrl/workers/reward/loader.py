@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from ...paths import FUNCTION_SEPARATOR, names_functions, shipped_files_hint
+from ...utils.runtime_env import ray_job_runtime_env
 
 
 EASYR1_DEFAULT_FUNCTION = "main"  # what EasyR1 calls when the spec names no function
@@ -873,10 +874,15 @@ def _missing_module_hint(err: ModuleNotFoundError, path: Path) -> str:
     named like a module (the shipped ``math.py``) would shadow that module for the whole run."""
     folder, module = path.resolve().parent, err.name.split(".")[0]
     if (folder / f"{module}.py").is_file() or (folder / module / "__init__.py").is_file():
+        # a Ray job's workers get the job's runtime env, not the driver's PYTHONPATH (trainer/main.py)
+        where = (
+            "PYTHONPATH in the env_vars of the job's runtime env, or the folder in its py_modules"
+            if ray_job_runtime_env() is not None
+            else f"PYTHONPATH={folder}: the run gives the workers its PYTHONPATH"
+        )
         return (
             f" `{module}` is next to it in `{folder}`, but easyrl imports the file by its path, so that folder is not "
-            f"on the import path. Put it there (PYTHONPATH={folder}: the run gives the workers its PYTHONPATH), or "
-            "make the helpers an installed package (pip install -e)."
+            f"on the import path. Put it there ({where}), or make the helpers an installed package (pip install -e)."
         )
     # e.g. mathruler's grader needs pylatexenc, which mathruler does not declare
     return f" Install the missing package into this environment (`pip install {module}`)."
