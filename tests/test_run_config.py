@@ -2,6 +2,7 @@
 
 import logging
 
+import pytest
 import yaml
 
 from easyrl.config import config_to_yaml, load_run_plan
@@ -81,3 +82,30 @@ def test_a_val_only_look_keeps_its_config_beside_the_runs(tmp_path, caplog):
     assert record_run_config(str(run), other, "validation", val_only=True) == ["worker.rollout.n: 6 -> 2"]
     assert (run / "val_only_config.1.yaml").read_text() == look and (run / "config.yaml").read_text() == trained
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "val_only_config.1.yaml", "val_only_config.yaml"]
+
+
+@pytest.mark.timeout(120)
+def test_a_second_run_in_a_folder_a_run_is_writing_is_refused_naming_the_first(tmp_path, tiny_model_path):
+    """Before: a job resubmitted while the first still ran resumed the first one's checkpoint, both trained the same
+    step, and metrics.jsonl held it twice."""
+    import os
+    import socket
+
+    from easyrl.trainer.main import RunSetupError, run_folder_held
+    from tests.fixtures.trainer_runs import TINY_RUN_OVERRIDES, bare_run, run_easyrl
+
+    folder = tmp_path / "run"
+    with run_folder_held(str(folder)):
+        with pytest.raises(RunSetupError) as refused:
+            with run_folder_held(str(folder)):
+                pass
+        assert f"Another easyrl run is writing to {folder} (pid {os.getpid()} on {socket.gethostname()}" in str(
+            refused.value
+        )
+        # the user's command, while the first run holds the folder: one line, nothing written, before Ray
+        args = [*TINY_RUN_OVERRIDES, *bare_run(1, folder), f"worker.actor.model.model_path={tiny_model_path}"]
+        second = run_easyrl("train", *args)
+        assert second.returncode == 2 and f"Another easyrl run is writing to {folder}" in second.stderr
+        assert "Traceback" not in second.stderr and sorted(os.listdir(folder)) == [".run.lock"]
+    with run_folder_held(str(folder)):  # released with the run
+        pass

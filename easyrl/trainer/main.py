@@ -598,9 +598,47 @@ def _resume_point(plan: RunPlan) -> tuple[str | None, int, str | None]:
     return path, step, None if path is None else nothing_left_to_train(plan, path, step)
 
 
+# held by the run writing a folder (run_folder_held); it names the holder
+RUN_LOCK_FILE = ".run.lock"
+
+
+@contextmanager
+def run_folder_held(folder: str) -> Iterator[None]:
+    """One run at a time writes a run folder: a second (a job resubmitted while the first runs, two jobs of one
+    config) would resume the first one's checkpoint and write its steps again. An exclusive lock on
+    ``<folder>/.run.lock`` while the run lives; the kernel drops it when the process ends, by kill -9 too."""
+    import fcntl
+    import socket
+    import time
+
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, RUN_LOCK_FILE), "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise RunSetupError(
+                f"Another easyrl run is writing to {folder} ({holder}): two runs in one folder would train the same "
+                "steps twice. Wait for it to end (or stop it), or give this run its own trainer.save_checkpoint_path."
+            ) from None
+        except OSError as error:  # a filesystem without locks: the run goes on unguarded
+            logger.info("The run folder %s cannot be locked (%s); nothing stops a second run using it.", folder, error)
+        else:
+            handle.truncate(0)
+            handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            handle.flush()
+        yield
+
+
 def run_training(plan: RunPlan) -> dict[str, float]:
     """`easyrl train`. A stop signal or a worker that died (with no restart left) ends it with one line saying what
     happened and where the last checkpoint is, and ``SystemExit`` with a non-zero status (see ``faults``)."""
+    with run_folder_held(plan.config.trainer.save_checkpoint_path):
+        return _run_training(plan)
+
+
+def _run_training(plan: RunPlan) -> dict[str, float]:
     from ..config import config_to_yaml
     from .faults import RunInterrupted, StopRequest, print_interruption
     from .run_config import record_run_config

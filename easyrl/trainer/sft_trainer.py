@@ -41,6 +41,7 @@ from .main import (
     cpus_per_worker,
     draw_curves,
     init_ray,
+    run_folder_held,
     setup_errors_reported,
     start_tracker,
 )
@@ -237,6 +238,11 @@ class SFTTrainer:
 
 def run_sft(plan: SFTPlan) -> dict[str, float]:
     """`easyrl sft`: data and model read before Ray, then the workers, the loop and the Hugging Face folder."""
+    with run_folder_held(plan.config.trainer.save_checkpoint_path):
+        return _run_sft(plan)
+
+
+def _run_sft(plan: SFTPlan) -> dict[str, float]:
     from ..config import config_to_dict, config_to_yaml
     from ..config.validate import check_model_sources
     from ..controller.resource_pool import ResourcePool
