@@ -723,3 +723,23 @@ def test_verl_geometry_rows_with_the_picture_placeholder_inside_a_chat_message(t
     assert pad_counts(item["input_ids"], tokenizer) == (4, 0)
     text = tokenizer.decode(item["raw_prompt_ids"])
     assert "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Find x." in text
+
+
+def test_a_content_parts_own_sampling_keys_are_said_to_be_unread_once(caplog):
+    """Data written for qwen-vl-utils sets fps / max_frames / max_pixels per part; easyrl samples every row by the
+    data.* keys. Before: those keys were dropped without a word (a 10 s video at fps 1 became 20 frames at 2 fps)."""
+    from easyrl.data import template
+
+    template._warn_part_options.cache_clear()
+    part = {"type": "video", "video": "v.mp4", "fps": 1.0, "max_frames": 2}
+    prompt = [{"role": "user", "content": [part, {"type": "text", "text": "What happens?"}]}]
+    with caplog.at_level("WARNING", logger="easyrl.data.template"):
+        assert media_in_messages(prompt) == ([], ["v.mp4"])
+        assert media_in_messages(prompt) == ([], ["v.mp4"])  # the next row: not said again
+        assert media_in_messages([{"role": "user", "content": [{"type": "image", "image": "a.png"}]}]) == (
+            ["a.png"],
+            [],
+        )
+    (said,) = [record.getMessage() for record in caplog.records]
+    assert "sets `fps`, `max_frames`, which easyrl does not read per part" in said
+    assert "data.max_frames, data.video_fps" in said

@@ -21,7 +21,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Mapping
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +179,37 @@ def _part_media(part: Any) -> tuple[str, Any] | None:
     return None
 
 
+# qwen-vl-utils' per-part sampling keys, which easyrl does not read: the data.* key that sets it for every row
+PART_OPTION_KEYS = {
+    "fps": "data.video_fps",
+    "nframes": "data.max_frames",
+    "max_frames": "data.max_frames",
+    "min_frames": "data.max_frames",
+    "min_pixels": "data.min_pixels",
+    "max_pixels": "data.max_pixels",
+    "total_pixels": "data.max_pixels",
+    "resized_height": "data.max_pixels",
+    "resized_width": "data.max_pixels",
+    "video_start": None,
+    "video_end": None,
+}
+
+
+@cache
+def _warn_part_options(keys: tuple[str, ...]) -> None:
+    """Once per set of keys: data written for qwen-vl-utils' process_vision_info sets sampling per part."""
+    instead = sorted({PART_OPTION_KEYS[key] for key in keys} - {None})
+    logger.warning(
+        "A picture or video content part sets %s, which easyrl does not read per part: every row is sampled by %s "
+        "(the same for all rows).%s Logged once.",
+        ", ".join(f"`{key}`" for key in keys),
+        ", ".join(instead) or "its whole length",
+        " A clip's start and end are not read: cut the video file to the clip."
+        if {"video_start", "video_end"} & set(keys)
+        else "",
+    )
+
+
 def media_in_messages(conversation: Any) -> tuple[list, list]:
     """(pictures, videos) that a chat-message prompt carries inside its content parts, in order (see
     ``MEDIA_SOURCE_KEYS``); empty when the media come from the row's columns instead."""
@@ -189,6 +220,8 @@ def media_in_messages(conversation: Any) -> tuple[list, list]:
             media = _part_media(part)
             if media is not None:
                 found[media[0]].append(media[1])
+                if unread := tuple(sorted(key for key in part if key in PART_OPTION_KEYS)):
+                    _warn_part_options(unread)
     return found["image"], found["video"]
 
 
