@@ -329,3 +329,18 @@ def test_a_judge_reads_pictures_and_videos_as_their_placeholders():
     assert text_messages([{"role": "user", "content": parts}]) == [
         {"role": "user", "content": "<image>How many?<video>"}
     ]
+
+
+def test_rows_skipped_for_one_reason_are_named_together_in_the_warning(tmp_path, tokenizer, caplog):
+    """Before: the same reason was repeated once per row (6 copies for 6 rows over worker.rollout.limit_images)."""
+    odd = {"problem": {"question": "?"}, "answer": "5"}
+    rows = [odd, {"problem": "What is 2 + 3?", "answer": "5"}, odd, {"problem": {"q": "?"}, "answer": "5"}, odd]
+    dataset = RLHFDataset(write_jsonl(tmp_path / "d.jsonl", rows), tokenizer, None, config())
+    assert len(dataset) == 1 and [index for index, _ in dataset.unusable_rows] == [0, 2, 3, 4]
+    reason = "the prompt is a mapping with the keys {}, not a chat message {{'role': ..., 'content': ...}}, a list"
+    assert (
+        f"skipped 4 of 5 rows whose pictures/videos or prompts cannot be used (rows 0, 2, 4: "
+        f"{reason.format(['question'])}"
+    ) in caplog.text
+    assert f"; row 3: {reason.format(['q'])}" in caplog.text
+    assert caplog.text.count("['question']") == 1

@@ -811,9 +811,17 @@ class RLHFDataset(Dataset):
     def _warn_skipped(self, what: str, rows: list[tuple[int, str]], total: int, with_reasons: bool = True) -> None:
         if not rows:
             return
-        if with_reasons:
-            shown = "; ".join(f"{self.places.name(i)}: {message}" for i, message in rows[:ROWS_NAMED_IN_WARNINGS])
-            shown += f"; and {len(rows) - ROWS_NAMED_IN_WARNINGS} more" if len(rows) > ROWS_NAMED_IN_WARNINGS else ""
+        if with_reasons:  # the rows of one reason together: "rows 1, 7, 9: <reason>; row 4: <another>"
+            by_reason: dict[str, list[int]] = {}
+            for index, message in rows:
+                by_reason.setdefault(message, []).append(index)
+            reasons = list(by_reason.items())
+            shown = "; ".join(
+                f"{_name_rows(indices, self.places)}: {message}"
+                for message, indices in reasons[:ROWS_NAMED_IN_WARNINGS]
+            )
+            left = sum(len(indices) for _, indices in reasons[ROWS_NAMED_IN_WARNINGS:])
+            shown += f"; and {left} more" if left else ""
         else:
             shown = _name_rows([i for i, _ in rows], self.places)
         logger.warning("%s: skipped %d of %d rows %s (%s).", self.config_key, len(rows), total, what, shown)
