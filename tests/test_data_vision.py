@@ -743,3 +743,16 @@ def test_a_content_parts_own_sampling_keys_are_said_to_be_unread_once(caplog):
     (said,) = [record.getMessage() for record in caplog.records]
     assert "sets `fps`, `max_frames`, which easyrl does not read per part" in said
     assert "data.max_frames, data.video_fps" in said
+
+
+def test_a_frame_list_that_is_empty_or_of_mixed_sizes_says_what_to_fix():
+    """Before: the reasons were "float division by zero" and torch's "stack expects each tensor to be equal size"."""
+    from PIL import Image
+
+    with pytest.raises(UnreadableMediaError, match="a video given as a list of frames has none"):
+        load_video([])
+    mixed = [Image.new("RGB", (56, 56)), Image.new("RGB", (112, 56)), Image.new("RGB", (56, 56))]
+    with pytest.raises(UnreadableMediaError, match=r"are of 2 sizes \(56x56, 112x56\); give frames of one size"):
+        load_video(mixed)
+    frames, _ = load_video([Image.new("RGB", (56, 56))] * 2)
+    assert frames.shape[:2] == (2, 3)  # one size: read (and resized as any video)

@@ -468,11 +468,18 @@ def load_video(
             frames = _subsample(frames, source_fps, fps)
         else:  # a list of frames (paths, bytes dicts or PIL images), already at the wanted rate
             frames = list(video)
+            if not frames:
+                raise UnreadableMediaError("a video given as a list of frames has none")
         sampled = len(frames)
         # cut before opening/resizing: a 1000-frame list only decodes the frames it keeps
         frames = _apply_frame_budget(frames, max_frames)
         if not isinstance(video, str):
             frames = [to_rgb(_open_image(frame, media_dir)) for frame in frames]
+            if len(sizes := sorted({frame.size for frame in frames})) > 1:
+                raise UnreadableMediaError(
+                    f"the frames of a video given as a list are of {len(sizes)} sizes ({', '.join(f'{w}x{h}' for w, h in sizes[:3])}); "
+                    "give frames of one size"
+                )
         rate = fps * len(frames) / sampled
         frames, sample_fps = fetch_video({"video": frames, "sample_fps": rate, **info}, return_video_sample_fps=True)
         return _to_uint8(frames), float(sample_fps)
