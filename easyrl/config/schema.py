@@ -60,7 +60,8 @@ class DataConfig:
     video_key: str = "videos"
     """Column holding a list of videos (paths or lists of frames)."""
     image_dir: Optional[str] = None
-    """Folder that relative image/video paths are resolved against."""
+    """Folder that relative image/video paths are resolved against first; a path not found there is tried against
+    the data file's folder, then the working directory (the first place that has it wins)."""
     video_fps: float = 2.0
     """Frames per second sampled from each video."""
     max_frames: Optional[int] = None
