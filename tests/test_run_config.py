@@ -109,3 +109,12 @@ def test_a_second_run_in_a_folder_a_run_is_writing_is_refused_naming_the_first(t
         assert "Traceback" not in second.stderr and sorted(os.listdir(folder)) == [".run.lock"]
     with run_folder_held(str(folder)):  # released with the run
         pass
+
+
+def test_a_run_folder_that_cannot_be_made_is_one_line_naming_the_key(tmp_path):
+    from easyrl.trainer.main import RunSetupError, run_folder_held
+
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(RunSetupError, match=r"trainer.save_checkpoint_path: cannot write to .*a_file/run \("):
+        with run_folder_held(str(tmp_path / "a_file" / "run")):
+            pass

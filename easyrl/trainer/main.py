@@ -611,8 +611,14 @@ def run_folder_held(folder: str) -> Iterator[None]:
     import socket
     import time
 
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, RUN_LOCK_FILE), "a+", encoding="utf-8") as handle:
+    try:
+        os.makedirs(folder, exist_ok=True)
+        handle = open(os.path.join(folder, RUN_LOCK_FILE), "a+", encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as error:
+        raise RunSetupError(
+            f"trainer.save_checkpoint_path: cannot write to {folder} ({error}); give a folder this user can write."
+        ) from None
+    with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
