@@ -22,13 +22,11 @@ from .validate import (
     DTYPES,
     _check_choice,
     _check_file,
-    _check_loggers_can_start,
     _check_model_path,
     _check_ranges,
     _check_unsupported,
-    _check_worker_env,
-    check_checkpoints_outlive_the_job,
     check_template_kwargs,
+    check_where_the_driver_runs,
     config_value,
 )
 
@@ -117,9 +115,7 @@ def validate_sft_config(config: PPOConfig) -> None:
             _check_choice(key, item, allowed)
     for name in DTYPE_KEYS:
         _check_choice(f"worker.actor.fsdp.{name}", getattr(actor.fsdp, name), DTYPES)
-    _check_loggers_can_start(config.trainer.logger)
-    _check_worker_env(config.trainer.worker_env)
-    check_checkpoints_outlive_the_job(config.trainer.save_checkpoint_path)
+    check_where_the_driver_runs(config.trainer)
     _check_ranges(config)
     _check_unsupported(config)
     if config.sft.max_length < 2:

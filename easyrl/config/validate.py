@@ -799,6 +799,14 @@ def env_owns_reward(env: Any) -> bool:
     )
 
 
+def check_where_the_driver_runs(trainer: Any) -> None:
+    """The trainer keys that depend on the driver's machine and environment (an RL run's and an SFT run's alike):
+    trackers that can start, the variables trainer.worker_env names, and a checkpoint folder that outlives a Ray job."""
+    _check_loggers_can_start(trainer.logger)
+    _check_worker_env(trainer.worker_env)
+    _check_checkpoints_outlive_the_job(trainer.save_checkpoint_path)
+
+
 def _check_worker_env(names: Any) -> None:
     """`trainer.worker_env` names variables that are set here, where the driver reads them."""
     if not isinstance(names, list) or not all(isinstance(name, str) and name for name in names):
@@ -816,7 +824,7 @@ def _check_worker_env(names: Any) -> None:
         )
 
 
-def check_checkpoints_outlive_the_job(save_path: str) -> None:
+def _check_checkpoints_outlive_the_job(save_path: str) -> None:
     """Inside a Ray job with a working_dir, the driver runs in Ray's copy of that folder, which is deleted with the
     session and replaced by another copy whenever a file changes: checkpoints there would be lost, and a resubmission
     would start afresh without a word."""
@@ -1194,9 +1202,7 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
             _check_choice(f"worker.{role}.fsdp.{name}", getattr(fsdp, name), DTYPES)
         if fsdp.torch_dtype is not None:
             _check_choice(f"worker.{role}.fsdp.torch_dtype", fsdp.torch_dtype, DTYPES)
-    _check_loggers_can_start(config.trainer.logger)
-    _check_worker_env(config.trainer.worker_env)
-    check_checkpoints_outlive_the_job(config.trainer.save_checkpoint_path)
+    check_where_the_driver_runs(config.trainer)
 
     data, actor, rollout, critic = config.data, config.worker.actor, config.worker.rollout, config.worker.critic
     _check_ranges(config)

@@ -54,24 +54,22 @@ class ResourcePool:
         groups = [placement_group([self._bundle()] * n, strategy="STRICT_PACK") for n in self.process_on_nodes]
         refs, deadline = [pg.ready() for pg in groups], time.monotonic() + self.ready_timeout_s
         ready: list = []
-        try:
+        try:  # a reservation not granted (the deadline, or what while_waiting raised) is released
             while len(ready) < len(groups) and (left := deadline - time.monotonic()) > 0:
                 ready, _ = ray.wait(refs, num_returns=len(groups), timeout=min(left, 1.0))
                 if len(ready) < len(groups) and self.while_waiting is not None:
                     self.while_waiting()
+            if len(ready) < len(groups):
+                raise RuntimeError(
+                    f"The Ray cluster could not reserve {len(self.process_on_nodes)} node(s) x "
+                    f"{max(self.process_on_nodes)} worker(s) of {self._bundle()} each within "
+                    f"{self.ready_timeout_s:.0f} s (available: {ray.available_resources()}). Lower `trainer.nnodes` / "
+                    "`trainer.n_gpus_per_node` to what the cluster has, or add nodes."
+                )
         except BaseException:
             for pg in groups:
                 remove_placement_group(pg)
             raise
-        if len(ready) < len(groups):
-            for pg in groups:
-                remove_placement_group(pg)
-            raise RuntimeError(
-                f"The Ray cluster could not reserve {len(self.process_on_nodes)} node(s) x "
-                f"{max(self.process_on_nodes)} worker(s) of {self._bundle()} each within {self.ready_timeout_s:.0f} s "
-                f"(available: {ray.available_resources()}). Lower `trainer.nnodes` / `trainer.n_gpus_per_node` "
-                "to what the cluster has, or add nodes."
-            )
         self._placement_groups = groups
         return groups
 

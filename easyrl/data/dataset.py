@@ -128,6 +128,12 @@ def _is_missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+def row_prompt(row: dict, prompt_key: str) -> Any:
+    """The row's data.prompt_key value as it is rendered (``read_prompt``: messages held as JSON text or a single
+    message are a list of messages)."""
+    return read_prompt(row_value(row, prompt_key))
+
+
 def row_value(row: dict, key: str) -> Any:
     """``row[key]``, or for a dotted key a field inside a column (``reward_model.ground_truth``: verl's data sets keep
     the answer there); None when absent."""
@@ -191,7 +197,7 @@ class RowEncoder:
     def media(self, row: dict) -> tuple[list, list, list[float]]:
         """Loaded images, videos and each video's sampling rate; raises UnreadableMediaError / UnusableRowError."""
         return load_row_media(
-            row, self.config, read_prompt(row_value(row, self.config.prompt_key)), self.processor, self.media_dirs,
+            row, self.config, row_prompt(row, self.config.prompt_key), self.processor, self.media_dirs,
             self.sizing, self.config_key,
         )  # fmt: skip
 
@@ -200,7 +206,7 @@ class RowEncoder:
 
     def messages(self, row: dict, num_images: int, num_videos: int) -> list[dict[str, Any]]:
         """The chat messages of the row's prompt, before the chat template (format_prompt and system_prompt applied)."""
-        text = read_prompt(row_value(row, self.config.prompt_key))
+        text = row_prompt(row, self.config.prompt_key)
         # an empty text prompt without pictures asks nothing: the model would answer data.format_prompt alone
         empty = isinstance(text, str) and not text.strip() and not (num_images or num_videos or self.empty_prompts)
         if _is_missing(text) or empty:
@@ -693,11 +699,10 @@ class RLHFDataset(Dataset):
         column = self.config.prompt_key.split(".")[0]
         if processor is None or column not in self.rows.column_names:
             return False
-        if not is_chat_messages(read_prompt(row_value(self.rows[0], self.config.prompt_key))):
+        if not is_chat_messages(row_prompt(self.rows[0], self.config.prompt_key)):
             return False
         return any(
-            any(media_in_messages(read_prompt(row_value({column: value}, self.config.prompt_key))))
-            for value in self.rows[column]
+            any(media_in_messages(row_prompt({column: value}, self.config.prompt_key))) for value in self.rows[column]
         )
 
     def _fill_env_columns(self, env_prompts: bool = True) -> list[str]:
@@ -1054,7 +1059,7 @@ class RLHFDataset(Dataset):
             out[ROW_COLUMNS_KEY] = {name: row.get(name) for name in self.carried_columns}
         if self.carry_prompt_messages:
             out[PROMPT_MESSAGES_KEY] = text_messages(encoded["messages"])
-        if is_chat_messages(read_prompt(row_value(row, self.config.prompt_key))):
+        if is_chat_messages(row_prompt(row, self.config.prompt_key)):
             out["conversational"] = True  # a reward function written for TRL gets chat-message completions
         if self.has_media:
             # every item of a dataset with media columns has the key (None for a text row): batches of text rows

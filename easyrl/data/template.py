@@ -21,7 +21,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Mapping
-from functools import cache, lru_cache
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +195,7 @@ PART_OPTION_KEYS = {
 }
 
 
-@cache
+@lru_cache(maxsize=32)
 def _warn_part_options(keys: tuple[str, ...]) -> None:
     """Once per set of keys: data written for qwen-vl-utils' process_vision_info sets sampling per part."""
     instead = sorted({PART_OPTION_KEYS[key] for key in keys} - {None})

@@ -476,9 +476,9 @@ def load_video(
         if not isinstance(video, str):
             frames = [to_rgb(_open_image(frame, media_dir)) for frame in frames]
             if len(sizes := sorted({frame.size for frame in frames})) > 1:
+                shown = ", ".join(f"{width}x{height}" for width, height in sizes[:3])
                 raise UnreadableMediaError(
-                    f"the frames of a video given as a list are of {len(sizes)} sizes ({', '.join(f'{w}x{h}' for w, h in sizes[:3])}); "
-                    "give frames of one size"
+                    f"the frames of a video given as a list are of {len(sizes)} sizes ({shown}); give frames of one size"
                 )
         rate = fps * len(frames) / sampled
         frames, sample_fps = fetch_video({"video": frames, "sample_fps": rate, **info}, return_video_sample_fps=True)

@@ -502,14 +502,15 @@ def _lora_differences(saved: dict, model: Any) -> list[str]:
     if planned is None:
         return differences
     planned_config, names = planned
-    if _adapted(saved, names) == _adapted(planned_config, names):
+    saved_modules = _adapted(saved, names)
+    if saved_modules == _adapted(planned_config, names):
         return differences  # another spelling of the same modules (e.g. EasyR1's `.*visual.*` with the tower excluded)
     # the vision encoder's modules alone differ: the key that changed is vision_tower, whatever target_modules says
     flipped = dataclasses.replace(
         model, lora=dataclasses.replace(lora_config, vision_tower=not lora_config.vision_tower)
     )
     flipped_plan = _planned_adapter_config(flipped)
-    if flipped_plan is not None and _adapted(saved, names) == _adapted(flipped_plan[0], names):
+    if flipped_plan is not None and saved_modules == _adapted(flipped_plan[0], names):
         return differences + [
             f"{LORA_KEY}.vision_tower is {not lora_config.vision_tower} in the checkpoint and "
             f"{lora_config.vision_tower} in this run's config"

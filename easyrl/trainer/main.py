@@ -136,10 +136,10 @@ def worker_env_vars(names: list[str], joined: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES) or k in names}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     job = ray_job_runtime_env()
-    job_env = None if job is None else dict(job.get("env_vars") or {})
     if joined and os.environ.get("PYTHONPATH") and job is None:
         env["PYTHONPATH"] = os.environ["PYTHONPATH"] + ":${PYTHONPATH}"  # Ray expands ${...} on the node
-    return {k: v for k, v in env.items() if k not in (job_env or {})}
+    job_env = (job or {}).get("env_vars") or {}
+    return {k: v for k, v in env.items() if k not in job_env}
 
 
 def check_nodes_can_hold_workers(plan: RunPlan, address: str, nodes: list[dict[str, float]]) -> None:

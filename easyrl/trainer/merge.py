@@ -16,7 +16,8 @@ def merge_checkpoint(
     checkpoint gives the full model with the adapters merged in, as EasyR1's merger does (`base_model`: the base
     model's folder or hub id, when it is not the one the adapter config names; written in place, the adapter files
     move to `<local_dir>/lora_adapter`), or with `adapter_only` the peft adapter folder. The weights are written
-    in `dtype` (`bf16`/`bfloat16`, `fp16`/`float16`, `fp32`/`float32`), by default the dtype of the model the run started from.
+    in `dtype` (`bf16`/`bfloat16`, `fp16`/`float16`, `fp32`/`float32`), by default the dtype of the model the run
+    started from.
     """
 
     from ..utils.torch_functional import to_dtype

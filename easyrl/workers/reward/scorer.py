@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ...data.dataset import ROW_PLACE_KEY, row_value
-from ...data.template import RESET_CONTENT, is_chat_messages, read_prompt, with_reset_content
+from ...data.dataset import ROW_PLACE_KEY, row_prompt
+from ...data.template import RESET_CONTENT, is_chat_messages, with_reset_content
 from .actor import DIED, NO_SCORE, NON_FINITE, RAISED, TIMED_OUT, SampleFailure, merge, score_calls
 from .classifier import ClassifierJudge
 from .judge import HttpJudge, combine_scores, decode_prompts, judge_prompts
@@ -269,7 +269,7 @@ class RewardScorer:
             rows = data.non_tensor_batch.get("row_columns", [None] * len(inputs))
             resets = data.non_tensor_batch.get(RESET_CONTENT, [None] * len(inputs))
             for item, prompt, completion_ids, flag, row, reset in zip(inputs, prompts, ids, flags, rows, resets):
-                written = read_prompt(row_value(row, self.prompt_key)) if row and self.prompt_key else None
+                written = row_prompt(row, self.prompt_key) if row and self.prompt_key else None
                 if flag and is_chat_messages(written):  # TRL passes a conversational prompt as its messages
                     prompt = with_reset_content(list(written), reset)
                 elif not flag and isinstance(written, str) and (reset is None or isinstance(reset, str)):
