@@ -1,6 +1,8 @@
 """RLHFDataset on text rows: left-padded inputs, raw prompt ids, overlong handling and clear row errors."""
 
 import json
+import re
+import subprocess
 
 import pytest
 import torch
@@ -200,6 +202,26 @@ def test_missing_prompt_column_lists_the_columns(tmp_path, tokenizer):
         KeyError, match=r"no column 'problem' \(data.prompt_key\); the columns are \['question', 'answer'\]"
     ):
         RLHFDataset(path, tokenizer, None, config())
+
+
+def test_rows_wrapped_in_a_json_objects_field_are_named_with_how_to_unwrap_them(tmp_path, tokenizer):
+    """`{"data": [rows]}` (SQuAD's shape, many exports) read as one row with a column `data`, and the error listed
+    that column alone; one row whose field is a list of chat messages stays a row."""
+    path = tmp_path / "wrapped.json"
+    path.write_text(json.dumps({"version": "1", "data": [{"problem": "1+1", "answer": "2"}] * 3}))
+    with pytest.raises(KeyError) as error:
+        RLHFDataset(str(path), tokenizer, None, config())
+    assert "the columns are ['version', 'data']. " in error.value.args[0]
+    assert "wrapped.json is one object holding 3 rows in its field 'data'" in error.value.args[0]
+    command = re.search(r"`(python -c .*)`", error.value.args[0]).group(1)
+    written = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()] == [
+        {"problem": "1+1", "answer": "2"}
+    ] * 3, written.stderr
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}], "answer": "1"}))
+    with pytest.raises(KeyError) as error:
+        RLHFDataset(str(path), tokenizer, None, config())
+    assert error.value.args[0].endswith("no column 'problem' (data.prompt_key); the columns are ['messages', 'answer'].")
 
 
 def test_collate_stacks_tensors_and_keeps_the_rest_per_sample(tmp_path, tokenizer):

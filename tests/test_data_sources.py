@@ -211,11 +211,25 @@ def test_a_files_first_rows_are_its_train_slice_and_another_split_is_refused(tmp
     assert load_rows(f"{path}@train[:3]")["answer"] == [0.5, 1, 2.5]  # each number as written in the slice too
     assert load_rows(f"{path}@train[:50%]")["problem"] == [f"q{i}" for i in range(5)]
     assert len(load_rows(f"{path}@train")) == 10
-    for split in ("test", "validation", "train[5:]"):
+    for split in ("test", "validation"):
         with pytest.raises(
             ValueError, match=rf"is one data file, whose rows are its only split `train`, and `@{re.escape(split)}`"
         ):
             load_rows(f"{path}@{split}", "data.val_files")
+    # a slice other than the first rows was refused as a split of another name; an empty one said the file was empty
+    for split in ("train[5:]", "train[2:4]", "[5:]"):
+        with pytest.raises(ValueError, match=r"read whole or by its first rows, `@train\[:N\]` or `@train\[:N%\]`"):
+            load_rows(f"{path}@{split}", "data.val_files")
+    with pytest.raises(ValueError, match=r"`@train\[:0\]` keeps none of the 10 rows"):
+        load_rows(f"{path}@train[:0]", "data.val_files")
+    with pytest.raises(ValueError, match=r"data.val_files: `@train\[:150%\]` of .*rows.jsonl.*Percent slice"):
+        load_rows(f"{path}@train[:150%]", "data.val_files")
+    folder = tmp_path / "splits"
+    folder.mkdir()
+    (folder / "test-00000.jsonl").write_text(path.read_text())
+    assert len(load_rows(f"{folder}@test[:4]")) == 4
+    with pytest.raises(ValueError, match=r"`@test\[4:8\]` of .*splits.*`@test\[:N\]` or `@test\[:N%\]`, not `\[4:8\]`"):
+        load_rows(f"{folder}@test[4:8]", "data.val_files")
 
 
 def test_empty_path_is_an_error():

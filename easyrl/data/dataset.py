@@ -428,6 +428,22 @@ def video_kwargs(videos: list, fps: list[float]) -> dict[str, Any]:
     return {"video_metadata": metadata, "do_sample_frames": False}
 
 
+def _rows_inside_a_field(rows: Any, column: str, data_path: str) -> str:
+    """A hint when the data is one row holding the rows in a field (``{"data": [{"problem": ...}, ...]}``, as SQuAD
+    and many exports write a .json file), which reads as a single row whose value is the whole list; else ''."""
+    if len(rows) != 1:
+        return ""
+    for field, value in rows[0].items():
+        if isinstance(value, list) and value and all(isinstance(item, dict) for item in value) and column in value[0]:
+            return (
+                f" {data_path} is one object holding {len(value)} rows in its field {field!r}, which reads as a single"
+                " row: write the rows themselves, as a JSON list of row objects or a .jsonl file of one row per line"
+                f" (`python -c \"import json; rows = json.load(open('{os.path.basename(data_path)}'))[{field!r}]; "
+                f"print(*map(json.dumps, rows), sep=chr(10))\" > rows.jsonl`)."
+            )
+    return ""
+
+
 def _near_column(name: str, columns: list[str]) -> str | None:
     """The column whose name is close to ``name`` (a misspelt data key: ``questoin`` for ``question``), or None."""
     close = difflib.get_close_matches(name, columns, n=1, cutoff=0.8)
@@ -794,6 +810,7 @@ class RLHFDataset(Dataset):
                         f" The header {columns[0]!r} is one column: the file seems separated by another character "
                         "than a comma; save it comma-separated (CSV) or tab-separated as a .tsv file."
                     )
+                hint += _rows_inside_a_field(self.rows, name.split(".")[0], self.data_path)
                 raise KeyError(f"{self.config_key}: no column {name!r} (data.{key}); the columns are {columns}.{hint}")
         if processor is not None:
             check_media_columns(columns, self.config, self.config_key, self.rows)

@@ -112,8 +112,23 @@ def _pick_split(available: list[str], split: str | None, folder: Path, config_ke
         if len(available) > 1:
             _warn_split_chosen(config_key, str(folder), split, tuple(sorted(available)))
     if split not in available:
+        _refuse_other_slices(split, folder, config_key)
         raise ValueError(f"{config_key}: {str(folder)!r} has no split {split!r}; it has {sorted(available)}.")
     return split
+
+
+def _refuse_other_slices(name: str, where: Path, config_key: str) -> None:
+    """A bracket after a local split's name other than its first rows (``[5:]``, ``[10:20]``) is refused by name: it
+    would read as a split called ``train[5:]``, which no file or folder has. Only first rows keep each row's place in
+    a folder's files (the row named in a warning is the one in the file)."""
+    match = re.fullmatch(r"(?P<split>[^\[\]]*?)\s*(?P<bracket>\[.*\])", name)
+    if match:
+        split = match["split"] or "train"
+        raise ValueError(
+            f"{config_key}: `@{name}` of {str(where)!r}: a local split is read whole or by its first rows, "
+            f"`@{split}[:N]` or `@{split}[:N%]`, not `{match['bracket']}`. Write the rows you want to a file of "
+            "their own."
+        )
 
 
 def _first_rows(rows: datasets.Dataset, split: str, first: str, folder: Path, config_key: str) -> datasets.Dataset:
@@ -243,6 +258,7 @@ def _file_split(split: str | None, local: Path, config_key: str) -> str:
     if split is None:
         return "train"
     name, first = parse_split(split)
+    _refuse_other_slices(name, local, config_key)
     if name == "train":
         return name + first
     raise ValueError(
@@ -253,7 +269,7 @@ def _file_split(split: str | None, local: Path, config_key: str) -> str:
 
 
 def _from_file(local: Path, builder: str, config_key: str, split: str | None = None) -> datasets.Dataset:
-    split = _file_split(split, local, config_key)
+    split, first = parse_split(_file_split(split, local, config_key))
     if local.suffix.lower() in TEXT_SUFFIXES:
         check_text_file(local, config_key)
     elif local.suffix.lower() == ".parquet":
@@ -275,7 +291,7 @@ def _from_file(local: Path, builder: str, config_key: str, split: str | None = N
     if builder == "json":
         _check_columnar_json(local, rows, config_key)
         rows = _reread_mixed_json(local, rows)
-    return _without_pandas_index(rows, local)
+    return _first_rows(_without_pandas_index(rows, local), split, first, local, config_key)
 
 
 def _without_pandas_index(rows: datasets.Dataset, local: Path) -> datasets.Dataset:
