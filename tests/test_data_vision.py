@@ -627,6 +627,31 @@ def test_pictures_in_messages_held_as_json_text_or_in_a_single_message_load_as_i
         assert item["raw_prompt_ids"] == items[0]["raw_prompt_ids"] and item["conversational"] is True
 
 
+def test_an_empty_picture_text_is_no_picture_and_a_json_list_in_a_cell_is_that_list(
+    tmp_path, vl_tokenizer_and_processor
+):
+    """`"images": ""` in a jsonl (a frame's empty cell written out) was read as one picture with an empty path and
+    skipped the row, though an empty CSV cell was none; a JSON list in a CSV cell was read as one path."""
+    import csv
+
+    tokenizer, processor = vl_tokenizer_and_processor
+    picture(56, 56).save(tmp_path / "a.png")
+    rows = [
+        {"prompt": "a text row", "answer": "0", "images": ""},
+        {"prompt": "<image><image> two", "answer": "1", "images": json.dumps(["a.png", "a.png"])},
+        {"prompt": "<image> one", "answer": "2", "images": "a.png"},
+        {"prompt": "also text", "answer": "3", "images": "  "},
+    ]
+    with (tmp_path / "rows.csv").open("w", newline="") as handle:
+        csv.writer(handle).writerows([["prompt", "answer", "images"], *[list(row.values()) for row in rows]])
+    for path in (write_jsonl(tmp_path / "rows.jsonl", rows), str(tmp_path / "rows.csv")):
+        dataset = RLHFDataset(path, tokenizer, processor, vl_config(tmp_path))
+        assert dataset.unusable_rows == [], path
+        counts = [len((dataset[i]["multi_modal_data"] or {}).get("images", [])) for i in range(4)]
+        assert counts == [0, 2, 1, 0], path
+        assert [pad_counts(dataset[i]["input_ids"], tokenizer)[0] for i in range(4)] == [0, 8, 4, 0], path
+
+
 def test_rows_whose_text_does_not_match_their_pictures_are_skipped_and_named(
     tmp_path, vl_tokenizer_and_processor, caplog
 ):

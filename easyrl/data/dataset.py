@@ -61,6 +61,7 @@ from .template import (
     conversation_messages,
     is_chat_messages,
     media_in_messages,
+    messages_in_json_text,
     read_prompt,
     read_template_file,
 )
@@ -155,6 +156,17 @@ def _as_list(value: Any) -> list:
     if isinstance(value, np.ndarray) and value.dtype == object:
         return list(value)
     return [value]
+
+
+def _media_list(value: Any) -> list:
+    """A row's data.image_key / data.video_key value as a list: an empty text is no picture (as an empty CSV cell
+    is), and text holding a JSON list of names (a list written into a CSV cell) is that list. A video given as its
+    frames is a list inside the list and stays one."""
+    if isinstance(value, str):
+        if not value.strip():
+            return []
+        value = messages_in_json_text(value, is_message=lambda item: isinstance(item, str))
+    return [] if _is_missing(value) else _as_list(value)
 
 
 def _vision_token_ids(tokenizer: Any, processor: Any) -> tuple[list[int], dict[str, int]]:
@@ -370,7 +382,7 @@ def load_row_media(
     from the content parts of ``conversation`` (the row's chat messages) that name their own (Qwen's / OpenAI's
     format); both at once is an UnusableRowError, a file that cannot be read an UnreadableMediaError. Shared by RL
     prompts and SFT conversations."""
-    images, videos = _as_list(row.get(config.image_key)), _as_list(row.get(config.video_key))
+    images, videos = _media_list(row.get(config.image_key)), _media_list(row.get(config.video_key))
     in_messages = media_in_messages(conversation)
     if any(in_messages):
         if images or videos:
