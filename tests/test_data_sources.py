@@ -149,6 +149,21 @@ def test_missing_file_names_the_key_and_path(tmp_path):
         load_rows(str(tmp_path / "nope.jsonl"), "data.val_files")
 
 
+def test_a_missing_relative_folder_is_named_without_a_hub_lookup(tmp_path, monkeypatch):
+    """`data/train` beside a `data` folder, or a path of three parts, cannot be a hub dataset (`owner/name`); it was
+    looked up on the hub, which offline spent its network timeouts before saying so."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    looked_up = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: looked_up.append(args))
+    for path in ("data/train", "data/train@test", "my/data/train"):
+        with pytest.raises(FileNotFoundError, match=rf"data.train_files: '{path.split('@')[0]}' does not exist"):
+            load_rows(path)
+    assert looked_up == []
+    load_rows("owner/name")  # a hub name is still looked up
+    assert looked_up == [("owner/name",)]
+
+
 def test_unknown_file_type_is_rejected(tmp_path):
     path = tmp_path / "rows.txt"
     path.write_text("hello")

@@ -466,7 +466,16 @@ def _from_folder(folder: Path, split: str | None, config_key: str) -> tuple[data
 
 
 def _looks_local(path: str) -> bool:
-    return path.startswith((".", "/", "~")) or Path(path).suffix.lower() in FILE_BUILDERS
+    """A path no hub dataset can have: a hub name is ``owner/name``, so two slashes, a data file's suffix or a first
+    part that is a folder here (``data/train`` beside a ``data`` folder) name a local path that is missing, said at
+    once rather than after the hub's lookup (which, offline, takes its network timeouts)."""
+    parts = path.split("/")
+    return (
+        path.startswith((".", "/", "~"))
+        or Path(path).suffix.lower() in FILE_BUILDERS
+        or len(parts) > 2
+        or (len(parts) == 2 and Path(parts[0]).is_dir())
+    )
 
 
 def load_rows(path: str, config_key: str = "data.train_files") -> datasets.Dataset:
