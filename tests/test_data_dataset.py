@@ -221,7 +221,9 @@ def test_rows_wrapped_in_a_json_objects_field_are_named_with_how_to_unwrap_them(
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}], "answer": "1"}))
     with pytest.raises(KeyError) as error:
         RLHFDataset(str(path), tokenizer, None, config())
-    assert error.value.args[0].endswith("no column 'problem' (data.prompt_key); the columns are ['messages', 'answer'].")
+    assert error.value.args[0].endswith(
+        "no column 'problem' (data.prompt_key); the columns are ['messages', 'answer']."
+    )
 
 
 def test_collate_stacks_tensors_and_keeps_the_rest_per_sample(tmp_path, tokenizer):

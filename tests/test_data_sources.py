@@ -243,7 +243,9 @@ def test_a_files_first_rows_are_its_train_slice_and_another_split_is_refused(tmp
     folder.mkdir()
     (folder / "test-00000.jsonl").write_text(path.read_text())
     assert len(load_rows(f"{folder}@test[:4]")) == 4
-    with pytest.raises(ValueError, match=r"`@test\[4:8\]` of .*splits.*`@test\[:N\]` or `@test\[:N%\]`, not `\[4:8\]`"):
+    with pytest.raises(
+        ValueError, match=r"`@test\[4:8\]` of .*splits.*`@test\[:N\]` or `@test\[:N%\]`, not `\[4:8\]`"
+    ):
         load_rows(f"{folder}@test[4:8]", "data.val_files")
 
 

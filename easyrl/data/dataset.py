@@ -445,13 +445,13 @@ def _rows_inside_a_field(rows: Any, column: str, data_path: str) -> str:
     and many exports write a .json file), which reads as a single row whose value is the whole list; else ''."""
     if len(rows) != 1:
         return ""
-    for field, value in rows[0].items():
+    for name, value in rows[0].items():
         if isinstance(value, list) and value and all(isinstance(item, dict) for item in value) and column in value[0]:
             return (
-                f" {data_path} is one object holding {len(value)} rows in its field {field!r}, which reads as a single"
+                f" {data_path} is one object holding {len(value)} rows in its field {name!r}, which reads as a single"
                 " row: write the rows themselves, as a JSON list of row objects or a .jsonl file of one row per line"
-                f" (`python -c \"import json; rows = json.load(open('{os.path.basename(data_path)}'))[{field!r}]; "
-                f"print(*map(json.dumps, rows), sep=chr(10))\" > rows.jsonl`)."
+                f" (`python -c \"import json; rows = json.load(open('{os.path.basename(data_path)}'))[{name!r}]; "
+                f'print(*map(json.dumps, rows), sep=chr(10))" > rows.jsonl`).'
             )
     return ""
 
