@@ -257,6 +257,30 @@ def test_a_function_raising_on_every_sample_of_the_first_batch_stops_the_run_nam
     assert "It is a batch function, scoring a batch in one call" in message
 
 
+ONE_INPUT_WITHOUT_REWARD_TYPE = """
+def compute_score(reward_input):
+    return {"overall": float(reward_input["response"] == reward_input["ground_truth"])}
+"""
+
+
+def test_a_one_input_function_in_a_file_without_reward_type_is_told_to_set_sequential(reward_file):
+    """Called with the whole batch (EasyR1's default), it fails on every sample (a list indexed by a text) or returns
+    one dict; the error said it was a batch function, not why nor that REWARD_TYPE = "sequential" fixes it."""
+    scorer = RewardScorer(
+        RewardConfig(reward_function=reward_file(ONE_INPUT_WITHOUT_REWARD_TYPE)), tokenizer=None, in_process=True
+    )
+    batch = [{"response": "7", "response_length": 1, "ground_truth": "7"} for _ in range(3)]
+    with pytest.raises(RewardFunctionError) as error:
+        scorer.score_inputs(batch)
+    assert "TypeError" in str(error.value) and 'needs `REWARD_TYPE = "sequential"` in the file' in str(error.value)
+    one_dict = "def compute_score(reward_inputs):\n    return {'overall': 1.0}\n"
+    with pytest.raises(RewardFunctionError, match=r"returned a dict of length 1\. The file sets no REWARD_TYPE"):
+        load_reward_function(reward_file(one_dict)).score(batch)
+    declared = load_reward_function(reward_file("REWARD_TYPE = 'batch'\n" + one_dict))
+    with pytest.raises(RewardFunctionError, match=r"returned a dict of length 1\.$"):
+        declared.score(batch)
+
+
 RAISES_ON_ONE_ROW = """
 def compute_score(reward_inputs):
     for item in reward_inputs:

@@ -5,6 +5,7 @@ import pytest
 from easyrl.workers.reward.loader import (
     RewardFunction,
     RewardFunctionError,
+    import_user_file,
     load_reward_function,
     resolve_reward_function,
 )
@@ -95,6 +96,46 @@ def test_import_error_in_the_file_is_reported(tmp_path):
     path = write(tmp_path, "import not_a_module_anywhere\n" + BATCH)
     with pytest.raises(RewardFunctionError, match=r"importing .*my_reward.py.*ModuleNotFoundError"):
         load_reward_function(str(path), {})
+
+
+@pytest.mark.parametrize("code", [0, 2])
+def test_a_script_exiting_at_import_is_an_error_naming_the_file_not_an_exit_of_easyrl(tmp_path, code):
+    """argparse at a reward file's top level parsed easyrl's command line and exited 2 with a usage line that looked
+    like easyrl's; sys.exit(0) ended `easyrl train` with status 0 having trained nothing."""
+    body = "import argparse\nargparse.ArgumentParser().parse_args(['--x'])\n" if code else "import sys\nsys.exit(0)\n"
+    path = write(tmp_path, body + BATCH)
+    with pytest.raises(
+        RewardFunctionError, match=rf"importing `.*my_reward.py` ran sys.exit\({code}\) at its top level"
+    ):
+        load_reward_function(str(path), {})
+    with pytest.raises(RewardFunctionError, match=r"multi_turn.tools`: importing .* under `if __name__"):
+        import_user_file(str(path), "worker.rollout.multi_turn.tools")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "REWARD_TYPE = 'batch'\nasync def compute_score(reward_inputs):\n"
+        "    await asyncio.sleep(0)\n    return [{'overall': len(x['response'])} for x in reward_inputs]\n",
+        "REWARD_TYPE = 'sequential'\nasync def compute_score(reward_input):\n"
+        "    await asyncio.sleep(0)\n    return {'overall': len(reward_input['response'])}\n",
+        "async def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    await asyncio.sleep(0)\n    return len(solution_str)\n",
+        "async def compute_score(data_sources, solution_strs, ground_truths, extra_infos):\n"
+        "    await asyncio.sleep(0)\n    return numpy.array([len(s) for s in solution_strs], dtype=numpy.float32)\n",
+        "def compute_score(completions, **kwargs):\n    return torch.tensor([len(c) for c in completions])\n",
+        "def compute_score(completions, **kwargs):\n    return numpy.array([len(c) for c in completions])\n",
+    ],
+    ids=["batch-async", "sequential-async", "verl-async", "verl-batch-async-numpy", "trl-tensor", "trl-numpy"],
+)
+def test_async_functions_and_array_returns_score_in_every_convention(tmp_path, source):
+    """Only TRL's convention awaited an `async def` (the others stopped the run: 'it returned a coroutine'), and a
+    batch's numpy array (TRL and verl index it) was refused as not a list."""
+    path = write(tmp_path, "import asyncio\nimport numpy\nimport torch\n" + source)
+    fn = load_reward_function(str(path), {})
+    inputs = [{"response": "abc", "ground_truth": "1"}, {"response": "", "ground_truth": "2"}]
+    scores = fn.score(inputs)
+    assert [score["overall"] for score in scores] == [3.0, 0.0]
 
 
 def test_a_reward_file_importing_a_helper_next_to_it_is_told_its_folder_is_not_on_the_import_path(tmp_path):

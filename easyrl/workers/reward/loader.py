@@ -27,8 +27,11 @@ its mean (TRL's nanmean). A parameter without a default that none of these fill 
 run before it starts.
 As TRL does, the call also passes `trainer_state` (`global_step`: training steps done, `max_steps`, `epoch`),
 `log_metric(name, value)` (the value is logged as reward/<name> for the batch) and `log_extra(column, values)`
-(accepted; easyrl keeps no completions table, and says so once). An `async def` function is awaited. A function
-without `**kwargs` gets only the names it declares.
+(accepted; easyrl keeps no completions table, and says so once). A function without `**kwargs` gets only the names
+it declares.
+
+An `async def` function is awaited in every convention (EasyR1's batch and sequential, verl's, TRL's), as verl's and
+TRL's reward loops await theirs; a batch function may return a one-dimensional numpy array or tensor of numbers.
 
 `path.py:f,g` names several functions of the file, combined as TRL combines its `reward_funcs` (`CombinedReward`):
 the reward is the sum of their `overall` scores times `worker.reward.reward_weights`.
@@ -109,6 +112,7 @@ class RewardFunction:
     reward_name: str = "unknown"  # the file's REWARD_NAME, for the log
     name_was_given: bool = True  # False when `name` was chosen by the `main` / `compute_score` rule
     scores_env_reward: bool = False  # the file's SCORES_ENV_REWARD: its overall holds the environment's reward
+    type_by_default: bool = False  # "batch" because neither the file nor the config said how to call it
     _log_extra_warned: bool = field(default=False, init=False, repr=False)
 
     @property
@@ -186,15 +190,17 @@ class RewardFunction:
                 "extra_infos": [item.get("extra_info") for item in inputs],
             }
             accepted = self.verl_arguments
-            outputs = self.fn(**{name: value for name, value in values.items() if name in accepted}, **self.kwargs)
+            outputs = resolved(
+                self.fn(**{name: value for name, value in values.items() if name in accepted}, **self.kwargs)
+            )
             convention = "(verl's batch convention)"
             outputs = self._one_per_input(outputs, inputs, convention, "numbers or dicts with `score`, one per input")
             return [self._check(self._from_verl(output), item) for output, item in zip(outputs, inputs)]
         if self.reward_type == "batch":
-            outputs = self.fn(inputs, **self.kwargs)
+            outputs = resolved(self.fn(inputs, **self.kwargs))
             outputs = self._one_per_input(outputs, inputs, "(REWARD_TYPE='batch')", "dicts, one per input")
         else:
-            outputs = [self.fn(item, **self.kwargs) for item in inputs]
+            outputs = [resolved(self.fn(item, **self.kwargs)) for item in inputs]
         return [self._check(output, item) for output, item in zip(outputs, inputs)]
 
     def _call_verl(self, item: dict) -> Any:
@@ -205,7 +211,7 @@ class RewardFunction:
             "extra_info": item.get("extra_info"),
         }
         accepted = self.verl_arguments
-        return self.fn(**{name: value for name, value in values.items() if name in accepted}, **self.kwargs)
+        return resolved(self.fn(**{name: value for name, value in values.items() if name in accepted}, **self.kwargs))
 
     def _call_trl(self, inputs: list[dict]) -> tuple[list, dict[str, float]]:
         """(one value per input, the metrics the function logged with `log_metric`: each name's mean)."""
@@ -237,8 +243,7 @@ class RewardFunction:
         accepted = self.trl_arguments
         if accepted is not None:  # no **kwargs: only the names it declares (TRL's call would fail on the rest)
             arguments = {name: value for name, value in arguments.items() if name in accepted}
-        outputs = self.fn(**arguments)
-        outputs = resolved(outputs)  # TRL awaits `async def` reward functions
+        outputs = resolved(self.fn(**arguments))
         convention = "(TRL's convention)"
         values = self._one_per_input(outputs, inputs, convention, "numbers, one per completion")
         taken = [name for name in logged if name in ("overall", *RESERVED_SCORE_NAMES)]
@@ -288,12 +293,21 @@ class RewardFunction:
             )
 
     def _one_per_input(self, outputs: Any, inputs: list[dict], convention: str, items: str) -> list:
-        """The list a batch call returned, refused unless it holds one entry per input."""
+        """The list a batch call returned, refused unless it holds one entry per input. A one-dimensional numpy array
+        or tensor is a list of its numbers (TRL and verl index what the function returns)."""
+        if getattr(outputs, "ndim", None) == 1 and hasattr(outputs, "tolist"):
+            outputs = outputs.tolist()
         if not isinstance(outputs, (list, tuple)) or len(outputs) != len(inputs):
             got = type(outputs).__name__ + (f" of length {len(outputs)}" if hasattr(outputs, "__len__") else "")
+            hint = (
+                " The file sets no REWARD_TYPE, so EasyR1's default 'batch' applies: a function that takes one input "
+                'dict and returns one dict needs `REWARD_TYPE = "sequential"` in the file.'
+                if self.type_by_default and isinstance(outputs, dict)
+                else ""
+            )
             raise RewardFunctionError(
                 f"Reward function {self.where} {convention} must return a list of {len(inputs)} {items}; it "
-                f"returned a {got}."
+                f"returned a {got}.{hint}"
             )
         return list(outputs)
 
@@ -859,6 +873,19 @@ def _import_file(path: Path, config_key: str = CONFIG_KEY):
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
+    except SystemExit as err:  # a script turned into a user file: argparse or sys.exit at its top level
+        sys.modules.pop(module_name, None)
+        argparse = (
+            " (argparse exits so when easyrl's command line is not the script's: the usage line above is the file's,"
+            " not easyrl's)"
+            if err.code == 2
+            else ""
+        )
+        raise RewardFunctionError(
+            f"`{config_key}`: importing `{path}` ran sys.exit({err.code!r}) at its top level{argparse}. Move the "
+            'script\'s top-level code under `if __name__ == "__main__":`, so that importing the file only defines '
+            "its functions."
+        ) from None
     except Exception as err:
         sys.modules.pop(module_name, None)
         hint = _missing_module_hint(err, path) if isinstance(err, ModuleNotFoundError) and err.name else ""
@@ -972,6 +999,7 @@ def _load_one(
         reward_name=str(getattr(module, "REWARD_NAME", "unknown")),
         name_was_given=requested is not None,
         scores_env_reward=bool(getattr(module, "SCORES_ENV_REWARD", False)),
+        type_by_default=not hasattr(module, "REWARD_TYPE") and configured_type is None,
     )
 
 

@@ -357,6 +357,12 @@ class RewardScorer:
                 " It is a batch function, scoring a batch in one call: an exception on one of its rows fails every "
                 "sample of the batch." + hint
             )
+        if type_error and kinds[RAISED] and getattr(self.reward_fn, "type_by_default", False):
+            hint += (
+                " The file sets no REWARD_TYPE, so it is called as EasyR1's default 'batch' convention calls it, "
+                "with the list of every input: a function that takes one input dict needs `REWARD_TYPE = "
+                '"sequential"` in the file.'
+            )
         if kinds[TIMED_OUT]:
             hint += (
                 f" A batch is scored within worker.reward.timeout_s={self.config.timeout_s:g} s: raise it (or give "
