@@ -657,13 +657,19 @@ def test_a_file_made_by_other_weights_answers_or_reward_code_is_refused(tiny_mod
     start = 8 + int.from_bytes(data[:8], "little")
     weights.write_bytes(data[:start] + np.random.default_rng(0).bytes(len(data) - start))
     new_weights, _ = settings_and_loader()
-    with pytest.raises(GenerationFileError, match=r"other settings \(model_weights: '[0-9a-f]{16}' in the file, '"):
+    with pytest.raises(
+        GenerationFileError,
+        match=r"other settings \(model_weights \(the weight files in .*\): '[0-9a-f]{16}' in the file, '",
+    ):
         prompts_left(output, tokenizer, loader, 4, new_weights)
     # the reward function fixed
     reward.write_text(reward.read_text() + "\n# fixed\n")
     fixed = {**settings, "reward_file": generation_settings(load_run_plan(args), GenerationRequest())["reward_file"]}
     assert fixed["reward_file"] != settings["reward_file"]
-    with pytest.raises(GenerationFileError, match=r"other settings \(reward_file: '[0-9a-f]{16}' in the file, '"):
+    with pytest.raises(
+        GenerationFileError,
+        match=r"other settings \(reward_file \(the reward function's file and the modules of yours it imports\): '",
+    ):
         prompts_left(output, tokenizer, loader, 4, fixed)
     # an answer of the data corrected
     corrected = tmp_path / "val.jsonl"

@@ -488,3 +488,33 @@ def test_a_model_only_checkpoint_given_as_load_checkpoint_path_says_how_to_start
         f"weights, turn it into a model with `easyrl merge --local_dir {path}/actor` and give "
         f"{path}/actor/huggingface as worker.actor.model.model_path."
     )
+
+
+def test_a_code_files_digest_covers_the_users_modules_it_imports(tmp_path, monkeypatch):
+    """A reward file importing a helper module (on PYTHONPATH) scored otherwise after the helper was edited, yet
+    `easyrl generate` / `eval` kept the earlier scores and a resume did not warn: only the file itself was digested."""
+    from easyrl.trainer.checkpoint import code_digest, file_digest
+
+    helpers = tmp_path / "helpers"
+    (helpers / "pkg").mkdir(parents=True)
+    (helpers / "grade.py").write_text("import os\nimport pkg.rules\nWEIGHT = 1.0\n")
+    (helpers / "pkg" / "__init__.py").write_text("")
+    (helpers / "pkg" / "rules.py").write_text("STRICT = True\n")
+    reward = tmp_path / "rewards" / "my_reward.py"
+    reward.parent.mkdir()
+    reward.write_text("import json\nimport numpy\nfrom grade import WEIGHT\n\ndef compute_score(x):\n    return []\n")
+    alone = tmp_path / "alone.py"
+    alone.write_text("import json\nimport easyrl\n")
+    monkeypatch.setenv("PYTHONPATH", str(helpers))
+    assert code_digest(str(alone)) == file_digest(str(alone))  # as checkpoints of earlier versions recorded it
+    before = code_digest(str(reward))
+    assert before is not None and before != file_digest(str(reward))
+    (helpers / "grade.py").write_text("import os\nimport pkg.rules\nWEIGHT = 0.5\n")
+    edited_helper = code_digest(str(reward))
+    (helpers / "pkg" / "rules.py").write_text("STRICT = False\n")  # followed through the helper's own imports
+    edited_rules = code_digest(str(reward))
+    assert len({before, edited_helper, edited_rules}) == 3
+    (helpers / "grade.py").write_text("from grade import WEIGHT\n")  # a cycle ends
+    assert code_digest(str(reward)) not in (before, edited_helper, edited_rules)
+    monkeypatch.setenv("PYTHONPATH", "")
+    assert code_digest(str(reward)) == file_digest(str(reward))  # no helper found where Python would look

@@ -691,6 +691,64 @@ def file_digest(path: str) -> str | None:
         return None
 
 
+# the most user modules followed from one file: a file importing a whole project of its own is still read quickly
+MAX_IMPORTED_FILES = 200
+
+
+def code_digest(path: str) -> str | None:
+    """``file_digest`` of a user's ``.py`` file (reward function, tools, environment) and of the modules of the user's
+    that it imports, followed through their own imports: a helper module next to a reward file (on PYTHONPATH) scores
+    as the file itself does, so an edit of it must count as one. A file importing none of the user's modules has its
+    own file_digest, as checkpoints of earlier versions recorded."""
+    if not path.endswith(".py"):
+        return file_digest(path)
+    first = os.path.abspath(path)
+    roots = [os.path.dirname(first), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    found, queue = [first], [first]
+    while queue and len(found) < MAX_IMPORTED_FILES:
+        for module in _user_modules_imported(queue.pop(), roots):
+            if module not in found:
+                found.append(module)
+                queue.append(module)
+    if len(found) == 1:
+        return file_digest(first)
+    digests = [file_digest(module) for module in found]
+    if digests[0] is None:
+        return None
+    return hashlib.sha256(json.dumps([digests[0], sorted(zip(found[1:], digests[1:]))]).encode()).hexdigest()[:16]
+
+
+def _user_modules_imported(path: str, roots: list[str]) -> list[str]:
+    """The files of the modules ``path`` imports by absolute name that one of ``roots`` holds (``name.py``, or a
+    package's ``__init__.py`` and ``name/sub.py``); the standard library's and easyrl's own names are not followed."""
+    import ast
+    import sys
+
+    try:
+        with open(path, "rb") as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+    files = []
+    for name in dict.fromkeys(names):
+        parts = name.split(".")
+        if parts[0] in sys.stdlib_module_names or parts[0] == "easyrl":
+            continue
+        for root in roots:
+            base = os.path.join(root, *parts)
+            candidates = [base + ".py", os.path.join(base, "__init__.py")]
+            if len(parts) > 1:  # the packages on the way (`from pkg.sub import f` runs pkg/__init__.py)
+                candidates += [os.path.join(root, *parts[:i], "__init__.py") for i in range(1, len(parts))]
+            files += [os.path.abspath(c) for c in candidates if os.path.isfile(c)]
+    return list(dict.fromkeys(files))
+
+
 def input_file_digests(config: Any) -> dict[str, str]:
     """Digests of the files a run reads by path besides its data and models, by config key: the reward function's
     file, the prompt template, the judge's template, the tools and environment files. A resume warns when one
@@ -712,8 +770,16 @@ def input_file_digests(config: Any) -> dict[str, str]:
     for name, spec in envs.items():
         if isinstance(spec, str) and spec:
             paths["worker.rollout.multi_turn.env" + (f".{name}" if name else "")] = spec.rpartition(":")[0] or spec
-    digests = {key: file_digest(path) for key, path in paths.items() if isinstance(path, str) and path}
+    digests = {
+        key: code_digest(path) if key.startswith(CODE_KEYS) else file_digest(path)
+        for key, path in paths.items()
+        if isinstance(path, str) and path
+    }
     return {key: digest for key, digest in digests.items() if digest is not None}
+
+
+# the keys whose file is Python code, whose digest covers the user's modules it imports (code_digest)
+CODE_KEYS = ("worker.reward.reward_function", "worker.rollout.multi_turn.tools", "worker.rollout.multi_turn.env")
 
 
 def changed_input_files(saved: dict[str, str] | None, now: dict[str, str]) -> list[str]:

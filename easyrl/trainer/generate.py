@@ -176,7 +176,8 @@ def generation_settings(plan: RunPlan, request: GenerationRequest) -> dict[str, 
     if files:
         settings["input_files"] = files
     if reward.reward_function:
-        # its code: a fixed reward function must not leave the earlier scores standing
+        # its code, with the modules of the user's it imports (checkpoint.code_digest): a fixed reward function
+        # must not leave the earlier scores standing
         settings["reward_file"] = digests.get("worker.reward.reward_function")
         settings["reward_function_kwargs"] = dict(reward.reward_function_kwargs or {})
         settings["reward_weights"] = list(reward.reward_weights) if reward.reward_weights else None
@@ -207,8 +208,15 @@ def _settings_changes(written: dict[str, Any], settings: dict[str, Any]) -> str:
                 if old.get(name) != new.get(name)
             ]
         elif old != new:
-            changes.append(f"{key}: {old!r} in the file, {new!r} now")
+            changes.append(f"{key}{SETTING_GLOSSES.get(key, '')}: {old!r} in the file, {new!r} now")
     return "; ".join(changes)
+
+
+# what a setting holding a digest is a digest of, said where it changed
+SETTING_GLOSSES = {
+    "reward_file": " (the reward function's file and the modules of yours it imports)",
+    "model_weights": " (the weight files in worker.actor.model.model_path)",
+}
 
 
 def _check_resumed_row(
