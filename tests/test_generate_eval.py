@@ -302,6 +302,27 @@ def _args(model_path, val_file, save_dir, *extra) -> list[str]:
     ]
 
 
+def test_eval_results_go_beside_a_named_generations_file_so_two_models_keep_theirs(
+    tiny_model_path, val_file, tmp_path
+):
+    """Two models compared by their own eval.generations (the README's advice) both wrote
+    <trainer.save_checkpoint_path>/eval.json, the second over the first, without a word."""
+    from easyrl.trainer.evaluate import eval_paths
+
+    def paths(*extra):
+        return eval_paths(load_run_plan(_args(tiny_model_path, val_file, tmp_path, *extra)))
+
+    assert paths() == (str(tmp_path / "eval_generations.jsonl"), str(tmp_path / "eval.json"))
+    assert paths(f"eval.generations={tmp_path / 'rl.jsonl'}") == (
+        str(tmp_path / "rl.jsonl"),
+        str(tmp_path / "rl.eval.json"),
+    )
+    assert paths(f"eval.generations={tmp_path / 'a' / 'base.jsonl'}", f"eval.output={tmp_path / 'mine.json'}") == (
+        str(tmp_path / "a" / "base.jsonl"),
+        str(tmp_path / "mine.json"),
+    )
+
+
 def _run(command: str, args: list[str], log_path: Path) -> str:
     run_training(args, log_path, command=command)
     return log_path.read_text(errors="replace")
@@ -671,6 +692,8 @@ def test_a_file_made_by_other_weights_answers_or_reward_code_is_refused(tiny_mod
         match=r"other settings \(reward_file \(the reward function's file and the modules of yours it imports\): '",
     ):
         prompts_left(output, tokenizer, loader, 4, fixed)
+    with pytest.raises(GenerationFileError, match=r"Choose another output file \(eval.generations, or another"):
+        prompts_left(output, tokenizer, loader, 4, fixed, "eval.generations")  # `easyrl eval` names its own key
     # an answer of the data corrected
     corrected = tmp_path / "val.jsonl"
     lines = val_file.read_text().splitlines()

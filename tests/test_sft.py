@@ -308,6 +308,13 @@ def test_sft_plan_counts_conversations_per_device_and_names_the_keys_it_needs(ti
         load_sft_plan([*base, "data.val_files=held_out.jsonl"])
     # the validation loss reads log-probs at the rollout temperature: SFT fixes it at 1, the training loss's
     assert load_sft_plan([*base, "worker.rollout.temperature=0.7"]).config.worker.rollout.temperature == 1.0
+    # a validation-only run writes no model, and its plan said where the model would be
+    assert (
+        "output: none (trainer.val_only: no training)"
+        in load_sft_plan(
+            [*base, f"data.val_files={rows}", "trainer.val_only=true", "trainer.n_gpus_per_node=1"]
+        ).describe()
+    )
     plan = load_sft_plan([*base, "trainer.n_gpus_per_node=2", "worker.actor.global_batch_size=8"])
     assert plan.config.worker.actor.global_batch_size_per_device == 4  # no rollout.n factor in SFT
     assert plan.with_training_steps(5).training_steps == 5 * plan.config.trainer.total_epochs

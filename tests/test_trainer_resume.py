@@ -126,6 +126,7 @@ def test_val_only_validates_the_checkpoint_it_resumes_as_the_run_validated_it(ti
         f"trainer.load_checkpoint_path={save_dir / 'global_step_2'}",
     ]
     run_training(args, tmp_path / "val_only.log")
+    assert "Validated only (trainer.val_only): no checkpoint was written" in (tmp_path / "val_only.log").read_text()
     text = (save_dir / "metrics.jsonl").read_text()
     assert text.startswith(history)  # steps 1-3 as the run logged them
     (last,) = [json.loads(line) for line in text[len(history) :].splitlines()]

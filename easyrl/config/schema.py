@@ -833,8 +833,8 @@ class EvalConfig:
     """Samples per prompt (replaces `worker.rollout.n`; the other sampling keys are the rollout's); null:
     worker.rollout.n. pass@j is reported for every power of two j up to k, and for k."""
     output: Optional[str] = None
-    """The JSON file of the results (per data source: prompts, mean@k, pass@j); null:
-    `<trainer.save_checkpoint_path>/eval.json`."""
+    """The JSON file of the results (per data source: prompts, mean@k, pass@j); null: beside eval.generations when it
+    is given (`rl.jsonl` -> `rl.eval.json`), else `<trainer.save_checkpoint_path>/eval.json`."""
     generations: Optional[str] = None
     """The jsonl file of the samples and their scores (as `easyrl generate` writes; a re-run with the same model,
     sampling and reward resumes it, another is refused); null: `<trainer.save_checkpoint_path>/eval_generations.jsonl`."""
@@ -845,8 +845,9 @@ class EvalConfig:
     correct_threshold: float = 1.0
     """A sample is correct when its `correct_key` score is at least this (the rule rewards give 0 or 1 accuracy)."""
     val_sampling: bool = False
-    """Sample with `worker.rollout.val_override_config` applied, then k samples (greedy with the usual
-    {temperature: 0}: k = 1 reproduces the trainer's val/<source>/reward); false: the rollout's sampling keys."""
+    """Sample with `worker.rollout.val_override_config` applied, then k samples (k = 1 with an override of
+    {temperature: 0} reproduces the trainer's greedy val/<source>/reward; the default override is empty, which
+    leaves the rollout's sampling keys); false: the rollout's sampling keys."""
 
 
 @dataclass

@@ -86,7 +86,9 @@ class SFTPlan:
                 "assistant's tokens",
                 f"training steps: {steps}",
                 f"checkpoints: {checkpoint_schedule(config.trainer)}",
-                f"output: the model in {self.hf_output_dir}"
+                "output: none (trainer.val_only: no training)"
+                if config.trainer.val_only
+                else f"output: the model in {self.hf_output_dir}"
                 + (
                     f" (the base with the LoRA adapters merged in; the adapters alone in {self.adapter_output_dir})"
                     if self.adapter_output_dir

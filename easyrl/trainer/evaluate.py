@@ -214,6 +214,17 @@ def _cell(value: int | float | None, width: int) -> str:
     return f"{value:>{width}d}" if isinstance(value, int) else f"{value:>{width}.4f}"
 
 
+def eval_paths(plan: RunPlan) -> tuple[str, str]:
+    """(eval.generations, eval.output) as absolute paths, their defaults filled in. The results go beside their own
+    generations file when one is named: two models compared by their eval.generations alone would otherwise write
+    one eval.json, the second over the first."""
+    config = plan.config.eval
+    generations = default_path(plan, config.generations, "eval_generations.jsonl")
+    if not config.output and config.generations:
+        return generations, f"{os.path.splitext(generations)[0]}.eval.json"
+    return generations, default_path(plan, config.output, "eval.json")
+
+
 def run_eval(plan: RunPlan) -> dict:
     """`easyrl eval`: generate (resuming `eval.generations`), score, print the table, write the JSON."""
     from ..workers.rollout.base import GenerationRequest
@@ -224,8 +235,7 @@ def run_eval(plan: RunPlan) -> dict:
         raise ValueError(f"eval.k={k}: sample at least one response per prompt.")
     if not config.worker.reward.reward_function:
         raise ValueError("`easyrl eval` scores the samples: set worker.reward.reward_function.")
-    generations = default_path(plan, config.eval.generations, "eval_generations.jsonl")
-    output = default_path(plan, config.eval.output, "eval.json")
+    generations, output = eval_paths(plan)
     request = GenerationRequest(validate=config.eval.val_sampling, sampling_override={"n": k})
     settings = generation_settings(plan, request)
     summary, run = generate_file(plan, "eval", generations, request, k, settings, EVAL_SEED_KIND)

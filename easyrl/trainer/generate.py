@@ -226,6 +226,7 @@ def _check_resumed_row(
     samples: int,
     settings: dict[str, Any] | None,
     ground_truth: Any = None,
+    output_key: str = "generate.output",
 ) -> None:
     """A row of an earlier run must be the one this run would write: same prompt and ground truth (``ground_truth``
     in JSON's types; None: not checked), same number of samples, and made with the same settings (a row without them
@@ -235,30 +236,36 @@ def _check_resumed_row(
     if settings is not None and written != settings:
         raise GenerationFileError(
             f"{path}: its rows were made with other settings ({_settings_changes(written, settings)}): continuing it "
-            "would mix the two, or report the earlier settings' results as these. Choose another output file "
-            "(generate.output / eval.generations, or another trainer.save_checkpoint_path) or delete it."
+            f"would mix the two, or report the earlier settings' results as these. Choose another output file "
+            f"({output_key}, or another trainer.save_checkpoint_path) or delete it."
         )
     if row.get("prompt") != prompt:
         raise GenerationFileError(
             f"{path}: the row of prompt index {row['index']} holds another prompt than data.val_files has at that "
-            "position: the file was written for other data or data.* settings. Delete it or choose another output."
+            f"position: the file was written for other data or data.* settings. Delete it or choose another "
+            f"{output_key}."
         )
     if ground_truth is not None and "ground_truth" in row and row["ground_truth"] != ground_truth:
         raise GenerationFileError(
             f"{path}: the row of prompt index {row['index']} holds the answer {str(row['ground_truth'])[:80]!r}, "
             f"data.val_files now {str(ground_truth)[:80]!r} (data.answer_key): its scores were computed against the "
-            "earlier answer. Delete the file or choose another output."
+            f"earlier answer. Delete the file or choose another {output_key}."
         )
     if len(row["responses"]) != samples:
         raise GenerationFileError(
             f"{path}: the row of prompt index {row['index']} has {len(row['responses'])} responses, this run samples "
             f"{samples} per prompt: the file was written with another worker.rollout.n / eval.k. Delete it or choose "
-            "another output."
+            f"another {output_key}."
         )
 
 
 def prompts_left(
-    path: str, tokenizer: Any, val_loader: Any, samples_per_prompt: int, settings: dict[str, Any] | None = None
+    path: str,
+    tokenizer: Any,
+    val_loader: Any,
+    samples_per_prompt: int,
+    settings: dict[str, Any] | None = None,
+    output_key: str = "generate.output",
 ) -> int | None:
     """How many prompts of ``val_loader`` the file at ``path`` has no row for (None: no file yet, so all of them),
     its rows checked against this run's prompts, samples and ``settings`` (``generation_settings``; None: not
@@ -280,7 +287,9 @@ def prompts_left(
             if position in done:
                 # as the file holds it: through JSON and back
                 truth = None if truths is None else json.loads(json.dumps(_jsonable(truths[k])))
-                _check_resumed_row(path, done[position], tokenizer.decode(ids), samples_per_prompt, settings, truth)
+                _check_resumed_row(
+                    path, done[position], tokenizer.decode(ids), samples_per_prompt, settings, truth, output_key
+                )
             else:
                 left += 1
             position += 1
@@ -494,10 +503,12 @@ class GenerationRun:
     Ray starts, so bad data fails first), then the generation workers and the reward scorer; ``close`` releases
     them."""
 
-    def __init__(self, plan: RunPlan, output: str, samples: int, settings: dict[str, Any]) -> None:
-        """``output``: the generation file the run appends to, ``samples`` per prompt, made with ``settings``
-        (``generation_settings``): an existing file is checked against the data and the settings first, and when it
-        holds every prompt no worker is started."""
+    def __init__(
+        self, plan: RunPlan, output: str, samples: int, settings: dict[str, Any], output_key: str = "generate.output"
+    ) -> None:
+        """``output``: the generation file the run appends to (the config key ``output_key`` names it), ``samples``
+        per prompt, made with ``settings`` (``generation_settings``): an existing file is checked against the data and
+        the settings first, and when it holds every prompt no worker is started."""
         from ..config.validate import check_generation_data
         from ..data.dataset import write_skipped_rows
         from ..data.loader import create_val_loader
@@ -530,7 +541,7 @@ class GenerationRun:
         self.reward = None
         self.rollout = None
         self._workers_needed = False
-        left = prompts_left(output, self.tokenizer, self.val_loader, samples, settings)
+        left = prompts_left(output, self.tokenizer, self.val_loader, samples, settings, output_key)
         if left == 0:
             logger.warning("%s holds a row for every prompt of data.val_files: nothing to generate.", output)
             return
@@ -641,6 +652,10 @@ def stop_keeps_rows(command: str, path: str, received: list[int]) -> Iterator[No
         raise SystemExit(128 + signum) from None
 
 
+# the key naming each command's generation file
+OUTPUT_KEYS = {"generate": "generate.output", "eval": "eval.generations"}
+
+
 def generate_file(
     plan: RunPlan,
     command: str,
@@ -656,7 +671,8 @@ def generate_file(
     seed = plan.config.worker.rollout.seed
     received: list[int] = []
     with stop_keeps_rows(command, path, received):
-        run = GenerationRun(plan, path, samples, settings)  # Ray starts here (a stop then ends it at once)
+        # Ray starts here (a stop then ends it at once)
+        run = GenerationRun(plan, path, samples, settings, OUTPUT_KEYS[command])
         try:
             # from the workers' start on, which takes a while (engines load), not only while generating
             with stop_signals_raise(received):

@@ -701,7 +701,10 @@ def _run_training(plan: RunPlan) -> dict[str, float]:
         print_interruption(interrupted)
         raise SystemExit(interrupted.exit_code)
     save_dir = plan.config.trainer.save_checkpoint_path
-    print(f"Checkpoints are in {save_dir}")
+    if plan.config.trainer.val_only:
+        print(f"Validated only (trainer.val_only): no checkpoint was written; the scores are in {save_dir}")
+    else:
+        print(f"Checkpoints are in {save_dir}")
     draw_curves(plan.config.trainer, summary=True)
     return metrics
 

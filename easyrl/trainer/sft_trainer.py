@@ -335,6 +335,12 @@ def _run_sft(plan: SFTPlan) -> dict[str, float]:
         draw_curves(config.trainer)
         print_interruption(interrupted)
         raise SystemExit(interrupted.exit_code)
+    if config.trainer.val_only:  # nothing was trained, so no checkpoint and no model was written
+        print(
+            f"Validated only (trainer.val_only): no model was written; the scores are in {config.trainer.save_checkpoint_path}"
+        )
+        draw_curves(config.trainer, summary=True)
+        return metrics
     print(f"Checkpoints are in {config.trainer.save_checkpoint_path}")
     draw_curves(config.trainer, summary=True)
     print(f"The fine-tuned model is in {plan.hf_output_dir} (use it as worker.actor.model.model_path)")
