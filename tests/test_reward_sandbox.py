@@ -5,6 +5,8 @@ import logging
 import os
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -304,3 +306,52 @@ def test_signal_to_the_trainer_process_never_arrives():
         assert received == [] and "sent" not in result.stdout
     else:
         assert "signal (kill) every process" in HOST.describe_missing()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a caller killed mid-run (Ray replaces a reward actor past worker.reward.timeout_s with SIGKILL)
+# ----------------------------------------------------------------------------------------------------------------------
+CALLER = """
+import dataclasses, sys
+from easyrl.workers.reward import sandbox
+layers = {layers!r}
+host = sandbox.host_protections()
+sandbox.host_protections = lambda: dataclasses.replace(host, **{{k: v and getattr(host, k) for k, v in layers.items()}})
+sandbox.run_program({program!r}, limits=sandbox.Limits(cpu_seconds=60, wall_seconds=60))
+"""
+SPIN = "import os\nopen(f'started-{os.getpid()}', 'w').close()\nwhile True:\n    pass"
+FORK_AND_SPIN = "import os\nos.fork()\n" + SPIN
+
+
+def wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.parametrize(
+    "layers, program, programs",
+    [
+        ({}, SPIN, 1),  # every layer this host has: init of a pid namespace between launcher and program
+        ({"namespaces": False}, SPIN, 1),  # the launcher forks the program itself
+        ({"namespaces": False, "seccomp": False}, FORK_AND_SPIN, 2),  # and the program may fork
+    ],
+    ids=["host_layers", "no_namespaces", "no_namespaces_no_seccomp"],
+)
+def test_sandbox_dies_with_a_killed_caller(sandbox_tmp, layers, program, programs):
+    source = CALLER.format(layers=layers, program=program)
+    env = {**os.environ, "TMPDIR": str(sandbox_tmp)}
+    caller = subprocess.Popen([sys.executable, "-c", source], env=env)
+    try:
+        assert wait_for(lambda: len(list(sandbox_tmp.glob("easyrl-sandbox-*/started-*"))) == programs, 30)
+        running = processes_working_under(sandbox_tmp)
+        assert len(running) >= programs + 1  # the launcher (and init) and the program(s)
+        caller.send_signal(signal.SIGKILL)
+        caller.wait()
+        assert wait_for(lambda: processes_working_under(sandbox_tmp) == [], 5), processes_working_under(sandbox_tmp)
+    finally:
+        caller.kill()
+        caller.wait()

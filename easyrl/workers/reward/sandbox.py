@@ -10,6 +10,10 @@ the end (also on time-out), and a small launcher (sandbox_launcher.py) that appl
 the child before it execs `python -I -S -B main.py` (isolated mode, standard library only). Calls are thread-safe
 and independent: run many at once from a thread pool.
 
+A caller killed mid-run (SIGKILL: Ray replacing a reward actor past `worker.reward.timeout_s`) takes its sandboxes
+with it: the launcher asks the kernel for a signal when its caller exits and then kills its process group (the
+program, and the pid namespace where there is one).
+
 Always, on every POSIX host (resource limits set in the child, enforced by the kernel):
     CPU time       RLIMIT_CPU: SIGXCPU at `cpu_seconds`, SIGKILL one second later            -> limit "cpu_time"
     wall time      the launcher SIGKILLs the program at `wall_seconds`; the caller kills the whole process group
@@ -400,6 +404,7 @@ def run_program(
             "seccomp": protections.seccomp,
             "deny_processes": True,
             "status_fd": status_write,
+            "caller_pid": os.getpid(),  # the launcher dies with this process
             "read_paths": _readable_paths(python),
             "write_paths": [os.path.realpath(folder), "/dev/null"],
         }

@@ -5,16 +5,25 @@ program's directory as its working directory, and writes JSON status lines to th
 standard library is imported, plus `landlock` and `pyseccomp` from the folders the plan names (so no site-packages
 `.pth` hook runs in here). Steps, each one only when the plan asks for it (sandbox.py decides from the host probe):
 
-    launcher  rlimits that do not stop the launcher itself (CPU, file size, open files, core dumps)
+    launcher  die with the caller (see below)
+              rlimits that do not stop the launcher itself (CPU, file size, open files, core dumps)
               unshare(user, network, pid, mount, ipc, uts namespaces)
-              fork ->  init (pid 1 of the new pid namespace): mount a private /proc, then
+              fork ->  init (pid 1 of the new pid namespace): die with the launcher, mount a private /proc, then
                        fork ->  program: die with init, rlimits (address space, processes), Landlock, seccomp,
                                          execve(python -I -S -B main.py)
                        wait for the program; report its exit status; exit (the kernel kills whatever is left)
               wait for init until the wall deadline, then SIGKILL it (which ends the whole pid namespace)
 
-Without namespaces the launcher forks the program directly and waits for it the same way. `--probe` tries every
-step once in throwaway children and prints what this host supports.
+Without namespaces the launcher forks the program directly (which dies with the launcher) and waits for it the same
+way. `--probe` tries every step once in throwaway children and prints what this host supports.
+
+Dying with the caller: the caller (a reward actor) may be SIGKILLed mid-run (Ray replaces an actor past
+`worker.reward.timeout_s`), and the launcher, in its own session, would then be re-parented and run on with the
+program until the wall limit. So the launcher asks the kernel for SIGTERM when its caller exits (PR_SET_PDEATHSIG),
+then checks that its parent is still the caller (one that died before the request went unnoticed otherwise), and
+on SIGTERM SIGKILLs its whole process group: itself, init and the program (their pid namespace with them), and
+without namespaces the program's own children too. Each child also dies with its parent, checked the same way
+through a pipe only the parent holds open (init cannot see its parent's pid), for a launcher killed alone.
 """
 
 import ctypes
@@ -22,6 +31,7 @@ import errno
 import json
 import os
 import resource
+import select
 import signal
 import sys
 import time
@@ -72,8 +82,20 @@ def mount_private_proc() -> None:
     _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
 
 
-def die_with_parent() -> None:
+def die_with_caller(caller_pid: int) -> None:
+    """SIGTERM (then a SIGKILL of the whole group) when the process that started the launcher exits."""
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: os.killpg(0, signal.SIGKILL))
+    _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != caller_pid:  # the caller died before the request: no signal will come
+        os.killpg(0, signal.SIGKILL)
+
+
+def die_with_parent(lifeline: int | None) -> None:
+    """SIGKILL when the parent exits. `lifeline` is the read end of a pipe whose write end only the parent holds:
+    already at end of file when the parent died before the request."""
     _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+    if lifeline is not None and select.select([lifeline], [], [], 0)[0]:
+        os._exit(SETUP_FAILED)
 
 
 def apply_landlock(read_paths: list[str], write_paths: list[str]) -> None:
@@ -137,10 +159,10 @@ def write_status(status: dict) -> None:
         pass
 
 
-def exec_program(plan: dict) -> None:
+def exec_program(plan: dict, lifeline: int | None) -> None:
     """In the program's process: the last restrictions, then replace this process by the program."""
     try:
-        die_with_parent()
+        die_with_parent(lifeline)
         if plan["seccomp"]:
             import pyseccomp  # noqa: F401 - now: it locates libseccomp by running ldconfig, which Landlock then stops
         set_limit("RLIMIT_AS", plan["memory_bytes"])
@@ -164,10 +186,10 @@ def wait_status(pid: int) -> dict:
     return {"exit_code": os.WEXITSTATUS(status), "signal": None}
 
 
-def run_init(plan: dict) -> None:
+def run_init(plan: dict, lifeline: int) -> None:
     """pid 1 of the sandbox: owns the namespace; when it exits the kernel kills every process left in it."""
     try:
-        die_with_parent()
+        die_with_parent(lifeline)
         if plan["private_proc"]:
             mount_private_proc()
     except BaseException as err:
@@ -175,7 +197,7 @@ def run_init(plan: dict) -> None:
         os._exit(SETUP_FAILED)
     pid = os.fork()
     if pid == 0:
-        exec_program(plan)
+        exec_program(plan, None)  # no race to check: when init exits, the kernel kills every process it holds
     write_status(wait_status(pid))
     os._exit(0)
 
@@ -185,6 +207,7 @@ def launch(plan: dict) -> int:
     sys.path[:0] = plan["library_paths"]
     deadline = time.monotonic() + plan["wall_seconds"]
     try:
+        die_with_caller(plan["caller_pid"])
         set_limit("RLIMIT_CORE", 0)
         set_limit("RLIMIT_NOFILE", plan["max_open_files"])
         set_limit("RLIMIT_FSIZE", plan["file_bytes"])
@@ -196,9 +219,12 @@ def launch(plan: dict) -> int:
     except BaseException as err:
         write_status({"setup_error": f"{type(err).__name__}: {err}"})
         return SETUP_FAILED
+    lifeline, kept_open = os.pipe()  # `kept_open` closes only when the launcher exits
     pid = os.fork()
     if pid == 0:
-        run_init(plan) if plan["namespaces"] else exec_program(plan)
+        os.close(kept_open)
+        run_init(plan, lifeline) if plan["namespaces"] else exec_program(plan, lifeline)
+    os.close(lifeline)
     timed_out = []
 
     def on_deadline(_signum, _frame):
