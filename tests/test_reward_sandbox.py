@@ -1,6 +1,7 @@
 """The code sandbox (easyrl/workers/reward/sandbox.py): results, limits, and attacks contained while the caller goes
 on. Where this host lacks an isolation layer, the test asserts the documented fallback instead (and says so)."""
 
+import fcntl
 import logging
 import os
 import signal
@@ -341,7 +342,7 @@ def wait_for(condition, seconds: float) -> bool:
     ],
     ids=["host_layers", "no_namespaces", "no_namespaces_no_seccomp"],
 )
-def test_sandbox_dies_with_a_killed_caller(sandbox_tmp, layers, program, programs):
+def test_sandbox_dies_with_a_killed_caller_and_its_folder_goes_at_the_next_run(sandbox_tmp, layers, program, programs):
     source = CALLER.format(layers=layers, program=program)
     env = {**os.environ, "TMPDIR": str(sandbox_tmp)}
     caller = subprocess.Popen([sys.executable, "-c", source], env=env)
@@ -355,3 +356,26 @@ def test_sandbox_dies_with_a_killed_caller(sandbox_tmp, layers, program, program
     finally:
         caller.kill()
         caller.wait()
+    [left] = list(sandbox_tmp.glob("easyrl-sandbox-*"))
+    assert left.name.startswith(f"easyrl-sandbox-{caller.pid}-")  # named for its dead owner
+
+    assert run_program("print(6 * 7)", "", FAST).stdout == "42\n"  # this process's first run in this temp folder
+    assert list(sandbox_tmp.iterdir()) == []
+
+
+def test_only_folders_of_dead_owners_that_nobody_locks_are_removed(sandbox_tmp):
+    no_such_pid = 999_999_999  # above Linux's pid_max: never a live process
+    own = sandbox_tmp / f"easyrl-sandbox-{os.getpid()}-live"
+    locked = sandbox_tmp / f"easyrl-sandbox-{no_such_pid}-locked"  # a live owner in another pid namespace
+    orphan = sandbox_tmp / f"easyrl-sandbox-{no_such_pid}-orphan"
+    other = sandbox_tmp / "easyrl-sandbox-o1d_name"  # no owner in the name
+    for folder in (own, locked, orphan, other):
+        folder.mkdir()
+    (orphan / "main.py").write_text("while True: pass")
+    lock = os.open(locked, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert sandbox.remove_orphaned_folders() == [str(orphan)]
+    finally:
+        os.close(lock)
+    assert sorted(p.name for p in sandbox_tmp.iterdir()) == sorted(p.name for p in (own, locked, other))

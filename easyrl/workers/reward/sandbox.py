@@ -12,7 +12,9 @@ and independent: run many at once from a thread pool.
 
 A caller killed mid-run (SIGKILL: Ray replacing a reward actor past `worker.reward.timeout_s`) takes its sandboxes
 with it: the launcher asks the kernel for a signal when its caller exits and then kills its process group (the
-program, and the pid namespace where there is one).
+program, and the pid namespace where there is one). The folder of such a run, named `easyrl-sandbox-<caller pid>-*`
+and locked while in use, is deleted by the first run of the next process that runs a sandbox (the replacement
+actor), or by `remove_orphaned_folders()`; a folder whose owner lives is never touched.
 
 Always, on every POSIX host (resource limits set in the child, enforced by the kernel):
     CPU time       RLIMIT_CPU: SIGXCPU at `cpu_seconds`, SIGKILL one second later            -> limit "cpu_time"
@@ -64,10 +66,13 @@ side channels are shared with the host; the program shares the host's CPU and me
 are readable. For hostile code at scale use a VM or gVisor-class sandbox around the whole reward worker.
 """
 
+import contextlib
+import fcntl
 import functools
 import json
 import logging
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -77,7 +82,7 @@ import sysconfig
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,6 +94,8 @@ LAYERS = ("namespaces", "landlock", "seccomp")
 SETUP_FAILED = 125  # sandbox_launcher.SETUP_FAILED
 _EXTRA_HINT = 'pip install "easyrl[sandbox]"'
 _KILL_GRACE_S = 2.0  # the caller's own deadline runs this long after the launcher's, which normally fires first
+_FOLDER_PREFIX = "easyrl-sandbox-"
+_OWNED_FOLDER = re.compile(re.escape(_FOLDER_PREFIX) + r"(\d+)-\w+")  # easyrl-sandbox-<owner pid>-<random>
 
 
 @dataclass(frozen=True)
@@ -204,7 +211,7 @@ def _clean_env(home: str) -> dict[str, str]:
 @functools.lru_cache(maxsize=1)
 def host_protections() -> HostProtections:
     """Probe (once per process, ~0.1 s) which isolation layers this host supports."""
-    with tempfile.TemporaryDirectory(prefix="easyrl-sandbox-probe-") as folder:
+    with _owned_folder() as folder:
         completed = subprocess.run(
             [_python(), "-I", "-S", "-B", str(LAUNCHER), "--probe", json.dumps(_library_paths())],
             cwd=folder,
@@ -292,6 +299,80 @@ def _remove_tree(folder: str) -> None:
         logger.warning("Could not remove the sandbox folder %s.", folder)
 
 
+@contextlib.contextmanager
+def _owned_folder() -> Iterator[str]:
+    """A throwaway folder named for this process (easyrl-sandbox-<pid>-...) and locked (flock) while in use, deleted
+    at the end; a caller SIGKILLed before the end leaves it to `remove_orphaned_folders`."""
+    folder = tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-")
+    lock = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield folder
+    finally:
+        _remove_tree(folder)
+        os.close(lock)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+def remove_orphaned_folders(base: str | None = None) -> list[str]:
+    """Delete the sandbox folders in `base` (the temp folder) whose owner died mid-run, e.g. a reward actor SIGKILLed
+    at `worker.reward.timeout_s`: this user's folders whose owner pid is gone and whose lock nobody holds (a live
+    owner in another pid namespace sharing /tmp keeps its lock). Returns the folders removed."""
+    base = base or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    for entry in entries:
+        owner = _OWNED_FOLDER.fullmatch(entry.name)
+        try:
+            if not owner or not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
+                continue
+            if _process_alive(int(owner[1])):
+                continue
+            lock = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:  # removed meanwhile (by another sweep)
+            continue
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.path.isdir(entry.path):  # not removed by a sweep that held the lock before us
+                _remove_tree(entry.path)
+                removed.append(entry.path)
+        except OSError:  # locked: in use
+            continue
+        finally:
+            os.close(lock)
+    return removed
+
+
+_swept: set[tuple[int, str]] = set()
+_swept_lock = threading.Lock()
+
+
+def _remove_orphaned_folders_once() -> None:
+    """At the first run of each process (a replaced reward actor is a new process): what dead callers left."""
+    key = (os.getpid(), tempfile.gettempdir())
+    with _swept_lock:
+        if key in _swept:
+            return
+        _swept.add(key)
+    removed = remove_orphaned_folders(key[1])
+    if removed:
+        logger.info(
+            "Removed %d sandbox folder(s) left by processes that died mid-run, e.g. %s.", len(removed), removed[0]
+        )
+
+
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -374,10 +455,10 @@ def run_program(
     A program that breaks a limit comes back with `limit` set; it never raises here.
     """
     protections = check_protections(require)
+    _remove_orphaned_folders_once()
     python = _python()
-    folder = tempfile.mkdtemp(prefix="easyrl-sandbox-")
     started = time.monotonic()
-    try:
+    with _owned_folder() as folder:
         os.chmod(folder, 0o700)
         Path(folder, "main.py").write_text(source, encoding="utf-8")
         for name, content in (files or {}).items():
@@ -434,8 +515,6 @@ def run_program(
                 os.close(status_read)
                 proc.stdout.close()
                 proc.stderr.close()
-    finally:
-        _remove_tree(folder)
     stdout_text = stdout.decode("utf-8", errors="replace")
     stderr_text = stderr.decode("utf-8", errors="replace")
     limit = _classify(status, stderr_text, limits, limit)
