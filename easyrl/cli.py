@@ -221,7 +221,7 @@ def _merge(args: list[str]) -> int:
         out = merge_checkpoint(
             ns.local_dir, ns.output_dir, adapter_only=ns.adapter_only, base_model=ns.base_model, dtype=ns.dtype
         )
-    except (FileNotFoundError, ValueError) as err:  # a folder or flag that does not fit: the message says which
+    except (FileNotFoundError, FileExistsError, ValueError) as err:  # a folder or flag that does not fit: said
         print(f"easyrl merge: {err}", file=sys.stderr)
         return 2
     print(f"Hugging Face model written to {out}")

@@ -161,6 +161,33 @@ def test_an_upload_that_cannot_reach_the_hub_keeps_the_folder_and_says_how_to_up
     assert result.stderr.strip().endswith(f"Upload it later with: hf upload me/tiny-grpo {out}")
 
 
+@pytest.mark.timeout(TIMEOUT)
+def test_an_output_dir_holding_another_model_is_refused_and_a_rerun_of_the_same_merge_is_not(
+    merged, tiny_grpo_run, tmp_path, capsys
+):
+    """--output_dir was written into whatever it held: another model's weights were replaced and its other files (a
+    README, an adapter config) left beside the new ones."""
+    from easyrl.cli import main
+
+    actor_dir, _ = merged
+    other = tmp_path / "other_model"
+    other.mkdir()
+    (other / "README.md").write_text("my notes\n")
+    (other / "model.safetensors").write_bytes(b"weights of another model")
+    assert main(["merge", "--local_dir", str(actor_dir), "--output_dir", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"easyrl merge: --output_dir `{other}` already holds files (README.md, model.safetensors)")
+    assert (other / "model.safetensors").read_bytes() == b"weights of another model"
+    out = tmp_path / "merged"
+    for _ in range(2):  # a new folder, then the same merge again into it
+        assert main(["merge", "--local_dir", str(actor_dir), "--output_dir", str(out)]) == 0
+    assert (out / "model.safetensors").is_file()
+    # another checkpoint into that folder is another model
+    step_2 = tiny_grpo_run.save_dir / "global_step_2" / "actor"
+    assert main(["merge", "--local_dir", str(step_2), "--output_dir", str(out)]) == 2
+    assert f"that no merge of `{step_2}` wrote" in capsys.readouterr().err
+
+
 def test_a_malformed_hub_repo_is_refused_before_the_merge(tmp_path, capsys):
     from easyrl.cli import main
 

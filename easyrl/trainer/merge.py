@@ -32,11 +32,43 @@ def merge_checkpoint(
             f"--local_dir `{local_dir}` is not a role folder of a checkpoint (no {HF_FOLDER}/config.json in it). "
             + (f"Did you mean --local_dir {hint}?" if hint else "Give .../global_step_N/actor.")
         )
-    output_dir = output_dir or os.path.join(local_dir, HF_FOLDER)
+    own = os.path.join(local_dir, HF_FOLDER)
+    output_dir = os.path.normpath(output_dir) if output_dir else own
+    if output_dir != own:
+        _check_output_dir_is_ours(output_dir, local_dir)
     os.makedirs(output_dir, exist_ok=True)
     torch_dtype = to_dtype(dtype) if dtype else None
     merge_checkpoint_to_hf(local_dir, output_dir, adapter_only=adapter_only, base_model=base_model, dtype=torch_dtype)
+    if output_dir != own:
+        with open(os.path.join(output_dir, MERGED_FROM), "w") as handle:
+            handle.write(os.path.abspath(local_dir) + "\n")
     return output_dir
+
+
+# written into an --output_dir of a merge: the checkpoint it holds, so that a rerun may write over it
+MERGED_FROM = ".easyrl_merged_from"
+
+
+def _check_output_dir_is_ours(output_dir: str, local_dir: str) -> None:
+    """An --output_dir holding anything but an earlier merge of the same checkpoint is refused: another model's weights
+    would be replaced, and its other files (an adapter config, a README) left beside the new weights."""
+    if not os.path.isdir(output_dir):
+        if os.path.exists(output_dir):
+            raise FileExistsError(f"--output_dir `{output_dir}` is a file; give a new or empty folder.")
+        return
+    entries = sorted(os.listdir(output_dir))
+    if not entries:
+        return
+    marker = os.path.join(output_dir, MERGED_FROM)
+    if os.path.isfile(marker):
+        with open(marker) as handle:
+            if handle.read().strip() == os.path.abspath(local_dir):
+                return
+    shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+    raise FileExistsError(
+        f"--output_dir `{output_dir}` already holds files ({shown}) that no merge of `{local_dir}` wrote: the merge "
+        "would replace its weights and leave the rest beside them. Give a new or empty folder, or delete this one."
+    )
 
 
 def _role_folder_near(path: str) -> str | None:
