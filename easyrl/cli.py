@@ -109,14 +109,16 @@ def _train(args: list[str]) -> int:
         return run_training
 
     def run_errors():
-        # a reward function that cannot score (it raises on every sample, returns the wrong shape) stops the run
+        # a reward function that cannot score (it raises on every sample, returns the wrong shape) stops the run, as
+        # does an environment that fails on every trajectory
         # so does online filtering that finds too few groups with mixed scores (the data or the filter must change)
         # a vllm judge whose engine died: its message names the engine and how it ended
         from .trainer.ray_trainer import OnlineFilteringError
         from .workers.reward.judge import JudgeEngineError
         from .workers.reward.loader import RewardFunctionError
+        from .workers.rollout.env_failures import EnvironmentFailedError
 
-        return (RewardFunctionError, OnlineFilteringError, JudgeEngineError)
+        return (RewardFunctionError, OnlineFilteringError, JudgeEngineError, EnvironmentFailedError)
 
     return _run_command("train", load_plan, load_runner, run_errors)
 

@@ -15,6 +15,7 @@ import easyrl  # noqa: F401  (process environment before Ray starts)
 from easyrl.config import ConfigError, RewardConfig, load_config
 from easyrl.config.schema import MultiTurnConfig
 from easyrl.workers.rollout.base import rollout_logprob_mismatch
+from easyrl.workers.rollout.env_failures import ENV_ERROR_KEY, EnvFailureWatch, EnvironmentFailedError
 from easyrl.workers.rollout.multi_turn import MultiTurnRollout
 from easyrl.workers.tool_files import load_env_class
 from tests.rollout_helpers import PROMPT_LENGTH, make_prompts, rollout_worker_config
@@ -503,3 +504,74 @@ def test_an_environment_built_slower_than_tool_timeout_works_and_every_instance_
     (slow,) = [r.getMessage() for r in caplog.records if "which does not apply to __init__" in r.getMessage()]
     assert slow.startswith(f"Building 3 instance(s) of environment {spec} took ")
     assert "instances are built for every trajectory of every step" in slow
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# an environment that fails on every trajectory stops the run
+# ----------------------------------------------------------------------------------------------------------------------
+RAISING_ENV = """
+class RaisingEnv:
+    def reset(self, row):
+        self.task = row["ground_truth"]
+
+    def step(self, action_text):
+        if self.task != "works":
+            raise RuntimeError("step is broken")
+        return "obs", 1.0, True
+"""
+
+
+def test_an_environment_class_whose_init_needs_an_argument_is_refused_naming_the_key(tmp_path):
+    path = tmp_path / "init_env.py"
+    path.write_text(
+        "class E:\n    def __init__(self, size, *args, seed=0):\n        pass\n\n    def reset(self, row):\n"
+        "        pass\n\n    def step(self, text):\n        return 'x', 0.0, True\n"
+    )
+    with pytest.raises(ValueError) as error:
+        load_env_class(f"{path}:E")
+    assert str(error.value).startswith(f"`worker.rollout.multi_turn.env`: `E` in `{path}` needs size in `__init__`")
+    assert "give them defaults, or read them from the row in `reset`" in str(error.value)
+
+
+def test_the_rollout_hands_each_trajectorys_first_environment_error_to_the_trainer(tokenizer, tmp_path):
+    path = tmp_path / "raising_env.py"
+    path.write_text(RAISING_ENV)
+    spec = f"{path}:RaisingEnv"
+    turn = tokenizer.encode("Fine.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    rollout, _ = _scripted_env_rollout(tokenizer, spec, {i: [turn] * 2 for i in range(2)}, max_turns=2)
+    out = rollout.generate_sequences(_with_truths(make_prompts(tokenizer, ["a", "b"]), ["works", "broken"]))
+    assert out.non_tensor_batch[ENV_ERROR_KEY].tolist() == [None, f"{spec}: step raised RuntimeError: step is broken"]
+
+
+def test_an_environment_failing_on_every_trajectory_of_the_run_so_far_stops_it_with_its_first_error():
+    counts = [{"env_errors": 1, "env_timeouts": 0}] * 2
+    with pytest.raises(EnvironmentFailedError) as error:
+        EnvFailureWatch("envs.py:E").check(["envs.py:E: __init__ raised TypeError: size", "other"], counts)
+    message = str(error.value)
+    assert "`worker.rollout.multi_turn.env` (envs.py:E) failed on every trajectory of the run so far" in message
+    assert (
+        "(2 in the last batch)" in message
+        and "The first error: envs.py:E: __init__ raised TypeError: size." in message
+    )
+
+
+def test_an_environment_that_worked_stops_the_run_only_after_three_batches_in_a_row_of_failures():
+    watch = EnvFailureWatch("envs.py:E")
+    failed = [{"env_errors": 1, "env_timeouts": 0}] * 2
+    watch.check([None, "e"], failed)  # one trajectory worked
+    watch.check(["e", "e"], failed)
+    watch.check(["e", "e"], failed)
+    watch.check([None, "e"], failed)  # the streak is broken
+    watch.check(["e", "e"], failed)
+    watch.check(["e", "e"], failed)
+    with pytest.raises(EnvironmentFailedError, match="failed on every trajectory of 3 batches in a row"):
+        watch.check(["e", "e"], failed)
+
+
+def test_an_environment_that_only_timed_out_stops_the_run_only_after_three_batches_in_a_row():
+    watch = EnvFailureWatch("envs.py:E")
+    late = [{"env_errors": 1, "env_timeouts": 1}]
+    watch.check(["step timed out"], late)
+    watch.check(["step timed out"], late)
+    with pytest.raises(EnvironmentFailedError, match="3 batches in a row"):
+        watch.check(["step timed out"], late)

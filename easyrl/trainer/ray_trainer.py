@@ -49,6 +49,8 @@ from ..workers.reward.scorer import (
     scores_to_non_tensor,
 )
 from ..workers.rollout.base import GenerationRequest, format_turns, generation_metrics
+from ..workers.rollout.env_failures import ENV_ERROR_KEY, EnvFailureWatch, EnvironmentFailedError
+from ..workers.tool_files import MULTI_TURN_COUNTS
 from .balance import balance_permutation, groups_by_uid, inverse_permutation, per_step_balance
 from .checkpoint import (
     CheckpointManager,
@@ -155,6 +157,8 @@ class PPOTrainer:
         self.workers = workers
         self.reward_scorer = reward_scorer
         self.val_reward_scorer = val_reward_scorer
+        # an environment that fails on every trajectory stops the run, as a reward function that always raises does
+        self.env_failures = EnvFailureWatch(config.worker.rollout.multi_turn.env)
         self.tracker = tracker
         self.stop = stop or StopRequest()
         self.stop.resume_hint = self._resume_hint
@@ -201,8 +205,8 @@ class PPOTrainer:
                 return self._train()
             except JudgeEngineDied as error:  # before its base class's clause: a dead process, as a worker's
                 died = error
-            except (RewardFunctionError, JudgeEngineError) as error:
-                # a reward or judge that cannot score ends the run (printed as one line): say where it can go on from
+            except (RewardFunctionError, JudgeEngineError, EnvironmentFailedError) as error:
+                # a reward, judge or environment that cannot score ends the run (printed as one line): say where it can go on from
                 error.add_note(self._resume_hint())
                 raise
             except WorkerDiedError as error:
@@ -560,6 +564,10 @@ class PPOTrainer:
             prompts.non_tensor_batch["reward_baselines"] = np.array(baselines.tolist(), dtype=object)
 
         batch = join_rollout_output(prompts.repeat(self.config.worker.rollout.n, interleave=True), generated)
+        if ENV_ERROR_KEY in batch.non_tensor_batch:  # before the scoring: a broken environment's zeros are not scored
+            self.env_failures.check(
+                batch.non_tensor_batch.pop(ENV_ERROR_KEY), batch.non_tensor_batch[MULTI_TURN_COUNTS]
+            )
         if "reward_baselines" in batch.non_tensor_batch:
             batch.batch["reward_baselines"] = torch.tensor(
                 batch.non_tensor_batch.pop("reward_baselines").astype(float)

@@ -353,7 +353,23 @@ def load_env_class(spec: str) -> type:
             f"`{ENV_KEY}`: `{name}` in `{path}` has neither `step(action_text)` nor a public method for the model to "
             "call as a tool; give it one of the two."
         )
+    required = required_init_parameters(cls)
+    if required:
+        raise ValueError(
+            f"`{ENV_KEY}`: `{name}` in `{path}` needs {', '.join(required)} in `__init__`, but an environment is built "
+            "with no arguments (one instance per trajectory); give them defaults, or read them from the row in `reset`."
+        )
     return cls
+
+
+def required_init_parameters(cls: type) -> list[str]:
+    """The parameters of ``cls()`` that have no default (the class cannot be built with no arguments)."""
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):  # a class whose signature Python cannot read: judged when it is built
+        return []
+    optional = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [p.name for p in parameters if p.default is inspect.Parameter.empty and p.kind not in optional]
 
 
 def env_specs(env: Any) -> dict[Optional[str], str]:

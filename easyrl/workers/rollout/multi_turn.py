@@ -98,6 +98,7 @@ from .base import (
     repeat_greedy,
     resolve_sampling,
 )
+from .env_failures import ENV_ERROR_KEY
 from .vllm_rollout import MAX_REQUEST_SEED, _vllm_multi_modal_data, call_request_seeds
 
 
@@ -690,6 +691,7 @@ class Trajectory:
     env_reward: float = 0.0
     env_errors: int = 0
     env_timeouts: int = 0
+    env_error: Optional[str] = None  # the first environment error, for a run whose environment always fails
     pending_error: Optional[dict] = None  # a failed reset's message, put in `messages` after the first turn
     truncated: bool = False
     max_turns_reached: bool = False
@@ -952,6 +954,10 @@ class MultiTurnRollout(BaseRollout):
         if any(t.pictures or t.prompt_pictures for t in trajectories):
             self._add_pictures(data, repeat_greedy(trajectories, settings), budget)
         rewards = np.array(repeat_greedy([t.env_reward for t in trajectories], settings), dtype=np.float64)
+        if stepped or tool_env:  # read by the trainer, which stops a run whose environment always fails
+            data.non_tensor_batch[ENV_ERROR_KEY] = _object_array(
+                repeat_greedy([t.env_error for t in trajectories], settings)
+            )
         if stepped:
             data.non_tensor_batch["env_reward"] = rewards
             self._release_envs(trajectories)  # each closed: a stepped environment is new for every trajectory
@@ -1284,6 +1290,7 @@ class MultiTurnRollout(BaseRollout):
                 continue
             t.env_errors += 1
             t.env_timeouts += outcome.timed_out
+            t.env_error = t.env_error or f"{self._label(t)}{_at_row(t)}: {outcome.error}"
             logger.warning(
                 "Environment %s%s: %s; the trajectory's environment reward is 0.",
                 self._label(t),
@@ -1312,11 +1319,12 @@ class MultiTurnRollout(BaseRollout):
             return False
         t.env_errors += 1
         t.env_timeouts += outcome.timed_out
+        error = outcome.error.rstrip(".")  # a message of its own may end in a full stop
+        t.env_error = t.env_error or f"{self._label(t)}{_at_row(t)}: {error}"
         if t.env is not None:
             self._close_env(t.env)
         t.env = None  # abandoned: a hung call may still hold it
         t.env_reward = 0.0
-        error = outcome.error.rstrip(".")  # a message of its own may end in a full stop
         message = {"role": "user", "content": f"Error: {self._label(t)} {error}."}
         if t.turns:
             t.messages.append(message)
