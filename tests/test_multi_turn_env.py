@@ -575,3 +575,23 @@ def test_an_environment_that_only_timed_out_stops_the_run_only_after_three_batch
     watch.check(["step timed out"], late)
     with pytest.raises(EnvironmentFailedError, match="3 batches in a row"):
         watch.check(["step timed out"], late)
+
+
+def test_a_step_returning_none_as_observation_is_recorded_as_the_empty_turn_the_model_reads(
+    tokenizer, tmp_path, caplog
+):
+    path = tmp_path / "none_env.py"
+    path.write_text(
+        "class NoneObs:\n    def reset(self, row):\n        pass\n\n    def step(self, text):\n        return None, 1.0, False\n"
+    )
+    turn = tokenizer.encode("Fine.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    rollout, _ = _scripted_env_rollout(tokenizer, f"{path}:NoneObs", {i: [turn] * 3 for i in range(2)}, max_turns=3)
+    with caplog.at_level("WARNING"):
+        out = rollout.generate_sequences(_with_truths(make_prompts(tokenizer, ["a", "b"]), ["1", "2"]))
+    empty = tokenizer.encode("\n<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    response = out.batch["responses"][0, : out.batch["attention_mask"][0, PROMPT_LENGTH:].sum()].tolist()
+    assert response == turn + empty + turn + empty + turn
+    assert [m["role"] for m in out.non_tensor_batch["messages"][0]] == ["assistant", "user"] * 2 + ["assistant"]
+    assert [m["content"] for m in out.non_tensor_batch["messages"][0] if m["role"] == "user"] == ["", ""]
+    warned = [r.message for r in caplog.records if "returned None as the observation" in r.message]
+    assert len(warned) == 1 and "the model reads an empty user turn, recorded in `messages` as one" in warned[0]

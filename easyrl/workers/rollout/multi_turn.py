@@ -842,6 +842,7 @@ class MultiTurnRollout(BaseRollout):
         self._warned_tools: set[tuple[str, bool]] = set()  # (tool, timed out) whose first failure was logged
         self._warned_coercions: set[str] = set()  # the tools whose first argument re-reading was logged
         self._warned_long: set[str] = set()  # the tools whose cut result was logged
+        self._warned_no_observation: set[str] = set()  # the environments whose step returned None as observation
         self._warned_running: set[str] = set()  # the abandoned calls (by thread name) said to be still running
         self._abandoned: list[threading.Thread] = []  # this rollout's calls abandoned at their deadline, still running
         # the most characters one token can stand for (a vocabulary piece is at least as long as its text): a result
@@ -1338,6 +1339,22 @@ class MultiTurnRollout(BaseRollout):
         )
         return True
 
+    def _warn_no_observation(self, t: Trajectory, shown: bool) -> None:
+        """A step that returned None as its observation (often a branch that forgot its ``return``), once per
+        environment."""
+        label = self._label(t)
+        if label in self._warned_no_observation:
+            return
+        self._warned_no_observation.add(label)
+        read = "an empty user turn, recorded in `messages` as one" if shown else "nothing (the step said done)"
+        logger.warning(
+            'Environment %s%s: step returned None as the observation; the model reads %s. Return text ("" for '
+            "nothing to say), a picture or a list of both (logged once per environment).",
+            label,
+            _at_row(t),
+            read,
+        )
+
     def _label(self, t: Trajectory) -> str:
         """The environment of a trajectory as the config names it."""
         return self.env_specs.get(t.env_name) or str(self.multi_turn.env)
@@ -1365,7 +1382,10 @@ class MultiTurnRollout(BaseRollout):
                     t.done = True
                     continue
             message = {"role": "user", "content": outcome.observation or ""}
-            if outcome.observation is not None:
+            shown = not (outcome.done or t.done or last_turn)
+            if outcome.observation is None:
+                self._warn_no_observation(t, shown)
+            if outcome.observation is not None or shown:  # `messages` holds what the model reads
                 t.messages.append(message)
             if outcome.done or t.done:
                 t.done = True  # the environment is done, or the turn used up the response budget
