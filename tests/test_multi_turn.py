@@ -245,6 +245,65 @@ def test_tool_arguments_are_read_as_their_schemas_types_or_refused_before_the_to
     assert any(m.startswith("Tool 'add' got arguments") and "\"a\" = '2' read as an integer" in m for m in warned)
 
 
+def test_a_call_missing_a_required_argument_or_naming_an_unknown_one_is_the_models_error_not_the_tools(tmp_path):
+    """Both read as "add raised TypeError: ...", as if the tool had failed; the tool does not run."""
+    path = tmp_path / "typed.py"
+    path.write_text(TYPED_TOOLS)
+    tools = load_tools(str(path))
+    calls = [ToolCall("add", {"a": 1}), ToolCall("add", {"a": 1, "b": 2, "c": 3}), ToolCall("add", {"a": 1, "b": 2})]
+    results, _ = run_tool_calls(calls, tools, timeout=5.0)
+    assert [(r.content, r.error) for r in results] == [
+        ('Error: add: missing required argument(s) "b".', True),
+        ('Error: add: unknown argument(s) "c"; it takes: a, b.', True),
+        ("3", False),
+    ]
+
+
+SCHEMA_TOOL = """
+def f(x, scale=1.0{extra}):
+    return x
+
+
+f.schema = {{"type": "function", "function": {{"name": "f", "parameters": {parameters}}}}}
+TOOLS = [f]
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "parameters", "message"),
+    [
+        ("", '"notadict"', "`parameters` is 'notadict'; it must be a JSON object schema"),
+        ("", '{"type": "string"}', "`parameters` is {'type': 'string'}; it must be a JSON object schema"),
+        (
+            "",
+            '{"type": "object", "properties": {"x": {}, "y": {"type": "string"}}}',
+            "advertises argument(s) y, which the function does not take (it takes scale, x)",
+        ),
+        ("", '{"type": "object", "properties": {"scale": {}}}', "leaves out x, which the function requires"),
+        (", **kwargs", '{"type": "object", "properties": {"x": {}, "y": {}}}', None),
+    ],
+)
+def test_a_schema_attribute_is_checked_against_the_functions_parameters(tmp_path, extra, parameters, message):
+    path = tmp_path / "schema_tools.py"
+    path.write_text(SCHEMA_TOOL.format(extra=extra, parameters=parameters))
+    if message is None:  # a function taking **kwargs takes any property
+        assert list(load_tools(str(path))) == ["f"]
+        return
+    with pytest.raises(ValueError) as error:
+        load_tools(str(path))
+    assert str(error.value).startswith(f"`worker.rollout.multi_turn.tools`: `f.schema` in `{path}`")
+    assert message in str(error.value)
+
+
+def test_a_kwargs_tool_without_a_schema_is_told_to_give_it_one(tmp_path):
+    path = tmp_path / "kwargs_tools.py"
+    path.write_text('def kw(**kwargs) -> str:\n    """Anything."""\n    return "x"\n\n\nTOOLS = [kw]\n')
+    with pytest.raises(ValueError) as error:
+        load_tools(str(path))
+    assert f"no JSON schema for `kw` in `{path}`: it takes `**kwargs`" in str(error.value)
+    assert "Give it a `schema` attribute" in str(error.value)
+
+
 def test_the_first_error_and_the_first_timeout_of_each_tool_are_logged_once(caplog):
     """The counts alone did not say which tool failed, nor why (an environment's failures were logged, a tool's not)."""
 
@@ -348,7 +407,13 @@ def add_v2(a: int, b: int) -> int:
     return -999
 
 
-add_v2.schema = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
+add_v2.schema = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+    },
+}
 
 
 def delete_everything(path: str) -> str:
@@ -424,7 +489,12 @@ def test_a_callable_object_or_a_partial_as_a_tool_is_told_to_become_a_function(t
         load_tools(str(path))
     assert f"`{path}` lists {kind}, not a function, as a tool" in str(error.value)
     assert "Wrap it in a `def`" in str(error.value)
-    schema = {"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {}}}}
+    argument = {"type": "string"} if listed == "Searcher()" else {"type": "number"}
+    properties = {"query" if listed == "Searcher()" else "base": argument}
+    schema = {
+        "type": "function",
+        "function": {"name": "search", "parameters": {"type": "object", "properties": properties}},
+    }
     path.write_text(f"{CALLABLE_TOOLS}\nsearcher = {listed}\nsearcher.schema = {schema!r}\nTOOLS = [searcher]\n")
     assert list(load_tools(str(path))) == ["search"]
 
@@ -441,7 +511,8 @@ def test_a_schema_that_is_no_openai_dict_with_a_name_is_refused_naming_the_tool_
     assert "it must be an OpenAI-style dict" in str(error.value)
     # the bare function object (verl's and OpenAI's function) names the tool too
     path.write_text(
-        'def calc(expression):\n    return expression\n\n\ncalc.schema = {"name": "calc2"}\nTOOLS = [calc]\n'
+        'def calc(expression):\n    return expression\n\n\ncalc.schema = {"name": "calc2", "parameters": {"type": '
+        '"object", "properties": {"expression": {"type": "string"}}}}\nTOOLS = [calc]\n'
     )
     assert list(load_tools(str(path))) == ["calc2"]
 

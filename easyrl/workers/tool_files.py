@@ -201,29 +201,34 @@ def _conform(value: Any, schema: Any, where: str, coerced: list[str]) -> Any:
     return value
 
 
-def _parameter_schemas(schema: dict) -> dict:
-    function = schema.get("function", schema)
+def _parameters_object(schema: Any) -> Optional[dict]:
+    """The ``parameters`` object schema of a tool's JSON schema (None when it has none)."""
+    function = schema.get("function", schema) if isinstance(schema, dict) else None
     parameters = function.get("parameters") if isinstance(function, dict) else None
-    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    return parameters if isinstance(parameters, dict) else None
+
+
+def _parameter_schemas(schema: dict) -> dict:
+    properties = (_parameters_object(schema) or {}).get("properties")
     return properties if isinstance(properties, dict) else {}
 
 
-def _read_parameters(fn: Callable, method: bool) -> dict:
+def _read_parameters(fn: Callable, method: bool) -> Optional[dict]:
     try:
-        return _parameter_schemas(tool_schema(fn, method))
+        return _parameters_object(tool_schema(fn, method)) or {}
     except Exception:  # no schema to read (a library caller's undocumented function): nothing was advertised
-        return {}
+        return None
 
 
 _cached_parameters = functools.lru_cache(maxsize=1024)(_read_parameters)
 
 
-def shown_parameters(fn: Callable) -> dict:
-    """name -> JSON schema of each parameter of the tool ``fn`` as the prompts advertise it (a tool environment's
-    bound method: read from its class's function, as env_tool_schemas reads it)."""
+def shown_parameters_object(fn: Callable) -> Optional[dict]:
+    """The ``parameters`` object schema of the tool ``fn`` as the prompts advertise it (a tool environment's bound
+    method: read from its class's function, as env_tool_schemas reads it); None when no schema can be read."""
     own = getattr(fn, "schema", None)
     if own is not None:
-        return _parameter_schemas(own) if isinstance(own, dict) else {}
+        return _parameters_object(own) or {}
     function = getattr(fn, "__func__", None)
     target, method = (function, True) if function is not None else (fn, False)
     try:
@@ -232,14 +237,39 @@ def shown_parameters(fn: Callable) -> dict:
         return _read_parameters(target, method)
 
 
+def shown_parameters(fn: Callable) -> dict:
+    """name -> JSON schema of each parameter of the tool ``fn`` as the prompts advertise it."""
+    properties = (shown_parameters_object(fn) or {}).get("properties")
+    return properties if isinstance(properties, dict) else {}
+
+
+def _takes_any_keyword(fn: Callable) -> bool:
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True  # cannot tell: the call decides
+    return any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
 def checked_arguments(fn: Callable, arguments: dict) -> tuple[dict, list[str]]:
     """A tool call's ``arguments`` against the parameter types of the schema the model was shown (``shown_parameters``):
     a value of another type is read as the advertised one where its text says the same (the string "2" as the integer
     2, "false" as false, 2.0 as 2, a number as its text, a JSON array or object sent as a string) and described in the
     returned list; a value no reading fits raises ToolArgumentError, which the model gets as its error. Without this
-    check a tool typed ``int`` would get "2" and compute "2" + "3" = "23". Arguments the schema does not name are left
-    to the call (Python refuses them)."""
-    parameters, coerced = shown_parameters(fn), []
+    check a tool typed ``int`` would get "2" and compute "2" + "3" = "23". A call that leaves out an argument the
+    schema requires, or names one it does not list (unless the function takes ``**kwargs``), raises
+    ToolArgumentError too: the model malformed the call, the tool did not fail."""
+    shown, coerced = shown_parameters_object(fn), []
+    parameters = shown_parameters(fn)
+    if shown is not None:
+        required = shown.get("required") if isinstance(shown.get("required"), list) else []
+        missing = [name for name in required if name not in arguments]
+        if missing:
+            raise ToolArgumentError(f"missing required argument(s) {', '.join(map(json.dumps, missing))}")
+        unknown = [name for name in arguments if name not in parameters]
+        if unknown and not _takes_any_keyword(fn):
+            takes = ", ".join(parameters) or "no arguments"
+            raise ToolArgumentError(f"unknown argument(s) {', '.join(map(json.dumps, unknown))}; it takes: {takes}")
     checked = {
         name: _conform(value, parameters[name], name, coerced) if name in parameters else value
         for name, value in arguments.items()
@@ -266,6 +296,13 @@ def _named_schemas(functions: list[Callable], where: str, key: str, method: bool
         try:
             schema = tool_schema(fn, method)
         except Exception as err:  # transformers' DocstringParsingException, TypeHintParsingException
+            if _takes_any_keyword(fn):  # no type hint makes **kwargs a schema
+                raise ValueError(
+                    f"`{key}`: no JSON schema for `{fn_name}` in `{where}`: it takes `**kwargs`, whose arguments no "
+                    f"type hint or docstring can name. Give it a `schema` attribute (`{fn_name}.schema = "
+                    '{"type": "function", "function": {"name": ..., "description": ..., "parameters": {"type": '
+                    '"object", "properties": {...}}}}`), or name its arguments.'
+                ) from None
             raise ValueError(
                 f"`{key}`: no JSON schema for `{fn_name}` in `{where}`: {str(err).rstrip('.')}. Give it type "
                 "hints and a Google-style docstring with an `Args:` line per argument, or a `schema` attribute."
@@ -277,6 +314,8 @@ def _named_schemas(functions: list[Callable], where: str, key: str, method: bool
                 '{"type": "function", "function": {"name": ..., "description": ..., "parameters": {...}}}, or leave '
                 "it out to read the schema from the type hints and docstring."
             )
+        if getattr(fn, "schema", None) is not None:
+            _check_own_schema(fn, schema, f"`{key}`: `{fn_name}.schema` in `{where}`", method)
         if name in owners:
             first = owners[name]
             what = (
@@ -290,6 +329,46 @@ def _named_schemas(functions: list[Callable], where: str, key: str, method: bool
             )
         schemas[name], owners[name] = schema, fn
     return schemas
+
+
+def _check_own_schema(fn: Callable, schema: dict, where: str, method: bool) -> None:
+    """A ``schema`` attribute against the function it describes: its ``parameters`` is an object schema, every property
+    it advertises is a parameter of the function (unless it takes ``**kwargs``), and every parameter the function
+    requires is advertised; else the model, calling as advertised, would get an error at every call."""
+    function = schema.get("function", schema)
+    parameters = function.get("parameters") if "parameters" in function else {"type": "object"}
+    if not isinstance(parameters, dict) or parameters.get("type") != "object":
+        raise ValueError(
+            f"{where}: `parameters` is {short_repr(parameters)}; it must be a JSON object schema, "
+            '{"type": "object", "properties": {"<argument>": {"type": ...}}, "required": [...]}.'
+        )
+    properties = parameters.get("properties", {})
+    if not isinstance(properties, dict):
+        raise ValueError(
+            f"{where}: `parameters.properties` is {short_repr(properties)}; it must map names to schemas."
+        )
+    try:
+        signature = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a signature Python cannot read: the calls tell
+        return
+    signature = [p for p in signature[1 if method else 0 :] if p.name != ROW_ARGUMENT]
+    named = {p.name for p in signature if p.kind not in (inspect.Parameter.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    unknown = [name for name in properties if name not in named]
+    if unknown and not any(p.kind == p.VAR_KEYWORD for p in signature):
+        raise ValueError(
+            f"{where} advertises argument(s) {', '.join(unknown)}, which the function does not take (it takes "
+            f"{', '.join(sorted(named)) or 'none'}); make the schema's `properties` the function's parameters."
+        )
+    required = [
+        p.name
+        for p in signature
+        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in properties
+    ]
+    if required:
+        raise ValueError(
+            f"{where} leaves out {', '.join(required)}, which the function requires: the model would never send it. "
+            "Add it to the schema's `properties` and `required`, or give it a default."
+        )
 
 
 def _schema_name(schema: Any) -> Optional[str]:
