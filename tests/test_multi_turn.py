@@ -581,6 +581,17 @@ def test_check_refuses_a_bad_tools_file_naming_the_key(valid_args, tmp_path, sou
     assert message.format(path=path) in str(error.value)
 
 
+def test_check_refuses_tools_given_as_file_colon_function_saying_tools_are_a_file_listing_them(valid_args, tmp_path):
+    path = tmp_path / "my_tools.py"
+    path.write_text('def g(x: int) -> int:\n    """G.\n\n    Args:\n        x: X.\n    """\n    return x\n')
+    with pytest.raises(ConfigError) as error:
+        load_config([*valid_args, f"worker.rollout.multi_turn.tools={path}:g"])
+    assert str(error.value) == (
+        f"`worker.rollout.multi_turn.tools` is '{path}:g': tools are a file whose module-level `TOOLS` lists them, "
+        f"given without `:name`; write worker.rollout.multi_turn.tools={path} with `TOOLS = [g, ...]` in it."
+    )
+
+
 def test_check_refuses_tools_with_the_hf_rollout_and_an_unknown_parser(valid_args):
     with pytest.raises(ConfigError, match="multi-turn rollouts run on the vllm engine only"):
         load_config([*valid_args, f"worker.rollout.multi_turn.tools={CALCULATOR}", "worker.rollout.name=hf"])

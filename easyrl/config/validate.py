@@ -619,6 +619,12 @@ def _check_tools_file(config: PPOConfig) -> None:
     if multi_turn.env:
         _check_env_file(multi_turn.env, multi_turn.tools, key)
         return
+    file, sep, name = str(multi_turn.tools).rpartition(":")
+    if sep and file.endswith(".py") and name.isidentifier():  # the form of reward_function and env, not of tools
+        raise ConfigError(
+            f"`{key}` is {multi_turn.tools!r}: tools are a file whose module-level `TOOLS` lists them, given without "
+            f"`:name`; write {key}={file} with `TOOLS = [{name}, ...]` in it."
+        )
     try:
         path, names, _ = parse_user_file(multi_turn.tools, key)
     except RewardFunctionError as err:
