@@ -462,6 +462,24 @@ def test_pictures_past_limit_images_or_to_a_text_model_answer_the_model_with_a_c
     )
 
 
+def test_a_tools_pictures_a_text_model_cannot_read_are_logged_once_per_tool(
+    vl_tokenizer_and_processor, look_tools, tokenizer, caplog
+):
+    """Logged at every call (hundreds of lines a step at a real batch size), then once more as the first error."""
+    vl_tokenizer, processor = vl_tokenizer_and_processor
+    model_path = Path(processor.tokenizer.name_or_path)
+    text_call = tokenizer.encode(CALL, add_special_tokens=False) + [tokenizer.eos_token_id]
+    engine, _ = scripted_engine(tokenizer, {i: [text_call, text_call] for i in range(3)}, response_length=128)
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(tools=look_tools, max_turns=2))
+    image = random_image(0, **PROMPT_IMAGE)
+    prompts = vl_prompts(processor, model_path, [VLSample(f"Describe it {i}.", [image]) for i in range(3)])
+    with caplog.at_level("WARNING"):
+        out = rollout.generate_sequences(prompts)
+    assert out.meta_info["metrics"]["rollout/multi_turn/tool_errors"] == 3
+    said = [r.getMessage() for r in caplog.records if "no multimodal processor" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("Tool 'look': the model read")
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # a run: GRPO through `easyrl train` with pictures in the observations
 # ----------------------------------------------------------------------------------------------------------------------

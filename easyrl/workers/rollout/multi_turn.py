@@ -1210,7 +1210,7 @@ class MultiTurnRollout(BaseRollout):
                 "message to add it to; give the data chat prompts ending with the user's message (a prompt cut at "
                 "data.max_prompt_length loses that end: raise it)"
             )
-        pictures, grids = self._prepare_pictures(t, outcome.pictures, "it", said=False), []
+        pictures, grids = self._prepare_pictures(t, outcome.pictures, "it"), []
         if pictures:
             insert = self.renderer.user_content_ids(outcome.observation)
             expanded, grids = self.pictures.expand(insert, pictures)
@@ -1376,7 +1376,7 @@ class MultiTurnRollout(BaseRollout):
             pictures = []
             if not (outcome.done or t.done or last_turn):  # a last observation is never shown: nor its pictures
                 try:
-                    pictures = self._prepare_pictures(t, outcome.pictures, "an environment observation", said=False)
+                    pictures = self._prepare_pictures(t, outcome.pictures, "an environment observation")
                 except ValueError as err:
                     self._count_env_failure(t, EnvOutcome(error=f"step: {err}"))
                     t.done = True
@@ -1494,13 +1494,11 @@ class MultiTurnRollout(BaseRollout):
                 else "",
             )
 
-    def _prepare_pictures(
-        self, t: Trajectory, pictures: list, source: str, already: int = 0, said: bool = True
-    ) -> list:
-        """Pictures at the size the processor keeps. ValueError (said in the log unless ``said`` is false, for a
-        caller that says it) for a text model, which cannot read them, and past `worker.rollout.limit_images`
-        pictures in the trajectory (``already``: pictures of this turn accepted before these), which the engine would
-        refuse."""
+    def _prepare_pictures(self, t: Trajectory, pictures: list, source: str, already: int = 0) -> list:
+        """Pictures at the size the processor keeps. ValueError for a text model, which cannot read them, and past
+        `worker.rollout.limit_images` pictures in the trajectory (``already``: pictures of this turn accepted before
+        these), which the engine would refuse; the caller answers the model with it and logs it as it logs the tool's
+        or environment's other errors (a tool's once per tool)."""
         if not pictures:
             return []
         limit = self.engine.config.limit_images
@@ -1510,16 +1508,12 @@ class MultiTurnRollout(BaseRollout):
                 f"{source} returned {len(pictures)} picture(s), but the trajectory already holds {held} and "
                 f"worker.rollout.limit_images is {limit}; raise it to allow more pictures per trajectory."
             )
-            if said:
-                logger.warning(message)
             raise ValueError(message)
         if self.pictures is None:
             message = (
                 f"{source} returned {len(pictures)} picture(s), but the model has no multimodal processor to read "
                 "them; return text, or train a vision-language model."
             )
-            if said:
-                logger.warning(message)
             raise ValueError(message)
         return [self.pictures.prepare(picture) for picture in pictures]
 
