@@ -246,10 +246,12 @@ def test_easyrl_check_reads_the_checkpoint_the_run_would_resume_as_the_run_does(
     ]
     resumes = run_easyrl("check", *recipe, f"trainer.save_checkpoint_path={save_dir}", timeout=120)
     assert resumes.returncode == 0, resumes.stderr[-2000:]
-    assert resumes.stdout.rstrip().endswith(f"#   resumes from {path} (step 2)")
-    assert "#   validation: not before training (it resumes at step 2), every 5 steps, at the end\n" in resumes.stdout
+    assert resumes.stdout.rstrip().endswith(f"#   resumes from {path} (after step 2)")
+    assert (
+        "#   validation: not before training (it resumes after step 2), every 5 steps, at the end\n" in resumes.stdout
+    )
     done = run_easyrl("check", *recipe, f"trainer.save_checkpoint_path={save_dir}", "trainer.max_steps=2", timeout=120)
-    assert done.returncode == 0 and f"#   resumes from {path} (step 2); Nothing to train: " in done.stdout
+    assert done.returncode == 0 and f"#   resumes from {path} (after step 2); Nothing to train: " in done.stdout
     for overrides, refusal in [
         (["worker.actor.model.lora.rank=16"], "worker.actor.model.lora.rank is 4 in the checkpoint and 16 in this"),
         (

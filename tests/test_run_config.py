@@ -66,6 +66,12 @@ def test_a_resume_names_the_changes_since_its_checkpoints_config_and_the_keys_it
         "the shuffled order goes on as the checkpoint saved it" in caplog.text
     )
     assert yaml.safe_load((run / "config.2.yaml").read_text())["data"]["shuffle"] is False
+    # a new rollout batch size counts the steps left to total_epochs in the new size from the old step number
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        resized = _config_yaml("trainer.max_steps=5", "data.rollout_batch_size=4", "worker.actor.global_batch_size=4")
+        record_run_config(str(run), resized, resumed_from=checkpoint)
+    assert "data.rollout_batch_size: the checkpoint's step number counts batches of the old size" in caplog.text
 
 
 def test_a_val_only_look_keeps_its_config_beside_the_runs(tmp_path, caplog):

@@ -73,6 +73,41 @@ def test_mini_rollout_batches_plan_generation_rounds_and_steps_per_rollout_batch
     # a loader of 40 mini-batches of 2 prompts = 80 prompts per epoch = 10 steps of 8 prompts per epoch
     assert plan.with_training_steps(40).training_steps == 10 * plan.config.trainer.total_epochs
     assert plan.config.worker.actor.optim.training_steps == 10 * plan.config.trainer.total_epochs
+    # a mini-batch that does not divide the rollout batch: 6 batches of 3 prompts per epoch, two a step (4 prompts)
+    # make 3 steps; counting 18 prompts // 4 gave 4, and total_epochs=1 ran into a second pass
+    one_epoch = ["data.rollout_batch_size=4", "data.mini_rollout_batch_size=3", "trainer.total_epochs=1"]
+    assert load_run_plan(BASE + one_epoch).with_training_steps(6).training_steps == 3
+    # with online filtering the rounds vary with what is kept: counted by prompts, as EasyR1 counts them
+    filtered = load_run_plan(BASE + one_epoch + ["algorithm.online_filtering=true"])
+    assert filtered.with_training_steps(6).training_steps == 4
+
+
+def test_settings_a_switch_turns_off_are_noted_together():
+    """kl_coef with disable_kl=true, filter bounds without online filtering, validation keys without validation
+    data: each was accepted without a word, so two runs differing in them looked like an experiment."""
+    notes = load_run_plan(
+        BASE
+        + [
+            "algorithm.disable_kl=true",
+            "algorithm.kl_coef=0.5",
+            "algorithm.filter_low=0.2",
+            "trainer.max_try_make_batch=5",
+            "data.val_files=",
+            "trainer.val_freq=2",
+        ]
+    ).notes
+    assert (
+        "algorithm.kl_coef=0.5: algorithm.disable_kl=true turns every KL term off, so this setting does nothing. "
+        "Set algorithm.disable_kl=false for a KL penalty or loss." in notes
+    )
+    assert any(
+        n.startswith("algorithm.filter_low=0.2, trainer.max_try_make_batch=5: algorithm.online_filtering")
+        for n in notes
+    )
+    assert any(n.startswith("trainer.val_freq=2: data.val_files is empty (no validation), so this") for n in notes)
+    # the same keys where their switch is on are read, and nothing is said
+    on = load_run_plan(BASE + ["algorithm.kl_coef=0.5", "algorithm.online_filtering=true", "algorithm.filter_low=0.2"])
+    assert not any("do nothing" in n or "does nothing" in n for n in on.notes)
 
 
 def test_max_steps_sets_the_step_count_outright_as_in_easyr1():
@@ -127,7 +162,7 @@ def test_the_plan_says_how_many_prompts_a_validation_runs_and_that_a_resumed_run
 
     assert schedule(0) == "validation: before training, every 2 steps, at the end (5 prompts each time)"
     assert schedule(3) == (
-        "validation: not before training (it resumes at step 3), every 2 steps, at the end (5 prompts each time)"
+        "validation: not before training (it resumes after step 3), every 2 steps, at the end (5 prompts each time)"
     )
     # before the data is read (easyrl check) the size is not known and not guessed
     assert "\nvalidation: before training, every 2 steps, at the end\n" in load_run_plan(args).describe()
@@ -639,7 +674,7 @@ def test_a_critic_warmup_as_long_as_the_epochs_is_refused_once_the_steps_are_cou
     plan = load_run_plan([*BASE, "trainer.total_epochs=2", "trainer.critic_warmup=4"])
     assert plan.with_training_steps(3).training_steps == 6  # 3 batches of 4 prompts x 2 epochs
     with pytest.raises(
-        ConfigError, match=r"`trainer\.critic_warmup` is 4 and the run has 4 training steps \(8 prompts"
+        ConfigError, match=r"`trainer\.critic_warmup` is 4 and the run has 4 training steps \(2 steps per epoch"
     ):
         plan.with_training_steps(2)
 

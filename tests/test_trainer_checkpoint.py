@@ -199,7 +199,7 @@ def test_a_warm_started_run_rerun_goes_on_from_its_own_newest_checkpoint(tmp_pat
     # check's plan line says where the run goes on from and why
     plan = load_run_plan([*valid_args, f"trainer.save_checkpoint_path={own}", f"trainer.load_checkpoint_path={other}"])
     assert resume_summary(plan, str(own / "global_step_8")).startswith(
-        f"resumes from {own / 'global_step_8'} (step 8), this run's own newest checkpoint: "
+        f"resumes from {own / 'global_step_8'} (after step 8), this run's own newest checkpoint: "
         f"trainer.load_checkpoint_path={other}, outside its folder, was where it started"
     )
 

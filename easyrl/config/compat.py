@@ -248,7 +248,7 @@ EASYR1_DIFFERENCES: dict[str, str] = {
         "0.9: noise trained as signal)"
     ),
     "worker.actor.global_batch_size": (
-        "when a batch makes exactly one optimizer step (ppo_epochs 1, global_batch_size >= rollout_batch_size) and "
+        "when a batch makes exactly one optimizer step (ppo_epochs 1, global_batch_size = rollout_batch_size) and "
         "the KL is not in the reward, easyrl skips EasyR1's separate old-log-prob pass and uses the update's own "
         "detached log-probs (the ratio is exactly 1 at that step, so the loss and its gradient are the same); "
         "algorithm.recompute_old_log_probs=true restores the pass"

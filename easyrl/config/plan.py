@@ -110,7 +110,14 @@ class RunPlan:
         config = self.config
         if config.trainer.max_steps is not None:
             steps, counted_by = config.trainer.max_steps, "trainer.max_steps"
-        else:
+        elif not config.algorithm.online_filtering:
+            # a step draws generation_rounds_per_step whole batches: with a generation batch that does not divide
+            # the rollout batch, prompts // rollout_batch_size would count steps the epoch has no batches for, and
+            # total_epochs=1 would run into a second pass
+            per_epoch = generation_batches_per_epoch // self.generation_rounds_per_step
+            steps = per_epoch * config.trainer.total_epochs
+            counted_by = f"{per_epoch} steps per epoch x trainer.total_epochs={config.trainer.total_epochs}"
+        else:  # rounds vary with what the filter keeps: EasyR1's count, by prompts
             prompts_per_epoch = generation_batches_per_epoch * self.generation_batch_size
             steps = prompts_per_epoch // config.data.rollout_batch_size * config.trainer.total_epochs
             counted_by = f"{prompts_per_epoch} prompts per epoch x trainer.total_epochs={config.trainer.total_epochs}"
@@ -276,7 +283,7 @@ def _validation_schedule(config: PPOConfig, at_end: bool, start_step: int, promp
     if trainer.val_before_train:
         # validates_first: a resumed run validated its start when it began (EasyR1 validates again on every resume)
         parts.append(
-            "before training" if start_step == 0 else f"not before training (it resumes at step {start_step})"
+            "before training" if start_step == 0 else f"not before training (it resumes after step {start_step})"
         )
     if trainer.val_freq > 0:
         parts.append(f"every {trainer.val_freq} steps")
@@ -398,9 +405,60 @@ def _critic_settings_without_critic(config: PPOConfig) -> list[str]:
     return [f"{key}={value}" for key, value in changed if not from_actor(key, value)]
 
 
+# keys a switch turns off, each with what turns them off: (switch is off, the keys, why, how to turn it on)
+def _switched_off(config: PPOConfig) -> list[tuple[bool, tuple[str, ...], str, str]]:
+    algorithm = config.algorithm
+    return [
+        (
+            algorithm.disable_kl,
+            (
+                "algorithm.kl_coef",
+                "algorithm.kl_penalty",
+                "algorithm.kl_type",
+                "algorithm.kl_horizon",
+                "algorithm.kl_target",
+            ),
+            "algorithm.disable_kl=true turns every KL term off",
+            "Set algorithm.disable_kl=false for a KL penalty or loss.",
+        ),
+        (
+            not algorithm.online_filtering,
+            ("algorithm.filter_key", "algorithm.filter_low", "algorithm.filter_high", "trainer.max_try_make_batch"),
+            "algorithm.online_filtering=false keeps every group",
+            "Set algorithm.online_filtering=true to drop the groups whose mean score is out of range.",
+        ),
+        (
+            not config.data.val_files,
+            (
+                "trainer.val_freq",
+                "trainer.val_generations_to_log",
+                "data.val_batch_size",
+                "worker.rollout.val_override_config",
+            ),
+            "data.val_files is empty (no validation)",
+            "Set data.val_files to validate.",
+        ),
+    ]
+
+
+def _settings_switched_off(config: PPOConfig) -> list[str]:
+    """A note per switch that is off while keys only it reads are set away from their defaults (kl_coef with
+    disable_kl=true): two runs that differ in them are the same run. A value that agrees with the switch being off (0,
+    false, empty: kl_coef=0 beside disable_kl=true) is not noted."""
+    notes = []
+    for off, keys, why, how in _switched_off(config):
+        changed = [f"{key}={value}" for key, value in _set_away_from_defaults(config, keys) if value] if off else []
+        if changed:
+            notes.append(
+                f"{', '.join(changed)}: {why}, so {'this setting does' if len(changed) == 1 else 'these settings do'} "
+                f"nothing. {how}"
+            )
+    return notes
+
+
 def _settings_without_effect(config: PPOConfig) -> list[str]:
     """Notes on settings a run accepts that do nothing, or nothing of what they ask, beside the others."""
-    algorithm, trainer, notes = config.algorithm, config.trainer, []
+    algorithm, trainer, notes = config.algorithm, config.trainer, _settings_switched_off(config)
     if algorithm.disable_kl and algorithm.use_kl_loss:
         notes.append(
             "algorithm.use_kl_loss=true asks for a KL loss, but algorithm.disable_kl=true turns every KL term off: "

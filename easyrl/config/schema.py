@@ -156,7 +156,7 @@ class AlgorithmConfig:
     """Target KL of the adaptive KL controller."""
     recompute_old_log_probs: bool = False
     """Always run the separate old-log-prob forward pass; by default it is skipped when a batch makes exactly one
-    optimizer step (ppo_epochs=1, global_batch_size >= rollout_batch_size), where the update's own detached
+    optimizer step (ppo_epochs=1, global_batch_size = rollout_batch_size), where the update's own detached
     log-probs are the old ones."""
     online_filtering: bool = False
     """DAPO dynamic sampling: drop groups whose mean `filter_key` score is outside [filter_low, filter_high]."""
@@ -733,8 +733,9 @@ class TrainerConfig:
 
     total_epochs: int = 15
     """Passes over the training data: the run trains (usable rows // data.rollout_batch_size) x total_epochs steps
-    (EasyR1's rule). With algorithm.online_filtering a step draws prompts until enough groups survive, so the data is
-    cycled more often than this."""
+    (EasyR1's rule; with a data.mini_rollout_batch_size that does not divide rollout_batch_size, the epoch's whole
+    batches of mini_rollout_batch_size // the batches a step draws). With algorithm.online_filtering a step draws
+    prompts until enough groups survive, so the data is cycled more often than this."""
     max_steps: Optional[int] = None
     """Train exactly this many steps, cycling the data as often as needed; overrides total_epochs (EasyR1)."""
     project_name: str = "easy_r1"

@@ -131,7 +131,7 @@ def resume_summary(plan: Any, path: str | None) -> str:
     if path is None:
         return "starts afresh"
     step = start_step(path)
-    line = f"resumes from {path} (step {step})"
+    line = f"resumes from {path} (after step {step})"
     trainer = plan.config.trainer
     if getattr(trainer, "load_checkpoint_path", None) and os.path.abspath(trainer.load_checkpoint_path) != path:
         line += (

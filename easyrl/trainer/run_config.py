@@ -43,6 +43,9 @@ def config_changes(before: dict, after: dict) -> list[str]:
 KEPT_ON_RESUME = {
     "data.seed": "the shuffled order goes on as the checkpoint saved it (its random state is part of the data "
     "position); the new seed does not apply",
+    "data.rollout_batch_size": "the checkpoint's step number counts batches of the old size, and the steps left to "
+    "trainer.total_epochs are counted in the new one from it, so the run makes more or fewer passes over the data "
+    "than total_epochs says; set trainer.max_steps to say where it ends",
 }
 
 
