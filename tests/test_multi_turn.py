@@ -245,6 +245,70 @@ def test_tool_arguments_are_read_as_their_schemas_types_or_refused_before_the_to
     assert any(m.startswith("Tool 'add' got arguments") and "\"a\" = '2' read as an integer" in m for m in warned)
 
 
+ODD_RESULT_TOOLS = '''
+class Box:
+    pass
+
+
+def forgot(x: int) -> str:
+    """Forgets to return.
+
+    Args:
+        x: anything
+    """
+    if x > 100:
+        return "big"
+
+
+def lazy(n: int) -> str:
+    """Returns a generator.
+
+    Args:
+        n: how many
+    """
+    return (str(i) for i in range(n))
+
+
+def boxed(n: int) -> str:
+    """Returns an object without its own str().
+
+    Args:
+        n: anything
+    """
+    return Box()
+
+
+def fine(n: int) -> str:
+    """Returns text.
+
+    Args:
+        n: anything
+    """
+    return str(n)
+
+
+TOOLS = [forgot, lazy, boxed, fine]
+'''
+
+
+def test_a_tool_returning_none_a_generator_or_a_bare_object_is_said_once_per_tool(tmp_path, caplog, monkeypatch):
+    """The model read 'None' or '<generator object ...>' (a branch without return, a generator not made a list)
+    and nothing said so: the result is still shown as documented, and the tool is named once."""
+    monkeypatch.setattr(multi_turn, "_ODD_RESULTS_SAID", set())
+    path = tmp_path / "odd.py"
+    path.write_text(ODD_RESULT_TOOLS)
+    tools = load_tools(str(path))
+    calls = [ToolCall(name, {"x" if name == "forgot" else "n": 2}) for name in ("forgot", "lazy", "boxed", "fine")]
+    with caplog.at_level("WARNING"):
+        results, _ = run_tool_calls(calls * 2, tools, timeout=5.0)
+    assert results[0].content == "None" and results[1].content.startswith("<generator object")
+    said = [r.getMessage() for r in caplog.records if "Said once per tool" in r.getMessage()]
+    assert len(said) == 3, said
+    assert any(m.startswith("Tool 'forgot' returned None (a branch without `return`?)") for m in said)
+    assert any(m.startswith("Tool 'lazy' returned a generator") and "return list(...)" in m for m in said)
+    assert any(m.startswith("Tool 'boxed' returned a Box without its own str()") for m in said)
+
+
 def test_a_call_missing_a_required_argument_or_naming_an_unknown_one_is_the_models_error_not_the_tools(tmp_path):
     """Both read as "add raised TypeError: ...", as if the tool had failed; the tool does not run."""
     path = tmp_path / "typed.py"

@@ -54,7 +54,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
@@ -164,6 +164,30 @@ def to_content(value: Any) -> tuple[str | list[dict], list]:
     return parts, pictures
 
 
+_ODD_RESULTS_SAID: set[str] = set()
+
+
+def _say_an_odd_result(tool: str, value: Any) -> None:
+    """Once per tool and process: a result the model reads as Python's text of it, which is almost always a bug of
+    the tool (a branch without `return`, a generator not made a list, an object without its own str())."""
+    if tool in _ODD_RESULTS_SAID:
+        return
+    if value is None:
+        why = "None (a branch without `return`?): the model reads the text 'None'"
+    elif (
+        inspect.isgenerator(value)
+        or inspect.isasyncgen(value)
+        or (isinstance(value, Iterator) and not isinstance(value, (str, bytes)))
+    ):
+        why = f"a {type(value).__name__}, which the model reads as its repr: return list(...) of it"
+    elif type(value).__str__ is object.__str__ and type(value).__repr__ is object.__repr__:
+        why = f"a {type(value).__name__} without its own str(), which the model reads as {object.__repr__(value)!r}"
+    else:
+        return
+    _ODD_RESULTS_SAID.add(tool)
+    logger.warning("Tool %r returned %s. Said once per tool.", tool, why)
+
+
 def _as_text(item: Any) -> str:
     """A tool result's item as text: a dict as JSON (values JSON cannot hold as their str()), anything else str()."""
     return json.dumps(item, ensure_ascii=False, default=str) if isinstance(item, dict) else str(item)
@@ -238,6 +262,7 @@ def run_tool_calls(
         try:
             fn = tools_of(index)[call.name]
             value, coerced = _call(fn, call.arguments, rows[index] if rows else None)
+            _say_an_odd_result(call.name, value)
             content, pictures = to_content(value)
             results[index] = ToolResult(content, pictures=pictures, coerced=coerced)
         except ToolArgumentError as err:  # the tool did not run
