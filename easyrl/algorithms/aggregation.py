@@ -5,6 +5,10 @@ Modes (L = loss matrix (batch, response_len), m = response mask, B = rows, |y_i|
 - seq-mean-token-mean: (1/B) sum_i (1/|y_i|) sum_t L_it m_it         every sequence weighs the same (GRPO, 2402.03300)
 - seq-mean-token-sum:  (1/B) sum_i sum_t L_it m_it                   no length normalisation (Dr. GRPO, 2503.20783)
 
+Dr. GRPO (and TRL's loss_type=dr_grpo, verl's seq-mean-token-sum-norm) also divides by a constant, the largest
+response length: the same direction, a gradient that many times smaller. Here it is not divided, so its norm is about
+that many times larger than token-mean's, and worker.actor.max_grad_norm (1.0) clips nearly every step.
+
 `denominator` replaces the local count (tokens for token-mean, rows for the seq modes) by a global one, so that a
 mini-batch split into micro-batches and devices adds up to exactly the mini-batch loss.
 """

@@ -16,7 +16,8 @@ FOREIGN_CHOICE_VALUES = {
         "bnpo": "TRL's loss_type=bnpo is the aggregation worker.actor.loss_avg_mode=token-mean",
         "dapo": "TRL's loss_type=dapo is the aggregation worker.actor.loss_avg_mode=token-mean",
         "dr_grpo": "TRL's loss_type=dr_grpo is worker.actor.loss_avg_mode=seq-mean-token-sum with "
-        "algorithm.norm_adv_by_std_in_grpo=false (Dr. GRPO)",
+        "algorithm.norm_adv_by_std_in_grpo=false (Dr. GRPO), without TRL's division by max_completion_length: "
+        "its gradient norm is that many times larger, which worker.actor.max_grad_norm clips",
     },
 }
 LEGACY_KEYS = {

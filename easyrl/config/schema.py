@@ -311,7 +311,9 @@ class TrainableRoleConfig:
     """Gradient-norm clipping; a non-finite norm skips the step."""
     loss_avg_mode: str = "token"
     """Loss aggregation: token (token-mean), seq (seq-mean-token-mean), seq-mean-token-sum; the long names are
-    accepted too, and `easyrl check` prints them."""
+    accepted too, and `easyrl check` prints them. seq-mean-token-sum is Dr. GRPO's sum over each response without
+    its division by the largest response length, so its gradient norm is that many times larger than token's:
+    max_grad_norm clips it accordingly."""
     ppo_epochs: int = 1
     """Passes over each rollout batch."""
     padding_free: bool = True
