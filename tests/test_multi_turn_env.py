@@ -67,6 +67,13 @@ def _scripted_env_rollout(tokenizer, env, turns, max_turns, response_length=128)
     return MultiTurnRollout(engine, multi_turn), llm
 
 
+def _fine_rollout(tokenizer, env, trajectories, max_turns, turns=None):
+    """A scripted rollout whose ``trajectories`` each answer "Fine." at every one of their ``turns`` (max_turns)."""
+    turn = tokenizer.encode("Fine.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    script = {i: [turn] * (turns or max_turns) for i in range(trajectories)}
+    return _scripted_env_rollout(tokenizer, env, script, max_turns=max_turns)[0]
+
+
 def test_env_observations_are_user_turns_out_of_the_mask_and_failures_end_only_their_trajectory(tokenizer, env_file):
     from easyrl.workers.reward.scorer import RewardScorer
 
@@ -153,9 +160,8 @@ def test_a_step_returning_a_bad_reward_or_done_is_an_environment_error_and_zeroe
     path = tmp_path / "bad_output_env.py"
     path.write_text(BAD_OUTPUT_ENV)
     spec = f"{path}:BadOutputEnv"
-    turn = tokenizer.encode("Fine.", add_special_tokens=False) + [tokenizer.eos_token_id]
     truths = ["nan", "text", "done_text", "numpy", "late_nan"]
-    rollout, _ = _scripted_env_rollout(tokenizer, spec, {i: [turn] * 3 for i in range(5)}, max_turns=3)
+    rollout = _fine_rollout(tokenizer, spec, 5, max_turns=3)
     out = rollout.generate_sequences(_with_truths(make_prompts(tokenizer, list("abcde")), truths))
     errors = [messages[-1]["content"] for messages in out.non_tensor_batch["messages"]]
     assert errors[0] == f"Error: {spec} step returned reward nan; reward must be a finite number."
@@ -173,8 +179,7 @@ def test_a_step_may_return_gymnasiums_five_tuple_done_when_terminated_or_truncat
     path = tmp_path / "bad_output_env.py"
     path.write_text(BAD_OUTPUT_ENV)
     spec = f"{path}:BadOutputEnv"
-    turn = tokenizer.encode("Fine.", add_special_tokens=False) + [tokenizer.eos_token_id]
-    rollout, _ = _scripted_env_rollout(tokenizer, spec, {i: [turn] * 3 for i in range(3)}, max_turns=3)
+    rollout = _fine_rollout(tokenizer, spec, 3, max_turns=3)
     prompts = make_prompts(tokenizer, list("abc"))
     out = rollout.generate_sequences(_with_truths(prompts, ["gymnasium", "gym_terminated", "four"]))
     messages = out.non_tensor_batch["messages"]
@@ -201,8 +206,7 @@ def test_a_stepped_environment_reads_its_prompts_seed_in_the_row(tokenizer, tmp_
         "    def step(self, action_text):\n"
         "        return str(self.seed), 0.0, True\n"
     )
-    turn = tokenizer.encode("Fine.", add_special_tokens=False) + [tokenizer.eos_token_id]
-    rollout, _ = _scripted_env_rollout(tokenizer, f"{path}:SeedEnv", {i: [turn] * 2 for i in range(6)}, max_turns=1)
+    rollout = _fine_rollout(tokenizer, f"{path}:SeedEnv", 6, max_turns=1, turns=2)
     request = GenerationRequest(sampling_override={"n": 2}, seed=[1, 0, 3, 0])
     out = rollout.generate_sequences(make_prompts(tokenizer, ["a", "b", "c"]), request)
     seeds = [messages[-1]["content"] for messages in out.non_tensor_batch["messages"]]
@@ -235,8 +239,7 @@ def test_a_stepped_environment_gets_the_rows_other_columns(tokenizer, tmp_path):
     config = DataConfig(prompt_key="problem", answer_key="answer", max_prompt_length=64)
     dataset = RLHFDataset(str(data), tokenizer, None, config, carry_columns=True)
     prompts = collate_fn([dataset[0], dataset[1]])
-    turn = tokenizer.encode("Fine.", add_special_tokens=False) + [tokenizer.eos_token_id]
-    rollout, _ = _scripted_env_rollout(tokenizer, f"{path}:LevelEnv", {i: [turn] * 2 for i in range(4)}, max_turns=2)
+    rollout = _fine_rollout(tokenizer, f"{path}:LevelEnv", 4, max_turns=2)
     out = rollout.generate_sequences(prompts, GenerationRequest(sampling_override={"n": 1}, seed=[1, 0, 0]))
     said = [messages[-1]["content"] for messages in out.non_tensor_batch["messages"]]
     assert said == ["easy/1/1", "hard/2/2"], said
@@ -404,8 +407,7 @@ def test_generate_hands_whole_rows_to_the_environment_and_writes_whole_trajector
     from easyrl.trainer.generate import generate_to_file
     from easyrl.workers.rollout.base import GenerationRequest
 
-    turn = tokenizer.encode("Fine.", add_special_tokens=False) + [tokenizer.eos_token_id]
-    rollout, _ = _scripted_env_rollout(tokenizer, env_file, {0: [turn] * 3, 1: [turn] * 3}, max_turns=3)
+    rollout = _fine_rollout(tokenizer, env_file, 2, max_turns=3)
     prompts = _with_truths(make_prompts(tokenizer, ["a", "b"]), ["7", "never"])
     prompts.non_tensor_batch["data_source"] = np.array(["x", "x"], dtype=object)
     config = PPOConfig()
@@ -537,8 +539,7 @@ def test_the_rollout_hands_each_trajectorys_first_environment_error_to_the_train
     path = tmp_path / "raising_env.py"
     path.write_text(RAISING_ENV)
     spec = f"{path}:RaisingEnv"
-    turn = tokenizer.encode("Fine.", add_special_tokens=False) + [tokenizer.eos_token_id]
-    rollout, _ = _scripted_env_rollout(tokenizer, spec, {i: [turn] * 2 for i in range(2)}, max_turns=2)
+    rollout = _fine_rollout(tokenizer, spec, 2, max_turns=2)
     out = rollout.generate_sequences(_with_truths(make_prompts(tokenizer, ["a", "b"]), ["works", "broken"]))
     assert out.non_tensor_batch[ENV_ERROR_KEY].tolist() == [None, f"{spec}: step raised RuntimeError: step is broken"]
 
@@ -585,7 +586,7 @@ def test_a_step_returning_none_as_observation_is_recorded_as_the_empty_turn_the_
         "class NoneObs:\n    def reset(self, row):\n        pass\n\n    def step(self, text):\n        return None, 1.0, False\n"
     )
     turn = tokenizer.encode("Fine.", add_special_tokens=False) + [tokenizer.eos_token_id]
-    rollout, _ = _scripted_env_rollout(tokenizer, f"{path}:NoneObs", {i: [turn] * 3 for i in range(2)}, max_turns=3)
+    rollout = _fine_rollout(tokenizer, f"{path}:NoneObs", 2, max_turns=3)
     with caplog.at_level("WARNING"):
         out = rollout.generate_sequences(_with_truths(make_prompts(tokenizer, ["a", "b"]), ["1", "2"]))
     empty = tokenizer.encode("\n<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)

@@ -252,15 +252,15 @@ def _check_columnar_json(local: Path, rows: datasets.Dataset, config_key: str) -
     )
 
 
-def _file_split(split: str | None, local: Path, config_key: str) -> str:
-    """The split to read of one data file: its rows are the split `train`, whose first rows `train[:N]` are (see
-    ``SPLIT_SLICE``); another name would be read as all of them."""
+def _file_split(split: str | None, local: Path, config_key: str) -> tuple[str, str]:
+    """(the split to read of one data file, its first-rows slice or ""): its rows are the split `train`, whose first
+    rows `train[:N]` are (see ``SPLIT_SLICE``); another name would be read as all of them."""
     if split is None:
-        return "train"
+        return "train", ""
     name, first = parse_split(split)
     _refuse_other_slices(name, local, config_key)
     if name == "train":
-        return name + first
+        return name, first
     raise ValueError(
         f"{config_key}: {local} is one data file, whose rows are its only split `train`, and `@{split}` asks for "
         "another. Drop it, or give `@train[:N]` (or `@train[:N%]`) for the file's first rows; a folder of data "
@@ -269,7 +269,7 @@ def _file_split(split: str | None, local: Path, config_key: str) -> str:
 
 
 def _from_file(local: Path, builder: str, config_key: str, split: str | None = None) -> datasets.Dataset:
-    split, first = parse_split(_file_split(split, local, config_key))
+    split, first = _file_split(split, local, config_key)
     if local.suffix.lower() in TEXT_SUFFIXES:
         check_text_file(local, config_key)
     elif local.suffix.lower() == ".parquet":

@@ -236,13 +236,13 @@ def _check_resumed_row(
     if settings is not None and written != settings:
         raise GenerationFileError(
             f"{path}: its rows were made with other settings ({_settings_changes(written, settings)}): continuing it "
-            f"would mix the two, or report the earlier settings' results as these. Choose another output file "
+            "would mix the two, or report the earlier settings' results as these. Choose another output file "
             f"({output_key}, or another trainer.save_checkpoint_path) or delete it."
         )
     if row.get("prompt") != prompt:
         raise GenerationFileError(
             f"{path}: the row of prompt index {row['index']} holds another prompt than data.val_files has at that "
-            f"position: the file was written for other data or data.* settings. Delete it or choose another "
+            "position: the file was written for other data or data.* settings. Delete it or choose another "
             f"{output_key}."
         )
     if ground_truth is not None and "ground_truth" in row and row["ground_truth"] != ground_truth:

@@ -206,7 +206,8 @@ class PPOTrainer:
             except JudgeEngineDied as error:  # before its base class's clause: a dead process, as a worker's
                 died = error
             except (RewardFunctionError, JudgeEngineError, EnvironmentFailedError) as error:
-                # a reward, judge or environment that cannot score ends the run (printed as one line): say where it can go on from
+                # a reward, judge or environment that cannot score ends the run (printed as one line): say where it
+                # can go on from
                 error.add_note(self._resume_hint())
                 raise
             except WorkerDiedError as error:

@@ -208,8 +208,9 @@ def _parameters_object(schema: Any) -> Optional[dict]:
     return parameters if isinstance(parameters, dict) else None
 
 
-def _parameter_schemas(schema: dict) -> dict:
-    properties = (_parameters_object(schema) or {}).get("properties")
+def _properties(parameters: Optional[dict]) -> dict:
+    """name -> JSON schema of each argument a ``parameters`` object schema lists (none for None)."""
+    properties = (parameters or {}).get("properties")
     return properties if isinstance(properties, dict) else {}
 
 
@@ -237,12 +238,6 @@ def shown_parameters_object(fn: Callable) -> Optional[dict]:
         return _read_parameters(target, method)
 
 
-def shown_parameters(fn: Callable) -> dict:
-    """name -> JSON schema of each parameter of the tool ``fn`` as the prompts advertise it."""
-    properties = (shown_parameters_object(fn) or {}).get("properties")
-    return properties if isinstance(properties, dict) else {}
-
-
 def _takes_any_keyword(fn: Callable) -> bool:
     try:
         parameters = inspect.signature(fn).parameters.values()
@@ -252,15 +247,15 @@ def _takes_any_keyword(fn: Callable) -> bool:
 
 
 def checked_arguments(fn: Callable, arguments: dict) -> tuple[dict, list[str]]:
-    """A tool call's ``arguments`` against the parameter types of the schema the model was shown (``shown_parameters``):
-    a value of another type is read as the advertised one where its text says the same (the string "2" as the integer
-    2, "false" as false, 2.0 as 2, a number as its text, a JSON array or object sent as a string) and described in the
-    returned list; a value no reading fits raises ToolArgumentError, which the model gets as its error. Without this
+    """A tool call's ``arguments`` against the parameter types of the schema the model was shown
+    (``shown_parameters_object``): a value of another type is read as the advertised one where its text says the same
+    (the string "2" as the integer 2, "false" as false, 2.0 as 2, a number as its text, a JSON array or object sent as
+    a string) and described in the returned list; a value no reading fits raises ToolArgumentError, which the model gets as its error. Without this
     check a tool typed ``int`` would get "2" and compute "2" + "3" = "23". A call that leaves out an argument the
     schema requires, or names one it does not list (unless the function takes ``**kwargs``), raises
     ToolArgumentError too: the model malformed the call, the tool did not fail."""
     shown, coerced = shown_parameters_object(fn), []
-    parameters = shown_parameters(fn)
+    parameters = _properties(shown)
     if shown is not None:
         required = shown.get("required") if isinstance(shown.get("required"), list) else []
         missing = [name for name in required if name not in arguments]
@@ -354,7 +349,7 @@ def _check_own_schema(fn: Callable, schema: dict, where: str, method: bool) -> N
     signature = [p for p in signature[1 if method else 0 :] if p.name != ROW_ARGUMENT]
     named = {p.name for p in signature if p.kind not in (inspect.Parameter.VAR_POSITIONAL, p.VAR_KEYWORD)}
     unknown = [name for name in properties if name not in named]
-    if unknown and not any(p.kind == p.VAR_KEYWORD for p in signature):
+    if unknown and not _takes_any_keyword(fn):
         raise ValueError(
             f"{where} advertises argument(s) {', '.join(unknown)}, which the function does not take (it takes "
             f"{', '.join(sorted(named)) or 'none'}); make the schema's `properties` the function's parameters."

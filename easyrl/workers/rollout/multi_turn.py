@@ -1314,9 +1314,7 @@ class MultiTurnRollout(BaseRollout):
             if outcome.error is None:
                 t.env_reward = outcome.reward
                 continue
-            t.env_errors += 1
-            t.env_timeouts += outcome.timed_out
-            t.env_error = t.env_error or f"{self._label(t)}{_at_row(t)}: {outcome.error}"
+            self._note_env_error(t, outcome, outcome.error)
             logger.warning(
                 "Environment %s%s: %s; the trajectory's environment reward is 0.",
                 self._label(t),
@@ -1337,16 +1335,21 @@ class MultiTurnRollout(BaseRollout):
                 by_name.setdefault(t.env_name, []).append(t.env_reward)
         return {f"rollout/multi_turn/env_reward/{name}/mean": float(np.mean(v)) for name, v in by_name.items()}
 
+    def _note_env_error(self, t: Trajectory, outcome: EnvOutcome, error: str) -> None:
+        """Count a failed environment call on its trajectory and keep its first error, which the trainer reads to stop
+        a run whose environment fails on every trajectory (env_failures.py)."""
+        t.env_errors += 1
+        t.env_timeouts += outcome.timed_out
+        t.env_error = t.env_error or f"{self._label(t)}{_at_row(t)}: {error}"
+
     def _count_env_failure(self, t: Trajectory, outcome: EnvOutcome) -> bool:
         """A reset or step that failed (raised, was late, returned what the contract does not allow) ends its
         trajectory, whose environment reward is 0 as for a failed get_reward: a broken environment's rewards so far
         are not trusted."""
         if outcome.error is None:
             return False
-        t.env_errors += 1
-        t.env_timeouts += outcome.timed_out
         error = outcome.error.rstrip(".")  # a message of its own may end in a full stop
-        t.env_error = t.env_error or f"{self._label(t)}{_at_row(t)}: {error}"
+        self._note_env_error(t, outcome, error)
         if t.env is not None:
             self._close_env(t.env)
         t.env = None  # abandoned: a hung call may still hold it
@@ -1398,8 +1401,9 @@ class MultiTurnRollout(BaseRollout):
                 continue
             t.env_reward += outcome.reward
             last_turn = turn == self.multi_turn.max_turns - 1
+            shown = not (outcome.done or t.done or last_turn)  # a last observation is never shown: nor its pictures
             pictures = []
-            if not (outcome.done or t.done or last_turn):  # a last observation is never shown: nor its pictures
+            if shown:
                 try:
                     pictures = self._prepare_pictures(t, outcome.pictures, "an environment observation")
                 except ValueError as err:
@@ -1407,7 +1411,6 @@ class MultiTurnRollout(BaseRollout):
                     t.done = True
                     continue
             message = {"role": "user", "content": outcome.observation or ""}
-            shown = not (outcome.done or t.done or last_turn)
             if outcome.observation is None:
                 self._warn_no_observation(t, shown)
             if outcome.observation is not None or shown:  # `messages` holds what the model reads
