@@ -361,6 +361,11 @@ def test_override_without_equals_sign():
         load_config(["worker.rollout.n"])
 
 
+def test_a_bare_yaml_path_is_told_to_be_given_as_config():
+    with pytest.raises(ConfigError, match=r"`run\.yaml` is not of the form key=value.*given as config=run\.yaml"):
+        load_config(["run.yaml"])
+
+
 def test_missing_config_file():
     with pytest.raises(ConfigError, match=r"Config file `nope\.yaml`.*does not exist"):
         load_config(["config=nope.yaml"])

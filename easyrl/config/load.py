@@ -351,8 +351,9 @@ def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
     flat = {}
     for item in overrides:
         if "=" not in item:
+            as_file = f" A config file is given as config={item}." if item.lower().endswith((".yaml", ".yml")) else ""
             raise ConfigError(
-                f"Command-line argument `{item}` is not of the form key=value (e.g. worker.rollout.n=8)."
+                f"Command-line argument `{item}` is not of the form key=value (e.g. worker.rollout.n=8).{as_file}"
             )
         key, raw = item.split("=", 1)
         key = key.strip().lstrip("+")
