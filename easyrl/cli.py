@@ -11,6 +11,7 @@ USAGE_KEYS = "[config=FILE.yaml] [section.key=value ...]"
 def _check(args: list[str]) -> int:
     """`easyrl check [sft] config=... key=value ...`: an RL run's config (or, after `sft`, an SFT run's)."""
     from .config import ConfigError, load_run_plan
+    from .config.load import with_spellings_given
 
     if args[:1] == ["sft"]:
         return _check_sft(args[1:])
@@ -20,7 +21,7 @@ def _check(args: list[str]) -> int:
         # an SFT config read as an RL one lacks only its reward function
         missing_reward = str(err).startswith("a run needs") and "`worker.reward.reward_function`" in str(err)
         hint = " (an SFT config? `easyrl check sft config=...`)" if missing_reward else ""
-        print(f"easyrl check: invalid config: {err}{hint}", file=sys.stderr)
+        print(f"easyrl check: invalid config: {with_spellings_given(str(err), args)}{hint}", file=sys.stderr)
         return 2
     from .trainer.preflight import (
         check_model_files,
@@ -36,13 +37,14 @@ def _check(args: list[str]) -> int:
         checkpoint = resume_point(plan.config)
         start = resume_summary(plan, checkpoint)
     except (ValueError, KeyError, OSError) as err:
-        print(f"easyrl check: invalid config: {error_text(err)}", file=sys.stderr)
+        print(f"easyrl check: invalid config: {with_spellings_given(error_text(err), args)}", file=sys.stderr)
         return 2
     describe = plan.describe(start_step(checkpoint))
     return _print_valid(plan, "run plan", describe, start, tool_schema_lines(schemas))
 
 
 def _check_sft(args: list[str]) -> int:
+    from .config.load import with_spellings_given
     from .config.sft_plan import load_sft_plan
     from .trainer.preflight import resume_point, resume_summary
 
@@ -50,7 +52,7 @@ def _check_sft(args: list[str]) -> int:
         plan = load_sft_plan(args)
         start = resume_summary(plan, resume_point(plan.config, "SFT"))
     except ValueError as err:  # a ConfigError too
-        print(f"easyrl check sft: invalid config: {err}", file=sys.stderr)
+        print(f"easyrl check sft: invalid config: {with_spellings_given(str(err), args)}", file=sys.stderr)
         return 2
     return _print_valid(plan, "SFT plan", plan.describe(), start)
 
@@ -67,16 +69,17 @@ def _print_valid(plan, title: str, lines: str, start: str, after: list[str] = ()
     return 0
 
 
-def _run_command(command: str, load_plan, load_runner, run_errors=tuple) -> int:
+def _run_command(command: str, args: list[str], load_plan, load_runner, run_errors=tuple) -> int:
     """Read the plan (an invalid config: one line, exit 2) before importing the runner (torch, Ray), then run it (a
     setup error, or one of the exceptions ``run_errors()`` returns, which name their key/file/row: one line, exit 2).
     Both are functions so that a refused config costs the seconds of reading it, not those of importing torch."""
     from .config import ConfigError
+    from .config.load import with_spellings_given
 
     try:
         plan = load_plan()
     except ConfigError as err:
-        print(f"easyrl {command}: invalid config: {err}", file=sys.stderr)
+        print(f"easyrl {command}: invalid config: {with_spellings_given(str(err), args)}", file=sys.stderr)
         return 2
     from .trainer.main import RunSetupError, error_text
 
@@ -120,7 +123,7 @@ def _train(args: list[str]) -> int:
 
         return (RewardFunctionError, OnlineFilteringError, JudgeEngineError, EnvironmentFailedError)
 
-    return _run_command("train", load_plan, load_runner, run_errors)
+    return _run_command("train", args, load_plan, load_runner, run_errors)
 
 
 def _generation_plan(args: list[str], command: str):
@@ -150,7 +153,7 @@ def _generate_or_eval(command: str, args: list[str]) -> int:
 
     # data, model and output-file errors name their key/file/row
     return _run_command(
-        command, lambda: _generation_plan(args, command), load_runner, lambda: (ValueError, KeyError, OSError)
+        command, args, lambda: _generation_plan(args, command), load_runner, lambda: (ValueError, KeyError, OSError)
     )
 
 
@@ -173,7 +176,7 @@ def _sft(args: list[str]) -> int:
 
         return run_sft
 
-    return _run_command("sft", load_plan, load_runner)
+    return _run_command("sft", args, load_plan, load_runner)
 
 
 def _merge(args: list[str]) -> int:

@@ -177,8 +177,26 @@ def test_an_error_that_stops_a_run_and_its_resume_note_read_as_two_sentences(cap
         error.add_note("The last complete checkpoint is ckpt/global_step_1; rerun the same command to resume from it.")
         raise error
 
-    assert _run_command("train", lambda: None, lambda: run, lambda: (RuntimeError,)) == 2
+    assert _run_command("train", [], lambda: None, lambda: run, lambda: (RuntimeError,)) == 2
     assert capsys.readouterr().err == (
         "easyrl train: the judge engine died while judging a batch: killed by a signal (a segfault). The last "
         "complete checkpoint is ckpt/global_step_1; rerun the same command to resume from it.\n"
     )
+
+
+def test_an_error_about_a_renamed_key_names_the_older_spelling_the_config_gave(tmp_path, capsys):
+    from easyrl.cli import main
+
+    config = yaml.safe_load((ROOT / "examples" / "smollm2_arithmetic_grpo.yaml").read_text())
+    config["worker"]["actor"]["ulysses_sequence_parallel_size"] = 3  # 3 does not divide the 1 worker
+    file = tmp_path / "old.yaml"
+    file.write_text(yaml.safe_dump(config))
+    assert main(["train", f"config={file}"]) == 2
+    err = capsys.readouterr().err
+    assert "`worker.actor.ulysses_size` (3) must divide" in err
+    assert "`worker.actor.ulysses_size` is given in the config as `worker.actor.ulysses_sequence_parallel_size`" in err
+    example = f"config={ROOT / 'examples' / 'smollm2_arithmetic_grpo.yaml'}"
+    assert main(["check", example, "worker.ref.ulysses_sequence_parallel_size=3"]) == 2
+    assert "given in the config as `worker.ref.ulysses_sequence_parallel_size`" in capsys.readouterr().err
+    assert main(["check", example, "worker.actor.ulysses_size=3"]) == 2  # the key as easyrl spells it: no note
+    assert "older name" not in capsys.readouterr().err

@@ -12,6 +12,7 @@ from ..paths import absolute_if_local, resolve_shipped_file
 from .compat import (
     FOREIGN_KEY_NAMES,
     FOREIGN_SECTION_NAMES,
+    LEGACY_KEYS,
     LOSS_AVG_MODE_ALIASES,
     LOSS_TYPE_ALIASES,
     rename_legacy,
@@ -417,11 +418,8 @@ def _type_name(tp: Any) -> str:
     return f"{name} or null" if nullable else name
 
 
-def read_config(args: Optional[list[str]] = None) -> PPOConfig:
-    """The merged config (derived values filled, not validated)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
+def _split_args(args: Optional[list[str]]) -> tuple[Optional[str], list[str]]:
+    """`config=FILE` and the key=value overrides."""
     config_file, overrides = None, []
     for arg in args or []:
         if arg.startswith("config="):
@@ -435,7 +433,32 @@ def read_config(args: Optional[list[str]] = None) -> PPOConfig:
             config_file = arg.split("=", 1)[1]
         else:
             overrides.append(arg)
+    return config_file, overrides
 
+
+def with_spellings_given(message: str, args: Optional[list[str]]) -> str:
+    """An error `message` that names a key the config gave in an older EasyR1 spelling (LEGACY_KEYS), with that
+    spelling added, so the user finds the line to change; the message as it is when the arguments cannot be read."""
+    try:
+        config_file, overrides = _split_args(args)
+        given = [key.split("=", 1)[0].strip().lstrip("+") for key in overrides]
+        if config_file:
+            given += list(_flatten(_load_yaml(config_file)))
+    except ConfigError:
+        return message
+    named = {LEGACY_KEYS[key]: key for key in given if key in LEGACY_KEYS and f"`{LEGACY_KEYS[key]}`" in message}
+    if not named:
+        return message
+    spellings = "; ".join(f"`{new}` is given in the config as `{old}`" for new, old in named.items())
+    return f"{message} ({spellings}, EasyR1's older name)"
+
+
+def read_config(args: Optional[list[str]] = None) -> PPOConfig:
+    """The merged config (derived values filled, not validated)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    config_file, overrides = _split_args(args)
     layers = []
     if config_file:
         flat = rename_legacy(_flatten(_load_yaml(config_file)))
