@@ -66,6 +66,22 @@ def test_unknown_key_suggests_the_closest(valid_args):
         load_config([*valid_args, "worker.rollout.nn=3"])
 
 
+def test_a_key_given_twice_in_a_config_file_is_refused_with_both_lines(tmp_path):
+    file = tmp_path / "c.yaml"
+    # a second `trainer:` block pasted lower down: YAML would keep it alone and drop total_epochs silently
+    file.write_text("trainer:\n  total_epochs: 3\ndata:\n  seed: 2\ntrainer:\n  save_freq: 5\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml`: `trainer` is given twice.*lines 1 and 5"):
+        load_config([f"config={file}"])
+    file.write_text("data:\n  seed: 1\n  max_prompt_length: 64\n  seed: 2\n")
+    with pytest.raises(ConfigError, match=r"`seed` is given twice.*lines 2 and 4"):
+        load_config([f"config={file}"])
+    # a YAML merge key may be overridden by the section's own key: that is what merging means
+    file.write_text("base: &base\n  seed: 1\ndata:\n  <<: *base\n  seed: 7\n")
+    # it is read; then the anchor's own section is no easyrl key
+    with pytest.raises(ConfigError, match=r"Unknown config key `base\.seed`"):
+        load_config([f"config={file}"])
+
+
 def test_unknown_key_in_yaml_names_the_file(tmp_path):
     file = tmp_path / "c.yaml"
     file.write_text("trainer:\n  totl_epochs: 3\n")

@@ -386,6 +386,33 @@ def _takes_text(key: str) -> bool:
     return key in FIELDS and _unwrapped(FIELDS[key].type)[0] is str
 
 
+class _RepeatedKey(ValueError):
+    pass
+
+
+def _unique_key_loader():
+    """A YAML safe loader that refuses a key given twice in one mapping: YAML keeps the second silently, so a config
+    with two `worker:` sections (a block pasted below another) would lose every key of the first."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base` keys may be overridden by the mapping's own: that is what merging means
+                key, line = key_node.value, key_node.start_mark.line + 1
+                if key in seen:
+                    raise _RepeatedKey(
+                        f"`{key}` is given twice in one section (lines {seen[key]} and {line}); YAML would keep only "
+                        "the second and drop every key of the first. Merge them into one."
+                    )
+                seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
+
+
 def _load_yaml(path: str) -> dict[str, Any]:
     import yaml
 
@@ -403,7 +430,9 @@ def _load_yaml(path: str) -> dict[str, Any]:
     if not file.is_file():
         raise ConfigError(f"Config file `{path}` (given as config=...) does not exist.")
     try:
-        data = yaml.safe_load(file.read_text()) or {}
+        data = yaml.load(file.read_text(), Loader=_unique_key_loader()) or {}
+    except _RepeatedKey as err:
+        raise ConfigError(f"Config file `{path}`: {err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"Config file `{path}` is not valid YAML: {err}") from err
     if not isinstance(data, dict):
