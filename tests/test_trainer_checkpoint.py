@@ -518,3 +518,28 @@ def test_a_code_files_digest_covers_the_users_modules_it_imports(tmp_path, monke
     assert code_digest(str(reward)) not in (before, edited_helper, edited_rules)
     monkeypatch.setenv("PYTHONPATH", "")
     assert code_digest(str(reward)) == file_digest(str(reward))  # no helper found where Python would look
+
+
+def test_check_counts_the_steps_left_from_the_rows_the_saving_run_read(tmp_path, valid_args):
+    """`easyrl check` reads no data: a run that finished its epochs was said to resume. The training rows the saving
+    run read (trainer_state.json) give its step count, and whether anything is left."""
+    from easyrl.config import load_run_plan
+    from easyrl.trainer.preflight import resume_summary
+
+    manager = CheckpointManager(str(tmp_path / "run"))
+    saved = {}
+    for step in (2, 4):
+        _worker_save(manager.begin(step), seed=step)
+        saved[step] = manager.commit(step, trainer_state={"epoch": 0, "train_rows": 33})
+    plan = load_run_plan([*valid_args, f"trainer.save_checkpoint_path={tmp_path / 'run'}", "trainer.total_epochs=1"])
+    counted = "counted from the 33 training rows the run that saved it read"  # 4 whole batches of 8
+    assert resume_summary(plan, saved[2]).endswith(f"(after step 2); 2 of its 4 steps left ({counted})")
+    assert f"(after step 4); nothing is left to train unless the data grew: the run has 4 steps ({counted}, " in (
+        resume_summary(plan, saved[4])
+    )
+    two_epochs = load_run_plan([*valid_args, "trainer.total_epochs=2"])
+    assert resume_summary(two_epochs, saved[4]).endswith("4 of its 8 steps left (" + counted + ")")
+    # trainer.max_steps is the count: said without the rows; an older checkpoint without the count: nothing claimed
+    assert resume_summary(load_run_plan([*valid_args, "trainer.max_steps=9"]), saved[4]).endswith("(after step 4)")
+    old = _save(CheckpointManager(str(tmp_path / "old")), 4)
+    assert resume_summary(plan, old).endswith("(after step 4)")

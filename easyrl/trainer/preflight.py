@@ -1,6 +1,7 @@
 """What a run reads before Ray starts beyond the config, shared by `easyrl check` and the runs: torch-free to import
 (check answers in a second), its checks import what they read."""
 
+import copy
 import dataclasses
 import json
 import os
@@ -140,7 +141,32 @@ def resume_summary(plan: Any, path: str | None) -> str:
             "a new trainer.save_checkpoint_path to start from there again)"
         )
     finished = nothing_left_to_train(plan, path, step)
+    if finished is None and plan.training_steps is None and not getattr(trainer, "val_only", False):
+        finished = _steps_by_saved_rows(plan, path, step)
     return line if finished is None else f"{line}; {finished}"
+
+
+def _steps_by_saved_rows(plan: Any, path: str, step: int) -> str | None:
+    """For `easyrl check`, which reads no data: the run's step count from the training rows the run that saved
+    ``path`` read (its trainer_state.json), said as such, when the count is by epochs. None when it cannot tell."""
+    if not hasattr(plan, "with_training_steps") or plan.config.trainer.max_steps is not None:
+        return None
+    from .checkpoint import load_trainer_state
+
+    try:
+        rows = load_trainer_state(path).get("train_rows")
+        steps = copy.deepcopy(plan).with_training_steps(rows // plan.generation_batch_size).training_steps
+    except (ValueError, TypeError, OSError):  # an older checkpoint without the count, or too few rows for a step
+        return None
+    counted = f"counted from the {rows} training rows the run that saved it read"
+    if step < steps:
+        return f"{steps - step} of its {steps} steps left ({counted})"
+    return (
+        f"nothing is left to train unless the data grew: the run has {steps} steps ({counted}, "
+        f"trainer.total_epochs={plan.config.trainer.total_epochs}) and the checkpoint is at its last. Raise "
+        "trainer.total_epochs (or set trainer.max_steps) to train on from it, or start afresh in a new "
+        "trainer.save_checkpoint_path."
+    )
 
 
 def nothing_left_to_train(plan: Any, path: str, step: int) -> str | None:
