@@ -59,7 +59,8 @@ def test_console_line_shows_key_metrics_and_validation():
 def test_console_line_of_online_filtering_says_how_many_groups_were_kept():
     metrics = {"critic/score/mean": 0.5125, "reward/accuracy": 0.4062, "filter/kept_groups": 4.0}
     line = format_console_line({**metrics, "filter/dropped_groups": 4.0}, 2, 5)
-    assert line == "step 2/5 | kept 4/8 groups | score 0.5125 | acc 0.4062"
+    # score covers the kept groups, acc every sample generated: the label says which
+    assert line == "step 2/5 | kept 4/8 groups | kept_score 0.5125 | acc 0.4062"
     # groups past the batch that passed the filter were generated too: counted among all, not among the kept
     line = format_console_line({**metrics, "filter/dropped_groups": 4.0, "filter/surplus_groups": 1.0}, 2, 5)
     assert line.startswith("step 2/5 | kept 4/9 groups |")

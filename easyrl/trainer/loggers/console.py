@@ -30,12 +30,18 @@ _SAMPLE_FIELD_CHARS = 240
 def format_console_line(metrics: dict[str, float], step: int, total_steps: int | None = None) -> str:
     """``step 3/100 | score 0.25 | resp_len 45.2 | ... | val/accuracy 0.31``."""
     parts = [f"step {step}/{total_steps}" if total_steps else f"step {step}"]
-    if "filter/kept_groups" in metrics:
-        # online filtering: score and reward (critic/*) cover the kept groups, acc and format (reward/*) every sample
+    filtered = "filter/kept_groups" in metrics
+    if filtered:
         # kept: the groups trained; surplus passed the filter beyond the batch (generated and dropped)
         seen = sum(metrics.get(f"filter/{key}", 0) for key in ("kept_groups", "surplus_groups", "dropped_groups"))
         parts.append(f"kept {metrics['filter/kept_groups']:.0f}/{seen:.0f} groups")
-    parts += [f"{label} {metrics[key]:.4g}" for label, key in CONSOLE_METRICS if key in metrics]
+    # online filtering: score and reward (critic/*) cover the kept groups only, acc and format (reward/*) every
+    # sample generated; the labels say which, or a kept score of 0.5 beside an acc of 0.1 reads as a contradiction
+    parts += [
+        f"{'kept_' if filtered and key.startswith('critic/') else ''}{label} {metrics[key]:.4g}"
+        for label, key in CONSOLE_METRICS
+        if key in metrics
+    ]
     parts += [f"{key} {value:.4g}" for key, value in metrics.items() if key.startswith("val/")]
     return " | ".join(parts)
 
