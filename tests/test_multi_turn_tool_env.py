@@ -254,6 +254,32 @@ def test_a_failing_get_reward_counts_and_gives_zero(tokenizer, tmp_path, caplog)
     assert sorted(text.split("(on ")[1].split(")")[0] for text in warned) == sorted(places[:2] + places[3:])
 
 
+def test_a_batch_of_failing_environments_logs_three_lines_and_a_count(tokenizer, tmp_path, caplog):
+    """An environment that fails on every trajectory printed a line for each: the first three of a batch, then one
+    line with the rest's count (each counted in env_errors)."""
+    path = tmp_path / "env.py"
+    path.write_text(
+        "class Env:\n"
+        "    def reset(self, **kwargs):\n        pass\n"
+        "    def get_reward(self):\n        raise RuntimeError('scorer offline')\n"
+        "    def noop(self) -> str:\n        '''Does nothing.'''\n        return ''\n"
+    )
+    done = tokenizer.encode("Done.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    engine, _ = scripted_engine(tokenizer, {i: [done, done] for i in range(7)}, 32)  # a turn per batch
+    rollout = MultiTurnRollout(engine, MultiTurnConfig(env=f"{path}:Env", max_turns=1, tool_timeout=5.0))
+    for size in (7, 2):  # the count starts again with each batch
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="easyrl.workers.rollout.multi_turn"):
+            out = rollout.generate_sequences(chat_prompts(tokenizer, list("abcdefg"[:size]), [{}] * size))
+        assert out.meta_info["metrics"]["rollout/multi_turn/env_errors"] == size
+        warned = [r.getMessage() for r in caplog.records]
+        one_by_one = [text for text in warned if text.startswith("Environment ")]
+        assert len(one_by_one) == min(size, 3) and all("scorer offline" in text for text in one_by_one)
+        summed = [text for text in warned if "more environment failures in this batch" in text]
+        expected = "4 more environment failures in this batch, not logged one by one (each is counted in "
+        assert summed == ([expected + "rollout/multi_turn/env_errors)."] if size == 7 else [])
+
+
 def test_schemas_kinds_reset_arguments_and_state(env_file, tmp_path):
     cls = load_env_class(env_file)
     assert is_tool_env(cls)

@@ -103,6 +103,8 @@ from .vllm_rollout import MAX_REQUEST_SEED, _vllm_multi_modal_data, call_request
 
 
 logger = logging.getLogger(__name__)
+# the environment failures of one batch logged one line each; the others are counted in one line
+ENV_FAILURES_LOGGED = 3
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -869,6 +871,7 @@ class MultiTurnRollout(BaseRollout):
         self._warned_long: set[str] = set()  # the tools whose cut result was logged
         self._warned_no_observation: set[str] = set()  # the environments whose step returned None as observation
         self._warned_running: set[str] = set()  # the abandoned calls (by thread name) said to be still running
+        self._env_failures_logged = 0  # this batch's environment failures logged one by one (ENV_FAILURES_LOGGED)
         self._abandoned: list[threading.Thread] = []  # this rollout's calls abandoned at their deadline, still running
         # the most characters one token can stand for (a vocabulary piece is at least as long as its text): a result
         # of room x this many characters holds every token that fits, so the rest is never tokenized
@@ -914,7 +917,7 @@ class MultiTurnRollout(BaseRollout):
             for _ in range(settings.engine_n)
         ]
         one_sample = replace(settings, n=1)
-        tool_seconds = 0.0
+        tool_seconds, self._env_failures_logged = 0.0, 0
         with GenerationTimer() as timer:
             if stepped or tool_env:
                 seeds = self._reset_seeds(request, len(prompts))
@@ -956,6 +959,7 @@ class MultiTurnRollout(BaseRollout):
                     self._append_tool_results(t, calls, mine, budget)
             if tool_env and self.env_rewards:
                 tool_seconds += self._env_get_rewards(trajectories)
+        self._log_env_failures_left()
         response_ids = repeat_greedy([t.response_ids for t in trajectories], settings)
         data = build_rollout_output(
             prompts,
@@ -1315,12 +1319,7 @@ class MultiTurnRollout(BaseRollout):
                 t.env_reward = outcome.reward
                 continue
             self._note_env_error(t, outcome, outcome.error)
-            logger.warning(
-                "Environment %s%s: %s; the trajectory's environment reward is 0.",
-                self._label(t),
-                _at_row(t),
-                outcome.error,
-            )
+            self._log_env_failure("Environment %s%s: %s; the trajectory's environment reward is 0.", t, outcome.error)
         return seconds
 
     def _env_reward_by_name(self, trajectories: list[Trajectory]) -> dict[str, float]:
@@ -1359,13 +1358,24 @@ class MultiTurnRollout(BaseRollout):
             t.messages.append(message)
         else:  # a failed reset: recorded after the one turn the trajectory gets (the model never read it)
             t.pending_error = message
-        logger.warning(
-            "Environment %s%s: %s; the trajectory ends and its environment reward is 0.",
-            self._label(t),
-            _at_row(t),
-            error,
-        )
+        self._log_env_failure("Environment %s%s: %s; the trajectory ends and its environment reward is 0.", t, error)
         return True
+
+    def _log_env_failure(self, text: str, t: Trajectory, error: str) -> None:
+        """The first ENV_FAILURES_LOGGED environment failures of a batch, one line each; the rest are summed up once
+        at the batch's end (_log_env_failures_left): a broken environment would print a line per trajectory."""
+        self._env_failures_logged += 1
+        if self._env_failures_logged <= ENV_FAILURES_LOGGED:
+            logger.warning(text, self._label(t), _at_row(t), error)
+
+    def _log_env_failures_left(self) -> None:
+        left, self._env_failures_logged = self._env_failures_logged - ENV_FAILURES_LOGGED, 0
+        if left > 0:
+            logger.warning(
+                "%d more environment failures in this batch, not logged one by one (each is counted in "
+                "rollout/multi_turn/env_errors).",
+                left,
+            )
 
     def _warn_no_observation(self, t: Trajectory, shown: bool) -> None:
         """A step that returned None as its observation (often a branch that forgot its ``return``), once per
