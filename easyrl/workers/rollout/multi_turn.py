@@ -320,6 +320,9 @@ class EnvState:
     (a corpus that every instance refers to is pickled once with the batch), sent from the rollout worker before the
     instance is reset for another trajectory."""
 
+    # easyrl's own two fields are slots: ``vars(state)`` (what a reward function may read) is the instance's alone
+    __slots__ = ("_class_name", "_dropped", "__dict__")
+
     def __init__(self, env: Any) -> None:
         self._class_name = type(env).__name__
         self._dropped: list[str] = []
@@ -341,7 +344,7 @@ class EnvState:
         raise AttributeError(f"{self._class_name}.{name} is not available to the reward function: {why}.")
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
         return f"{self._class_name}({fields})"
 
 
