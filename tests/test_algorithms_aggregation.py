@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from easyrl.algorithms.aggregation import aggregate_loss, entropy_bonus, entropy_from_logits
+from easyrl.algorithms.aggregation import aggregate_loss, entropy_bonus, entropy_from_logits, loss_denominator
 from easyrl.algorithms.value_loss import compute_value_loss
 
 
@@ -27,6 +27,19 @@ def test_seq_mean_token_mean_weighs_every_sequence_equally():
 def test_seq_mean_token_sum_does_not_normalise_length():
     # row sums 6 and 4 -> 5
     assert aggregate_loss(LOSS, MASK, "seq-mean-token-sum").item() == pytest.approx(5.0)
+
+
+def test_seq_mean_token_sum_norm_divides_the_token_sum_by_rows_times_a_constant_length():
+    # Dr. GRPO: (6 + 4) / (2 rows x T); without a global denominator T is the matrix's width, 3
+    assert aggregate_loss(LOSS, MASK, "seq-mean-token-sum-norm").item() == pytest.approx(10 / 6)
+    # with one, T is data.max_response_length whatever the padding: a micro-batch of 2 of the mini-batch's 5 rows
+    denominator = loss_denominator(rows=5, tokens=17, loss_avg_mode="seq-mean-token-sum-norm", response_length=8)
+    assert denominator == 40
+    assert aggregate_loss(LOSS, MASK, "seq-mean-token-sum-norm", denominator).item() == pytest.approx(10 / 40)
+    # the other modes' counts
+    assert [loss_denominator(5, 17, mode, 8) for mode in ("token-mean", "seq-mean-token-mean")] == [17, 5]
+    with pytest.raises(ValueError, match="data.max_response_length, here -1"):
+        loss_denominator(5, 17, "seq-mean-token-sum-norm", -1)
 
 
 def test_global_denominator_replaces_the_local_count():

@@ -745,7 +745,7 @@ def test_every_refused_key_of_a_command_line_is_named_in_one_error(valid_args):
 @pytest.mark.parametrize(
     ("value", "meant"),
     [
-        ("dr_grpo", "worker.actor.loss_avg_mode=seq-mean-token-sum with algorithm.norm_adv_by_std_in_grpo=false"),
+        ("dr_grpo", "loss_avg_mode=seq-mean-token-sum-norm with algorithm.norm_adv_by_std_in_grpo=false"),
         ("grpo", "worker.actor.loss_avg_mode=seq-mean-token-mean"),
         ("dapo", "worker.actor.loss_avg_mode=token-mean"),
     ],

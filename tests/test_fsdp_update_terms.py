@@ -19,6 +19,7 @@ def _actor_config(**overrides) -> ActorConfig:
         micro_batch_size_per_device_for_experience=6,
         max_grad_norm=1e6,
         use_torch_compile=False,
+        response_length=16,  # data.max_response_length, which load_config copies here
     )
     for key, value in overrides.items():
         setattr(config, key, value)
@@ -38,7 +39,9 @@ def _batch_with_targets(model_path, seed: int):
     return add_policy_targets(data, log_probs, seed=seed)
 
 
-@pytest.mark.parametrize("loss_avg_mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize(
+    "loss_avg_mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
 def test_micro_batch_size_does_not_change_the_update(tiny_model_path, loss_avg_mode):
     data = _batch_with_targets(tiny_model_path, seed=12)
     one_pass, _ = _update(
@@ -49,6 +52,21 @@ def test_micro_batch_size_does_not_change_the_update(tiny_model_path, loss_avg_m
     )
     for (name, a), b in zip(one_pass.named_parameters(), accumulated.parameters()):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=0, msg=name)
+
+
+def test_dr_grpo_norm_is_the_token_sum_divided_by_the_configured_response_length(tiny_model_path):
+    """seq-mean-token-sum-norm: seq-mean-token-sum divided by the constant data.max_response_length, not by the
+    padded width of a micro-batch: plain SGD with a learning rate T times larger takes the same step."""
+    data = _batch_with_targets(tiny_model_path, seed=15)
+    assert data.batch["responses"].shape[-1] != 16  # the batch's width is not T
+    summed, _ = _update(tiny_model_path, _actor_config(loss_avg_mode="seq-mean-token-sum"), data, lr=0.01)
+    normed, _ = _update(
+        tiny_model_path, _actor_config(loss_avg_mode="seq-mean-token-sum-norm", response_length=16), data, lr=0.16
+    )
+    untouched = load_hf_causal_lm(tiny_model_path)
+    for (name, a), b in zip(summed.named_parameters(), normed.parameters()):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=name)
+    assert any(not torch.equal(a, b) for a, b in zip(summed.parameters(), untouched.parameters()))
 
 
 def test_kl_loss_is_zero_at_the_reference_and_reported(tiny_model_path):

@@ -198,7 +198,7 @@ def test_every_loss_listed_as_advantage_weighted_is_zero_with_zero_gradient_at_z
     for name in sorted(ADVANTAGE_WEIGHTED_LOSSES):
         config.loss_type = name
         log_probs = (old + torch.randn(4, 6, generator=gen)).requires_grad_()
-        for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
             config.loss_avg_mode = mode
             loss, _ = compute_policy_loss(old, log_probs, torch.zeros(4, 6), mask, config, loss_denominator=7.0)
             (grad,) = torch.autograd.grad(loss, log_probs)

@@ -15,9 +15,8 @@ FOREIGN_CHOICE_VALUES = {
         "grpo": "TRL's loss_type=grpo is the aggregation worker.actor.loss_avg_mode=seq-mean-token-mean",
         "bnpo": "TRL's loss_type=bnpo is the aggregation worker.actor.loss_avg_mode=token-mean",
         "dapo": "TRL's loss_type=dapo is the aggregation worker.actor.loss_avg_mode=token-mean",
-        "dr_grpo": "TRL's loss_type=dr_grpo is worker.actor.loss_avg_mode=seq-mean-token-sum with "
-        "algorithm.norm_adv_by_std_in_grpo=false (Dr. GRPO), without TRL's division by max_completion_length: "
-        "its gradient norm is that many times larger, which worker.actor.max_grad_norm clips",
+        "dr_grpo": "TRL's loss_type=dr_grpo is worker.actor.loss_avg_mode=seq-mean-token-sum-norm with "
+        "algorithm.norm_adv_by_std_in_grpo=false (Dr. GRPO; TRL's max_completion_length is data.max_response_length)",
     },
 }
 LEGACY_KEYS = {

@@ -540,7 +540,7 @@ def derive(config: PPOConfig) -> None:
     worker = config.worker
     actor, rollout, ref, critic = worker.actor, worker.rollout, worker.ref, worker.critic
     rollout.prompt_length = config.data.max_prompt_length
-    rollout.response_length = config.data.max_response_length
+    rollout.response_length = actor.response_length = critic.response_length = config.data.max_response_length
     rollout.max_pixels = config.data.max_pixels
     rollout.trust_remote_code = actor.model.trust_remote_code
     if rollout.max_model_len is None:

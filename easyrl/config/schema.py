@@ -310,10 +310,11 @@ class TrainableRoleConfig:
     max_grad_norm: float = 1.0
     """Gradient-norm clipping; a non-finite norm skips the step."""
     loss_avg_mode: str = "token"
-    """Loss aggregation: token (token-mean), seq (seq-mean-token-mean), seq-mean-token-sum; the long names are
-    accepted too, and `easyrl check` prints them. seq-mean-token-sum is Dr. GRPO's sum over each response without
-    its division by the largest response length, so its gradient norm is that many times larger than token's:
-    max_grad_norm clips it accordingly."""
+    """Loss aggregation: token (token-mean), seq (seq-mean-token-mean), seq-mean-token-sum or
+    seq-mean-token-sum-norm; the long names are accepted too, and `easyrl check` prints them. seq-mean-token-sum-norm
+    is Dr. GRPO's (verl's mode of that name, TRL's dr_grpo): each response's token sum, divided by the batch's samples
+    x data.max_response_length. seq-mean-token-sum leaves out that constant, so its gradient norm is
+    max_response_length times larger and max_grad_norm clips it accordingly."""
     ppo_epochs: int = 1
     """Passes over each rollout batch."""
     padding_free: bool = True
@@ -337,6 +338,8 @@ class TrainableRoleConfig:
     """CPU offload between phases."""
     global_batch_size_per_device: int = field(default=-1, metadata=derived(".global_batch_size", "worker.rollout.n"))
     """Samples per optimizer step on one device: global_batch_size x rollout.n / devices (derived)."""
+    response_length: int = field(default=-1, metadata=derived("data.max_response_length"))
+    """Copied from data.max_response_length: the constant seq-mean-token-sum-norm divides by (derived)."""
 
 
 @dataclass

@@ -57,7 +57,7 @@ LOSS_SETTINGS = {
 CLIPPED_LOSSES = frozenset({"ppo", "gspo", "gspo_token"})
 
 # the docs' short names (EasyR1's, mapped by compat.LOSS_AVG_MODE_ALIASES) and verl's long ones
-LOSS_AVG_MODES = ("token", "seq", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LOSS_AVG_MODES = ("token", "seq", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 CHOICES = {
     "algorithm.adv_estimator": ADV_ESTIMATORS,
     "worker.actor.loss_type": POLICY_LOSSES,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from ..algorithms.aggregation import loss_denominator
 from ..models.dynamic_batching import max_over_ranks
 from ..models.prefix_group import PrefixStats, split_for_pass
 from ..utils import device
@@ -36,10 +37,13 @@ MicroLoss = Callable[["DataProto", float], tuple[torch.Tensor, dict[str, float]]
 GradientFilter = Callable[["DataProto"], torch.Tensor]
 
 
-def global_loss_denominator(response_mask: torch.Tensor, loss_avg_mode: str, dp_size: int) -> float:
-    """Tokens (token-mean) or sequences (seq modes) of the mini-batch over all ranks, divided by ``dp_size``."""
-    local = response_mask.sum() if loss_avg_mode == "token-mean" else torch.tensor(response_mask.shape[0])
-    total = local.to(torch.float64).reshape(1)
+def global_loss_denominator(
+    response_mask: torch.Tensor, loss_avg_mode: str, dp_size: int, response_length: int = 0
+) -> float:
+    """Tokens (token-mean), sequences (seq modes) or sequences x ``response_length`` (seq-mean-token-sum-norm) of the
+    mini-batch over all ranks, divided by ``dp_size`` (aggregation.loss_denominator)."""
+    local = loss_denominator(response_mask.shape[0], response_mask.sum().item(), loss_avg_mode, response_length)
+    total = torch.tensor([local], dtype=torch.float64)
     if dp_size > 1 and dist.is_initialized():
         if dist.get_backend() == "nccl":
             total = total.cuda()
@@ -112,7 +116,9 @@ def run_ppo_updates(
     skipped = left_out = seen = 0
     for _ in range(ppo_epochs):
         for mini_batch in data.split(mini_batch_size):
-            denominator = global_loss_denominator(mini_batch.batch["response_mask"], loss_avg_mode, dp_size)
+            denominator = global_loss_denominator(
+                mini_batch.batch["response_mask"], loss_avg_mode, dp_size, role_config.response_length
+            )
             seen += len(mini_batch)
             # a mini-batch in which no sample carries a gradient computes one placeholder sample per rank: its
             # per-token metrics (entropy, ppo_kl, clip fractions) would stand for the whole batch, so they are left out
