@@ -784,6 +784,25 @@ def test_an_existing_output_is_checked_and_a_finished_one_ends_the_run_before_ra
     assert judged["judge"]["base_url"] == "http://127.0.0.1:9/v1" and judged["rule_weight"] == 0.5
     with pytest.raises(GenerationFileError, match=r"judge: None in the file, \{.*'kind': 'http'"):
         prompts_left(str(output), tokenizer, loader, 4, judged)
+    # how grades are fetched (concurrency, timeouts, retries) is no grade: a file of a rate-limited eval goes on with
+    # gentler settings, rows of earlier versions (which wrote every judge key) too; what grades are is compared
+    judged_file = tmp_path / "judged.jsonl"
+    earlier = {**judged, "judge": {**judged["judge"], "concurrency": 16, "timeout_s": 60.0, "max_retries": 3}}
+    append_rows(str(judged_file), [{**rows[0], "settings": earlier}, {**rows[1], "settings": judged}])
+    gentler = [
+        "worker.reward.judge.concurrency=2",
+        "worker.reward.judge.timeout_s=300",
+        "worker.reward.judge.max_retries=9",
+    ]
+    gentle_plan = load_run_plan(
+        [*args, *judge, "worker.reward.judge.model=judge", "worker.reward.rule_weight=0.5", *gentler]
+    )
+    gentle = generation_settings(gentle_plan, GenerationRequest())
+    assert "concurrency" not in gentle["judge"] and gentle["judge"]["model"] == "judge"
+    assert prompts_left(str(judged_file), tokenizer, loader, 4, gentle) == len(PROMPTS) - 2
+    graded_otherwise = {**gentle, "judge": {**gentle["judge"], "score_range": [0, 5]}}
+    with pytest.raises(GenerationFileError, match=r"judge.score_range: \[0, 10\] in the file, \[0, 5\] now"):
+        prompts_left(str(judged_file), tokenizer, loader, 4, graded_otherwise)
     # tools make other responses: samples made without them are not a tool run's
     tools = f"worker.rollout.multi_turn.tools={REPO_ROOT / 'tools' / 'calculator.py'}"
     with_tools = generation_settings(load_run_plan([*args, tools]), GenerationRequest())

@@ -183,8 +183,26 @@ def generation_settings(plan: RunPlan, request: GenerationRequest) -> dict[str, 
         settings["reward_weights"] = list(reward.reward_weights) if reward.reward_weights else None
         if reward.judge.kind != "none":  # a judge's grade is part of each score
             settings["rule_weight"] = reward.rule_weight
-            settings["judge"] = dataclasses.asdict(reward.judge)
+            settings["judge"] = _without_transport(dataclasses.asdict(reward.judge))
     return json.loads(json.dumps(settings, default=str))
+
+
+# judge settings that change how grades are fetched, never a grade (a request that fails is marked scoring_failed):
+# lowered concurrency or raised timeouts after a rate-limited eval must not refuse the file it goes on with
+JUDGE_TRANSPORT_KEYS = (
+    "api_key_env",
+    "concurrency",
+    "max_retries",
+    "retry_backoff_s",
+    "timeout_s",
+    "num_gpus",
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+)
+
+
+def _without_transport(judge: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in judge.items() if key not in JUDGE_TRANSPORT_KEYS}
 
 
 # settings that earlier versions did not write: a file without them is not refused for lacking them
@@ -232,6 +250,8 @@ def _check_resumed_row(
     in JSON's types; None: not checked), same number of samples, and made with the same settings (a row without them
     comes from a version that did not write them)."""
     written = row.get("settings")
+    if isinstance(written, dict) and isinstance(written.get("judge"), dict):  # earlier versions wrote every key
+        written = {**written, "judge": _without_transport(written["judge"])}
     settings = None if settings is None or written is None else _comparable(written, settings)
     if settings is not None and written != settings:
         raise GenerationFileError(
