@@ -15,7 +15,14 @@ import pytest
 from easyrl.config import load_run_plan
 from easyrl.config.schema import DataConfig
 from easyrl.data.dataset import RLHFDataset
-from easyrl.trainer.evaluate import format_table, k_values, pass_at_k, rows_per_source, summarize
+from easyrl.trainer.evaluate import (
+    format_table,
+    k_values,
+    pass_at_k,
+    rows_per_source,
+    summarize,
+    unreachable_correctness,
+)
 from easyrl.trainer.generate import GenerationFileError, append_rows, read_rows, sample_scores
 from tests.fixtures.trainer_runs import (
     REPO_ROOT,
@@ -197,6 +204,43 @@ def test_summary_without_accuracy_uses_overall_and_the_threshold():
     assert results["sources"]["s"]["pass@1"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="eval.correct_key: the reward gives no `accuracy` score"):
         summarize(rows, correct_key="accuracy")
+
+
+def test_with_a_judge_and_no_accuracy_score_an_unreachable_correctness_is_said(tmp_path):
+    """Correctness falls back to overall >= 1; with a judge, overall = rule_weight x rule + weight x judge, which at
+    0.5 + 0.25 never reaches 1: pass@k read 0 without a word."""
+    from easyrl.config import PPOConfig
+
+    config = PPOConfig()
+    config.worker.reward.judge.kind, config.worker.reward.judge.weight = "http", 0.25
+    config.worker.reward.rule_weight = 0.5
+    scores = [{"overall": 0.75, "rule": 1.0, "judge": 1.0}, {"overall": 0.3, "rule": 0.0, "judge": 0.2}]
+    rows = [{"index": 0, "data_source": "s", "responses": ["a", "b"], "scores": scores}]
+    results = summarize(rows)
+    said = unreachable_correctness(config, results, rows)
+    assert said.startswith("No sample can be correct: the reward gives no accuracy score, so correctness is overall")
+    assert "worker.reward.rule_weight=0.5 x rule + worker.reward.judge.weight=0.25 x judge, at most 0.75" in said
+    assert f"({said})" in format_table({**results, "correct_unreachable": said}).splitlines()
+    # a classifier's sigmoid never reaches 1: 0.5 + 0.5 is not enough either; a linear one is unbounded
+    config.worker.reward.judge.kind, config.worker.reward.judge.weight = "classifier", 0.5
+    assert "judge, below 1 (pass@k is 0" in unreachable_correctness(config, results, rows)
+    config.worker.reward.judge.score_transform = "linear"
+    assert unreachable_correctness(config, results, rows) is None
+    # full marks reach the threshold: an http judge at 0.5 + 0.5, or a lower threshold
+    config.worker.reward.judge.kind = "http"
+    assert unreachable_correctness(config, results, rows) is None
+    config.worker.reward.judge.weight = 0.25
+    config.eval.correct_threshold = 0.7
+    assert unreachable_correctness(config, summarize(rows, threshold=0.7), rows) is None
+    # a key the user chose, or a rule reward above 1 (a sample did reach the threshold): nothing claimed
+    config.eval.correct_threshold = 1.0
+    config.eval.correct_key = "overall"
+    assert unreachable_correctness(config, results, rows) is None
+    config.eval.correct_key = None
+    above = [{**rows[0], "scores": [{"overall": 1.5, "rule": 2.0, "judge": 1.0}, scores[1]]}]
+    assert unreachable_correctness(config, summarize(above), above) is None
+    config.worker.reward.judge.kind = "none"
+    assert unreachable_correctness(config, results, rows) is None
 
 
 def test_combined_functions_are_judged_by_their_accuracy_not_the_weighted_sum():

@@ -847,7 +847,8 @@ class EvalConfig:
     correct_key: Optional[str] = None
     """The reward score that decides whether a sample is correct (pass@k); null: `accuracy` when the reward function
     returns it, else its one score named like an accuracy (`accuracy_reward` of combined TRL-style functions), else
-    `overall`."""
+    `overall` (with a judge the weighted sum of `rule` and `judge`: eval says so when no sample can reach
+    correct_threshold)."""
     correct_threshold: float = 1.0
     """A sample is correct when its `correct_key` score is at least this (the rule rewards give 0 or 1 accuracy)."""
     val_sampling: bool = False

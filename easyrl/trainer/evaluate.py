@@ -21,6 +21,7 @@ as a weak model in pass@k otherwise.
 """
 
 import json
+import logging
 import math
 import os
 from collections.abc import Iterable
@@ -40,6 +41,9 @@ from .generate import (
     read_rows,
     warn_failing_tools,
 )
+
+
+logger = logging.getLogger(__name__)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -168,6 +172,31 @@ def score_means(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {name: sum(found) / len(found) for name, found in sorted(values.items())}
 
 
+def unreachable_correctness(config: Any, results: dict, rows: list[dict[str, Any]]) -> str | None:
+    """What to say when correctness fell back to `overall` and a judge makes every sample wrong by construction:
+    `overall` is then rule_weight x rule + judge.weight x judge, below eval.correct_threshold even for full marks (a
+    classifier's sigmoid never reaches 1), and no sample of ``rows`` reached it."""
+    reward, judge, threshold = config.worker.reward, config.worker.reward.judge, config.eval.correct_threshold
+    if config.eval.correct_key or judge.kind == "none" or not results["correct"].startswith("overall >= "):
+        return None
+    if judge.kind == "classifier" and judge.score_transform != "sigmoid":
+        return None  # an unbounded judge score
+    best = reward.rule_weight + judge.weight  # for a rule's and a judge's score of at most 1
+    open_top = judge.kind == "classifier"  # a sigmoid never reaches 1
+    if best > threshold or (best == threshold and not open_top):
+        return None
+    if any(score["overall"] >= threshold for row in rows for score in row["scores"]):
+        return None  # a rule reward above 1: the bound is not this reward's
+    return (
+        f"No sample can be correct: the reward gives no accuracy score, so correctness is overall >= {threshold:g}, "
+        f"and with the judge overall is worker.reward.rule_weight={reward.rule_weight:g} x rule + "
+        f"worker.reward.judge.weight={reward.judge.weight:g} x judge, "
+        + ("below " if open_top else "at most ")
+        + f"{best:g} (pass@k is 0 whatever the model does). Set eval.correct_key to `rule` or `judge` (each in "
+        "[0, 1]) with eval.correct_threshold, or return an `accuracy` score from the reward function."
+    )
+
+
 def format_table(results: dict) -> str:
     """The results as an aligned text table, one line per data source ("-" where a source has no score), and what
     the numbers cover."""
@@ -179,6 +208,8 @@ def format_table(results: dict) -> str:
     for source, entry in sources.items():
         lines.append(f"{source:<{width}}  " + "  ".join(_cell(entry.get(c), w) for c, w in zip(columns, widths)))
     lines.append(f"(n={results['n']} samples per prompt; correct: {results['correct']})")
+    if results.get("correct_unreachable"):
+        lines.append(f"({results['correct_unreachable']})")
     names = sorted({name for means in results.get("scores", {}).values() for name in means} - {"overall"})
     if names:
         lines.append(
@@ -248,6 +279,10 @@ def run_eval(plan: RunPlan) -> dict:
             "data.val_files: it was written for other data. Delete it or choose another eval.generations."
         )
     results = summarize(rows, config.eval.correct_key, config.eval.correct_threshold, row_counts)
+    unreachable = unreachable_correctness(config, results, rows)
+    if unreachable:
+        results["correct_unreachable"] = unreachable
+        logger.warning("%s", unreachable)
     results["data"] = {"val_files": config.data.val_files, **results["data"]}
     truncated = run.val_loader.dataset.num_truncated
     if truncated:  # scored as any other prompt, though the model read a prompt without its end
