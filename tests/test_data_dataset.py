@@ -280,6 +280,38 @@ def test_a_prompt_list_that_is_not_chat_messages_is_skipped_and_named(tmp_path, 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 3?"}]
 
 
+def test_an_sft_conversation_given_as_prompts_loses_its_answer_and_says_so(tmp_path, tokenizer, caplog):
+    """An SFT file (messages ending with the assistant's answer) given as RL / eval data: the prompt held the answer,
+    then asked again. The trailing assistant messages are left out, and the rows counted."""
+    sft = [
+        {"messages": [*CHAT, {"role": "assistant", "content": "5"}], "answer": "5"},
+        {"messages": [{"role": "user", "content": "1+1?"}], "answer": "2"},  # a prompt as it should be
+        {
+            "messages": [
+                {"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "Let me see."},
+                {"role": "assistant", "content": "4"},
+            ],
+            "answer": "4",
+        },
+    ]
+    path = write_jsonl(tmp_path / "sft.jsonl", sft)
+    with caplog.at_level("WARNING", logger="easyrl.data.dataset"):
+        dataset = RLHFDataset(path, tokenizer, None, config(prompt_key="messages"))
+    texts = [tokenizer.decode(dataset[i]["raw_prompt_ids"]) for i in range(3)]
+    assert texts[0].endswith("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n")
+    assert (
+        "<|im_start|>assistant\n5" not in texts[0] and "Let me see" not in texts[2] and "4<|im_end|>" not in texts[2]
+    )
+    assert [dataset[i]["ground_truth"] for i in range(3)] == ["5", "2", "4"]
+    warned = [r.getMessage() for r in caplog.records if "end with `assistant` messages" in r.getMessage()]
+    assert warned == [
+        "data.train_files: 2 of 3 prompts (data.prompt_key=messages) end with `assistant` messages, as an SFT "
+        "conversation ends with its answer (rows 0, 2): they are left out of those prompts, or the model would read "
+        "the answer and be asked again. The reward's ground truth is data.answer_key=answer."
+    ]
+
+
 def test_chat_messages_held_as_json_text_are_read_as_the_messages_sft_reads(tmp_path, tokenizer):
     """A CSV cell (or a column written with json.dumps) holding chat messages is read as those messages, as `easyrl
     sft` reads it (it was trained on as the literal JSON text); other text, though it starts with `[`, stays text."""

@@ -57,6 +57,7 @@ from .template import (
     PLACEHOLDER,
     ChatTemplate,
     PromptFormatter,
+    answer_turns,
     build_messages,
     conversation_messages,
     is_chat_messages,
@@ -131,8 +132,11 @@ def _is_missing(value: Any) -> bool:
 
 def row_prompt(row: dict, prompt_key: str) -> Any:
     """The row's data.prompt_key value as it is rendered (``read_prompt``: messages held as JSON text or a single
-    message are a list of messages)."""
-    return read_prompt(row_value(row, prompt_key))
+    message are a list of messages), without the assistant messages that end a conversation (``answer_turns``: an SFT
+    file's answers, announced by the dataset)."""
+    prompt = read_prompt(row_value(row, prompt_key))
+    answers = answer_turns(prompt)
+    return list(prompt)[:-answers] if answers else prompt
 
 
 def row_value(row: dict, key: str) -> Any:
@@ -677,6 +681,7 @@ class RLHFDataset(Dataset):
         )
         if tools and len(self.rows):
             self._warn_unshown_tools(tools)
+        self._warn_answers_in_prompts()
         self.position_ids = make_position_id_fn(processor, model_config)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.row_index = np.arange(len(self.rows))  # dataset position -> row number in the source
@@ -720,6 +725,32 @@ class RLHFDataset(Dataset):
         if self.config.format_prompt:
             described += read_template_file(self.config.format_prompt, "data.format_prompt")
         self.encoder.chat_template.warn_unshown_tools(names, described)
+
+    def _warn_answers_in_prompts(self) -> None:
+        """Chat-message prompts that end with the assistant's answer (an SFT file given as RL or eval data): row_prompt
+        leaves those messages out; say how many rows had them."""
+        column = self.config.prompt_key.split(".")[0]
+        if column not in self.rows.column_names or not len(self.rows):
+            return
+        if not is_chat_messages(read_prompt(row_value(self.rows[0], self.config.prompt_key))):
+            return
+        ended = [
+            i
+            for i, value in enumerate(self.rows[column])
+            if answer_turns(read_prompt(row_value({column: value}, self.config.prompt_key)))
+        ]
+        if ended:
+            logger.warning(
+                "%s: %d of %d prompts (data.prompt_key=%s) end with `assistant` messages, as an SFT conversation ends "
+                "with its answer (%s): they are left out of those prompts, or the model would read the answer and be "
+                "asked again. The reward's ground truth is data.answer_key=%s.",
+                self.config_key,
+                len(ended),
+                len(self.rows),
+                self.config.prompt_key,
+                _name_rows(np.asarray(ended), self.places),
+                self.config.answer_key,
+            )
 
     def _messages_carry_media(self, processor: Any) -> bool:
         """Some chat-message prompt names its own pictures or videos in its content parts (Qwen's and OpenAI's

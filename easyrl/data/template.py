@@ -138,6 +138,19 @@ def read_prompt(value: Any) -> Any:
     return [value] if is_chat_message(value) else value
 
 
+def answer_turns(prompt: Any) -> int:
+    """How many messages at the end of a chat-message prompt are the assistant's: an SFT conversation with its
+    answer, which a prompt must not hold (the model would read the answer, then be asked again)."""
+    if not is_chat_messages(prompt):
+        return 0
+    count = 0
+    for message in reversed(list(prompt)):
+        if not (isinstance(message, Mapping) and message.get("role") == "assistant"):
+            break
+        count += 1
+    return count
+
+
 # The rollout output's field holding what each sample's tool-environment reset added to its prompt (message content)
 RESET_CONTENT = "reset_content"
 
