@@ -519,6 +519,22 @@ def test_check_refuses_reward_kwargs_no_chosen_function_takes_reading_the_source
         check("score", "worker.reward.reward_function_kwargs={format_weight:0.2}")
 
 
+def test_a_function_taking_the_ground_truth_after_the_response_is_told_the_signatures_not_a_constant(tmp_path):
+    """`def compute_score(response, ground_truth)`: the error advised reward_function_kwargs.ground_truth=..., one
+    answer for every sample."""
+    plain = tmp_path / "plain.py"
+    plain.write_text("REWARD_TYPE = 'sequential'\n\ndef compute_score(response, ground_truth):\n    return 0.0\n")
+    with pytest.raises(ConfigError) as error:
+        load_run_plan([*BASE, f"worker.reward.reward_function={plain}:compute_score"])
+    message = str(error.value)
+    assert "takes `ground_truth` as an argument after its first, which easyrl fills from" in message
+    assert (
+        "write `def compute_score(reward_input)` and read reward_input['response'], reward_input['ground_truth']"
+        in (message)
+    )
+    assert "reward_function_kwargs.ground_truth=" not in message
+
+
 def test_check_refuses_a_load_checkpoint_path_that_does_not_exist(tmp_path):
     with pytest.raises(ConfigError, match=r"`trainer.load_checkpoint_path`: `.*nowhere` does not exist"):
         load_run_plan([*BASE, f"trainer.load_checkpoint_path={tmp_path / 'nowhere'}"])

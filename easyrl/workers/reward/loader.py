@@ -853,6 +853,17 @@ def check_reward_kwargs(spec: str, kwargs: dict | None) -> None:
                     f"but `{name}` in `{path_text}` takes `{text}`.{_type_hint(value, allowed)}"
                 )
         missing = [arg for arg in _required_in_source(tree, name) if arg not in kwargs]
+        per_sample = [arg for arg in missing if arg in ROW_FIELD_ARGUMENTS]
+        if per_sample:
+            # `def compute_score(response, ground_truth)`: the answer differs per sample, no kwargs value can give it
+            raise RewardFunctionError(
+                f"`{name}` in `{path_text}` takes {', '.join(f'`{arg}`' for arg in per_sample)} as an argument after "
+                "its first, which easyrl fills from worker.reward.reward_function_kwargs, one value for every sample. "
+                "A sample's fields come in its first argument: write `def "
+                f"{name}(reward_input)` and read reward_input['response'], reward_input['ground_truth'] (with "
+                "REWARD_TYPE = 'sequential'; a list of them for 'batch'), or verl's `def "
+                f"{name}(data_source, solution_str, ground_truth, extra_info=None)`."
+            )
         if missing:
             given = " ".join(f"worker.reward.reward_function_kwargs.{arg}=..." for arg in missing)
             raise RewardFunctionError(
