@@ -684,7 +684,7 @@ def test_rows_whose_text_does_not_match_their_pictures_are_skipped_and_named(
     assert len(dataset) == 1 and [row for row, _ in dataset.unusable_rows] == [1, 2]
     note = f" (1 of them written into every prompt by data.format_prompt {template})"
     assert dataset.unusable_rows[0][1] == (
-        "the messages have 2 <image> and 0 <video> placeholders but the row has 1 images and 0 videos" + note
+        "the text has 2 <image> and 0 <video> placeholders but the row has 1 images and 0 videos" + note
     )
     assert dataset.unusable_rows[1][1] == (
         "the prompt has 1 <image> / <video> placeholder but the row has no images or videos" + note

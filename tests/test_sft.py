@@ -200,6 +200,10 @@ def test_a_video_and_a_picture_in_two_turns_are_tokenized_and_placed_as_in_one_p
     reply_video = [messages[0], {"role": "assistant", "content": "<video>"}]
     with pytest.raises(UnusableConversationError, match="an assistant message holds an image or video"):
         encoder.encode({"messages": reply_video, "videos": [frames, frames]})
+    # said so though the places outnumber the pictures (it read as a miscount)
+    reply_picture = [{"role": "user", "content": "<image> What?"}, {"role": "assistant", "content": "See <image>"}]
+    with pytest.raises(UnusableConversationError, match="an assistant message holds an image or video"):
+        encoder.encode({"messages": reply_picture, "images": ["blue.png"]})
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused_with_the_key_to_change():

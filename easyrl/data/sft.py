@@ -115,6 +115,11 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
                 )
             if not weight:
                 out[-1][UNTRAINED] = True
+    for message in out:  # before counting places: a picture in the answer is that, whatever the count
+        if message["role"] == "assistant" and _media_places(message["content"]):
+            raise UnusableConversationError(
+                "an assistant message holds an image or video; pictures and videos go in user messages"
+            )
     if num_images or num_videos:
         try:
             place_media(out, num_images, num_videos)
@@ -124,11 +129,6 @@ def normalize_messages(messages: Any, num_images: int, num_videos: int = 0) -> l
         raise UnusableConversationError(
             f"the conversation has {places} <image> / <video> places but the row has no images or videos"
         )
-    for message in out:
-        if message["role"] == "assistant" and _media_places(message["content"]):
-            raise UnusableConversationError(
-                "an assistant message holds an image or video; pictures and videos go in user messages"
-            )
     return text_parts_as_strings(out)
 
 

@@ -356,7 +356,7 @@ def place_media(messages: list[dict[str, Any]], num_images: int, num_videos: int
     found = kinds.count("image"), kinds.count("video")
     if found != (num_images, num_videos):
         raise ValueError(
-            f"the messages have {found[0]} <image> and {found[1]} <video> placeholders but the row has "
+            f"the text has {found[0]} <image> and {found[1]} <video> placeholders but the row has "
             f"{num_images} images and {num_videos} videos"
         )
     return messages
