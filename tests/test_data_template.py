@@ -131,3 +131,21 @@ def test_chat_message_prompts_keep_their_turns_and_place_media():
         conversation_messages([{"role": "user", "content": ["a", "b"]}], PromptFormatter(None))
     with pytest.raises(ValueError, match="1 <image> and 0 <video> placeholders but the row has 2 images"):
         conversation_messages(conversation, PromptFormatter(None), num_images=2)
+
+
+def test_a_placeholder_in_another_case_is_said_and_left_as_text(caplog):
+    """`<IMAGE>` is no placeholder: the picture goes before the text, silently, with `<IMAGE>` left in it."""
+    from easyrl.data.template import _warn_other_case_placeholder, place_media
+
+    _warn_other_case_placeholder.cache_clear()
+    messages = [{"role": "user", "content": "<IMAGE> How many dots?"}]
+    with caplog.at_level("WARNING", logger="easyrl.data.template"):
+        placed = place_media(messages, 1, 0)
+        place_media([{"role": "user", "content": "<IMAGE> again"}], 1, 0)  # said once
+    assert placed[0]["content"] == [{"type": "image"}, {"type": "text", "text": "<IMAGE> How many dots?"}]
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and warned[0].startswith("A prompt holds `<IMAGE>`, which is no placeholder")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="easyrl.data.template"):  # the lower-case one is a placeholder
+        place_media([{"role": "user", "content": "<image> How many?"}], 1, 0)
+    assert not caplog.records

@@ -35,6 +35,8 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 PLACEHOLDER = re.compile(r"(<image>|<video>)")
+# `<IMAGE>`, `<Video>`: no placeholder (they are lower case), said when a row's pictures go elsewhere for want of one
+OTHER_CASE_PLACEHOLDER = re.compile(r"<(?!image>|video>)(?i:image|video)>")
 
 
 def read_template_file(path: str, config_key: str) -> str:
@@ -336,6 +338,26 @@ def placeholder_parts(text: str) -> list[dict[str, Any]]:
     return parts
 
 
+def _texts(content: Any) -> list[str]:
+    """The texts of a message's content: the string, or its text parts'."""
+    if isinstance(content, str):
+        return [content]
+    return [
+        str(part.get("text") or "") for part in content or [] if isinstance(part, dict) and part.get("type") == "text"
+    ]
+
+
+@lru_cache(maxsize=8)
+def _warn_other_case_placeholder(variant: str) -> None:
+    logger.warning(
+        "A prompt holds `%s`, which is no placeholder (they are written `<image>` and `<video>`, in lower case): the "
+        "row's pictures and videos go before the text of its first user message, and `%s` stays in the text. Write "
+        "it in lower case to place them there. Said once.",
+        variant,
+        variant,
+    )
+
+
 def place_media(messages: list[dict[str, Any]], num_images: int, num_videos: int) -> list[dict[str, Any]]:
     """Typed content parts for the row's media: at their placeholders, or (none anywhere) before the text of the
     first user message. Text-only rows keep their messages as they are."""
@@ -349,6 +371,10 @@ def place_media(messages: list[dict[str, Any]], num_images: int, num_videos: int
         first = next((m for m in messages if m["role"] == "user"), None)
         if first is None:
             raise ValueError("the row has media but no user message to put them in")
+        for message in messages:
+            for piece in _texts(message["content"]):
+                for variant in OTHER_CASE_PLACEHOLDER.findall(piece):
+                    _warn_other_case_placeholder(variant)
         text = first["content"]
         rest = [{"type": "text", "text": text}] if isinstance(text, str) else list(text)
         first["content"] = [{"type": "image"}] * num_images + [{"type": "video"}] * num_videos + rest
