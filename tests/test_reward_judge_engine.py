@@ -22,7 +22,7 @@ from easyrl.workers.reward.judge import (
     JudgeUnreachableError,
     compile_score_pattern,
 )
-from easyrl.workers.reward.judge_engine import JudgeEngineError, VllmJudge
+from easyrl.workers.reward.judge_engine import JudgeEngineError, VllmJudge, read_replies
 from easyrl.workers.reward.scorer import RewardScorer
 from easyrl.workers.rollout.vllm_rollout import kv_cache_kwargs
 from tests.fixtures.trainer_runs import (
@@ -83,6 +83,11 @@ def test_the_engine_judges_a_batch_and_its_replies_are_read_by_the_regex(ray_clu
         cache = ray.get(
             judge.engine.__ray_call__.remote(lambda engine: engine.llm.llm_engine.vllm_config.cache_config)
         )
+        # an exception inside the engine's generate (a message that is not text) is named as that exception, not as
+        # a death: the engine lives on
+        with pytest.raises(JudgeEngineError) as raised:
+            judge.collect(judge.engine.generate.remote([None]))
+        assert ray.get(judge.engine.ready.remote())
         # replies the pattern never reads, JUDGE_SILENT_STREAK batches in a row, stop the run as the http judge's do
         # (they trained on a judge share of 0 for every sample)
         judge.pattern = compile_score_pattern("(never-in-a-reply)")
@@ -102,6 +107,10 @@ def test_the_engine_judges_a_batch_and_its_replies_are_read_by_the_regex(ray_clu
         again = judge.score(["a sum"] * 11, inputs[10::-1])
     finally:
         judge.close()
+    assert type(raised.value) is JudgeEngineError  # not JudgeEngineDied, which a run would restart to no end
+    assert str(raised.value).startswith(
+        f"The judge engine (worker.reward.judge.model_path={tiny_judge_path}) raised TypeError while judging a batch: "
+    )
     message = str(silent.value)
     assert message.startswith(
         f"The judge engine (worker.reward.judge.model_path={tiny_judge_path}) gave a score to none of the samples of "
@@ -138,6 +147,37 @@ def test_the_engine_judges_a_batch_and_its_replies_are_read_by_the_regex(ray_clu
     )
     assert chat.endswith("<|im_start|>assistant\n")
     assert ids == tiny_tokenizer()(chat, add_special_tokens=False)["input_ids"]
+
+
+@ray.remote
+class ActorThatFails:
+    """Stands in for the engine's actor: its `generate` raises (the actor lives on) or ends its process."""
+
+    def generate(self, messages: list[str]) -> list:
+        raise ValueError(f"cannot judge {len(messages)} messages")
+
+    def exit(self) -> None:
+        os._exit(1)
+
+
+@pytest.mark.timeout(120)
+def test_an_exception_in_generate_is_named_and_only_a_dead_engine_counts_as_died(ray_cluster):
+    """An exception the engine's `generate` raises is a JudgeEngineError naming it: no restart (trainer.max_restarts)
+    can help, the same batch would raise it again. Only an actor whose process is gone is JudgeEngineDied."""
+    actor = ActorThatFails.remote()
+    with pytest.raises(JudgeEngineError) as raised:
+        read_replies(actor.generate.remote(["a", "b"]), "/models/judge")
+    with pytest.raises(JudgeEngineDied) as died:
+        read_replies(actor.exit.remote(), "/models/judge")
+    assert type(raised.value) is JudgeEngineError  # not its subclass JudgeEngineDied, which the trainer restarts
+    assert str(raised.value) == (
+        "The judge engine (worker.reward.judge.model_path=/models/judge) raised ValueError while judging a batch: "
+        "cannot judge 2 messages. The engine did not die, and restarting it (trainer.max_restarts) would meet the "
+        "same error: fix the judge model or its settings (worker.reward.judge.*)."
+    )
+    assert str(died.value).startswith(
+        "the judge engine (worker.reward.judge.model_path=/models/judge) died while judging a batch: "
+    )
 
 
 @pytest.mark.slow  # vLLM's import in a fresh actor (~20 s)

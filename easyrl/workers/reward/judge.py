@@ -116,8 +116,9 @@ def unreachable_judge(config: Any, timeout_s: float = 3.0) -> Optional[str]:
 
 
 class JudgeEngineError(RuntimeError):
-    """The judge engine could not start or died (`worker.reward.judge.kind=vllm`; judge_engine.py). Defined here, with
-    the judges' other errors, so that the driver names it without importing the engine's module (vLLM's helpers)."""
+    """The judge engine could not start, raised while judging a batch, or died (`worker.reward.judge.kind=vllm`;
+    judge_engine.py). Defined here, with the judges' other errors, so that the driver names it without importing the
+    engine's module (vLLM's helpers)."""
 
 
 class JudgeEngineDied(JudgeEngineError):

@@ -14,7 +14,9 @@ Each sample's message is the same Jinja judge template as for `http`, sent throu
 one user turn when its tokenizer has one (as a chat server would), else as plain text. The replies are read with
 `score_pattern` / `score_range` by judge.read_verdict, like the HTTP judge's: a reply cut at `max_tokens` or without
 a score in range scores 0 and counts in reward/judge_errors, and so does a message longer than the judge model's
-context (vLLM would refuse the whole batch for one such prompt). A dead engine stops the run.
+context (vLLM would refuse the whole batch for one such prompt). A dead engine stops the run (or, under
+trainer.max_restarts, is restarted with the workers); an exception its `generate` raises stops it too, named as that
+exception: the engine lives on, and a restart would only meet it again.
 """
 
 import functools
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 import ray
-from ray.exceptions import GetTimeoutError, RayError
+from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from ...controller.worker_group import describe_death
 from ...demo.builtin_models import resolve_model_path
@@ -137,6 +139,27 @@ class JudgeEngine:
         return replies
 
 
+def read_replies(pending: "ray.ObjectRef", model_path: Optional[str]) -> list:
+    """What the engine's `generate` returned for a submitted batch. An exception it raised (a RayTaskError: the actor
+    lives on) is a JudgeEngineError naming that exception: the same batch, or a resumed run's, would raise it again,
+    so no restart can help. Only an engine whose process is gone is JudgeEngineDied, which trainer.max_restarts
+    restarts."""
+    try:
+        return ray.get(pending)
+    except RayTaskError as err:
+        cause = err.cause if err.cause is not None else err
+        raise JudgeEngineError(
+            f"The judge engine (worker.reward.judge.model_path={model_path}) raised {type(cause).__name__} while "
+            f"judging a batch: {str(cause).strip()}. The engine did not die, and restarting it (trainer.max_restarts) "
+            "would meet the same error: fix the judge model or its settings (worker.reward.judge.*)."
+        ) from err
+    except RayError as err:
+        raise JudgeEngineDied(
+            f"the judge engine (worker.reward.judge.model_path={model_path}) died while judging a batch: "
+            f"{describe_death(err)}"
+        ) from err
+
+
 class VllmJudge:
     """The driver's side of the judge engine: renders the messages, hands a batch to the engine (`submit`), and
     reads the replies into verdicts (`collect`)."""
@@ -198,13 +221,7 @@ class VllmJudge:
         """The verdicts of a submitted batch, in order, the first failure of each kind logged once per run; raises
         JudgeUnreachableError when no sample of the first batch, or of JUDGE_SILENT_STREAK batches in a row, got a
         score (as the http judge does)."""
-        try:
-            replies = ray.get(pending)
-        except RayError as err:
-            raise JudgeEngineDied(
-                f"the judge engine (worker.reward.judge.model_path={self.config.model_path}) died while judging a "
-                f"batch: {describe_death(err)}"
-            ) from err
+        replies = read_replies(pending, self.config.model_path)
         verdicts = [
             JudgeResult(0.0, JudgeFailure(REQUEST_FAILED, refusal))
             if refusal is not None
