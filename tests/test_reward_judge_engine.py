@@ -269,6 +269,21 @@ def test_check_accepts_a_judge_engine_and_refuses_one_it_cannot_run(valid_args, 
     load_config(vllm_judge_args(valid_args, f"worker.reward.judge.model_path={shaped}"))  # 1 GiB holds it
 
 
+def test_check_refuses_a_sequence_classification_model_as_a_generative_judge(valid_args, tmp_path):
+    """vLLM loads a *ForSequenceClassification as a pooling model, whose generate raises at the first batch, after
+    Ray, the workers and a rollout: check reads the local folder's architectures and points to kind classifier."""
+    from easyrl.testing.tiny_models import build_tiny_reward_model
+
+    reward_model = build_tiny_reward_model(tmp_path / "rm")
+    with pytest.raises(ConfigError) as refused:
+        load_config(vllm_judge_args(valid_args, f"worker.reward.judge.model_path={reward_model}"))
+    assert str(refused.value) == (
+        f"`worker.reward.judge.model_path` ({reward_model}) is a Qwen2ForSequenceClassification, a reward model that "
+        "scores a text and writes none, and a kind vllm judge generates its grade as text. Set "
+        "worker.reward.judge.kind=classifier to score with it, or give a generative judge model (a *ForCausalLM)."
+    )
+
+
 def judge_engine_run_overrides(judge_path) -> list[str]:
     """Two tiny GRPO steps on one worker whose reward is 0.5 x rule + 0.25 x the tiny judge's grade."""
     return TWO_STEP_HALF_RULE_OVERRIDES + [

@@ -4,10 +4,12 @@ through `easyrl train` with the reward model in the reward."""
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 import easyrl  # noqa: F401  (process environment before Ray starts)
 from easyrl.config import ConfigError, RewardConfig, load_config
@@ -113,6 +115,40 @@ def test_check_refuses_a_classifier_it_cannot_run(valid_args, tiny_reward_model_
     for args, message in cases:
         with pytest.raises(ConfigError, match=message):
             load_config(args)
+
+
+def test_check_refuses_a_classifier_whose_tokenizer_has_no_chat_template(valid_args, tiny_reward_model_path, tmp_path):
+    """The workers write each sample in the reward model's chat template and refuse a tokenizer without one after Ray
+    and the workers started: check reads the local folder's files and says it first."""
+    no_template = tmp_path / "rm_no_template"
+    shutil.copytree(tiny_reward_model_path, no_template)
+    (no_template / "chat_template.jinja").unlink()
+    with pytest.raises(ConfigError) as refused:
+        load_config(classifier_args(valid_args, no_template))
+    assert str(refused.value) == (
+        f"`worker.reward.judge.model_path` ({no_template}): its tokenizer has no chat template, and easyrl writes "
+        "each sample as [user: prompt, assistant: response] in the reward model's own template. Give the folder a "
+        "chat_template.jinja, or `chat_template` in its tokenizer_config.json (the template of the model it was "
+        "trained from)."
+    )
+    # the loaded tokenizer agrees with the files: none here, and the template held in tokenizer_config.json is one
+    assert AutoTokenizer.from_pretrained(no_template).chat_template is None
+    template = (tiny_reward_model_path / "chat_template.jinja").read_text()
+    tokenizer_config = json.loads((no_template / "tokenizer_config.json").read_text())
+    (no_template / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, "chat_template": template}))
+    assert AutoTokenizer.from_pretrained(no_template).chat_template == template
+    assert load_config(classifier_args(valid_args, no_template)).worker.reward.judge.model_path == str(no_template)
+
+
+def test_check_refuses_a_causal_lm_as_a_classifier_and_names_the_generative_kinds(valid_args, tiny_model_path):
+    with pytest.raises(ConfigError) as refused:
+        load_config(classifier_args(valid_args, tiny_model_path))
+    assert str(refused.value) == (
+        f"`worker.reward.judge.model_path` ({tiny_model_path}) is a Qwen2ForCausalLM (a generative model), not a "
+        "sequence-classification reward model (a *ForSequenceClassification with one output, as Skywork-Reward's). "
+        "For a judge that writes its grade, set worker.reward.judge.kind=vllm (an engine of this model) or http (a "
+        "server of it); for kind classifier, give a reward model's folder."
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -584,8 +584,8 @@ class JudgeConfig:
     """`none` (no judge: the reward function alone, as in EasyR1), `http`: an OpenAI-compatible chat-completions
     endpoint (`vllm serve`, SGLang, OpenAI) asked once per sample, or `vllm`: a vLLM engine of `model_path` in its own
     Ray actor, started with the run, that generates the judge replies batch by batch (same template, parsing and
-    counting as `http`), or `classifier`: a sequence-classification reward model of `model_path` (one output, e.g.
-    Skywork-Reward) that scores the prompt's messages (system prompt included, before the policy's chat template)
+    counting as `http`), or `classifier`: a sequence-classification reward model of `model_path` (one output and a
+    chat template, e.g. Skywork-Reward) that scores the prompt's messages (system prompt included, before the policy's chat template)
     and [assistant: response] in its own chat template, FSDP2-sharded in the
     training workers beside the reference (worker.ref's fsdp, offload and micro-batch settings serve it too; uses
     max_length and score_transform, no template). With a judge, each step logs reward/rule (the function's overall),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..data.synthetic import parse_builtin
+from ..data.tokenizer import CHAT_TEMPLATE_PLACES, folder_has_chat_template
 from ..demo import builtin_models
 from ..paths import BUILTIN_PREFIX, FUNCTION_SEPARATOR, looks_local, shipped_files_hint, unreadable_suffix_hint
 from ..utils.platform import nvidia_gpus_visible
@@ -906,8 +907,24 @@ def _check_http_judge(judge: JudgeConfig, prefix: str) -> None:
             )
 
 
+# the heads of config.json `architectures`: a text generator (a kind vllm / http judge) or a scorer (kind classifier)
+GENERATIVE_HEADS = ("ForCausalLM", "ForConditionalGeneration")
+CLASSIFIER_HEAD = "ForSequenceClassification"
+
+
+def _architectures_all(hf_config: dict, heads: "str | tuple[str, ...]") -> Optional[str]:
+    """The first of config.json's `architectures` when every one of them ends in one of ``heads`` (else None)."""
+    architectures = hf_config.get("architectures")
+    if not isinstance(architectures, list) or not architectures:
+        return None
+    if all(isinstance(name, str) and name.endswith(heads) for name in architectures):
+        return architectures[0]
+    return None
+
+
 def _check_classifier_judge(judge, prefix: str) -> None:
-    """`worker.reward.judge.kind=classifier`: a reward model with one output, and a usable score mapping."""
+    """`worker.reward.judge.kind=classifier`: a reward model with one output and a chat template, and a usable score
+    mapping (a local folder's files are read; a hub id's are left to the workers)."""
     _check_model_path(f"{prefix}.model_path", judge.model_path, required=True)
     config_file = Path(judge.model_path).expanduser() / "config.json"
     if config_file.is_file():  # a local folder: its head must give one number per text
@@ -915,11 +932,25 @@ def _check_classifier_judge(judge, prefix: str) -> None:
             hf_config = json.loads(config_file.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
             raise ConfigError(f"`{prefix}.model_path`: {config_file} cannot be read ({err}).") from None
+        generator = _architectures_all(hf_config, GENERATIVE_HEADS)
+        if generator:
+            raise ConfigError(
+                f"`{prefix}.model_path` ({judge.model_path}) is a {generator} (a generative model), not a "
+                f"sequence-classification reward model (a *{CLASSIFIER_HEAD} with one output, as Skywork-Reward's). "
+                f"For a judge that writes its grade, set {prefix}.kind=vllm (an engine of this model) or http (a "
+                "server of it); for kind classifier, give a reward model's folder."
+            )
         labels = hf_config.get("num_labels", len(hf_config.get("id2label") or {}) or 2)
         if labels != 1:
             raise ConfigError(
                 f"`{prefix}.model_path` ({judge.model_path}) has {labels} labels; a classifier reward model has one "
                 "output (num_labels: 1 in its config.json, as Skywork-Reward-style models do)."
+            )
+        if folder_has_chat_template(judge.model_path) is False:  # the workers would refuse it after Ray started
+            raise ConfigError(
+                f"`{prefix}.model_path` ({judge.model_path}): its tokenizer has no chat template, and easyrl writes "
+                "each sample as [user: prompt, assistant: response] in the reward model's own template. Give the "
+                f"folder {CHAT_TEMPLATE_PLACES} (the template of the model it was trained from)."
             )
     if not (math.isfinite(judge.score_scale) and judge.score_scale != 0):
         raise ConfigError(
@@ -1019,6 +1050,18 @@ def _check_judge_kv_cache(judge: JudgeConfig, prefix: str) -> None:
         )
 
 
+def _check_judge_generates(judge: JudgeConfig, prefix: str) -> None:
+    """`worker.reward.judge.kind=vllm` writes the judge's reply with the model: a sequence-classification reward model
+    (a local folder's config.json says so) gives a score and no text, and vLLM would refuse the first batch."""
+    classifier = _architectures_all(_local_hf_config(judge.model_path) or {}, CLASSIFIER_HEAD)
+    if classifier:
+        raise ConfigError(
+            f"`{prefix}.model_path` ({judge.model_path}) is a {classifier}, a reward model that scores a text and "
+            f"writes none, and a kind vllm judge generates its grade as text. Set {prefix}.kind=classifier to score "
+            "with it, or give a generative judge model (a *ForCausalLM)."
+        )
+
+
 def _check_judge(config: PPOConfig) -> None:
     """`worker.reward.judge`: everything a judge needs that can be known without asking it (no request is sent)."""
     reward, prefix = config.worker.reward, "worker.reward.judge"
@@ -1040,6 +1083,7 @@ def _check_judge(config: PPOConfig) -> None:
         _check_http_judge(judge, prefix)
     elif judge.kind == "vllm":
         _check_model_path(f"{prefix}.model_path", judge.model_path, required=True)
+        _check_judge_generates(judge, prefix)
         _check_judge_engine_device(judge, prefix, config.trainer.nnodes)
         _check_judge_kv_cache(judge, prefix)
     elif judge.kind == "classifier":

@@ -1,6 +1,8 @@
 """The tokenizer and (for vision-language models) the processor of a model folder or hub id."""
 
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 from ..utils.remote_code import RemoteCodeRefusedError, naming_the_remote_code_key
@@ -8,6 +10,31 @@ from .template import read_template_file
 
 
 logger = logging.getLogger(__name__)
+
+# where AutoTokenizer reads a folder's chat template from (a processor's chat_template.json is not the tokenizer's)
+CHAT_TEMPLATE_PLACES = "a chat_template.jinja, or `chat_template` in its tokenizer_config.json"
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether a loaded tokenizer can write a chat (the condition the workers check)."""
+    return getattr(tokenizer, "chat_template", None) is not None
+
+
+def folder_has_chat_template(path: str) -> bool | None:
+    """`has_chat_template` of the tokenizer a local model folder would load, read from its files alone (for `easyrl
+    check`: no transformers, no torch): its chat_template.jinja, or a `chat_template` in its tokenizer_config.json.
+    None for a hub id, a built-in model or a folder without a tokenizer_config.json (the loader names those)."""
+    folder = Path(path).expanduser()
+    config_file = folder / "tokenizer_config.json"
+    if not config_file.is_file():
+        return None
+    if (folder / "chat_template.jinja").is_file():
+        return True
+    try:
+        tokenizer_config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # the loader names a file it cannot read
+    return isinstance(tokenizer_config, dict) and tokenizer_config.get("chat_template") is not None
 
 
 def load_tokenizer_and_processor(

@@ -12,6 +12,7 @@ import logging
 
 import torch
 
+from ..data.tokenizer import CHAT_TEMPLATE_PLACES, has_chat_template
 from ..utils import device
 
 
@@ -29,10 +30,11 @@ class RewardModel:
                 f"worker.reward.judge.model_path loads a {type(module).__name__}, which has no `score` head; a "
                 "classifier reward model must be a decoder LM's *ForSequenceClassification (Qwen2, Llama, ...)."
             )
-        if getattr(tokenizer, "chat_template", None) is None:
+        if not has_chat_template(tokenizer):
             raise ValueError(
                 "The reward model's tokenizer (worker.reward.judge.model_path) has no chat template: easyrl writes "
-                "each sample as [user: prompt, assistant: response] in the reward model's own template."
+                "each sample as [user: prompt, assistant: response] in the reward model's own template; its folder "
+                f"needs {CHAT_TEMPLATE_PLACES}."
             )
         self.module = module
         self.tokenizer = tokenizer
