@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from easyrl.config import ConfigError, load_run_plan
+from easyrl.testing.tiny_models import build_tiny_reward_model
 from tests.fixtures.trainer_runs import REPO_ROOT, TINY_RUN_OVERRIDES, metrics_by_step, train_args
 
 
@@ -108,6 +109,42 @@ def test_settings_a_switch_turns_off_are_noted_together():
     # the same keys where their switch is on are read, and nothing is said
     on = load_run_plan(BASE + ["algorithm.kl_coef=0.5", "algorithm.online_filtering=true", "algorithm.filter_low=0.2"])
     assert not any("do nothing" in n or "does nothing" in n for n in on.notes)
+
+
+def test_judge_settings_the_chosen_kind_does_not_read_are_noted(tiny_model_path, tmp_path):
+    """A classifier's prompt_template (even a missing file), a vllm judge's base_url and timeout_s, an http judge's
+    model_path, any judge key with kind none: accepted without a word, though the judge never reads them."""
+    reward_model = build_tiny_reward_model(tmp_path / "rm")
+    judge, server = "worker.reward.judge.", "worker.reward.judge.base_url=http://127.0.0.1:9/v1"
+    why = "so {} nothing. docs/config.md says which judge kind reads each key."
+
+    def judge_notes(*overrides: str) -> list[str]:
+        with_judge = [] if f"{judge}kind=none" in overrides else ["worker.reward.rule_weight=0.5"]
+        notes = load_run_plan(BASE + with_judge + list(overrides)).notes
+        return [note for note in notes if "worker.reward.judge.kind=" in note]
+
+    classifier = [f"{judge}kind=classifier", f"{judge}model_path={reward_model}", f"{judge}max_length=512"]
+    assert judge_notes(*classifier, f"{judge}prompt_template={tmp_path / 'absent.jinja'}") == [
+        f"worker.reward.judge.prompt_template={tmp_path / 'absent.jinja'}: worker.reward.judge.kind=classifier scores "
+        f"with a reward model, with no judge prompt and no reply to read, {why.format('this setting does')}"
+    ]
+    engine = [f"{judge}kind=vllm", f"{judge}model_path={tiny_model_path}", f"{judge}kv_cache_memory_bytes=67108864"]
+    assert judge_notes(*engine, server, f"{judge}timeout_s=5", f"{judge}max_tokens=24") == [
+        "worker.reward.judge.base_url=http://127.0.0.1:9/v1, worker.reward.judge.timeout_s=5.0: "
+        "worker.reward.judge.kind=vllm runs its own engine of model_path, with no server and no request deadline, "
+        + why.format("these settings do")
+    ]
+    http = [f"{judge}kind=http", server, f"{judge}model=judge", f"{judge}timeout_s=5", f"{judge}concurrency=4"]
+    assert judge_notes(*http, f"{judge}model_path={tiny_model_path}") == [
+        f"worker.reward.judge.model_path={tiny_model_path}: worker.reward.judge.kind=http asks a server for each "
+        f"grade and loads no model, {why.format('this setting does')}"
+    ]
+    assert judge_notes(f"{judge}kind=none", server) == [
+        "worker.reward.judge.base_url=http://127.0.0.1:9/v1: worker.reward.judge.kind=none turns the judge off, "
+        + why.format("this setting does")
+    ]
+    # the keys each kind reads, and the defaults of the others, are not noted
+    assert judge_notes(*classifier) == judge_notes(*engine) == judge_notes(*http) == []
 
 
 def test_max_steps_sets_the_step_count_outright_as_in_easyr1():

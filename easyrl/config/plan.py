@@ -17,7 +17,7 @@ from ..paths import PROJECT_ROOT
 from ..utils.platform import nvidia_gpus_visible
 from .compat import LOSS_AVG_MODE_ALIASES, LOSS_TYPE_ALIASES
 from .load import read_config
-from .schema import PPOConfig
+from .schema import JudgeConfig, PPOConfig
 from .validate import (
     CRITIC_ESTIMATORS,
     ESTIMATOR_SETTINGS,
@@ -363,7 +363,8 @@ def _settings_the_algorithm_does_not_read(config: PPOConfig) -> list[str]:
 
 def _set_away_from_defaults(config: PPOConfig, prefixes: tuple[str, ...]) -> list[tuple[str, Any]]:
     """(key, value) of each settable leaf key under ``prefixes`` whose value differs from what the defaults resolve
-    to (derived keys, which follow others, are left out)."""
+    to (derived keys, which follow others, are left out). A prefix is a key or a section, matched whole:
+    `worker.reward.judge.model` is not under `worker.reward.judge.model_path`."""
     from .load import DERIVED_KEYS, FIELDS, derive
 
     defaults = PPOConfig()
@@ -371,7 +372,9 @@ def _set_away_from_defaults(config: PPOConfig, prefixes: tuple[str, ...]) -> lis
     return [
         (key, config_value(config, key))
         for key, spec in FIELDS.items()
-        if key.startswith(prefixes) and key not in DERIVED_KEYS and not dataclasses.is_dataclass(spec.type)
+        if any(f"{key}.".startswith(prefix.rstrip(".") + ".") for prefix in prefixes)
+        and key not in DERIVED_KEYS
+        and not dataclasses.is_dataclass(spec.type)
         if config_value(config, key) != config_value(defaults, key)
     ]
 
@@ -406,6 +409,33 @@ def _critic_settings_without_critic(config: PPOConfig) -> list[str]:
 
 
 # keys a switch turns off, each with what turns them off: (switch is off, the keys, why, how to turn it on)
+# the worker.reward.judge keys each kind reads (kind and weight aside); a key set for a kind that does not read it is
+# noted in the run plan (a vllm judge's timeout_s sets no deadline, a classifier's prompt_template is never opened)
+_JUDGE_TEXT_KEYS = ("prompt_template", "score_pattern", "score_range", "temperature", "max_tokens")
+JUDGE_KEYS_READ = {
+    "http": ("base_url", "model", "api_key_env", "concurrency", "max_retries", "retry_backoff_s", "timeout_s")
+    + _JUDGE_TEXT_KEYS,
+    "vllm": ("model_path", "dtype", "num_gpus", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len")
+    + _JUDGE_TEXT_KEYS,
+    "classifier": ("model_path", "max_length", "score_transform", "score_scale", "score_offset"),
+    "none": (),
+}
+JUDGE_KIND_READS = {
+    "http": "asks a server for each grade and loads no model",
+    "vllm": "runs its own engine of model_path, with no server and no request deadline",
+    "classifier": "scores with a reward model, with no judge prompt and no reply to read",
+    "none": "turns the judge off",
+}
+
+
+def _judge_keys_unread(config: PPOConfig) -> tuple[bool, tuple[str, ...], str, str]:
+    kind = config.worker.reward.judge.kind
+    read = {"kind", "weight", *JUDGE_KEYS_READ.get(kind, ())} if kind != "none" else {"kind"}
+    unread = tuple(f"worker.reward.judge.{f.name}" for f in dataclasses.fields(JudgeConfig) if f.name not in read)
+    why = f"worker.reward.judge.kind={kind} {JUDGE_KIND_READS.get(kind, 'reads other keys')}"
+    return kind in JUDGE_KEYS_READ, unread, why, "docs/config.md says which judge kind reads each key."
+
+
 def _switched_off(config: PPOConfig) -> list[tuple[bool, tuple[str, ...], str, str]]:
     algorithm = config.algorithm
     return [
@@ -438,6 +468,7 @@ def _switched_off(config: PPOConfig) -> list[tuple[bool, tuple[str, ...], str, s
             "data.val_files is empty (no validation)",
             "Set data.val_files to validate.",
         ),
+        _judge_keys_unread(config),
     ]
 
 
