@@ -144,7 +144,13 @@ def test_samples_the_reward_failed_on_count_as_wrong_and_are_counted_per_source(
     assert results["sources"]["a"]["scoring_failed"] == 1 and results["sources"]["b"]["scoring_failed"] == 0
     assert results["sources"]["a"]["pass@1"] == results["sources"]["b"]["pass@1"] == 0.5
     assert format_table(results).splitlines()[0].split()[-1] == "scoring_failed"
+    # under the table: how many, and that a re-run keeps them (it resumes the file) unless the file is moved away
+    said = format_table({**results, "generations": "/runs/eval.jsonl"}).splitlines()
+    assert said[5].startswith("(1 samples could not be scored, column `scoring_failed`") and said[5].endswith(
+        "to score them again, move /runs/eval.jsonl away first: every sample is then generated anew)"
+    )
     assert "scoring_failed" not in summarize(rows[1:])["sources"]["b"]  # no column when every sample was scored
+    assert "could not be scored" not in format_table(summarize(rows[1:]))
     assert results["scores"]["a"] == {"accuracy": 0.5, "overall": 0.5}  # the failed sample's zeros count, its flag not
 
 

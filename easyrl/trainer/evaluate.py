@@ -215,6 +215,14 @@ def format_table(results: dict) -> str:
         lines.append(
             f"(the mean of each score the reward names, per source, is in the JSON's `scores`: {', '.join(names)})"
         )
+    failed = sum(entry.get("scoring_failed", 0) for entry in sources.values())
+    if failed:
+        lines.append(
+            f"({failed} samples could not be scored, column `scoring_failed`: the reward function failed or the judge "
+            "gave no grade, and they count as wrong. Running the command again keeps them as they are; to score them "
+            f"again, move {results.get('generations', 'eval.generations')} away first: every sample is then "
+            "generated anew)"
+        )
     if results.get("unjudged"):
         key = results["correct"].rsplit(" >= ", 1)[0]
         lines.append(
