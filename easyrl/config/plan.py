@@ -408,7 +408,6 @@ def _critic_settings_without_critic(config: PPOConfig) -> list[str]:
     return [f"{key}={value}" for key, value in changed if not from_actor(key, value)]
 
 
-# keys a switch turns off, each with what turns them off: (switch is off, the keys, why, how to turn it on)
 # the worker.reward.judge keys each kind reads (kind and weight aside); a key set for a kind that does not read it is
 # noted in the run plan (a vllm judge's timeout_s sets no deadline, a classifier's prompt_template is never opened)
 _JUDGE_TEXT_KEYS = ("prompt_template", "score_pattern", "score_range", "temperature", "max_tokens")
@@ -436,6 +435,7 @@ def _judge_keys_unread(config: PPOConfig) -> tuple[bool, tuple[str, ...], str, s
     return kind in JUDGE_KEYS_READ, unread, why, "docs/config.md says which judge kind reads each key."
 
 
+# keys a switch turns off, each with what turns them off: (switch is off, the keys, why, how to turn it on)
 def _switched_off(config: PPOConfig) -> list[tuple[bool, tuple[str, ...], str, str]]:
     algorithm = config.algorithm
     return [
