@@ -712,6 +712,7 @@ def test_an_image_dir_that_is_no_folder_is_refused(valid_args, tmp_path):
         ("custom_reward_function.name", "worker.reward.reward_function"),
         ("trainer.resume_mode", "trainer.find_last_checkpoint"),
         ("trainer.max_actor_ckpt_to_keep", "trainer.save_limit"),
+        ("trainer.max_ckpt_to_keep", "trainer.save_limit"),  # drew worker.reward.judge.max_tokens
         ("actor_rollout_ref.model.use_remove_padding", "worker.actor.padding_free"),
         ("actor_rollout_ref.model.lora_rank", "worker.actor.model.lora.rank"),
         ("data.truncation", "data.filter_overlong_prompts"),

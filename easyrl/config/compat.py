@@ -174,6 +174,7 @@ FOREIGN_KEY_NAMES: dict[str, tuple[str, str]] = {
         "verl's custom_reward_function.name: easyrl takes the file and the function in one key, `path.py:function`",
     ),
     "max_actor_ckpt_to_keep": ("trainer.save_limit", "verl's max_actor_ckpt_to_keep: checkpoints kept"),
+    "max_ckpt_to_keep": ("trainer.save_limit", "verl's checkpoint.max_ckpt_to_keep: checkpoints kept"),
     "use_remove_padding": ("padding_free", "verl's use_remove_padding: sequences packed without padding"),
     "lora_rank": ("model.lora.rank", "verl's lora_rank"),
     "lora_alpha": ("model.lora.alpha", "verl's lora_alpha"),
