@@ -116,12 +116,20 @@ def _train(args: list[str]) -> int:
         # does an environment that fails on every trajectory
         # so does online filtering that finds too few groups with mixed scores (the data or the filter must change)
         # a vllm judge whose engine died: its message names the engine and how it ended
+        # a checkpoint that cannot be written (a full disk): its message names the folder and the space left
+        from .trainer.checkpoint import CheckpointSaveError
         from .trainer.ray_trainer import OnlineFilteringError
         from .workers.reward.judge import JudgeEngineError
         from .workers.reward.loader import RewardFunctionError
         from .workers.rollout.env_failures import EnvironmentFailedError
 
-        return (RewardFunctionError, OnlineFilteringError, JudgeEngineError, EnvironmentFailedError)
+        return (
+            RewardFunctionError,
+            OnlineFilteringError,
+            JudgeEngineError,
+            EnvironmentFailedError,
+            CheckpointSaveError,
+        )
 
     return _run_command("train", args, load_plan, load_runner, run_errors)
 
@@ -176,7 +184,12 @@ def _sft(args: list[str]) -> int:
 
         return run_sft
 
-    return _run_command("sft", args, load_plan, load_runner)
+    def run_errors():
+        from .trainer.checkpoint import CheckpointSaveError  # a checkpoint that cannot be written, as in RL
+
+        return (CheckpointSaveError,)
+
+    return _run_command("sft", args, load_plan, load_runner, run_errors)
 
 
 def _merge(args: list[str]) -> int:

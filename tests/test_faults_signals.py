@@ -1,6 +1,7 @@
 """Stop signals: the first asks for a checkpoint and a clean exit, the second exits at once; the messages say where
 to resume from. The real trainer under SIGTERM: tests/test_faults_runs.py."""
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -79,6 +80,11 @@ def test_the_resume_hint_says_whether_the_same_command_resumes(tmp_path):
         save_checkpoint_path=str(tmp_path), load_checkpoint_path=str(tmp_path / "other" / "global_step_6")
     )
     assert "rerun the same command" in resume_hint(ckpt, warm)
+    # a rollback to an earlier step of the run's folder: once it saved, the rerun goes on from its newest save
+    rollback = dataclasses.replace(warm, load_checkpoint_path=str(tmp_path / "global_step_2"))
+    assert resume_hint(ckpt, rollback) == (
+        f"The last complete checkpoint is {ckpt}; rerun the same command to resume from it."
+    )
     assert "starts from the beginning" in resume_hint(None, TrainerConfig())
     assert "cannot resume from it" in resume_hint(ckpt, TrainerConfig(save_model_only=True))
 

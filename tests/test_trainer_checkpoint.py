@@ -3,6 +3,7 @@
 import dataclasses
 import os
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from easyrl.trainer.checkpoint import (
     COMPLETE_MARKER,
     CheckpointError,
     CheckpointManager,
+    CheckpointSaveError,
     check_resume_point,
     checkpoint_step,
     find_last_checkpoint,
@@ -98,7 +100,7 @@ def test_a_run_resumed_from_an_earlier_step_resumes_its_own_newest_save_and_rota
     config = TrainerConfig(save_checkpoint_path=str(tmp_path), load_checkpoint_path=str(tmp_path / "global_step_4"))
     with caplog.at_level("WARNING"):
         assert check_resume_point(config) == str(tmp_path / "global_step_4")
-    assert "later checkpoints (global_step_5, global_step_6)" in caplog.text
+    assert "also holds 2 later checkpoints (global_step_5, global_step_6) saved before" in caplog.text
 
     _save(manager, 5)  # the branch from step 4 saves step 5, replacing the old one, and the job is killed
     # a rerun without load_checkpoint_path continues the branch, not the old run's step 6
@@ -171,6 +173,85 @@ def test_commit_without_begin_is_an_error(tmp_path):
         CheckpointManager(str(tmp_path)).commit(3)
 
 
+# writes to it fail as on a full disk (ENOSPC): a real failed write, without a full filesystem
+FULL_DEVICE = "/dev/full"
+needs_full_device = pytest.mark.skipif(not os.path.exists(FULL_DEVICE), reason=f"no {FULL_DEVICE} on this system")
+
+
+@needs_full_device
+def test_a_save_that_fills_the_disk_names_the_folder_and_space_left_and_removes_its_partial_folder(tmp_path):
+    """A full disk during a save ended the run with Ray's and torch's traceback ("unexpected pos 704 vs 598") and
+    left the half-written .tmp_global_step_N filling the disk."""
+    manager = CheckpointManager(str(tmp_path), save_limit=1)
+    first = _save(manager, 1)
+    with pytest.raises(CheckpointSaveError) as raised, manager.saving(2) as tmp_dir:
+        _worker_save(tmp_dir, role="critic")  # one part is written, the next finds the disk full
+        os.symlink(FULL_DEVICE, os.path.join(tmp_dir, "extra_state.pt"))
+        torch.save(torch.zeros(1000), os.path.join(tmp_dir, "extra_state.pt"))  # torch's writer: "unexpected pos"
+
+    text = str(raised.value)
+    assert text.startswith(
+        f"the checkpoint of step 2 could not be saved in trainer.save_checkpoint_path={tmp_path}: the disk is full ("
+    )
+    assert "unexpected pos" in text
+    usage = shutil.disk_usage(tmp_path)
+    assert f" free of {usage.total / 2**30:.1f} GiB there" in text or f" free of {usage.total / 2**20:.1f} MiB" in text
+    assert text.endswith(
+        "; its partial folder .tmp_global_step_2 was removed. Free space there (a lower trainer.save_limit keeps "
+        "fewer checkpoints) before rerunning."
+    )
+    assert not os.path.lexists(manager.tmp_dir(2))
+    assert sorted(os.listdir(tmp_path)) == ["global_step_1", "latest_checkpointed_iteration.txt"]
+    assert find_last_checkpoint(str(tmp_path)) == first and read_latest_pointer(str(tmp_path)) == 1
+
+
+@needs_full_device
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("failure", ["disk_full", "a_file_where_its_folder_goes"])
+def test_a_workers_failed_write_arrives_through_ray_as_one_save_error(tmp_path, ray_cluster, failure):
+    """The workers' DCP save fails in their own process: Ray brings it as RayTaskError(CheckpointException), whose
+    failed write (rank 0's) is what the message says."""
+    manager = CheckpointManager(str(tmp_path))
+    first = _save(manager, 1)
+
+    def worker_save(role_dir: str) -> None:
+        dcp.save(torch.nn.Linear(4, 3).state_dict(), checkpoint_id=role_dir)
+
+    save = ray_cluster.remote(worker_save)
+    with pytest.raises(CheckpointSaveError) as raised, manager.saving(2) as tmp_dir:
+        role_dir = os.path.join(tmp_dir, "actor")
+        if failure == "disk_full":
+            os.makedirs(role_dir)
+            os.symlink(FULL_DEVICE, os.path.join(role_dir, "__0_0.distcp"))  # the file rank 0 writes its shard to
+        else:
+            open(role_dir, "w").close()
+        ray_cluster.get(save.remote(role_dir))
+
+    text = str(raised.value)
+    where = f"the checkpoint of step 2 could not be saved in trainer.save_checkpoint_path={tmp_path}"
+    if failure == "disk_full":
+        assert text.startswith(f"{where}: the disk is full ([Errno 28] No space left on device)")
+    else:
+        assert text.startswith(
+            f"{where} (FileExistsError: [Errno 17] File exists: '{tmp_path}/.tmp_global_step_2/actor')"
+        )
+        assert "disk is full" not in text
+    assert "; its partial folder .tmp_global_step_2 was removed" in text and "Traceback" not in text
+    assert not os.path.lexists(manager.tmp_dir(2)) and find_last_checkpoint(str(tmp_path)) == first
+
+
+def test_a_worker_that_died_during_a_save_is_not_a_failed_write_but_its_partial_folder_goes(tmp_path):
+    from easyrl.controller.worker_group import WorkerDiedError
+
+    manager = CheckpointManager(str(tmp_path))
+    died = WorkerDiedError("actor_rollout", 1, "save_checkpoint", None, "killed by SIGKILL")
+    with pytest.raises(WorkerDiedError) as raised, manager.saving(1) as tmp_dir:
+        _worker_save(tmp_dir)
+        raise died
+    assert raised.value is died  # the run restarts its workers (trainer.max_restarts) or names the dead one
+    assert os.listdir(tmp_path) == []
+
+
 def test_load_checkpoint_path_wins_over_the_newest_checkpoint(tmp_path):
     manager = CheckpointManager(str(tmp_path))
     first, _ = _save(manager, 1), _save(manager, 2)
@@ -200,8 +281,63 @@ def test_a_warm_started_run_rerun_goes_on_from_its_own_newest_checkpoint(tmp_pat
     plan = load_run_plan([*valid_args, f"trainer.save_checkpoint_path={own}", f"trainer.load_checkpoint_path={other}"])
     assert resume_summary(plan, str(own / "global_step_8")).startswith(
         f"resumes from {own / 'global_step_8'} (after step 8), this run's own newest checkpoint: "
-        f"trainer.load_checkpoint_path={other}, outside its folder, was where it started"
+        f"trainer.load_checkpoint_path={other} is outside this run's folder, which holds checkpoints the run saved "
+        "since it started from it"
     )
+
+
+def test_a_rolled_back_run_rerun_goes_on_from_its_own_saves_even_once_save_limit_deleted_its_start(
+    tmp_path, valid_args, capsys
+):
+    """trainer.load_checkpoint_path naming an earlier checkpoint of the run's own folder (a rollback): the same
+    command rerun (a requeued job) trained those steps again, or, once save_limit deleted the checkpoint it names,
+    was refused as "does not exist"."""
+    from easyrl.cli import main
+
+    root = tmp_path / "run"
+    for step in range(1, 7):
+        _save(CheckpointManager(str(root)), step)
+    start = str(root / "global_step_2")
+    config = TrainerConfig(save_checkpoint_path=str(root), load_checkpoint_path=start)
+    assert resolve_resume_path(config) == start  # a first rollback: the folder's newest (step 6) is the old branch's
+
+    rolled_back = CheckpointManager(str(root), started_from=start)
+    _save(rolled_back, 3)  # ... and the job is killed, then requeued with the same command
+    assert load_trainer_state(str(root / "global_step_3"))["started_from"] == start
+    assert resolve_resume_path(config) == str(root / "global_step_3")
+    # to roll back again: once without find_last_checkpoint
+    assert resolve_resume_path(dataclasses.replace(config, find_last_checkpoint=False)) == start
+    rolled_back.save_limit = 2
+    _save(rolled_back, 4), _save(rolled_back, 5)
+    assert _steps(root) == [4, 5]  # save_limit deleted global_step_2, which load_checkpoint_path names
+    assert resolve_resume_path(config) == str(root / "global_step_5")
+    # a rollback to a step of the new branch rolls back: its newest did not start from there
+    branch = dataclasses.replace(config, load_checkpoint_path=str(root / "global_step_4"))
+    assert resolve_resume_path(branch) == str(root / "global_step_4")
+
+    args = [*valid_args, f"trainer.save_checkpoint_path={root}", f"trainer.load_checkpoint_path={start}"]
+    assert main(["check", *args]) == 0
+    assert (
+        f"#   resumes from {root / 'global_step_5'} (after step 5), this run's own newest checkpoint: "
+        f"trainer.load_checkpoint_path={start} is an earlier checkpoint of this run's folder, whose newest, "
+        f"{root / 'global_step_5'}, was saved by a run that rolled back to it: it goes on from there (a killed "
+        "rolled-back run rerun with the same command) instead of rolling back again. To roll back again, rerun once "
+        "with trainer.find_last_checkpoint=false (or delete the checkpoints saved after it)."
+    ) in capsys.readouterr().out
+
+
+def test_resuming_from_an_earlier_step_names_how_many_later_checkpoints_the_folder_holds(tmp_path, caplog):
+    manager = CheckpointManager(str(tmp_path))
+    for step in range(1, 7):
+        _save(manager, step)
+    config = TrainerConfig(save_checkpoint_path=str(tmp_path), load_checkpoint_path=str(tmp_path / "global_step_2"))
+    with caplog.at_level("WARNING"):
+        check_resume_point(config)
+    assert (
+        f"Resuming from step 2 of {tmp_path}, which also holds 4 later checkpoints (global_step_3, ..., "
+        "global_step_6) saved before: this run's saves of the same steps replace them, and once this run has saved, "
+        "the same command rerun (a requeued job) goes on from its newest save, not from step 2 again."
+    ) in caplog.text
 
 
 def test_no_resume_when_find_last_checkpoint_is_off(tmp_path):

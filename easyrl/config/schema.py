@@ -802,8 +802,9 @@ class TrainerConfig:
     """Checkpoint folder; null means checkpoints/<project_name>/<experiment_name>."""
     load_checkpoint_path: Optional[str] = None
     """Resume from this checkpoint folder (global_step_N). One outside save_checkpoint_path (a warm start from another
-    run) is where the run starts: once the run has saved checkpoints of its own, a rerun of the same command (a killed
-    or requeued job) goes on from its newest (with find_last_checkpoint), and says so."""
+    run), or an earlier one in it (a rollback), is where the run starts: once the run has saved checkpoints of its
+    own, a rerun of the same command (a killed or requeued job) goes on from its newest (with find_last_checkpoint),
+    and says so; to roll back again, rerun once with find_last_checkpoint=false."""
     ray_timeline: Optional[str] = None
     """Write Ray's task timeline (a chrome://tracing JSON file) to this path when the run ends."""
     worker_env: list = field(default_factory=list)

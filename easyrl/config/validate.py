@@ -604,6 +604,14 @@ def _check_unsupported(config: PPOConfig) -> None:
         )
 
 
+def _run_went_on_from_it(trainer: Any) -> bool:
+    """Whether the run's own folder holds checkpoints saved since it started from trainer.load_checkpoint_path, which
+    a rerun goes on from: the checkpoint it names may be gone (trainer.save_limit deleted it)."""
+    from ..trainer.checkpoint import load_checkpoint_passed  # torch: only for a load_checkpoint_path that is gone
+
+    return load_checkpoint_passed(trainer) is not None
+
+
 def _check_tools_file(config: PPOConfig) -> None:
     """`worker.rollout.multi_turn.tools`: the file exists, parses, and its `TOOLS` list names functions it defines or
     imports (read without importing it; the rollout imports it in the workers)."""
@@ -1341,7 +1349,7 @@ def validate_config(config: PPOConfig, needs_reward: bool = True) -> None:
         raise ConfigError(str(err)) from None
     _check_judge(config)
     load = config.trainer.load_checkpoint_path
-    if load and not os.path.isdir(os.path.expanduser(load)):
+    if load and not os.path.isdir(os.path.expanduser(load)) and not _run_went_on_from_it(config.trainer):
         raise ConfigError(
             f"`trainer.load_checkpoint_path`: `{load}` does not exist; give a global_step_N folder of a run, or unset "
             "it to resume from the newest checkpoint under trainer.save_checkpoint_path."

@@ -21,6 +21,7 @@ made runs no code. Checkpoints of easyrl versions that wrote ``driver_state.pt``
 """
 
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -29,6 +30,8 @@ import random
 import re
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -55,11 +58,18 @@ DATALOADER_FILE = "dataloader_state.json"
 # What easyrl wrote before its state files were pickle-free; never loaded (a pickle can run code).
 LEGACY_DRIVER_FILE = "driver_state.pt"
 LATEST_POINTER_FILE = "latest_checkpointed_iteration.txt"
+# in trainer_state.json: the trainer.load_checkpoint_path the saving run started from (absolute), when it had one
+STARTED_FROM_KEY = "started_from"
 _STEP_DIR_PATTERN = re.compile(rf"^{STEP_DIR_PREFIX}(\d+)$")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be saved or resumed; the message says which folder and what to do."""
+
+
+class CheckpointSaveError(CheckpointError):
+    """A save failed on a write (a full disk, a folder gone): its partial folder is removed, and the run stops with
+    this one line; the trainer adds where a rerun resumes from."""
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -163,15 +173,14 @@ def saves_after(config: Any, step: int, is_last: bool, last_save_time: float, st
 def resolve_resume_path(config: Any) -> str | None:
     """The checkpoint a run resumes from (a PPOConfig or its TrainerConfig), or None to start fresh.
 
-    ``trainer.load_checkpoint_path`` wins, but for a checkpoint outside the run's own folder (a warm start from
-    another run) once that folder holds complete checkpoints of its own (with ``trainer.find_last_checkpoint``): the
-    rerun of a killed warm-started run (a requeued job cannot change its command) goes on from the folder's newest,
-    as verl's resume_mode=auto does, instead of training again from the other run's step (``warm_start_passed``
-    says so). Otherwise, with ``trainer.find_last_checkpoint``, the newest complete checkpoint under
-    ``trainer.save_checkpoint_path``.
+    ``trainer.load_checkpoint_path`` wins, but once the run has gone on from it and saved in its own folder (with
+    ``trainer.find_last_checkpoint``; ``load_checkpoint_passed``): the rerun of a killed run (a requeued job cannot
+    change its command) goes on from the folder's newest, as verl's resume_mode=auto does, instead of training the
+    same steps again from the checkpoint it started from. Otherwise, with ``trainer.find_last_checkpoint``, the
+    newest complete checkpoint under ``trainer.save_checkpoint_path``.
     """
     trainer = getattr(config, "trainer", config)
-    if (own := warm_start_passed(trainer)) is not None:
+    if (own := load_checkpoint_passed(trainer)) is not None:
         return own
     if trainer.load_checkpoint_path:
         path = os.path.abspath(trainer.load_checkpoint_path)
@@ -207,15 +216,12 @@ def resolve_resume_path(config: Any) -> str | None:
     return None
 
 
-def warm_start_root(trainer: Any) -> str | None:
-    """The run's own folder when ``trainer.load_checkpoint_path`` names a checkpoint outside it (a warm start from
-    another run) and the run resumes its own checkpoints (``trainer.find_last_checkpoint``): once that folder holds
-    some, a rerun goes on from its newest. None otherwise."""
+def own_saves_root(trainer: Any) -> str | None:
+    """The run's own folder when a run given ``trainer.load_checkpoint_path`` goes on from what it saved there once it
+    has (``trainer.find_last_checkpoint``; ``load_checkpoint_passed``); None otherwise."""
     if not (trainer.load_checkpoint_path and trainer.save_checkpoint_path and trainer.find_last_checkpoint):
         return None
-    return (
-        None if in_run_folder(trainer.load_checkpoint_path, trainer) else os.path.abspath(trainer.save_checkpoint_path)
-    )
+    return os.path.abspath(trainer.save_checkpoint_path)
 
 
 def in_run_folder(path: str, trainer: Any) -> bool:
@@ -231,11 +237,46 @@ def own_step_row(path: str, trainer: Any, state: dict) -> dict | None:
     return state.get("metrics") if in_run_folder(path, trainer) else None
 
 
-def warm_start_passed(trainer: Any) -> str | None:
-    """The newest complete checkpoint of the run's own folder when ``trainer.load_checkpoint_path`` names one outside
-    it (a warm start the folder has gone on from); None otherwise."""
-    root = warm_start_root(trainer)
-    return find_last_checkpoint(root) if root else None
+def load_checkpoint_passed(trainer: Any) -> str | None:
+    """The newest complete checkpoint of the run's own folder when a run started from ``trainer.load_checkpoint_path``
+    has saved it: for a checkpoint of another run's folder (a warm start), any checkpoint of the run's own; for an
+    earlier checkpoint of its own folder (a rollback), the newest only when it records that its run started from
+    this same checkpoint (``started_from``: a first rollback, past a newest of the branch it leaves, still rolls
+    back). None otherwise: the run starts from ``trainer.load_checkpoint_path``."""
+    root = own_saves_root(trainer)
+    newest = find_last_checkpoint(root) if root else None
+    if newest is None:
+        return None
+    load = os.path.abspath(trainer.load_checkpoint_path)
+    if not in_run_folder(load, trainer):
+        return newest
+    return newest if newest != load and started_from(newest) == load else None
+
+
+def passed_start_reason(trainer: Any, path: str) -> str:
+    """Why the run goes on from its own newest checkpoint ``path`` rather than from trainer.load_checkpoint_path
+    (which it follows in a sentence: ``load_checkpoint_passed`` chose ``path``), and how to start from there again."""
+    if not in_run_folder(trainer.load_checkpoint_path, trainer):
+        return (
+            f"is outside this run's folder, which holds checkpoints the run saved since it started from it: it goes on "
+            f"from its own newest, {path} (a killed warm-started run rerun with the same command). Give the run a new "
+            f"trainer.save_checkpoint_path to start from {trainer.load_checkpoint_path} again."
+        )
+    return (
+        f"is an earlier checkpoint of this run's folder, whose newest, {path}, was saved by a run that rolled back to "
+        f"it: it goes on from there (a killed rolled-back run rerun with the same command) instead of rolling back "
+        "again. To roll back again, rerun once with trainer.find_last_checkpoint=false (or delete the checkpoints "
+        "saved after it)."
+    )
+
+
+def started_from(path: str) -> str | None:
+    """The trainer.load_checkpoint_path the run that saved the checkpoint at ``path`` started from (None: it was given
+    none, or an earlier version saved it)."""
+    try:
+        return load_trainer_state(path).get(STARTED_FROM_KEY)
+    except (OSError, ValueError):
+        return None
 
 
 def warn_of_config_changes(answers: list, section: str, step: int) -> None:
@@ -378,18 +419,29 @@ def _holds_key(tree: Any, key: str) -> bool:
 
 def _warn_of_later_steps(trainer: Any, path: str) -> None:
     """A run resumed from an earlier step of its own folder branches off: name the later checkpoints it leaves
-    behind, and that its saves of the same steps replace them."""
+    behind, that its saves of the same steps replace them, and where a rerun of the same command goes on from."""
     step = checkpoint_step(path)
     root = os.path.abspath(trainer.save_checkpoint_path) if trainer.save_checkpoint_path else None
-    later = [name for at, name in list_checkpoints(root) if at > step] if root else []
-    if later and in_run_folder(path, trainer):
-        logger.warning(
-            "Resuming from step %d of %s, which also holds later checkpoints (%s) of the run that went on from it: "
-            "this run's saves of the same steps replace them, and a rerun resumes from whichever was saved last.",
-            step,
-            root,
-            ", ".join(os.path.basename(folder) for folder in later[-3:]),
-        )
+    later = [os.path.basename(name) for at, name in list_checkpoints(root) if at > step] if root else []
+    if not (later and in_run_folder(path, trainer)):
+        return
+    named = ", ".join(later) if len(later) <= 3 else f"{later[0]}, ..., {later[-1]}"
+    rerun = (
+        "once this run has saved, the same command rerun (a requeued job) goes on from its newest save, not from "
+        f"step {step} again"
+        if own_saves_root(trainer)
+        else f"a rerun of the same command starts from step {step} again (trainer.find_last_checkpoint=false)"
+    )
+    logger.warning(
+        "Resuming from step %d of %s, which also holds %d later checkpoint%s (%s) saved before: this run's saves of "
+        "the same steps replace them, and %s.",
+        step,
+        root,
+        len(later),
+        "" if len(later) == 1 else "s",
+        named,
+        rerun,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -863,9 +915,12 @@ class CheckpointManager:
         manager.commit(step, trainer_state={...}, dataloader_state=loader.state_dict(), required=("actor",))
     """
 
-    def __init__(self, save_checkpoint_path: str, save_limit: int = -1) -> None:
+    def __init__(self, save_checkpoint_path: str, save_limit: int = -1, started_from: str | None = None) -> None:
+        """``started_from``: the run's trainer.load_checkpoint_path, recorded in each checkpoint it saves (a rerun of
+        a rolled-back run goes on from them: ``load_checkpoint_passed``)."""
         self.root = os.path.abspath(save_checkpoint_path)
         self.save_limit = save_limit
+        self.started_from = os.path.abspath(started_from) if started_from else None
 
     def tmp_dir(self, step: int) -> str:
         return os.path.join(self.root, f"{TMP_DIR_PREFIX}{step}")
@@ -904,7 +959,10 @@ class CheckpointManager:
             )
         if dataloader_state is not None:
             save_state(os.path.join(tmp_dir, DATALOADER_FILE), dataloader_state)
-        save_state(os.path.join(tmp_dir, TRAINER_STATE_FILE), {"global_step": step, **(trainer_state or {})})
+        state = {"global_step": step, **(trainer_state or {})}
+        if self.started_from is not None:
+            state[STARTED_FROM_KEY] = self.started_from
+        save_state(os.path.join(tmp_dir, TRAINER_STATE_FILE), state)
         run_config = os.path.join(self.root, CONFIG_FILE)
         if os.path.isfile(run_config):  # the config this checkpoint was trained with, which a resume compares with
             shutil.copyfile(run_config, os.path.join(tmp_dir, CONFIG_FILE))
@@ -924,6 +982,46 @@ class CheckpointManager:
         """Throw away an unfinished save of ``step``."""
         shutil.rmtree(self.tmp_dir(step), ignore_errors=True)
 
+    @contextmanager
+    def saving(self, step: int) -> Iterator[str]:
+        """``begin(step)``'s folder, for the workers' writes and ``commit``. Whatever fails inside removes the partial
+        save (``abort``): a full disk is not left full by it. A write that failed (an OSError or torch's RuntimeError,
+        raised here or in a worker and brought by Ray) becomes one ``CheckpointSaveError`` naming
+        trainer.save_checkpoint_path, why, and for a full disk the space left there."""
+        try:
+            yield self.begin(step)
+        except BaseException as error:  # DCP's CheckpointException is a BaseException
+            partial = os.path.lexists(self.tmp_dir(step))
+            self.abort(step)
+            failure = write_failure(error)
+            if failure is None:  # a worker that died, a bug: the caller's handling (a restart, a traceback) applies
+                raise
+            # the traceback, for a bug report, goes to the driver's log file only (the root logger's INFO)
+            logging.getLogger().info("The checkpoint of step %d could not be saved:", step, exc_info=True)
+            raise CheckpointSaveError(self._save_failure_text(step, failure, partial)) from error
+
+    def _save_failure_text(self, step: int, failure: BaseException, partial: bool) -> str:
+        """What failed, and for a full disk the space left (after the partial save was removed) and what to do."""
+        tmp_dir = self.tmp_dir(step)
+        if not partial:
+            removed = ""
+        elif os.path.lexists(tmp_dir):
+            removed = f"; delete its partial folder {tmp_dir}, which could not be removed"
+        else:
+            removed = f"; its partial folder {os.path.basename(tmp_dir)} was removed"
+        where = f"the checkpoint of step {step} could not be saved in trainer.save_checkpoint_path={self.root}"
+        if not is_disk_full(failure):
+            return f"{where} ({type(failure).__name__}: {failure}){removed}."
+        try:
+            usage = shutil.disk_usage(self.root)
+            space = f", {_size(usage.free)} free of {_size(usage.total)} there"
+        except OSError:
+            space = ""
+        return (
+            f"{where}: the disk is full ({failure}){space}{removed}. Free space there (a lower trainer.save_limit "
+            "keeps fewer checkpoints) before rerunning."
+        )
+
     def _write_latest_pointer(self, step: int) -> None:
         pointer = os.path.join(self.root, LATEST_POINTER_FILE)
         replace_file(pointer, f"{step}\n")
@@ -936,6 +1034,40 @@ class CheckpointManager:
         excess = len(checkpoints) + 1 - self.save_limit
         for path in checkpoints[: max(excess, 0)]:
             _remove_checkpoint(path, self.root)
+
+
+def write_failure(error: BaseException) -> BaseException | None:
+    """The failed write behind an error raised during a save, or None when it is not one: an OSError, or a
+    RuntimeError (what torch's file writer raises when a write falls short), unwrapped from Ray's RayTaskError (a
+    worker's) and from torch.distributed.checkpoint's CheckpointException (the first failed rank's). A worker that
+    died (WorkerDiedError, a RuntimeError too) is not a failed write: the run restarts or names the worker."""
+    from ray.exceptions import RayTaskError
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from ..controller.worker_group import WorkerDiedError
+
+    if isinstance(error, RayTaskError):
+        error = error.cause
+    if isinstance(error, CheckpointException) and error.failures:
+        error = next(iter(error.failures.values()))[0]  # rank -> (exception, traceback)
+    if isinstance(error, WorkerDiedError) or not isinstance(error, OSError | RuntimeError):
+        return None
+    return error
+
+
+# torch's zip writer (torch.save, and DCP's files) says only this when the disk took fewer bytes than it wrote
+_SHORT_WRITE = "unexpected pos"
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether a failed write ran out of space (or quota)."""
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return _SHORT_WRITE in str(error) or os.strerror(errno.ENOSPC) in str(error)
+
+
+def _size(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -188,10 +188,10 @@ def resume_hint(checkpoint: str | None, trainer: Any) -> str:
             "cannot resume from it; `easyrl merge` turns it into a model."
         )
     if trainer.load_checkpoint_path:
-        from .checkpoint import warm_start_root
+        from .checkpoint import own_saves_root
 
-        # a warm start from outside the run's folder: a rerun goes on from the folder's newest (resolve_resume_path)
-        root = warm_start_root(trainer)
+        # once the run has saved in its own folder, a rerun goes on from its newest there (load_checkpoint_passed)
+        root = own_saves_root(trainer)
         same_command_resumes = os.path.abspath(trainer.load_checkpoint_path) == checkpoint or (
             root is not None and os.path.dirname(checkpoint) == root
         )

@@ -562,7 +562,7 @@ def setup_errors_reported(log_file: str | None) -> Iterator[None]:
 def _say_the_checkpoint_found(plan: RunPlan) -> None:
     """Say at once which checkpoint the run will resume from: reading a large dataset comes first and can take
     minutes, and the resume is otherwise said only once Ray has started."""
-    from .checkpoint import CheckpointError, resolve_resume_path
+    from .checkpoint import CheckpointError, passed_start_reason, resolve_resume_path
 
     try:
         path = resolve_resume_path(plan.config.trainer)
@@ -572,14 +572,7 @@ def _say_the_checkpoint_found(plan: RunPlan) -> None:
         logger.info("Found the checkpoint %s: the run resumes from it once the data is read and checked.", path)
     load = plan.config.trainer.load_checkpoint_path
     if path is not None and load and os.path.abspath(load) != path:
-        logger.warning(
-            "trainer.load_checkpoint_path=%s is outside this run's folder, which holds checkpoints the run saved "
-            "since it started from it: it goes on from its own newest, %s (a killed warm-started run rerun with the "
-            "same command). Give the run a new trainer.save_checkpoint_path to start from %s again.",
-            load,
-            path,
-            load,
-        )
+        logger.warning("trainer.load_checkpoint_path=%s %s", load, passed_start_reason(plan.config.trainer, path))
 
 
 def _resume_point(plan: RunPlan) -> tuple[str | None, int, str | None]:

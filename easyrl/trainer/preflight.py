@@ -135,10 +135,11 @@ def resume_summary(plan: Any, path: str | None) -> str:
     line = f"resumes from {path} (after step {step})"
     trainer = plan.config.trainer
     if getattr(trainer, "load_checkpoint_path", None) and os.path.abspath(trainer.load_checkpoint_path) != path:
+        from .checkpoint import passed_start_reason
+
         line += (
-            f", this run's own newest checkpoint: trainer.load_checkpoint_path={trainer.load_checkpoint_path}, "
-            "outside its folder, was where it started, and the run has saved since (a rerun goes on; give the run "
-            "a new trainer.save_checkpoint_path to start from there again)"
+            f", this run's own newest checkpoint: trainer.load_checkpoint_path={trainer.load_checkpoint_path} "
+            f"{passed_start_reason(trainer, path)}"
         )
     finished = nothing_left_to_train(plan, path, step)
     if finished is None and plan.training_steps is None and not getattr(trainer, "val_only", False):

@@ -54,6 +54,7 @@ from ..workers.tool_files import MULTI_TURN_COUNTS
 from .balance import balance_permutation, groups_by_uid, inverse_permutation, per_step_balance
 from .checkpoint import (
     CheckpointManager,
+    CheckpointSaveError,
     changed_input_files,
     input_file_digests,
     load_dataloader_state,
@@ -164,7 +165,9 @@ class PPOTrainer:
         self.stop.resume_hint = self._resume_hint
         self.restart_workers = restart_workers
         self.restarts = 0  # worker restarts so far in this process (trainer.max_restarts)
-        self.checkpoints = CheckpointManager(config.trainer.save_checkpoint_path, config.trainer.save_limit)
+        self.checkpoints = CheckpointManager(
+            config.trainer.save_checkpoint_path, config.trainer.save_limit, config.trainer.load_checkpoint_path
+        )
         self.kl_controller = get_kl_controller(config.algorithm)
         self.use_reference = plan.use_reference
         self.use_critic = plan.use_critic
@@ -205,9 +208,9 @@ class PPOTrainer:
                 return self._train()
             except JudgeEngineDied as error:  # before its base class's clause: a dead process, as a worker's
                 died = error
-            except (RewardFunctionError, JudgeEngineError, EnvironmentFailedError) as error:
-                # a reward, judge or environment that cannot score ends the run (printed as one line): say where it
-                # can go on from
+            except (RewardFunctionError, JudgeEngineError, EnvironmentFailedError, CheckpointSaveError) as error:
+                # a reward, judge or environment that cannot score, or a checkpoint that cannot be written, ends the
+                # run (printed as one line): say where it can go on from
                 error.add_note(self._resume_hint())
                 raise
             except WorkerDiedError as error:
@@ -753,24 +756,25 @@ class PPOTrainer:
         """Checkpoint the current step; ``metrics``, the step's row, is kept in it so that a crash between the save
         and the row's logging cannot lose the row (``_resume`` restores it). ``loader_state``: the data position to
         save, when it is not the loader's present one."""
-        tmp_dir = self.checkpoints.begin(self.global_step)
         save_model_only = self.config.trainer.save_model_only
-        self.workers.actor_rollout.save_checkpoint(f"{tmp_dir}/actor", save_model_only)
-        if self.use_critic:
-            self.workers.critic.save_checkpoint(f"{tmp_dir}/critic", save_model_only)
         row = {name: to_scalar(name, value) for name, value in (metrics or {}).items()}
-        self.last_checkpoint = self.checkpoints.commit(
-            self.global_step,
-            trainer_state={
-                "epoch": self.epoch,
-                "kl_coef": self.kl_controller.value,
-                "metrics": row,
-                "train_rows": len(self.train_loader.dataset),
-                "input_files": self._input_files,
-            },
-            dataloader_state=None if save_model_only else loader_state or self.train_loader.state_dict(),
-            required=("actor", "critic") if self.use_critic else ("actor",),
-        )
+        # a write that fails (a full disk) removes the partial save and stops the run in one line (CheckpointSaveError)
+        with self.checkpoints.saving(self.global_step) as tmp_dir:
+            self.workers.actor_rollout.save_checkpoint(f"{tmp_dir}/actor", save_model_only)
+            if self.use_critic:
+                self.workers.critic.save_checkpoint(f"{tmp_dir}/critic", save_model_only)
+            self.last_checkpoint = self.checkpoints.commit(
+                self.global_step,
+                trainer_state={
+                    "epoch": self.epoch,
+                    "kl_coef": self.kl_controller.value,
+                    "metrics": row,
+                    "train_rows": len(self.train_loader.dataset),
+                    "input_files": self._input_files,
+                },
+                dataloader_state=None if save_model_only else loader_state or self.train_loader.state_dict(),
+                required=("actor", "critic") if self.use_critic else ("actor",),
+            )
         self._saved_step = self.global_step
         self._last_save_time = time.monotonic()
 

@@ -25,6 +25,7 @@ from ..data.sft import SFTDataset
 from ..utils.logging import setup_driver_logging
 from .checkpoint import (
     CheckpointManager,
+    CheckpointSaveError,
     load_dataloader_state,
     load_trainer_state,
     model_only_error,
@@ -118,7 +119,10 @@ class SFTTrainer:
         self.stop = stop or StopRequest()
         self.last_checkpoint: str | None = None
         self._saved_step = 0
-        self.checkpoints = CheckpointManager(self.config.trainer.save_checkpoint_path, self.config.trainer.save_limit)
+        trainer = self.config.trainer
+        self.checkpoints = CheckpointManager(
+            trainer.save_checkpoint_path, trainer.save_limit, trainer.load_checkpoint_path
+        )
         self.global_step = 0
         self.epoch = 0
 
@@ -160,15 +164,15 @@ class SFTTrainer:
         return nll / tokens
 
     def save_checkpoint(self, metrics: dict[str, float]) -> str:
-        tmp_dir = self.checkpoints.begin(self.global_step)
         model_only = self.config.trainer.save_model_only
-        self.workers.save_checkpoint(f"{tmp_dir}/actor", model_only)
-        self.last_checkpoint = self.checkpoints.commit(
-            self.global_step,
-            trainer_state={"epoch": self.epoch, "metrics": metrics, "train_rows": len(self.loader.dataset)},
-            dataloader_state=None if model_only else self.loader.state_dict(),
-            required=("actor",),
-        )
+        with self.checkpoints.saving(self.global_step) as tmp_dir:  # a failed write: CheckpointSaveError, as in RL
+            self.workers.save_checkpoint(f"{tmp_dir}/actor", model_only)
+            self.last_checkpoint = self.checkpoints.commit(
+                self.global_step,
+                trainer_state={"epoch": self.epoch, "metrics": metrics, "train_rows": len(self.loader.dataset)},
+                dataloader_state=None if model_only else self.loader.state_dict(),
+                required=("actor",),
+            )
         self._saved_step = self.global_step
         self._last_save_time = time.monotonic()
         return self.last_checkpoint
@@ -181,6 +185,9 @@ class SFTTrainer:
         while True:
             try:
                 return self._train()
+            except CheckpointSaveError as error:  # printed as one line: say where the run can go on from
+                error.add_note(resume_hint(self.last_checkpoint, self.config.trainer))
+                raise
             except WorkerDiedError as died:
                 self.restarts = restart_after(died, self)
                 self.workers = self.restart_workers()
