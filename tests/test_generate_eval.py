@@ -130,6 +130,29 @@ def test_summary_per_source_mean_and_pass_at_k_by_hand():
     )
 
 
+def test_a_vision_language_models_file_is_refused_for_other_picture_or_video_settings(tiny_vl_model_path, tmp_path):
+    """The compared prompt holds one placeholder per picture or video: other frames (data.video_fps, max_frames) or
+    pixels were continued, or a finished file reported under the new settings."""
+    from easyrl.trainer.generate import _check_resumed_row, generation_settings
+    from easyrl.workers.rollout.base import GenerationRequest
+
+    val_file = tmp_path / "val.jsonl"
+    val_file.write_text('{"problem": "1+1", "answer": "2"}\n')
+    reward = f"worker.reward.reward_function={REPO_ROOT / 'reward_function' / 'arithmetic.py'}:compute_score"
+    args = _args(tiny_vl_model_path, val_file, tmp_path, reward)
+    settings = generation_settings(load_run_plan(args), GenerationRequest())
+    assert settings["media"] == {"min_pixels": 262144, "max_pixels": 4194304, "video_fps": 2.0, "max_frames": None}
+    row = {"index": 0, "prompt": "p", "responses": ["r"], "settings": settings}
+    fewer_frames = generation_settings(load_run_plan([*args, "data.video_fps=1.0"]), GenerationRequest())
+    with pytest.raises(GenerationFileError, match=r"other settings \(media.video_fps: 2.0 in the file, 1.0 now\)"):
+        _check_resumed_row("f.jsonl", row, "p", 1, fewer_frames)
+    _check_resumed_row("f.jsonl", row, "p", 1, settings)  # the same settings go on
+    # rows of an earlier version, without them, are not refused; a text model's file has none
+    _check_resumed_row(
+        "f.jsonl", {**row, "settings": {k: v for k, v in settings.items() if k != "media"}}, "p", 1, settings
+    )
+
+
 def test_samples_the_reward_failed_on_count_as_wrong_and_are_counted_per_source():
     failed = {"overall": 0.0, "accuracy": 0.0, "scoring_failed": True}
     rows = [
@@ -781,6 +804,7 @@ def test_a_file_made_by_other_weights_answers_or_reward_code_is_refused(tiny_mod
     )
     with pytest.raises(GenerationFileError, match=r"other settings \(val_batch_size: 2 in the file, 3 now\)"):
         prompts_left(str(tmp_path / "sampled.jsonl"), tokenizer, loader, 4, by_three)
+    assert "media" not in settings  # a text model's pictures: none to compare
     greedy = [*args, "worker.rollout.val_override_config={temperature: 0}"]
     assert "val_batch_size" not in generation_settings(load_run_plan(greedy), GenerationRequest(validate=True))
     # rows of an earlier version have no digests: read, not refused for lacking them

@@ -661,7 +661,7 @@ def _check_base_model(
     # copy), because another model of its architecture (the instruct or a fine-tuned variant) takes the adapters
     # without a word and is what this check is for; one gone from there is most likely the same model moved (another
     # disk, the run folder taken to another machine), so it passes with a warning when the architecture matches.
-    saved_folder, configured_folder = _local_model_folder(saved_base), _local_model_folder(configured)
+    saved_folder, configured_folder = local_model_folder(saved_base), local_model_folder(configured)
     saved_files = _weight_files_fingerprint(saved_folder) if saved_folder else ()
     configured_files = _weight_files_fingerprint(configured_folder) if configured_folder else ()
 
@@ -718,7 +718,7 @@ def _resolved_name(name: str) -> str:
     return name if _is_hub_id(name) else os.path.realpath(os.path.expanduser(name))
 
 
-def _local_model_folder(name: str) -> str | None:
+def local_model_folder(name: str) -> str | None:
     """Where a model path's files are here: its folder, or a hub id's snapshot in the local cache; None if neither."""
     local = os.path.expanduser(name)
     if os.path.isdir(local):
@@ -843,7 +843,7 @@ def changed_input_files(saved: dict[str, str] | None, now: dict[str, str]) -> li
 def model_weights_fingerprint(model_path: str) -> str | None:
     """A short digest of the weight files of the model at ``model_path`` (a folder, or a hub id's cached snapshot):
     it changes when new weights are written into the same folder. None when no weight file is found here."""
-    folder = _local_model_folder(model_path) if model_path else None
+    folder = local_model_folder(model_path) if model_path else None
     files = _weight_files_fingerprint(folder) if folder else ()
     return hashlib.sha256(json.dumps(files).encode()).hexdigest()[:16] if files else None
 

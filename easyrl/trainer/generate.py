@@ -46,7 +46,7 @@ from ..utils.logging import setup_driver_logging
 from ..workers.reward.scorer import failed_samples, named_scores
 from ..workers.rollout.base import GenerationRequest, resolve_sampling
 from ..workers.tool_files import MULTI_TURN_COUNTS, has_tool_env
-from .checkpoint import input_file_digests, model_weights_fingerprint
+from .checkpoint import input_file_digests, local_model_folder, model_weights_fingerprint
 from .ray_trainer import GENERATION_KEYS, generation_non_tensor_keys, join_rollout_output
 
 
@@ -160,6 +160,10 @@ def generation_settings(plan: RunPlan, request: GenerationRequest) -> dict[str, 
     if sampling.temperature > 0:
         # each batch samples with a seed of its index: other batches draw other samples for the same prompts
         settings["val_batch_size"] = config.data.val_batch_size
+    if _reads_pictures(config.worker.actor.model.model_path):
+        # what the model sees of each picture and video: the compared prompt holds one placeholder token per
+        # picture or video, whatever its size or frames
+        settings["media"] = {key: getattr(config.data, key) for key in MEDIA_KEYS}
     multi_turn = config.worker.rollout.multi_turn
     if multi_turn.enabled:  # tools, an environment, the turn limits: each changes what a response is
         settings["multi_turn"] = dataclasses.asdict(multi_turn)
@@ -205,8 +209,25 @@ def _without_transport(judge: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in judge.items() if key not in JUDGE_TRANSPORT_KEYS}
 
 
+# the data.* keys that decide a picture's pixels and a video's frames (generation_settings' `media`)
+MEDIA_KEYS = ("min_pixels", "max_pixels", "video_fps", "max_frames")
+
+
+def _reads_pictures(model_path: str | None) -> bool:
+    """Whether the model is a vision-language one (its config.json, local or in the hub cache, has a vision_config);
+    True when it cannot be read: the media keys are then compared, which costs at most a refusal naming them."""
+    from ..demo.builtin_models import resolve_model_path
+
+    try:
+        folder = local_model_folder(resolve_model_path(model_path) or "")
+        with open(os.path.join(folder or "", "config.json")) as file:
+            return "vision_config" in json.load(file)
+    except (OSError, ValueError):
+        return True
+
+
 # settings that earlier versions did not write: a file without them is not refused for lacking them
-LATER_SETTINGS = ("model_weights", "reward_file", "input_files", "val_batch_size")
+LATER_SETTINGS = ("model_weights", "reward_file", "input_files", "val_batch_size", "media")
 
 
 def _comparable(written: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
