@@ -777,7 +777,62 @@ def test_a_frame_list_that_is_empty_or_of_mixed_sizes_says_what_to_fix():
     with pytest.raises(UnreadableMediaError, match="a video given as a list of frames has none"):
         load_video([])
     mixed = [Image.new("RGB", (56, 56)), Image.new("RGB", (112, 56)), Image.new("RGB", (56, 56))]
-    with pytest.raises(UnreadableMediaError, match=r"are of 2 sizes \(56x56, 112x56\); give frames of one size"):
+    with pytest.raises(UnreadableMediaError, match=r"are of 2 sizes \(56x56: frames 0, 2; 112x56: frame 1\); give"):
         load_video(mixed)
     frames, _ = load_video([Image.new("RGB", (56, 56))] * 2)
     assert frames.shape[:2] == (2, 3)  # one size: read (and resized as any video)
+
+
+def test_a_frame_list_of_mixed_sizes_names_each_frame_file_and_its_size(tmp_path):
+    """Before: "are of 2 sizes (56x56, 60x40)", without saying which frame had which."""
+    Image.new("RGB", (60, 40)).save(tmp_path / "f0.png")
+    Image.new("RGB", (56, 56)).save(tmp_path / "pic.png")
+    with pytest.raises(UnreadableMediaError) as raised:
+        load_video(["f0.png", "pic.png", "pic.png"], str(tmp_path))
+    assert "are of 2 sizes (56x56: frames 1 'pic.png', 2 'pic.png'; 60x40: frame 0 'f0.png')" in str(raised.value)
+
+
+def write_grey_video(path, width: int, height: int, count: int = 8, rate: int = 8) -> None:
+    import av
+
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=rate)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for i in range(count):
+            frame = av.VideoFrame.from_ndarray(np.full((height, width, 3), 20 * i, np.uint8), format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+
+
+def test_a_wide_video_is_sized_as_a_picture_of_its_frame_size(tmp_path, vl_tokenizer_and_processor):
+    """Before: a 640x16 video was skipped with "height and width must be > 0" while the same picture loaded."""
+    tokenizer, processor = vl_tokenizer_and_processor
+    write_grey_video(tmp_path / "wide.mp4", 640, 16)  # 1 s at 8 fps
+    row = {"prompt": "<video>Wide?", "answer": "x", "videos": ["wide.mp4"]}
+    config = vl_config(tmp_path, min_pixels=784, max_pixels=12544)
+    dataset = RLHFDataset(write_jsonl(tmp_path / "d.jsonl", [row]), tokenizer, processor, config)
+    assert dataset.unusable_rows == []
+    (frames,) = dataset[0]["multi_modal_data"]["videos"]
+    picture_size = load_image(picture(640, 16), sizing=PictureSizing.from_processor(processor, 784, 12544)).size
+    assert picture_size == (448, 28) and frames.shape == (2, 3, 28, 448)  # 2 fps: 2 of the 8 frames
+    # 1 time step x (1 x 16) merged tokens
+    assert pad_counts(dataset[0]["input_ids"], tokenizer) == (0, 16)
+
+
+def test_video_frames_use_the_clamped_pixel_limits_that_pictures_use(tmp_path, vl_tokenizer_and_processor, caplog):
+    """Before: with data.min_pixels=262144 (above the tiny processor's 12544) a 56x56 video was stored at 560x560,
+    then resized again by the processor; pictures were stored at 112x112."""
+    tokenizer, processor = vl_tokenizer_and_processor
+    write_grey_video(tmp_path / "v.mp4", 56, 56)
+    picture(56, 56).save(tmp_path / "p.png")
+    row = {"prompt": "<video><image>Both?", "answer": "x", "videos": ["v.mp4"], "images": ["p.png"]}
+    config = vl_config(tmp_path, min_pixels=262144, max_pixels=4194304)
+    from easyrl.data.vision import _warn_clamped
+
+    _warn_clamped.cache_clear()  # said once per process and value: another test may have said it already
+    with caplog.at_level("WARNING", logger="easyrl.data.vision"):
+        dataset = RLHFDataset(write_jsonl(tmp_path / "d.jsonl", [row]), tokenizer, processor, config)
+    media = dataset[0]["multi_modal_data"]
+    assert media["images"][0].size == (112, 112)
+    assert media["videos"][0].shape == (2, 3, 112, 112)
+    assert "pictures and video frames are sized with 12544" in caplog.text

@@ -99,3 +99,104 @@ def test_a_video_file_is_sampled_at_video_fps_then_cut_to_the_budget(tmp_path):
     grey = [int(f.float().mean().round()) for f in frames]
     assert grey == pytest.approx([0, 60, 120, 180], abs=3)  # mpeg4 is lossy
     assert fps == pytest.approx(2.0 * 4 / 10)
+
+
+def write_video(path, count: int, rate: int) -> None:
+    """A PyAV mpeg4 video of ``count`` 168 x 56 frames (a size every resize keeps) at ``rate`` fps; frame i spells i
+    in base 16, one 56 x 56 block per digit (grey level 16 x digit + 8, far enough apart to survive the lossy
+    codec)."""
+    import av
+
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=rate)
+        stream.width, stream.height, stream.pix_fmt = 168, 56, "yuv420p"
+        for i in range(count):
+            digits = [(i >> (4 * block)) % 16 for block in range(3)]
+            pixels = np.concatenate([np.full((56, 56, 3), 16 * d + 8, np.uint8) for d in digits], axis=1)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, "rgb24")))
+        container.mux(stream.encode())
+
+
+def spelled_index(frames: torch.Tensor) -> list[int]:
+    return [
+        sum(int(f[:, 16:40, 56 * b + 16 : 56 * b + 40].float().mean()) // 16 << (4 * b) for b in range(3))
+        for f in frames
+    ]
+
+
+def test_a_video_slower_than_video_fps_keeps_its_own_rate(tmp_path, vl_tokenizer_and_processor):
+    """Before: a 6 s clip at 1 fps came back at rate 2.0 (video_fps), so the model was told it lasts 3 s."""
+    _, processor = vl_tokenizer_and_processor
+    write_video(tmp_path / "slow.mp4", 6, rate=1)
+    frames, fps = load_video("slow.mp4", str(tmp_path), fps=2.0, min_pixels=784, max_pixels=12544)
+    assert spelled_index(frames) == [0, 1, 2, 3, 4, 5] and fps == pytest.approx(1.0)
+    # qwen-vl-utils' readers: nframes / total_frames x the file's rate = 4 / 6 x 1
+    frames, fps = load_video("slow.mp4", str(tmp_path), fps=2.0, min_pixels=784, max_pixels=12544, max_frames=4)
+    assert spelled_index(frames) == [0, 2, 3, 5] and fps == pytest.approx(4 / 6)
+    # the processor spaces the 2 temporal steps of the 4 frames 3 s apart: 4 frames over the real 6 s
+    from easyrl.data.dataset import process_with_media
+
+    inputs = process_with_media(processor, "<|vision_start|><|video_pad|><|vision_end|>", [], [frames], [fps])
+    assert inputs["second_per_grid_ts"].tolist() == pytest.approx([3.0])
+
+
+def test_a_long_video_file_keeps_the_sampled_frames_decoded_in_a_stream(tmp_path):
+    write_video(tmp_path / "long.mp4", 1500, rate=50)  # 30 s
+    frames, fps = load_video("long.mp4", str(tmp_path), fps=2.0, min_pixels=784, max_pixels=12544)
+    # every 25th frame: 60 frames, 0, 25, ..., 1475, at 2 fps
+    assert spelled_index(frames) == list(range(0, 1500, 25)) and fps == pytest.approx(2.0)
+    frames, fps = load_video("long.mp4", str(tmp_path), fps=2.0, min_pixels=784, max_pixels=12544, max_frames=4)
+    # sampled frames 0, 20, 39, 59 of the 60 (budget_frame_indices) = file frames 0, 500, 975, 1475
+    assert spelled_index(frames) == [0, 500, 975, 1475] and fps == pytest.approx(4 / 1500 * 50)
+
+
+def test_a_video_file_without_a_frame_count_in_its_header_keeps_the_same_frames(tmp_path):
+    import av
+
+    write_video(tmp_path / "long.mkv", 300, rate=50)
+    with av.open(str(tmp_path / "long.mkv")) as container:
+        assert container.streams.video[0].frames == 0  # Matroska stores no count: the reader counts by decoding
+    frames, fps = load_video("long.mkv", str(tmp_path), fps=5.0, min_pixels=784, max_pixels=12544)
+    assert spelled_index(frames) == list(range(0, 300, 10)) and fps == pytest.approx(5.0)
+
+
+def test_a_video_file_keeps_at_most_768_frames_without_a_budget_as_qwen_vl_utils_readers(tmp_path):
+    """Before: the PyAV reader had no cap (a 10-minute clip at 2 fps kept 1200 frames)."""
+    write_video(tmp_path / "long.mp4", 1600, rate=20)
+    frames, fps = load_video("long.mp4", str(tmp_path), fps=10.0, min_pixels=784, max_pixels=12544)
+    # 10 fps samples every 2nd frame: 800 frames, spread down to 768 over the whole video, at 768 / 1600 x 20 fps
+    assert frames.shape[0] == 768 and fps == pytest.approx(9.6)
+    kept = spelled_index(frames)
+    assert kept[:3] == [0, 2, 4] and kept[-1] == 1598
+    assert kept == [2 * i for i in budget_frame_indices(800, 768)]
+    # a budget above 768 is honoured, as qwen-vl-utils' readers honour max_frames
+    frames, _ = load_video("long.mp4", str(tmp_path), fps=10.0, min_pixels=784, max_pixels=12544, max_frames=800)
+    assert frames.shape[0] == 800
+
+
+def test_a_video_file_is_decoded_in_a_stream_holding_only_the_kept_frames(tmp_path):
+    """Before: every frame became a full-size picture before sampling (a 60 s 320x240 clip: +1 GB)."""
+    import subprocess
+    import sys
+
+    import av
+
+    with av.open(str(tmp_path / "big.mp4"), "w") as container:
+        stream = container.add_stream("mpeg4", rate=50)
+        stream.width, stream.height, stream.pix_fmt = 320, 240, "yuv420p"
+        for i in range(1500):  # 30 s; as pictures 1500 x 230 KB = 345 MB, the 60 kept at 2 fps 14 MB
+            container.mux(
+                stream.encode(av.VideoFrame.from_ndarray(np.full((240, 320, 3), i % 256, np.uint8), "rgb24"))
+            )
+        container.mux(stream.encode())
+    # a fresh process, so that the peak memory (ru_maxrss) is this video's alone
+    probe = (
+        "import resource; from easyrl.data.vision import load_video; "
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
+        f"frames, _ = load_video({str(tmp_path / 'big.mp4')!r}, fps=2.0, min_pixels=784, max_pixels=12544); "
+        "print(len(frames), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)"
+    )
+    count, grown_mb = map(
+        int, subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    )
+    assert count == 60 and grown_mb < 100

@@ -63,15 +63,16 @@ class DataConfig:
     """Folder that relative image/video paths are resolved against first; a path not found there is tried against
     the data file's folder, then the working directory (the first place that has it wins)."""
     video_fps: float = 2.0
-    """Frames per second sampled from each video."""
+    """Frames per second sampled from each video file; a file recorded at a lower rate keeps every frame, at its own
+    rate (as qwen-vl-utils' readers do). A video given as a list of frames is taken to be at this rate."""
     max_frames: Optional[int] = None
     """Frame budget per video (an even number: Qwen-VL models pack frames in pairs). A video that has more frames after
     the `video_fps` sampling keeps this many, spread evenly over the whole video with the first and last frame
     included (frame i of the budget is sampled frame round(i x (sampled - 1) / (max_frames - 1))), so its frames lie
     further apart than 1/video_fps and the rate handed to the model is lowered by the same ratio (timestamps still
     cover the whole video). The cut is made once when the row is loaded: the actor and the rollout engine see the
-    same frames. null keeps every sampled frame (qwen-vl-utils' own readers still stop at 768). EasyR1 has no such
-    key."""
+    same frames. null keeps every frame of a list of frames and at most 768 sampled frames of a video file, spread
+    the same way (qwen-vl-utils' readers' cap, which easyrl's PyAV reader applies too). EasyR1 has no such key."""
     max_prompt_length: int = 512
     """Longest prompt in tokens (vision tokens included); longer prompts are filtered or rejected."""
     max_response_length: int = 512
@@ -109,11 +110,12 @@ class DataConfig:
     seed: int = 1
     """Seed of the training-data shuffle."""
     min_pixels: Optional[int] = 262144
-    """Pictures smaller than this many pixels are upscaled. With max_pixels, clamped into the model processor's own
-    range; the dataset stores each picture at exactly the size the processor's resize keeps, so the dataset, the
-    engine and the actor see the same pixels and pad tokens."""
+    """Pictures and video frames smaller than this many pixels are upscaled. With max_pixels, clamped into the model
+    processor's own range; the dataset stores each picture and video frame at exactly the size the processor's resize
+    keeps, so the dataset, the engine and the actor see the same pixels and pad tokens. Video frames are also held to
+    qwen-vl-utils' per-frame cap (at most 768 tokens a frame, less for videos of many frames)."""
     max_pixels: Optional[int] = 4194304
-    """Pictures larger than this many pixels are downscaled (see min_pixels)."""
+    """Pictures and video frames larger than this many pixels are downscaled (see min_pixels)."""
     filter_overlong_prompts: bool = True
     """Drop prompts longer than max_prompt_length; false cuts them to their first max_prompt_length tokens as EasyR1
     does, except a cut through a picture, whose row is skipped, and a cut that leaves every prompt only the start

@@ -412,7 +412,9 @@ def load_row_media(
         for image in images
     ]
     frames_and_fps = [
-        load_video(video, media_dirs, config.video_fps, config.min_pixels, config.max_pixels, config.max_frames)
+        load_video(
+            video, media_dirs, config.video_fps, config.min_pixels, config.max_pixels, config.max_frames, sizing
+        )
         for video in videos
     ]
     return images, [frames for frames, _ in frames_and_fps], [fps for _, fps in frames_and_fps]

@@ -3,9 +3,11 @@
 Images come as a path (absolute, or relative to ``data.image_dir``, else to the data file's folder, else to the
 working directory), raw bytes, a ``{"bytes": ..., "path": ...}`` dict (how ``datasets`` and parquet files store
 them) or a PIL image. Any PIL mode is converted to RGB once here (transparent pixels over white, 16-bit greyscale
-scaled to 8 bits, EXIF orientation applied). Videos come as a file path or a list of frames, and are sampled at
-``data.video_fps`` with qwen-vl-utils, then cut to at most ``data.max_frames`` evenly spread frames
-(``budget_frame_indices``).
+scaled to 8 bits, EXIF orientation applied). Videos come as a file path or a list of frames; a file is sampled at
+min(``data.video_fps``, its own rate) by qwen-vl-utils' reader, or by PyAV in a stream when it has none, and a video
+is cut to at most ``data.max_frames`` evenly spread frames (``budget_frame_indices``; 768 for a file without a
+budget, as qwen-vl-utils' readers stop there). Video frames are sized as pictures are (below), under qwen-vl-utils'
+per-frame cap for videos.
 
 The one sizing rule (``PictureSizing``): the Qwen-VL processors resize every picture with ``smart_resize`` (both
 sides multiples of patch x merge, the area within the processor's [min_pixels, max_pixels]). The dataset resizes
@@ -29,7 +31,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -235,8 +237,8 @@ def _warn_clamped(key: str, value: int, clamped: int, low: int, high: int) -> No
     # once per process and value: the train and validation datasets share the limits
     logger.warning(
         "%s=%d is outside the model processor's range [%d, %d] (its image processor's size, in the model folder's "
-        "preprocessor_config.json or processor_config.json): pictures are sized with %d, as the processor would size "
-        "them anyway.",
+        "preprocessor_config.json or processor_config.json): pictures and video frames are sized with %d, as the "
+        "processor would size them anyway.",
         key,
         value,
         low,
@@ -382,21 +384,50 @@ def load_image(
     return resize_to_pixel_range(rgb, min_pixels, max_pixels)
 
 
-def _decode_video_frames(path: str) -> tuple[list[Image.Image], float]:
-    """All frames of a video file and its frame rate, decoded with PyAV (used when qwen-vl-utils has no reader)."""
+def _file_frame_indices(total: int, source_fps: float, fps: float, max_frames: int | None) -> list[int]:
+    """Which of a video file's ``total`` frames (at ``source_fps``) are kept: every ``source_fps / fps``-th frame
+    (every frame when the file's rate is below ``fps``), then ``budget_frame_indices`` of those under
+    ``data.max_frames``, or under qwen-vl-utils' own cap (``FPS_MAX_FRAMES``, 768) when there is no budget, as its
+    readers stop there too."""
+    from qwen_vl_utils.vision_process import FPS_MAX_FRAMES
+
+    step = max(source_fps / fps, 1.0)
+    sampled = [min(int(i * step), total - 1) for i in range(max(1, int(total / step)))]
+    cap = FPS_MAX_FRAMES if max_frames is None else max_frames
+    return [sampled[i] for i in budget_frame_indices(len(sampled), cap)]
+
+
+def _decode_video_frames(path: str, fps: float, max_frames: int | None) -> tuple[list[Image.Image], float]:
+    """The kept frames of a video file (``_file_frame_indices``) and the rate they were sampled at, decoded with
+    PyAV (used when qwen-vl-utils has no reader). The rate is qwen-vl-utils' readers' ``kept / total_frames x the
+    file's rate``: min(fps, the file's rate), lowered further when the budget or the cap cuts frames.
+
+    Frames are decoded in a stream and only the kept ones become pictures, so memory holds the kept frames, never the
+    whole video (a 10-minute 720p clip is ~50 GB as pictures). The indices need the frame count up front: the
+    stream's header gives it; when the header has none (some containers do not store it) or the decoded count
+    differs, the file is decoded a second time with the count the first pass found. Decoding twice costs time but
+    no memory, unlike keeping a reservoir of candidate frames, and the frames kept are exactly those the true count
+    picks."""
     import av
 
-    with av.open(path) as container:
-        stream = container.streams.video[0]
-        fps = float(stream.average_rate or stream.guessed_rate or 1)
-        frames = [frame.to_image() for frame in container.decode(stream)]
-    return frames, fps
-
-
-def _subsample(frames: list, source_fps: float, target_fps: float) -> list:
-    step = max(source_fps / target_fps, 1.0)
-    count = max(1, int(len(frames) / step))
-    return [frames[min(int(i * step), len(frames) - 1)] for i in range(count)]
+    total = None  # the frame count the indices are chosen from: the header's, or the one the first pass decoded
+    for _ in range(2):
+        with av.open(path) as container:
+            stream = container.streams.video[0]
+            source_fps = float(stream.average_rate or stream.guessed_rate or 1)
+            assumed = total if total is not None else stream.frames
+            keep = set(_file_frame_indices(assumed, source_fps, fps, max_frames)) if assumed else set()
+            frames, decoded = [], 0
+            for index, frame in enumerate(container.decode(stream)):
+                if index in keep:
+                    frames.append(frame.to_image())
+                decoded = index + 1
+        if decoded in (0, assumed):
+            break
+        total = decoded
+    if not frames:
+        raise UnreadableMediaError("the video file has no frames")
+    return frames, len(frames) / decoded * source_fps
 
 
 def budget_frame_indices(count: int, max_frames: int | None) -> list[int]:
@@ -428,6 +459,76 @@ def _has_native_video_reader() -> bool:
     return is_decord_available() or is_torchcodec_available()
 
 
+def _read_native(path: str, fps: float, max_frames: int | None) -> tuple[list[Image.Image], float]:
+    """The frames qwen-vl-utils' own reader (decord / torchcodec) samples, before any resize, and their rate."""
+    from qwen_vl_utils.vision_process import VIDEO_READER_BACKENDS, get_video_reader_backend
+
+    # the readers sample at fps with their own cap (768 frames unless told); they get the budget too, then
+    # budget_frame_indices makes the count exact whatever they rounded to
+    budget = {} if max_frames is None else {"max_frames": max_frames}
+    video, _, sample_fps = VIDEO_READER_BACKENDS[get_video_reader_backend()]({"video": path, "fps": fps, **budget})
+    sampled = len(video)
+    video = _apply_frame_budget(video, max_frames)  # (frames, 3, height, width) uint8
+    frames = [Image.fromarray(np.ascontiguousarray(frame.permute(1, 2, 0).numpy())) for frame in video]
+    return frames, float(sample_fps) * len(frames) / sampled
+
+
+def _open_frames(video: Sequence, keep: list[int], media_dir: str | Sequence[str | None] | None) -> list[Image.Image]:
+    """Frames ``keep`` of a video given as a list, as RGB pictures of one size; frames of several sizes are an error
+    that names which frames (by their number in the list, and file) have which size."""
+    frames = [to_rgb(_open_image(video[i], media_dir)) for i in keep]
+    by_size: dict[tuple[int, int], list[int]] = {}
+    for i, frame in zip(keep, frames):
+        by_size.setdefault(frame.size, []).append(i)
+    if len(by_size) > 1:
+
+        def named(indices: list[int]) -> str:
+            shown = [
+                f"{i} {describe_media(video[i])}" if isinstance(video[i], (str, dict)) else str(i) for i in indices
+            ]
+            more = f" and {len(indices) - 3} more" if len(indices) > 3 else ""
+            return ("frame " if len(indices) == 1 else "frames ") + ", ".join(shown[:3]) + more
+
+        sizes = "; ".join(f"{w}x{h}: {named(indices)}" for (w, h), indices in sorted(by_size.items()))
+        raise UnreadableMediaError(
+            f"the frames of a video given as a list are of {len(by_size)} sizes ({sizes}); give frames of one size"
+        )
+    return frames
+
+
+def _video_sizing(sizing: PictureSizing, num_frames: int) -> PictureSizing:
+    """``sizing`` with qwen-vl-utils' per-frame cap for videos on top of the picture limits: at most
+    ``VIDEO_MAX_TOKEN_NUM`` (768) tokens a frame and an even share of the ``MODEL_SEQ_LEN`` budget, never below 1.05
+    x min_pixels (``fetch_video``'s rule), so that a long or large video is not stored at picture size."""
+    from qwen_vl_utils.vision_process import FRAME_FACTOR, MODEL_SEQ_LEN, VIDEO_MAX_TOKEN_NUM
+
+    token = sizing.factor * sizing.factor
+    share = MODEL_SEQ_LEN * token * 0.9 / num_frames * FRAME_FACTOR
+    cap = int(max(min(VIDEO_MAX_TOKEN_NUM * token, share), sizing.min_pixels * 1.05))
+    return replace(sizing, max_pixels=max(sizing.min_pixels, min(sizing.max_pixels, cap)))
+
+
+def _sized_video(frames: list[Image.Image], sizing: PictureSizing) -> torch.Tensor:
+    """(frames, 3, height, width) uint8: each frame sized as a picture is (``PictureSizing``, under qwen-vl-utils'
+    per-frame cap for videos), padded to an even count with the last frame as qwen-vl-utils pads a frame list."""
+    from qwen_vl_utils.vision_process import FRAME_FACTOR
+
+    frames = frames + frames[-1:] * (-len(frames) % FRAME_FACTOR)
+    rule = _video_sizing(sizing, len(frames))
+    width, height = frames[0].size
+    try:
+        size = rule.target_size(width, height)
+    except UnreadableMediaError as error:
+        raise UnreadableMediaError(
+            f"its frames of {width}x{height} (aspect ratio {max(width, height) / min(width, height):.1f}) cannot be "
+            f"sized for the model within data.min_pixels={rule.min_pixels} / data.max_pixels={rule.max_pixels} "
+            f"(after the clamp to the processor's range): {error}"
+        ) from error
+    resample = Image.Resampling(rule.resample)
+    pixels = np.stack([np.asarray(frame if frame.size == size else frame.resize(size, resample)) for frame in frames])
+    return torch.from_numpy(pixels).permute(0, 3, 1, 2).contiguous()
+
+
 def _to_uint8(frames: torch.Tensor) -> torch.Tensor:
     """qwen-vl-utils resizes in float; uint8 frames take a quarter of the memory in every batch that carries them."""
     return frames if frames.dtype == torch.uint8 else frames.round().clamp(0, 255).to(torch.uint8)
@@ -440,51 +541,48 @@ def load_video(
     min_pixels: int | None = None,
     max_pixels: int | None = None,
     max_frames: int | None = None,
+    sizing: PictureSizing | None = None,
 ) -> tuple[torch.Tensor, float]:
     """Frames ``(num_frames, 3, height, width)`` uint8 sampled at ``fps``, and the sampling rate actually used.
 
-    ``max_frames`` (``data.max_frames``) caps the frame count AFTER the fps sampling: a longer video keeps
-    ``budget_frame_indices`` of its sampled frames (evenly spread over the whole video), so its frames are further
-    apart in time than ``1 / fps``; the returned rate is lowered by the same ratio, which keeps the timestamps Qwen
-    models derive from it covering the real duration. The dataset stores these frames once and both the actor's
-    processor inputs and the rollout engine's ``multi_modal_data`` read them, so both sides see the same frames."""
+    A video file is sampled at min(``fps``, its own rate), at most 768 frames (qwen-vl-utils' cap); a list of
+    frames is taken to be at ``fps`` already. ``max_frames`` (``data.max_frames``) caps the frame count AFTER the
+    sampling: a longer video keeps ``budget_frame_indices`` of its sampled frames (evenly spread over the whole
+    video), so its frames are further apart in time; the returned rate is lowered by the same ratio, which keeps the
+    timestamps Qwen models derive from it covering the real duration. Frames are sized with ``sizing`` (the
+    dataset's ``PictureSizing``: pictures' clamped limits and rule) when given, else by qwen-vl-utils within
+    [min_pixels, max_pixels]. The dataset stores these frames once and both the actor's processor inputs and the
+    rollout engine's ``multi_modal_data`` read them, so both sides see the same frames."""
     from qwen_vl_utils import fetch_video
 
-    info: dict[str, Any] = {"min_pixels": min_pixels, "max_pixels": max_pixels}
-    info = {k: v for k, v in info.items() if v is not None}
     try:
         if isinstance(video, str) and _has_native_video_reader():
-            # the native readers sample at fps with their own cap (768 frames unless told); they get the budget too,
-            # then the same rule as below makes the count exact whatever they rounded to
-            budget = {} if max_frames is None else {"max_frames": max_frames}
-            frames, sample_fps = fetch_video(
-                {"video": resolve_path(video, media_dir), "fps": fps, **budget, **info}, return_video_sample_fps=True
-            )
-            sampled = len(frames)
-            frames = _apply_frame_budget(frames, max_frames)
-            return _to_uint8(frames), float(sample_fps) * len(frames) / sampled
-        if isinstance(video, str):
-            frames, source_fps = _decode_video_frames(resolve_path(video, media_dir))
-            frames = _subsample(frames, source_fps, fps)
+            frames, rate = _read_native(resolve_path(video, media_dir), fps, max_frames)
+        elif isinstance(video, str):
+            frames, rate = _decode_video_frames(resolve_path(video, media_dir), fps, max_frames)
         else:  # a list of frames (paths, bytes dicts or PIL images), already at the wanted rate
-            frames = list(video)
-            if not frames:
+            if not video:
                 raise UnreadableMediaError("a video given as a list of frames has none")
-        sampled = len(frames)
-        # cut before opening/resizing: a 1000-frame list only decodes the frames it keeps
-        frames = _apply_frame_budget(frames, max_frames)
-        if not isinstance(video, str):
-            frames = [to_rgb(_open_image(frame, media_dir)) for frame in frames]
-            if len(sizes := sorted({frame.size for frame in frames})) > 1:
-                shown = ", ".join(f"{width}x{height}" for width, height in sizes[:3])
-                raise UnreadableMediaError(
-                    f"the frames of a video given as a list are of {len(sizes)} sizes ({shown}); give frames of one size"
-                )
-        rate = fps * len(frames) / sampled
+            # cut before opening/resizing: a 1000-frame list only decodes the frames it keeps
+            keep = budget_frame_indices(len(video), max_frames)
+            frames = _open_frames(video, keep, media_dir)
+            rate = fps * len(keep) / len(video)
+        if sizing is not None:
+            try:
+                return _sized_video(frames, sizing), rate
+            except UnreadableMediaError as error:
+                raise UnreadableMediaError(f"video {_describe_video(video)}: {error}") from error
+        info = {k: v for k, v in {"min_pixels": min_pixels, "max_pixels": max_pixels}.items() if v is not None}
         frames, sample_fps = fetch_video({"video": frames, "sample_fps": rate, **info}, return_video_sample_fps=True)
         return _to_uint8(frames), float(sample_fps)
     except UnreadableMediaError:
         raise
     except Exception as error:  # decoders raise many types (av.FFmpegError, OSError, RuntimeError, ...)
-        where = video if isinstance(video, str) else f"{len(video)} frames"
-        raise UnreadableMediaError(f"cannot read video {where!r}: {error}") from error
+        raise UnreadableMediaError(f"cannot read video {_describe_video(video)}: {error}") from error
+
+
+def _describe_video(video: Any) -> str:
+    """A video as a message names it: its path, or its frame count and first frame."""
+    if isinstance(video, str) or not video:
+        return describe_media(video)
+    return f"of {len(video)} frames (the first {describe_media(video[0])})"
