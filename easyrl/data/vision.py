@@ -466,7 +466,9 @@ def _read_native(path: str, fps: float, max_frames: int | None) -> tuple[list[Im
     # the readers sample at fps with their own cap (768 frames unless told); they get the budget too, then
     # budget_frame_indices makes the count exact whatever they rounded to
     budget = {} if max_frames is None else {"max_frames": max_frames}
-    video, _, sample_fps = VIDEO_READER_BACKENDS[get_video_reader_backend()]({"video": path, "fps": fps, **budget})
+    # (frames, sample_fps) in older qwen-vl-utils, (frames, metadata, sample_fps) in 0.0.14
+    read = VIDEO_READER_BACKENDS[get_video_reader_backend()]({"video": path, "fps": fps, **budget})
+    video, sample_fps = read[0], read[-1]
     sampled = len(video)
     video = _apply_frame_budget(video, max_frames)  # (frames, 3, height, width) uint8
     frames = [Image.fromarray(np.ascontiguousarray(frame.permute(1, 2, 0).numpy())) for frame in video]
