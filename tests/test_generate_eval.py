@@ -144,7 +144,7 @@ def test_a_vision_language_models_file_is_refused_for_other_picture_or_video_set
     assert settings["media"] == {"min_pixels": 262144, "max_pixels": 4194304, "video_fps": 2.0, "max_frames": None}
     row = {"index": 0, "prompt": "p", "responses": ["r"], "settings": settings}
     fewer_frames = generation_settings(load_run_plan([*args, "data.video_fps=1.0"]), GenerationRequest())
-    with pytest.raises(GenerationFileError, match=r"other settings \(media.video_fps: 2.0 in the file, 1.0 now\)"):
+    with pytest.raises(GenerationFileError, match=r"other settings \(data.video_fps: 2.0 in the file, 1.0 now\)"):
         _check_resumed_row("f.jsonl", row, "p", 1, fewer_frames)
     _check_resumed_row("f.jsonl", row, "p", 1, settings)  # the same settings go on
     # rows of an earlier version, without them, are not refused; a text model's file has none
@@ -169,7 +169,7 @@ def test_samples_the_reward_failed_on_count_as_wrong_and_are_counted_per_source(
     assert format_table(results).splitlines()[0].split()[-1] == "scoring_failed"
     # under the table: how many, and that a re-run keeps them (it resumes the file) unless the file is moved away
     said = format_table({**results, "generations": "/runs/eval.jsonl"}).splitlines()
-    assert said[5].startswith("(1 samples could not be scored, column `scoring_failed`") and said[5].endswith(
+    assert said[5].startswith("(1 samples could not be fully scored, column `scoring_failed`") and said[5].endswith(
         "to score them again, move /runs/eval.jsonl away first: every sample is then generated anew)"
     )
     assert "scoring_failed" not in summarize(rows[1:])["sources"]["b"]  # no column when every sample was scored
@@ -875,7 +875,9 @@ def test_an_existing_output_is_checked_and_a_finished_one_ends_the_run_before_ra
     assert "concurrency" not in gentle["judge"] and gentle["judge"]["model"] == "judge"
     assert prompts_left(str(judged_file), tokenizer, loader, 4, gentle) == len(PROMPTS) - 2
     graded_otherwise = {**gentle, "judge": {**gentle["judge"], "score_range": [0, 5]}}
-    with pytest.raises(GenerationFileError, match=r"judge.score_range: \[0, 10\] in the file, \[0, 5\] now"):
+    with pytest.raises(
+        GenerationFileError, match=r"worker\.reward\.judge\.score_range: \[0, 10\] in the file, \[0, 5\] now"
+    ):
         prompts_left(str(judged_file), tokenizer, loader, 4, graded_otherwise)
     # tools make other responses: samples made without them are not a tool run's
     tools = f"worker.rollout.multi_turn.tools={REPO_ROOT / 'tools' / 'calculator.py'}"

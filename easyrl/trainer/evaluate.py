@@ -218,8 +218,9 @@ def format_table(results: dict) -> str:
     failed = sum(entry.get("scoring_failed", 0) for entry in sources.values())
     if failed:
         lines.append(
-            f"({failed} samples could not be scored, column `scoring_failed`: the reward function failed or the judge "
-            "gave no grade, and they count as wrong. Running the command again keeps them as they are; to score them "
+            f"({failed} samples could not be fully scored, column `scoring_failed`: the reward function failed or the "
+            "judge gave no grade, and that part counts 0 in their scores (with a judge, the other part is kept). "
+            "Running the command again keeps them as they are; to score them "
             f"again, move {results.get('generations', 'eval.generations')} away first: every sample is then "
             "generated anew)"
         )

@@ -241,14 +241,19 @@ def _settings_changes(written: dict[str, Any], settings: dict[str, Any]) -> str:
     for key in sorted(set(written) | set(settings)):
         old, new = written.get(key), settings.get(key)
         if isinstance(old, dict) and isinstance(new, dict):
+            section = SETTING_SECTIONS.get(key, key)  # named as the config names it, where it is a config section
             changes += [
-                f"{key}.{name}: {old.get(name)!r} in the file, {new.get(name)!r} now"
+                f"{section}.{name}: {old.get(name)!r} in the file, {new.get(name)!r} now"
                 for name in sorted(set(old) | set(new))
                 if old.get(name) != new.get(name)
             ]
         elif old != new:
             changes.append(f"{key}{SETTING_GLOSSES.get(key, '')}: {old!r} in the file, {new!r} now")
     return "; ".join(changes)
+
+
+# the settings that copy a config section, named by it where they changed
+SETTING_SECTIONS = {"media": "data", "judge": "worker.reward.judge", "multi_turn": "worker.rollout.multi_turn"}
 
 
 # what a setting holding a digest is a digest of, said where it changed
@@ -415,8 +420,9 @@ def generate_to_file(
         logger.info("batch %d: %d prompts x %d samples written to %s", batch_index, len(rows), repeat, path)
     if errors:
         logger.warning(
-            "%d samples could not be scored (the reward function failed, or the judge gave no grade) and score 0 for "
-            "it, marked `%s` in the file (see the log for why).",
+            "%d samples could not be fully scored (the reward function failed, or the judge gave no grade): the part "
+            "that failed counts 0 in their `overall` (with a judge, the other part is kept), marked `%s` in the file "
+            "(see the log for why).",
             errors,
             FAILED_KEY,
         )
