@@ -305,6 +305,12 @@ def test_an_sft_conversation_given_as_prompts_loses_its_answer_and_says_so(tmp_p
     )
     assert [dataset[i]["ground_truth"] for i in range(3)] == ["5", "2", "4"]
     warned = [r.getMessage() for r in caplog.records if "end with `assistant` messages" in r.getMessage()]
+    # a column that starts with a text prompt is read to its end
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", [{"messages": "1+2?", "answer": "3"}, *sft])
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="easyrl.data.dataset"):
+        RLHFDataset(mixed, tokenizer, None, config(prompt_key="messages"))
+    assert "2 of 4 prompts (data.prompt_key=messages) end with `assistant` messages" in caplog.text
     assert warned == [
         "data.train_files: 2 of 3 prompts (data.prompt_key=messages) end with `assistant` messages, as an SFT "
         "conversation ends with its answer (rows 0, 2): they are left out of those prompts, or the model would read "

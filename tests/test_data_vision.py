@@ -836,3 +836,42 @@ def test_video_frames_use_the_clamped_pixel_limits_that_pictures_use(tmp_path, v
     assert media["images"][0].size == (112, 112)
     assert media["videos"][0].shape == (2, 3, 112, 112)
     assert "pictures and video frames are sized with 12544" in caplog.text
+
+
+def test_an_sft_answer_holding_the_picture_is_a_skipped_prompt_row(tmp_path, vl_tokenizer_and_processor, caplog):
+    """An SFT conversation as RL/eval data loses its answer; a picture placed in that answer moved into the question."""
+    tokenizer, processor = vl_tokenizer_and_processor
+    picture(56, 56).save(tmp_path / "a.png")
+    rows = [
+        {
+            "messages": [{"role": "user", "content": "<image> Colour?"}, {"role": "assistant", "content": "Red."}],
+            "answer": "red",
+            "images": ["a.png"],
+        },
+        {
+            "messages": [
+                {"role": "user", "content": "Colour?"},
+                {"role": "assistant", "content": [{"type": "text", "text": "Here: "}, {"type": "image"}]},
+            ],
+            "answer": "red",
+            "images": ["a.png"],
+        },
+        {
+            "messages": [{"role": "user", "content": "Colour?"}, {"role": "assistant", "content": "See <image>"}],
+            "answer": "red",
+            "images": ["a.png"],
+        },
+    ]
+    with caplog.at_level("WARNING", logger="easyrl.data.dataset"):
+        dataset = RLHFDataset(
+            write_jsonl(tmp_path / "sft.jsonl", rows), tokenizer, processor, vl_config(tmp_path, prompt_key="messages")
+        )
+    assert len(dataset) == 1 and "Red." not in tokenizer.decode(dataset[0]["raw_prompt_ids"])
+    assert pad_counts(dataset[0]["input_ids"], tokenizer) == (4, 0)
+    assert "the conversation's closing assistant messages, its answer, which a prompt leaves out, hold a picture" in (
+        caplog.text
+    )
+    assert [reason for _, reason in dataset.unusable_rows] == [
+        "the conversation's closing assistant messages, its answer, which a prompt leaves out, hold a picture or "
+        "video: give the question's pictures in its user messages"
+    ] * 2

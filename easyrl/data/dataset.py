@@ -60,6 +60,7 @@ from .template import (
     answer_turns,
     build_messages,
     conversation_messages,
+    holds_media,
     is_chat_messages,
     media_in_messages,
     messages_in_json_text,
@@ -227,6 +228,15 @@ class RowEncoder:
         empty = isinstance(text, str) and not text.strip() and not (num_images or num_videos or self.empty_prompts)
         if _is_missing(text) or empty:
             raise MissingValueError("prompt_key", self.config.prompt_key)
+        answers = (
+            list(read_prompt(row_value(row, self.config.prompt_key)))[len(text) :] if is_chat_messages(text) else []
+        )
+        if any(holds_media(message) for message in answers):
+            # left out with its answer, its picture would move into the question (place_media puts it there)
+            raise UnusableRowError(
+                "the conversation's closing assistant messages, its answer, which a prompt leaves out, hold a picture "
+                "or video: give the question's pictures in its user messages"
+            )
         if isinstance(text, Mapping):  # a single message is read as a list of one (read_prompt): this is none
             raise UnusableRowError(
                 f"the prompt is a mapping with the keys {sorted(map(str, text))}, not a chat message "
@@ -732,10 +742,9 @@ class RLHFDataset(Dataset):
         """Chat-message prompts that end with the assistant's answer (an SFT file given as RL or eval data): row_prompt
         leaves those messages out; say how many rows had them."""
         column = self.config.prompt_key.split(".")[0]
-        if column not in self.rows.column_names or not len(self.rows):
+        if column not in self.rows.column_names:
             return
-        if not is_chat_messages(read_prompt(row_value(self.rows[0], self.config.prompt_key))):
-            return
+        # every row: a column may mix texts and message lists
         ended = [
             i
             for i, value in enumerate(self.rows[column])

@@ -342,9 +342,17 @@ def _texts(content: Any) -> list[str]:
     """The texts of a message's content: the string, or its text parts'."""
     if isinstance(content, str):
         return [content]
-    return [
-        str(part.get("text") or "") for part in content or [] if isinstance(part, dict) and part.get("type") == "text"
-    ]
+    parts = content if isinstance(content, (list, tuple, np.ndarray)) else []
+    return [str(part.get("text") or "") for part in parts if isinstance(part, Mapping) and part.get("type") == "text"]
+
+
+def holds_media(message: Any) -> bool:
+    """Whether a chat message names a picture or video: a placeholder in its text, or a picture/video content part."""
+    content = message.get("content") if isinstance(message, Mapping) else None
+    if any(PLACEHOLDER.search(text) for text in _texts(content)):
+        return True
+    parts = content if isinstance(content, (list, tuple, np.ndarray)) else []
+    return any(isinstance(part, Mapping) and part.get("type") in ("image", "image_url", "video") for part in parts)
 
 
 @lru_cache(maxsize=8)
