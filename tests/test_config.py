@@ -70,10 +70,10 @@ def test_a_key_given_twice_in_a_config_file_is_refused_with_both_lines(tmp_path)
     file = tmp_path / "c.yaml"
     # a second `trainer:` block pasted lower down: YAML would keep it alone and drop total_epochs silently
     file.write_text("trainer:\n  total_epochs: 3\ndata:\n  seed: 2\ntrainer:\n  save_freq: 5\n")
-    with pytest.raises(ConfigError, match=r"c\.yaml`: `trainer` is given twice.*lines 1 and 5"):
+    with pytest.raises(ConfigError, match=r"c\.yaml`: `trainer` is given twice.*lines 1 and 5.*drop every key"):
         load_config([f"config={file}"])
     file.write_text("data:\n  seed: 1\n  max_prompt_length: 64\n  seed: 2\n")
-    with pytest.raises(ConfigError, match=r"`seed` is given twice.*lines 2 and 4"):
+    with pytest.raises(ConfigError, match=r"`seed` is given twice.*lines 2 and 4.*drop the first value"):
         load_config([f"config={file}"])
     # a YAML merge key may be overridden by the section's own key: that is what merging means
     file.write_text("base: &base\n  seed: 1\ndata:\n  <<: *base\n  seed: 7\n")
@@ -380,6 +380,9 @@ def test_override_without_equals_sign():
 def test_a_bare_yaml_path_is_told_to_be_given_as_config():
     with pytest.raises(ConfigError, match=r"`run\.yaml` is not of the form key=value.*given as config=run\.yaml"):
         load_config(["run.yaml"])
+    for given in (["--config", "run.yaml"], ["--config=run.yaml"]):  # argparse's spelling
+        with pytest.raises(ConfigError, match=r"a config file is given as config=FILE, without dashes"):
+            load_config(given)
 
 
 def test_missing_config_file():

@@ -351,6 +351,8 @@ def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
 
     flat = {}
     for item in overrides:
+        if item.startswith("--config"):  # argparse's spelling; the file of `--config x.yaml` follows as its own item
+            raise ConfigError(f"`{item}`: a config file is given as config=FILE, without dashes (config=run.yaml).")
         if "=" not in item:
             as_file = f" A config file is given as config={item}." if item.lower().endswith((".yaml", ".yml")) else ""
             raise ConfigError(
@@ -398,14 +400,19 @@ def _unique_key_loader():
     class Loader(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
             seen: dict[Any, int] = {}
-            for key_node, _ in node.value:
+            for key_node, value_node in node.value:
                 if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
                     continue  # `<<: *base` keys may be overridden by the mapping's own: that is what merging means
                 key, line = key_node.value, key_node.start_mark.line + 1
                 if key in seen:
+                    dropped = (
+                        "drop every key of the first. Merge them into one."
+                        if isinstance(value_node, yaml.MappingNode)
+                        else "drop the first value. Keep the one you mean."
+                    )
                     raise _RepeatedKey(
                         f"`{key}` is given twice in one section (lines {seen[key]} and {line}); YAML would keep only "
-                        "the second and drop every key of the first. Merge them into one."
+                        f"the second and {dropped}"
                     )
                 seen[key] = line
             return super().construct_mapping(node, deep=deep)
