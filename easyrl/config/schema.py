@@ -369,7 +369,8 @@ class ActorConfig(TrainableRoleConfig):
     tis_cap: Optional[float] = None
     """Truncated importance sampling: weight each token by min(pi_old / pi_rollout, tis_cap); null disables it."""
     entropy_coef: float = 0.0
-    """Entropy bonus: the policy loss gets -entropy_coef * mean token entropy; 0 disables it."""
+    """Entropy bonus: the policy loss gets -entropy_coef x the token entropy, aggregated as the loss is
+    (loss_avg_mode: a mean for token / seq, a sum per response for the seq-mean-token-sum modes); 0 disables it."""
     shared_prefix: bool = False
     """Shared-prefix forward passes (Prefix Grouper, arXiv 2506.05433): the samples of a micro-batch with identical
     prompt ids (and pictures) are packed as ONE prompt followed by their responses, each response attending to the

@@ -144,7 +144,7 @@ def resume_summary(plan: Any, path: str | None) -> str:
     finished = nothing_left_to_train(plan, path, step)
     if finished is None and plan.training_steps is None and not getattr(trainer, "val_only", False):
         finished = _steps_by_saved_rows(plan, path, step)
-    return line if finished is None else f"{line}; {finished}"
+    return line if finished is None else f"{line.rstrip('.')}; {finished}"  # one sentence, not `).;`
 
 
 def _steps_by_saved_rows(plan: Any, path: str, step: int) -> str | None:
