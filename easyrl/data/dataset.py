@@ -745,11 +745,14 @@ class RLHFDataset(Dataset):
         if column not in self.rows.column_names:
             return
         # every row: a column may mix texts and message lists
-        ended = [
-            i
-            for i, value in enumerate(self.rows[column])
-            if answer_turns(read_prompt(row_value({column: value}, self.config.prompt_key)))
-        ]
+        try:
+            ended = [
+                i
+                for i, value in enumerate(self.rows[column])
+                if answer_turns(read_prompt(row_value({column: value}, self.config.prompt_key)))
+            ]
+        except UnicodeDecodeError:  # a value that is not UTF-8: the screening that follows names the file
+            return
         if ended:
             logger.warning(
                 "%s: %d of %d prompts (data.prompt_key=%s) end with `assistant` messages, as an SFT conversation ends "
