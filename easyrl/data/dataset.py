@@ -744,11 +744,14 @@ class RLHFDataset(Dataset):
         column = self.config.prompt_key.split(".")[0]
         if column not in self.rows.column_names:
             return
-        # every row: a column may mix texts and message lists
+        # every row (a column may mix texts and message lists), read in slices: a large column is never held whole
+        prompts = (
+            value for batch in self.rows.select_columns([column]).iter(batch_size=4096) for value in batch[column]
+        )
         try:
             ended = [
                 i
-                for i, value in enumerate(self.rows[column])
+                for i, value in enumerate(prompts)
                 if answer_turns(read_prompt(row_value({column: value}, self.config.prompt_key)))
             ]
         except UnicodeDecodeError:  # a value that is not UTF-8: the screening that follows names the file
