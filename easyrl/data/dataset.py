@@ -57,7 +57,6 @@ from .template import (
     PLACEHOLDER,
     ChatTemplate,
     PromptFormatter,
-    answer_turns,
     build_messages,
     conversation_messages,
     holds_media,
@@ -66,6 +65,7 @@ from .template import (
     messages_in_json_text,
     read_prompt,
     read_template_file,
+    split_answer_turns,
 )
 from .vision import PictureSizing, UnreadableMediaError, describe_media, load_image, load_video
 
@@ -133,11 +133,14 @@ def _is_missing(value: Any) -> bool:
 
 def row_prompt(row: dict, prompt_key: str) -> Any:
     """The row's data.prompt_key value as it is rendered (``read_prompt``: messages held as JSON text or a single
-    message are a list of messages), without the assistant messages that end a conversation (``answer_turns``: an SFT
-    file's answers, announced by the dataset)."""
-    prompt = read_prompt(row_value(row, prompt_key))
-    answers = answer_turns(prompt)
-    return list(prompt)[:-answers] if answers else prompt
+    message are a list of messages), without the assistant messages that end a conversation (an SFT file's answers,
+    announced by the dataset; ``row_prompt_and_answers``)."""
+    return row_prompt_and_answers(row, prompt_key)[0]
+
+
+def row_prompt_and_answers(row: dict, prompt_key: str) -> tuple[Any, list]:
+    """(``row_prompt``, the assistant messages it leaves out: ``split_answer_turns``)."""
+    return split_answer_turns(read_prompt(row_value(row, prompt_key)))
 
 
 def row_value(row: dict, key: str) -> Any:
@@ -223,14 +226,11 @@ class RowEncoder:
 
     def messages(self, row: dict, num_images: int, num_videos: int) -> list[dict[str, Any]]:
         """The chat messages of the row's prompt, before the chat template (format_prompt and system_prompt applied)."""
-        text = row_prompt(row, self.config.prompt_key)
+        text, answers = row_prompt_and_answers(row, self.config.prompt_key)
         # an empty text prompt without pictures asks nothing: the model would answer data.format_prompt alone
         empty = isinstance(text, str) and not text.strip() and not (num_images or num_videos or self.empty_prompts)
         if _is_missing(text) or empty:
             raise MissingValueError("prompt_key", self.config.prompt_key)
-        answers = (
-            list(read_prompt(row_value(row, self.config.prompt_key)))[len(text) :] if is_chat_messages(text) else []
-        )
         if any(holds_media(message) for message in answers):
             # left out with its answer, its picture would move into the question (place_media puts it there)
             raise UnusableRowError(
@@ -752,7 +752,7 @@ class RLHFDataset(Dataset):
             ended = [
                 i
                 for i, value in enumerate(prompts)
-                if answer_turns(read_prompt(row_value({column: value}, self.config.prompt_key)))
+                if row_prompt_and_answers({column: value}, self.config.prompt_key)[1]
             ]
         except UnicodeDecodeError:  # a value that is not UTF-8: the screening that follows names the file
             return

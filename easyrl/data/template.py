@@ -140,17 +140,17 @@ def read_prompt(value: Any) -> Any:
     return [value] if is_chat_message(value) else value
 
 
-def answer_turns(prompt: Any) -> int:
-    """How many messages at the end of a chat-message prompt are the assistant's: an SFT conversation with its
-    answer, which a prompt must not hold (the model would read the answer, then be asked again)."""
+def split_answer_turns(prompt: Any) -> tuple[Any, list]:
+    """(the prompt without the assistant messages that end it, those messages): an SFT conversation ends with its
+    answer, which a prompt must not hold (the model would read the answer, then be asked again). A prompt that is no
+    chat-message list, or does not end so, is returned as it is, with no answer."""
     if not is_chat_messages(prompt):
-        return 0
-    count = 0
-    for message in reversed(list(prompt)):
-        if not (isinstance(message, Mapping) and message.get("role") == "assistant"):
-            break
-        count += 1
-    return count
+        return prompt, []
+    messages = list(prompt)
+    end = len(messages)
+    while end and isinstance(messages[end - 1], Mapping) and messages[end - 1].get("role") == "assistant":
+        end -= 1
+    return (messages[:end], messages[end:]) if end < len(messages) else (prompt, [])
 
 
 # The rollout output's field holding what each sample's tool-environment reset added to its prompt (message content)
@@ -338,12 +338,17 @@ def placeholder_parts(text: str) -> list[dict[str, Any]]:
     return parts
 
 
+def _parts(content: Any) -> list[Mapping]:
+    """A message content's parts (none for a text; parquet hands a list over as an array)."""
+    parts = content if isinstance(content, (list, tuple, np.ndarray)) else []
+    return [part for part in parts if isinstance(part, Mapping)]
+
+
 def _texts(content: Any) -> list[str]:
     """The texts of a message's content: the string, or its text parts'."""
     if isinstance(content, str):
         return [content]
-    parts = content if isinstance(content, (list, tuple, np.ndarray)) else []
-    return [str(part.get("text") or "") for part in parts if isinstance(part, Mapping) and part.get("type") == "text"]
+    return [str(part.get("text") or "") for part in _parts(content) if part.get("type") == "text"]
 
 
 def holds_media(message: Any) -> bool:
@@ -351,8 +356,7 @@ def holds_media(message: Any) -> bool:
     content = message.get("content") if isinstance(message, Mapping) else None
     if any(PLACEHOLDER.search(text) for text in _texts(content)):
         return True
-    parts = content if isinstance(content, (list, tuple, np.ndarray)) else []
-    return any(isinstance(part, Mapping) and part.get("type") in ("image", "image_url", "video") for part in parts)
+    return any(part.get("type") in ("image", "image_url", "video") for part in _parts(content))
 
 
 @lru_cache(maxsize=8)
