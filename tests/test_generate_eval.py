@@ -167,10 +167,10 @@ def test_samples_the_reward_failed_on_count_as_wrong_and_are_counted_per_source(
     assert results["sources"]["a"]["scoring_failed"] == 1 and results["sources"]["b"]["scoring_failed"] == 0
     assert results["sources"]["a"]["pass@1"] == results["sources"]["b"]["pass@1"] == 0.5
     assert format_table(results).splitlines()[0].split()[-1] == "scoring_failed"
-    # under the table: how many, and that a re-run keeps them (it resumes the file) unless the file is moved away
+    # under the table: how many, and that a re-run scores them again
     said = format_table({**results, "generations": "/runs/eval.jsonl"}).splitlines()
     assert said[5].startswith("(1 samples could not be fully scored, column `scoring_failed`") and said[5].endswith(
-        "to score them again, move /runs/eval.jsonl away first: every sample is then generated anew)"
+        "Running the command again generates and scores their prompts again, e.g. once the judge is back)"
     )
     assert "scoring_failed" not in summarize(rows[1:])["sources"]["b"]  # no column when every sample was scored
     assert "could not be scored" not in format_table(summarize(rows[1:]))
@@ -688,6 +688,17 @@ def test_eval_prints_the_table_and_writes_per_source_mean_and_pass_at_k(tiny_mod
         counts = [str(entry[c]) for c in ("prompts", "rows", "skipped")]
         assert line.split()[1:] == counts + [f"{entry[c]:.4f}" for c in list(entry)[3:]]
     assert "source" in log and "pass@4" in log
+
+    # a sample whose scoring failed (a judge that was down): the rerun generates its prompt's batch again, with its
+    # seed, and writes the row anew; the rows that were scored stay as they were
+    generations = tmp_path / "eval_generations.jsonl"
+    failed = {**rows[1], "responses": ["unscored"] * 4, "scores": [{**rows[1]["scores"][0], "scoring_failed": True}]}
+    generations.write_text("".join(json.dumps(failed if row is rows[1] else row) + "\n" for row in rows))
+    log = _run("eval", _args(tiny_model_path, data, tmp_path, *extra), tmp_path / "rerun.log")
+    assert "1 rows held samples that were not fully scored (`scoring_failed`" in log
+    again = [json.loads(line) for line in generations.read_text().splitlines()]
+    assert again == [row for row in rows if row is not rows[1]] + [rows[1]]  # the same samples and scores
+    assert json.loads((tmp_path / "eval.json").read_text())["sources"] == results["sources"]
 
 
 @pytest.mark.slow

@@ -220,9 +220,7 @@ def format_table(results: dict) -> str:
         lines.append(
             f"({failed} samples could not be fully scored, column `scoring_failed`: the reward function failed or the "
             "judge gave no grade, and that part counts 0 in their scores (with a judge, the other part is kept). "
-            "Running the command again keeps them as they are; to score them "
-            f"again, move {results.get('generations', 'eval.generations')} away first: every sample is then "
-            "generated anew)"
+            "Running the command again generates and scores their prompts again, e.g. once the judge is back)"
         )
     if results.get("unjudged"):
         key = results["correct"].rsplit(" >= ", 1)[0]

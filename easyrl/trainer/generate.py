@@ -106,10 +106,27 @@ def read_rows(path: str, repair: bool = False) -> list[dict[str, Any]]:
     return rows
 
 
+def _rows_data(rows: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
+
+
+def drop_unscored_rows(path: str) -> int:
+    """Remove from ``path`` (atomically) the rows holding a sample marked ``FAILED_KEY`` (the reward function failed
+    on it or its judge gave no grade, often a judge that was down or rate-limited): a rerun generates and scores them
+    again. How many rows went."""
+    rows = read_rows(path, repair=True)
+    kept = [row for row in rows if not any(score.get(FAILED_KEY) for score in row.get("scores") or [])]
+    if len(kept) < len(rows):
+        from ..utils.files import replace_file
+
+        replace_file(path, _rows_data(kept))
+    return len(rows) - len(kept)
+
+
 def append_rows(path: str, rows: list[dict[str, Any]]) -> None:
     """Append ``rows`` as jsonl in one write, flushed and fsynced: after a kill the file holds whole batches plus at
     most one partial line, which ``read_rows`` detects."""
-    data = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
+    data = _rows_data(rows)
     with open(path, "ab") as handle:
         handle.write(data)
         handle.flush()
@@ -591,6 +608,17 @@ class GenerationRun:
         self.rollout = None
         self._workers_needed = False
         left = prompts_left(output, self.tokenizer, self.val_loader, samples, settings, output_key)
+        if left is not None and plan.config.worker.reward.reward_function:
+            unscored = drop_unscored_rows(output)  # after the check above: a refused file is left as it is
+            if unscored:
+                logger.warning(
+                    "%s: %d rows held samples that were not fully scored (`%s`: the reward function failed on them or "
+                    "the judge gave no grade): they are generated and scored again, with the seeds of their batches.",
+                    output,
+                    unscored,
+                    FAILED_KEY,
+                )
+                left += unscored
         if left == 0:
             logger.warning("%s holds a row for every prompt of data.val_files: nothing to generate.", output)
             return
