@@ -67,6 +67,15 @@ def test_recompute_old_log_probs_forces_the_pass_and_ppo_epochs_too():
     assert load_run_plan(BASE + ["algorithm.disable_kl=true"]).on_policy
 
 
+def test_lora_dropout_forces_the_old_log_prob_pass():
+    """The update's forward runs in train mode, where peft drops the adapters' inputs: with its detached log-probs as
+    the old ones, the engine-vs-trainer check read 0.068 instead of 4e-6 after one update, as if the sync were broken."""
+    lora = ["algorithm.disable_kl=true", "worker.actor.model.lora.rank=4"]
+    assert load_run_plan(BASE + lora).on_policy
+    plan = load_run_plan(BASE + lora + ["worker.actor.model.lora.dropout=0.1"])
+    assert not plan.on_policy and "worker.actor.model.lora.dropout=0.1" in plan.old_log_prob_reason
+
+
 def test_mini_rollout_batches_plan_generation_rounds_and_steps_per_rollout_batch():
     # EasyR1's DAPO recipe: mini-batches of 32 prompts until 512 are collected; steps count rollout batches
     plan = load_run_plan(BASE + ["data.rollout_batch_size=8", "data.mini_rollout_batch_size=2"])

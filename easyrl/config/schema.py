@@ -158,8 +158,8 @@ class AlgorithmConfig:
     """Target KL of the adaptive KL controller."""
     recompute_old_log_probs: bool = False
     """Always run the separate old-log-prob forward pass; by default it is skipped when a batch makes exactly one
-    optimizer step (ppo_epochs=1, global_batch_size = rollout_batch_size), where the update's own detached
-    log-probs are the old ones."""
+    optimizer step (ppo_epochs=1, global_batch_size = rollout_batch_size) and LoRA has no dropout, where the update's
+    own detached log-probs are the old ones."""
     online_filtering: bool = False
     """DAPO dynamic sampling: drop groups whose mean `filter_key` score is outside [filter_low, filter_high]."""
     filter_key: str = "overall"
@@ -188,7 +188,8 @@ class LoraConfig:
     nothing unless vision_tower is true, which it would undo (refused); a resume compares the modules adapted, not
     the regex."""
     dropout: float = 0.0
-    """Dropout on the adapters' input in training passes."""
+    """Dropout on the adapters' input in training passes; above 0 the old log-probs get their own (dropout-free)
+    forward pass, since the update's are not the policy's."""
     vision_tower: bool = False
     """VLMs: adapters on the vision encoder's linear layers too (false: the vision encoder stays frozen as it is)."""
     lr: Optional[float] = None
