@@ -242,7 +242,7 @@ def _merge(args: list[str]) -> int:
     except (FileNotFoundError, FileExistsError, ValueError) as err:  # a folder or flag that does not fit: said
         print(f"easyrl merge: {err}", file=sys.stderr)
         return 2
-    print(f"Hugging Face model written to {out}")
+    print(f"{'peft adapter folder' if ns.adapter_only else 'Hugging Face model'} written to {out}")
     if ns.hf_upload_path:
         try:
             url = upload_to_hub(out, ns.hf_upload_path)

@@ -201,6 +201,8 @@ def test_merge_writes_the_merged_model_or_the_adapter_folder(lora_workers, tiny_
         _check_model_path("worker.actor.model.model_path", str(role / "lora_adapter"), True)
     assert str(refused.value).endswith(f"the merged model it wrote is `{role / 'huggingface'}`: give that folder.")
     again = merge_checkpoint(str(role), str(tmp_path / "adapter_again"), adapter_only=True)
+    # an adapter folder, without the merged model's weights that huggingface/ now holds
+    assert not {p.name for p in (tmp_path / "adapter_again").iterdir()} & {"model.safetensors", "config.json"}
     with_adapter_again = PeftModel.from_pretrained(load_hf_causal_lm(tiny_model_path), again)
     torch.testing.assert_close(per_sequence_log_probs(with_adapter_again, data, 0.7), live, atol=1e-5, rtol=0)
 

@@ -302,6 +302,11 @@ def is_lora_checkpoint(role_path: str) -> bool:
     return adapter_config_file(role_path) is not None
 
 
+def _is_weight_file(name: str) -> bool:
+    """A model's weights (safetensors, pickled torch, their shard indexes), not a tokenizer or config file."""
+    return name.endswith((".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json"))
+
+
 def _copy_extras(hf_path: str, output_path: str, skip: set[str]) -> None:
     """Tokenizer, processor and generation files kept next to the checkpoint's config."""
     for name in os.listdir(hf_path):
@@ -393,7 +398,9 @@ def _merge_lora_checkpoint(
         )
     if adapter_only:
         lora.write_adapter_folder(output_path, adapters, peft_config)
-        _copy_extras(hf_path, output_path, skip={"config.json", *adapter_files})
+        # after an in-place merge huggingface/ holds the merged model's weights too: an adapter folder has none
+        weights = {name for name in os.listdir(hf_path) if _is_weight_file(name)}
+        _copy_extras(hf_path, output_path, skip={"config.json", *adapter_files, *weights})
         return
     base_path = _base_model_path(base_model or peft_config.get("base_model_name_or_path"), config_file)
     if in_place:
