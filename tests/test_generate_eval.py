@@ -934,13 +934,14 @@ def test_a_stop_signal_that_a_ray_wait_turns_into_keyboard_interrupt_is_still_na
 
 
 def test_a_file_holds_the_score_the_function_gave_not_its_float32_rounding():
-    """The batch holds scores in float32: 0.9 was written as 0.8999999761581421. The file holds 0.9, the named
-    scores (float64 from the function) as given."""
+    """The batch holds scores in float32: 0.9 was written as 0.8999999761581421. The file holds the overall the
+    function gave, as its other scores are written, and without it, the shortest decimal of the float32."""
     import torch
 
     token_scores = torch.zeros(3, 4)
-    token_scores[:, -1] = torch.tensor([0.9, 0.1, 1 / 3])
-    metrics = {"reward/overall": [0.9, 0.1, 1 / 3], "reward/accuracy": [0.9, 0.1, 1 / 3]}
+    token_scores[:, -1] = torch.tensor([0.9, 0.1, 2 / 3])
+    metrics = {"reward/overall": [0.9, 0.1, 2 / 3], "reward/accuracy": [0.9, 0.1, 2 / 3]}
     scores = json.loads(json.dumps(sample_scores(token_scores, metrics)))
-    assert [score["overall"] for score in scores] == [0.9, 0.1, 0.33333334]
-    assert [score["accuracy"] for score in scores] == [0.9, 0.1, 1 / 3]
+    assert [score["overall"] for score in scores] == [score["accuracy"] for score in scores] == [0.9, 0.1, 2 / 3]
+    scores = json.loads(json.dumps(sample_scores(token_scores, {"reward/accuracy": [0.9, 0.1, 2 / 3]})))
+    assert [score["overall"] for score in scores] == [0.9, 0.1, 0.6666667]

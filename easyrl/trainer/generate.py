@@ -541,9 +541,13 @@ def sample_scores(token_scores: Any, reward_metrics: dict[str, list[float]]) -> 
         name: [None if math.isnan(v) else v for v in values.tolist()]
         for name, values in named_scores(reward_metrics).items()
     }
-    # the scores are float32 on the batch: written as the shortest decimal that is that float32 (0.9, not the
-    # 0.8999999761581421 a float64 reads it as), so a file says the score the reward function gave
-    overall = [float(str(value)) for value in np.asarray(token_scores.sum(-1), dtype=np.float32)]
+    # the batch holds the scores in float32: a file says the overall the reward gave (2/3 as the other scores
+    # write it) where it is that float32, else the shortest decimal of the float32 (0.9, not 0.8999999761581421)
+    given = named.get("overall")
+    overall = [
+        given[i] if given is not None and given[i] is not None and np.float32(given[i]) == value else float(str(value))
+        for i, value in enumerate(np.asarray(token_scores.sum(-1), dtype=np.float32))
+    ]
     # a judge that gave no grade (request failed, timed out, unreadable reply) scored its part 0: no answer's grade
     failed = failed_samples(reward_metrics, len(overall))
     scores = [{**{k: v[i] for k, v in named.items()}, "overall": overall[i]} for i in range(len(overall))]
