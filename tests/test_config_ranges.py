@@ -47,7 +47,7 @@ def no_hub_settings(monkeypatch, tmp_path):
         ("worker.actor.clip_ratio_high=-0.3", "`worker.actor.clip_ratio_high` is -0.3; it must be >= 0."),
         ("worker.actor.clip_ratio_dual=1", "`worker.actor.clip_ratio_dual` is 1.0; it must be > 1 (dual-clip PPO"),
         ("worker.rollout.temperature=-0.5", "`worker.rollout.temperature` is -0.5; it must be > 0"),
-        ("worker.rollout.temperature=0", "val_override_config.temperature=0"),
+        ("worker.rollout.temperature=0", "val_override_config.temperature=0, and for greedy `easyrl generate` or"),
         ("worker.rollout.top_p=0", "`worker.rollout.top_p` is 0.0; it must be in (0, 1]."),
         ("worker.rollout.top_p=1.1", "`worker.rollout.top_p` is 1.1; it must be in (0, 1]."),
         (

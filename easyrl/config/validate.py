@@ -198,7 +198,8 @@ RANGES: dict[str, Interval] = {
         0,
         low_open=True,
         why="training samples at this temperature and scores log-probs at it (logits / temperature); for greedy "
-        "validation set worker.rollout.val_override_config.temperature=0",
+        "validation set worker.rollout.val_override_config.temperature=0, and for greedy `easyrl generate` or "
+        "`easyrl eval` add generate.val_sampling=true or eval.val_sampling=true to it",
     ),
     "worker.rollout.top_p": PROBABILITY,
     "worker.rollout.limit_images": NON_NEGATIVE,
