@@ -76,6 +76,19 @@ def test_lora_dropout_forces_the_old_log_prob_pass():
     assert not plan.on_policy and "worker.actor.model.lora.dropout=0.1" in plan.old_log_prob_reason
 
 
+def test_the_plan_says_what_lora_trains_and_how_the_engine_gets_it():
+    def lora_line(*overrides):
+        lines = load_run_plan(BASE + ["worker.actor.model.lora.rank=8", *overrides]).describe().splitlines()
+        return next(line for line in lines if line.startswith("LoRA: "))
+
+    line = lora_line("worker.actor.model.lora.target_modules=[q_proj,v_proj]", "worker.actor.model.lora.lr=1e-3")
+    assert line.startswith("LoRA: rank 8, alpha 64, on q_proj,v_proj; learning rate 0.001;")
+    assert "vision tower stays frozen (lora.vision_tower: false)" in line and "lora_sync=auto" in line
+    line = lora_line("worker.actor.model.lora.vision_tower=true", "worker.rollout.lora_sync=merged")
+    assert "gets adapters too" in line and "the merged weights (a full-model sync)" in line
+    assert not any(line.startswith("LoRA") for line in load_run_plan(BASE).describe().splitlines())
+
+
 def test_mini_rollout_batches_plan_generation_rounds_and_steps_per_rollout_batch():
     # EasyR1's DAPO recipe: mini-batches of 32 prompts until 512 are collected; steps count rollout batches
     plan = load_run_plan(BASE + ["data.rollout_batch_size=8", "data.mini_rollout_batch_size=2"])

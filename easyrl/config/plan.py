@@ -174,6 +174,7 @@ class RunPlan:
                 else ""
             ),
             f"actor: {_update_batches(config, actor, self.actor_optimizer_steps_per_batch)}",
+            *([f"LoRA: {_lora_summary(config)}"] * (actor.model.lora.rank > 0)),
             *(
                 [f"critic: {_update_batches(config, critic, _optimizer_steps(config, critic), 'values')}"]
                 * self.use_critic
@@ -196,6 +197,31 @@ class RunPlan:
         ]
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+def _lora_summary(config: PPOConfig) -> str:
+    """The adapters a LoRA run trains and how the engine gets them: the base weights and a VLM's vision tower stay
+    frozen unless said (EasyR1's LoRA recipe leaves freeze_vision_tower false, which LoRA does not read)."""
+    lora, rollout = config.worker.actor.model.lora, config.worker.rollout
+    targets = lora.target_modules if isinstance(lora.target_modules, str) else ",".join(map(str, lora.target_modules))
+    parts = [
+        f"rank {lora.rank}, alpha {lora.alpha}, on {targets}"
+        + (f" (not {lora.exclude_modules})" if lora.exclude_modules else "")
+        + (f", dropout {lora.dropout:g}" if lora.dropout else ""),
+        f"learning rate {lora.lr if lora.lr is not None else config.worker.actor.optim.lr:g}"
+        + (" (optim.lr)" if lora.lr is None else ""),
+        "a vision-language model's vision tower "
+        + ("gets adapters too (lora.vision_tower)" if lora.vision_tower else "stays frozen (lora.vision_tower: false)"),
+    ]
+    if rollout.name == "vllm":
+        route = {
+            "adapter": "the adapters alone",
+            "merged": "the merged weights (a full-model sync)",
+            "auto": "the adapters alone where vLLM's LoRA serves every adapted module, else the merged weights "
+            + ("(the vision tower's adapters: merged)" if lora.vision_tower else "(said when the engine starts)"),
+        }.get(rollout.lora_sync, rollout.lora_sync)
+        parts.append(f"after each update the engine gets {route} (worker.rollout.lora_sync={rollout.lora_sync})")
+    return "; ".join(parts)
 
 
 def _optimizer_steps(config: PPOConfig, role: Any) -> int:
