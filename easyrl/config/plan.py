@@ -211,7 +211,9 @@ def _lora_summary(config: PPOConfig) -> str:
         f"learning rate {lora.lr if lora.lr is not None else config.worker.actor.optim.lr:g}"
         + (" (optim.lr)" if lora.lr is None else ""),
         "a vision-language model's vision tower "
-        + ("gets adapters too (lora.vision_tower)" if lora.vision_tower else "stays frozen (lora.vision_tower: false)"),
+        + (
+            "gets adapters too (lora.vision_tower)" if lora.vision_tower else "stays frozen (lora.vision_tower: false)"
+        ),
     ]
     if rollout.name == "vllm":
         route = {
