@@ -67,13 +67,21 @@ def test_recompute_old_log_probs_forces_the_pass_and_ppo_epochs_too():
     assert load_run_plan(BASE + ["algorithm.disable_kl=true"]).on_policy
 
 
-def test_lora_dropout_forces_the_old_log_prob_pass():
+def test_dropout_forces_the_old_log_prob_pass():
     """The update's forward runs in train mode, where peft drops the adapters' inputs: with its detached log-probs as
     the old ones, the engine-vs-trainer check read 0.068 instead of 4e-6 after one update, as if the sync were broken."""
     lora = ["algorithm.disable_kl=true", "worker.actor.model.lora.rank=4"]
     assert load_run_plan(BASE + lora).on_policy
     plan = load_run_plan(BASE + lora + ["worker.actor.model.lora.dropout=0.1"])
     assert not plan.on_policy and "worker.actor.model.lora.dropout=0.1" in plan.old_log_prob_reason
+    # the model's own dropout, switched on through its config
+    plan = load_run_plan(
+        BASE + ["algorithm.disable_kl=true", "worker.actor.model.override_config={attention_dropout: 0.1}"]
+    )
+    assert not plan.on_policy and "override_config.attention_dropout=0.1" in plan.old_log_prob_reason
+    assert load_run_plan(
+        BASE + ["algorithm.disable_kl=true", "worker.actor.model.override_config={attention_dropout: 0.0}"]
+    ).on_policy
 
 
 def test_the_plan_says_what_lora_trains_and_how_the_engine_gets_it():

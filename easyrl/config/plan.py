@@ -336,12 +336,23 @@ def _old_log_prob_decision(config: PPOConfig, kl_in_reward: bool) -> tuple[bool,
         return False, "computed (algorithm.recompute_old_log_probs=true)"
     if kl_in_reward:
         return False, "computed (the in-reward KL penalty reads them before the update)"
+    # the update's forward runs in train mode, where dropout is on: its log-probs are not the policy's, so neither
+    # the old log-probs nor the engine-vs-trainer check may come from it
     if actor.model.lora.rank > 0 and actor.model.lora.dropout > 0:
-        # the update's forward runs in train mode, where peft drops the adapters' inputs: its log-probs are not the
-        # policy's, so neither old log-probs nor the engine-vs-trainer check may come from it
         return False, (
             f"computed (worker.actor.model.lora.dropout={actor.model.lora.dropout}: the update's forward drops "
             "adapter inputs, so its log-probs are not the policy's)"
+        )
+    dropouts = {
+        key: value
+        for key, value in (actor.model.override_config or {}).items()
+        if "dropout" in str(key) and isinstance(value, (int, float)) and value > 0
+    }
+    if dropouts:
+        key, value = next(iter(dropouts.items()))
+        return False, (
+            f"computed (worker.actor.model.override_config.{key}={value}: the update's forward drops activations, "
+            "so its log-probs are not the policy's)"
         )
     return True, "skipped (one optimizer step per batch: the update's own detached log-probs are the old ones)"
 
