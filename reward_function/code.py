@@ -27,15 +27,18 @@ and file limits, no network, a throwaway folder, no access to the trainer's envi
 supports it). A program that crashes, hangs, floods its output or misbehaves fails that test, so it scores 0 for it;
 the training run never sees its exceptions. The program runs as `python -I -S` (standard library only: no
 third-party package such as numpy imports) and its stdout and stderr are capped at `max_output_bytes` (8 MiB)
-each, past which it is killed and fails the test. Tests of the whole batch run concurrently on `max_workers` threads.
+each, past which it is killed and fails the test (a test that expects more output than that is warned about).
+Tests of the whole batch run concurrently on `max_workers` threads.
 After a program hits its time limit its remaining tests are failed without being run (`skip_after_timeout`), so an
 infinite loop costs one time-out, not one per test; a program that does not compile fails every test without one
 being run. A test the sandbox itself could not start (e.g. `memory_mb` too small for the interpreter) fails too, with
 a warning; when no test of a batch could start, scoring raises, so the run stops rather than learn from zeros.
 
 Keyword arguments (`worker.reward.reward_function_kwargs`): reward, max_workers, cpu_seconds, wall_seconds,
-memory_mb, skip_after_timeout, require (sandbox layers that must be present, e.g. ["namespaces", "landlock",
-"seccomp"] or ["all"]; without them the run stops instead of scoring with less isolation).
+memory_mb, max_output_bytes, skip_after_timeout, require (sandbox layers that must be present, e.g. ["namespaces",
+"landlock", "seccomp"] or "all"; without them the run stops instead of scoring with less isolation). They are checked
+when the run loads the file (`check_kwargs`), before Ray starts. A batch none of whose samples has well-formed
+tests (data in another format) raises, so the run stops rather than learn from zeros.
 """
 
 import json
@@ -190,6 +193,30 @@ def _check_sandbox_errors(results: list[RunResult], limits: Limits) -> None:
     _log.warning(message)
 
 
+def check_kwargs(kwargs: dict) -> None:
+    """The settings of `worker.reward.reward_function_kwargs` this file reads, checked when the run loads it (before
+    Ray starts) and at each call: a ValueError names the key and the values it takes. A limit of 0 or below would
+    fail every test (wall_seconds) or turn the limit off (a negative memory_mb is no address-space limit)."""
+    reward = kwargs.get("reward", "pass_rate")
+    if reward not in REWARDS:
+        raise ValueError(f"`reward` is {reward!r}; use one of {', '.join(REWARDS)}.")
+    for key in ("cpu_seconds", "wall_seconds", "memory_mb", "max_output_bytes", "max_workers"):
+        value = kwargs.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"`{key}` is {value!r}; it must be a number above 0.")
+        if key == "max_workers" and value != int(value):
+            raise ValueError(f"`max_workers` is {value!r}; it must be a whole number of threads, at least 1.")
+    from easyrl.workers.reward.sandbox import LAYERS
+
+    require = kwargs.get("require", ())
+    required = [require] if isinstance(require, str) else list(require or ())
+    unknown = [layer for layer in required if layer not in (*LAYERS, "all")]
+    if unknown:
+        raise ValueError(f"`require` names {unknown}; choose from {', '.join(LAYERS)} or all.")
+
+
 def compute_score(
     reward_inputs: list[dict],
     reward: str = "pass_rate",
@@ -198,27 +225,34 @@ def compute_score(
     wall_seconds: float = 6.0,
     memory_mb: int = 1024,
     skip_after_timeout: bool = True,
-    require: list[str] | tuple[str, ...] = (),
+    require: list[str] | tuple[str, ...] | str = (),
+    max_output_bytes: int = 8 << 20,
 ) -> list[dict[str, float]]:
-    if reward not in REWARDS:
-        raise ValueError(f"code reward: `reward` is {reward!r}; use one of {REWARDS} (reward_function_kwargs).")
-    limits = Limits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_mb=memory_mb)
+    settings = {"reward": reward, "max_workers": max_workers, "cpu_seconds": cpu_seconds}
+    settings.update(wall_seconds=wall_seconds, memory_mb=memory_mb, require=require, max_output_bytes=max_output_bytes)
+    try:
+        check_kwargs(settings)
+    except ValueError as err:
+        raise ValueError(f"code reward: {err} (worker.reward.reward_function_kwargs)") from None
+    limits = Limits(
+        cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_mb=int(memory_mb), max_output_bytes=max_output_bytes
+    )
     programs = [extract_program(item["response"]) for item in reward_inputs]
     parsed = [_parse_or_none(item["ground_truth"]) for item in reward_inputs]
     tests = [spec or {"inputs": [], "outputs": [], "fn_name": None} for spec, _problem in parsed]
     invalid = [row for row, (_spec, problem) in enumerate(parsed) if problem is not None]
     if invalid:
         row, problem = invalid[0], parsed[invalid[0]][1]
-        _log.warning(
-            "code reward: %d of %d samples of the batch have malformed tests and score 0 (score `invalid_tests` = 1)"
-            "; the first, sample %d of the batch: %s, in ground_truth %r. Store the tests as "
-            '{"inputs": [...], "outputs": [...]} with one output per input (add "fn_name" for function-call tests).',
-            len(invalid),
-            len(reward_inputs),
-            row,
-            problem,
-            str(reward_inputs[row]["ground_truth"])[:120],
+        message = (
+            f"code reward: {len(invalid)} of {len(reward_inputs)} samples of the batch have malformed tests and score "
+            f"0 (score `invalid_tests` = 1); the first, sample {row} of the batch: {problem}, in ground_truth "
+            f"{str(reward_inputs[row]['ground_truth'])[:120]!r}. Store the tests as "
+            '{"inputs": [...], "outputs": [...]} with one output per input (add "fn_name" for function-call tests).'
         )
+        if len(invalid) == len(reward_inputs):  # data in another format: nothing would be learnt but zeros
+            raise ValueError(message)
+        _log.warning(message)
+    _warn_unmatchable_outputs(tests, max_output_bytes)
     first_timeout = [math.inf] * len(reward_inputs)  # per row: the index of its first test that ran out of time
     lock = threading.Lock()
 
@@ -264,6 +298,25 @@ def compute_score(
             }
         )
     return scores
+
+
+def _warn_unmatchable_outputs(tests: list[dict], max_output_bytes: int) -> None:
+    """A standard-output test whose expected output is longer than the output cap cannot pass: the right program is
+    killed at the cap (`over_limit`), like one flooding its output."""
+    longer = sum(
+        len(_stdin_text(output).encode("utf-8")) > max_output_bytes
+        for spec in tests
+        if spec["fn_name"] is None
+        for output in spec["outputs"]
+    )
+    if longer:
+        _log.warning(
+            "code reward: %d tests of the batch expect more output than max_output_bytes=%d, so no program can pass "
+            "them (it is stopped at the cap, `over_limit`); raise worker.reward.reward_function_kwargs."
+            "max_output_bytes above the longest expected output.",
+            longer,
+            max_output_bytes,
+        )
 
 
 FAILURE_CAUSES = ("timed_out", "over_limit", "crashed")

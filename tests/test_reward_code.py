@@ -201,13 +201,60 @@ def test_each_kind_of_malformed_ground_truth_scores_zero_with_its_problem(code_m
     for ground_truth, problem in problems.items():
         with pytest.raises(ValueError, match=problem):
             code_module["parse_tests"](ground_truth)
-    scores = score([("print(1)", ground_truth) for ground_truth in problems])
-    assert [(s["overall"], s["invalid_tests"], s["format"]) for s in scores] == [(0.0, 1.0, 0.0)] * len(problems)
+    scores = score([("print(1)", ground_truth) for ground_truth in [*problems, SUM_TESTS]])
+    assert [(s["overall"], s["invalid_tests"], s["format"]) for s in scores[:-1]] == [(0.0, 1.0, 0.0)] * len(problems)
+    assert scores[-1]["invalid_tests"] == 0.0
 
 
-def test_an_unknown_reward_kind_raises():
-    with pytest.raises(ValueError, match=r"`reward` is 'best'"):
-        score([("print(1)", SUM_TESTS)], reward="best")
+def test_a_batch_none_of_whose_tests_is_well_formed_raises_rather_than_train_on_zeros():
+    """Tests in a neighbouring format (open-r1's verification_info, MBPP's assert lists) made every sample of every
+    batch score 0, with a warning a batch: the run trained on zeros. The batch raises (the run stops at its first)."""
+    mbpp = json.dumps(["assert add(1, 2) == 3"])
+    open_r1 = json.dumps({"language": "python", "test_cases": [{"input": "1 2", "output": "3", "type": "stdin"}]})
+    with pytest.raises(ValueError, match=r"2 of 2 samples of the batch have malformed tests"):
+        score([(block("print(3)"), mbpp), (block("print(3)"), open_r1)])
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"reward": "allpass"}, "`reward` is 'allpass'; use one of pass_rate, all_pass"),
+        ({"wall_seconds": 0}, "`wall_seconds` is 0; it must be a number above 0"),
+        ({"memory_mb": -1}, "`memory_mb` is -1; it must be a number above 0"),
+        ({"cpu_seconds": -1.0}, "`cpu_seconds` is -1.0; it must be a number above 0"),
+        ({"max_workers": 0}, "`max_workers` is 0; it must be a number above 0"),
+        ({"max_workers": 1.5}, "`max_workers` is 1.5; it must be a whole number"),
+        ({"max_output_bytes": 0}, "`max_output_bytes` is 0"),
+        ({"require": ["foo"]}, r"`require` names \['foo'\]; choose from namespaces, landlock, seccomp or all"),
+    ],
+)
+def test_a_setting_the_sandbox_cannot_use_is_refused_when_the_file_is_loaded(setting, message):
+    """A wall_seconds of 0 scored every test 0 as timed out, a negative memory_mb turned the memory limit off, a
+    max_workers of 0 was taken as 1, and a misspelt reward kind was found at the first batch, after Ray started."""
+    from easyrl.workers.reward.loader import RewardFunctionError
+
+    with pytest.raises(RewardFunctionError, match=r"reward_function_kwargs` for `.*code.py`: " + message):
+        load_reward_function(f"{REWARD_FILE}:compute_score", {**FAST, **setting})
+    fn = load_reward_function(f"{REWARD_FILE}:compute_score").fn
+    with pytest.raises(ValueError, match=message):  # called on its own, as a user's file may
+        fn([{"response": "print(1)", "ground_truth": SUM_TESTS}], **{**FAST, **setting})
+
+
+def test_require_all_is_taken_as_a_string_by_the_check_and_the_loader():
+    from easyrl.workers.reward.loader import check_reward_kwargs
+
+    check_reward_kwargs(f"{REWARD_FILE}:compute_score", {"require": "all"})
+    load_reward_function(f"{REWARD_FILE}:compute_score", {"require": "all"})
+
+
+def test_an_expected_output_longer_than_the_cap_is_warned_about_and_the_cap_can_be_raised(caplog):
+    long_output = json.dumps({"inputs": [""], "outputs": ["x" * 300 + "\n"]})
+    program = block("print('x' * 300)")
+    with caplog.at_level("WARNING"):
+        capped = score([(program, long_output)], max_output_bytes=100)
+    assert capped[0]["pass_rate"] == 0.0 and capped[0]["over_limit"] == 1.0
+    assert "1 tests of the batch expect more output than max_output_bytes=100" in caplog.text
+    assert score([(program, long_output)], max_output_bytes=1000)[0]["pass_rate"] == 1.0
 
 
 # ----------------------------------------------------------------------------------------------------------------------

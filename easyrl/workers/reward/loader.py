@@ -9,7 +9,9 @@ how the function is called:
 Each input dict holds exactly EasyR1's keys: `response` (decoded text), `response_length` (tokens) and
 `ground_truth` (the dataset's answer, as stored). Each output dict holds `overall` (a number, the reward placed on
 the last response token) and optionally more named scores (`format`, `accuracy`, ...), which become metrics.
-`worker.reward.reward_function_kwargs` are passed as keyword arguments. `REWARD_NAME` is read for the log only.
+`worker.reward.reward_function_kwargs` are passed as keyword arguments; a file may define `check_kwargs(kwargs)`,
+which raises ValueError for a setting it cannot use, called when the file is loaded (before Ray starts). `REWARD_NAME`
+is read for the log only.
 
 A function written for verl, one that takes `solution_str` (verl calls `compute_score(data_source=..., solution_str=...,
 ground_truth=..., extra_info=...)` once per response), is called that way in a file without REWARD_TYPE: it gets the
@@ -1001,6 +1003,7 @@ def _load_one(
         if reward_type not in REWARD_TYPES:
             raise RewardFunctionError(_reward_type_problem(path_text, reward_type))
         _check_binding(fn, kwargs, None, name, path_text)
+    _check_file_kwargs(module, path_text, kwargs)
     return RewardFunction(
         fn=fn,
         reward_type=reward_type,
@@ -1012,6 +1015,18 @@ def _load_one(
         scores_env_reward=bool(getattr(module, "SCORES_ENV_REWARD", False)),
         type_by_default=not hasattr(module, "REWARD_TYPE") and configured_type is None,
     )
+
+
+def _check_file_kwargs(module: Any, path_text: str, kwargs: dict) -> None:
+    """A reward file may define ``check_kwargs(kwargs)``, raising ValueError for a setting it cannot use: called
+    when the run loads the file (before Ray starts), not at the first batch."""
+    check = getattr(module, "check_kwargs", None)
+    if not callable(check):
+        return
+    try:
+        check(dict(kwargs))
+    except ValueError as err:
+        raise RewardFunctionError(f"`worker.reward.reward_function_kwargs` for `{path_text}`: {err}") from None
 
 
 _WARNED: set[str] = set()
