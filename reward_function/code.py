@@ -62,7 +62,8 @@ _RESULT_MARKER = "__easyrl_result__:"
 
 # Runs the program as a module, then calls its function on the JSON arguments read from stdin and prints the JSON
 # result after a marker line (the program's own prints come before it). `typing` names are predefined, as LeetCode
-# does, so `List[int]` annotations work without an import.
+# does, so `List[int]` annotations work without an import. A value JSON cannot hold (a set) is written as its repr:
+# a wrong answer, not a crash.
 _CALL_HARNESS = """\
 import json, sys
 namespace = {"__name__": "solution"}
@@ -74,7 +75,7 @@ if not callable(function) and isinstance(namespace.get("Solution"), type):
 if not callable(function):
     sys.exit(f"the program defines no function {FN_NAME!r} (nor a Solution class with that method)")
 result = function(*json.loads(sys.stdin.read()))
-sys.stdout.write("\\nMARKER" + json.dumps(result) + "\\n")
+sys.stdout.write("\\nMARKER" + json.dumps(result, default=repr) + "\\n")
 """
 
 

@@ -134,6 +134,13 @@ def test_function_call_programs_score_their_pass_rates():
     assert [round(s["pass_rate"], 4) for s in scores] == [1.0, 1.0, 0.6667, 0.0, 0.0, 1.0]
 
 
+def test_a_function_result_json_cannot_hold_is_a_wrong_answer_not_a_crash():
+    tests = {"fn_name": "pair", "inputs": [[1, 2]], "outputs": [[1, 2]]}
+    wrong, right = block("def pair(a, b):\n    return {a, b}"), block("def pair(a, b):\n    return [a, b]")
+    scores = score([(wrong, tests), (right, tests)])
+    assert [(s["pass_rate"], s["crashed"]) for s in scores] == [(0.0, 0.0), (1.0, 0.0)]
+
+
 def test_function_results_compare_as_json_values():
     pair = {"fn_name": "pair", "inputs": [[1], [2]], "outputs": [[1, 1], [2, 2]]}
     ratio = {"fn_name": "ratio", "inputs": [[1, 3]], "outputs": [0.333333333]}
