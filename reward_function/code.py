@@ -12,7 +12,7 @@
                 memory, output or file limit / exited non-zero or was killed (a blocked system call) on some test
 
 `ground_truth` holds the tests as a JSON string or a dict, in either style of the public code-RL data sets:
-    standard input / output (APPS, TACO, CodeContests, DeepCoder):
+    standard input / output (APPS, TACO, CodeContests):
         {"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}
         the program reads the input on stdin; it passes when its stdout equals the output line by line, with the
         whitespace inside each line collapsed and blank lines at the start and end ignored.
@@ -34,7 +34,8 @@ infinite loop costs one time-out, not one per test; a program that does not comp
 being run. A test the sandbox itself could not start (e.g. `memory_mb` too small for the interpreter) fails too, with
 a warning; when no test of a batch could start, scoring raises, so the run stops rather than learn from zeros.
 
-Keyword arguments (`worker.reward.reward_function_kwargs`): reward, max_workers, cpu_seconds, wall_seconds,
+Keyword arguments (`worker.reward.reward_function_kwargs`): reward, max_workers, cpu_seconds (rounded up to whole
+seconds, the kernel's unit), wall_seconds,
 memory_mb, max_output_bytes, skip_after_timeout, require (sandbox layers that must be present, e.g. ["namespaces",
 "landlock", "seccomp"] or "all"; without them the run stops instead of scoring with less isolation). They are checked
 when the run loads the file (`check_kwargs`), before Ray starts. A batch none of whose samples has well-formed
