@@ -3,7 +3,8 @@
 continues from its last checkpoint, metrics.jsonl holds exactly one row per step, and the steps trained after the
 interruption equal the uninterrupted run's (``tiny_grpo_run``, the same command).
 
-Two runs are in the default suite (SIGTERM, worker death with a restart); the others are marked slow. The signal
+One run is in the default suite (SIGTERM, the preemption every cluster sends); the others are marked slow (a dead
+worker is named by tests/test_faults_worker_death.py in the default suite). The signal
 goes to the driver only, as Kubernetes sends it, except in the test of a signal to every process of the job.
 """
 
@@ -118,6 +119,7 @@ def test_sigterm_checkpoints_the_step_in_progress_and_the_rerun_continues_exactl
     _assert_steps_equal_the_uninterrupted_run(save_dir, tiny_grpo_run.metrics, [3])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_a_killed_worker_is_restarted_from_the_last_checkpoint_and_the_run_finishes_exactly(tiny_grpo_run, tmp_path):
     save_dir = tmp_path / "checkpoints"
@@ -335,6 +337,7 @@ def _run_a_filter_that_runs_dry(model_path, tmp_path, reward_source: str, steps:
     return log_path.read_text(errors="replace")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_online_filtering_that_finds_too_few_mixed_groups_stops_with_the_counts(tiny_model_path, tmp_path):
     """Every sample scores the same, so every group is filtered out: after trainer.max_try_make_batch rounds the run

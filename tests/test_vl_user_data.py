@@ -180,7 +180,12 @@ def check_run(point: GridPoint, metrics: dict[int, dict], log_path: Path, user_d
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 120)
-@pytest.mark.parametrize("point", COVERING_POINTS, ids=lambda point: point.name)
+@pytest.mark.parametrize(
+    "point",
+    # the first point's path (one sample, micro-batches of one, a reference) is in the full grid too: slow here
+    [pytest.param(point, marks=pytest.mark.slow) if i == 0 else point for i, point in enumerate(COVERING_POINTS)],
+    ids=lambda point: point.name,
+)
 def test_two_steps_on_user_pictures_train_and_match_vllm(point, user_dataset, tiny_vlm_paths, tmp_path):
     metrics, log_path, _ = run_point(point, user_dataset, tiny_vlm_paths, tmp_path)
     check_run(point, metrics, log_path, user_dataset)
