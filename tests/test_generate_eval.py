@@ -689,12 +689,38 @@ def test_eval_prints_the_table_and_writes_per_source_mean_and_pass_at_k(tiny_mod
         assert line.split()[1:] == counts + [f"{entry[c]:.4f}" for c in list(entry)[3:]]
     assert "source" in log and "pass@4" in log
 
-    # a sample whose scoring failed (a judge that was down): the rerun generates its prompt's batch again, with its
-    # seed, and writes the row anew; the rows that were scored stay as they were
+
+def test_rows_with_samples_not_fully_scored_leave_the_file_and_count_as_left(tmp_path):
+    """A judge that was down marks its samples `scoring_failed`: a rerun of eval took their zeros as final. Those rows
+    leave the file (atomically), the rest stay as they were, and they are counted among the prompts left."""
+    from easyrl.trainer.generate import drop_unscored_rows
+
+    path = tmp_path / "eval.jsonl"
+    scored = {"overall": 1.0}
+    rows = [
+        {"index": 0, "responses": ["a", "b"], "scores": [scored, scored]},
+        {"index": 1, "responses": ["c", "d"], "scores": [scored, {"overall": 0.0, "scoring_failed": True}]},
+        {"index": 2, "responses": ["e", "f"]},  # generate without a reward: no scores
+    ]
+    append_rows(str(path), rows)
+    assert drop_unscored_rows(str(path)) == 1
+    assert read_rows(str(path)) == [rows[0], rows[2]]
+    assert drop_unscored_rows(str(path)) == 0 and read_rows(str(path)) == [rows[0], rows[2]]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
+def test_a_rerun_generates_and_scores_again_the_rows_whose_scoring_failed(tiny_model_path, val_file, tmp_path):
+    """The rerun generates the batch of a row whose scoring failed again, with its seed, and writes the row anew: its
+    samples and scores are those of the first run; the rows that were scored stay as they were."""
+    extra = ["eval.k=4", "eval.correct_key=word_share", "eval.correct_threshold=0.8"]
+    _run("eval", _args(tiny_model_path, val_file, tmp_path, *extra), tmp_path / "eval.log")
+    results = json.loads((tmp_path / "eval.json").read_text())
     generations = tmp_path / "eval_generations.jsonl"
+    rows = [json.loads(line) for line in generations.read_text().splitlines()]
     failed = {**rows[1], "responses": ["unscored"] * 4, "scores": [{**rows[1]["scores"][0], "scoring_failed": True}]}
     generations.write_text("".join(json.dumps(failed if row is rows[1] else row) + "\n" for row in rows))
-    log = _run("eval", _args(tiny_model_path, data, tmp_path, *extra), tmp_path / "rerun.log")
+    log = _run("eval", _args(tiny_model_path, val_file, tmp_path, *extra), tmp_path / "rerun.log")
     assert "1 rows held samples that were not fully scored (`scoring_failed`" in log
     again = [json.loads(line) for line in generations.read_text().splitlines()]
     assert again == [row for row in rows if row is not rows[1]] + [rows[1]]  # the same samples and scores
