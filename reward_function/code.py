@@ -230,8 +230,15 @@ def compute_score(
     require: list[str] | tuple[str, ...] | str = (),
     max_output_bytes: int = 8 << 20,
 ) -> list[dict[str, float]]:
-    settings = {"reward": reward, "max_workers": max_workers, "cpu_seconds": cpu_seconds}
-    settings.update(wall_seconds=wall_seconds, memory_mb=memory_mb, require=require, max_output_bytes=max_output_bytes)
+    settings = {
+        "reward": reward,
+        "max_workers": max_workers,
+        "cpu_seconds": cpu_seconds,
+        "wall_seconds": wall_seconds,
+        "memory_mb": memory_mb,
+        "require": require,
+        "max_output_bytes": max_output_bytes,
+    }
     try:
         check_kwargs(settings)
     except ValueError as err:

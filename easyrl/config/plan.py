@@ -343,13 +343,12 @@ def _old_log_prob_decision(config: PPOConfig, kl_in_reward: bool) -> tuple[bool,
             f"computed (worker.actor.model.lora.dropout={actor.model.lora.dropout}: the update's forward drops "
             "adapter inputs, so its log-probs are not the policy's)"
         )
-    dropouts = {
-        key: value
-        for key, value in (actor.model.override_config or {}).items()
-        if "dropout" in str(key) and isinstance(value, (int, float)) and value > 0
-    }
-    if dropouts:
-        key, value = next(iter(dropouts.items()))
+    overrides = (actor.model.override_config or {}).items()
+    dropout = next(
+        ((k, v) for k, v in overrides if "dropout" in str(k) and isinstance(v, (int, float)) and v > 0), None
+    )
+    if dropout:
+        key, value = dropout
         return False, (
             f"computed (worker.actor.model.override_config.{key}={value}: the update's forward drops activations, "
             "so its log-probs are not the policy's)"
